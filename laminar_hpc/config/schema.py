@@ -1,0 +1,170 @@
+"""Typed campaign configuration. Imports neither torch, mpi4py nor vLLM.
+
+Every section forbids unknown keys; every bound is declared on its field, so a bad value is
+reported with the key that holds it (see `laminar_hpc.config.load`). Units are in the names
+(`_s`, `_mb`). A YAML file under `configs/` fills these; dotted CLI overrides patch them.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+Prob = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ModelCfg(Section):
+    """Llama-layout decoder; the defaults are a ~0.1M-parameter model for the CPU."""
+    tokenizer: Literal["char"] = "char"
+    dim: PosInt = 64
+    n_layers: PosInt = 2
+    n_heads: PosInt = 4
+    n_kv_heads: PosInt = 2
+    ffn_dim: PosInt = 192
+    max_seq_len: PosInt = 64
+    rope_theta: PosFloat = 10000.0
+    norm_eps: PosFloat = 1e-5
+    tie_embeddings: bool = True
+    attention_bias: bool = False
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "ModelCfg":
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim={self.dim} must be a multiple of n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError("dim / n_heads must be even (RoPE rotates pairs)")
+        return self
+
+
+class BuiltinTaskCfg(Section):
+    type: Literal["builtin"] = "builtin"
+    kinds: list[Literal["reverse", "sort", "add", "repeat"]] = Field(default_factory=lambda: ["reverse"], min_length=1)
+    weights: list[PosFloat] | None = None
+    min_len: PosInt = 2
+    max_len: PosInt = 8
+    tail_alpha: Annotated[float, Field(ge=0.0)] = 1.0
+
+    @model_validator(mode="after")
+    def _lens(self) -> "BuiltinTaskCfg":
+        if self.max_len < self.min_len:
+            raise ValueError(f"max_len={self.max_len} must be >= min_len={self.min_len}")
+        if self.weights is not None and len(self.weights) != len(self.kinds):
+            raise ValueError(f"weights has {len(self.weights)} entries for {len(self.kinds)} kinds")
+        return self
+
+
+class JsonlTaskCfg(Section):
+    """A JSONL dataset, one problem per line (GSM8K format by default)."""
+    type: Literal["jsonl"] = "jsonl"
+    path: str
+    prompt_field: str = "question"
+    answer_field: str = "answer"
+    answer_format: Literal["gsm8k", "plain"] = "gsm8k"  # gsm8k: the gold answer follows '#### '
+    reward: Literal["math_verify", "exact"] = "math_verify"
+    prompt_template: str = "{prompt}\nAnswer: "
+    on_bad_row: Literal["fail", "skip"] = "fail"
+
+
+TaskCfg = Annotated[Union[BuiltinTaskCfg, JsonlTaskCfg], Field(discriminator="type")]
+
+
+class WarmupCfg(Section):
+    """Supervised warm-up on the task format, run by the trainer before RL when no
+    initial checkpoint is given. Label noise replaces answer characters at random so the
+    warmed-up policy knows the format and roughly the skill but samples many wrong answers:
+    RL then has a policy to improve. It stops once greedy decoding reaches the target."""
+    enabled: bool = True
+    max_steps: NonNegInt = 1500
+    batch_size: PosInt = 64
+    lr: PosFloat = 3e-3
+    label_noise: Prob = 0.3
+    target_greedy_reward: Prob = 0.8
+    eval_every: PosInt = 10
+    eval_size: PosInt = 128
+
+
+class TrainerCfg(Section):
+    engine: Literal["torch"] = "torch"
+    device: str = "cpu"
+    total_steps: PosInt = 300
+    groups_per_step: PosInt = 16
+    group_size: Annotated[int, Field(ge=2)] = 8
+    lr: PosFloat = 1e-3
+    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    grad_clip: PosFloat = 1.0
+    rho: PosFloat = 2.0  # AIPO truncation of pi/mu
+    clip_eps: PosFloat | None = None  # PPO clipping against the behaviour policy
+    kl_coef: Annotated[float, Field(ge=0.0)] = 0.0
+    max_staleness: NonNegInt | None = None  # drop (and count) older trajectories
+    publish_every: PosInt = 1
+    publish_dtype: Literal["float32", "bfloat16"] = "float32"
+    init_checkpoint: str | None = None
+    torch_threads: PosInt = 1
+
+
+class RolloutCfg(Section):
+    engine: Literal["torch"] = "torch"
+    device: str = "cpu"
+    count: PosInt = 4
+    max_batch: PosInt = 64
+    max_new_tokens: PosInt = 24
+    temperature: PosFloat = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    stream_every_tokens: PosInt = 8
+    verify_checksum: bool = True
+    torch_threads: PosInt = 1
+
+
+class RelayCfg(Section):
+    count: PosInt = 2
+    slots: Annotated[int, Field(ge=2)] = 3  # versions kept per relay: a pull never blocks a publish
+    chunk_mb: PosFloat = 4.0
+    shm_dir: str = "/dev/shm"
+    mpi_launcher: str = "mpirun"
+
+
+class ControllerCfg(Section):
+    host: str = "127.0.0.1"
+    # generation may run this many train steps ahead of the trainer: bounds staleness
+    max_ahead_steps: NonNegInt = 2
+    status_interval_s: PosFloat = 1.0
+    max_frame_mb: PosFloat = 64.0
+
+
+class CheckpointCfg(Section):
+    every_steps: PosInt = 100
+    keep: PosInt = 2
+
+
+class TimeoutsCfg(Section):
+    """Every blocking wait names what it waited for when one of these runs out."""
+    startup_s: PosFloat = 120.0
+    weights_s: PosFloat = 600.0
+    trajectories_s: PosFloat = 600.0
+    shutdown_s: PosFloat = 15.0
+    mpi_s: PosFloat = 120.0
+
+
+class Config(Section):
+    name: str = "run"
+    seed: NonNegInt = 0
+    mode: Literal["laminar"] = "laminar"
+    model: ModelCfg = Field(default_factory=ModelCfg)
+    task: TaskCfg = Field(default_factory=BuiltinTaskCfg)
+    warmup: WarmupCfg = Field(default_factory=WarmupCfg)
+    trainer: TrainerCfg = Field(default_factory=TrainerCfg)
+    rollout: RolloutCfg = Field(default_factory=RolloutCfg)
+    relay: RelayCfg = Field(default_factory=RelayCfg)
+    controller: ControllerCfg = Field(default_factory=ControllerCfg)
+    checkpoint: CheckpointCfg = Field(default_factory=CheckpointCfg)
+    timeouts: TimeoutsCfg = Field(default_factory=TimeoutsCfg)
+

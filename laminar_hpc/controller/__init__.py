@@ -1,0 +1,1 @@
+"""Controller role: prompt pool, partial-response pool, experience buffer, rollout manager."""

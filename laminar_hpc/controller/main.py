@@ -1,0 +1,198 @@
+"""Controller role: the data plane's home and the rollout manager.
+
+Serves one ROUTER socket. Rollouts ask for work with credit (free slots), stream tokens into
+the partial-response pool and send each finished trajectory on its own; complete GRPO groups
+go to the trainer as it asks for them (credit too). Nobody waits for anybody else: the only
+coupling is the admission bound (generation may run `max_ahead_steps` ahead of training).
+Writes `status.json` every second and `controller_stats.json` at the end.
+
+    python -m laminar_hpc.controller --run-dir runs/x
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from laminar_hpc.controller.pools import DataPlane
+from laminar_hpc.launch.role import install_sigterm, setup_logging
+from laminar_hpc.launch.rundir import atomic_write_json, read_json
+from laminar_hpc.metrics.trace import Tracer
+from laminar_hpc.model.tokenizer import build_tokenizer
+from laminar_hpc.policy.scheduling import assign_work, groups_to_admit
+from laminar_hpc.tasks import build_task, encode_prompt
+from laminar_hpc.transport.channel import Server, publish_endpoint
+from laminar_hpc.config import load_config
+
+
+class Controller:
+    def __init__(self, run_dir, cfg, log, tracer):
+        self.run_dir, self.cfg, self.log, self.tracer = run_dir, cfg, log, tracer
+        task = build_task(cfg.task, cfg.seed)
+        tok = build_tokenizer(cfg.model.tokenizer)
+        state = read_json(run_dir / "checkpoints" / "controller_state.json", {}) or {}
+        self.dp = DataPlane(task.problem, lambda p: encode_prompt(tok, p), cfg.trainer.group_size,
+                            cfg.rollout.max_new_tokens, start_cursor=state.get("cursor", 0))
+        self.server = Server(cfg.controller.host, int(cfg.controller.max_frame_mb * 2**20))
+        self.credits: dict[int, int] = {}  # rollout rank -> trajectories it can still take
+        self.rollout_version: dict[int, int] = {}
+        self.trainer_credit = 0
+        self.steps_trained = state.get("steps", 0)
+        self.trainer_version = -1
+        self.relay_versions: dict[int, int] = {}
+        self.last_seen: dict[str, float] = {}
+        self.metrics: dict = {}
+        self.phase = "starting"
+        self.published = 0
+        self.max_versions_in_flight = 0
+        self.finish_times: list[float] = []
+        self.stop_reason: str | None = None
+        self.t0 = time.time()
+
+    # -- message handling -----------------------------------------------------------------
+    def handle(self, ident: str, msg: dict) -> None:
+        self.last_seen[ident] = time.time()
+        kind = msg["type"]
+        role, _, rank_s = ident.rpartition("-")
+        rank = int(rank_s) if rank_s.isdigit() else -1
+        if kind == "want_work" and role == "rollout":
+            self.credits[rank] = self.credits.get(rank, 0) + max(0, msg["credit"])
+            self.rollout_version[rank] = msg["version"]
+        elif kind == "stream":
+            for it in msg["items"]:
+                self.dp.stream(it["traj_id"], it["tokens"], it["logprobs"], it["version"])
+            self._track_versions()
+        elif kind == "finished":
+            traj = msg["trajectory"]
+            self.dp.finish(traj)
+            self.finish_times.append(time.time())
+            self.tracer.emit("traj_finished", traj=traj["traj_id"], version=traj["version"],
+                             rollout=traj["rollout"], tokens=len(traj["tokens"]), reward=traj.get("reward"))
+            self._track_versions()
+        elif kind == "weights_loaded" and role == "rollout":
+            self.rollout_version[rank] = msg["version"]
+        elif kind == "want_groups":
+            self.trainer_credit += max(0, msg["n"])
+        elif kind == "train_step":
+            self.metrics = msg["metrics"]
+            self.steps_trained = int(self.metrics.get("step", self.steps_trained))
+            self.phase = "rl"
+        elif kind == "published":
+            self.trainer_version = msg["version"]
+            self.published += 1
+        elif kind == "checkpoint_saved":
+            self.save_state()
+        elif kind == "version_ready":
+            self.relay_versions[msg["rank"]] = msg["version"]
+        elif kind == "log_event":
+            if msg["event"] == "phase":
+                self.phase = str(msg["fields"].get("phase", self.phase))
+            self.metrics.update({f"{msg['event']}.{k}": v for k, v in msg["fields"].items()})
+        elif kind == "trainer_done":
+            self.stop_reason = f"trainer finished {msg['steps']} steps"
+        elif kind == "hello":
+            self.log.info("%s joined (pid %s)", ident, msg["pid"])
+            self.tracer.emit("role_joined", role=ident, pid=msg["pid"])
+
+    def _track_versions(self) -> None:
+        self.max_versions_in_flight = max(self.max_versions_in_flight, len(self.dp.running_versions()))
+
+    # -- scheduling -----------------------------------------------------------------------
+    def schedule(self) -> None:
+        cfg = self.cfg
+        n = groups_to_admit(groups_started=self.dp.groups_started, steps_trained=self.steps_trained,
+                            groups_per_step=cfg.trainer.groups_per_step,
+                            max_ahead_steps=cfg.controller.max_ahead_steps,
+                            queued_trajs=len(self.dp.queue), group_size=cfg.trainer.group_size,
+                            max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch)
+        if n:
+            self.dp.admit(n)
+        for rank, count in assign_work(len(self.dp.queue), self.credits).items():
+            work = self.dp.assign(rank, count)
+            self.credits[rank] -= len(work)
+            self.server.send(f"rollout-{rank}", {"type": "assign", "work": work})
+        if self.trainer_credit > 0 and self.dp.ready:
+            groups = self.dp.take_groups(self.trainer_credit)
+            self.trainer_credit -= len(groups)
+            self.server.send("trainer-0", {"type": "groups", "groups": groups})
+            for g in groups:
+                self.tracer.emit("group_consumed", group=g["group_id"],
+                                 versions=sorted({t["version"] for t in g["trajectories"]}))
+
+    # -- persistence and status -----------------------------------------------------------
+    def save_state(self) -> None:
+        # the prompt cursor to resume from; groups still in flight are not replayed, so none is
+        # trained twice (exactly-once replay of in-flight work needs the write-ahead log)
+        atomic_write_json(self.run_dir / "checkpoints" / "controller_state.json",
+                          {"cursor": self.dp.cursor, "steps": self.steps_trained,
+                           "groups_in_flight": self.dp.groups_pending})
+
+    def status(self) -> dict:
+        now = time.time()
+        recent = [t for t in self.finish_times if now - t <= 10.0]
+        self.finish_times = recent
+        return {
+            "t": now, "elapsed_s": now - self.t0, "phase": self.phase, "pid": os.getpid(),
+            "step": self.steps_trained, "total_steps": self.cfg.trainer.total_steps,
+            "trainer_version": self.trainer_version, "relay_versions": self.relay_versions,
+            "rollout_versions": self.rollout_version,
+            "versions_in_flight": sorted(self.dp.running_versions()),
+            "max_versions_in_flight": self.max_versions_in_flight,
+            "trajectories_per_s": len(recent) / min(10.0, max(1e-9, now - self.t0)),
+            "trajectories_finished": self.dp.trajectories_finished,
+            "tokens_generated": self.dp.tokens_generated,
+            "groups_consumed": self.dp.groups_consumed, "groups_pending": self.dp.groups_pending,
+            "queued": len(self.dp.queue), "running": len(self.dp.partials) - len(self.dp.queue),
+            "published": self.published, "dropped_frames": self.server.dropped,
+            "metrics": self.metrics,
+        }
+
+    def final_stats(self) -> dict:
+        s = self.status()
+        s.pop("metrics")
+        s["stop_reason"] = self.stop_reason
+        return s
+
+    def broadcast_stop(self, reason: str) -> None:
+        idents = {i for i in self.last_seen if not i.startswith("trainer")}
+        for ident in sorted(idents):
+            self.server.send(ident, {"type": "stop", "reason": reason})
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run-dir", required=True)
+    args = ap.parse_args(argv)
+    from pathlib import Path
+    run_dir = Path(args.run_dir)
+    log = setup_logging("controller-0")
+    cfg = load_config(run_dir / "config.yaml")
+    flags: dict = {}
+    install_sigterm(flags)
+    tracer = Tracer(run_dir, "controller-0")
+    ctl = Controller(run_dir, cfg, log, tracer)
+    publish_endpoint(run_dir, "controller", ctl.server.address)
+    log.info("serving on %s", ctl.server.address)
+    last_status = 0.0
+    try:
+        while not flags.get("stop") and ctl.stop_reason is None:
+            got = ctl.server.recv(timeout_s=0.05)
+            while got is not None:  # handle everything waiting before scheduling once
+                ctl.handle(*got)
+                got = ctl.server.recv(timeout_s=0.0)
+            ctl.schedule()
+            if time.monotonic() - last_status >= cfg.controller.status_interval_s:
+                atomic_write_json(run_dir / "status.json", ctl.status())
+                last_status = time.monotonic()
+        reason = ctl.stop_reason or "controller asked to stop"
+        log.info("stopping: %s", reason)
+        ctl.broadcast_stop(reason)
+    finally:
+        atomic_write_json(run_dir / "status.json", ctl.status())
+        atomic_write_json(run_dir / "controller_stats.json", ctl.final_stats())
+        tracer.flush()
+        ctl.server.close(linger_ms=2000)
+
+
+if __name__ == "__main__":
+    main()

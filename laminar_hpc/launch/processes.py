@@ -1,0 +1,112 @@
+"""Start, watch and stop the role processes of one campaign, by PID.
+
+Each role runs in its own session (so Ctrl-C reaches only the launcher, which then stops the
+roles in order) with its output in run_dir/logs/<name>.log. Stopping sends SIGTERM to the
+role's process group (its PID: the role and anything it started, e.g. mpirun's ranks), waits,
+then SIGKILLs whatever is left.
+
+    procs = ProcessGroup(run_dir)
+    procs.start("trainer-0", [sys.executable, "-m", "laminar_hpc.trainer", "--run-dir", run_dir])
+    for name, rc in procs.reap(): ...
+    procs.stop_all(timeout_s=10)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    returncode: int | None = None
+
+
+def mpi_env(base: dict | None = None) -> dict:
+    """Open MPI settings for a localhost job: loopback only, ranks may outnumber cores
+    (yield instead of busy-waiting), root allowed in containers."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+    env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")  # CMA needs ptrace rights
+    if os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+class ProcessGroup:
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.procs: dict[str, Proc] = {}
+
+    def start(self, name: str, argv: list[str], env: dict | None = None) -> Proc:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, start_new_session=True, cwd=os.getcwd())
+        proc = Proc(name, popen, log_path)
+        self.procs[name] = proc
+        return proc
+
+    def reap(self) -> list[tuple[str, int]]:
+        """Roles that exited since the last call, with their exit codes."""
+        out = []
+        for p in self.procs.values():
+            if p.returncode is None:
+                rc = p.popen.poll()
+                if rc is not None:
+                    p.returncode = rc
+                    out.append((p.name, rc))
+        return out
+
+    def alive(self) -> list[str]:
+        return [p.name for p in self.procs.values() if p.returncode is None and p.popen.poll() is None]
+
+    def _signal_group(self, p: Proc, sig: int) -> None:
+        try:
+            os.killpg(p.popen.pid, sig)  # the role's own session: pgid == its pid
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            p.popen.send_signal(sig)
+
+    def stop_all(self, timeout_s: float, order: list[str] | None = None) -> list[str]:
+        """SIGTERM every live role (in `order` first), wait up to `timeout_s`, SIGKILL the rest.
+        Returns the names that had to be killed."""
+        names = [n for n in (order or []) if n in self.procs] + [n for n in self.procs if n not in (order or [])]
+        names = [n for n in names if self.procs[n].popen.poll() is None]  # only roles still running
+        for n in names:
+            self._signal_group(self.procs[n], signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for n in names:
+            try:
+                self.procs[n].popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        killed = []
+        for n in names:
+            p = self.procs[n]
+            if p.popen.poll() is None:
+                killed.append(n)
+            # the group may hold children even when its leader is gone (mpirun's ranks); the
+            # kernel keeps a pgid from being reused while any member lives
+            self._signal_group(p, signal.SIGKILL)
+            p.popen.wait()
+        self.reap()
+        return killed
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.procs[name].log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""

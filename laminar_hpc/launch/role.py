@@ -1,0 +1,89 @@
+"""What every role process does first: read the run's config, set up logging and tracing,
+find the controller and say hello. Entry points stay thin by calling `start_role`.
+
+    ctx = start_role("rollout", rank=3, run_dir=args.run_dir)
+    ctx.ctrl.send({"type": "heartbeat", "t": time.time()})
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from laminar_hpc.config import Config, load_config
+from laminar_hpc.launch.rundir import read_json
+from laminar_hpc.metrics.trace import Tracer
+from laminar_hpc.transport.channel import Client, wait_endpoint
+
+
+@dataclass
+class RoleContext:
+    role: str
+    rank: int
+    cfg: Config
+    run_dir: Path
+    run_id: str
+    ctrl: Client | None
+    tracer: Tracer
+    log: logging.Logger
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.rank}"
+
+    def shm_path(self, what: str) -> Path:
+        """Node-local shared-memory file of this run (`what`: 'handoff', 'relay0', ...)."""
+        return Path(self.cfg.relay.shm_dir) / f"laminar-{self.run_id}-{what}"
+
+
+class Stop(Exception):
+    """Raised inside a role's loop when it was asked to stop (SIGTERM or a stop message)."""
+
+
+def install_sigterm(handler_flag: dict) -> None:
+    """SIGTERM sets a flag the role's loop checks: it ends cleanly (flushes, unlinks) at once."""
+    def _on_term(signum, frame):
+        handler_flag["stop"] = True
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+
+
+def setup_logging(name: str) -> logging.Logger:
+    logging.basicConfig(level=os.environ.get("LAMINAR_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format=f"%(asctime)s {name} %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    return logging.getLogger(name)
+
+
+def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = True) -> RoleContext:
+    run_dir = Path(run_dir)
+    name = f"{role}-{rank}"
+    log = setup_logging(name)
+    cfg = load_config(run_dir / "config.yaml")
+    info = read_json(run_dir / "run.json", {}) or {}
+    run_id = info.get("run_id") or "norun"
+    tracer = Tracer(run_dir, name)
+    ctrl = None
+    if connect:
+        addr = wait_endpoint(run_dir, "controller", cfg.timeouts.startup_s)
+        ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20))
+        ctrl.send({"type": "hello", "role": role, "rank": rank, "pid": os.getpid()})
+    tracer.emit("role_start", pid=os.getpid())
+    log.info("started (pid %d, run %s)", os.getpid(), run_id)
+    return RoleContext(role, rank, cfg, run_dir, run_id, ctrl, tracer, log)
+
+
+class Heartbeat:
+    """Sends a heartbeat to the controller at most every `every_s` seconds."""
+
+    def __init__(self, ctx: RoleContext, every_s: float = 1.0):
+        self.ctx, self.every_s, self.last = ctx, every_s, 0.0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.ctx.ctrl is not None and now - self.last >= self.every_s:
+            self.ctx.ctrl.send({"type": "heartbeat", "t": time.time()})
+            self.last = now

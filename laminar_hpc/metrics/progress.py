@@ -1,0 +1,81 @@
+"""Live progress of a campaign: a table on a terminal, plain log lines otherwise.
+
+Fed with the controller's status.json (refreshed every second).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def _fmt(v, spec: str = ".3f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def status_line(st: dict) -> str:
+    m = st.get("metrics") or {}
+    phase = st.get("phase", "?")
+    if phase == "warmup":
+        return (f"warm-up step {m.get('warmup.step', 0)} greedy reward {_fmt(m.get('warmup.greedy_reward'))} "
+                f"elapsed {st.get('elapsed_s', 0):.0f}s")
+    return (f"step {st.get('step', 0)}/{st.get('total_steps', '?')} reward {_fmt(m.get('reward_mean'))} "
+            f"traj/s {_fmt(st.get('trajectories_per_s'), '.1f')} "
+            f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max', '-')} "
+            f"versions in flight {st.get('versions_in_flight', [])} trainer v{st.get('trainer_version', '-')} "
+            f"elapsed {st.get('elapsed_s', 0):.0f}s")
+
+
+class Progress:
+    def __init__(self, title: str, plain_every_s: float = 5.0, stream=None):
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.title, self.plain_every_s = title, plain_every_s
+        self.last_plain = 0.0
+        self.live = None
+        if self.tty:
+            from rich.console import Console
+            from rich.live import Live
+            self.live = Live(console=Console(file=self.stream), refresh_per_second=4, transient=False)
+            self.live.start()
+
+    def update(self, st: dict | None) -> None:
+        if not st:
+            return
+        if self.live is not None:
+            self.live.update(self._table(st))
+        elif time.monotonic() - self.last_plain >= self.plain_every_s:
+            print(status_line(st), file=self.stream, flush=True)
+            self.last_plain = time.monotonic()
+
+    def message(self, text: str) -> None:
+        if self.live is not None:
+            self.live.console.print(text)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def _table(self, st: dict):
+        from rich.table import Table
+        m = st.get("metrics") or {}
+        t = Table(title=self.title, show_header=False, min_width=60)
+        t.add_column("what", style="bold")
+        t.add_column("value")
+        if st.get("phase") == "warmup":
+            t.add_row("phase", "supervised warm-up")
+            t.add_row("warm-up step", str(m.get("warmup.step", 0)))
+            t.add_row("greedy reward", _fmt(m.get("warmup.greedy_reward")))
+        else:
+            t.add_row("step", f"{st.get('step', 0)} / {st.get('total_steps', '?')}")
+            t.add_row("reward (batch mean)", _fmt(m.get("reward_mean")))
+            t.add_row("trajectories/s", _fmt(st.get("trajectories_per_s"), ".1f"))
+            t.add_row("staleness mean / max", f"{_fmt(m.get('staleness_mean'), '.2f')} / {m.get('staleness_max', '-')}")
+            t.add_row("versions in flight", str(st.get("versions_in_flight", [])))
+            t.add_row("trainer version", str(st.get("trainer_version", "-")))
+            t.add_row("relay versions", str(st.get("relay_versions", {})))
+            t.add_row("rollout versions", str(st.get("rollout_versions", {})))
+            t.add_row("trainer wait / publish stall", f"{_fmt(m.get('wait_s'))}s / {_fmt(m.get('publish_stall_s'), '.4f')}s")
+        t.add_row("elapsed", f"{st.get('elapsed_s', 0):.0f}s")
+        return t
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()

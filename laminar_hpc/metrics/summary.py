@@ -1,0 +1,65 @@
+"""`summary.json`: the figures a run is judged by, computed from what the roles wrote.
+
+    summary = build_summary(run_dir, mode="laminar", wall_s=412.0)
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from laminar_hpc.launch.rundir import read_json
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Train-step rows of metrics.jsonl (other events such as warm-up are skipped)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash
+            if "step" in row and "event" not in row:
+                rows.append(row)
+    return rows
+
+
+def _window_mean(rows: list[dict], key: str, first: bool, frac: float = 0.1) -> float | None:
+    if not rows:
+        return None
+    n = max(1, int(round(len(rows) * frac)))
+    part = rows[:n] if first else rows[-n:]
+    return sum(r[key] for r in part) / len(part)
+
+
+def build_summary(run_dir: Path, *, mode: str, wall_s: float) -> dict:
+    rows = read_metrics(run_dir)
+    ctl = read_json(Path(run_dir) / "controller_stats.json", {}) or {}
+    trajs = sum(r["trajectories"] for r in rows)
+    stalls = [r["publish_stall_s"] for r in rows if r.get("publish_stall_s")]
+    stale_sum = sum(r["staleness_mean"] * r["trajectories"] for r in rows)
+    warm = [json.loads(line) for line in _lines(Path(run_dir) / "metrics.jsonl") if '"warmup_done"' in line]
+    return {
+        "mode": mode,
+        "reward_first": _window_mean(rows, "reward_mean", first=True),
+        "reward_last": _window_mean(rows, "reward_mean", first=False),
+        "train_steps": rows[-1]["step"] if rows else 0,
+        "trajectories_consumed": trajs,
+        "tokens_generated": ctl.get("tokens_generated", 0),
+        "tokens_trained": sum(r["tokens"] for r in rows),
+        "versions_published": ctl.get("published", 0),
+        "max_staleness": max((r["staleness_max"] for r in rows), default=0),
+        "mean_staleness": stale_sum / trajs if trajs else 0.0,
+        "max_versions_in_flight": ctl.get("max_versions_in_flight", 0),
+        "actor_stall_s_mean": sum(stalls) / len(stalls) if stalls else 0.0,
+        "trainer_wait_s_total": sum(r["wait_s"] for r in rows),
+        "groups_dropped_staleness": rows[-1]["dropped_groups"] if rows else 0,
+        "warmup": warm[-1] if warm else None,
+        "dropped_frames": ctl.get("dropped_frames", 0),
+        "wall_s": wall_s,
+    }
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []

@@ -1,0 +1,55 @@
+"""Scheduling and staleness decisions as pure functions of state.
+
+The controller, the tests (and later the simulator) call these same functions, so what is
+tested and simulated is what runs.
+"""
+from __future__ import annotations
+
+
+def groups_to_admit(*, groups_started: int, steps_trained: int, groups_per_step: int,
+                    max_ahead_steps: int, queued_trajs: int, group_size: int,
+                    max_queued_trajs: int) -> int:
+    """How many new prompt groups the prompt pool may release now.
+
+    Generation may run at most `max_ahead_steps` train steps ahead of the trainer (this bounds
+    staleness without dropping work), and the queue of not-yet-started trajectories is kept
+    short so that freshly admitted prompts start on the newest weights.
+    """
+    budget = (steps_trained + 1 + max_ahead_steps) * groups_per_step - groups_started
+    room = (max_queued_trajs - queued_trajs) // group_size
+    return max(0, min(budget, room))
+
+
+def assign_work(queued: int, credits: dict[int, int]) -> dict[int, int]:
+    """Split `queued` trajectories over rollouts by their credit (free capacity they asked
+    for). Rollouts with the most credit are served first, one trajectory at a time, so work
+    spreads evenly instead of filling one replica while others idle."""
+    plan: dict[int, int] = {}
+    left = dict(credits)
+    while queued > 0:
+        cands = [r for r, c in left.items() if c > 0]
+        if not cands:
+            break
+        r = max(cands, key=lambda k: (left[k], -k))
+        plan[r] = plan.get(r, 0) + 1
+        left[r] -= 1
+        queued -= 1
+    return plan
+
+
+def staleness(trainer_version: int, traj_version: int) -> int:
+    return trainer_version - traj_version
+
+
+def too_stale(trainer_version: int, traj_versions: list[int], max_staleness: int | None) -> bool:
+    """A group is dropped when any of its trajectories is older than `max_staleness` versions."""
+    if max_staleness is None:
+        return False
+    return any(staleness(trainer_version, v) > max_staleness for v in traj_versions)
+
+
+def should_refresh(current_version: int, newest_available: int, active: int) -> tuple[bool, bool]:
+    """(drain, pull) for a rollout: stop admitting new trajectories as soon as a newer version
+    exists; pull it once no trajectory of the current version is in flight."""
+    newer = newest_available > current_version
+    return newer, newer and active == 0

@@ -1,0 +1,1 @@
+"""Relay tier: MPI chain broadcast and node-local weight stores."""

@@ -1,0 +1,146 @@
+"""Relay role: ONE MPI job of R relays; rank 0 is the master relay.
+
+Master: takes each new weight version from the trainer's hand-off store (one memcpy, the
+trainer never waits), checksums it, and chain-broadcasts it to ranks 1..R-1. Every rank keeps
+the last `relay.slots` versions in its node-local WeightStore, from which the rollouts on its
+node pull whenever they are ready. A version that fails its checksum is never made readable.
+
+    mpirun -n 2 python -m laminar_hpc.relay --run-dir runs/x
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from laminar_hpc.launch.role import Heartbeat, RoleContext, install_sigterm, start_role
+from laminar_hpc.relay.chain import STOP, WEIGHTS, Header, chain_bytes, chain_header, poll_header
+from laminar_hpc.transport.channel import Server, publish_endpoint
+from laminar_hpc.transport.weight_store import WeightStore, checksum
+
+
+class RelayNode:
+    """One relay's store plus the bookkeeping shared by master and followers."""
+
+    def __init__(self, ctx: RoleContext, comm):
+        self.ctx, self.comm = ctx, comm
+        self.rank = comm.Get_rank()
+        self.store: WeightStore | None = None
+        self.chunk_bytes = int(ctx.cfg.relay.chunk_mb * 2**20)
+        self.timeout_s = ctx.cfg.timeouts.mpi_s
+
+    def slot_for(self, version: int, nbytes: int) -> tuple[int, memoryview]:
+        if self.store is None or self.store.capacity < nbytes:
+            if self.store is not None:
+                self.store.close()
+            self.store = WeightStore.create(self.ctx.shm_path(f"relay{self.rank}"), self.ctx.cfg.relay.slots, nbytes)
+        return self.store.begin(version)
+
+    def receive(self, hdr: Header) -> None:
+        """Follower: take one version off the chain (forwarding it) into a fresh slot."""
+        t0 = time.monotonic()
+        slot, buf = self.slot_for(hdr.version, hdr.nbytes)
+        chain_bytes(self.comm, buf, hdr.nbytes, self.chunk_bytes, self.timeout_s)
+        if checksum(buf[:hdr.nbytes]) != hdr.checksum:
+            self.store.abort(slot)
+            self.ctx.log.error("version %d failed its checksum after the broadcast: dropped", hdr.version)
+            self.ctx.tracer.emit("weights_corrupt", version=hdr.version)
+            return
+        self.store.commit(slot, hdr.version, hdr.nbytes, hdr.checksum, hdr.digest)
+        self.ready(hdr, time.monotonic() - t0)
+
+    def ready(self, hdr: Header, bcast_s: float) -> None:
+        self.ctx.tracer.emit("relay_ready", version=hdr.version, nbytes=hdr.nbytes, bcast_s=bcast_s,
+                             since_publish_s=(time.time_ns() - hdr.t_ns) / 1e9)
+        self.ctx.ctrl.send({"type": "version_ready", "rank": self.rank, "version": hdr.version,
+                            "nbytes": hdr.nbytes, "bcast_s": bcast_s})
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store.unlink()
+
+
+def run_master(node: RelayNode, flags: dict) -> None:
+    ctx = node.ctx
+    handoff_srv = Server(ctx.cfg.controller.host)
+    publish_endpoint(ctx.run_dir, "relay_master", handoff_srv.address)
+    handoff: WeightStore | None = None
+    beat = Heartbeat(ctx)
+    pending = -1  # newest version the trainer announced and we have not broadcast yet
+    last_sent = -1
+    try:
+        while not flags.get("stop"):
+            beat.tick()
+            got = handoff_srv.recv(timeout_s=0.02)
+            if got and got[1]["type"] == "publish":
+                pending = max(pending, got[1]["version"])
+            for msg in ctx.ctrl.drain():
+                if msg["type"] == "stop":
+                    flags["stop"] = True
+            if pending > last_sent and not flags.get("stop"):
+                if handoff is None:
+                    handoff = WeightStore.open(ctx.shm_path("handoff"))
+                last_sent = broadcast_latest(node, handoff)
+    finally:
+        chain_header(node.comm, Header(kind=STOP), node.timeout_s)
+        handoff_srv.close()
+        if handoff is not None:
+            handoff.close()
+
+
+def broadcast_latest(node: RelayNode, handoff: WeightStore) -> int:
+    """Copy the newest hand-off version into our store, checksum it, send it down the chain."""
+    t0 = time.monotonic()
+    info = handoff.latest()
+    if info is None:
+        return -1
+    slot, buf = node.slot_for(info.version, info.nbytes)
+    dst = np.frombuffer(buf, dtype=np.uint8, count=info.nbytes)
+    got = handoff.read(lambda view: np.copyto(dst, np.frombuffer(view, dtype=np.uint8)))
+    if got.version != info.version or got.nbytes != info.nbytes:  # the trainer moved on meanwhile
+        node.store.abort(slot)
+        return broadcast_latest(node, handoff)
+    csum = checksum(buf[:got.nbytes])
+    node.store.commit(slot, got.version, got.nbytes, csum, got.digest)
+    hdr = Header(WEIGHTS, got.version, got.nbytes, csum, got.digest, got.t_commit_ns)
+    chain_header(node.comm, hdr, node.timeout_s)
+    chain_bytes(node.comm, buf, got.nbytes, node.chunk_bytes, node.timeout_s)
+    node.ready(hdr, time.monotonic() - t0)
+    return got.version
+
+
+def run_follower(node: RelayNode, flags: dict) -> None:
+    beat = Heartbeat(node.ctx)
+    while not flags.get("stop"):
+        beat.tick()
+        hdr = poll_header(node.comm, timeout_s=0.5)
+        if hdr is None:
+            continue  # the chain's STOP header is how followers normally end
+        chain_header(node.comm, hdr, node.timeout_s)
+        if hdr.kind == STOP:
+            return
+        node.receive(hdr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run-dir", required=True)
+    args = ap.parse_args(argv)
+    from mpi4py import MPI  # only the relay role needs MPI
+    comm = MPI.COMM_WORLD
+    flags: dict = {}
+    install_sigterm(flags)
+    ctx = start_role("relay", comm.Get_rank(), args.run_dir)
+    node = RelayNode(ctx, comm)
+    try:
+        (run_master if node.rank == 0 else run_follower)(node, flags)
+    finally:
+        node.close()
+        ctx.tracer.flush()
+        ctx.log.info("stopped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Rollout role: generation engines and the rollout process loop."""

@@ -1,0 +1,194 @@
+"""Rollout engines: the `RolloutEngine` protocol and its PyTorch implementation.
+
+An engine holds ONE weight version at a time and generates with continuous batching: new
+sequences join between decode steps, finished ones leave, and weights can only be swapped when
+no sequence is in flight, so every trajectory is produced by exactly one version.
+
+    engine = TorchEngine(model_args, tokenizer, max_batch=32, temperature=1.0, seed=0)
+    engine.load_weights(version=3, buf=weights, layout=layout)
+    engine.add([SeqRequest("t1", prompt_ids, max_new_tokens=20)])
+    while engine.num_active():
+        for out in engine.step(): ...      # one new token per active sequence
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from laminar_hpc.model.llama import KVCache, ModelArgs, Transformer
+from laminar_hpc.model.sampling import sample_tokens
+from laminar_hpc.model.weights import WeightLayout
+
+
+@dataclass
+class SeqRequest:
+    """A trajectory to generate. `tokens`/`logprobs` are non-empty when it resumes elsewhere
+    (repack, recovery): the engine re-prefills prompt + tokens and continues."""
+    traj_id: str
+    prompt: list[int]
+    max_new_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class StepOutput:
+    traj_id: str
+    token: int
+    logprob: float
+    finished: bool
+    request: SeqRequest | None = None  # the whole trajectory, once finished
+
+
+class VersionInFlightError(RuntimeError):
+    """Weights were to change while a trajectory of the current version was still running."""
+
+
+class RolloutEngine(Protocol):
+    version: int
+
+    def add(self, requests: list[SeqRequest]) -> list[StepOutput]: ...
+
+    def step(self) -> list[StepOutput]: ...
+
+    def num_active(self) -> int: ...
+
+    def free_slots(self) -> int: ...
+
+    def kv_tokens(self) -> int: ...
+
+    def abort(self, traj_ids: list[str]) -> list[SeqRequest]: ...
+
+    def load_weights(self, version: int, buf: memoryview, layout: WeightLayout) -> None: ...
+
+
+@dataclass
+class _Active:
+    req: SeqRequest
+    length: int  # tokens written to the KV cache
+
+
+class TorchEngine:
+    """Continuous-batching generation with a slot-based KV cache, on CPU or GPU."""
+
+    def __init__(self, args: ModelArgs, eos_id: int, *, max_batch: int, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int = 0, device: str = "cpu"):
+        self.args, self.eos_id = args, eos_id
+        self.max_batch, self.temperature, self.top_p = max_batch, temperature, top_p
+        self.device = torch.device(device)
+        self.model = Transformer(args).to(self.device).eval().requires_grad_(False)
+        self.cache = KVCache(args, max_batch, device=self.device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.active: list[_Active] = []  # index == cache slot
+        self.version = -1
+
+    # -- capacity -------------------------------------------------------------------------
+    def num_active(self) -> int:
+        return len(self.active)
+
+    def free_slots(self) -> int:
+        return self.max_batch - len(self.active)
+
+    def kv_tokens(self) -> int:
+        return sum(a.length for a in self.active)
+
+    # -- weights --------------------------------------------------------------------------
+    def load_weights(self, version: int, buf: memoryview, layout: WeightLayout) -> None:
+        if self.active:
+            raise VersionInFlightError(
+                f"cannot load version {version}: {len(self.active)} trajectories of version "
+                f"{self.version} are still generating")
+        layout.unpack(buf, self.model)
+        self.version = version
+
+    # -- generation -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def add(self, requests: list[SeqRequest]) -> list[StepOutput]:
+        """Prefill new sequences into free slots and sample their next token."""
+        if not requests:
+            return []
+        if len(requests) > self.free_slots():
+            raise ValueError(f"{len(requests)} sequences do not fit in {self.free_slots()} free slots")
+        if self.version < 0:
+            raise RuntimeError("no weights loaded: call load_weights before add")
+        prefixes = [r.prompt + r.tokens for r in requests]
+        for r, p in zip(requests, prefixes):
+            if len(p) + 1 > self.args.max_seq_len or len(r.tokens) >= r.max_new_tokens:
+                raise ValueError(f"trajectory {r.traj_id}: {len(p)} tokens leave no room to generate "
+                                 f"(model.max_seq_len={self.args.max_seq_len}, max_new_tokens={r.max_new_tokens})")
+        width = max(len(p) for p in prefixes)
+        first = len(self.active)
+        tokens = torch.zeros(len(requests), width, dtype=torch.long)
+        for i, p in enumerate(prefixes):
+            tokens[i, :len(p)] = torch.tensor(p)
+        # right padding: real tokens never attend to pads, and a pad's cache entry at position
+        # >= len(p) is overwritten before any real token can attend to it
+        positions = torch.arange(width).expand(len(requests), width)
+        logits = self._forward(tokens, positions, slot0=first, key_len=width)
+        last = torch.tensor([len(p) - 1 for p in prefixes])
+        step_logits = logits[torch.arange(len(requests)), last]
+        for r, p in zip(requests, prefixes):
+            self.active.append(_Active(r, len(p)))
+        return self._sample_and_retire(step_logits, list(range(first, first + len(requests))))
+
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        """One decode step for every active sequence."""
+        if not self.active:
+            return []
+        toks = torch.tensor([[a.req.tokens[-1]] for a in self.active])
+        pos = torch.tensor([[a.length] for a in self.active])
+        logits = self._forward(toks, pos, slot0=0, key_len=int(pos.max()) + 1)
+        for a in self.active:
+            a.length += 1
+        return self._sample_and_retire(logits[:, -1], list(range(len(self.active))))
+
+    def abort(self, traj_ids: list[str]) -> list[SeqRequest]:
+        """Remove sequences (repack, recovery) and return them with their progress so far."""
+        wanted, out = set(traj_ids), []
+        for slot in sorted((i for i, a in enumerate(self.active) if a.req.traj_id in wanted), reverse=True):
+            out.append(self.active[slot].req)
+            self._free(slot)
+        return out
+
+    # -- internals ------------------------------------------------------------------------
+    def _forward(self, tokens, positions, *, slot0: int, key_len: int) -> torch.Tensor:
+        tokens, positions = tokens.to(self.device), positions.to(self.device)
+        if slot0 == 0:
+            return self.model(tokens, cache=self.cache, positions=positions, key_len=key_len)
+        # prefill writes into slots slot0.. : give the model a cache view starting there
+        view = _CacheView(self.cache, slot0)
+        return self.model(tokens, cache=view, positions=positions, key_len=key_len)
+
+    def _sample_and_retire(self, logits: torch.Tensor, slots: list[int]) -> list[StepOutput]:
+        toks, logps = sample_tokens(logits, self.temperature, self.top_p, self.generator)
+        outs = []
+        for slot, tok, lp in zip(slots, toks.tolist(), logps.tolist()):
+            req = self.active[slot].req
+            req.tokens.append(tok)
+            req.logprobs.append(lp)
+            done = (tok == self.eos_id or len(req.tokens) >= req.max_new_tokens
+                    or len(req.prompt) + len(req.tokens) >= self.args.max_seq_len)
+            outs.append(StepOutput(req.traj_id, tok, lp, done, req if done else None))
+        for slot in sorted((s for s, o in zip(slots, outs) if o.finished), reverse=True):
+            self._free(slot)
+        return outs
+
+    def _free(self, slot: int) -> None:
+        # keep active sequences compacted in slots 0..n-1: move the last one into the hole
+        last = len(self.active) - 1
+        if slot != last:
+            self.cache.move_slot(last, slot)
+            self.active[slot] = self.active[last]
+        self.active.pop()
+
+
+class _CacheView(KVCache):
+    """The same buffers seen from slot `slot0` on (no copy)."""
+
+    def __init__(self, base: KVCache, slot0: int):  # noqa: D107 - deliberately skips KVCache.__init__
+        self.k = [k[slot0:] for k in base.k]
+        self.v = [v[slot0:] for v in base.v]
+        self.max_slots = base.max_slots - slot0

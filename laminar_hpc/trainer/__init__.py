@@ -1,0 +1,1 @@
+"""Trainer role: GRPO/AIPO training, warm-up, checkpoints, weight publishing."""

@@ -1,0 +1,49 @@
+"""Trainer side of the weight path: one hand-off to the master relay, then back to training.
+
+`publish` packs the parameters into the trainer's node-local hand-off store (a memcpy, plus a
+cast if `publish_dtype` differs) and tells the master relay which version is there. The
+trainer never waits for the relay: the store keeps the last versions, and the relay copies
+the newest whenever it is ready (a slow relay skips versions, never stalls training).
+
+    pub = Publisher(ctx, model, layout); stall_s = pub.publish(version=5)
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from laminar_hpc.launch.role import RoleContext
+from laminar_hpc.model.weights import WeightLayout
+from laminar_hpc.transport.channel import Client, wait_endpoint
+from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
+
+
+class Publisher:
+    def __init__(self, ctx: RoleContext, model: torch.nn.Module, layout: WeightLayout):
+        self.ctx, self.model, self.layout = ctx, model, layout
+        self.store = WeightStore.create(ctx.shm_path("handoff"), slots=3, capacity=layout.nbytes)
+        addr = wait_endpoint(ctx.run_dir, "relay_master", ctx.cfg.timeouts.startup_s)
+        self.relay = Client(addr, "trainer-0")
+        self.digest = digest_to_int(layout.digest)
+        self.stalls: list[float] = []
+
+    def publish(self, version: int) -> float:
+        """Hand version `version` to the master relay; returns the time training was blocked."""
+        t0 = time.perf_counter()
+        slot, buf = self.store.begin(version)
+        self.layout.pack(self.model, buf)
+        self.store.commit(slot, version, self.layout.nbytes, 0, self.digest)  # master checksums
+        self.relay.send({"type": "publish", "version": version, "slot": slot, "nbytes": self.layout.nbytes,
+                         "layout": self.layout.digest, "t": time.time()})
+        stall = time.perf_counter() - t0
+        self.stalls.append(stall)
+        self.ctx.tracer.emit("publish", version=version, stall_s=stall, nbytes=self.layout.nbytes)
+        if self.ctx.ctrl is not None:
+            self.ctx.ctrl.send({"type": "published", "version": version, "stall_s": stall})
+        return stall
+
+    def close(self) -> None:
+        self.relay.close(linger_ms=500)
+        self.store.close()
+        self.store.unlink()

@@ -1,0 +1,137 @@
+"""The control-plane message protocol: msgpack maps with a `type`, checked against a schema.
+
+Every frame that crosses a socket goes through `decode`, which enforces a size limit and the
+schema of its type; anything else raises `DecodeError`, which receivers log and drop (a bad
+frame never crashes a role). The table below is the whole protocol; docs/architecture.md
+draws who sends what.
+
+    frame = encode({"type": "want_work", "credit": 8, "version": 3})
+    msg = decode(frame)          # -> dict, or DecodeError
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+MAX_FRAME_BYTES = 64 << 20
+
+# field kinds
+INT, FLOAT, STR, BOOL, MAP = "int", "float", "str", "bool", "map"
+INTS, FLOATS, MAPS, STRS = "list[int]", "list[float]", "list[map]", "list[str]"
+OPT = "?"  # suffix: the field may be missing or None
+
+TRAJECTORY = {  # one finished (or partial, when migrating) trajectory
+    "traj_id": STR, "group_id": INT, "problem": INT, "version": INT, "prompt": INTS,
+    "tokens": INTS, "logprobs": FLOATS, "reward": FLOAT + OPT, "rollout": INT,
+    "t_start": FLOAT, "t_end": FLOAT + OPT, "finish": STR + OPT,
+}
+WORK = {  # one trajectory to generate, controller -> rollout
+    "traj_id": STR, "group_id": INT, "problem": INT, "prompt": INTS, "max_new_tokens": INT,
+    "tokens": INTS + OPT, "logprobs": FLOATS + OPT, "version": INT + OPT,
+}
+
+SCHEMA: dict[str, dict[str, str]] = {
+    # any role -> controller
+    "hello": {"role": STR, "rank": INT, "pid": INT},
+    "heartbeat": {"t": FLOAT},
+    "log_event": {"event": STR, "fields": MAP},
+    # rollout -> controller
+    "want_work": {"credit": INT, "version": INT},  # credit: slots freed since the last ask
+    "stream": {"items": MAPS},  # {"traj_id", "tokens", "logprobs", "version"}
+    "finished": {"trajectory": MAP},
+    "weights_loaded": {"version": INT, "pull_s": FLOAT},
+    # controller -> rollout
+    "assign": {"work": MAPS},
+    # trainer -> controller
+    "want_groups": {"n": INT},
+    "train_step": {"metrics": MAP},
+    "published": {"version": INT, "stall_s": FLOAT},
+    "checkpoint_saved": {"step": INT, "version": INT, "path": STR},
+    "trainer_done": {"steps": INT},
+    # controller -> trainer
+    "groups": {"groups": MAPS},  # {"group_id", "problem", "trajectories": [TRAJECTORY]}
+    # relay -> controller
+    "version_ready": {"rank": INT, "version": INT, "nbytes": INT, "bcast_s": FLOAT},
+    # trainer <-> master relay (weight hand-off)
+    "publish": {"version": INT, "slot": INT, "nbytes": INT, "layout": STR, "t": FLOAT},
+    "released": {"slot": INT, "version": INT},
+    # controller -> any role
+    "stop": {"reason": STR},
+    "hello_ack": {"run_id": STR},
+}
+
+
+class DecodeError(ValueError):
+    """A frame that does not follow the protocol (too big, not msgpack, wrong fields)."""
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    check(msg)
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
+    if len(frame) > max_bytes:
+        raise DecodeError(f"frame of {len(frame)} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except Exception as err:  # msgpack raises several types for garbage input
+        raise DecodeError(f"not a msgpack frame: {type(err).__name__}: {err}") from None
+    check(msg)
+    return msg
+
+
+def check(msg: Any) -> None:
+    if not isinstance(msg, dict):
+        raise DecodeError(f"message must be a map, got {type(msg).__name__}")
+    kind = msg.get("type")
+    if not isinstance(kind, str) or kind not in SCHEMA:
+        raise DecodeError(f"unknown message type {kind!r}")
+    _check_fields(msg, SCHEMA[kind], kind)
+    if kind == "finished":
+        _check_fields(msg["trajectory"], TRAJECTORY, "finished.trajectory")
+    elif kind == "assign":
+        for w in msg["work"]:
+            _check_fields(w, WORK, "assign.work")
+    elif kind == "groups":
+        for g in msg["groups"]:
+            _check_fields(g, {"group_id": INT, "problem": INT, "trajectories": MAPS}, "groups.group")
+            for t in g["trajectories"]:
+                _check_fields(t, TRAJECTORY, "groups.trajectory")
+    elif kind == "stream":
+        for it in msg["items"]:
+            _check_fields(it, {"traj_id": STR, "tokens": INTS, "logprobs": FLOATS, "version": INT}, "stream.item")
+
+
+def _check_fields(obj: Any, spec: dict[str, str], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise DecodeError(f"{where}: expected a map, got {type(obj).__name__}")
+    for name, kind in spec.items():
+        optional = kind.endswith(OPT)
+        kind = kind.rstrip(OPT)
+        if name not in obj or obj[name] is None:
+            if optional:
+                continue
+            raise DecodeError(f"{where}: missing field '{name}'")
+        if not _is(obj[name], kind):
+            raise DecodeError(f"{where}: field '{name}' must be {kind}, got {type(obj[name]).__name__}")
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == FLOAT:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == STR:
+        return isinstance(value, str)
+    if kind == BOOL:
+        return isinstance(value, bool)
+    if kind == MAP:
+        return isinstance(value, dict)
+    if not isinstance(value, list):
+        return False
+    elem = kind[5:-1]
+    if elem == "map":
+        return all(isinstance(v, dict) for v in value)
+    return all(_is(v, elem) for v in value)

@@ -1,0 +1,180 @@
+"""Versioned weight slots in node-local shared memory (a file under /dev/shm, mmap'd).
+
+One writer, any number of readers, no locks: each slot carries a sequence counter (odd while
+being written). A reader copies a slot and accepts the copy only if the counter was even and
+unchanged across the copy; otherwise the writer lapped it and the reader retries with the
+newest version. The writer always overwrites the slot holding the OLDEST version, so with
+>= 2 slots a reader copying the newest version is never disturbed by the next publish, and a
+publish never waits for a reader.
+
+Used twice: trainer -> master relay hand-off, and relay -> rollouts on each node.
+
+    store = WeightStore.create("/dev/shm/laminar-x-r0", slots=3, capacity=nbytes)
+    slot, buf = store.begin(version=4); buf[:n] = data; store.commit(slot, 4, n, checksum(buf[:n]), digest)
+    reader = WeightStore.open("/dev/shm/laminar-x-r0")
+    info = reader.read(lambda view: layout.unpack(view, model))   # newest version
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import xxhash
+
+_MAGIC = 0x4C414D494E415231  # "LAMINAR1"
+_HDR_WORDS = 8  # magic, n_slots, capacity, data_offset, generation, 3 reserved
+_SLOT_WORDS = 8  # seq, version, nbytes, checksum, digest, t_commit_ns, 2 reserved
+_ALIGN = 4096
+SEQ, VERSION, NBYTES, CHECKSUM, DIGEST, T_COMMIT = range(6)
+
+
+def checksum(buf) -> int:
+    """xxh3-64 of a weight buffer as a signed int64 (fits the slot table); ~16 GB/s."""
+    return int(np.int64(np.uint64(xxhash.xxh3_64_intdigest(buf))))
+
+
+def digest_to_int(digest: str) -> int:
+    return int(digest[:15], 16)
+
+
+class TornRead(RuntimeError):
+    """The slot was overwritten while being copied (the writer lapped the reader)."""
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    slot: int
+    version: int
+    nbytes: int
+    checksum: int
+    digest: int
+    t_commit_ns: int
+
+
+class WeightStore:
+    def __init__(self, path: Path, mm: mmap.mmap, writable: bool):
+        self.path, self._mm, self.writable = Path(path), mm, writable
+        hdr = np.frombuffer(mm, dtype=np.int64, count=_HDR_WORDS)
+        if int(hdr[0]) != _MAGIC:
+            raise ValueError(f"{path} is not a laminar weight store")
+        self.n_slots, self.capacity, self._data_off = int(hdr[1]), int(hdr[2]), int(hdr[3])
+        self._table = np.frombuffer(mm, dtype=np.int64, count=self.n_slots * _SLOT_WORDS,
+                                    offset=_HDR_WORDS * 8).reshape(self.n_slots, _SLOT_WORDS)
+        self._view = memoryview(mm)
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str | os.PathLike, slots: int, capacity: int) -> "WeightStore":
+        """Create (or atomically replace) a store; readers of an old file keep their mapping."""
+        if slots < 2:
+            raise ValueError("a weight store needs >= 2 slots so a reader is never lapped by one publish")
+        path = Path(path)
+        capacity = (capacity + _ALIGN - 1) // _ALIGN * _ALIGN
+        data_off = _ALIGN
+        size = data_off + slots * capacity
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        hdr = np.frombuffer(mm, dtype=np.int64, count=_HDR_WORDS)
+        table = np.frombuffer(mm, dtype=np.int64, count=slots * _SLOT_WORDS, offset=_HDR_WORDS * 8)
+        table[:] = 0
+        table.reshape(slots, _SLOT_WORDS)[:, VERSION] = -1
+        hdr[1:5] = (slots, capacity, data_off, time.time_ns())
+        hdr[0] = _MAGIC  # last: a reader that sees the magic sees a complete header
+        del hdr, table
+        os.replace(tmp, path)
+        return cls(path, mm, writable=True)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "WeightStore":
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        return cls(Path(path), mm, writable=False)
+
+    # -- writer ---------------------------------------------------------------------------
+    def begin(self, version: int) -> tuple[int, memoryview]:
+        """Claim the slot with the oldest version and mark it as being written."""
+        if not self.writable:
+            raise PermissionError("this WeightStore was opened for reading")
+        versions = self._table[:, VERSION]
+        slot = int(np.argmin(versions))
+        self._table[slot, SEQ] += 1  # odd: readers skip or retry this slot
+        self._table[slot, VERSION] = -1
+        off = self._data_off + slot * self.capacity
+        return slot, self._view[off: off + self.capacity]
+
+    def commit(self, slot: int, version: int, nbytes: int, checksum_: int, digest: int) -> None:
+        row = self._table[slot]
+        row[NBYTES], row[CHECKSUM], row[DIGEST] = nbytes, checksum_, digest
+        row[T_COMMIT] = time.time_ns()
+        row[VERSION] = version
+        row[SEQ] += 1  # even again: the slot is readable
+
+    def abort(self, slot: int) -> None:
+        self._table[slot, VERSION] = -1
+        if self._table[slot, SEQ] % 2:
+            self._table[slot, SEQ] += 1
+
+    # -- reader ---------------------------------------------------------------------------
+    def slots(self) -> list[SlotInfo]:
+        out = []
+        for i in range(self.n_slots):
+            row = self._table[i].copy()
+            if row[SEQ] % 2 == 0 and row[VERSION] >= 0:
+                out.append(SlotInfo(i, int(row[VERSION]), int(row[NBYTES]), int(row[CHECKSUM]),
+                                    int(row[DIGEST]), int(row[T_COMMIT])))
+        return out
+
+    def latest(self) -> SlotInfo | None:
+        ready = self.slots()
+        return max(ready, key=lambda s: s.version) if ready else None
+
+    def latest_version(self) -> int:
+        info = self.latest()
+        return info.version if info else -1
+
+    def read(self, consume: Callable[[memoryview], None], *, min_version: int = -1,
+             verify: bool = False, retries: int = 8) -> SlotInfo | None:
+        """Hand the newest complete version (>= min_version) to `consume`; None if there is none.
+
+        `consume` copies out of the view it is given (e.g. into model parameters); the copy is
+        accepted only if the slot was not rewritten meanwhile, else it is repeated.
+        """
+        for _ in range(retries):
+            info = self.latest()
+            if info is None or info.version < min_version:
+                return None
+            seq = int(self._table[info.slot, SEQ])
+            off = self._data_off + info.slot * self.capacity
+            view = self._view[off: off + info.nbytes]
+            if verify and checksum(view) != info.checksum:
+                if int(self._table[info.slot, SEQ]) != seq:
+                    continue
+                raise ValueError(f"{self.path}: version {info.version} fails its checksum")
+            consume(view)
+            if int(self._table[info.slot, SEQ]) == seq and int(self._table[info.slot, VERSION]) == info.version:
+                return info
+        raise TornRead(f"{self.path}: a publish overtook every one of {retries} reads")
+
+    def close(self) -> None:
+        self._table = None  # release numpy views before the map
+        self._view.release()
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a consumer still holds a view (e.g. a tensor); the map closes with the process
+
+    def unlink(self) -> None:
+        Path(self.path).unlink(missing_ok=True)

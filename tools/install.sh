@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create .venv with laminar-hpc and everything it needs, on a fresh Debian/Ubuntu machine.
+#
+#   bash tools/install.sh            # idempotent; about 40 s the first time, 2 s after
+#
+# Open MPI comes from the system (Debian: openmpi-bin libopenmpi-dev), as Slurm's pmix needs;
+# Python packages are pinned in constraints.txt. torch==2.13.0 is the CPU wheel here; on GPU
+# clusters use environment.yml instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v mpirun >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "install.sh: installing Open MPI (openmpi-bin libopenmpi-dev)" >&2
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >&2
+  else
+    echo "install.sh: Open MPI is missing; install it first (Debian: sudo apt-get install openmpi-bin libopenmpi-dev)" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+# a stamp skips the pip step when nothing it depends on changed
+stamp=.venv/.laminar-installed
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+  echo "$want" > "$stamp"
+fi
