@@ -130,6 +130,7 @@ class Rollout:
                                    list(w.get("tokens") or []), list(w.get("logprobs") or [])))
         if reqs:
             self.handle(self.engine.add(reqs))
+            self.flush_streams()  # the partial-response pool learns at once which version each one runs
 
     def handle(self, outs: list[StepOutput]) -> None:
         for o in outs:
@@ -153,6 +154,8 @@ class Rollout:
                 "t_start": m["t_start"], "t_end": time.time(),
                 "finish": "eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length"}
         self.ctx.ctrl.send({"type": "finished", "trajectory": traj})
+        self.ctx.tracer.emit("traj_finished", traj=traj_id, version=traj["version"], t_start=traj["t_start"],
+                             t_end=traj["t_end"], tokens=len(req.tokens), reward=reward)
         self.credit_to_return += 1
 
     def flush_streams(self) -> None:

@@ -1,0 +1,191 @@
+"""End to end: `laminar run` with every role as its own OS process (controller, trainer, an MPI
+relay tier, rollouts) on a tiny config; what the run directory holds afterwards; Ctrl-C;
+resume; bad input. Each test's subprocesses are stopped by PID on any failure."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from laminar_hpc.metrics.trace import read_trace
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs" / "tiny.yaml")
+pytestmark = pytest.mark.slow
+
+
+def laminar(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "laminar_hpc.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains `text` (the run directory is unique per test)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("e2e") / "run"
+    t0 = time.monotonic()
+    res = laminar("run", TINY, "--run-dir", str(run_dir))
+    return run_dir, res, time.monotonic() - t0
+
+
+def test_tiny_campaign_completes_with_every_role(tiny_run):
+    run_dir, res, wall = tiny_run
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    assert wall < 120
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["outcome"] == "completed" and s["mode"] == "laminar"
+    assert s["train_steps"] == 12
+    assert s["trajectories_consumed"] == 12 * 4 * 4  # steps x groups/step x group size
+    assert s["tokens_generated"] >= s["tokens_trained"] > 0
+    assert s["versions_published"] >= 13  # the initial version + one per step
+    assert s["max_versions_in_flight"] >= 1
+    for key in ("reward_first", "reward_last", "max_staleness", "mean_staleness", "actor_stall_s_mean", "wall_s"):
+        assert s[key] is not None
+    # the run directory holds what is needed to understand and continue the run
+    for name in ("config.yaml", "metrics.jsonl", "status.json", "controller_stats.json", "run.json"):
+        assert (run_dir / name).is_file(), name
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert {"controller-0.log", "trainer-0.log", "relay.log", "rollout-0.log", "rollout-1.log"} <= logs
+    assert list((run_dir / "checkpoints").glob("step_000012/COMPLETE"))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "event" not in r]
+    assert steps == list(range(1, 13))
+    assert any(r.get("event") == "warmup_done" for r in rows)
+
+
+def test_every_role_joined_and_relays_forwarded(tiny_run):
+    run_dir, res, _ = tiny_run
+    relays = [read_trace(run_dir / "trace" / f"relay-{r}.jsonl") for r in (0, 1)]
+    for events in relays:
+        ready = [e["version"] for e in events if e["ev"] == "relay_ready"]
+        assert ready and ready == sorted(ready)  # versions arrive in order, none twice
+    # the follower received versions over the MPI chain, not from the trainer directly
+    assert {e["version"] for e in relays[1] if e["ev"] == "relay_ready"}
+
+
+def test_version_atomicity_no_trajectory_spans_a_weight_swap(tiny_run):
+    run_dir, _, _ = tiny_run
+    checked = 0
+    for r in (0, 1):
+        events = read_trace(run_dir / "trace" / f"rollout-{r}.jsonl")
+        pulls = [e for e in events if e["ev"] == "weights_pulled"]
+        assert pulls, "the rollout never pulled weights"
+        for e in (e for e in events if e["ev"] == "traj_finished"):
+            # the version it reports is the one loaded at its start, and no pull happened while it ran
+            loaded_before = [p["version"] for p in pulls if p["t"] <= e["t_start"]]
+            assert loaded_before and loaded_before[-1] == e["version"]
+            assert not [p for p in pulls if e["t_start"] < p["t"] < e["t_end"]]
+            checked += 1
+    assert checked >= 12 * 4 * 4
+
+
+def test_no_process_or_shared_memory_left(tiny_run):
+    run_dir, _, _ = tiny_run
+    assert processes_mentioning(str(run_dir)) == []
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    assert not list(Path("/dev/shm").glob(f"laminar-{run_id}-*"))
+
+
+def test_resume_continues_steps_and_versions(tiny_run, tmp_path):
+    run_dir, res, _ = tiny_run
+    assert res.returncode == 0
+    res2 = laminar("run", TINY, "--run-dir", str(run_dir), "--resume", "trainer.total_steps=15")
+    assert res2.returncode == 0, res2.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "event" not in r]
+    assert steps == list(range(1, 16))
+    versions = [r["version"] for r in rows if "event" not in r]
+    assert versions == list(range(1, 16))
+    trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()
+    assert "resumed from" in trainer_log
+    assert json.loads((run_dir / "summary.json").read_text())["train_steps"] == 15
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    run_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),
+                             "trainer.total_steps=100000"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        # wait until RL is running: the trainer has written a train step
+        while not ((run_dir / "metrics.jsonl").exists() and '"step"' in (run_dir / "metrics.jsonl").read_text()):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the run never reached RL"
+            time.sleep(0.2)  # poll for a file written by another process
+        assert len(processes_mentioning(str(run_dir))) >= 6  # launcher, controller, mpirun+ranks, trainer, rollouts
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err[-2000:]
+        assert "interrupted" in err and "--resume" in err
+        assert processes_mentioning(str(run_dir)) == []
+        assert json.loads((run_dir / "summary.json").read_text())["outcome"] == "interrupted"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in processes_mentioning(str(run_dir)):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_existing_run_dir_is_not_touched(tmp_path):
+    run_dir = tmp_path / "taken"
+    run_dir.mkdir()
+    (run_dir / "precious.txt").write_text("keep me")
+    res = laminar("run", TINY, "--run-dir", str(run_dir), timeout=60)
+    assert res.returncode == 2
+    assert "--resume" in res.stderr and "--overwrite" in res.stderr
+    assert [p.name for p in run_dir.iterdir()] == ["precious.txt"]
+    assert (run_dir / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("override, expect", [
+    ("trainer.lrr=1", "unknown key 'trainer.lrr'"),
+    ("trainer.rho=-1", "key 'trainer.rho'"),
+    ("relay.count=0", "key 'relay.count'"),
+])
+def test_bad_config_is_one_clear_line(tmp_path, override, expect):
+    res = laminar("run", TINY, "--run-dir", str(tmp_path / "r"), override, timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and expect in lines[0], res.stderr
+    assert not (tmp_path / "r").exists()  # nothing was created
+
+
+def _jsonl_config(tmp_path: Path, dataset: Path) -> str:
+    import yaml
+    cfg = yaml.safe_load(Path(TINY).read_text())
+    cfg["task"] = {"type": "jsonl", "path": str(dataset), "reward": "exact"}
+    path = tmp_path / "jsonl.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_missing_and_malformed_dataset(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    res = laminar("run", _jsonl_config(tmp_path, missing), "--run-dir", str(tmp_path / "r1"), timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert str(missing) in res.stderr and "not found" in res.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "no answer"}\n')
+    res = laminar("run", _jsonl_config(tmp_path, bad), "--run-dir", str(tmp_path / "r2"), timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"{bad} line 2" in res.stderr and "answer" in res.stderr
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()

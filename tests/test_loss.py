@@ -1,0 +1,345 @@
+"""GRPO advantages, the AIPO loss (truncated IS weights, PPO clipping, k3 KL) and batch building.
+
+Every expected value is computed independently with explicit Python loops over tokens.
+"""
+import math
+
+import pytest
+import torch
+
+from laminar_hpc.trainer.batch import build_batch
+from laminar_hpc.trainer.loss import aipo_loss, group_advantages
+
+
+# ----------------------------------------------------------------------------------------------
+# group_advantages
+# ----------------------------------------------------------------------------------------------
+
+def _ref_group_adv(rows, eps=1e-6):
+    out = []
+    for row in rows:
+        n = len(row)
+        mean = sum(row) / n
+        std = math.sqrt(sum((r - mean) ** 2 for r in row) / n)  # population std
+        out.append([(r - mean) / (std + eps) for r in row])
+    return out
+
+
+def test_group_advantages_matches_per_group_reference():
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(5, 7, generator=g, dtype=torch.float64) * 3 - 1
+    adv = group_advantages(rewards)
+    assert adv.shape == rewards.shape
+    expected = torch.tensor(_ref_group_adv(rewards.tolist()), dtype=torch.float64)
+    torch.testing.assert_close(adv, expected, rtol=1e-9, atol=1e-9)
+    # each group is normalised on its own: zero mean, unit (population) std
+    torch.testing.assert_close(adv.mean(-1), torch.zeros(5, dtype=torch.float64), atol=1e-9, rtol=0)
+    torch.testing.assert_close(adv.std(-1, unbiased=False), torch.ones(5, dtype=torch.float64),
+                               atol=1e-5, rtol=0)
+
+
+def test_group_advantages_uses_population_std_not_sample_std():
+    rewards = torch.tensor([[0.0, 1.0]])
+    adv = group_advantages(rewards)
+    # population std of {0, 1} is 0.5 -> advantages -1, +1 (sample std would give +-0.707)
+    torch.testing.assert_close(adv, torch.tensor([[-1.0, 1.0]]), atol=1e-5, rtol=0)
+
+
+def test_group_advantages_constant_group_gets_zero():
+    rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 1.0], [-2.5, -2.5, -2.5, -2.5]])
+    adv = group_advantages(rewards)
+    assert adv.shape == (3, 4)
+    assert torch.all(adv[0] == 0)
+    assert torch.all(adv[2] == 0)
+    assert torch.all(torch.isfinite(adv))
+    torch.testing.assert_close(adv[1], torch.tensor([-1.0, 1.0, -1.0, 1.0]), atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# aipo_loss
+# ----------------------------------------------------------------------------------------------
+
+def _case(seed=0, B=4, T=6):
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
+    # behaviour log-probs: pi/mu ratios spread over roughly [0.3, 3.3] so some exceed rho
+    behaviour = logp - (torch.rand(B, T, generator=g, dtype=torch.float64) * 2.4 - 1.2)
+    adv = torch.tensor([[1.5], [-0.7], [0.3], [-2.0]], dtype=torch.float64)[:B]
+    mask = torch.ones(B, T, dtype=torch.float64)
+    mask[0, :2] = 0  # prompt positions
+    mask[1, 4:] = 0  # padding
+    mask[2, 0] = 0
+    mask[3, 5] = 0
+    return logp, behaviour, adv, mask
+
+
+def _ref_aipo(logp, behaviour, adv, mask, rho, clip_eps=None, ref_logp=None, kl_coef=0.0):
+    """Python loops: loss value, d loss / d logp per token, and the diagnostics."""
+    B, T = len(logp), len(logp[0])
+    ntok = sum(mask[b][t] for b in range(B) for t in range(T))
+    total, kl_sum = 0.0, 0.0
+    grad = [[0.0] * T for _ in range(B)]
+    n_trunc = n_clip = 0
+    w_sum = 0.0
+    for b in range(B):
+        a = adv[b][0]
+        for t in range(T):
+            if not mask[b][t]:
+                continue
+            ratio = math.exp(logp[b][t] - behaviour[b][t])
+            w = min(ratio, rho)
+            w_sum += w
+            n_trunc += ratio > rho
+            clipped = clip_eps is not None and ((a > 0 and ratio > 1 + clip_eps)
+                                                or (a < 0 and ratio < 1 - clip_eps))
+            n_clip += clipped
+            if not clipped:
+                total += -w * a * logp[b][t]
+                grad[b][t] += -w * a / ntok
+            if ref_logp is not None and kl_coef > 0:
+                d = ref_logp[b][t] - logp[b][t]
+                k3 = math.exp(d) - d - 1
+                kl_sum += k3
+                total += kl_coef * k3
+                grad[b][t] += kl_coef * (1 - math.exp(d)) / ntok
+    return dict(loss=total / ntok, grad=grad, truncated_frac=n_trunc / ntok,
+                clipped_frac=n_clip / ntok, is_weight_mean=w_sum / ntok, kl=kl_sum / ntok)
+
+
+def _run(logp, behaviour, adv, mask, **kw):
+    lp = logp.clone().requires_grad_(True)
+    out = aipo_loss(lp, behaviour, adv, mask, **kw)
+    out.loss.backward()
+    return out, lp.grad
+
+
+def test_aipo_loss_and_gradient_match_loop_reference():
+    logp, behaviour, adv, mask = _case()
+    rho = 1.5
+    ref = _ref_aipo(logp.tolist(), behaviour.tolist(), adv.tolist(), mask.tolist(), rho)
+    # the case must exercise truncation on some but not all tokens
+    assert 0 < ref["truncated_frac"] < 1
+    out, grad = _run(logp, behaviour, adv, mask, rho=rho)
+    assert out.loss.ndim == 0
+    assert out.loss.item() == pytest.approx(ref["loss"], rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(grad, torch.tensor(ref["grad"], dtype=torch.float64), rtol=1e-9, atol=1e-12)
+    assert out.truncated_frac == pytest.approx(ref["truncated_frac"])
+    assert out.is_weight_mean == pytest.approx(ref["is_weight_mean"], rel=1e-9)
+    assert out.clipped_frac == 0.0
+    assert out.kl == 0.0
+
+
+def test_aipo_gradient_is_zero_on_unmasked_tokens_and_weight_is_constant():
+    logp, behaviour, adv, mask = _case(seed=3)
+    out, grad = _run(logp, behaviour, adv, mask, rho=2.0)
+    assert torch.all(grad[mask == 0] == 0)
+    # the importance weight is stop-gradient: d/dlogp is exactly -min(ratio, rho) * A / n
+    ratio = torch.exp(logp - behaviour)
+    expected = -torch.clamp(ratio, max=2.0) * adv / mask.sum() * mask
+    torch.testing.assert_close(grad, expected, rtol=1e-9, atol=1e-12)
+    # changing only masked-out positions changes nothing
+    logp2 = logp.clone()
+    logp2[mask == 0] = -9.0
+    out2 = aipo_loss(logp2, behaviour, adv, mask, rho=2.0)
+    assert out2.loss.item() == pytest.approx(out.loss.item(), rel=1e-12)
+
+
+def test_aipo_truncation_matters():
+    """With rho = 1 versus a huge rho, truncated tokens get a different gradient."""
+    logp, behaviour, adv, mask = _case(seed=1)
+    ratio = torch.exp(logp - behaviour)
+    over = (ratio > 1.0) & (mask > 0)
+    under = (ratio <= 1.0) & (mask > 0)
+    assert over.any() and under.any()
+    _, g_trunc = _run(logp, behaviour, adv, mask, rho=1.0)
+    _, g_full = _run(logp, behaviour, adv, mask, rho=1e9)
+    torch.testing.assert_close(g_trunc[under], g_full[under])
+    assert not torch.allclose(g_trunc[over], g_full[over])
+    n = mask.sum()
+    advb = adv.expand_as(logp)
+    torch.testing.assert_close(g_trunc[over], -advb[over] / n)
+
+
+def test_aipo_accepts_per_token_advantages():
+    logp, behaviour, adv, mask = _case(seed=2)
+    per_tok = adv.expand_as(logp).clone()
+    a, ga = _run(logp, behaviour, adv, mask, rho=1.3)
+    b, gb = _run(logp, behaviour, per_tok, mask, rho=1.3)
+    assert a.loss.item() == pytest.approx(b.loss.item(), rel=1e-12)
+    torch.testing.assert_close(ga, gb)
+
+
+def test_ppo_clipping_zeroes_gradient_of_tokens_outside_trust_region():
+    logp, behaviour, adv, mask = _case(seed=4)
+    rho, eps = 2.5, 0.2
+    ratio = torch.exp(logp - behaviour)
+    advb = adv.expand_as(logp)
+    outside = (((advb > 0) & (ratio > 1 + eps)) | ((advb < 0) & (ratio < 1 - eps))) & (mask > 0)
+    inside = (~outside) & (mask > 0)
+    assert outside.any() and inside.any()
+    # tokens that left the region in the direction opposite to the advantage are NOT clipped
+    assert (((advb > 0) & (ratio < 1 - eps) | (advb < 0) & (ratio > 1 + eps)) & (mask > 0)).any()
+
+    out, grad = _run(logp, behaviour, adv, mask, rho=rho, clip_eps=eps)
+    _, grad_noclip = _run(logp, behaviour, adv, mask, rho=rho)
+    assert torch.all(grad[outside] == 0)
+    assert torch.all(grad[mask == 0] == 0)
+    torch.testing.assert_close(grad[inside], grad_noclip[inside], rtol=1e-12, atol=0)
+    assert torch.all(grad_noclip[inside] != 0)
+
+    ref = _ref_aipo(logp.tolist(), behaviour.tolist(), adv.tolist(), mask.tolist(), rho, clip_eps=eps)
+    assert out.clipped_frac == pytest.approx(ref["clipped_frac"])
+    assert out.clipped_frac == pytest.approx(float(outside.sum() / mask.sum()))
+    assert out.loss.item() == pytest.approx(ref["loss"], rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(grad, torch.tensor(ref["grad"], dtype=torch.float64), rtol=1e-9, atol=1e-12)
+
+
+def test_ppo_clipping_handcrafted_tokens():
+    # one sequence, A > 0: ratio 1.5 (clipped), 0.5 (kept), 1.1 (inside, kept)
+    # one sequence, A < 0: ratio 0.5 (clipped), 1.5 (kept), 0.9 (inside, kept)
+    logp = torch.full((2, 3), -1.0, dtype=torch.float64)
+    ratios = torch.tensor([[1.5, 0.5, 1.1], [0.5, 1.5, 0.9]], dtype=torch.float64)
+    behaviour = logp - torch.log(ratios)
+    adv = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+    mask = torch.ones(2, 3, dtype=torch.float64)
+    out, grad = _run(logp, behaviour, adv, mask, rho=10.0, clip_eps=0.2)
+    assert grad[0, 0] == 0 and grad[1, 0] == 0
+    expected_kept = {(0, 1): -0.5 * 1.0 / 6, (0, 2): -1.1 * 1.0 / 6,
+                     (1, 1): -1.5 * -1.0 / 6, (1, 2): -0.9 * -1.0 / 6}
+    for (b, t), g in expected_kept.items():
+        assert grad[b, t].item() == pytest.approx(g, rel=1e-9)
+    assert out.clipped_frac == pytest.approx(2 / 6)
+
+
+def test_kl_term_matches_k3_reference():
+    logp, behaviour, adv, mask = _case(seed=5)
+    g = torch.Generator().manual_seed(11)
+    ref_logp = logp + (torch.rand(logp.shape, generator=g, dtype=torch.float64) - 0.5)
+    rho, kl_coef = 1.4, 0.3
+    ref = _ref_aipo(logp.tolist(), behaviour.tolist(), adv.tolist(), mask.tolist(), rho,
+                    ref_logp=ref_logp.tolist(), kl_coef=kl_coef)
+    out, grad = _run(logp, behaviour, adv, mask, rho=rho, ref_logp=ref_logp, kl_coef=kl_coef)
+    assert ref["kl"] > 0
+    assert out.kl == pytest.approx(ref["kl"], rel=1e-9)
+    assert out.loss.item() == pytest.approx(ref["loss"], rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(grad, torch.tensor(ref["grad"], dtype=torch.float64), rtol=1e-9, atol=1e-12)
+    # the loss is exactly the policy-gradient loss plus kl_coef * mean k3
+    base = aipo_loss(logp, behaviour, adv, mask, rho=rho)
+    assert out.loss.item() == pytest.approx(base.loss.item() + kl_coef * ref["kl"], rel=1e-9, abs=1e-12)
+
+
+def test_kl_is_zero_when_ref_equals_policy_and_ignored_without_coef():
+    logp, behaviour, adv, mask = _case(seed=6)
+    same = aipo_loss(logp, behaviour, adv, mask, rho=1.2, ref_logp=logp.clone(), kl_coef=0.5)
+    base = aipo_loss(logp, behaviour, adv, mask, rho=1.2)
+    assert same.kl == pytest.approx(0.0, abs=1e-12)
+    assert same.loss.item() == pytest.approx(base.loss.item(), rel=1e-12)
+    off = aipo_loss(logp, behaviour, adv, mask, rho=1.2, ref_logp=logp - 1.0, kl_coef=0.0)
+    assert off.kl == 0.0
+    assert off.loss.item() == pytest.approx(base.loss.item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("rho", [0.0, -1.0])
+def test_rho_must_be_positive(rho):
+    logp, behaviour, adv, mask = _case()
+    with pytest.raises(ValueError, match="rho"):
+        aipo_loss(logp, behaviour, adv, mask, rho=rho)
+
+
+# ----------------------------------------------------------------------------------------------
+# build_batch
+# ----------------------------------------------------------------------------------------------
+
+def _traj(tid, prompt, tokens, reward, version, seed):
+    g = torch.Generator().manual_seed(seed)
+    lps = (-torch.rand(len(tokens), generator=g) * 4).tolist()
+    return dict(traj_id=tid, prompt=list(prompt), tokens=list(tokens), logprobs=lps,
+                reward=reward, version=version)
+
+
+def _groups():
+    g0 = {"trajectories": [
+        _traj("a0", [5, 6, 7], [10, 11], 1.0, 3, 1),
+        _traj("a1", [5, 6, 7], [12, 13, 14, 15], 0.0, 3, 2),
+        _traj("a2", [5, 6, 7], [16], 1.0, 2, 3),
+    ]}
+    g1 = {"trajectories": [
+        _traj("b0", [8], [20, 21, 22], 0.5, 4, 4),
+        _traj("b1", [8], [23, 24, 25, 26, 27, 28], 0.5, 4, 5),
+        _traj("b2", [8], [29], 0.5, 1, 6),
+    ]}
+    return [g0, g1]
+
+
+def test_build_batch_mask_logprobs_and_targets():
+    groups = _groups()
+    trajs = [t for g in groups for t in g["trajectories"]]
+    pad = 99
+    batch = build_batch(groups, pad_id=pad)
+    width = max(len(t["prompt"]) + len(t["tokens"]) for t in trajs)
+    n = len(trajs)
+    for name in ("inputs", "targets", "mask", "behaviour_logp"):
+        assert getattr(batch, name).shape == (n, width - 1), name
+    assert batch.n_tokens == sum(len(t["tokens"]) for t in trajs)
+
+    for i, t in enumerate(trajs):
+        seq = t["prompt"] + t["tokens"]
+        p, r = len(t["prompt"]), len(t["tokens"])
+        full = seq + [pad] * (width - len(seq))
+        assert batch.inputs[i].tolist() == full[:-1]
+        assert batch.targets[i].tolist() == full[1:]
+        response_pos = set(range(p - 1, p - 1 + r))
+        for pos in range(width - 1):
+            if pos in response_pos:
+                assert batch.mask[i, pos] == 1, (t["traj_id"], pos)
+                k = pos - (p - 1)
+                # the target at this position is response token k, with its behaviour log-prob
+                assert batch.targets[i, pos].item() == t["tokens"][k]
+                assert batch.behaviour_logp[i, pos].item() == pytest.approx(t["logprobs"][k], abs=1e-6)
+            else:
+                assert batch.mask[i, pos] == 0, (t["traj_id"], pos)
+                assert batch.behaviour_logp[i, pos] == 0
+
+    assert batch.rewards.tolist() == [t["reward"] for t in trajs]
+    assert batch.versions.tolist() == [t["version"] for t in trajs]
+
+
+def test_build_batch_advantages_follow_groups():
+    groups = _groups()
+    batch = build_batch(groups)
+    rewards = [[t["reward"] for t in g["trajectories"]] for g in groups]
+    expected = [a for row in _ref_group_adv(rewards) for a in row]
+    assert batch.advantages.shape == (6, 1)
+    torch.testing.assert_close(batch.advantages.squeeze(1), torch.tensor(expected, dtype=batch.advantages.dtype),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batch.advantages,
+                               group_advantages(torch.tensor(rewards)).reshape(-1, 1))
+    # the second group's rewards are all equal: no signal
+    assert torch.all(batch.advantages[3:] == 0)
+    assert batch.advantages[0].item() > 0 > batch.advantages[1].item()
+
+
+def test_build_batch_mismatched_logprobs_raises():
+    groups = _groups()
+    groups[1]["trajectories"][1]["logprobs"] = groups[1]["trajectories"][1]["logprobs"][:-1]
+    with pytest.raises(ValueError, match="b1"):
+        build_batch(groups)
+
+
+def test_build_batch_unequal_group_sizes_raises():
+    groups = _groups()
+    groups[0]["trajectories"] = groups[0]["trajectories"][:2]
+    with pytest.raises(ValueError):
+        build_batch(groups)
+
+
+def test_build_batch_feeds_aipo_loss():
+    """End to end: build_batch output scored with on-policy log-probs gives ratio 1 everywhere."""
+    batch = build_batch(_groups())
+    logp = batch.behaviour_logp.clone().requires_grad_(True)
+    out = aipo_loss(logp, batch.behaviour_logp, batch.advantages, batch.mask, rho=2.0)
+    out.loss.backward()
+    assert out.is_weight_mean == pytest.approx(1.0)
+    assert out.truncated_frac == 0.0
+    expected = -batch.advantages * batch.mask / batch.n_tokens
+    torch.testing.assert_close(logp.grad, expected.expand_as(logp))

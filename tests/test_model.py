@@ -1,0 +1,524 @@
+"""Model, sampling, weight layout, tokenizer and the continuous-batching rollout engine.
+
+Engine outputs are checked against plain full forwards of the same weights (no KV cache), so a
+cache/slot/padding bug shows up as a log-prob or token mismatch.
+"""
+import math
+import string
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from laminar_hpc.model.llama import ModelArgs, Transformer, token_logprobs
+from laminar_hpc.model.sampling import sample_tokens
+from laminar_hpc.model.tokenizer import CharTokenizer
+from laminar_hpc.model.weights import WeightLayout
+from laminar_hpc.rollout.engine import SeqRequest, TorchEngine, VersionInFlightError
+
+VOCAB = 40
+ARGS = ModelArgs(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64,
+                 max_seq_len=48)
+NO_EOS = -1  # a token id that is never sampled: runs go to max_new_tokens
+
+
+def _random_model(args=ARGS, seed=0, std=0.3) -> Transformer:
+    """Weights much larger than the default init so distributions are far from uniform/diverse."""
+    torch.manual_seed(seed)
+    m = Transformer(args).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, std)
+    return m
+
+
+def _pack(model: Transformer, dtype="float32"):
+    layout = WeightLayout.from_model(model, dtype=dtype)
+    buf = bytearray(layout.nbytes)
+    layout.pack(model, memoryview(buf))
+    return layout, buf
+
+
+def _engine(model, *, eos_id, max_batch, temperature, seed=0, top_p=1.0, version=1):
+    layout, buf = _pack(model)
+    eng = TorchEngine(model.args, eos_id, max_batch=max_batch, temperature=temperature,
+                      top_p=top_p, seed=seed)
+    eng.load_weights(version, memoryview(buf), layout)
+    return eng
+
+
+@torch.no_grad()
+def _full_logprobs(model, prompt, tokens, temperature=1.0):
+    """Log-probs of `tokens` given `prompt`, from one plain causal forward over prompt+tokens."""
+    seq = torch.tensor([prompt + tokens])
+    logits = model(seq[:, :-1])
+    lp = token_logprobs(logits, seq[:, 1:], temperature)[0]
+    return lp[len(prompt) - 1:].tolist()
+
+
+def _prompts(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = 1 + (i * 3) % 7  # lengths 1..7, mixed
+        out.append(torch.randint(3, VOCAB, (length,), generator=g).tolist())
+    return out
+
+
+def _drive(engine, requests, admit_per_step=None):
+    """Continuous batching: admit pending requests into free slots between decode steps."""
+    pending = list(requests)
+    finished = {}
+    steps = 0
+    max_active = 0
+
+    def collect(outs):
+        for o in outs:
+            if o.finished:
+                assert o.request is not None and o.request.traj_id == o.traj_id
+                assert o.traj_id not in finished
+                finished[o.traj_id] = o.request
+            else:
+                assert o.request is None
+
+    while pending or engine.num_active():
+        free = engine.free_slots()
+        take = min(free, len(pending)) if admit_per_step is None else min(free, len(pending), admit_per_step)
+        if take:
+            batch, pending = pending[:take], pending[take:]
+            outs = engine.add(batch)
+            assert [o.traj_id for o in outs] == [r.traj_id for r in batch]
+            collect(outs)
+        max_active = max(max_active, engine.num_active())
+        assert engine.num_active() <= engine.max_batch
+        collect(engine.step())
+        steps += 1
+        assert steps < 1000
+    return finished, max_active
+
+
+# ----------------------------------------------------------------------------------------------
+# continuous batching
+# ----------------------------------------------------------------------------------------------
+
+def test_continuous_batching_logprobs_match_full_forward():
+    model = _random_model(seed=0)
+    eos = 3
+    engine = _engine(model, eos_id=eos, max_batch=3, temperature=1.0, seed=123)
+    prompts = _prompts(9)
+    # the first-admitted request finishes first, so slots free up out of order and compaction runs
+    budgets = [2, 12, 9, 5, 14, 3, 8, 11, 6]
+    reqs = [SeqRequest(f"t{i}", p, max_new_tokens=b) for i, (p, b) in enumerate(zip(prompts, budgets))]
+    finished, max_active = _drive(engine, reqs, admit_per_step=2)
+    assert set(finished) == {r.traj_id for r in reqs}
+    assert max_active == 3
+    assert engine.num_active() == 0 and engine.kv_tokens() == 0
+
+    all_tokens = []
+    for i, r in enumerate(reqs):
+        out = finished[r.traj_id]
+        assert out.prompt == prompts[i]
+        assert 1 <= len(out.tokens) <= budgets[i]
+        assert len(out.logprobs) == len(out.tokens)
+        # a trajectory ends exactly at EOS or at its budget
+        if len(out.tokens) < budgets[i]:
+            assert out.tokens[-1] == eos
+        assert eos not in out.tokens[:-1]
+        ref = _full_logprobs(model, out.prompt, out.tokens)
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
+        all_tokens += out.tokens
+    # the scaled-up weights give diverse samples (a stuck sampler would not)
+    assert len(set(all_tokens)) >= 8
+
+
+def test_continuous_batching_admit_all_free_slots_and_slot_reuse():
+    """Same check with greedy admission (fill every free slot) and a different max_batch."""
+    model = _random_model(seed=5)
+    engine = _engine(model, eos_id=NO_EOS, max_batch=4, temperature=1.0, seed=7)
+    prompts = _prompts(10, seed=9)
+    budgets = [1, 7, 3, 10, 4, 2, 9, 5, 6, 8]  # budget 1 finishes in add() itself
+    reqs = [SeqRequest(f"r{i}", p, max_new_tokens=b) for i, (p, b) in enumerate(zip(prompts, budgets))]
+    finished, _ = _drive(engine, reqs)
+    for i, r in enumerate(reqs):
+        out = finished[r.traj_id]
+        assert len(out.tokens) == budgets[i]
+        ref = _full_logprobs(model, out.prompt, out.tokens)
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
+
+
+def test_engine_sampling_is_seeded():
+    model = _random_model(seed=2)
+
+    def run(seed):
+        eng = _engine(model, eos_id=NO_EOS, max_batch=2, temperature=1.0, seed=seed)
+        reqs = [SeqRequest(f"s{i}", p, max_new_tokens=8) for i, p in enumerate(_prompts(4))]
+        fin, _ = _drive(eng, reqs)
+        return [fin[f"s{i}"].tokens for i in range(4)]
+
+    assert run(11) == run(11)
+    assert run(11) != run(12)
+
+
+def _greedy_reference(model, prompt, n):
+    toks, lps = [], []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([prompt + toks]))[0, -1]
+            t = int(logits.argmax())
+            lps.append(float(F.log_softmax(logits.float(), -1)[t]))
+            toks.append(t)
+    return toks, lps
+
+
+def test_greedy_generation_equals_stepwise_argmax():
+    model = _random_model(seed=1)
+    engine = _engine(model, eos_id=NO_EOS, max_batch=3, temperature=0.0)
+    prompts = _prompts(5, seed=4)
+    budgets = [10, 4, 7, 9, 6]
+    reqs = [SeqRequest(f"g{i}", p, max_new_tokens=b) for i, (p, b) in enumerate(zip(prompts, budgets))]
+    finished, _ = _drive(engine, reqs, admit_per_step=1)
+    for i, r in enumerate(reqs):
+        out = finished[r.traj_id]
+        toks, lps = _greedy_reference(model, prompts[i], budgets[i])
+        assert out.tokens == toks
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(lps), atol=1e-4, rtol=0)
+
+
+def test_generation_stops_at_max_seq_len():
+    model = _random_model(seed=1)
+    engine = _engine(model, eos_id=NO_EOS, max_batch=2, temperature=1.0)
+    prompt = [3 + i % (VOCAB - 3) for i in range(ARGS.max_seq_len - 5)]
+    finished, _ = _drive(engine, [SeqRequest("long", prompt, max_new_tokens=100)])
+    out = finished["long"]
+    assert len(out.prompt) + len(out.tokens) <= ARGS.max_seq_len
+    assert len(out.tokens) >= 1
+    # the whole trajectory can still be scored by a plain forward
+    ref = _full_logprobs(model, out.prompt, out.tokens)
+    torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# re-prefill / migration
+# ----------------------------------------------------------------------------------------------
+
+def test_abort_and_readd_on_second_engine_continues_identically():
+    model = _random_model(seed=3)
+    prompts = _prompts(3, seed=8)
+    budget = 12
+
+    def fresh():
+        return _engine(model, eos_id=NO_EOS, max_batch=3, temperature=0.0)
+
+    # uninterrupted reference run
+    ref_eng = fresh()
+    ref_fin, _ = _drive(ref_eng, [SeqRequest(f"m{i}", p, max_new_tokens=budget) for i, p in enumerate(prompts)])
+
+    a = fresh()
+    a.add([SeqRequest(f"m{i}", p, max_new_tokens=budget) for i, p in enumerate(prompts)])
+    for _ in range(4):
+        assert not any(o.finished for o in a.step())
+    # abort the middle one: the last active sequence is compacted into its slot
+    moved = a.abort(["m1"])
+    assert len(moved) == 1 and moved[0].traj_id == "m1"
+    assert len(moved[0].tokens) == 5 and len(moved[0].logprobs) == 5
+    assert moved[0].tokens == ref_fin["m1"].tokens[:5]
+    assert a.num_active() == 2
+    assert a.abort(["nope"]) == []
+
+    b = fresh()
+    b.add(moved)
+    fin_b, _ = _drive(b, [])
+    fin_a, _ = _drive(a, [])
+    assert set(fin_b) == {"m1"} and set(fin_a) == {"m0", "m2"}
+    got = {**fin_a, **fin_b}
+    for tid, ref in ref_fin.items():
+        assert got[tid].tokens == ref.tokens, tid
+        assert len(got[tid].tokens) == budget
+        torch.testing.assert_close(torch.tensor(got[tid].logprobs), torch.tensor(ref.logprobs),
+                                   atol=1e-4, rtol=0)
+
+
+def test_readd_with_sampling_gives_consistent_logprobs():
+    """A resumed trajectory (sampled) is still scored correctly end to end by a full forward."""
+    model = _random_model(seed=4)
+    a = _engine(model, eos_id=NO_EOS, max_batch=2, temperature=1.0, seed=1)
+    a.add([SeqRequest("x", [5, 6, 7], max_new_tokens=10), SeqRequest("y", [9], max_new_tokens=10)])
+    a.step()
+    a.step()
+    (req,) = a.abort(["x"])
+    b = _engine(model, eos_id=NO_EOS, max_batch=2, temperature=1.0, seed=2)
+    b.add([SeqRequest("z", [8, 8], max_new_tokens=6)])  # resumes into slot 1, not slot 0
+    b.add([req])
+    fin, _ = _drive(b, [])
+    out = fin["x"]
+    assert len(out.tokens) == 10
+    ref = _full_logprobs(model, out.prompt, out.tokens)
+    torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# version atomicity
+# ----------------------------------------------------------------------------------------------
+
+def test_load_weights_refused_while_in_flight():
+    m1, m2 = _random_model(seed=1), _random_model(seed=2)
+    layout2, buf2 = _pack(m2)
+    eng = _engine(m1, eos_id=NO_EOS, max_batch=2, temperature=1.0, version=1)
+    assert eng.version == 1
+    before = {k: v.clone() for k, v in eng.model.state_dict().items()}
+    eng.add([SeqRequest("a", [4, 5], max_new_tokens=3)])
+    with pytest.raises(VersionInFlightError):
+        eng.load_weights(2, memoryview(buf2), layout2)
+    assert eng.version == 1
+    for k, v in eng.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    fin, _ = _drive(eng, [])
+    assert "a" in fin and eng.num_active() == 0
+    eng.load_weights(2, memoryview(buf2), layout2)
+    assert eng.version == 2
+    for k, v in eng.model.state_dict().items():
+        assert torch.equal(v, m2.state_dict()[k]), k
+
+
+def test_add_before_weights_raises():
+    eng = TorchEngine(ARGS, NO_EOS, max_batch=2)
+    with pytest.raises(RuntimeError):
+        eng.add([SeqRequest("a", [4], max_new_tokens=2)])
+
+
+def test_add_more_than_free_slots_raises():
+    eng = _engine(_random_model(), eos_id=NO_EOS, max_batch=2, temperature=1.0)
+    with pytest.raises(ValueError):
+        eng.add([SeqRequest(f"a{i}", [4], max_new_tokens=2) for i in range(3)])
+
+
+# ----------------------------------------------------------------------------------------------
+# weight layout
+# ----------------------------------------------------------------------------------------------
+
+def test_weight_layout_round_trip_float32():
+    src = _random_model(seed=1)
+    layout, buf = _pack(src)
+    torch.manual_seed(99)
+    dst = Transformer(ARGS)
+    assert not torch.equal(dst.model.embed_tokens.weight, src.model.embed_tokens.weight)
+    layout.unpack(memoryview(buf), dst)
+    s_sd, d_sd = src.state_dict(), dst.state_dict()
+    assert s_sd.keys() == d_sd.keys()
+    for k in s_sd:
+        assert torch.equal(s_sd[k], d_sd[k]), k
+    # the layout holds every parameter exactly once, aligned and non-overlapping
+    n_params = sum(p.numel() for p in src.parameters())
+    assert sum(s.nbytes for s in layout.specs) == 4 * n_params
+    ends = 0
+    for s in layout.specs:
+        assert s.offset % 64 == 0 and s.offset >= ends
+        ends = s.offset + s.nbytes
+    assert ends <= layout.nbytes
+
+
+def test_weight_layout_tied_embeddings():
+    src = _random_model(seed=1)
+    assert ARGS.tie_embeddings
+    layout, buf = _pack(src)
+    names = [s.name for s in layout.specs]
+    assert "model.embed_tokens.weight" in names
+    assert "lm_head.weight" not in names
+    assert len(names) == len(set(names))
+    dst = Transformer(ARGS)
+    layout.unpack(memoryview(buf), dst)
+    assert dst.lm_head.weight.data_ptr() == dst.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(dst.lm_head.weight, src.model.embed_tokens.weight)
+
+    untied = ModelArgs(**{**ARGS.__dict__, "tie_embeddings": False})
+    m = _random_model(untied, seed=2)
+    lay_u = WeightLayout.from_model(m)
+    assert "lm_head.weight" in [s.name for s in lay_u.specs]
+    assert lay_u.nbytes > layout.nbytes
+    assert lay_u.digest != layout.digest
+
+
+def test_weight_layout_bfloat16():
+    src = _random_model(seed=1)
+    lay32 = WeightLayout.from_model(src, "float32")
+    lay16, buf16 = _pack(src, "bfloat16")
+    assert lay16.dtype == "bfloat16"
+    assert abs(lay16.nbytes - lay32.nbytes / 2) <= 64 * len(lay16.specs)
+    assert lay16.nbytes < 0.6 * lay32.nbytes
+    assert lay16.digest != lay32.digest
+    dst = Transformer(ARGS)
+    lay16.unpack(memoryview(buf16), dst)
+    for name, p in src.named_parameters():
+        q = dict(dst.named_parameters())[name]
+        assert q.dtype == torch.float32
+        # exactly what rounding to bfloat16 gives, and within bf16 precision of the original
+        assert torch.equal(q, p.detach().to(torch.bfloat16).float()), name
+        torch.testing.assert_close(q, p.detach(), rtol=2 ** -8, atol=1e-6)
+
+
+def test_weight_layout_digest_and_buffer_size():
+    a = WeightLayout.from_model(Transformer(ARGS))
+    b = WeightLayout.from_model(_random_model(seed=3))
+    assert a.digest == b.digest  # same shapes, different values
+    wider = ModelArgs(**{**ARGS.__dict__, "ffn_dim": 96})
+    assert WeightLayout.from_model(Transformer(wider)).digest != a.digest
+    bigger_vocab = ModelArgs(**{**ARGS.__dict__, "vocab_size": VOCAB + 1})
+    assert WeightLayout.from_model(Transformer(bigger_vocab)).digest != a.digest
+    small = bytearray(a.nbytes - 1)
+    with pytest.raises(ValueError):
+        a.unpack(memoryview(small), Transformer(ARGS))
+    with pytest.raises(ValueError):
+        a.pack(Transformer(ARGS), memoryview(small))
+    with pytest.raises(ValueError):
+        WeightLayout.from_model(Transformer(ARGS), dtype="int8")
+
+
+# ----------------------------------------------------------------------------------------------
+# parameter names
+# ----------------------------------------------------------------------------------------------
+
+def test_parameter_names_follow_hf_llama():
+    names = {n for n, _ in Transformer(ARGS).named_parameters()}
+    expected = {"model.embed_tokens.weight", "model.norm.weight"}
+    for i in range(ARGS.n_layers):
+        pre = f"model.layers.{i}."
+        expected |= {pre + s for s in (
+            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+            "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight")}
+    assert names == expected
+    sd = Transformer(ARGS).state_dict()
+    hd = ARGS.dim // ARGS.n_heads
+    assert sd["model.layers.0.self_attn.q_proj.weight"].shape == (ARGS.n_heads * hd, ARGS.dim)
+    assert sd["model.layers.0.self_attn.k_proj.weight"].shape == (ARGS.n_kv_heads * hd, ARGS.dim)
+    assert sd["model.layers.1.mlp.gate_proj.weight"].shape == (ARGS.ffn_dim, ARGS.dim)
+
+
+def test_attention_bias_adds_qkv_biases_like_qwen2():
+    args = ModelArgs(**{**ARGS.__dict__, "attention_bias": True})
+    names = {n for n, _ in Transformer(args).named_parameters()}
+    base = {n for n, _ in Transformer(ARGS).named_parameters()}
+    extra = names - base
+    assert extra == {f"model.layers.{i}.self_attn.{p}_proj.bias"
+                     for i in range(args.n_layers) for p in ("q", "k", "v")}
+    assert not any("o_proj.bias" in n or "mlp" in n and n.endswith("bias") for n in names)
+
+
+def test_attention_bias_model_engine_matches_full_forward():
+    args = ModelArgs(**{**ARGS.__dict__, "attention_bias": True, "tie_embeddings": False})
+    model = _random_model(args, seed=6)
+    engine = _engine(model, eos_id=NO_EOS, max_batch=2, temperature=1.0, seed=3)
+    reqs = [SeqRequest(f"q{i}", p, max_new_tokens=6) for i, p in enumerate(_prompts(3, seed=2))]
+    finished, _ = _drive(engine, reqs)
+    for r in reqs:
+        out = finished[r.traj_id]
+        ref = _full_logprobs(model, out.prompt, out.tokens)
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# sampling
+# ----------------------------------------------------------------------------------------------
+
+def test_top_p_keeps_only_dominant_token():
+    probs = torch.tensor([0.02, 0.9, 0.03, 0.05])
+    logits = probs.log().expand(4000, -1).contiguous()
+    g = torch.Generator().manual_seed(0)
+    toks, lps = sample_tokens(logits, 1.0, 0.5, g)
+    assert torch.all(toks == 1)
+    # the log-prob is under the full (not renormalised) distribution
+    torch.testing.assert_close(lps, torch.full((4000,), math.log(0.9)), atol=1e-5, rtol=0)
+
+
+def test_top_p_keeps_smallest_prefix_reaching_mass():
+    probs = torch.tensor([0.25, 0.40, 0.05, 0.30])
+    logits = probs.log().expand(4000, -1).contiguous()
+    g = torch.Generator().manual_seed(1)
+    toks, _ = sample_tokens(logits, 1.0, 0.65, g)  # 0.40 + 0.30 = 0.70 >= 0.65
+    assert set(toks.tolist()) == {1, 3}
+    frac1 = (toks == 1).float().mean().item()
+    assert abs(frac1 - 0.4 / 0.7) < 0.04
+
+
+def test_full_top_p_frequencies_approach_softmax():
+    logits = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5])
+    T = 1.5
+    n = 20000
+    g = torch.Generator().manual_seed(2)
+    toks, lps = sample_tokens(logits.expand(n, -1).contiguous(), T, 1.0, g)
+    z = [math.exp(x / T) for x in logits.tolist()]
+    p = [v / sum(z) for v in z]
+    counts = torch.bincount(toks, minlength=5).float() / n
+    for i in range(5):
+        assert abs(counts[i].item() - p[i]) < 0.015, (i, counts[i].item(), p[i])
+    expected = torch.tensor([math.log(p[t]) for t in toks.tolist()])
+    torch.testing.assert_close(lps, expected, atol=1e-5, rtol=0)
+
+
+def test_sample_logprob_matches_tempered_log_softmax_per_row():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(64, VOCAB, generator=g) * 3
+    for T, top_p in ((0.7, 1.0), (1.3, 0.8)):
+        toks, lps = sample_tokens(logits, T, top_p, g)
+        for i in range(64):
+            row = [x / T for x in logits[i].tolist()]
+            mx = max(row)
+            lse = mx + math.log(sum(math.exp(x - mx) for x in row))
+            assert lps[i].item() == pytest.approx(row[toks[i].item()] - lse, abs=1e-4)
+
+
+def test_greedy_sampling_returns_argmax_and_untempered_logprob():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(8, VOCAB, generator=g)
+    toks, lps = sample_tokens(logits, 0.0, 0.9, g)
+    assert torch.equal(toks, logits.argmax(-1))
+    torch.testing.assert_close(lps, F.log_softmax(logits, -1).max(-1).values)
+
+
+# ----------------------------------------------------------------------------------------------
+# tokenizer
+# ----------------------------------------------------------------------------------------------
+
+def test_char_tokenizer_round_trip_printable_ascii():
+    tok = CharTokenizer()
+    text = "".join(chr(c) for c in range(32, 127)) + "\n12+34=46\nHello, World!"
+    ids = tok.encode(text)
+    assert len(ids) == len(text)
+    assert tok.decode(ids) == text
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    chars = "".join(chr(c) for c in range(32, 127)) + "\n"
+    char_ids = tok.encode(chars)
+    assert len(set(char_ids)) == len(chars)  # one distinct id per character
+    assert tok.vocab_size == 4 + len(chars)
+
+
+def test_char_tokenizer_unknown_and_specials():
+    tok = CharTokenizer()
+    specials = [tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id]
+    assert len(set(specials)) == 4
+    char_ids = set(tok.encode("".join(chr(c) for c in range(32, 127)) + "\n"))
+    assert not char_ids & set(specials)
+    assert tok.encode("aé\tb") == [tok.encode("a")[0], tok.unk_id, tok.unk_id, tok.encode("b")[0]]
+    assert tok.decode(tok.encode("aé\tb")) == "ab"
+    assert tok.decode([tok.bos_id] + tok.encode("x=1") + [tok.eos_id, tok.pad_id]) == "x=1"
+    assert string.ascii_letters == tok.decode(tok.encode(string.ascii_letters))
+
+
+# ----------------------------------------------------------------------------------------------
+# limits
+# ----------------------------------------------------------------------------------------------
+
+def test_position_beyond_max_seq_len_raises():
+    model = Transformer(ARGS)
+    ok = torch.zeros(1, ARGS.max_seq_len, dtype=torch.long)
+    assert model(ok).shape == (1, ARGS.max_seq_len, VOCAB)
+    with pytest.raises(ValueError, match=r"max_seq_len=48") as exc:
+        model(torch.zeros(1, ARGS.max_seq_len + 1, dtype=torch.long))
+    assert str(ARGS.max_seq_len) in str(exc.value)
+
+
+def test_engine_rejects_prompt_without_room():
+    eng = _engine(_random_model(), eos_id=NO_EOS, max_batch=2, temperature=1.0)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        eng.add([SeqRequest("big", [4] * ARGS.max_seq_len, max_new_tokens=4)])
+    assert eng.num_active() == 0
