@@ -83,10 +83,9 @@ def test_round_trip_every_type(kind):
     assert isinstance(frame, bytes)
     assert decode(frame) == msg
     # only the required fields are enough too
-    minimal = {"type": kind, **_fill(SCHEMA[kind], with_optional=False)}
-    if kind in ("finished", "assign", "groups", "stream"):
-        minimal = representative(kind)
-    assert decode(encode(minimal)) == minimal
+    if kind not in ("finished", "assign", "groups", "stream"):  # (nested kinds: see below)
+        minimal = {"type": kind, **_fill(SCHEMA[kind], with_optional=False)}
+        assert decode(encode(minimal)) == minimal
 
 
 def test_representatives_exercise_nested_content():
@@ -161,10 +160,10 @@ def test_unknown_type_rejected(type_):
 def test_missing_required_field_rejected(kind, field):
     msg = representative(kind)
     del msg[field]
-    with pytest.raises(DecodeError, match=field):
+    with pytest.raises(DecodeError, match=f"missing field '{field}'"):
         decode(raw(msg))
     msg[field] = None  # None counts as missing for a required field
-    with pytest.raises(DecodeError, match=field):
+    with pytest.raises(DecodeError, match=f"missing field '{field}'"):
         decode(raw(msg))
     with pytest.raises(DecodeError):
         encode(msg)  # the sender refuses it too
@@ -188,7 +187,7 @@ def test_wrong_field_type_rejected(kind, field):
     spec = SCHEMA[kind][field].rstrip(OPT)
     for bad in _WRONG[spec]:
         msg = dict(representative(kind), **{field: bad})
-        with pytest.raises(DecodeError, match=field):
+        with pytest.raises(DecodeError, match=f"field '{field}' must be"):
             decode(raw(msg))
 
 

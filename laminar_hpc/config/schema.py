@@ -168,3 +168,11 @@ class Config(Section):
     checkpoint: CheckpointCfg = Field(default_factory=CheckpointCfg)
     timeouts: TimeoutsCfg = Field(default_factory=TimeoutsCfg)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _task_type_default(cls, data):
+        # `task.type` selects the variant; a task section without it means the built-in tasks
+        if isinstance(data, dict) and isinstance(data.get("task"), dict) and "type" not in data["task"]:
+            data = {**data, "task": {"type": "builtin", **data["task"]}}
+        return data
+

@@ -90,15 +90,23 @@ def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s:
     deadline = time.monotonic() + timeout_s
     bounds = [(o, min(chunk_bytes, nbytes - o)) for o in range(0, nbytes, chunk_bytes)]
     nxt = rank + 1 if rank + 1 < size else None
-    sends = []
-    if rank == 0:
-        sends = [comm.Isend([buf[o:o + n], MPI.BYTE], dest=1, tag=TAG_DATA) for o, n in bounds]
-    else:
-        # post every receive up front so chunk i+1 lands while chunk i is forwarded
-        recvs = [comm.Irecv([buf[o:o + n], MPI.BYTE], source=rank - 1, tag=TAG_DATA) for o, n in bounds]
-        for i, (req, (o, n)) in enumerate(zip(recvs, bounds)):
-            wait_request(req, deadline, f"chunk {i}/{len(bounds)} from relay {rank - 1}")
-            if nxt is not None:
-                sends.append(comm.Isend([buf[o:o + n], MPI.BYTE], dest=nxt, tag=TAG_DATA))
-    for i, req in enumerate(sends):
-        wait_request(req, deadline, f"relay {nxt or 1} to take chunk {i}/{len(bounds)}")
+    sends, recvs = [], []
+    try:
+        if rank == 0:
+            sends = [comm.Isend([buf[o:o + n], MPI.BYTE], dest=1, tag=TAG_DATA) for o, n in bounds]
+        else:
+            # post every receive up front so chunk i+1 lands while chunk i is forwarded
+            recvs = [comm.Irecv([buf[o:o + n], MPI.BYTE], source=rank - 1, tag=TAG_DATA) for o, n in bounds]
+            for i, (req, (o, n)) in enumerate(zip(recvs, bounds)):
+                wait_request(req, deadline, f"chunk {i}/{len(bounds)} from relay {rank - 1}")
+                if nxt is not None:
+                    sends.append(comm.Isend([buf[o:o + n], MPI.BYTE], dest=nxt, tag=TAG_DATA))
+        for i, req in enumerate(sends):
+            wait_request(req, deadline, f"relay {nxt or 1} to take chunk {i}/{len(bounds)}")
+    except ChainTimeout:
+        # withdraw every posted request, so none of them swallows a later transfer's chunks
+        for req in (*recvs, *sends):
+            if not req.Test():
+                req.Cancel()
+                req.Test()
+        raise

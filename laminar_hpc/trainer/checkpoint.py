@@ -110,7 +110,9 @@ def load_latest(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
         try:
             model.load_state_dict(state)
         except RuntimeError as err:
-            raise CheckpointError(f"{path}: model shape differs from the config ({str(err).splitlines()[0]})") from None
+            detail = [ln.strip() for ln in str(err).splitlines()[1:] if ln.strip()]
+            raise CheckpointError(f"{path}: model shape differs from the config "
+                                  f"({detail[0] if detail else str(err)})") from None
         if optimizer is not None:
             optimizer.load_state_dict(torch.load(path / "optim.pt", map_location="cpu"))
         torch.set_rng_state(torch.load(path / "rng.pt")["torch"])

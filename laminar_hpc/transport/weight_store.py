@@ -54,6 +54,7 @@ class SlotInfo:
     checksum: int
     digest: int
     t_commit_ns: int
+    seq: int  # the slot's sequence counter when this was observed
 
 
 class WeightStore:
@@ -129,13 +130,20 @@ class WeightStore:
 
     # -- reader ---------------------------------------------------------------------------
     def slots(self) -> list[SlotInfo]:
+        """Readable slots as observed now (a snapshot; `read` re-checks before trusting it)."""
         out = []
         for i in range(self.n_slots):
             row = self._table[i].copy()
             if row[SEQ] % 2 == 0 and row[VERSION] >= 0:
                 out.append(SlotInfo(i, int(row[VERSION]), int(row[NBYTES]), int(row[CHECKSUM]),
-                                    int(row[DIGEST]), int(row[T_COMMIT])))
+                                    int(row[DIGEST]), int(row[T_COMMIT]), int(row[SEQ])))
         return out
+
+    def _unchanged(self, info: SlotInfo) -> bool:
+        return int(self._table[info.slot, SEQ]) == info.seq and int(self._table[info.slot, VERSION]) == info.version
+
+    def _writing(self) -> bool:
+        return bool((self._table[:, SEQ] % 2).any())
 
     def latest(self) -> SlotInfo | None:
         ready = self.slots()
@@ -154,17 +162,20 @@ class WeightStore:
         """
         for _ in range(retries):
             info = self.latest()
-            if info is None or info.version < min_version:
+            if info is None:
+                if self._writing():  # the scan raced a publish that moved between slots
+                    continue
                 return None
-            seq = int(self._table[info.slot, SEQ])
+            if info.version < min_version:
+                return None
             off = self._data_off + info.slot * self.capacity
             view = self._view[off: off + info.nbytes]
             if verify and checksum(view) != info.checksum:
-                if int(self._table[info.slot, SEQ]) != seq:
-                    continue
-                raise ValueError(f"{self.path}: version {info.version} fails its checksum")
+                if self._unchanged(info):  # a stable slot with bad bytes: real corruption
+                    raise ValueError(f"{self.path}: version {info.version} fails its checksum")
+                continue  # the writer was rewriting it: look again
             consume(view)
-            if int(self._table[info.slot, SEQ]) == seq and int(self._table[info.slot, VERSION]) == info.version:
+            if self._unchanged(info):
                 return info
         raise TornRead(f"{self.path}: a publish overtook every one of {retries} reads")
 
