@@ -47,7 +47,7 @@ def emit(summary: dict) -> None:
 
 
 def run_chain(comm, cases: list[tuple[int, int]], timeout_s: float, summary: dict) -> None:
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
     verified, errors = summary["verified"], summary["errors"]
     if rank == 0:
         for i, (chunk, n) in enumerate(cases):
@@ -106,7 +106,7 @@ def run_chain(comm, cases: list[tuple[int, int]], timeout_s: float, summary: dic
 def run_timeouts(comm, summary: dict) -> None:
     """Every rank: an Irecv nobody will ever match times out with a message naming it.
     Rank 1 (if any): poll_header returns None, and chain_bytes names the chunk it waited for."""
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
     checks = summary["checks"]
 
     buf = np.zeros(16, dtype=np.uint8)

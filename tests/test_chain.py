@@ -100,7 +100,8 @@ def test_next_transfer_arrives_after_a_timed_out_one():
 
 
 def test_header_pack_round_trip():
-    hdr = Header(kind=WEIGHTS, version=12, nbytes=3 << 30, checksum=-(2**62), digest=2**59 + 3, t_ns=1_700_000_000_000_000_000)
+    hdr = Header(kind=WEIGHTS, version=12, nbytes=3 << 30, checksum=-(2**62), digest=2**59 + 3,
+                 t_ns=1_700_000_000_000_000_000)
     arr = hdr.pack()
     assert arr.dtype == np.int64 and arr.shape == (6,)
     assert Header.unpack(arr) == hdr

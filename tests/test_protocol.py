@@ -216,7 +216,8 @@ def _bad_nested():
     yield "assign: optional tokens wrong type", {"type": "assign", "work": [dict(work, tokens="abc")]}
     yield "assign: bool version", {"type": "assign", "work": [dict(work, version=False)]}
     yield "groups: missing trajectories", {"type": "groups", "groups": [{"group_id": 0, "problem": 0}]}
-    yield "groups: trajectories not maps", {"type": "groups", "groups": [{"group_id": 0, "problem": 0, "trajectories": [1]}]}
+    yield "groups: trajectories not maps", {"type": "groups",
+                                            "groups": [{"group_id": 0, "problem": 0, "trajectories": [1]}]}
     yield "groups: bad trajectory", {"type": "groups", "groups": [
         {"group_id": 0, "problem": 0, "trajectories": [good_traj, drop(good_traj, "logprobs")]}]}
     yield "groups: str group_id", {"type": "groups", "groups": [{"group_id": "0", "problem": 0, "trajectories": []}]}

@@ -40,10 +40,6 @@ class RoleContext:
         return Path(self.cfg.relay.shm_dir) / f"laminar-{self.run_id}-{what}"
 
 
-class Stop(Exception):
-    """Raised inside a role's loop when it was asked to stop (SIGTERM or a stop message)."""
-
-
 def install_sigterm(handler_flag: dict) -> None:
     """SIGTERM sets a flag the role's loop checks: it ends cleanly (flushes, unlinks) at once."""
     def _on_term(signum, frame):

@@ -72,7 +72,8 @@ class Progress:
             t.add_row("trainer version", str(st.get("trainer_version", "-")))
             t.add_row("relay versions", str(st.get("relay_versions", {})))
             t.add_row("rollout versions", str(st.get("rollout_versions", {})))
-            t.add_row("trainer wait / publish stall", f"{_fmt(m.get('wait_s'))}s / {_fmt(m.get('publish_stall_s'), '.4f')}s")
+            stall = _fmt(m.get("publish_stall_s"), ".4f")
+            t.add_row("trainer wait / publish stall", f"{_fmt(m.get('wait_s'))}s / {stall}s")
         t.add_row("elapsed", f"{st.get('elapsed_s', 0):.0f}s")
         return t
 

@@ -59,7 +59,8 @@ class JsonlTasks:
                 self.rows.append((row[prompt_field], gold))
             except ValueError as err:  # json.JSONDecodeError is a ValueError
                 if on_bad_row == "fail":
-                    raise DatasetError(f"{self.path} line {n}: {err} (set task.on_bad_row: skip to skip such rows)") from None
+                    raise DatasetError(f"{self.path} line {n}: {err} "
+                                       "(set task.on_bad_row: skip to skip such rows)") from None
                 self.skipped += 1
         if self.skipped:
             log.warning("%s: skipped %d malformed rows", self.path, self.skipped)
