@@ -1,6 +1,11 @@
 """`laminar`: the command line.
 
-    laminar run configs/quickstart.yaml [--run-dir runs/qs] [--resume|--overwrite] [trainer.lr=3e-4 ...]
+    laminar run CONFIG [--run-dir DIR] [--resume|--overwrite] [key.path=value ...]   # this machine
+    laminar submit CONFIG --cluster slurm|local|debug [--run-dir DIR] [key.path=value ...]
+    laminar render-sbatch CONFIG [--run-dir DIR] [key.path=value ...] > job.sbatch
+    laminar status RUN_DIR
+    laminar resume RUN_DIR [--cluster slurm|local|debug]
+    laminar drive CONFIG --run-dir DIR          # inside an allocation (what job.sbatch runs)
 """
 from __future__ import annotations
 
@@ -13,50 +18,133 @@ from pathlib import Path
 from laminar_hpc.config import ConfigError, load_config
 
 
-def _run(args: argparse.Namespace) -> int:
-    from laminar_hpc.launch.local import RoleFailed, run_local
-    from laminar_hpc.launch.rundir import RunDirError
+def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
     from laminar_hpc.tasks import build_task
     from laminar_hpc.tasks.jsonl import DatasetError
-
     cfg = load_config(args.config, args.overrides)
     try:
-        build_task(cfg.task, cfg.seed)  # a missing or malformed dataset fails here, before any process starts
+        build_task(cfg.task, cfg.seed)  # a missing or malformed dataset fails here, before anything starts
     except DatasetError as err:
         raise ConfigError(str(err)) from None
-    run_dir = Path(args.run_dir or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        summary = run_local(cfg, run_dir, resume=args.resume, overwrite=args.overwrite)
-    except RunDirError as err:
-        print(f"laminar: error: {err}", file=sys.stderr)
-        return 2
-    except RoleFailed as err:
-        print(f"laminar: error: {err}", file=sys.stderr)
-        print(f"laminar: run directory: {run_dir}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"\nlaminar: interrupted; every role was stopped. Continue with: laminar run {args.config} "
-              f"--run-dir {run_dir} --resume", file=sys.stderr)
-        return 130
+    return cfg
+
+
+def _default_run_dir(cfg) -> Path:
+    return Path(f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def _print_summary(summary: dict, run_dir: Path) -> None:
     keys = ("reward_first", "reward_last", "train_steps", "trajectories_consumed", "max_versions_in_flight",
             "mean_staleness", "max_staleness", "actor_stall_s_mean", "wall_s")
     print("summary: " + " ".join(f"{k}={summary[k]:.3f}" if isinstance(summary[k], float) else f"{k}={summary[k]}"
                                  for k in keys))
     print(f"run directory: {run_dir}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from laminar_hpc.launch.local import RoleFailed, run_local
+    cfg = _load(args)
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    try:
+        summary = run_local(cfg, run_dir, resume=args.resume, overwrite=args.overwrite)
+    except RoleFailed as err:
+        print(f"laminar: error: {err}\nlaminar: run directory: {run_dir}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\nlaminar: interrupted; every role was stopped. Continue with: laminar run {args.config} "
+              f"--run-dir {run_dir} --resume", file=sys.stderr)
+        return 130
+    _print_summary(summary, run_dir)
+    return 0 if summary["outcome"] == "completed" else 75
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from laminar_hpc.launch.submit import submit
+    cfg = _load(args)
+    cluster = args.cluster or cfg.cluster
+    if cluster is None:
+        raise ConfigError("say where to run: --cluster slurm|local|debug, or `cluster:` in the config "
+                          "(it is never guessed)")
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    job_id = submit(cfg, run_dir, cluster)
+    print(f"submitted job {job_id} ({cluster})\nrun directory: {run_dir}\nwatch: laminar status {run_dir}")
     return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from laminar_hpc.launch.submit import render_sbatch
+    cfg = _load(args)
+    sys.stdout.write(render_sbatch(cfg, args.config, args.overrides, run_dir=args.run_dir))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from laminar_hpc.launch.status import status_report
+    print(status_report(Path(args.run_dir)))
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from laminar_hpc.launch.rundir import read_json
+    run_dir = Path(args.run_dir)
+    cfg = load_config(run_dir / "config.yaml")
+    job = read_json(run_dir / "job.json") or {}
+    cluster = args.cluster or job.get("cluster")
+    if cluster is None:  # a `laminar run` directory: continue it here, in the foreground
+        args.config, args.overrides, args.resume, args.overwrite = str(run_dir / "config.yaml"), [], True, False
+        return _run(args)
+    from laminar_hpc.launch.submit import submit
+    job_id = submit(cfg, run_dir, cluster, resume=True)
+    print(f"resubmitted job {job_id} ({cluster}) continuing {run_dir}")
+    return 0
+
+
+def _drive(args: argparse.Namespace) -> int:
+    from laminar_hpc.launch.slurm import drive
+    cfg = _load(args)
+    summary = drive(cfg, Path(args.run_dir))
+    _print_summary(summary, Path(args.run_dir))
+    return 0 if summary["outcome"] == "completed" else 75
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="laminar", description="Trajectory-level asynchronous RL on HPC clusters")
     sub = ap.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a campaign on this machine, every role as its own process")
-    run.add_argument("config", help="YAML config (see configs/)")
-    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=3e-4")
+
+    def with_config(name: str, help_: str):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("config", help="YAML config (see configs/)")
+        p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=3e-4")
+        return p
+
+    run = with_config("run", "run a campaign on this machine, every role as its own process")
     run.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
     group = run.add_mutually_exclusive_group()
     group.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     group.add_argument("--overwrite", action="store_true", help="replace the run in --run-dir")
     run.set_defaults(func=_run)
+
+    sm = with_config("submit", "submit a campaign (submitit) and return at once")
+    sm.add_argument("--cluster", choices=["slurm", "local", "debug"], help="where to run (never guessed)")
+    sm.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
+    sm.set_defaults(func=_submit)
+
+    rs = with_config("render-sbatch", "print a plain sbatch script for the campaign")
+    rs.add_argument("--run-dir", help="default RUN_DIR in the script (default runs/<name>)")
+    rs.set_defaults(func=_render)
+
+    st = sub.add_parser("status", help="job, steps, versions, throughput, last checkpoint of a run")
+    st.add_argument("run_dir")
+    st.set_defaults(func=_status)
+
+    re_ = sub.add_parser("resume", help="continue a run from its last checkpoint (resubmits a submitted one)")
+    re_.add_argument("run_dir")
+    re_.add_argument("--cluster", choices=["slurm", "local", "debug"])
+    re_.set_defaults(func=_resume)
+
+    dr = with_config("drive", "run the campaign driver inside a Slurm allocation (what job.sbatch runs)")
+    dr.add_argument("--run-dir", required=True)
+    dr.set_defaults(func=_drive)
     return ap
 
 
@@ -65,20 +153,22 @@ def _sigterm_as_interrupt(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    from laminar_hpc.launch.plan import LayoutError
+    from laminar_hpc.launch.rundir import RunDirError
+    from laminar_hpc.launch.submit import SubmitError
     parser = build_parser()
     # dotted overrides may come before or after options: collect what argparse left over
     args, rest = parser.parse_known_args(argv)
     bad = [r for r in rest if r.startswith("-") or "=" not in r]
-    if bad:
-        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    if bad or (rest and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(bad or rest)}")
     if hasattr(args, "overrides"):
         args.overrides = [*args.overrides, *rest]
-    elif rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "run":
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         return args.func(args)
-    except ConfigError as err:
+    except (ConfigError, RunDirError, SubmitError, LayoutError, FileNotFoundError) as err:
         print(f"laminar: error: {err}", file=sys.stderr)
         return 2
 

@@ -189,3 +189,44 @@ def test_missing_and_malformed_dataset(tmp_path):
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert f"{bad} line 2" in res.stderr and "answer" in res.stderr
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        path = run_dir / "metrics.jsonl"
+        if path.exists():
+            steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line.strip()]
+            if steps and max(steps) >= step:
+                return
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, f"the run never reached step {step}"
+        time.sleep(0.2)  # poll for a file written by another process
+
+
+def test_killed_rollout_is_restarted_and_its_work_requeued(tmp_path):
+    run_dir = tmp_path / "rollout-kill"
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),
+                             "trainer.total_steps=150", "supervisor.restart_backoff_s=0.5"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(run_dir, proc, 3)
+        victim = [pid for pid in processes_mentioning(str(run_dir))
+                  if "laminar_hpc.rollout" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                  and b"--rank\x000" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(victim) == 1
+        os.kill(victim[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+        assert "rollout-0 exited with code -9: restarting it" in out
+        s = json.loads((run_dir / "summary.json").read_text())
+        assert s["train_steps"] == 150 and s["trajectories_consumed"] == 150 * 4 * 4
+        ctl = read_trace(run_dir / "trace" / "controller-0.jsonl")
+        assert any(e["ev"] == "role_down" and e["role"] == "rollout-0" for e in ctl)
+        joins = [e for e in ctl if e["ev"] == "role_joined" and e["role"] == "rollout-0"]
+        assert len(joins) == 2  # the original and its restart
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in processes_mentioning(str(run_dir)):
+            os.kill(pid, signal.SIGKILL)

@@ -99,6 +99,8 @@ class TrainerCfg(Section):
     groups_per_step: PosInt = 16
     group_size: Annotated[int, Field(ge=2)] = 8
     lr: PosFloat = 1e-3
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: decays to lr * lr_min_ratio at total_steps
+    lr_min_ratio: Prob = 0.1
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
     grad_clip: PosFloat = 1.0
     rho: PosFloat = 2.0  # AIPO truncation of pi/mu
@@ -154,10 +156,52 @@ class TimeoutsCfg(Section):
     mpi_s: PosFloat = 120.0
 
 
+class SupervisorCfg(Section):
+    """What the launcher (local) or campaign driver (Slurm) does when a role process dies."""
+    max_role_restarts: NonNegInt = 3  # per role; rollouts are restarted, other roles end the run
+    restart_backoff_s: PosFloat = 2.0  # doubled after each restart of the same role
+
+
+class StepResources(Section):
+    cpus: PosInt = 1
+    gpus: NonNegInt = 0
+    mem_gb: PosFloat | None = None  # per step; leave unset where memory is not a Slurm resource
+
+
+class SlurmLayoutCfg(Section):
+    """Which nodes of the allocation run which roles. One relay runs on every node that hosts
+    rollouts, plus the master relay on the trainer's node when the trainer has its own."""
+    trainer_nodes: Annotated[int, Field(ge=0, le=1)] = 1  # 0: trainer + controller share the first rollout node
+    rollout_nodes: PosInt = 1
+    controller: StepResources = Field(default_factory=StepResources)
+    trainer: StepResources = Field(default_factory=lambda: StepResources(cpus=2))
+    relay: StepResources = Field(default_factory=StepResources)
+    rollout: StepResources = Field(default_factory=StepResources)
+
+
+class SlurmCfg(Section):
+    """sbatch knobs (units in the names) and the per-role layout."""
+    partition: str | None = None  # None: the cluster's default partition
+    account: str | None = None
+    qos: str | None = None
+    time_min: PosInt = 60
+    constraint: str | None = None
+    mem_gb: PosFloat | None = None  # per node
+    gpus_per_node: NonNegInt = 0
+    hetjob: bool = False  # trainer nodes and rollout nodes as separate components of one job
+    signal_delay_s: PosInt = 90  # USR2 this long before the time limit: checkpoint and requeue
+    max_requeues: NonNegInt = 3
+    job_name: str | None = None  # default: the config's name
+    python: str | None = None  # interpreter on the compute nodes (default: the submitting one)
+    additional_parameters: dict[str, Union[str, int, float, bool]] = Field(default_factory=dict)
+    layout: SlurmLayoutCfg = Field(default_factory=SlurmLayoutCfg)
+
+
 class Config(Section):
     name: str = "run"
     seed: NonNegInt = 0
     mode: Literal["laminar"] = "laminar"
+    cluster: Literal["slurm", "local", "debug"] | None = None  # for `laminar submit`; never guessed
     model: ModelCfg = Field(default_factory=ModelCfg)
     task: TaskCfg = Field(default_factory=BuiltinTaskCfg)
     warmup: WarmupCfg = Field(default_factory=WarmupCfg)
@@ -167,6 +211,8 @@ class Config(Section):
     controller: ControllerCfg = Field(default_factory=ControllerCfg)
     checkpoint: CheckpointCfg = Field(default_factory=CheckpointCfg)
     timeouts: TimeoutsCfg = Field(default_factory=TimeoutsCfg)
+    supervisor: SupervisorCfg = Field(default_factory=SupervisorCfg)
+    slurm: SlurmCfg = Field(default_factory=SlurmCfg)
 
     @model_validator(mode="before")
     @classmethod

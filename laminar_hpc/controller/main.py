@@ -93,6 +93,22 @@ class Controller:
         elif kind == "hello":
             self.log.info("%s joined (pid %s)", ident, msg["pid"])
             self.tracer.emit("role_joined", role=ident, pid=msg["pid"])
+            if role == "rollout":
+                self.credits[rank] = 0  # a (re)started rollout asks afresh
+        elif kind == "role_down":
+            self.role_down(msg["role"], msg["code"])
+        elif kind == "stop_all":
+            self.stop_reason = msg["reason"]
+
+    def role_down(self, name: str, code: int) -> None:
+        role, _, rank_s = name.rpartition("-")
+        self.tracer.emit("role_down", role=name, code=code)
+        if role == "rollout" and rank_s.isdigit():
+            rank = int(rank_s)
+            self.credits[rank] = 0
+            n = self.dp.requeue_rollout(rank)
+            self.log.warning("%s died (code %d): %d trajectories go back to the queue", name, code, n)
+            self.tracer.emit("requeued", rollout=rank, trajectories=n)
 
     def _track_versions(self) -> None:
         self.max_versions_in_flight = max(self.max_versions_in_flight, len(self.dp.running_versions()))
@@ -154,8 +170,9 @@ class Controller:
         return s
 
     def broadcast_stop(self, reason: str) -> None:
-        idents = {i for i in self.last_seen if not i.startswith("trainer")}
-        for ident in sorted(idents):
+        """Tell every role that ever said hello to stop; a trainer that is still training
+        checkpoints first (a finished one has already gone)."""
+        for ident in sorted(i for i in self.last_seen if not i.startswith("launcher")):
             self.server.send(ident, {"type": "stop", "reason": reason})
 
 

@@ -111,6 +111,17 @@ class DataPlane:
             return group.group_id
         return None
 
+    def requeue_rollout(self, rollout: int) -> int:
+        """Put every trajectory assigned to a dead rollout back in the queue, to start again from
+        its prompt; returns how many. A late 'finished' from the dead rollout still counts once:
+        whichever result arrives first wins, the other is ignored as a duplicate."""
+        lost = [p for p in self.partials.values() if p.rollout == rollout]
+        for p in lost:
+            p.rollout, p.version, p.t_assigned = None, None, None
+            p.tokens, p.logprobs = [], []
+            self.queue.appendleft(p.traj_id)  # oldest work first: its group is waiting
+        return len(lost)
+
     def running_versions(self) -> set[int]:
         """Weight versions of trajectories generating right now."""
         return {p.version for p in self.partials.values() if p.version is not None}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from laminar_hpc.config import Config, load_config
 from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport.channel import Client, wait_endpoint
+
+
+INTERRUPTED = 75  # a role's exit code: stopped early on request, state saved, resumable (EX_TEMPFAIL)
 
 
 @dataclass
@@ -41,11 +45,23 @@ class RoleContext:
 
 
 def install_sigterm(handler_flag: dict) -> None:
-    """SIGTERM sets a flag the role's loop checks: it ends cleanly (flushes, unlinks) at once."""
+    """SIGTERM (a stop, a preemption) and SIGUSR2 (Slurm's warning before the time limit) set a
+    flag the role's loop checks: it ends cleanly (the trainer checkpoints first)."""
     def _on_term(signum, frame):
         handler_flag["stop"] = True
+        handler_flag["signal"] = signal.Signals(signum).name
+        # the first request counts; Slurm often sends several (SIGTERM, then USR2): a later one
+        # arriving while the role winds down must not kill it halfway (SIGKILL still can)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGUSR2, _on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+
+
+def node_name() -> str:
+    """This node's name as Slurm knows it (virtual nodes share a hostname), else the hostname."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def setup_logging(name: str) -> logging.Logger:

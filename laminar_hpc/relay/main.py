@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from laminar_hpc.launch.role import Heartbeat, RoleContext, install_sigterm, start_role
+from laminar_hpc.launch.role import Heartbeat, RoleContext, install_sigterm, node_name, start_role
 from laminar_hpc.relay.chain import STOP, WEIGHTS, Header, chain_bytes, chain_header, poll_header
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.weight_store import WeightStore, checksum
@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     install_sigterm(flags)
     ctx = start_role("relay", comm.Get_rank(), args.run_dir)
     node = RelayNode(ctx, comm)
+    # rollouts started with `--relay auto` attach to the relay on their own node
+    publish_endpoint(ctx.run_dir, f"relay{node.rank}", str(ctx.shm_path(f"relay{node.rank}")), node=node_name())
     try:
         (run_master if node.rank == 0 else run_follower)(node, flags)
     finally:

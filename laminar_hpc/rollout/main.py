@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from laminar_hpc.launch.role import Heartbeat, RoleContext, install_sigterm, start_role
+from laminar_hpc.launch.role import Heartbeat, RoleContext, install_sigterm, node_name, start_role
+from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.model.llama import ModelArgs
 from laminar_hpc.model.tokenizer import build_tokenizer
 from laminar_hpc.model.weights import WeightLayout
@@ -65,8 +66,23 @@ class NodeWeights:
         return info.version
 
 
+def find_local_relay(ctx: RoleContext) -> int:
+    """Rank of the relay on this node (`--relay auto`), from the endpoints relays publish."""
+    me = node_name()
+    deadline = time.monotonic() + ctx.cfg.timeouts.startup_s
+    while True:
+        for path in sorted((ctx.run_dir / "endpoints").glob("relay[0-9]*.json")):
+            info = read_json(path) or {}
+            if info.get("node") == me:
+                return int(path.stem[len("relay"):])
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"waited {ctx.cfg.timeouts.startup_s:.0f}s for a relay on node {me} to publish "
+                              f"its endpoint in {ctx.run_dir / 'endpoints'}")
+        time.sleep(0.1)  # poll for files the relays write
+
+
 class Rollout:
-    def __init__(self, ctx: RoleContext):
+    def __init__(self, ctx: RoleContext, relay: int):
         self.ctx = ctx
         cfg = ctx.cfg
         torch.set_num_threads(cfg.rollout.torch_threads)
@@ -77,7 +93,7 @@ class Rollout:
                                   temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                   seed=cfg.seed * 1000 + ctx.rank, device=cfg.rollout.device)
         self.layout = WeightLayout.from_model(self.engine.model, cfg.trainer.publish_dtype)
-        self.weights = NodeWeights(ctx.shm_path(f"relay{ctx.rank % cfg.relay.count}"))
+        self.weights = NodeWeights(ctx.shm_path(f"relay{relay}"))
         self.queue: deque[dict] = deque()  # assigned, not yet admitted
         self.meta: dict[str, dict] = {}  # traj_id -> its work item, start time
         self.stream_buf: dict[str, tuple[list[int], list[float]]] = {}
@@ -203,12 +219,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--relay", default="auto", help="relay rank to pull from, or 'auto': the relay on this node")
     args = ap.parse_args(argv)
     flags: dict = {}
     install_sigterm(flags)
     ctx = start_role("rollout", args.rank, args.run_dir)
     try:
-        Rollout(ctx).run(flags)
+        relay = find_local_relay(ctx) if args.relay == "auto" else int(args.relay)
+        ctx.log.info("pulling weights from relay %d", relay)
+        Rollout(ctx, relay).run(flags)
     finally:
         ctx.tracer.flush()
         ctx.ctrl.close(linger_ms=1000)

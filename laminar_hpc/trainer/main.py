@@ -12,22 +12,36 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
+import sys
 import time
 
 import torch
 
-from laminar_hpc.launch.role import Heartbeat, RoleContext, install_sigterm, start_role
+from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, install_sigterm, start_role
 from laminar_hpc.model.llama import ModelArgs, Transformer, token_logprobs
 from laminar_hpc.model.tokenizer import build_tokenizer
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.policy.scheduling import too_stale
 from laminar_hpc.tasks import build_task
 from laminar_hpc.trainer.batch import build_batch
-from laminar_hpc.trainer.checkpoint import load_latest, save_checkpoint
+from laminar_hpc.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from laminar_hpc.trainer.loss import aipo_loss
 from laminar_hpc.trainer.publisher import Publisher
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
+
+
+def lr_at(step: int, cfg) -> float:
+    """Learning rate for optimizer step `step` (0-based) of `cfg.total_steps` (a TrainerCfg)."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    frac = min(1.0, step / max(1, cfg.total_steps - 1))
+    return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+class StopRequested(Exception):
+    """The trainer was asked to stop before its last step (signal or controller)."""
 
 
 class Trainer:
@@ -45,6 +59,7 @@ class Trainer:
         self.dropped_groups = 0
         self.ref_model: Transformer | None = None
         self.groups: list[dict] = []
+        self.checkpointed: set[int] = set()
         self.metrics_path = ctx.run_dir / "metrics.jsonl"
 
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
@@ -62,7 +77,7 @@ class Trainer:
             self._phase("warmup")
             task = build_task(cfg.task, cfg.seed)
             res = run_warmup(self.model, task, self.tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
-                             report=self._warmup_report)
+                             report=self._warmup_report, should_stop=lambda: bool(self.flags.get("stop")))
             ctx.log.info("warm-up done: %d steps, greedy reward %.3f, %.1fs", res["steps"],
                          res["greedy_reward"], res["seconds"])
             ctx.tracer.emit("warmup_done", **res)
@@ -88,7 +103,7 @@ class Trainer:
         deadline = t0 + cfg.timeouts.trajectories_s
         while len(self.groups) < need:
             if self.flags.get("stop"):
-                raise SystemExit(0)
+                raise StopRequested(self.flags.get("signal", "stop"))
             beat.tick()
             msg = self.ctx.ctrl.recv(timeout_s=0.5)
             if msg is None:
@@ -97,7 +112,7 @@ class Trainer:
                                       f"(have {len(self.groups)}): are rollouts generating?")
                 continue
             if msg["type"] == "stop":
-                raise SystemExit(0)
+                raise StopRequested("controller")
             if msg["type"] != "groups":
                 continue
             for g in msg["groups"]:
@@ -126,6 +141,9 @@ class Trainer:
                 ref = token_logprobs(self.ref_model(b.inputs.to(dev)), b.targets.to(dev), temp)
         out = aipo_loss(logp, b.behaviour_logp.to(dev), b.advantages.to(dev), b.mask.to(dev),
                         rho=cfg.rho, clip_eps=cfg.clip_eps, ref_logp=ref, kl_coef=cfg.kl_coef)
+        lr = lr_at(self.step, cfg)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
         self.opt.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
@@ -133,7 +151,7 @@ class Trainer:
         stale = (self.version - b.versions).float()
         return {"loss": float(out.loss), "reward_mean": float(b.rewards.mean()),
                 "reward_std": float(b.rewards.std()) if len(b.rewards) > 1 else 0.0,
-                "is_weight_mean": out.is_weight_mean, "truncated_frac": out.truncated_frac,
+                "lr": lr, "is_weight_mean": out.is_weight_mean, "truncated_frac": out.truncated_frac,
                 "clipped_frac": out.clipped_frac, "kl": out.kl, "grad_norm": float(grad_norm),
                 "trajectories": len(b.rewards), "tokens": b.n_tokens,
                 "staleness_mean": float(stale.mean()), "staleness_max": int(stale.max()),
@@ -144,9 +162,15 @@ class Trainer:
             f.write(json.dumps(row) + "\n")
 
     # -- main loop ------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self) -> int:
+        """Train to total_steps (returns 0), or until asked to stop: then checkpoint and return
+        INTERRUPTED, so the launcher knows the campaign can be resumed from here."""
         cfg, ctx, flags = self.ctx.cfg, self.ctx, self.flags
         self.initialise()
+        if flags.get("stop"):  # stopped during the warm-up: nothing worth keeping yet
+            return INTERRUPTED
+        if self.step == 0 and not list_checkpoints(ctx.run_dir / "checkpoints"):
+            self.checkpoint()  # the warmed-up policy: a resume never repeats the warm-up
         layout = WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)
         pub = Publisher(ctx, self.model, layout)
         beat = Heartbeat(ctx)
@@ -173,15 +197,25 @@ class Trainer:
                 ctx.ctrl.send({"type": "train_step", "metrics": {k: v for k, v in m.items() if k != "staleness_hist"}})
                 if self.step % cfg.checkpoint.every_steps == 0 or self.step == cfg.trainer.total_steps:
                     self.checkpoint()
-            ctx.ctrl.send({"type": "trainer_done", "steps": self.step})
+        except StopRequested as why:
+            ctx.log.info("asked to stop (%s) at step %d", why, self.step)
         finally:
             pub.close()
+        if self.step < cfg.trainer.total_steps:
+            if self.step not in self.checkpointed:
+                self.checkpoint()
+            ctx.log.info("stopped early at step %d (version %d); checkpoint written, resumable",
+                         self.step, self.version)
+            return INTERRUPTED
+        ctx.ctrl.send({"type": "trainer_done", "steps": self.step})
+        return 0
 
     def checkpoint(self) -> None:
         cfg = self.ctx.cfg
         path = save_checkpoint(self.ctx.run_dir / "checkpoints", step=self.step, version=self.version,
                                model=self.model, optimizer=self.opt, keep=cfg.checkpoint.keep,
                                meta={"model": cfg.model.model_dump(), "dropped_groups": self.dropped_groups})
+        self.checkpointed.add(self.step)
         self.ctx.tracer.emit("checkpoint", step=self.step, version=self.version, path=str(path))
         self.ctx.ctrl.send({"type": "checkpoint_saved", "step": self.step, "version": self.version, "path": str(path)})
 
@@ -193,12 +227,14 @@ def main(argv: list[str] | None = None) -> None:
     flags: dict = {}
     install_sigterm(flags)
     ctx = start_role("trainer", 0, args.run_dir)
+    code = 1
     try:
-        Trainer(ctx, flags).run()
+        code = Trainer(ctx, flags).run()
     finally:
         ctx.tracer.flush()
         ctx.ctrl.close(linger_ms=2000)
         ctx.log.info("stopped")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -45,14 +45,17 @@ def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int) ->
 
 
 def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: int,
-               report: Callable[[dict], None]) -> dict:
-    """Returns {'steps', 'greedy_reward', 'seconds'}; `report` gets one dict per evaluation."""
+               report: Callable[[dict], None], should_stop: Callable[[], bool] = lambda: False) -> dict:
+    """Returns {'steps', 'greedy_reward', 'seconds'}; `report` gets one dict per evaluation.
+    Ends early (incomplete) when `should_stop()` turns true."""
     w = cfg
     opt = torch.optim.AdamW(model.parameters(), lr=w.lr, weight_decay=0.0)
     rng = random.Random(seed)
     t0 = time.monotonic()
     score, step = 0.0, 0
     for step in range(1, w.max_steps + 1):
+        if should_stop():
+            break
         probs = [task.problem(WARMUP_OFFSET + (step - 1) * w.batch_size + i) for i in range(w.batch_size)]
         seqs, starts = [], []
         for p in probs:

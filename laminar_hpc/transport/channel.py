@@ -28,8 +28,8 @@ class WaitTimeout(TimeoutError):
     """A blocking wait ran out; the message says what was awaited and for how long."""
 
 
-def publish_endpoint(run_dir: Path, name: str, address: str) -> None:
-    atomic_write_json(Path(run_dir) / "endpoints" / f"{name}.json", {"address": address, "t": time.time()})
+def publish_endpoint(run_dir: Path, name: str, address: str, **extra) -> None:
+    atomic_write_json(Path(run_dir) / "endpoints" / f"{name}.json", {"address": address, "t": time.time(), **extra})
 
 
 def wait_endpoint(run_dir: Path, name: str, timeout_s: float, not_before: float = 0.0) -> str:

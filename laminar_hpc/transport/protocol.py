@@ -56,6 +56,9 @@ SCHEMA: dict[str, dict[str, str]] = {
     # trainer <-> master relay (weight hand-off)
     "publish": {"version": INT, "slot": INT, "nbytes": INT, "layout": STR, "t": FLOAT},
     "released": {"slot": INT, "version": INT},
+    # launcher / campaign driver -> controller
+    "role_down": {"role": STR, "code": INT},
+    "stop_all": {"reason": STR},
     # controller -> any role
     "stop": {"reason": STR},
     "hello_ack": {"run_id": STR},

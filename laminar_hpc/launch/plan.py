@@ -1,0 +1,111 @@
+"""Which processes a campaign runs, and where: pure functions of the config.
+
+`role_specs` lists the roles. On one machine the launcher runs them as plain processes (the relay
+tier under `mpirun`). `slurm_plan` places the same roles on the nodes of an allocation as job
+steps. Nodes are addressed by position (`--relative`, or het groups), so one plan serves the
+campaign driver, `laminar render-sbatch` and the tests alike.
+
+    specs = role_specs(cfg)                 # controller-0, relay, trainer-0, rollout-0..N-1
+    plan = slurm_plan(cfg)                  # allocation shape + srun options per role
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from laminar_hpc.config import Config
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    name: str  # process name: logs/<name>.log, Slurm step name
+    module: str  # laminar_hpc.<module> is its entry point
+    args: tuple[str, ...] = ()
+    restartable: bool = False  # a dead process of this role is restarted alone
+
+
+def role_specs(cfg: Config, relay_of_rollout: dict[int, str] | None = None) -> list[RoleSpec]:
+    """Roles in start order. `relay_of_rollout` maps a rollout rank to its `--relay` value
+    (a relay rank, or 'auto': the relay on the rollout's own node)."""
+    relays = relay_of_rollout or {i: str(i % cfg.relay.count) for i in range(cfg.rollout.count)}
+    specs = [RoleSpec("controller-0", "controller"), RoleSpec("relay", "relay"), RoleSpec("trainer-0", "trainer")]
+    specs += [RoleSpec(f"rollout-{i}", "rollout", ("--rank", str(i), "--relay", relays[i]), restartable=True)
+              for i in range(cfg.rollout.count)]
+    return specs
+
+
+class LayoutError(ValueError):
+    """A Slurm layout that cannot hold the campaign; the message names the keys."""
+
+
+@dataclass
+class SlurmPlan:
+    nodes: int  # nodes in the allocation (all components)
+    relay_count: int
+    components: list[dict]  # sbatch options per het component (one entry when not a hetjob)
+    # srun options per role name; a step spanning het components lists one option set per
+    # component, joined MPMD-style (`srun A prog : B prog`)
+    steps: dict[str, list[list[str]]] = field(default_factory=dict)
+    rollout_node: dict[int, int] = field(default_factory=dict)  # rollout rank -> node index
+
+    @property
+    def hetjob(self) -> bool:
+        return len(self.components) > 1
+
+
+def _res(r, *, exact: bool = True) -> list[str]:
+    opts = ["--exact"] if exact else []
+    opts += [f"--cpus-per-task={r.cpus}"]
+    if r.gpus:
+        opts.append(f"--gpus-per-task={r.gpus}")
+    if r.mem_gb:
+        opts.append(f"--mem={int(math.ceil(r.mem_gb * 1024))}M")
+    return opts
+
+
+def slurm_plan(cfg: Config) -> SlurmPlan:
+    lay, s = cfg.slurm.layout, cfg.slurm
+    if cfg.rollout.count < lay.rollout_nodes:
+        raise LayoutError(f"slurm.layout.rollout_nodes={lay.rollout_nodes} exceeds rollout.count={cfg.rollout.count}: "
+                          "every rollout node needs at least one rollout")
+    if s.hetjob and lay.trainer_nodes == 0:
+        raise LayoutError("slurm.hetjob needs slurm.layout.trainer_nodes=1 (the trainer group is component 0)")
+    per_node = math.ceil(cfg.rollout.count / lay.rollout_nodes)
+    t0 = lay.trainer_nodes  # first rollout node's index
+    nodes = lay.trainer_nodes + lay.rollout_nodes
+    relay_count = nodes  # one relay per node: the master on node 0 (the trainer's), then rollout nodes
+    common = ["--kill-on-bad-exit=0"]
+    steps: dict[str, list[list[str]]] = {}
+    rollout_node = {i: t0 + i % lay.rollout_nodes for i in range(cfg.rollout.count)}
+
+    # tasks each node must hold: 1 for the campaign driver itself (node 0), then the roles
+    trainer_cpus = 1 + lay.controller.cpus + lay.trainer.cpus + lay.relay.cpus
+    rollout_cpus = per_node * lay.rollout.cpus + lay.relay.cpus
+    gpus_rollout = per_node * lay.rollout.gpus
+    if s.hetjob:
+        comps = [{"nodes": lay.trainer_nodes, "ntasks_per_node": trainer_cpus, "cpus_per_task": 1,
+                  "gpus_per_node": lay.trainer.gpus or None},
+                 {"nodes": lay.rollout_nodes, "ntasks_per_node": rollout_cpus, "cpus_per_task": 1,
+                  "gpus_per_node": gpus_rollout or None}]
+        steps["controller-0"] = [["--het-group=0", "-N1", "-n1", *_res(lay.controller), *common]]
+        steps["trainer-0"] = [["--het-group=0", "-N1", "-n1", *_res(lay.trainer), *common]]
+        # ONE MPI world across both components: the master relay in group 0, one relay per rollout node
+        steps["relay"] = [["--mpi=pmix", "--het-group=0", "-N1", "-n1", *_res(lay.relay), *common],
+                          ["--het-group=1", f"-N{lay.rollout_nodes}", f"-n{lay.rollout_nodes}", "--ntasks-per-node=1",
+                           *_res(lay.relay)]]
+        for i, node in rollout_node.items():
+            steps[f"rollout-{i}"] = [["--het-group=1", "-N1", "-n1", f"--relative={node - t0}", *_res(lay.rollout),
+                                      *common]]
+    else:
+        busiest = max(trainer_cpus + (rollout_cpus - lay.relay.cpus if t0 == 0 else 0), rollout_cpus)
+        gpus = max(lay.trainer.gpus + (gpus_rollout if t0 == 0 else 0), gpus_rollout, s.gpus_per_node)
+        comps = [{"nodes": nodes, "ntasks_per_node": busiest, "cpus_per_task": 1, "gpus_per_node": gpus or None}]
+        steps["controller-0"] = [["-N1", "-n1", "--relative=0", *_res(lay.controller), *common]]
+        steps["trainer-0"] = [["-N1", "-n1", "--relative=0", *_res(lay.trainer), *common]]
+        steps["relay"] = [["--mpi=pmix", f"-N{nodes}", f"-n{nodes}", "--ntasks-per-node=1", "--relative=0",
+                           *_res(lay.relay), *common]]
+        for i, node in rollout_node.items():
+            steps[f"rollout-{i}"] = [["-N1", "-n1", f"--relative={node}", *_res(lay.rollout), *common]]
+    if s.gpus_per_node and s.hetjob:
+        comps[0]["gpus_per_node"] = comps[0]["gpus_per_node"] or s.gpus_per_node
+    return SlurmPlan(nodes, relay_count, comps, steps, rollout_node)

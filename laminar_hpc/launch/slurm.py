@@ -1,0 +1,140 @@
+"""The campaign driver inside a Slurm allocation: every role its own job step.
+
+Runs where the job's driver runs (submitit's step, or the batch script of a hand-submitted
+`laminar render-sbatch` script) and starts, with `srun`:
+
+- the controller and the trainer on node 0 (het group 0 for a hetjob);
+- ONE relay step, an MPI world over `srun --mpi=pmix`, with one relay per node;
+- one step per rollout, each attaching to the relay on its own node.
+
+Every step is independent (`--exact`, `--kill-on-bad-exit=0`): a rollout step that fails or is
+`scancel`led is restarted alone while the others go on. The driver runs in the batch step, so
+signals Slurm sends to the job's steps reach the roles and not the `srun` clients (an `srun`
+that gets SIGTERM kills its step at once). Before the time limit (`--signal=USR2@...`) or on
+preemption (SIGTERM) the trainer checkpoints and exits early; the driver then requeues the job,
+and its next start resumes from the checkpoint with version numbering and metrics continuing.
+
+    python -m laminar_hpc.cli drive configs/quickstart-slurm.yaml --run-dir runs/qs   # inside sbatch
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from laminar_hpc.config import Config
+from laminar_hpc.launch.local import role_argv, run_campaign
+from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
+from laminar_hpc.launch.processes import mpi_env
+from laminar_hpc.launch.rundir import CampaignLock, prepare_run_dir, read_json
+from laminar_hpc.metrics.progress import Progress
+
+
+REQUEUED = 75  # the driver's exit status after putting its job back in the queue
+
+
+def effective_config(cfg: Config) -> tuple[Config, SlurmPlan]:
+    """The config as it runs under Slurm: one relay per node of the layout."""
+    plan = slurm_plan(cfg)
+    cfg = cfg.model_copy(update={"relay": cfg.relay.model_copy(update={"count": plan.relay_count})}, deep=True)
+    return cfg, plan
+
+
+def step_env() -> dict:
+    env = mpi_env(dict(os.environ, PYTHONUNBUFFERED="1"))
+    for key in ("OMPI_MCA_plm", "OMPI_MCA_ras"):  # settings for mpirun-in-a-step; srun --mpi=pmix needs neither
+        env.pop(key, None)
+    return env
+
+
+def step_command(plan: SlurmPlan, spec: RoleSpec, run_dir: Path | str, python: str) -> list[str]:
+    """`srun --job-name=NAME OPTS PROG`, or for a step over het components `srun A PROG : B PROG`."""
+    prog = role_argv(python, spec, Path(run_dir))
+    argv = ["srun", f"--job-name={spec.name}"]
+    for i, opts in enumerate(plan.steps[spec.name]):
+        argv += [*([":"] if i else []), *opts, *prog]
+    return argv
+
+
+def slurm_specs(cfg: Config) -> list[RoleSpec]:
+    return role_specs(cfg, relay_of_rollout={i: "auto" for i in range(cfg.rollout.count)})
+
+
+class Driver:
+    """One start of a campaign inside an allocation (a requeue makes a new start)."""
+
+    def __init__(self, cfg: Config, run_dir: Path):
+        self.cfg, self.plan = effective_config(cfg)
+        self.run_dir = Path(run_dir)
+        self.python = cfg.slurm.python or sys.executable
+        self.supervisor = None
+        self.env = step_env()
+
+    def command(self, spec: RoleSpec) -> tuple[list[str], dict]:
+        return step_command(self.plan, spec, self.run_dir, self.python), self.env
+
+    def _on_start(self, sup) -> None:
+        self.supervisor = sup
+        for spec in slurm_specs(self.cfg):
+            sup.progress.message(f"step {spec.name}: {shlex.join(self.command(spec)[0])}")
+
+    def _cleanup_nodes(self, run_id: str) -> None:
+        """Remove the run's shared-memory files on every node (roles remove their own; a killed
+        step leaves its files behind, which only a step on that node can delete)."""
+        pattern = os.path.join(self.cfg.relay.shm_dir, f"laminar-{run_id}-*")
+        prog = ["bash", "-c", f"rm -f {pattern}"]
+        each = ["--ntasks-per-node=1", "--exact", "--cpus-per-task=1", "--kill-on-bad-exit=0"]
+        if self.plan.hetjob:  # one task on every node of both components
+            lay = self.cfg.slurm.layout
+            argv = ["srun", "--job-name=cleanup", "--het-group=0", f"-N{lay.trainer_nodes}", *each, *prog,
+                    ":", "--het-group=1", f"-N{lay.rollout_nodes}", *each, *prog]
+        else:
+            argv = ["srun", "--job-name=cleanup", f"-N{self.plan.nodes}", *each, *prog]
+        try:
+            subprocess.run(argv, timeout=60, capture_output=True, check=False)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def stop_for_requeue(self) -> None:
+        """Ask every role to stop (the trainer checkpoints first) and wait for them."""
+        if self.supervisor is not None:
+            self.supervisor.stop_requested = True
+            self.supervisor.stop("the job is being requeued")
+
+    def run(self) -> dict:
+        prepare_run_dir(self.run_dir, resume=True, overwrite=False)
+        with CampaignLock(self.run_dir):
+            summary = run_campaign(self.cfg, self.run_dir, self.command, slurm_specs(self.cfg),
+                                   progress=Progress(f"laminar: {self.cfg.name}", stream=sys.stdout),
+                                   on_start=self._on_start, on_end=self._cleanup_nodes)
+        if summary["outcome"] == "interrupted":
+            self.requeue()
+        return summary
+
+    def requeue(self) -> None:
+        """The trainer stopped early and checkpointed (time limit near, preemption): put this
+        job back in the queue; its next start resumes from the checkpoint. Exits the driver
+        without a result, as a requeued job must."""
+        starts = len((read_json(self.run_dir / "run.json") or {}).get("starts", []))
+        if starts > self.cfg.slurm.max_requeues:
+            print(f"laminar: not requeuing: the run has started {starts} times (slurm.max_requeues="
+                  f"{self.cfg.slurm.max_requeues}); continue it with `laminar resume {self.run_dir}`", flush=True)
+            return
+        job = os.environ["SLURM_JOB_ID"]
+        res = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        if res.returncode != 0:  # e.g. the job is being cancelled: then it just ends
+            print(f"laminar: scontrol requeue {job} failed ({res.stderr.strip()}); the run can be continued "
+                  f"with `laminar resume {self.run_dir}`", flush=True)
+            return
+        print(f"laminar: job {job} requeued; it resumes from the last checkpoint", flush=True)
+        raise SystemExit(REQUEUED)
+
+
+def drive(cfg: Config, run_dir: Path) -> dict:
+    """Run the campaign inside this allocation (what a rendered sbatch script execs)."""
+    if "SLURM_JOB_ID" not in os.environ:
+        raise RuntimeError("laminar drive runs inside a Slurm allocation (no SLURM_JOB_ID); "
+                           "use `laminar submit --cluster slurm` or `sbatch` a script from `laminar render-sbatch`")
+    return Driver(cfg, run_dir).run()

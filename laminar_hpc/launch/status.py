@@ -1,0 +1,70 @@
+"""`laminar status RUN_DIR`: where a campaign stands, from the run directory and Slurm.
+
+    job       1234 (slurm): RUNNING
+    steps     1234.0 submitit RUNNING | 1234.1 controller-0 RUNNING | ...
+    trainer   step 120/250, version 120, 812.3 trajectories/s
+    ...
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from laminar_hpc.launch.rundir import read_json
+from laminar_hpc.trainer.checkpoint import list_checkpoints
+
+
+def slurm_steps(job_id: str) -> tuple[str, list[tuple[str, str, str]]]:
+    """(job state, [(step id, step name, state)]) from squeue/sacct; '?' where Slurm says nothing."""
+    def run(argv):
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+        except (FileNotFoundError, subprocess.TimeoutExpired):
+            return ""
+    state = run(["squeue", "-h", "-j", job_id, "-o", "%T"]).strip().split("\n")[0]
+    rows = []
+    for line in run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,JobName,State"]).splitlines():
+        parts = line.split("|")
+        if len(parts) == 3:
+            rows.append((parts[0], parts[1], parts[2]))
+    if not state:
+        heads = [r for r in rows if "." not in r[0]]
+        state = heads[0][2] if heads else "?"
+    return state, rows
+
+
+def status_report(run_dir: Path) -> str:
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run_dir} is not a laminar run directory (no config.yaml)")
+    lines = [f"run         {run_dir}"]
+    job = read_json(run_dir / "job.json")
+    if job:
+        if job.get("cluster") == "slurm":
+            state, steps = slurm_steps(str(job["job_id"]))
+            lines.append(f"job         {job['job_id']} (slurm): {state}")
+            if steps:
+                lines.append("steps       " + " | ".join(f"{i} {n} {s}" for i, n, s in steps))
+        else:
+            lines.append(f"job         {job['job_id']} ({job.get('cluster')})")
+    st = read_json(run_dir / "status.json") or {}
+    if st:
+        lines.append(f"trainer     step {st.get('step', 0)}/{st.get('total_steps', '?')}, version "
+                     f"{st.get('trainer_version', '-')}, {st.get('trajectories_per_s', 0):.1f} trajectories/s "
+                     f"(phase {st.get('phase', '?')})")
+        lines.append(f"relays      versions {st.get('relay_versions', {})}")
+        lines.append(f"rollouts    versions {st.get('rollout_versions', {})}")
+    ckpts = list_checkpoints(run_dir / "checkpoints")
+    if ckpts:
+        meta = read_json(ckpts[-1] / "meta.json") or {}
+        lines.append(f"checkpoint  {ckpts[-1]} (step {meta.get('step')}, version {meta.get('version')})")
+    else:
+        lines.append("checkpoint  none yet")
+    summary = read_json(run_dir / "summary.json")
+    if summary:
+        lines.append(f"last end    {summary.get('outcome')}: {summary.get('train_steps')} steps, reward "
+                     f"{summary.get('reward_first')} -> {summary.get('reward_last')}, "
+                     f"wall {summary.get('wall_s', 0):.0f}s")
+    starts = (read_json(run_dir / "run.json") or {}).get("starts", [])
+    lines.append(f"starts      {len(starts)}")
+    return "\n".join(lines)

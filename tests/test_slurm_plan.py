@@ -1,0 +1,131 @@
+"""Slurm layout planning and `laminar render-sbatch` (pure: no cluster needed).
+
+The scripts under slurm/ are golden files: each names the command that rendered it, and
+rendering again must give exactly the same text."""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from laminar_hpc.config import config_from_dict, load_config
+from laminar_hpc.launch.plan import LayoutError, role_specs, slurm_plan
+from laminar_hpc.launch.slurm import effective_config, slurm_specs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cfg_with(**slurm):
+    layout = slurm.pop("layout", {})
+    return config_from_dict({"rollout": {"count": slurm.pop("rollouts", 4)},
+                             "slurm": {**slurm, "layout": layout}})
+
+
+def test_two_node_layout_places_roles_and_one_relay_per_node():
+    plan = slurm_plan(cfg_with(layout={"trainer_nodes": 1, "rollout_nodes": 1}))
+    assert plan.nodes == 2 and plan.relay_count == 2 and not plan.hetjob
+    assert plan.rollout_node == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert "--relative=0" in plan.steps["trainer-0"][0] and "--relative=0" in plan.steps["controller-0"][0]
+    assert all("--relative=1" in plan.steps[f"rollout-{i}"][0] for i in range(4))
+    assert all(len(opts) == 1 for opts in plan.steps.values())  # no het components
+    relay = plan.steps["relay"][0]
+    assert "--mpi=pmix" in relay and "-N2" in relay and "-n2" in relay and "--ntasks-per-node=1" in relay
+    for (opts,) in plan.steps.values():  # every step independent: one can fail without the others
+        assert "--exact" in opts and "--kill-on-bad-exit=0" in opts
+    # node 0 holds the driver, controller, trainer (2 CPUs by default) and the master relay
+    assert plan.components[0]["ntasks_per_node"] == 1 + 1 + 2 + 1
+
+
+def test_rollouts_spread_over_rollout_nodes():
+    plan = slurm_plan(cfg_with(rollouts=5, layout={"trainer_nodes": 1, "rollout_nodes": 2}))
+    assert plan.nodes == 3 and plan.relay_count == 3
+    assert sorted(plan.rollout_node.values()) == [1, 1, 1, 2, 2]
+    # each rollout node holds ceil(5/2)=3 rollouts + its relay
+    assert plan.components[0]["ntasks_per_node"] == max(1 + 1 + 2 + 1, 3 + 1)
+
+
+def test_trainer_sharing_the_rollout_node():
+    plan = slurm_plan(cfg_with(layout={"trainer_nodes": 0, "rollout_nodes": 1}))
+    assert plan.nodes == 1 and plan.relay_count == 1
+    assert set(plan.rollout_node.values()) == {0}
+    assert plan.components[0]["ntasks_per_node"] == 1 + 1 + 2 + 1 + 4
+
+
+def test_hetjob_has_a_trainer_group_and_a_rollout_group():
+    plan = slurm_plan(cfg_with(hetjob=True, layout={"trainer_nodes": 1, "rollout_nodes": 2}))
+    assert plan.hetjob and len(plan.components) == 2
+    assert plan.components[1]["nodes"] == 2
+    assert "--het-group=0" in plan.steps["trainer-0"][0] and "--het-group=0" in plan.steps["controller-0"][0]
+    # one MPI world across both components: the master relay in group 0, one relay per rollout node
+    master, followers = plan.steps["relay"]
+    assert "--het-group=0" in master and "-n1" in master and "--mpi=pmix" in master
+    assert "--het-group=1" in followers and "-n2" in followers and "--ntasks-per-node=1" in followers
+    assert all("--het-group=1" in plan.steps[f"rollout-{i}"][0] for i in range(4))
+
+
+def test_gpus_are_requested_per_node_and_per_step():
+    plan = slurm_plan(cfg_with(layout={"trainer_nodes": 1, "rollout_nodes": 1, "trainer": {"gpus": 4},
+                                       "rollout": {"gpus": 1}}))
+    assert "--gpus-per-task=4" in plan.steps["trainer-0"][0]
+    assert "--gpus-per-task=1" in plan.steps["rollout-0"][0]
+    assert plan.components[0]["gpus_per_node"] == 4
+
+
+@pytest.mark.parametrize("slurm, message", [
+    ({"rollouts": 2, "layout": {"rollout_nodes": 3}}, "rollout_nodes=3 exceeds rollout.count=2"),
+    ({"hetjob": True, "layout": {"trainer_nodes": 0}}, "hetjob needs slurm.layout.trainer_nodes=1"),
+])
+def test_impossible_layouts_are_named(slurm, message):
+    with pytest.raises(LayoutError, match=message.replace(".", r"\.")):
+        slurm_plan(cfg_with(**slurm))
+
+
+def test_slurm_roles_attach_to_the_relay_on_their_node():
+    cfg, plan = effective_config(cfg_with(layout={"trainer_nodes": 1, "rollout_nodes": 1}))
+    assert cfg.relay.count == plan.relay_count == 2
+    rollouts = [s for s in slurm_specs(cfg) if s.module == "rollout"]
+    assert all(s.args[-2:] == ("--relay", "auto") for s in rollouts) and all(s.restartable for s in rollouts)
+    # on one machine the launcher names the relay explicitly
+    local = [s for s in role_specs(cfg) if s.module == "rollout"]
+    assert [s.args[-1] for s in local] == ["0", "1", "0", "1"]
+
+
+GOLDEN = sorted((REPO / "slurm").glob("*.sbatch"))
+
+
+def test_there_are_examples_for_the_common_layouts():
+    names = {p.name for p in GOLDEN}
+    assert {"one-node.sbatch", "two-nodes.sbatch", "hetjob.sbatch"} <= names
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[p.name for p in GOLDEN])
+def test_examples_are_exactly_what_render_sbatch_prints(path):
+    text = path.read_text()
+    line = next(ln for ln in text.splitlines() if "rendered by: laminar render-sbatch" in ln)
+    args = shlex.split(line.split("rendered by: laminar ", 1)[1])
+    out = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", *args], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == text, f"{path.name} is stale: regenerate it with `laminar {' '.join(args)}`"
+
+
+def test_rendered_script_is_valid_bash_with_the_sbatch_options():
+    text = (REPO / "slurm" / "hetjob.sbatch").read_text()
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    sbatch = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    assert "#SBATCH hetjob" in sbatch and "#SBATCH --requeue" in sbatch
+    # the time-limit warning goes to the role steps (the trainer checkpoints), not the batch shell
+    assert any(ln.startswith("#SBATCH --signal=USR2@") for ln in sbatch)
+    assert text.rstrip().splitlines()[-1].startswith("exec ")
+    cfg = load_config(REPO / "configs" / "quickstart-slurm.yaml", ["slurm.hetjob=true"])
+    assert f"#SBATCH --partition={cfg.slurm.partition}" in sbatch and f"#SBATCH --time={cfg.slurm.time_min}" in sbatch
+
+
+def test_render_sbatch_rejects_a_bad_layout_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", "render-sbatch", "configs/quickstart-slurm.yaml",
+                          "slurm.layout.rollout_nodes=9"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and "rollout_nodes=9" in out.stderr
