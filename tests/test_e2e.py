@@ -206,8 +206,10 @@ def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout_s: 
 
 def test_killed_rollout_is_restarted_and_its_work_requeued(tmp_path):
     run_dir = tmp_path / "rollout-kill"
+    # with a single rollout the run cannot finish unless the restarted one takes over its work
     proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),
-                             "trainer.total_steps=150", "supervisor.restart_backoff_s=0.5"], cwd=REPO,
+                             "rollout.count=1", "trainer.total_steps=40", "supervisor.restart_backoff_s=0.5"],
+                            cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_step(run_dir, proc, 3)
@@ -220,7 +222,7 @@ def test_killed_rollout_is_restarted_and_its_work_requeued(tmp_path):
         assert proc.returncode == 0, err[-3000:]
         assert "rollout-0 exited with code -9: restarting it" in out
         s = json.loads((run_dir / "summary.json").read_text())
-        assert s["train_steps"] == 150 and s["trajectories_consumed"] == 150 * 4 * 4
+        assert s["train_steps"] == 40 and s["trajectories_consumed"] == 40 * 4 * 4
         ctl = read_trace(run_dir / "trace" / "controller-0.jsonl")
         assert any(e["ev"] == "role_down" and e["role"] == "rollout-0" for e in ctl)
         joins = [e for e in ctl if e["ev"] == "role_joined" and e["role"] == "rollout-0"]

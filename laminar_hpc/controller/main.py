@@ -15,7 +15,8 @@ import os
 import time
 
 from laminar_hpc.controller.pools import DataPlane
-from laminar_hpc.launch.role import install_sigterm, setup_logging
+from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.launch.role import setup_logging
 from laminar_hpc.launch.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.tokenizer import build_tokenizer
@@ -184,8 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = Path(args.run_dir)
     log = setup_logging("controller-0")
     cfg = load_config(run_dir / "config.yaml")
-    flags: dict = {}
-    install_sigterm(flags)
+    flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
     tracer = Tracer(run_dir, "controller-0")
     ctl = Controller(run_dir, cfg, log, tracer)
     publish_endpoint(run_dir, "controller", ctl.server.address)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from laminar_hpc.config import Config, load_config
 from laminar_hpc.launch.rundir import read_json
+from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport.channel import Client, wait_endpoint
 
@@ -45,18 +45,8 @@ class RoleContext:
 
 
 def install_sigterm(handler_flag: dict) -> None:
-    """SIGTERM (a stop, a preemption) and SIGUSR2 (Slurm's warning before the time limit) set a
-    flag the role's loop checks: it ends cleanly (the trainer checkpoints first)."""
-    def _on_term(signum, frame):
-        handler_flag["stop"] = True
-        handler_flag["signal"] = signal.Signals(signum).name
-        # the first request counts; Slurm often sends several (SIGTERM, then USR2): a later one
-        # arriving while the role winds down must not kill it halfway (SIGKILL still can)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _on_term)
-    signal.signal(signal.SIGUSR2, _on_term)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+    """Install the stop handlers into `handler_flag` (see laminar_hpc.launch.signals)."""
+    install_stop_handlers(handler_flag)
 
 
 def node_name() -> str:

@@ -35,6 +35,10 @@ from laminar_hpc.metrics.progress import Progress
 REQUEUED = 75  # the driver's exit status after putting its job back in the queue
 
 
+class CampaignInterrupted(RuntimeError):
+    """The trainer stopped early (checkpointed) and the job could not be requeued."""
+
+
 def effective_config(cfg: Config) -> tuple[Config, SlurmPlan]:
     """The config as it runs under Slurm: one relay per node of the layout."""
     plan = slurm_plan(cfg)
@@ -110,7 +114,9 @@ class Driver:
                                    progress=Progress(f"laminar: {self.cfg.name}", stream=sys.stdout),
                                    on_start=self._on_start, on_end=self._cleanup_nodes)
         if summary["outcome"] == "interrupted":
-            self.requeue()
+            self.requeue()  # exits if it could requeue
+            raise CampaignInterrupted(f"the campaign stopped at step {summary['train_steps']} before its end and "
+                                      f"was not requeued; continue it with `laminar resume {self.run_dir}`")
         return summary
 
     def requeue(self) -> None:

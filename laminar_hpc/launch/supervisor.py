@@ -95,12 +95,13 @@ class Supervisor:
         outcome = "completed"
         while True:
             for name, rc in self.procs.reap():
-                if name == "trainer-0" and rc in (0, INTERRUPTED):
+                if name == "trainer-0" and rc in (0, INTERRUPTED, *STOPPED_BY_SIGNAL):
+                    # a trainer a signal killed before it could react is resumable from its last checkpoint
                     outcome = "completed" if rc == 0 else "interrupted"
                     finishing_since = time.monotonic()
                     self.progress.message(f"trainer {'finished' if rc == 0 else 'stopped early (checkpointed)'}; "
                                           "stopping the other roles")
-                    if rc == INTERRUPTED and self.ctrl is not None:
+                    if rc != 0 and self.ctrl is not None:
                         self.ctrl.send({"type": "stop_all", "reason": "trainer interrupted"})
                 elif rc in STOPPED_BY_SIGNAL and not self.specs[name].restartable:
                     # a preemption or time limit signals every step: give the trainer time to report

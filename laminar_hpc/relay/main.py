@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from laminar_hpc.launch.role import Heartbeat, RoleContext, install_sigterm, node_name, start_role
+from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
 from laminar_hpc.relay.chain import STOP, WEIGHTS, Header, chain_bytes, chain_header, poll_header
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.weight_store import WeightStore, checksum
@@ -130,8 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     from mpi4py import MPI  # only the relay role needs MPI
     comm = MPI.COMM_WORLD
-    flags: dict = {}
-    install_sigterm(flags)
+    flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
     ctx = start_role("relay", comm.Get_rank(), args.run_dir)
     node = RelayNode(ctx, comm)
     # rollouts started with `--relay auto` attach to the relay on their own node

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from laminar_hpc.launch.role import Heartbeat, RoleContext, install_sigterm, node_name, start_role
+from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
 from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.model.llama import ModelArgs
 from laminar_hpc.model.tokenizer import build_tokenizer
@@ -221,8 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--relay", default="auto", help="relay rank to pull from, or 'auto': the relay on this node")
     args = ap.parse_args(argv)
-    flags: dict = {}
-    install_sigterm(flags)
+    flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
     ctx = start_role("rollout", args.rank, args.run_dir)
     try:
         relay = find_local_relay(ctx) if args.relay == "auto" else int(args.relay)

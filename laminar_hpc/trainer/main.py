@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, install_sigterm, start_role
+from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
 from laminar_hpc.model.llama import ModelArgs, Transformer, token_logprobs
 from laminar_hpc.model.tokenizer import build_tokenizer
 from laminar_hpc.model.weights import WeightLayout
@@ -149,7 +150,7 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.opt.step()
         stale = (self.version - b.versions).float()
-        return {"loss": float(out.loss), "reward_mean": float(b.rewards.mean()),
+        return {"loss": out.loss.item(), "reward_mean": float(b.rewards.mean()),
                 "reward_std": float(b.rewards.std()) if len(b.rewards) > 1 else 0.0,
                 "lr": lr, "is_weight_mean": out.is_weight_mean, "truncated_frac": out.truncated_frac,
                 "clipped_frac": out.clipped_frac, "kl": out.kl, "grad_norm": float(grad_norm),
@@ -224,8 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True)
     args = ap.parse_args(argv)
-    flags: dict = {}
-    install_sigterm(flags)
+    flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
     ctx = start_role("trainer", 0, args.run_dir)
     code = 1
     try:
