@@ -270,14 +270,14 @@ def test_override_through_null_section_creates_it():
 def test_overrides_reach_typed_config(tmp_path):
     p = _write(tmp_path, "name: base\ntrainer:\n  lr: 0.01\n")
     cfg = load_config(p, [
-        "trainer.lr=3e-4", "trainer.rho=1e1", "trainer.total_steps=12", "rollout.verify_checksum=false",
+        "trainer.lr=3e-4", "trainer.rho=1e1", "trainer.total_steps=12", "rollout.verify_checksum=true",
         "trainer.max_staleness=null", "trainer.clip_eps=0.2", "controller.max_ahead_steps=5",
         "task.type=builtin", "task.kinds=[reverse, add]", "task.weights=[1, 2.5]", "name=other",
     ])
     assert isinstance(cfg.trainer.lr, float) and cfg.trainer.lr == pytest.approx(3e-4)
     assert cfg.trainer.rho == pytest.approx(10.0)
     assert cfg.trainer.total_steps == 12 and isinstance(cfg.trainer.total_steps, int)
-    assert cfg.rollout.verify_checksum is False
+    assert cfg.rollout.verify_checksum is True
     assert cfg.trainer.max_staleness is None
     assert cfg.trainer.clip_eps == pytest.approx(0.2)
     assert cfg.controller.max_ahead_steps == 5  # section absent from the file: created

@@ -14,6 +14,7 @@ from laminar_hpc.model.llama import ModelArgs, Transformer, token_logprobs
 from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.model.tokenizer import CharTokenizer
 from laminar_hpc.model.weights import WeightLayout
+from laminar_hpc.transport.weight_store import checksum as store_checksum
 from laminar_hpc.rollout.engine import SeqRequest, TorchEngine, VersionInFlightError
 
 VOCAB = 40
@@ -302,7 +303,9 @@ def test_weight_layout_round_trip_float32():
     torch.manual_seed(99)
     dst = Transformer(ARGS)
     assert not torch.equal(dst.model.embed_tokens.weight, src.model.embed_tokens.weight)
-    layout.unpack(memoryview(buf), dst)
+    # with checksum=True unpack hashes while it copies: the same checksum the relays put on it
+    assert layout.unpack(memoryview(buf), dst, checksum=True) == store_checksum(memoryview(buf))
+    assert layout.unpack(memoryview(buf), Transformer(ARGS)) is None  # plain copy: no hashing
     s_sd, d_sd = src.state_dict(), dst.state_dict()
     assert s_sd.keys() == d_sd.keys()
     for k in s_sd:

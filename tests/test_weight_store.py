@@ -449,3 +449,20 @@ def test_concurrent_writer_process_never_yields_a_torn_read(tmp_path):
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if not f.closed:
                 f.close()
+
+
+def test_consumer_checksums_accepts_a_matching_copy_and_refuses_a_corrupt_slot(stores):
+    # the rollout's fused path: the consumer hashes what it copies and the store compares
+    w, r = stores()
+    publish(w, 3)
+    out = []
+
+    def copy_and_hash(view):
+        out.append(bytes(view))
+        return checksum(view)
+    assert r.read(copy_and_hash, consumer_checksums=True).version == 3 and out[-1] == payload(3)
+    slot = w.latest().slot  # flip a byte of the committed slot: stable, but wrong
+    off = w._data_off + slot * w.capacity
+    w._view[off] ^= 0xFF
+    with pytest.raises(ValueError, match="fails its checksum"):
+        r.read(copy_and_hash, consumer_checksums=True)

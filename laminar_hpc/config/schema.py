@@ -74,7 +74,13 @@ class JsonlTaskCfg(Section):
     on_bad_row: Literal["fail", "skip"] = "fail"
 
 
-TaskCfg = Annotated[Union[BuiltinTaskCfg, JsonlTaskCfg], Field(discriminator="type")]
+class SyntheticTaskCfg(Section):
+    """Fixed-length prompts and a coin-flip reward: for emulated engines, which read no tokens."""
+    type: Literal["synthetic"] = "synthetic"
+    prompt_tokens: PosInt = 512
+
+
+TaskCfg = Annotated[Union[BuiltinTaskCfg, JsonlTaskCfg, SyntheticTaskCfg], Field(discriminator="type")]
 
 
 class WarmupCfg(Section):
@@ -92,8 +98,11 @@ class WarmupCfg(Section):
     eval_size: PosInt = 128
 
 
+Engine = Literal["torch", "emulated"]
+
+
 class TrainerCfg(Section):
-    engine: Literal["torch"] = "torch"
+    engine: Engine = "torch"
     device: str = "cpu"
     total_steps: PosInt = 300
     groups_per_step: PosInt = 16
@@ -114,7 +123,7 @@ class TrainerCfg(Section):
 
 
 class RolloutCfg(Section):
-    engine: Literal["torch"] = "torch"
+    engine: Engine = "torch"
     device: str = "cpu"
     count: PosInt = 4
     max_batch: PosInt = 64
@@ -122,7 +131,10 @@ class RolloutCfg(Section):
     temperature: PosFloat = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     stream_every_tokens: PosInt = 8
-    verify_checksum: bool = True
+    # re-check each pulled version's checksum (hashed during the copy: ~1.8x a bare copy). Off by
+    # default: every relay verifies a version before it becomes readable, and the store's seqlock
+    # guarantees a pull copies exactly that version
+    verify_checksum: bool = False
     torch_threads: PosInt = 1
 
 
@@ -140,6 +152,40 @@ class ControllerCfg(Section):
     max_ahead_steps: NonNegInt = 2
     status_interval_s: PosFloat = 1.0
     max_frame_mb: PosFloat = 64.0
+
+
+class RepackCfg(Section):
+    """Dynamic repack of long-tail trajectories (laminar mode; see laminar_hpc/policy/repack.py)."""
+    enabled: bool = True
+    interval_s: PosFloat = 5.0  # also right after each publish; emulated seconds under emulation
+    fall_ratio: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9  # KV below this x its plateau: falling
+    kv_capacity_tokens: PosInt | None = None  # C_max per replica; default: the engine's KV cache size
+    state_interval_s: PosFloat = 0.1  # how often a rollout reports its batch and KV (wall seconds)
+
+
+class LengthsCfg(Section):
+    """Response lengths of emulated rollouts: log-normal, capped."""
+    median: PosFloat = 1024
+    p99_over_median: Annotated[float, Field(gt=1.0)] = 10.0
+    min_tokens: PosInt = 1
+    max_tokens: PosInt = 16384
+
+
+class EmulationCfg(Section):
+    """Cost model of emulated engines (laminar_hpc/emulation/cost.py); emulated seconds.
+    Defaults stand for a 7B model in bf16 on one H100 per replica (decode memory-bound)."""
+    time_scale: Annotated[float, Field(ge=0.0)] = 1.0  # wall seconds per emulated second
+    weight_mb: PosFloat = 16.0  # real bytes published, broadcast and pulled per version
+    nominal_weight_gb: Annotated[float, Field(ge=0.0)] = 15.2  # the model they stand for (7B bf16)
+    pull_gbps: Annotated[float, Field(ge=0.0)] = 25.0  # relay shared memory -> GPU; 0: no load time
+    prefill_base_ms: Annotated[float, Field(ge=0.0)] = 5.0
+    prefill_per_token_us: Annotated[float, Field(ge=0.0)] = 20.0
+    decode_base_ms: Annotated[float, Field(ge=0.0)] = 10.0
+    decode_per_seq_us: Annotated[float, Field(ge=0.0)] = 100.0
+    decode_per_kv_token_ns: Annotated[float, Field(ge=0.0)] = 50.0
+    train_per_token_us: Annotated[float, Field(ge=0.0)] = 12.9
+    max_macro_steps: PosInt = 128  # decode steps one engine call may advance (never past a finish)
+    lengths: LengthsCfg = Field(default_factory=LengthsCfg)
 
 
 class CheckpointCfg(Section):
@@ -200,7 +246,9 @@ class SlurmCfg(Section):
 class Config(Section):
     name: str = "run"
     seed: NonNegInt = 0
-    mode: Literal["laminar"] = "laminar"
+    # laminar: trajectory-level asynchrony + relay pull + repack; the rest are baselines in the
+    # same runtime: sync (on-policy, as verl), one-step-off, partial-rollout (as AReaL)
+    mode: Literal["laminar", "sync", "one-step-off", "partial-rollout"] = "laminar"
     cluster: Literal["slurm", "local", "debug"] | None = None  # for `laminar submit`; never guessed
     model: ModelCfg = Field(default_factory=ModelCfg)
     task: TaskCfg = Field(default_factory=BuiltinTaskCfg)
@@ -209,10 +257,19 @@ class Config(Section):
     rollout: RolloutCfg = Field(default_factory=RolloutCfg)
     relay: RelayCfg = Field(default_factory=RelayCfg)
     controller: ControllerCfg = Field(default_factory=ControllerCfg)
+    repack: RepackCfg = Field(default_factory=RepackCfg)
+    emulation: EmulationCfg = Field(default_factory=EmulationCfg)
     checkpoint: CheckpointCfg = Field(default_factory=CheckpointCfg)
     timeouts: TimeoutsCfg = Field(default_factory=TimeoutsCfg)
     supervisor: SupervisorCfg = Field(default_factory=SupervisorCfg)
     slurm: SlurmCfg = Field(default_factory=SlurmCfg)
+
+    @model_validator(mode="after")
+    def _engines(self) -> "Config":
+        if self.trainer.engine != self.rollout.engine:
+            raise ValueError(f"trainer.engine={self.trainer.engine!r} and rollout.engine={self.rollout.engine!r} "
+                             "must be the same (they exchange weights of one layout)")
+        return self
 
     @model_validator(mode="before")
     @classmethod

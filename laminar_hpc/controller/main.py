@@ -4,7 +4,9 @@ Serves one ROUTER socket. Rollouts ask for work with credit (free slots), stream
 the partial-response pool and send each finished trajectory on its own; complete GRPO groups
 go to the trainer as it asks for them (credit too). Nobody waits for anybody else: the only
 coupling is the admission bound (generation may run `max_ahead_steps` ahead of training).
-Writes `status.json` every second and `controller_stats.json` at the end.
+The baseline modes change only the admission (policy/scheduling.py `admission`). As rollout
+manager it repacks long-tail trajectories (policy/repack.py) every `repack.interval_s` and
+right after each publish. Writes `status.json` every second and `controller_stats.json` at the end.
 
     python -m laminar_hpc.controller --run-dir runs/x
 """
@@ -20,7 +22,8 @@ from laminar_hpc.launch.role import setup_logging
 from laminar_hpc.launch.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.tokenizer import build_tokenizer
-from laminar_hpc.policy.scheduling import assign_work, groups_to_admit
+from laminar_hpc.policy.repack import ReplicaState, plan_repack
+from laminar_hpc.policy.scheduling import BARRIER_LAG, admission, assign_work, barrier_version
 from laminar_hpc.tasks import build_task, encode_prompt
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.config import load_config
@@ -49,6 +52,21 @@ class Controller:
         self.finish_times: list[float] = []
         self.stop_reason: str | None = None
         self.t0 = time.time()
+        # rollout manager: latest reported state per replica, replicas with a move in flight
+        self.replicas: dict[int, ReplicaState] = {}
+        self.util: dict[int, tuple[float, float]] = {}  # rank -> (busy_s, weight_wait_s)
+        self.moving: dict[int, float] = {}  # rank -> when its move was ordered
+        self.version_base = -1
+        self.update_sent: dict[int, int] = {}  # rollout -> version it was told to load (barrier modes)
+        self.repack_due = False
+        self.last_repack = time.monotonic()
+        scale = cfg.emulation.time_scale if cfg.rollout.engine == "emulated" else 1.0
+        self.repack_interval_s = cfg.repack.interval_s * scale
+        self.repack_on = cfg.mode == "laminar" and cfg.repack.enabled
+        self.kv_capacity = cfg.repack.kv_capacity_tokens or (
+            cfg.rollout.max_batch * (cfg.model.max_seq_len if cfg.rollout.engine == "torch"
+                                     else cfg.rollout.max_new_tokens + 4096))
+        self.repack_stats = {"rounds": 0, "moves": 0, "trajectories_migrated": 0, "migrations_restarted": 0}
 
     # -- message handling -----------------------------------------------------------------
     def handle(self, ident: str, msg: dict) -> None:
@@ -72,6 +90,16 @@ class Controller:
             self._track_versions()
         elif kind == "weights_loaded" and role == "rollout":
             self.rollout_version[rank] = msg["version"]
+        elif kind == "rollout_state" and role == "rollout":
+            self.replicas[rank] = ReplicaState(rank, msg["version"], msg["waiting"], msg["running"], msg["kv_tokens"],
+                                               msg["kv_peak"], tuple(msg["traj_ids"]))
+            self.util[rank] = (msg["busy_s"], msg["weight_wait_s"])
+        elif kind == "migrated":
+            self.migrated(rank, msg["dest"], msg["trajectories"])
+        elif kind == "migrate_reject":
+            n = sum(self.dp.restart(t) for t in msg["traj_ids"])
+            self.repack_stats["migrations_restarted"] += n
+            self.tracer.emit("migration_restarted", rollout=rank, trajectories=n)
         elif kind == "want_groups":
             self.trainer_credit += max(0, msg["n"])
         elif kind == "train_step":
@@ -80,7 +108,10 @@ class Controller:
             self.phase = "rl"
         elif kind == "published":
             self.trainer_version = msg["version"]
+            if self.version_base < 0:
+                self.version_base = msg["version"]
             self.published += 1
+            self.repack_due = True
         elif kind == "checkpoint_saved":
             self.save_state()
         elif kind == "version_ready":
@@ -111,23 +142,80 @@ class Controller:
             self.log.warning("%s died (code %d): %d trajectories go back to the queue", name, code, n)
             self.tracer.emit("requeued", rollout=rank, trajectories=n)
 
+    def migrated(self, source: int, dest: int, trajs: list[dict]) -> None:
+        """A source handed its trajectories back: they go to `dest`, first in its queue."""
+        self.moving.pop(source, None)
+        self.moving.pop(dest, None)
+        work = [w for w in (self.dp.migrate(t, dest) for t in trajs) if w is not None]
+        if work:
+            self.server.send(f"rollout-{dest}", {"type": "assign", "work": work})
+            self.credits[dest] = self.credits.get(dest, 0) - len(work)  # they take slots it had not offered
+        self.repack_stats["trajectories_migrated"] += len(work)
+        self.tracer.emit("migrated", source=source, dest=dest, trajectories=len(work),
+                         version=trajs[0]["version"] if trajs else None, traj_ids=[w["traj_id"] for w in work])
+
+    def barrier_updates(self) -> None:
+        """sync / one-step-off: once a batch is fully generated, every rollout loads the newest
+        published version (>= what the next batch needs) before the next batch is admitted."""
+        if self.dp.partials or self.version_base < 0:
+            return
+        need = barrier_version(self.cfg.mode, groups_started=self.dp.groups_started,
+                               groups_per_step=self.cfg.trainer.groups_per_step, version_base=self.version_base)
+        versions = [self.rollout_version.get(r, -1) for r in range(self.cfg.rollout.count)]
+        target = max(self.trainer_version, *versions)
+        if target < need or min(versions) == max(versions) >= need:
+            return
+        for r, v in enumerate(versions):
+            if v < target and self.update_sent.get(r) != target:
+                self.server.send(f"rollout-{r}", {"type": "update_weights", "version": target})
+                self.update_sent[r] = target
+
+    def repack(self) -> None:
+        now = time.monotonic()
+        for rank, since in list(self.moving.items()):
+            if now - since > 10 * self.repack_interval_s + 5.0:
+                del self.moving[rank]  # the source died or the message was lost: its state is fresh again
+        if not (self.repack_due or now - self.last_repack >= self.repack_interval_s):
+            return
+        self.repack_due, self.last_repack = False, now
+        states = [r for k, r in sorted(self.replicas.items()) if k not in self.moving]
+        moves = plan_repack(states, kv_capacity=self.kv_capacity, max_batch=self.cfg.rollout.max_batch,
+                            fall_ratio=self.cfg.repack.fall_ratio)
+        self.repack_stats["rounds"] += 1
+        for m in moves:
+            self.server.send(f"rollout-{m.source}", {"type": "migrate", "traj_ids": list(m.traj_ids), "dest": m.dest})
+            self.moving[m.source] = self.moving[m.dest] = now
+            # until the next report, the source counts as empty and the destination as fuller
+            src, dst = self.replicas[m.source], self.replicas[m.dest]
+            self.replicas[m.dest] = ReplicaState(dst.rank, dst.version, dst.waiting + src.running, dst.running,
+                                                 dst.kv_tokens + src.kv_tokens, dst.kv_peak, dst.traj_ids)
+            self.replicas[m.source] = ReplicaState(src.rank, src.version, 0, 0, 0, 0, ())
+        if moves:
+            self.repack_stats["moves"] += len(moves)
+            self.tracer.emit("repack", moves=[[m.source, m.dest, m.version, len(m.traj_ids)] for m in moves])
+
     def _track_versions(self) -> None:
         self.max_versions_in_flight = max(self.max_versions_in_flight, len(self.dp.running_versions()))
 
     # -- scheduling -----------------------------------------------------------------------
     def schedule(self) -> None:
         cfg = self.cfg
-        n = groups_to_admit(groups_started=self.dp.groups_started, steps_trained=self.steps_trained,
-                            groups_per_step=cfg.trainer.groups_per_step,
-                            max_ahead_steps=cfg.controller.max_ahead_steps,
-                            queued_trajs=len(self.dp.queue), group_size=cfg.trainer.group_size,
-                            max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch)
+        n = admission(cfg.mode, groups_started=self.dp.groups_started, steps_trained=self.steps_trained,
+                      groups_per_step=cfg.trainer.groups_per_step, max_ahead_steps=cfg.controller.max_ahead_steps,
+                      queued_trajs=len(self.dp.queue), group_size=cfg.trainer.group_size,
+                      max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch, in_flight=len(self.dp.partials),
+                      rollout_versions=[self.rollout_version.get(r, -1) for r in range(cfg.rollout.count)],
+                      version_base=self.version_base)
+        if cfg.mode in BARRIER_LAG:
+            self.barrier_updates()
         if n:
             self.dp.admit(n)
         for rank, count in assign_work(len(self.dp.queue), self.credits).items():
             work = self.dp.assign(rank, count)
             self.credits[rank] -= len(work)
             self.server.send(f"rollout-{rank}", {"type": "assign", "work": work})
+        if self.repack_on:
+            self.repack()
         if self.trainer_credit > 0 and self.dp.ready:
             groups = self.dp.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)
@@ -160,7 +248,8 @@ class Controller:
             "tokens_generated": self.dp.tokens_generated,
             "groups_consumed": self.dp.groups_consumed, "groups_pending": self.dp.groups_pending,
             "queued": len(self.dp.queue), "running": len(self.dp.partials) - len(self.dp.queue),
-            "published": self.published, "dropped_frames": self.server.dropped,
+            "published": self.published, "dropped_frames": self.server.dropped, "repack": self.repack_stats,
+            "rollout_util": {str(k): {"busy_s": b, "weight_wait_s": w} for k, (b, w) in sorted(self.util.items())},
             "metrics": self.metrics,
         }
 

@@ -122,6 +122,27 @@ class DataPlane:
             self.queue.appendleft(p.traj_id)  # oldest work first: its group is waiting
         return len(lost)
 
+    def migrate(self, traj: dict, dest: int) -> dict | None:
+        """A running trajectory moves to replica `dest` (repack): it keeps its tokens, behaviour
+        log-probs and version, and is re-prefilled there. Returns the work item for `dest`, or
+        None if it already finished (its result arrived first)."""
+        p = self.partials.get(traj["traj_id"])
+        if p is None:
+            return None
+        p.tokens, p.logprobs, p.version = list(traj["tokens"]), list(traj["logprobs"]), traj["version"]
+        p.rollout = dest
+        return p.work()
+
+    def restart(self, traj_id: str) -> bool:
+        """Start a trajectory again from its prompt (a migration no replica could take)."""
+        p = self.partials.get(traj_id)
+        if p is None or traj_id in self.queue:
+            return False
+        p.rollout, p.version, p.t_assigned = None, None, None
+        p.tokens, p.logprobs = [], []
+        self.queue.appendleft(traj_id)
+        return True
+
     def running_versions(self) -> set[int]:
         """Weight versions of trajectories generating right now."""
         return {p.version for p in self.partials.values() if p.version is not None}

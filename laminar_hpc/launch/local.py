@@ -18,7 +18,7 @@ from pathlib import Path
 
 from laminar_hpc.config import Config, save_config
 from laminar_hpc.launch.plan import RoleSpec, role_specs
-from laminar_hpc.launch.processes import mpi_env
+from laminar_hpc.launch.processes import mpi_env, role_env
 from laminar_hpc.launch.rundir import CampaignLock, atomic_write_json, prepare_run_dir, write_run_info
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
 from laminar_hpc.metrics.progress import Progress
@@ -33,7 +33,7 @@ def role_argv(python: str, spec: RoleSpec, run_dir: Path) -> list[str]:
 
 def local_command(cfg: Config, run_dir: Path):
     """How each role starts on this machine: a plain process, the relay tier under mpirun."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = role_env()
 
     def command(spec: RoleSpec) -> tuple[list[str], dict]:
         argv = role_argv(sys.executable, spec, run_dir)

@@ -27,7 +27,7 @@ from pathlib import Path
 from laminar_hpc.config import Config
 from laminar_hpc.launch.local import role_argv, run_campaign
 from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
-from laminar_hpc.launch.processes import mpi_env
+from laminar_hpc.launch.processes import mpi_env, role_env
 from laminar_hpc.launch.rundir import CampaignLock, prepare_run_dir, read_json
 from laminar_hpc.metrics.progress import Progress
 
@@ -47,7 +47,7 @@ def effective_config(cfg: Config) -> tuple[Config, SlurmPlan]:
 
 
 def step_env() -> dict:
-    env = mpi_env(dict(os.environ, PYTHONUNBUFFERED="1"))
+    env = mpi_env(role_env())
     for key in ("OMPI_MCA_plm", "OMPI_MCA_ras"):  # settings for mpirun-in-a-step; srun --mpi=pmix needs neither
         env.pop(key, None)
     return env

@@ -53,3 +53,41 @@ def should_refresh(current_version: int, newest_available: int, active: int) -> 
     exists; pull it once no trajectory of the current version is in flight."""
     newer = newest_available > current_version
     return newer, newer and active == 0
+
+
+BARRIER_LAG = {"sync": 0, "one-step-off": 1}  # how many versions a barrier mode's batch may lag
+
+
+def barrier_admit(*, mode: str, groups_started: int, groups_per_step: int, in_flight: int,
+                  rollout_versions: list[int], version_base: int) -> int:
+    """Admission of the batch-synchronous baselines: one whole batch at a time, once the previous
+    batch is fully generated (the long tail included: that is their cost) and EVERY rollout
+    holds the weights the batch must use. sync (as verl): batch b uses the version after b
+    train steps, so generation waits for training; one-step-off: batch b uses version b-1, so
+    batch b is generated while batch b-1 trains. `version_base` is the first version published
+    in this start (0, or the resumed version). Returns how many groups to admit now."""
+    if in_flight or version_base < 0 or not rollout_versions:
+        return 0
+    need = barrier_version(mode, groups_started=groups_started, groups_per_step=groups_per_step,
+                           version_base=version_base)
+    same = min(rollout_versions) == max(rollout_versions)  # all updated together: one version per batch
+    return groups_per_step if same and rollout_versions[0] >= need else 0
+
+
+def barrier_version(mode: str, *, groups_started: int, groups_per_step: int, version_base: int) -> int:
+    """The oldest weight version the next batch of a barrier mode may be generated with."""
+    return version_base + groups_started // groups_per_step - BARRIER_LAG[mode]
+
+
+def admission(mode: str, *, groups_started: int, steps_trained: int, groups_per_step: int, max_ahead_steps: int,
+              queued_trajs: int, group_size: int, max_queued_trajs: int, in_flight: int,
+              rollout_versions: list[int], version_base: int) -> int:
+    """Groups the prompt pool releases now, for any mode. laminar and partial-rollout admit
+    continuously, bounded by `max_ahead_steps` (for partial-rollout this is AReaL's staleness
+    bound eta); sync and one-step-off admit whole batches at a barrier."""
+    if mode in BARRIER_LAG:
+        return barrier_admit(mode=mode, groups_started=groups_started, groups_per_step=groups_per_step,
+                             in_flight=in_flight, rollout_versions=rollout_versions, version_base=version_base)
+    return groups_to_admit(groups_started=groups_started, steps_trained=steps_trained,
+                           groups_per_step=groups_per_step, max_ahead_steps=max_ahead_steps,
+                           queued_trajs=queued_trajs, group_size=group_size, max_queued_trajs=max_queued_trajs)

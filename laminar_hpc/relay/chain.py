@@ -11,6 +11,7 @@ about one copy of the buffer, whatever R is. Every wait is bounded and says what
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -41,17 +42,26 @@ class Header:
         return cls(*(int(x) for x in arr[:6]))
 
 
+SPIN_S = 1.0  # poll without sleeping this long: MPI moves a large message only inside Test()
+
+
 def wait_request(req, deadline: float, what: str) -> None:
-    """MPI Wait with a deadline: spin briefly, then poll with growing pauses (ranks may
-    outnumber cores, so a long busy-wait would starve the sender it waits for)."""
-    pause = 0.0
+    """MPI Wait with a deadline. While a transfer is under way, Test() is what drives it
+    (Open MPI progresses large messages inside its calls), so the first SPIN_S are a tight
+    poll that only yields the core (ranks may outnumber cores: the sender must get to run);
+    after that, an idle wait polls with growing pauses instead of burning the core."""
+    t_spin = time.monotonic() + SPIN_S
+    pause = 1e-5
     while not req.Test():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             req.Cancel()
             raise ChainTimeout(f"timed out waiting for {what}")
-        if pause:
+        if now < t_spin:
+            os.sched_yield()
+        else:
             time.sleep(pause)
-        pause = min(pause * 2 or 2e-5, 1e-3)
+            pause = min(pause * 2, 1e-3)
 
 
 def poll_header(comm, timeout_s: float) -> Header | None:

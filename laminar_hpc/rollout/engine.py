@@ -1,8 +1,8 @@
-"""Rollout engines: the `RolloutEngine` protocol and its PyTorch implementation.
+"""The PyTorch rollout engine (the `RolloutEngine` protocol is in rollout/base.py).
 
-An engine holds ONE weight version at a time and generates with continuous batching: new
-sequences join between decode steps, finished ones leave, and weights can only be swapped when
-no sequence is in flight, so every trajectory is produced by exactly one version.
+It holds ONE weight version at a time and generates with continuous batching: new sequences
+join between decode steps, finished ones leave, and weights can only be swapped when no
+sequence is in flight, so every trajectory is produced by exactly one version.
 
     engine = TorchEngine(model_args, tokenizer, max_batch=32, temperature=1.0, seed=0)
     engine.load_weights(version=3, buf=weights, layout=layout)
@@ -12,56 +12,16 @@ no sequence is in flight, so every trajectory is produced by exactly one version
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 import torch
 
 from laminar_hpc.model.llama import KVCache, ModelArgs, Transformer
 from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.model.weights import WeightLayout
+from laminar_hpc.rollout.base import RolloutEngine, SeqRequest, StepOutput, VersionInFlightError
 
-
-@dataclass
-class SeqRequest:
-    """A trajectory to generate. `tokens`/`logprobs` are non-empty when it resumes elsewhere
-    (repack, recovery): the engine re-prefills prompt + tokens and continues."""
-    traj_id: str
-    prompt: list[int]
-    max_new_tokens: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-
-
-@dataclass
-class StepOutput:
-    traj_id: str
-    token: int
-    logprob: float
-    finished: bool
-    request: SeqRequest | None = None  # the whole trajectory, once finished
-
-
-class VersionInFlightError(RuntimeError):
-    """Weights were to change while a trajectory of the current version was still running."""
-
-
-class RolloutEngine(Protocol):
-    version: int
-
-    def add(self, requests: list[SeqRequest]) -> list[StepOutput]: ...
-
-    def step(self) -> list[StepOutput]: ...
-
-    def num_active(self) -> int: ...
-
-    def free_slots(self) -> int: ...
-
-    def kv_tokens(self) -> int: ...
-
-    def abort(self, traj_ids: list[str]) -> list[SeqRequest]: ...
-
-    def load_weights(self, version: int, buf: memoryview, layout: WeightLayout) -> None: ...
+__all__ = ["RolloutEngine", "SeqRequest", "StepOutput", "TorchEngine", "VersionInFlightError"]
 
 
 @dataclass
@@ -94,14 +54,18 @@ class TorchEngine:
     def kv_tokens(self) -> int:
         return sum(a.length for a in self.active)
 
+    def active_ids(self) -> list[str]:
+        return [a.req.traj_id for a in self.active]
+
     # -- weights --------------------------------------------------------------------------
-    def load_weights(self, version: int, buf: memoryview, layout: WeightLayout) -> None:
+    def load_weights(self, version: int, buf: memoryview, layout: WeightLayout, checksum: bool = False) -> int | None:
         if self.active:
             raise VersionInFlightError(
                 f"cannot load version {version}: {len(self.active)} trajectories of version "
                 f"{self.version} are still generating")
-        layout.unpack(buf, self.model)
+        digest = layout.unpack(buf, self.model, checksum=checksum)
         self.version = version
+        return digest
 
     # -- generation -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -171,7 +135,7 @@ class TorchEngine:
             req.logprobs.append(lp)
             done = (tok == self.eos_id or len(req.tokens) >= req.max_new_tokens
                     or len(req.prompt) + len(req.tokens) >= self.args.max_seq_len)
-            outs.append(StepOutput(req.traj_id, tok, lp, done, req if done else None))
+            outs.append(StepOutput(req.traj_id, [tok], [lp], done, req if done else None))
         for slot in sorted((s for s, o in zip(slots, outs) if o.finished), reverse=True):
             self._free(slot)
         return outs

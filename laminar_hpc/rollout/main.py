@@ -5,7 +5,10 @@ version is waiting; one decode step; stream tokens to the partial-response pool;
 finished trajectory (with its reward) on its own. As soon as the node's relay holds a newer
 version the rollout stops admitting, lets its in-flight trajectories finish on the version
 they started with, pulls the new version from shared memory and goes on: it never waits for
-other rollouts or for the trainer.
+other rollouts or for the trainer. The rollout manager may take its long-tail trajectories
+away (repack: `migrate`) or hand it others of its version; in `partial-rollout` mode (the
+AReaL baseline) it instead interrupts everything at each new version and continues it.
+Reports its batch, KV use and busy/weight-wait time to the controller (`rollout_state`).
 
     python -m laminar_hpc.rollout --run-dir runs/x --rank 0
 """
@@ -15,18 +18,15 @@ import argparse
 import os
 import time
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
-
-import torch
 
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
 from laminar_hpc.launch.rundir import read_json
-from laminar_hpc.model.llama import ModelArgs
 from laminar_hpc.model.tokenizer import build_tokenizer
-from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.policy.scheduling import should_refresh
-from laminar_hpc.rollout.engine import RolloutEngine, SeqRequest, StepOutput, TorchEngine
+from laminar_hpc.rollout.base import RolloutEngine, SeqRequest, StepOutput
 from laminar_hpc.tasks import build_task
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.transport.channel import WaitTimeout
@@ -53,14 +53,15 @@ class NodeWeights:
     def newest(self) -> int:
         return self.store.latest_version() if self._attach() else -1
 
-    def pull(self, engine: RolloutEngine, layout: WeightLayout, verify: bool) -> int:
+    def pull(self, engine: RolloutEngine, layout, verify: bool) -> int:
         newest = self.store.latest()
         if newest is not None and newest.digest != digest_to_int(layout.digest):
             raise RuntimeError(f"{self.path}: version {newest.version} has a different weight layout "
                                "(trainer and rollout model configs disagree)")
         # the copy is accepted only if the relay did not overwrite the slot meanwhile (else
         # read() copies again), so the version number is set after it
-        info = self.store.read(lambda view: engine.load_weights(-1, view, layout), verify=verify)
+        info = self.store.read(lambda view: engine.load_weights(-1, view, layout, checksum=verify),
+                               consumer_checksums=verify)
         if info is None:
             raise RuntimeError(f"{self.path}: no complete weight version to pull")
         engine.version = info.version
@@ -82,25 +83,53 @@ def find_local_relay(ctx: RoleContext) -> int:
         time.sleep(0.1)  # poll for files the relays write
 
 
+def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
+    """The engine `rollout.engine` names, and the weight layout it loads (torch is imported
+    only for the torch engine: 32 emulated replicas start in a fraction of the time)."""
+    seed = cfg.seed * 1000 + rank
+    if cfg.rollout.engine == "emulated":
+        from laminar_hpc.emulation.weights import EmulatedWeights
+        from laminar_hpc.rollout.emulated import EmulatedEngine
+        layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
+        return EmulatedEngine(cfg.emulation, seed=seed, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
+                              max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed), layout
+    import torch
+
+    from laminar_hpc.model.llama import ModelArgs
+    from laminar_hpc.model.weights import WeightLayout
+    from laminar_hpc.rollout.engine import TorchEngine
+    torch.set_num_threads(cfg.rollout.torch_threads)
+    engine = TorchEngine(ModelArgs.from_config(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
+                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=seed,
+                         device=cfg.rollout.device)
+    return engine, WeightLayout.from_model(engine.model, cfg.trainer.publish_dtype)
+
+
 class Rollout:
     def __init__(self, ctx: RoleContext, relay: int):
         self.ctx = ctx
         cfg = ctx.cfg
-        torch.set_num_threads(cfg.rollout.torch_threads)
+        self.mode = cfg.mode
         self.tok = build_tokenizer(cfg.model.tokenizer)
         self.task = build_task(cfg.task, cfg.seed)
-        args = ModelArgs.from_config(cfg.model, self.tok.vocab_size)
-        self.engine = TorchEngine(args, self.tok.eos_id, max_batch=cfg.rollout.max_batch,
-                                  temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                  seed=cfg.seed * 1000 + ctx.rank, device=cfg.rollout.device)
-        self.layout = WeightLayout.from_model(self.engine.model, cfg.trainer.publish_dtype)
+        self.engine, self.layout = build_engine(cfg, ctx.rank, self.tok)
         self.weights = NodeWeights(ctx.shm_path(f"relay{relay}"))
         self.queue: deque[dict] = deque()  # assigned, not yet admitted
-        self.meta: dict[str, dict] = {}  # traj_id -> its work item, start time
+        self.meta: dict[str, dict] = {}  # traj_id -> its work item, start time, first version
         self.stream_buf: dict[str, tuple[list[int], list[float]]] = {}
         self.credit_to_return = 0
         self.steps_since_flush = 0
         self.stopping = False
+        # utilisation (wall seconds): generating, and idle or loading because of weights
+        self.busy_s = 0.0
+        self.weight_wait_s = 0.0
+        self.idle_since: float | None = None
+        self.idle_pull_s = 0.0  # weights loaded during the current idle period
+        self.kv_peak = 0  # the plateau: highest KV use since work was last admitted
+        self.last_state = 0.0
+        self.barrier = cfg.mode in ("sync", "one-step-off")
+        self.draining = False  # a newer version exists: finishing this version's trajectories first
+        self.target_version = -1  # barrier modes: the version the controller told this replica to load
 
     # -- weights --------------------------------------------------------------------------
     def wait_first_version(self, flags: dict, beat: Heartbeat) -> None:
@@ -122,6 +151,9 @@ class Rollout:
         old = self.engine.version
         v = self.weights.pull(self.engine, self.layout, self.ctx.cfg.rollout.verify_checksum)
         dt = time.monotonic() - t0
+        self.weight_wait_s += dt
+        if self.idle_since is not None:
+            self.idle_pull_s += dt  # the idle time around it becomes weight wait once work comes
         self.ctx.tracer.emit("weights_pulled", version=v, previous=old, pull_s=dt)
         self.ctx.ctrl.send({"type": "weights_loaded", "version": v, "pull_s": dt})
 
@@ -133,46 +165,96 @@ class Rollout:
 
     def _apply(self, msg: dict) -> None:
         if msg["type"] == "assign":
-            self.queue.extend(msg["work"])
+            for w in msg["work"]:
+                if w.get("version") is not None:  # a migrated trajectory: it goes first
+                    self.queue.appendleft(w)
+                else:
+                    self.queue.append(w)
+        elif msg["type"] == "update_weights":
+            self.target_version = max(self.target_version, msg["version"])
+        elif msg["type"] == "migrate":
+            self.migrate(msg["traj_ids"], msg["dest"])
         elif msg["type"] == "stop":
             self.stopping = True
 
+    # -- repack and partial rollout ---------------------------------------------------------
+    def _partial(self, req: SeqRequest) -> dict:
+        m = self.meta.pop(req.traj_id)
+        w = m["work"]
+        self.stream_buf.pop(req.traj_id, None)  # the trajectory carries every token
+        return {"traj_id": req.traj_id, "group_id": w["group_id"], "problem": w["problem"], "version": m["version"],
+                "prompt": w["prompt"], "tokens": req.tokens, "logprobs": req.logprobs, "rollout": self.ctx.rank,
+                "t_start": m["t_start"], "t_end": None}
+
+    def migrate(self, traj_ids: list[str], dest: int) -> None:
+        """Hand running trajectories to replica `dest` (those that finished meanwhile are not
+        in the engine any more: their results went out already)."""
+        reqs = self.engine.abort(traj_ids)
+        if reqs:
+            self.ctx.ctrl.send({"type": "migrated", "dest": dest, "trajectories": [self._partial(r) for r in reqs]})
+            self.credit_to_return += len(reqs)
+        self.ctx.tracer.emit("migrated_out", dest=dest, trajectories=len(reqs), asked=len(traj_ids))
+
+    def interrupt_and_pull(self) -> None:
+        """partial-rollout: stop every sequence, load the new version, continue the same
+        sequences with it (re-prefilled; their first version stays their `version`)."""
+        reqs = self.engine.abort(self.engine.active_ids())
+        self.flush_streams()
+        self.ctx.tracer.emit("interrupted", trajectories=len(reqs), version=self.engine.version)
+        self.pull()
+        if reqs:
+            with self.busy():
+                self.handle(self.engine.add(reqs))
+
     # -- generation -----------------------------------------------------------------------
-    def admit(self) -> None:
-        reqs = []
+    def _pinned(self) -> int:
+        """Migrated trajectories waiting here that need the version this replica holds."""
+        return sum(1 for w in self.queue if w.get("version") == self.engine.version)
+
+    def admit(self, draining: bool) -> None:
+        reqs, rejected, keep = [], [], deque()
         while self.queue and len(reqs) < self.engine.free_slots():
             w = self.queue.popleft()
-            self.meta[w["traj_id"]] = {"work": w, "t_start": time.time()}
+            pinned = w.get("version")
+            if pinned is not None and pinned != self.engine.version and self.mode != "partial-rollout":
+                rejected.append(w["traj_id"])  # this replica moved on; the manager re-places it
+                continue
+            if draining and pinned is None:
+                keep.append(w)  # new work waits for the new version
+                continue
+            self.meta[w["traj_id"]] = {"work": w, "t_start": time.time(),
+                                       "version": self.engine.version if pinned is None else pinned}
             reqs.append(SeqRequest(w["traj_id"], list(w["prompt"]), w["max_new_tokens"],
                                    list(w.get("tokens") or []), list(w.get("logprobs") or [])))
+        self.queue.extendleft(reversed(keep))
+        if rejected:
+            self.ctx.ctrl.send({"type": "migrate_reject", "traj_ids": rejected})
+            self.credit_to_return += len(rejected)
         if reqs:
-            self.handle(self.engine.add(reqs))
+            with self.busy():
+                self.handle(self.engine.add(reqs))
+            self.kv_peak = self.engine.kv_tokens()
             self.flush_streams()  # the partial-response pool learns at once which version each one runs
 
     def handle(self, outs: list[StepOutput]) -> None:
         for o in outs:
             toks, lps = self.stream_buf.setdefault(o.traj_id, ([], []))
-            toks.append(o.token)
-            lps.append(o.logprob)
+            toks.extend(o.tokens)
+            lps.extend(o.logprobs)
             if o.finished:
                 self.finish(o.request)
 
     def finish(self, req: SeqRequest) -> None:
-        traj_id = req.traj_id
-        m = self.meta.pop(traj_id)
-        w = m["work"]
-        self.stream_buf.pop(traj_id, None)  # the finished message carries every token
+        traj = self._partial(req)
         text = self.tok.decode([t for t in req.tokens if t != self.tok.eos_id])
-        problem: Problem = self.task.problem(w["problem"])
-        reward = float(self.task.reward(text, problem))
-        traj = {"traj_id": traj_id, "group_id": w["group_id"], "problem": w["problem"],
-                "version": self.engine.version, "prompt": w["prompt"], "tokens": req.tokens,
-                "logprobs": req.logprobs, "reward": reward, "rollout": self.ctx.rank,
-                "t_start": m["t_start"], "t_end": time.time(),
-                "finish": "eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length"}
+        problem: Problem = self.task.problem(traj["problem"])
+        traj.update(reward=float(self.task.reward(text, problem)), t_end=time.time(),
+                    finish="eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length")
+        if self.mode == "partial-rollout" and traj["version"] != self.engine.version:
+            traj["version_last"] = self.engine.version
         self.ctx.ctrl.send({"type": "finished", "trajectory": traj})
-        self.ctx.tracer.emit("traj_finished", traj=traj_id, version=traj["version"], t_start=traj["t_start"],
-                             t_end=traj["t_end"], tokens=len(req.tokens), reward=reward)
+        self.ctx.tracer.emit("traj_finished", traj=traj["traj_id"], version=traj["version"], t_start=traj["t_start"],
+                             t_end=traj["t_end"], tokens=len(req.tokens), reward=traj["reward"])
         self.credit_to_return += 1
 
     def flush_streams(self) -> None:
@@ -189,31 +271,86 @@ class Rollout:
                                 "version": self.engine.version})
             self.credit_to_return = 0
 
+    @contextmanager
+    def busy(self):
+        """Count engine time as busy: the engine's own account where it keeps one (emulated:
+        the cost model's time, not the Python around it), else the wall time."""
+        own = getattr(self.engine, "busy_wall_s", None)
+        t0 = time.monotonic()
+        yield
+        self.busy_s += (self.engine.busy_wall_s - own) if own is not None else time.monotonic() - t0
+
+    def _end_idle(self) -> None:
+        """Idle time that ended with new weights and then work counts as waiting for weights
+        (sync barriers: the batch waited for training and every replica's update)."""
+        if self.idle_since is not None and self.idle_pull_s > 0:
+            self.weight_wait_s += time.monotonic() - self.idle_since - self.idle_pull_s
+        self.idle_since, self.idle_pull_s = None, 0.0
+
+    def report_state(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_state < self.ctx.cfg.repack.state_interval_s:
+            return
+        self.last_state = now
+        kv = self.engine.kv_tokens()
+        self.kv_peak = max(self.kv_peak, kv)
+        # waiting = what this replica could start now: while it drains for newer weights, new
+        # work waits for the next version, not in its batch's queue (only pinned migrations do)
+        waiting = self._pinned() if self.draining else len(self.queue)
+        self.ctx.ctrl.send({"type": "rollout_state", "version": self.engine.version, "waiting": waiting,
+                            "running": self.engine.num_active(), "kv_tokens": kv, "kv_peak": self.kv_peak,
+                            "traj_ids": self.engine.active_ids(), "busy_s": self.busy_s,
+                            "weight_wait_s": self.weight_wait_s})
+
     def run(self, flags: dict) -> None:
         beat = Heartbeat(self.ctx)
         self.wait_first_version(flags, beat)
         self.credit_to_return = self.engine.max_batch
         every = self.ctx.cfg.rollout.stream_every_tokens
+        last_util = 0.0
         while not flags.get("stop") and not self._drain_control():
             beat.tick()
-            drain, pull = should_refresh(self.engine.version, self.weights.newest(), self.engine.num_active())
-            if pull:
-                self.pull()
-                drain = False
-            if not drain:
-                self.admit()
+            newest = self.weights.newest()
+            drain = False
+            if self.mode == "partial-rollout":
+                if newest > self.engine.version:
+                    self.interrupt_and_pull()
+            elif self.barrier:  # load only when told, between batches: all replicas update together
+                if self.target_version > self.engine.version and newest >= self.target_version \
+                        and not self.engine.num_active() and not self.queue:
+                    self.pull()
+            else:
+                drain, pull = should_refresh(self.engine.version, newest, self.engine.num_active() + self._pinned())
+                if pull:
+                    self.pull()
+                    drain = False
+            self.draining = drain
+            self.admit(drain)
             self.ask_for_work(drain)
             if self.engine.num_active():
-                self.handle(self.engine.step())
+                self._end_idle()
+                with self.busy():
+                    outs = self.engine.step()
+                self.kv_peak = max(self.kv_peak, self.engine.kv_tokens())
+                self.handle(outs)
                 self.steps_since_flush += 1
-                if self.steps_since_flush >= every:
+                if self.steps_since_flush >= every or not self.engine.num_active():
                     self.flush_streams()
             else:
                 self.flush_streams()
+                if self.idle_since is None:
+                    self.idle_since = time.monotonic()
                 if not self.queue:  # idle: wait for work without spinning
                     msg = self.ctx.ctrl.recv(timeout_s=0.02)
                     if msg is not None:
                         self._apply(msg)
+            self.report_state()
+            if time.monotonic() - last_util >= 1.0:
+                last_util = time.monotonic()
+                self.ctx.tracer.emit("util", busy_s=self.busy_s, weight_wait_s=self.weight_wait_s,
+                                     running=self.engine.num_active(), kv=self.engine.kv_tokens(),
+                                     behind_s=getattr(getattr(self.engine, "clock", None), "behind_s", 0.0))
+        self.ctx.tracer.emit("util", busy_s=self.busy_s, weight_wait_s=self.weight_wait_s, running=0, kv=0)
 
 
 def main(argv: list[str] | None = None) -> None:

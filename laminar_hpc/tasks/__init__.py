@@ -9,6 +9,9 @@ def build_task(cfg, seed: int) -> TaskSource:
     if cfg.type == "builtin":
         from laminar_hpc.tasks.builtin import BuiltinTasks
         return BuiltinTasks(list(cfg.kinds), seed, cfg.min_len, cfg.max_len, cfg.tail_alpha, cfg.weights)
+    if cfg.type == "synthetic":
+        from laminar_hpc.tasks.synthetic import SyntheticTasks
+        return SyntheticTasks(seed, cfg.prompt_tokens)
     from laminar_hpc.tasks.jsonl import JsonlTasks
     return JsonlTasks(cfg.path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
                       answer_format=cfg.answer_format, reward=cfg.reward,

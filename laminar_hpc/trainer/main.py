@@ -26,6 +26,9 @@ from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.policy.scheduling import too_stale
 from laminar_hpc.tasks import build_task
 from laminar_hpc.trainer.batch import build_batch
+from laminar_hpc.emulation.cost import Clock, CostModel
+from laminar_hpc.emulation.weights import EmulatedWeights
+from laminar_hpc.trainer.emulated import EmulatedPolicy, emulated_train_step
 from laminar_hpc.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from laminar_hpc.trainer.loss import aipo_loss
 from laminar_hpc.trainer.publisher import Publisher
@@ -52,7 +55,13 @@ class Trainer:
         torch.set_num_threads(cfg.trainer.torch_threads)
         torch.manual_seed(cfg.seed)
         self.tok = build_tokenizer(cfg.model.tokenizer)
-        self.model = Transformer(ModelArgs.from_config(cfg.model, self.tok.vocab_size)).to(cfg.trainer.device)
+        self.emulated = cfg.trainer.engine == "emulated"
+        if self.emulated:  # the loop, data, staleness and weight bytes are real; the compute is the cost model
+            self.model = EmulatedPolicy(int(cfg.emulation.weight_mb * 2**20))
+            self.layout = EmulatedWeights(self.model.weights.numel())
+            self.cost, self.clock = CostModel(cfg.emulation), Clock(cfg.emulation.time_scale)
+        else:
+            self.model = Transformer(ModelArgs.from_config(cfg.model, self.tok.vocab_size)).to(cfg.trainer.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr,
                                      weight_decay=cfg.trainer.weight_decay)
         self.step = 0
@@ -74,7 +83,7 @@ class Trainer:
         elif cfg.trainer.init_checkpoint:
             self.model.load_state_dict(torch.load(cfg.trainer.init_checkpoint, map_location="cpu"))
             ctx.log.info("initial weights from %s", cfg.trainer.init_checkpoint)
-        elif cfg.warmup.enabled and cfg.warmup.max_steps > 0:
+        elif cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not self.emulated:
             self._phase("warmup")
             task = build_task(cfg.task, cfg.seed)
             res = run_warmup(self.model, task, self.tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
@@ -130,6 +139,8 @@ class Trainer:
 
     # -- one step -------------------------------------------------------------------------
     def train_step(self, groups: list[dict]) -> dict:
+        if self.emulated:
+            return emulated_train_step(self.model, groups, version=self.version, cost=self.cost, clock=self.clock)
         cfg = self.ctx.cfg.trainer
         temp = self.ctx.cfg.rollout.temperature
         b = build_batch(groups, self.tok.pad_id)
@@ -172,7 +183,7 @@ class Trainer:
             return INTERRUPTED
         if self.step == 0 and not list_checkpoints(ctx.run_dir / "checkpoints"):
             self.checkpoint()  # the warmed-up policy: a resume never repeats the warm-up
-        layout = WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)
+        layout = self.layout if self.emulated else WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)
         pub = Publisher(ctx, self.model, layout)
         beat = Heartbeat(ctx)
         try:

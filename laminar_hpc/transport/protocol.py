@@ -25,6 +25,7 @@ TRAJECTORY = {  # one finished (or partial, when migrating) trajectory
     "traj_id": STR, "group_id": INT, "problem": INT, "version": INT, "prompt": INTS,
     "tokens": INTS, "logprobs": FLOATS, "reward": FLOAT + OPT, "rollout": INT,
     "t_start": FLOAT, "t_end": FLOAT + OPT, "finish": STR + OPT,
+    "version_last": INT + OPT,  # partial-rollout only: the version of its last tokens (`version`: its first)
 }
 WORK = {  # one trajectory to generate, controller -> rollout
     "traj_id": STR, "group_id": INT, "problem": INT, "prompt": INTS, "max_new_tokens": INT,
@@ -41,8 +42,15 @@ SCHEMA: dict[str, dict[str, str]] = {
     "stream": {"items": MAPS},  # {"traj_id", "tokens", "logprobs", "version"}
     "finished": {"trajectory": MAP},
     "weights_loaded": {"version": INT, "pull_s": FLOAT},
+    # batch and KV of a replica, for the rollout manager's repack; utilisation counters (wall s)
+    "rollout_state": {"version": INT, "waiting": INT, "running": INT, "kv_tokens": INT, "kv_peak": INT,
+                      "traj_ids": STRS, "busy_s": FLOAT, "weight_wait_s": FLOAT},
+    "migrated": {"dest": INT, "trajectories": MAPS},  # repack: running trajectories handed back
+    "migrate_reject": {"traj_ids": STRS},  # repack work whose version this replica no longer holds
     # controller -> rollout
     "assign": {"work": MAPS},
+    "migrate": {"traj_ids": STRS, "dest": INT},  # repack: hand these to replica `dest`
+    "update_weights": {"version": INT},  # sync / one-step-off barrier: load this version (or newer) now
     # trainer -> controller
     "want_groups": {"n": INT},
     "train_step": {"metrics": MAP},
@@ -97,6 +105,9 @@ def check(msg: Any) -> None:
     elif kind == "assign":
         for w in msg["work"]:
             _check_fields(w, WORK, "assign.work")
+    elif kind == "migrated":
+        for t in msg["trajectories"]:
+            _check_fields(t, TRAJECTORY, "migrated.trajectory")
     elif kind == "groups":
         for g in msg["groups"]:
             _check_fields(g, {"group_id": INT, "problem": INT, "trajectories": MAPS}, "groups.group")

@@ -153,12 +153,14 @@ class WeightStore:
         info = self.latest()
         return info.version if info else -1
 
-    def read(self, consume: Callable[[memoryview], None], *, min_version: int = -1,
-             verify: bool = False, retries: int = 8) -> SlotInfo | None:
+    def read(self, consume: Callable[[memoryview], object], *, min_version: int = -1,
+             verify: bool = False, consumer_checksums: bool = False, retries: int = 8) -> SlotInfo | None:
         """Hand the newest complete version (>= min_version) to `consume`; None if there is none.
 
         `consume` copies out of the view it is given (e.g. into model parameters); the copy is
-        accepted only if the slot was not rewritten meanwhile, else it is repeated.
+        accepted only if the slot was not rewritten meanwhile, else it is repeated. `verify`
+        checksums the slot before the copy; `consumer_checksums` instead takes `consume`'s return
+        value as the checksum of what it copied (hashed during the copy: one read of the bytes).
         """
         for _ in range(retries):
             info = self.latest()
@@ -174,8 +176,10 @@ class WeightStore:
                 if self._unchanged(info):  # a stable slot with bad bytes: real corruption
                     raise ValueError(f"{self.path}: version {info.version} fails its checksum")
                 continue  # the writer was rewriting it: look again
-            consume(view)
+            got = consume(view)
             if self._unchanged(info):
+                if consumer_checksums and got != info.checksum:
+                    raise ValueError(f"{self.path}: version {info.version} fails its checksum")
                 return info
         raise TornRead(f"{self.path}: a publish overtook every one of {retries} reads")
 

@@ -1,0 +1,86 @@
+"""The cost model of emulated engines and the response-length distribution, from config.
+
+Times are in *emulated* seconds; the engines sleep `time_scale` wall seconds per emulated
+second, so 32+ emulated rollouts fit on a small machine and a long campaign runs in minutes.
+The model (all coefficients are `emulation.*` config keys):
+
+    prefill(tokens)          = prefill_base_ms + prefill_per_token_us * tokens
+    decode_step(batch, kv)   = decode_base_ms + decode_per_seq_us * batch + decode_per_kv_token_ns * kv
+    train(tokens)            = train_per_token_us * tokens
+    weight_load              = nominal_weight_gb / pull_gbps      (on top of copying the real bytes)
+
+Decode is memory-bound: a step costs about the same for 1 or 32 sequences (the base term),
+which is why a replica left with a few long-tail trajectories wastes most of its capacity.
+Response lengths are log-normal with a given median and p99/median ratio, capped, and a
+deterministic function of (seed, trajectory id): a migrated trajectory keeps its length.
+
+    cost = CostModel(cfg.emulation)
+    cost.decode_steps_s(batch=32, kv=40_000, steps=128)   # emulated seconds for 128 steps
+    response_length(cfg.emulation.lengths, seed=0, traj_id="12.3", cap=16384)
+"""
+from __future__ import annotations
+
+import math
+import time
+import zlib
+
+import numpy as np
+
+Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+
+
+class CostModel:
+    def __init__(self, emu):
+        self.e = emu
+
+    def prefill_s(self, tokens: int) -> float:
+        return (self.e.prefill_base_ms * 1e-3 + self.e.prefill_per_token_us * 1e-6 * tokens) if tokens else 0.0
+
+    def decode_steps_s(self, batch: int, kv: int, steps: int) -> float:
+        """`steps` decode steps of `batch` sequences starting at `kv` KV tokens (each step adds `batch`)."""
+        e = self.e
+        per_step = e.decode_base_ms * 1e-3 + e.decode_per_seq_us * 1e-6 * batch
+        kv_sum = steps * kv + batch * steps * (steps - 1) / 2  # KV tokens summed over the steps
+        return steps * per_step + e.decode_per_kv_token_ns * 1e-9 * kv_sum
+
+    def train_s(self, tokens: int) -> float:
+        return self.e.train_per_token_us * 1e-6 * tokens
+
+    def weight_load_s(self) -> float:
+        return self.e.nominal_weight_gb / self.e.pull_gbps if self.e.pull_gbps else 0.0
+
+
+class Clock:
+    """Sleeps emulated durations in scaled wall time against absolute deadlines. Work that
+    continues what was running (`chain=True`: the next decode step of a busy engine) starts at
+    the previous deadline, so the Python overhead between steps is absorbed instead of
+    stretching the emulated time; `behind_s` counts what could not be absorbed (the machine was
+    too slow for the time scale: reported, so a benchmark can say how faithful it was)."""
+
+    def __init__(self, time_scale: float):
+        self.scale = time_scale
+        self.deadline = time.monotonic()
+        self.behind_s = 0.0
+
+    def spend(self, emulated_s: float, chain: bool = False) -> None:
+        now = time.monotonic()
+        if not chain:  # after idle time: start from now
+            self.deadline = max(self.deadline, now)
+        self.deadline += emulated_s * self.scale
+        wait = self.deadline - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        else:
+            self.behind_s += -wait
+            self.deadline = time.monotonic()
+
+
+def lognormal_sigma(p99_over_median: float) -> float:
+    return math.log(p99_over_median) / Z99
+
+
+def response_length(lengths, *, seed: int, traj_id: str, cap: int) -> int:
+    """Length of a trajectory's response (tokens, EOS included), drawn once per trajectory id."""
+    rng = np.random.default_rng([seed, zlib.crc32(traj_id.encode())])
+    raw = lengths.median * math.exp(lognormal_sigma(lengths.p99_over_median) * rng.standard_normal())
+    return int(min(cap, lengths.max_tokens, max(lengths.min_tokens, round(raw))))

@@ -1,0 +1,48 @@
+"""Emulated trainer backend: the real trainer loop (groups, staleness, publish, checkpoints)
+with the forward/backward pass replaced by the cost model's train time.
+
+The "model" is `emulation.weight_mb` of real bytes, published, broadcast and pulled like real
+weights; each version changes some of them, so a stale copy is detectable.
+
+    policy = EmulatedPolicy(nbytes=16 << 20)
+    metrics = emulated_train_step(policy, groups, version=3, cost=CostModel(emu), clock=Clock(0.2))
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from laminar_hpc.emulation.cost import Clock, CostModel
+
+
+class EmulatedPolicy(torch.nn.Module):
+    def __init__(self, nbytes: int):
+        super().__init__()
+        self.register_buffer("weights", torch.zeros(nbytes, dtype=torch.uint8))
+        self.updates = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # for the optimizer state
+
+    @property
+    def array(self):
+        return self.weights.numpy()
+
+
+def emulated_train_step(policy: EmulatedPolicy, groups: list[dict], *, version: int, cost: CostModel,
+                        clock: Clock) -> dict:
+    trajs = [t for g in groups for t in g["trajectories"]]
+    response = sum(len(t["tokens"]) for t in trajs)
+    clock.spend(cost.train_s(response + sum(len(t["prompt"]) for t in trajs)))
+    with torch.no_grad():
+        policy.weights[: min(64, policy.weights.numel())] = (version + 1) % 256
+        policy.updates += 1
+    rewards = [float(t["reward"]) for t in trajs]
+    stale = [version - int(t["version"]) for t in trajs]
+    hist: dict[str, int] = {}
+    for s in stale:
+        hist[str(s)] = hist.get(str(s), 0) + 1
+    return {"loss": 0.0, "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0, "lr": 0.0,
+            "is_weight_mean": 1.0, "truncated_frac": 0.0, "clipped_frac": 0.0, "kl": 0.0, "grad_norm": 0.0,
+            "trajectories": len(trajs), "tokens": response,
+            "staleness_mean": statistics.fmean(stale), "staleness_max": max(stale), "staleness_hist": hist,
+            "emulation_behind_s": clock.behind_s}

@@ -1,0 +1,161 @@
+"""Run one workload in every mode, side by side: sync, one-step-off, partial-rollout, laminar,
+laminar without repack. One invocation, one table, one JSON.
+
+    python tools/bench_modes.py configs/bench/longtail-math.yaml --json bench.json
+    python tools/bench_modes.py configs/tiny-emulated.yaml --modes sync,laminar --json /tmp/b.json
+
+Each mode is a real `laminar run` (every role its own process) in its own run directory under
+--out. Figures are taken over a steady window: from the end of train step `--skip` to the last
+step, so start-up and pipeline fill are left out. With emulated engines, durations are in
+emulated seconds (wall seconds / emulation.time_scale), i.e. what the emulated cluster does.
+Per mode: trainer throughput (trajectories/s and response tokens/s consumed), generation
+throughput (response tokens/s finished by rollouts), rollout utilisation (busy fraction),
+rollout time waiting for weights (per rollout, over the window), staleness mean/max, the
+ratio of trainer throughput to sync, and `emulation_behind_s` (wall time the engines could not
+keep to their cost model because this machine was too slow: near 0 means a faithful run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from laminar_hpc.config import load_config  # noqa: E402
+from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
+from laminar_hpc.metrics.trace import read_trace  # noqa: E402
+
+MODES = {  # name -> overrides
+    "sync": ["mode=sync"],
+    "one-step-off": ["mode=one-step-off"],
+    "partial-rollout": ["mode=partial-rollout"],
+    "laminar": ["mode=laminar", "repack.enabled=true"],
+    "laminar-norepack": ["mode=laminar", "repack.enabled=false"],
+}
+BARRIER = {"sync", "one-step-off"}
+
+
+def at(series: list[tuple[float, float]], t: float) -> float:
+    """A cumulative counter's value at time t (linear between samples, clamped)."""
+    if not series:
+        return 0.0
+    if t <= series[0][0]:
+        return series[0][1]
+    for (t0, v0), (t1, v1) in zip(series, series[1:]):
+        if t0 <= t <= t1:
+            return v0 + (v1 - v0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
+    return series[-1][1]
+
+
+def measure(run_dir: Path, skip: int, scale: float) -> dict:
+    rows = read_metrics(run_dir)
+    if len(rows) <= skip:
+        raise RuntimeError(f"{run_dir}: {len(rows)} train steps, need more than --skip={skip}")
+    t_a, t_b = rows[skip - 1]["wall"] if skip else rows[0]["wall"] - rows[0]["train_s"], rows[-1]["wall"]
+    win = rows[skip:]
+    wall = t_b - t_a
+    span = wall / scale  # emulated (or wall, when scale is 1) seconds
+    trajs = sum(r["trajectories"] for r in win)
+    ctl = read_trace(run_dir / "trace" / "controller-0.jsonl")
+    gen_tokens = sum(e["tokens"] for e in ctl if e["ev"] == "traj_finished" and t_a < e["t"] <= t_b)
+    busy, wait, behind = [], [], 0.0
+    for path in sorted((run_dir / "trace").glob("rollout-*.jsonl")):
+        util = [e for e in read_trace(path) if e["ev"] == "util"]
+        b = [(e["t"], e["busy_s"]) for e in util]
+        w = [(e["t"], e["weight_wait_s"]) for e in util]
+        busy.append((at(b, t_b) - at(b, t_a)) / wall)
+        wait.append((at(w, t_b) - at(w, t_a)) / scale)
+        behind += util[-1].get("behind_s", 0.0) if util else 0.0
+    stats = json.loads((run_dir / "controller_stats.json").read_text())
+    return {
+        "trajectories_per_s": trajs / span,
+        "tokens_per_s": sum(r["tokens"] for r in win) / span,
+        "generation_tokens_per_s": gen_tokens / span,
+        "rollout_utilization": sum(busy) / len(busy) if busy else 0.0,
+        "weight_wait_s": sum(wait) / len(wait) if wait else 0.0,
+        "staleness_mean": sum(r["staleness_mean"] * r["trajectories"] for r in win) / max(1, trajs),
+        "staleness_max": max(r["staleness_max"] for r in win),
+        "window_s": span, "window_steps": len(win),
+        "trajectories_migrated": stats.get("repack", {}).get("trajectories_migrated", 0),
+        "emulation_behind_s": behind / max(1, len(busy)) + win[-1].get("emulation_behind_s", 0.0),
+    }
+
+
+def run_mode(config: str, mode: str, overrides: list[str], out: Path, steps: int, timeout_s: float) -> Path:
+    run_dir = out / mode
+    argv = [sys.executable, "-m", "laminar_hpc.cli", "run", config, "--run-dir", str(run_dir), "--overwrite",
+            *MODES[mode], f"trainer.total_steps={steps}", *overrides]
+    t0 = time.monotonic()
+    print(f"[{mode}] {' '.join(argv[3:])}", flush=True)
+    res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if res.returncode != 0:
+        raise RuntimeError(f"mode {mode} failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+    print(f"[{mode}] done in {time.monotonic() - t0:.0f}s", flush=True)
+    return run_dir
+
+
+def table(results: dict) -> str:
+    cols = [("mode", "{}"), ("traj/s", "{:.2f}"), ("tok/s", "{:.0f}"), ("gen tok/s", "{:.0f}"),
+            ("util", "{:.1%}"), ("wait w (s)", "{:.1f}"), ("stale", "{:.2f}"), ("max", "{}"), ("x sync", "{:.2f}")]
+    keys = ["trajectories_per_s", "tokens_per_s", "generation_tokens_per_s", "rollout_utilization",
+            "weight_wait_s", "staleness_mean", "staleness_max", "ratio_vs_sync"]
+    lines = [" | ".join(c for c, _ in cols)]
+    for mode, m in results.items():
+        cells = [mode] + [fmt.format(m[k]) if m.get(k) is not None else "-" for (_, fmt), k in zip(cols[1:], keys)]
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every mode")
+    ap.add_argument("--json", required=True, help="where to write the results")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    ap.add_argument("--out", default="runs/bench", help="parent of the per-mode run directories")
+    ap.add_argument("--steps", type=int, default=None, help="train steps per asynchronous mode (default: config)")
+    ap.add_argument("--barrier-steps", type=int, default=None,
+                    help="train steps for sync and one-step-off (slow by design; default: --steps)")
+    ap.add_argument("--skip", type=int, default=1, help="train steps left out of the window at the start")
+    ap.add_argument("--timeout-min", type=float, default=30.0, help="per mode")
+    args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        sys.exit(f"bench_modes: unknown mode(s) {', '.join(unknown)}; allowed: {', '.join(MODES)}")
+    cfg = load_config(args.config, args.overrides)
+    scale = cfg.emulation.time_scale if cfg.rollout.engine == "emulated" and cfg.emulation.time_scale > 0 else 1.0
+    steps = args.steps or cfg.trainer.total_steps
+    out = Path(args.out)
+    results: dict[str, dict] = {}
+    t0 = time.monotonic()
+    for mode in modes:
+        n = (args.barrier_steps or steps) if mode in BARRIER else steps
+        run_dir = run_mode(args.config, mode, args.overrides, out, n, args.timeout_min * 60)
+        results[mode] = measure(run_dir, args.skip, scale)
+    base = results.get("sync", {}).get("trajectories_per_s")
+    for m in results.values():
+        m["ratio_vs_sync"] = m["trajectories_per_s"] / base if base else None
+    doc = {"config": args.config, "overrides": args.overrides, "time_scale": scale,
+           "units": "emulated seconds" if scale != 1.0 else "seconds", "wall_s": time.monotonic() - t0,
+           "modes": results}
+    if "laminar" in results and "laminar-norepack" in results:
+        doc["repack_gain_generation"] = (results["laminar"]["generation_tokens_per_s"]
+                                         / results["laminar-norepack"]["generation_tokens_per_s"])
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(doc, indent=1))
+    print(table(results))
+    if "repack_gain_generation" in doc:
+        print(f"repack on/off generation throughput: {doc['repack_gain_generation']:.2f}x")
+    print(f"({doc['units']}; results in {args.json}; run directories under {out}; {doc['wall_s']:.0f}s wall)")
+
+
+if __name__ == "__main__":
+    main()

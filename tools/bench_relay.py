@@ -1,0 +1,386 @@
+"""Benchmark the weight path against its floors: actor stall, chain broadcast, rollout pull.
+
+    python tools/bench_relay.py --json bench.json            # full: 64/256/1024 MiB x 1/2/4/8 relays
+    python tools/bench_relay.py --quick --json bench.json    # 64/256 MiB x 1/2/4 relays, fewer repeats
+
+1. actor stall: exactly what Publisher.publish does (WeightStore.begin, WeightLayout.pack of a
+   float32 model into the /dev/shm slot, commit, one ZMQ message to a real Server on 127.0.0.1)
+   against a bare np.copyto of the same bytes into a preallocated, already-touched buffer.
+2. rollout pull: NodeWeights.pull (WeightStore.read copying into an engine's model) with and
+   without checksum verification, against the same bare np.copyto. The JSON ratio is the
+   product default (rollout.verify_checksum).
+3. broadcast: for each size and relay count R the script relaunches itself under
+   `mpirun -n R --oversubscribe --bind-to none`, times relay/chain.py's chain_bytes (chunk
+   relay.chunk_mb) and comm.Bcast of the same buffer, alternating, and rank 0 writes the medians
+   to a temp JSON this process reads. A point whose buffers would not fit in MemAvailable is
+   skipped and says so. Diagnostic column `chain_spin_s`: the same chain_bytes with
+   chain.wait_request swapped for a loop that only calls req.Test() (no sleeps), to show how
+   much of the chain's time is its polling pauses rather than the algorithm.
+
+It re-executes itself in the environment of the product's roles (launch.processes.role_env:
+glibc's streaming-copy threshold). Torch runs with the product's default thread counts
+(trainer/rollout torch_threads). Medians over repeats, after warm-up rounds: stores and relay
+buffers are reused in the product, so first-touch page faults are not part of the steady state
+being measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+MiB = 1 << 20
+HEADROOM = 0.8  # use at most this share of MemAvailable: the page cache and MPI's own buffers need room
+TARGETS = {"stall": 1.5, "chain": 1.1, "pull": 1.3}
+
+
+def median_times(fns: dict, repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds of each callable; they run interleaved so drift (thermal, other load) hits all alike."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(warmup + repeats):
+        names = list(fns) if r % 2 == 0 else list(fns)[::-1]
+        for name in names:
+            t0 = time.perf_counter()
+            fns[name]()
+            if r >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+# -- actor stall and pull (this process) ---------------------------------------------------
+
+def make_model(nbytes: int):
+    """A float32 stand-in for a decoder: one embedding, then per layer a big matrix and a norm
+    vector, so pack/unpack walk many tensors of mixed sizes as they do for a real model."""
+    import torch
+    dim, n_layers = 1024, 16
+    total = nbytes // 4
+    emb_rows = total // 8 // dim
+    layer_rows = (total - emb_rows * dim - n_layers * dim) // n_layers // dim
+    model = torch.nn.Module()
+    model.emb = torch.nn.Parameter(torch.rand(emb_rows, dim))
+    model.layers = torch.nn.ParameterList()
+    for _ in range(n_layers):
+        model.layers.append(torch.nn.Parameter(torch.rand(layer_rows, dim)))
+        model.layers.append(torch.nn.Parameter(torch.ones(dim)))
+    return model
+
+
+class PullEngine:
+    """The part of TorchEngine that a pull exercises: load_weights unpacks into the model."""
+
+    def __init__(self, model):
+        self.model, self.version = model, -1
+
+    def load_weights(self, version, buf, layout, checksum=False):
+        return layout.unpack(buf, self.model, checksum=checksum)  # as TorchEngine
+
+
+def bench_stall_and_pull(model_bytes: int, repeats: int, shm_prefix: str) -> tuple[dict, dict]:
+    import torch
+
+    from laminar_hpc.config.schema import RelayCfg, RolloutCfg, TrainerCfg
+    from laminar_hpc.model.weights import WeightLayout
+    from laminar_hpc.rollout.main import NodeWeights
+    from laminar_hpc.transport.channel import Client, Server
+    from laminar_hpc.transport.weight_store import WeightStore, checksum, digest_to_int
+
+    torch.set_num_threads(TrainerCfg().torch_threads)
+    model = make_model(model_bytes)
+    layout = WeightLayout.from_model(model, "float32")
+    n, digest = layout.nbytes, digest_to_int(layout.digest)
+    src = np.empty(n, dtype=np.uint8)
+    layout.pack(model, memoryview(src))  # the same bytes, contiguous: the memcpy floor's source
+    dst = np.zeros(n, dtype=np.uint8)  # preallocated and touched, like a reused store
+
+    # -- actor stall: Publisher.publish line for line, on a real store and a real socket
+    store = WeightStore.create(f"{shm_prefix}-handoff", slots=3, capacity=n)
+    server = Server("127.0.0.1")
+    client = Client(server.address, "trainer-0")
+    version = [0]
+
+    def publish():
+        version[0] += 1
+        slot, buf = store.begin(version[0])
+        layout.pack(model, buf)
+        store.commit(slot, version[0], n, 0, digest)
+        client.send({"type": "publish", "version": version[0], "slot": slot, "nbytes": n,
+                     "layout": layout.digest, "t": time.time()})
+
+    def pack_only():  # where the time goes: the pack alone, into a slot
+        slot, buf = store.begin(10**9)
+        layout.pack(model, buf)
+        store.abort(slot)
+
+    # for comparison: a bare per-tensor np.copyto (what WeightLayout.pack does for float32 on the
+    # CPU). One bulk memcpy at or above glibc's x86_non_temporal_threshold streams its stores; per-tensor
+    # copies below it do not, unless the role environment's GLIBC_TUNABLES lowers it (as it does)
+    def pack_numpy():
+        slot, buf = store.begin(10**9)
+        for name, view in layout.views(buf).items():
+            np.copyto(view.numpy(), params[name].detach().numpy())
+        store.abort(slot)
+
+    params = dict(model.named_parameters())
+    try:
+        for _ in range(store.n_slots):  # fault every slot in: the trainer's store lives for the run
+            publish()
+        stall = median_times({"publish": publish, "memcpy": lambda: np.copyto(dst, src), "pack": pack_only,
+                              "pack_numpy": pack_numpy}, repeats)
+        got = 0
+        while server.recv(timeout_s=2.0) is not None:  # the messages really went out
+            got += 1
+        stall["messages_received"] = got
+    finally:
+        client.close()
+        server.close()
+        store.close()
+        store.unlink()
+    stall["ratio"] = stall["publish"] / stall["memcpy"]
+
+    # -- pull: a relay store with checksummed versions, read by NodeWeights as a rollout does
+    torch.set_num_threads(RolloutCfg().torch_threads)
+    relay = WeightStore.create(f"{shm_prefix}-relay0", slots=RelayCfg().slots, capacity=n)
+    weights = NodeWeights(relay.path)
+    engine = PullEngine(make_model(model_bytes))
+    try:
+        for v in range(relay.n_slots):
+            slot, buf = relay.begin(v)
+            np.copyto(np.frombuffer(buf, dtype=np.uint8, count=n), src)
+            relay.commit(slot, v, n, checksum(buf[:n]), digest)
+        if weights.newest() != relay.n_slots - 1:
+            raise RuntimeError("the pull store does not show the newest version")
+        pull = median_times({"verify": lambda: weights.pull(engine, layout, verify=True),
+                             "no_verify": lambda: weights.pull(engine, layout, verify=False),
+                             "memcpy": lambda: np.copyto(dst, src),
+                             "checksum": lambda: checksum(src)}, repeats)
+        for (a, b) in zip(engine.model.parameters(), model.parameters()):
+            if not torch.equal(a, b):
+                raise RuntimeError("the pulled weights differ from the published ones")
+    finally:
+        if weights.store is not None:
+            weights.store.close()
+        relay.close()
+        relay.unlink()
+    pull["default_verify"] = RolloutCfg().verify_checksum
+    pull["ratio_verify"] = pull["verify"] / pull["memcpy"]
+    pull["ratio_no_verify"] = pull["no_verify"] / pull["memcpy"]
+    pull["ratio"] = pull["ratio_verify"] if pull["default_verify"] else pull["ratio_no_verify"]
+    stall["bytes"] = pull["bytes"] = n
+    return stall, pull
+
+
+# -- broadcast (under mpirun) ----------------------------------------------------------------
+
+def mpi_worker(nbytes: int, repeats: int, chunk_bytes: int, out: str, timeout_s: float) -> int:
+    """One MPI world: chain_bytes vs comm.Bcast of one buffer, alternating; rank 0 writes medians."""
+    from mpi4py import MPI
+
+    from laminar_hpc.relay import chain
+    from laminar_hpc.transport.weight_store import checksum
+
+    product_wait = chain.wait_request
+
+    def spin_wait(req, deadline: float, what: str) -> None:  # diagnostic only: wait_request minus its sleeps
+        while not req.Test():
+            if time.monotonic() > deadline:
+                req.Cancel()
+                raise chain.ChainTimeout(f"timed out waiting for {what}")
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    try:
+        buf = np.empty(nbytes, dtype=np.uint8)
+        rows = buf.reshape(-1, MiB)
+        if rank == 0:
+            rows[:] = np.frombuffer(np.random.default_rng(0).bytes(MiB), dtype=np.uint8)
+        else:
+            buf.fill(0)  # fault the pages in now: a relay's store is reused across versions
+        stamps = rows.view(np.uint64)[:, 0]  # first word of every MiB, rewritten per round
+        methods = ["chain", "bcast", "chain_spin"]
+        times: dict[str, list[float]] = {k: [] for k in methods}
+        ok, rnd = True, 0
+        for r in range(repeats + 1):  # round 0 warms every path up (MPI's shm segments, connections)
+            for name in methods[r % 3:] + methods[:r % 3]:  # rotate the order: no method always goes first
+                rnd += 1
+                if rank == 0:  # a fresh stamp in every MiB: a chunk that did not arrive fails the check
+                    stamps[:] = (rnd << 32) + np.arange(stamps.size, dtype=np.uint64)
+                want = comm.bcast(checksum(buf) if rank == 0 else None, root=0)
+                comm.Barrier()
+                t0 = time.monotonic()  # CLOCK_MONOTONIC: one clock for every rank on this node
+                if name == "bcast":
+                    comm.Bcast([buf, MPI.BYTE], root=0)  # no timeout of its own: the parent's bounds it
+                else:
+                    chain.wait_request = spin_wait if name == "chain_spin" else product_wait
+                    try:
+                        chain.chain_bytes(comm, memoryview(buf), nbytes, chunk_bytes, timeout_s)
+                    finally:
+                        chain.wait_request = product_wait
+                t_end = comm.reduce(time.monotonic(), op=MPI.MAX, root=0)  # when the last relay had it
+                ok = ok and (rank == 0 or checksum(buf) == want)
+                if rank == 0 and r > 0:
+                    times[name].append(t_end - t0)
+        ok = comm.allreduce(ok, op=MPI.LAND)
+        if rank == 0:
+            res = {f"{k}_s": statistics.median(v) for k, v in times.items()}
+            res.update({f"{k}_all": v for k, v in times.items()}, verified=ok)
+            with open(out, "w") as f:
+                json.dump(res, f)
+        comm.Barrier()
+        return 0
+    except Exception as err:  # take the whole job down so no rank waits forever
+        sys.stderr.write(f"rank {rank}: {type(err).__name__}: {err}\n")
+        sys.stderr.flush()
+        comm.Abort(3)
+        return 3
+
+
+def run_point(nbytes: int, relays: int, repeats: int, chunk_bytes: int, timeout_s: float) -> dict:
+    from laminar_hpc.launch.processes import mpi_env, role_env
+
+    point = {"bytes": nbytes, "relays": relays, "chain_s": 0.0, "bcast_s": 0.0}
+    if relays == 1:
+        return dict(point, skipped="1 relay: nothing to broadcast")
+    need, avail = relays * 2 * nbytes, mem_available()
+    if need > HEADROOM * avail:
+        return dict(point, skipped=f"needs {relays} ranks x 2 x {nbytes // MiB} MiB = {need / 2**30:.1f} GiB, "
+                                   f"more than {HEADROOM:.0%} of MemAvailable {avail / 2**30:.1f} GiB")
+    fd, out = tempfile.mkstemp(prefix="bench_relay-", suffix=".json")
+    os.close(fd)
+    cmd = ["mpirun", "-n", str(relays), "--oversubscribe", "--bind-to", "none", sys.executable,
+           os.path.abspath(__file__), "--mpi-worker", "--bytes", str(nbytes), "--repeats", str(repeats),
+           "--chunk-bytes", str(chunk_bytes), "--out", out, "--timeout", str(timeout_s)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=mpi_env(role_env()), text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+        if proc.returncode != 0:
+            return dict(point, skipped=f"mpirun exited {proc.returncode}: {log.strip()[-300:]}")
+        with open(out) as f:
+            res = json.load(f)
+        if not res.pop("verified"):
+            return dict(point, skipped="a relay received bytes that fail the checksum", **res)
+        return dict(point, **res)
+    except subprocess.TimeoutExpired:
+        return dict(point, skipped=f"did not finish within {timeout_s:.0f}s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # mpirun's session: it and the ranks it started
+            proc.communicate(timeout=10)
+        os.unlink(out)
+
+
+# -- report ----------------------------------------------------------------------------------
+
+def print_report(stall: dict, pull: dict, points: list[dict], wall_s: float, load: tuple) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def verdict(ratio: float, target: float) -> str:
+        return f"[green]<= {target}x met[/]" if ratio <= target else f"[red]> {target}x missed[/]"
+
+    ms = lambda s: f"{s * 1e3:.1f}"  # noqa: E731
+    t = Table(title=f"actor stall and rollout pull, {stall['bytes'] / MiB:.0f} MiB float32 model (median ms)")
+    for col in ("path", "measured ms", "memcpy ms", "ratio", "target"):
+        t.add_column(col)
+    t.add_row("actor stall (begin+pack+commit+zmq)", ms(stall["publish"]), ms(stall["memcpy"]),
+              f"{stall['ratio']:.2f}", verdict(stall["ratio"], TARGETS["stall"]))
+    t.add_row("  of which pack", ms(stall["pack"]), ms(stall["memcpy"]),
+              f"{stall['pack'] / stall['memcpy']:.2f}", "")
+    t.add_row("  bare per-tensor np.copyto", ms(stall["pack_numpy"]), ms(stall["memcpy"]),
+              f"{stall['pack_numpy'] / stall['memcpy']:.2f}", "")
+    star = {True: " (default, in JSON)", False: ""}
+    t.add_row(f"pull, verify=True{star[pull['default_verify']]}", ms(pull["verify"]), ms(pull["memcpy"]),
+              f"{pull['ratio_verify']:.2f}", verdict(pull["ratio_verify"], TARGETS["pull"]))
+    t.add_row(f"pull, verify=False{star[not pull['default_verify']]}", ms(pull["no_verify"]), ms(pull["memcpy"]),
+              f"{pull['ratio_no_verify']:.2f}", verdict(pull["ratio_no_verify"], TARGETS["pull"]))
+    t.add_row("  xxh3 checksum alone", ms(pull["checksum"]), ms(pull["memcpy"]),
+              f"{pull['checksum'] / pull['memcpy']:.2f}", "")
+    b = Table(title="chain broadcast (relay/chain.py) vs MPI.Bcast, same buffer, same run (median s)")
+    for col in ("MiB", "relays", "chain s", "Bcast s", "ratio", "target", "chain, no-sleep wait s", "note"):
+        b.add_column(col)
+    for p in points:
+        if "skipped" in p:
+            b.add_row(str(p["bytes"] // MiB), str(p["relays"]), "-", "-", "-", "", "-", f"skipped: {p['skipped']}")
+            continue
+        ratio = p["chain_s"] / p["bcast_s"]
+        judged = p["bytes"] >= 256 * MiB and p["relays"] >= 4
+        b.add_row(str(p["bytes"] // MiB), str(p["relays"]), f"{p['chain_s']:.3f}", f"{p['bcast_s']:.3f}",
+                  f"{ratio:.2f}", verdict(ratio, TARGETS["chain"]) if judged else "(not judged)",
+                  f"{p['chain_spin_s']:.3f} ({p['chain_spin_s'] / p['bcast_s']:.2f}x)",
+                  f"{p['bytes'] * (p['relays'] - 1) / p['chain_s'] / 1e9:.1f} GB/s delivered")
+    console = Console(width=140)
+    console.print(t)
+    console.print(b)
+    console.print(f"{os.cpu_count()} cores; wall time {wall_s:.0f}s; load average at start {load[0]:.1f} "
+                  f"(anything else running on these cores skews every number)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--quick", action="store_true", help="64/256 MiB, 1/2/4 relays, fewer repeats")
+    ap.add_argument("--model-mb", type=int, help="model size for stall/pull (default 256, quick 64)")
+    ap.add_argument("--repeats", type=int, help="timed repeats (default stall/pull 9, broadcast 5, 3 at 1 GiB)")
+    ap.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--chunk-bytes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=float, default=120.0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    from laminar_hpc.launch.processes import COPY_TUNABLE, role_env
+    if COPY_TUNABLE not in os.environ.get("GLIBC_TUNABLES", ""):
+        # measure in the environment every role runs in (glibc's copy threshold is read at start)
+        os.execve(sys.executable, [sys.executable, *sys.argv], role_env())
+    if args.mpi_worker:
+        return mpi_worker(args.bytes, args.repeats, args.chunk_bytes, args.out, args.timeout)
+
+    from laminar_hpc.config.schema import RelayCfg
+
+    t0, load = time.monotonic(), os.getloadavg()
+    model_mb = args.model_mb or (64 if args.quick else 256)
+    sizes = [64, 256] if args.quick else [64, 256, 1024]
+    relay_counts = [1, 2, 4] if args.quick else [1, 2, 4, 8]
+    chunk_bytes = int(RelayCfg().chunk_mb * MiB)
+    shm_prefix = f"/dev/shm/laminar-bench-{os.getpid()}"
+    stall, pull = bench_stall_and_pull(model_mb * MiB, args.repeats or (5 if args.quick else 9), shm_prefix)
+    points = []
+    for mb in sizes:
+        bcast_repeats = args.repeats or (2 if args.quick else 5 if mb <= 256 else 3)
+        for relays in relay_counts:
+            # bound by the bytes moved: 10 s per GiB per hop per broadcast is far beyond a healthy run here
+            timeout_s = 60 + 10 * (mb / 1024) * relays * 3 * (bcast_repeats + 1)
+            p = run_point(mb * MiB, relays, bcast_repeats, chunk_bytes, timeout_s)
+            print(f"  {mb} MiB x {relays}: " + (p.get("skipped") or f"chain {p['chain_s']:.3f}s "
+                                                  f"Bcast {p['bcast_s']:.3f}s no-sleep chain {p['chain_spin_s']:.3f}s"),
+                  flush=True)
+            points.append(p)
+    wall_s = time.monotonic() - t0
+    result = {"actor_stall_ratio": stall["ratio"], "pull_ratio": pull["ratio"], "broadcast": points,
+              "actor_stall": stall, "pull": pull, "chunk_bytes": chunk_bytes, "cores": os.cpu_count(),
+              "quick": args.quick, "wall_s": wall_s, "loadavg_at_start": load}
+    print_report(stall, pull, points, wall_s, load)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
