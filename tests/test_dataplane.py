@@ -410,3 +410,4 @@ def test_refresh_cycle():
     assert decisions == [(3, True, False), (2, True, False), (1, True, False), (0, True, True)]
     assert current == 1
     assert should_refresh(current, newest, 0) == (False, False)
+

@@ -1,7 +1,7 @@
 """Run one workload in every mode, side by side: sync, one-step-off, partial-rollout, laminar,
 laminar without repack. One invocation, one table, one JSON.
 
-    python tools/bench_modes.py configs/bench/longtail-math.yaml --json bench.json
+    python tools/bench_modes.py configs/bench/longtail-math.yaml --json bench.json   # ~15 min on 2 cores
     python tools/bench_modes.py configs/tiny-emulated.yaml --modes sync,laminar --json /tmp/b.json
 
 Each mode is a real `laminar run` (every role its own process) in its own run directory under
@@ -121,8 +121,8 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     ap.add_argument("--out", default="runs/bench", help="parent of the per-mode run directories")
     ap.add_argument("--steps", type=int, default=None, help="train steps per asynchronous mode (default: config)")
-    ap.add_argument("--barrier-steps", type=int, default=None,
-                    help="train steps for sync and one-step-off (slow by design; default: --steps)")
+    ap.add_argument("--barrier-steps", type=int, default=4,
+                    help="train steps for sync and one-step-off (slow by design: each waits for its longest tail)")
     ap.add_argument("--skip", type=int, default=1, help="train steps left out of the window at the start")
     ap.add_argument("--timeout-min", type=float, default=30.0, help="per mode")
     args = ap.parse_args()
@@ -137,7 +137,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     t0 = time.monotonic()
     for mode in modes:
-        n = (args.barrier_steps or steps) if mode in BARRIER else steps
+        n = min(args.barrier_steps, steps) if mode in BARRIER else steps
         run_dir = run_mode(args.config, mode, args.overrides, out, n, args.timeout_min * 60)
         results[mode] = measure(run_dir, args.skip, scale)
     base = results.get("sync", {}).get("trajectories_per_s")

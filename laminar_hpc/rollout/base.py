@@ -38,6 +38,14 @@ class VersionInFlightError(RuntimeError):
     """Weights were to change while a trajectory of the current version was still running."""
 
 
+def check_add(requests: list[SeqRequest], free_slots: int, version: int) -> None:
+    """What every engine checks before admitting sequences."""
+    if len(requests) > free_slots:
+        raise ValueError(f"{len(requests)} sequences do not fit in {free_slots} free slots")
+    if version < 0:
+        raise RuntimeError("no weights loaded: call load_weights before add")
+
+
 class RolloutEngine(Protocol):
     version: int
     max_batch: int

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from laminar_hpc.emulation.cost import Clock, CostModel, response_length
-from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError
+from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add
 
 
 @dataclass
@@ -76,10 +76,7 @@ class EmulatedEngine:
     def add(self, requests: list[SeqRequest]) -> list[StepOutput]:
         if not requests:
             return []
-        if len(requests) > self.free_slots():
-            raise ValueError(f"{len(requests)} sequences do not fit in {self.free_slots()} free slots")
-        if self.version < 0:
-            raise RuntimeError("no weights loaded: call load_weights before add")
+        check_add(requests, self.free_slots(), self.version)
         for r in requests:  # all checked before any joins: a refused call changes nothing
             if len(r.tokens) >= r.max_new_tokens:
                 raise ValueError(f"trajectory {r.traj_id}: {len(r.tokens)} tokens leave no room to generate "

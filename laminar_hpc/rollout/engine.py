@@ -19,7 +19,7 @@ import torch
 from laminar_hpc.model.llama import KVCache, ModelArgs, Transformer
 from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.rollout.base import RolloutEngine, SeqRequest, StepOutput, VersionInFlightError
+from laminar_hpc.rollout.base import RolloutEngine, SeqRequest, StepOutput, VersionInFlightError, check_add
 
 __all__ = ["RolloutEngine", "SeqRequest", "StepOutput", "TorchEngine", "VersionInFlightError"]
 
@@ -73,10 +73,7 @@ class TorchEngine:
         """Prefill new sequences into free slots and sample their next token."""
         if not requests:
             return []
-        if len(requests) > self.free_slots():
-            raise ValueError(f"{len(requests)} sequences do not fit in {self.free_slots()} free slots")
-        if self.version < 0:
-            raise RuntimeError("no weights loaded: call load_weights before add")
+        check_add(requests, self.free_slots(), self.version)
         prefixes = [r.prompt + r.tokens for r in requests]
         for r, p in zip(requests, prefixes):
             if len(p) + 1 > self.args.max_seq_len or len(r.tokens) >= r.max_new_tokens:
