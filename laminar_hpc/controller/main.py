@@ -57,6 +57,8 @@ class Controller:
         self.util: dict[int, tuple[float, float]] = {}  # rank -> (busy_s, weight_wait_s)
         self.moving: dict[int, float] = {}  # rank -> when its move was ordered
         self.version_base = -1
+        self.sync_pending: int | None = None  # partial-rollout: version of the global update under way
+        self.sync_t0 = 0.0
         self.update_sent: dict[int, int] = {}  # rollout -> version it was told to load (barrier modes)
         self.repack_due = False
         self.last_repack = time.monotonic()
@@ -97,9 +99,9 @@ class Controller:
         elif kind == "migrated":
             self.migrated(rank, msg["dest"], msg["trajectories"])
         elif kind == "migrate_reject":
-            n = sum(self.dp.restart(t) for t in msg["traj_ids"])
-            self.repack_stats["migrations_restarted"] += n
-            self.tracer.emit("migration_restarted", rollout=rank, trajectories=n)
+            restarted = [t for t in msg["traj_ids"] if self.dp.restart(t)]
+            self.repack_stats["migrations_restarted"] += len(restarted)
+            self.tracer.emit("migration_restarted", rollout=rank, traj_ids=restarted)
         elif kind == "want_groups":
             self.trainer_credit += max(0, msg["n"])
         elif kind == "train_step":
@@ -112,6 +114,8 @@ class Controller:
                 self.version_base = msg["version"]
             self.published += 1
             self.repack_due = True
+            if self.cfg.mode == "partial-rollout" and msg["version"] > self.version_base:
+                self.global_update(msg["version"])
         elif kind == "checkpoint_saved":
             self.save_state()
         elif kind == "version_ready":
@@ -153,6 +157,24 @@ class Controller:
         self.repack_stats["trajectories_migrated"] += len(work)
         self.tracer.emit("migrated", source=source, dest=dest, trajectories=len(work),
                          version=trajs[0]["version"] if trajs else None, traj_ids=[w["traj_id"] for w in work])
+
+    def global_update(self, version: int) -> None:
+        """partial-rollout (as AReaL): every rollout pauses and loads `version`; they continue
+        together once all have it, and the trainer, which waits for this, goes on then too."""
+        self.sync_pending = version
+        self.sync_t0 = time.monotonic()
+        for r in range(self.cfg.rollout.count):
+            self.server.send(f"rollout-{r}", {"type": "update_weights", "version": version})
+
+    def sync_done(self) -> None:
+        v = self.sync_pending
+        if v is None or min(self.rollout_version.get(r, -1) for r in range(self.cfg.rollout.count)) < v:
+            return
+        self.sync_pending = None
+        for r in range(self.cfg.rollout.count):
+            self.server.send(f"rollout-{r}", {"type": "resume", "version": v})
+        self.server.send("trainer-0", {"type": "weights_synced", "version": v})
+        self.tracer.emit("weights_synced", version=v, sync_s=time.monotonic() - self.sync_t0)
 
     def barrier_updates(self) -> None:
         """sync / one-step-off: once a batch is fully generated, every rollout loads the newest
@@ -208,6 +230,8 @@ class Controller:
                       version_base=self.version_base)
         if cfg.mode in BARRIER_LAG:
             self.barrier_updates()
+        elif cfg.mode == "partial-rollout":
+            self.sync_done()
         if n:
             self.dp.admit(n)
         for rank, count in assign_work(len(self.dp.queue), self.credits).items():

@@ -129,7 +129,10 @@ class Rollout:
         self.last_state = 0.0
         self.barrier = cfg.mode in ("sync", "one-step-off")
         self.draining = False  # a newer version exists: finishing this version's trajectories first
-        self.target_version = -1  # barrier modes: the version the controller told this replica to load
+        self.target_version = -1  # barrier modes, partial-rollout: the version the controller told it to load
+        self.resume_version = -1  # partial-rollout: every replica holds this version: go on
+        self.paused: list[SeqRequest] | None = None  # partial-rollout: sequences stopped for an update
+        self.pause_t0 = self.pause_wait0 = 0.0
 
     # -- weights --------------------------------------------------------------------------
     def wait_first_version(self, flags: dict, beat: Heartbeat) -> None:
@@ -172,6 +175,8 @@ class Rollout:
                     self.queue.append(w)
         elif msg["type"] == "update_weights":
             self.target_version = max(self.target_version, msg["version"])
+        elif msg["type"] == "resume":
+            self.resume_version = max(self.resume_version, msg["version"])
         elif msg["type"] == "migrate":
             self.migrate(msg["traj_ids"], msg["dest"])
         elif msg["type"] == "stop":
@@ -195,16 +200,29 @@ class Rollout:
             self.credit_to_return += len(reqs)
         self.ctx.tracer.emit("migrated_out", dest=dest, trajectories=len(reqs), asked=len(traj_ids))
 
-    def interrupt_and_pull(self) -> None:
-        """partial-rollout: stop every sequence, load the new version, continue the same
-        sequences with it (re-prefilled; their first version stays their `version`)."""
-        reqs = self.engine.abort(self.engine.active_ids())
-        self.flush_streams()
-        self.ctx.tracer.emit("interrupted", trajectories=len(reqs), version=self.engine.version)
-        self.pull()
-        if reqs:
-            with self.busy():
-                self.handle(self.engine.add(reqs))
+    def global_update(self, newest: int) -> bool:
+        """partial-rollout (as AReaL): a publish pauses every replica. Each stops its sequences,
+        loads the new version and waits until ALL replicas have it (the controller's `resume`),
+        then continues the same sequences with the new weights (re-prefilled; their first
+        version stays their `version`). Returns True while this replica is paused."""
+        if self.target_version > self.engine.version:
+            if self.paused is None:
+                self.paused = self.engine.abort(self.engine.active_ids())
+                self.flush_streams()
+                self.ctx.tracer.emit("interrupted", trajectories=len(self.paused), version=self.engine.version)
+                self.pause_t0, self.pause_wait0 = time.monotonic(), self.weight_wait_s
+            if newest >= self.target_version:
+                self.pull()
+            return True
+        if self.paused is not None:
+            if self.resume_version < self.engine.version:
+                return True  # loaded; the others are still loading
+            self.weight_wait_s = self.pause_wait0 + time.monotonic() - self.pause_t0  # the whole pause, load included
+            reqs, self.paused = self.paused, None
+            if reqs:
+                with self.busy():
+                    self.handle(self.engine.add(reqs))
+        return False
 
     # -- generation -----------------------------------------------------------------------
     def _pinned(self) -> int:
@@ -313,8 +331,11 @@ class Rollout:
             newest = self.weights.newest()
             drain = False
             if self.mode == "partial-rollout":
-                if newest > self.engine.version:
-                    self.interrupt_and_pull()
+                if self.global_update(newest):
+                    msg = self.ctx.ctrl.recv(timeout_s=0.01)  # paused: wait for the others
+                    if msg is not None:
+                        self._apply(msg)
+                    continue
             elif self.barrier:  # load only when told, between batches: all replicas update together
                 if self.target_version > self.engine.version and newest >= self.target_version \
                         and not self.engine.num_active() and not self.queue:

@@ -69,6 +69,7 @@ class Trainer:
         self.dropped_groups = 0
         self.ref_model: Transformer | None = None
         self.groups: list[dict] = []
+        self.synced = -1  # partial-rollout: newest version every rollout has loaded
         self.checkpointed: set[int] = set()
         self.metrics_path = ctx.run_dir / "metrics.jsonl"
 
@@ -121,21 +122,43 @@ class Trainer:
                     raise WaitTimeout(f"waited {cfg.timeouts.trajectories_s:.0f}s for {need} trajectory groups "
                                       f"(have {len(self.groups)}): are rollouts generating?")
                 continue
-            if msg["type"] == "stop":
-                raise StopRequested("controller")
-            if msg["type"] != "groups":
-                continue
-            for g in msg["groups"]:
-                versions = [t["version"] for t in g["trajectories"]]
-                if too_stale(self.version, versions, cfg.trainer.max_staleness):
-                    self.dropped_groups += 1
-                    self.ctx.tracer.emit("group_dropped", group=g["group_id"], reason="staleness",
-                                         versions=sorted(set(versions)))
-                    self.ctx.ctrl.send({"type": "want_groups", "n": 1})  # replace it
-                    continue
-                self.groups.append(g)
+            self._take(msg)
         batch, self.groups = self.groups[:need], self.groups[need:]
         return batch, time.monotonic() - t0
+
+    def _take(self, msg: dict) -> None:
+        """Keep the usable groups of a controller message; drop (and count) stale ones."""
+        if msg["type"] == "stop":
+            raise StopRequested("controller")
+        if msg["type"] == "weights_synced":
+            self.synced = max(self.synced, msg["version"])
+        if msg["type"] != "groups":
+            return
+        for g in msg["groups"]:
+            versions = [t["version"] for t in g["trajectories"]]
+            if too_stale(self.version, versions, self.ctx.cfg.trainer.max_staleness):
+                self.dropped_groups += 1
+                self.ctx.tracer.emit("group_dropped", group=g["group_id"], reason="staleness",
+                                     versions=sorted(set(versions)))
+                self.ctx.ctrl.send({"type": "want_groups", "n": 1})  # replace it
+                continue
+            self.groups.append(g)
+
+    def wait_synced(self, version: int, beat: Heartbeat) -> float:
+        """partial-rollout (as AReaL): training waits until every rollout has loaded `version`."""
+        cfg = self.ctx.cfg
+        t0 = time.monotonic()
+        while self.synced < version:
+            if self.flags.get("stop"):
+                raise StopRequested(self.flags.get("signal", "stop"))
+            if time.monotonic() - t0 > cfg.timeouts.weights_s:
+                raise WaitTimeout(f"waited {cfg.timeouts.weights_s:.0f}s for every rollout to load version {version} "
+                                  "(partial-rollout's global weight update)")
+            beat.tick()
+            msg = self.ctx.ctrl.recv(timeout_s=0.05)
+            if msg is not None:
+                self._take(msg)
+        return time.monotonic() - t0
 
     # -- one step -------------------------------------------------------------------------
     def train_step(self, groups: list[dict]) -> dict:
@@ -198,6 +221,8 @@ class Trainer:
                 self.version += 1
                 train_s = time.monotonic() - t0
                 stall = pub.publish(self.version) if self.step % cfg.trainer.publish_every == 0 else 0.0
+                if stall and cfg.mode == "partial-rollout":
+                    stall += self.wait_synced(self.version, beat)
                 ctx.ctrl.send({"type": "want_groups", "n": len(groups)})
                 m.update(step=self.step, version=self.version, wait_s=wait_s, train_s=train_s,
                          publish_stall_s=stall, dropped_groups=self.dropped_groups,

@@ -50,7 +50,10 @@ SCHEMA: dict[str, dict[str, str]] = {
     # controller -> rollout
     "assign": {"work": MAPS},
     "migrate": {"traj_ids": STRS, "dest": INT},  # repack: hand these to replica `dest`
-    "update_weights": {"version": INT},  # sync / one-step-off barrier: load this version (or newer) now
+    "update_weights": {"version": INT},  # barrier modes, partial-rollout: load this version (or newer) now
+    "resume": {"version": INT},  # partial-rollout: every rollout holds this version: continue
+    # controller -> trainer
+    "weights_synced": {"version": INT},  # partial-rollout: the global weight update is complete
     # trainer -> controller
     "want_groups": {"n": INT},
     "train_step": {"metrics": MAP},
