@@ -16,7 +16,6 @@ from pathlib import Path
 
 from laminar_hpc.config import Config, load_config
 from laminar_hpc.launch.rundir import read_json
-from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport.channel import Client, wait_endpoint
 
@@ -42,11 +41,6 @@ class RoleContext:
     def shm_path(self, what: str) -> Path:
         """Node-local shared-memory file of this run (`what`: 'handoff', 'relay0', ...)."""
         return Path(self.cfg.relay.shm_dir) / f"laminar-{self.run_id}-{what}"
-
-
-def install_sigterm(handler_flag: dict) -> None:
-    """Install the stop handlers into `handler_flag` (see laminar_hpc.launch.signals)."""
-    install_stop_handlers(handler_flag)
 
 
 def node_name() -> str:
