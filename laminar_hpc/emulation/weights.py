@@ -15,6 +15,8 @@ import hashlib
 import numpy as np
 import xxhash
 
+from laminar_hpc.transport.weight_store import as_int64
+
 CHUNK_BYTES = 8 << 20
 
 
@@ -45,5 +47,4 @@ class EmulatedWeights:
             np.copyto(model.array[o:e], src[o:e])
         if len(buf) > self.nbytes:
             hasher.update(buf[self.nbytes:])
-        x = hasher.intdigest()
-        return x - (1 << 64) if x >= 1 << 63 else x
+        return as_int64(hasher.intdigest())

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import xxhash
 
+from laminar_hpc.transport.weight_store import as_int64
+
 _ALIGN = 64
 NUMPY_OK = {torch.float32, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -105,7 +107,7 @@ class WeightLayout:
             done = s.offset + s.nbytes
         if len(buf) > done:
             hasher.update(buf[done:])
-        return _signed(hasher.intdigest())
+        return as_int64(hasher.intdigest())
 
 
 # hashed, then copied while still in cache; at least the role environment's streaming-copy
@@ -122,9 +124,6 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     else:
         dst.copy_(src)
 
-
-def _signed(x: int) -> int:
-    return x - (1 << 64) if x >= 1 << 63 else x
 
 
 def checksum(buf: memoryview) -> int:
