@@ -147,7 +147,14 @@ class RelayCfg(Section):
 
 
 class ControllerCfg(Section):
+    # the control plane binds this address: loopback by default; on a multi-node cluster, the
+    # cluster interface of the controller's node (e.g. its hostname)
     host: str = "127.0.0.1"
+    # curve: every connection proves the run's secret (ZeroMQ CURVE keys in run_dir/secrets, 0600);
+    # auto: curve whenever `host` is not a loopback address
+    auth: Literal["auto", "curve", "none"] = "auto"
+    wal_fsync_s: PosFloat = 1.0  # the write-ahead log reaches the disk at least this often
+    wal_snapshot_mb: PosFloat = 64.0  # compact the log into a snapshot once it grows past this
     # generation may run this many train steps ahead of the trainer: bounds staleness
     max_ahead_steps: NonNegInt = 2
     status_interval_s: PosFloat = 1.0
@@ -196,6 +203,8 @@ class CheckpointCfg(Section):
 class TimeoutsCfg(Section):
     """Every blocking wait names what it waited for when one of these runs out."""
     startup_s: PosFloat = 120.0
+    heartbeat_s: PosFloat = 30.0  # a role silent this long is declared hung, killed and restarted
+    checkpoint_s: PosFloat = 600.0  # a checkpoint write that takes longer fails
     weights_s: PosFloat = 600.0
     trajectories_s: PosFloat = 600.0
     shutdown_s: PosFloat = 15.0
@@ -203,9 +212,12 @@ class TimeoutsCfg(Section):
 
 
 class SupervisorCfg(Section):
-    """What the launcher (local) or campaign driver (Slurm) does when a role process dies."""
-    max_role_restarts: NonNegInt = 3  # per role; rollouts are restarted, other roles end the run
+    """What the launcher (local) or campaign driver (Slurm) does when a role process dies: it
+    restarts that role alone (a new process, or a new job step), with backoff."""
+    max_role_restarts: NonNegInt = 3  # per role, counted while it keeps failing; 0: any failure ends the run
     restart_backoff_s: PosFloat = 2.0  # doubled after each restart of the same role
+    healthy_after_s: PosFloat = 60.0  # a role that ran this long starts its backoff and count afresh
+    heartbeat_interval_s: PosFloat = 1.0  # roles and the controller exchange heartbeats this often
 
 
 class StepResources(Section):
