@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 import time
@@ -25,8 +26,17 @@ def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
     try:
         build_task(cfg.task, cfg.seed)  # a missing or malformed dataset fails here, before anything starts
     except DatasetError as err:
-        raise ConfigError(str(err)) from None
+        raise ConfigError(f"{err} (task in {args.config})") from None
     return cfg
+
+
+def _check_resume(cfg, run_dir: Path) -> None:
+    """Pre-flight of a resume: a model that differs from the checkpoint's fails here, in one
+    line, before any process starts or anything in the run directory is rewritten."""
+    from laminar_hpc.launch.rundir import check_resume_model
+    if cfg.trainer.engine == "emulated":
+        return  # an emulated trainer checkpoints emulation.weight_mb bytes: the model section is not its shape
+    check_resume_model(run_dir, cfg.model.model_dump())
 
 
 def _default_run_dir(cfg) -> Path:
@@ -43,8 +53,12 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from laminar_hpc.launch.local import RoleFailed, run_local
+    if args.resume and not args.run_dir:
+        raise ConfigError("--resume continues an existing run: name it with --run-dir DIR")
     cfg = _load(args)
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    if args.resume:
+        _check_resume(cfg, run_dir)
     try:
         summary = run_local(cfg, run_dir, resume=args.resume, overwrite=args.overwrite)
     except RoleFailed as err:
@@ -85,8 +99,11 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from laminar_hpc.launch.rundir import read_json
+    from laminar_hpc.launch.rundir import RunDirError, read_json
     run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise RunDirError(f"cannot resume {run_dir}: it holds no config.yaml (is it a laminar run directory?); "
+                          "start a run with `laminar run CONFIG --run-dir DIR`")
     cfg = load_config(run_dir / "config.yaml")
     job = read_json(run_dir / "job.json") or {}
     cluster = args.cluster or job.get("cluster")
@@ -94,6 +111,7 @@ def _resume(args: argparse.Namespace) -> int:
         args.config, args.overrides, args.resume, args.overwrite = str(run_dir / "config.yaml"), [], True, False
         return _run(args)
     from laminar_hpc.launch.submit import submit
+    _check_resume(cfg, run_dir)  # config.yaml edited since the run started
     job_id = submit(cfg, run_dir, cluster, resume=True)
     print(f"resubmitted job {job_id} ({cluster}) continuing {run_dir}")
     return 0
@@ -102,13 +120,25 @@ def _resume(args: argparse.Namespace) -> int:
 def _drive(args: argparse.Namespace) -> int:
     from laminar_hpc.launch.slurm import drive
     cfg = _load(args)
+    _check_resume(cfg, Path(args.run_dir))  # every start of a job script resumes its run directory
     summary = drive(cfg, Path(args.run_dir))
     _print_summary(summary, Path(args.run_dir))
     return 0 if summary["outcome"] == "completed" else 75
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (with what to do) instead of usage + error."""
+
+    def error(self, message: str):
+        self.exit(2, f"laminar: error: {_one_line(message)}; see `{self.prog} --help`\n")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).splitlines()).strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="laminar", description="Trajectory-level asynchronous RL on HPC clusters")
+    ap = _Parser(prog="laminar", description="Trajectory-level asynchronous RL on HPC clusters")
     sub = ap.add_subparsers(dest="command", required=True)
 
     def with_config(name: str, help_: str):
@@ -161,15 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     bad = [r for r in rest if r.startswith("-") or "=" not in r]
     if bad or (rest and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(bad or rest)}")
+        parser.error(f"unrecognized arguments: {' '.join(bad or rest)} (options start with --; overrides look "
+                     "like key.path=value)")
     if hasattr(args, "overrides"):
         args.overrides = [*args.overrides, *rest]
     if args.command == "run":
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         return args.func(args)
-    except (ConfigError, RunDirError, SubmitError, LayoutError, FileNotFoundError) as err:
-        print(f"laminar: error: {err}", file=sys.stderr)
+    except (ConfigError, RunDirError, SubmitError, LayoutError) as err:
+        print(f"laminar: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except OSError as err:  # e.g. a run directory that cannot be created: name the path, not a traceback
+        where = f"{err.filename}: " if err.filename else ""
+        full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+        hint = "free some space or use another --run-dir" if full else "check the path and its permissions"
+        print(f"laminar: error: {where}{_one_line(err.strerror or err)}; {hint}", file=sys.stderr)
         return 2
 
 

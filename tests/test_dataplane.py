@@ -186,12 +186,15 @@ def test_take_groups_oldest_first_with_trajectories_in_order():
         assert ids == [w["traj_id"] for w in by_group[g["group_id"]]]  # member order, not finish order
         assert g["trajectories"] == [sent[i] for i in ids]
     assert dp.groups_consumed == 3
-    assert dp.groups_pending == 1
+    assert dp.groups_pending == 4  # delivered groups stay until a checkpoint commits them
     rest = dp.take_groups(3)
     assert [g["group_id"] for g in rest] == [3]
-    assert dp.groups_consumed == 4 and dp.groups_pending == 0
+    assert dp.groups_consumed == 4 and dp.groups_pending == 4
     assert dp.take_groups(3) == []
     assert dp.groups_consumed == 4
+    dp.trained([0, 1, 2, 3], step=1)
+    dp.commit([0, 1, 2, 3])
+    assert dp.groups_pending == 0 and dp.committed == {0, 1, 2, 3}
 
 
 def test_take_groups_skips_incomplete():

@@ -8,6 +8,11 @@ The baseline modes change only the admission (policy/scheduling.py `admission`).
 manager it repacks long-tail trajectories (policy/repack.py) every `repack.interval_s` and
 right after each publish. Writes `status.json` every second and `controller_stats.json` at the end.
 
+Every change of the data plane goes to a write-ahead log (controller/wal.py) before anything that
+depends on it is sent. A restarted controller replays it, binds the same address (the roles'
+sockets reconnect by themselves) and reconciles with each role as it re-sends its state
+(`resync`, `trainer_sync`): nothing generated is lost and no group is trained twice.
+
     python -m laminar_hpc.controller --run-dir runs/x
 """
 from __future__ import annotations
@@ -15,17 +20,22 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import uuid
 
-from laminar_hpc.controller.pools import DataPlane
+from laminar_hpc.controller.pools import DataPlane, Partial
+from laminar_hpc.controller.roles import RoleTable
+from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import setup_logging
 from laminar_hpc.launch.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.tokenizer import build_tokenizer
+from laminar_hpc.policy.recovery import place_detached
 from laminar_hpc.policy.repack import ReplicaState, plan_repack
 from laminar_hpc.policy.scheduling import BARRIER_LAG, admission, assign_work, barrier_version
 from laminar_hpc.tasks import build_task, encode_prompt
 from laminar_hpc.transport.channel import Server, publish_endpoint
+from laminar_hpc.transport.security import channel_keys
 from laminar_hpc.config import load_config
 
 
@@ -34,20 +44,31 @@ class Controller:
         self.run_dir, self.cfg, self.log, self.tracer = run_dir, cfg, log, tracer
         task = build_task(cfg.task, cfg.seed)
         tok = build_tokenizer(cfg.model.tokenizer)
-        state = read_json(run_dir / "checkpoints" / "controller_state.json", {}) or {}
+        self.epoch = uuid.uuid4().hex[:12]  # roles that see a new epoch re-send their state
+        self.t_start = time.time()
+        self.wal = WriteAheadLog(run_dir / "wal", fsync_s=cfg.controller.wal_fsync_s,
+                                 snapshot_bytes=int(cfg.controller.wal_snapshot_mb * 2**20))
         self.dp = DataPlane(task.problem, lambda p: encode_prompt(tok, p), cfg.trainer.group_size,
-                            cfg.rollout.max_new_tokens, start_cursor=state.get("cursor", 0))
-        self.server = Server(cfg.controller.host, int(cfg.controller.max_frame_mb * 2**20))
+                            cfg.rollout.max_new_tokens)
+        self.recovered = self.recover()
+        self.dp.journal = self.wal.append
+        # a restarted controller keeps its address: the roles' sockets reconnect by themselves
+        old = read_json(run_dir / "endpoints" / "controller.json")
+        port = int(old["address"].rsplit(":", 1)[1]) if old else None
+        self.server = Server(cfg.controller.host, int(cfg.controller.max_frame_mb * 2**20), port=port,
+                             keys=channel_keys(run_dir, cfg.controller))
+        self.roles = RoleTable(cfg.timeouts.heartbeat_s)
         self.credits: dict[int, int] = {}  # rollout rank -> trajectories it can still take
         self.rollout_version: dict[int, int] = {}
         self.trainer_credit = 0
-        self.steps_trained = state.get("steps", 0)
-        self.trainer_version = -1
+        self.steps_trained = self.dp.meta.get("steps", 0)
+        self.trainer_version = self.dp.meta.get("max_version", -1)
         self.relay_versions: dict[int, int] = {}
         self.last_seen: dict[str, float] = {}
+        self.ready_t: float | None = None  # serving again after recovery (status.json)
         self.metrics: dict = {}
         self.phase = "starting"
-        self.published = 0
+        self.published = self.dp.meta.get("published", 0)
         self.max_versions_in_flight = 0
         self.finish_times: list[float] = []
         self.stop_reason: str | None = None
@@ -56,7 +77,7 @@ class Controller:
         self.replicas: dict[int, ReplicaState] = {}
         self.util: dict[int, tuple[float, float]] = {}  # rank -> (busy_s, weight_wait_s)
         self.moving: dict[int, float] = {}  # rank -> when its move was ordered
-        self.version_base = -1
+        self.version_base = self.dp.meta.get("version_base", -1)
         self.sync_pending: int | None = None  # partial-rollout: version of the global update under way
         self.sync_t0 = 0.0
         self.update_sent: dict[int, int] = {}  # rollout -> version it was told to load (barrier modes)
@@ -69,10 +90,85 @@ class Controller:
             cfg.rollout.max_batch * (cfg.model.max_seq_len if cfg.rollout.engine == "torch"
                                      else cfg.rollout.max_new_tokens + 4096))
         self.repack_stats = {"rounds": 0, "moves": 0, "trajectories_migrated": 0, "migrations_restarted": 0}
+        # trajectories of dead rollouts (or lost with a controller): continued on their version, restarted
+        self.recovery_stats = {"continued": 0, "restarted": 0}
+        self.run_id = (read_json(run_dir / "run.json", {}) or {}).get("run_id", "norun")
+
+    # -- recovery ---------------------------------------------------------------------------
+    def recover(self) -> dict:
+        """Rebuild the data plane from the write-ahead log; start a fresh segment after it."""
+        t0 = time.monotonic()
+        state, records = self.wal.recover()
+        if state is not None:
+            self.dp.load_state_dict(state)
+        for op, args in records:
+            self.dp.replay(op, args)
+        self.wal.start(self.dp.state_dict())
+        info = {"snapshot": state is not None, "records": len(records), "replay_s": time.monotonic() - t0,
+                "groups_pending": self.dp.groups_pending, "cursor": self.dp.cursor}
+        if state is not None or records:
+            self.log.info("recovered from the write-ahead log: %d records after the snapshot, %d groups pending, "
+                          "prompt cursor %d (%.2fs)", len(records), self.dp.groups_pending, self.dp.cursor,
+                          info["replay_s"])
+            self.tracer.emit("controller_recovered", **info)
+        return info
+
+    def send(self, ident: str, msg: dict) -> None:
+        """Every send goes after the log records it depends on (write-ahead)."""
+        self.wal.flush()
+        self.server.send(ident, msg)
+
+    def place(self, partials: list[Partial], exclude: int | None = None) -> None:
+        """Continue detached trajectories on replicas holding their version, or restart them."""
+        if not partials:
+            return
+        live = {r: v for r, v in self.rollout_version.items()
+                if r != exclude and self.roles.alive(f"rollout-{r}") and r not in self.moving}
+        load: dict[int, int] = {}
+        for p in self.dp.partials.values():
+            if p.rollout is not None:
+                load[p.rollout] = load.get(p.rollout, 0) + 1
+        plan = place_detached([(p.traj_id, p.version) for p in partials], live, load, self.cfg.rollout.max_batch)
+        by_dest: dict[int, list[dict]] = {}
+        restarted = 0
+        for tid, dest in plan.items():
+            if dest is None:
+                restarted += self.dp.restart(tid)
+            elif (w := self.dp.place(tid, dest)) is not None:
+                by_dest.setdefault(dest, []).append(w)
+        for dest, work in by_dest.items():
+            self.send(f"rollout-{dest}", {"type": "assign", "work": work})
+            self.credits[dest] = self.credits.get(dest, 0) - len(work)  # slots it had not offered
+        self.recovery_stats["continued"] += sum(len(w) for w in by_dest.values())
+        self.recovery_stats["restarted"] += restarted
+        self.tracer.emit("placed", continued={str(d): len(w) for d, w in by_dest.items()}, restarted=restarted)
+
+    def resync_rollout(self, rank: int, held: list[str], free: int) -> None:
+        """A rollout re-sent its state to this (restarted) controller: what it no longer holds
+        (results lost with the old controller, assignments never sent) continues elsewhere."""
+        held_set = set(held)
+        gone = [p.traj_id for p in self.dp.partials.values()
+                if p.rollout == rank and p.traj_id not in held_set and (p.t_assigned or 0.0) < self.t_start]
+        self.place(self.dp.detach(gone))
+        self.credits[rank] = max(0, free)
+        self.tracer.emit("rollout_resynced", rollout=rank, held=len(held), lost=len(gone), free=free)
+
+    def trainer_sync(self, msg: dict) -> None:
+        back = self.dp.trainer_sync(msg["consumed"], msg["committed_n"], msg["held"])
+        self.steps_trained = msg["step"]
+        self.dp.note(steps=self.steps_trained)
+        self.trainer_credit = 0  # the trainer asks afresh
+        if back:
+            self.log.info("trainer %s: %d delivered groups go back to the experience buffer",
+                          "restarted" if msg["held"] == [] else "resynced", len(back))
+        self.tracer.emit("trainer_synced", step=msg["step"], version=msg["version"], lineage=len(msg["consumed"]),
+                         committed=msg["committed_n"], redelivered=len(back))
 
     # -- message handling -----------------------------------------------------------------
     def handle(self, ident: str, msg: dict) -> None:
-        self.last_seen[ident] = time.time()
+        now = time.time()
+        self.last_seen[ident] = now
+        self.roles.seen(ident, now)
         kind = msg["type"]
         role, _, rank_s = ident.rpartition("-")
         rank = int(rank_s) if rank_s.isdigit() else -1
@@ -80,18 +176,19 @@ class Controller:
             self.credits[rank] = self.credits.get(rank, 0) + max(0, msg["credit"])
             self.rollout_version[rank] = msg["version"]
         elif kind == "stream":
-            for it in msg["items"]:
-                self.dp.stream(it["traj_id"], it["tokens"], it["logprobs"], it["version"])
+            self.dp.stream_items(msg["items"])
             self._track_versions()
         elif kind == "finished":
             traj = msg["trajectory"]
-            self.dp.finish(traj)
-            self.finish_times.append(time.time())
+            if self.dp.finish(traj) is None and traj["group_id"] in self.dp.dropped:
+                self.tracer.emit("group_dropped", group=traj["group_id"], reason=self.dp.dropped[traj["group_id"]])
+            self.finish_times.append(now)
             self.tracer.emit("traj_finished", traj=traj["traj_id"], version=traj["version"],
                              rollout=traj["rollout"], tokens=len(traj["tokens"]), reward=traj.get("reward"))
             self._track_versions()
         elif kind == "weights_loaded" and role == "rollout":
             self.rollout_version[rank] = msg["version"]
+            self.roles.ready(ident, now)
         elif kind == "rollout_state" and role == "rollout":
             self.replicas[rank] = ReplicaState(rank, msg["version"], msg["waiting"], msg["running"], msg["kv_tokens"],
                                                msg["kv_peak"], tuple(msg["traj_ids"]))
@@ -103,34 +200,61 @@ class Controller:
             self.repack_stats["migrations_restarted"] += len(restarted)
             self.tracer.emit("migration_restarted", rollout=rank, traj_ids=restarted)
         elif kind == "want_groups":
-            self.trainer_credit += max(0, msg["n"])
+            self.trainer_credit = max(0, msg["n"]) + (0 if msg.get("reset") else self.trainer_credit)
         elif kind == "train_step":
             self.metrics = msg["metrics"]
             self.steps_trained = int(self.metrics.get("step", self.steps_trained))
+            self.dp.trained(msg.get("groups") or [], self.steps_trained)
+            self.dp.drop(msg.get("stale") or [], "staleness")
+            self.dp.note(steps=self.steps_trained)
+            self.roles.ready(ident, now)
             self.phase = "rl"
         elif kind == "published":
             self.trainer_version = msg["version"]
             if self.version_base < 0:
                 self.version_base = msg["version"]
             self.published += 1
+            self.dp.note(max_version=max(self.trainer_version, self.dp.meta.get("max_version", -1)),
+                         version_base=self.version_base, published=self.published)
             self.repack_due = True
             if self.cfg.mode == "partial-rollout" and msg["version"] > self.version_base:
                 self.global_update(msg["version"])
         elif kind == "checkpoint_saved":
-            self.save_state()
+            self.dp.commit(msg.get("groups") or [])
+            self.wal.start(self.dp.state_dict())  # compaction: recovery replays from here
         elif kind == "version_ready":
             self.relay_versions[msg["rank"]] = msg["version"]
+            self.roles.ready(ident, now)
         elif kind == "log_event":
             if msg["event"] == "phase":
                 self.phase = str(msg["fields"].get("phase", self.phase))
             self.metrics.update({f"{msg['event']}.{k}": v for k, v in msg["fields"].items()})
         elif kind == "trainer_done":
             self.stop_reason = f"trainer finished {msg['steps']} steps"
+        elif kind == "heartbeat":
+            if msg.get("pid") is not None and ident not in self.roles.roles:
+                self.roles.joined(ident, msg["pid"], now)  # a role that was there before this controller
+                self.roles.ready(ident, now)
+            self.send(ident, {"type": "heartbeat", "t": now, "epoch": self.epoch})
         elif kind == "hello":
             self.log.info("%s joined (pid %s)", ident, msg["pid"])
             self.tracer.emit("role_joined", role=ident, pid=msg["pid"])
+            self.roles.joined(ident, msg["pid"], now)
+            self.send(ident, {"type": "heartbeat", "t": now, "epoch": self.epoch})
             if role == "rollout":
-                self.credits[rank] = 0  # a (re)started rollout asks afresh
+                self.credits[rank] = 0  # a (re)started rollout holds nothing and asks afresh
+                self.place(self.dp.requeue_rollout(rank), exclude=rank)
+            elif role == "trainer":
+                self.send(ident, {"type": "hello_ack", "run_id": self.run_id,
+                                  "max_version": self.dp.meta.get("max_version", -1)})
+        elif kind == "resync" and role == "rollout":
+            if ident not in self.roles.roles:
+                self.roles.joined(ident, msg["pid"], now)
+                self.roles.ready(ident, now)
+            self.rollout_version[rank] = msg["version"]
+            self.resync_rollout(rank, msg["held"], msg["free"])
+        elif kind == "trainer_sync":
+            self.trainer_sync(msg)
         elif kind == "role_down":
             self.role_down(msg["role"], msg["code"])
         elif kind == "stop_all":
@@ -139,12 +263,22 @@ class Controller:
     def role_down(self, name: str, code: int) -> None:
         role, _, rank_s = name.rpartition("-")
         self.tracer.emit("role_down", role=name, code=code)
+        self.roles.down(name)
         if role == "rollout" and rank_s.isdigit():
             rank = int(rank_s)
             self.credits[rank] = 0
-            n = self.dp.requeue_rollout(rank)
-            self.log.warning("%s died (code %d): %d trajectories go back to the queue", name, code, n)
-            self.tracer.emit("requeued", rollout=rank, trajectories=n)
+            self.replicas.pop(rank, None)
+            self.rollout_version.pop(rank, None)
+            detached = self.dp.requeue_rollout(rank)
+            self.log.warning("%s died (code %d): %d of its trajectories continue elsewhere or restart",
+                             name, code, len(detached))
+            self.place(detached, exclude=rank)
+        elif role == "trainer":
+            self.trainer_credit = 0  # the restarted trainer re-sends its lineage (trainer_sync)
+        elif name == "relay":
+            for ident in list(self.roles.roles):
+                if ident.startswith("relay-"):
+                    self.roles.down(ident)
 
     def migrated(self, source: int, dest: int, trajs: list[dict]) -> None:
         """A source handed its trajectories back: they go to `dest`, first in its queue."""
@@ -152,7 +286,7 @@ class Controller:
         self.moving.pop(dest, None)
         work = [w for w in (self.dp.migrate(t, dest) for t in trajs) if w is not None]
         if work:
-            self.server.send(f"rollout-{dest}", {"type": "assign", "work": work})
+            self.send(f"rollout-{dest}", {"type": "assign", "work": work})
             self.credits[dest] = self.credits.get(dest, 0) - len(work)  # they take slots it had not offered
         self.repack_stats["trajectories_migrated"] += len(work)
         self.tracer.emit("migrated", source=source, dest=dest, trajectories=len(work),
@@ -164,7 +298,7 @@ class Controller:
         self.sync_pending = version
         self.sync_t0 = time.monotonic()
         for r in range(self.cfg.rollout.count):
-            self.server.send(f"rollout-{r}", {"type": "update_weights", "version": version})
+            self.send(f"rollout-{r}", {"type": "update_weights", "version": version})
 
     def sync_done(self) -> None:
         v = self.sync_pending
@@ -172,8 +306,8 @@ class Controller:
             return
         self.sync_pending = None
         for r in range(self.cfg.rollout.count):
-            self.server.send(f"rollout-{r}", {"type": "resume", "version": v})
-        self.server.send("trainer-0", {"type": "weights_synced", "version": v})
+            self.send(f"rollout-{r}", {"type": "resume", "version": v})
+        self.send("trainer-0", {"type": "weights_synced", "version": v})
         self.tracer.emit("weights_synced", version=v, sync_s=time.monotonic() - self.sync_t0)
 
     def barrier_updates(self) -> None:
@@ -189,7 +323,7 @@ class Controller:
             return
         for r, v in enumerate(versions):
             if v < target and self.update_sent.get(r) != target:
-                self.server.send(f"rollout-{r}", {"type": "update_weights", "version": target})
+                self.send(f"rollout-{r}", {"type": "update_weights", "version": target})
                 self.update_sent[r] = target
 
     def repack(self) -> None:
@@ -205,7 +339,7 @@ class Controller:
                             fall_ratio=self.cfg.repack.fall_ratio)
         self.repack_stats["rounds"] += 1
         for m in moves:
-            self.server.send(f"rollout-{m.source}", {"type": "migrate", "traj_ids": list(m.traj_ids), "dest": m.dest})
+            self.send(f"rollout-{m.source}", {"type": "migrate", "traj_ids": list(m.traj_ids), "dest": m.dest})
             self.moving[m.source] = self.moving[m.dest] = now
             # until the next report, the source counts as empty and the destination as fuller
             src, dst = self.replicas[m.source], self.replicas[m.dest]
@@ -237,25 +371,18 @@ class Controller:
         for rank, count in assign_work(len(self.dp.queue), self.credits).items():
             work = self.dp.assign(rank, count)
             self.credits[rank] -= len(work)
-            self.server.send(f"rollout-{rank}", {"type": "assign", "work": work})
+            self.send(f"rollout-{rank}", {"type": "assign", "work": work})
         if self.repack_on:
             self.repack()
         if self.trainer_credit > 0 and self.dp.ready:
             groups = self.dp.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)
-            self.server.send("trainer-0", {"type": "groups", "groups": groups})
+            self.send("trainer-0", {"type": "groups", "groups": groups})
             for g in groups:
                 self.tracer.emit("group_consumed", group=g["group_id"],
                                  versions=sorted({t["version"] for t in g["trajectories"]}))
 
     # -- persistence and status -----------------------------------------------------------
-    def save_state(self) -> None:
-        # the prompt cursor to resume from; groups still in flight are not replayed, so none is
-        # trained twice (exactly-once replay of in-flight work needs the write-ahead log)
-        atomic_write_json(self.run_dir / "checkpoints" / "controller_state.json",
-                          {"cursor": self.dp.cursor, "steps": self.steps_trained,
-                           "groups_in_flight": self.dp.groups_pending})
-
     def status(self) -> dict:
         now = time.time()
         recent = [t for t in self.finish_times if now - t <= 10.0]
@@ -273,21 +400,28 @@ class Controller:
             "groups_consumed": self.dp.groups_consumed, "groups_pending": self.dp.groups_pending,
             "queued": len(self.dp.queue), "running": len(self.dp.partials) - len(self.dp.queue),
             "published": self.published, "dropped_frames": self.server.dropped, "repack": self.repack_stats,
+            "relay_dropped_frames": self.metrics.get("relay.dropped_frames", 0),
             "rollout_util": {str(k): {"busy_s": b, "weight_wait_s": w} for k, (b, w) in sorted(self.util.items())},
             "metrics": self.metrics,
+            # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`
+            "epoch": self.epoch, "controller": {"pid": os.getpid(), "t_start": self.t_start, "ready_t": self.ready_t},
+            "roles": self.roles.table(), "hung": self.roles.hung(now),
+            "recovery": {**self.recovery_stats, "wal": self.recovered},
+            "groups_committed": len(self.dp.committed), "groups_dropped": len(self.dp.dropped),
         }
 
     def final_stats(self) -> dict:
         s = self.status()
         s.pop("metrics")
         s["stop_reason"] = self.stop_reason
+        s["ledger"] = self.dp.ledger()
         return s
 
     def broadcast_stop(self, reason: str) -> None:
         """Tell every role that ever said hello to stop; a trainer that is still training
         checkpoints first (a finished one has already gone)."""
         for ident in sorted(i for i in self.last_seen if not i.startswith("launcher")):
-            self.server.send(ident, {"type": "stop", "reason": reason})
+            self.send(ident, {"type": "stop", "reason": reason})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -302,7 +436,9 @@ def main(argv: list[str] | None = None) -> None:
     tracer = Tracer(run_dir, "controller-0")
     ctl = Controller(run_dir, cfg, log, tracer)
     publish_endpoint(run_dir, "controller", ctl.server.address)
-    log.info("serving on %s", ctl.server.address)
+    log.info("serving on %s (epoch %s)", ctl.server.address, ctl.epoch)
+    ctl.place(ctl.dp.unplaced())  # detached when the previous controller died: from their prompts
+    ctl.ready_t = time.time()
     last_status = 0.0
     try:
         while not flags.get("stop") and ctl.stop_reason is None:
@@ -311,6 +447,9 @@ def main(argv: list[str] | None = None) -> None:
                 ctl.handle(*got)
                 got = ctl.server.recv(timeout_s=0.0)
             ctl.schedule()
+            ctl.wal.flush()
+            if ctl.wal.wants_snapshot:
+                ctl.wal.start(ctl.dp.state_dict())
             if time.monotonic() - last_status >= cfg.controller.status_interval_s:
                 atomic_write_json(run_dir / "status.json", ctl.status())
                 last_status = time.monotonic()
@@ -318,6 +457,7 @@ def main(argv: list[str] | None = None) -> None:
         log.info("stopping: %s", reason)
         ctl.broadcast_stop(reason)
     finally:
+        ctl.wal.close()
         atomic_write_json(run_dir / "status.json", ctl.status())
         atomic_write_json(run_dir / "controller_stats.json", ctl.final_stats())
         tracer.flush()

@@ -1,7 +1,14 @@
-"""The data plane: prompt pool, partial-response pool and experience buffer.
+"""The data plane: prompt pool, partial-response pool, experience buffer and the group ledger.
 
-Plain state with explicit transitions (admit -> assign -> stream -> finish -> consume), no I/O,
-so the controller loop, the tests and a write-ahead log can all drive it.
+Plain state with explicit transitions, no I/O. Every public method that changes state first
+hands one record to `journal` (the controller's write-ahead log) and then applies it with the
+same private method that `replay` calls, so a restarted controller rebuilds exactly this state.
+
+A group's life: admitted (its trajectories queued) -> assigned/streamed/finished -> ready ->
+delivered to the trainer -> trained (in a step, not yet durable) -> committed (in a trainer
+checkpoint). A group may instead be dropped with a reason (staleness, bad reward). Delivered
+and trained groups keep their trajectories until committed: a trainer that dies before its
+next checkpoint gets them again.
 
     dp = DataPlane(problems=task.problem, tokenize=encode, group_size=8, max_new_tokens=24)
     dp.admit(4)                          # 4 prompt groups -> 32 queued trajectories
@@ -9,13 +16,17 @@ so the controller loop, the tests and a write-ahead log can all drive it.
     dp.stream("0.3", [5, 9], [-0.1, -0.2], version=2)
     done_group = dp.finish(trajectory)   # group id once all of its samples are finished
     groups = dp.take_groups(2)           # complete groups for the trainer, oldest first
+    dp.trained([0, 1], step=1); dp.commit([0, 1])
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
+
+GENERATING, READY, DELIVERED, TRAINED = "generating", "ready", "delivered", "trained"
 
 
 @dataclass
@@ -30,6 +41,7 @@ class Partial:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     t_assigned: float | None = None
+    gap: bool = False  # a stream chunk was lost: its tokens cannot be continued elsewhere
 
     def work(self) -> dict:
         w = {"traj_id": self.traj_id, "group_id": self.group_id, "problem": self.problem,
@@ -45,27 +57,52 @@ class Group:
     problem: int
     traj_ids: list[str]
     finished: dict[str, dict] = field(default_factory=dict)
+    state: str = GENERATING
+
+
+def _bad_reward(traj: dict) -> bool:
+    r = traj.get("reward")
+    return not isinstance(r, (int, float)) or isinstance(r, bool) or not math.isfinite(r)
 
 
 class DataPlane:
     def __init__(self, problems: Callable[[int], object], tokenize: Callable[[object], list[int]],
-                 group_size: int, max_new_tokens: int, start_cursor: int = 0):
+                 group_size: int, max_new_tokens: int, start_cursor: int = 0,
+                 journal: Callable[[str, dict], None] | None = None):
         self.problems, self.tokenize = problems, tokenize
         self.group_size, self.max_new_tokens = group_size, max_new_tokens
+        self.journal = journal
         self.cursor = start_cursor  # next problem index of the prompt pool
         self.next_group = 0
-        self.groups: dict[int, Group] = {}
+        self.groups: dict[int, Group] = {}  # every group not yet committed or dropped
         self.queue: deque[str] = deque()  # trajectories waiting for a rollout
         self.partials: dict[str, Partial] = {}  # queued or running (partial-response pool)
         self.ready: deque[int] = deque()  # complete groups (experience buffer)
+        self.trained_at: dict[int, int] = {}  # trained, not yet in a checkpoint: group -> step
+        self.committed: set[int] = set()
+        self.dropped: dict[int, str] = {}  # group -> reason
+        self.meta: dict[str, int] = {}  # controller facts that must survive it (newest version, ...)
         self.groups_started = 0
-        self.groups_consumed = 0
+        self.groups_consumed = 0  # delivered to the trainer (also counts re-deliveries)
         self.trajectories_finished = 0
         self.tokens_generated = 0
 
+    def _log(self, op: str, **args) -> None:
+        if self.journal is not None:
+            self.journal(op, args)
+
+    def replay(self, op: str, args: dict) -> None:
+        """Apply one journal record (no new record is written)."""
+        getattr(self, f"_{op}")(**args)
+
     # -- prompt pool ----------------------------------------------------------------------
     def admit(self, n_groups: int) -> None:
-        for _ in range(n_groups):
+        if n_groups > 0:
+            self._log("admit", n=n_groups)
+            self._admit(n_groups)
+
+    def _admit(self, n: int) -> None:
+        for _ in range(n):
             problem = self.problems(self.cursor)
             prompt = self.tokenize(problem)
             gid = self.next_group
@@ -80,68 +117,163 @@ class DataPlane:
 
     # -- rollout side ---------------------------------------------------------------------
     def assign(self, rollout: int, n: int) -> list[dict]:
+        ids = [self.queue[i] for i in range(min(n, len(self.queue)))]
+        if not ids:
+            return []
+        t = time.time()
+        self._log("assign", rollout=rollout, ids=ids, t=t)
+        return self._assign(rollout, ids, t)
+
+    def _assign(self, rollout: int, ids: list[str], t: float) -> list[dict]:
         out = []
-        now = time.time()
-        while self.queue and len(out) < n:
-            p = self.partials[self.queue.popleft()]
-            p.rollout, p.t_assigned = rollout, now
+        for tid in ids:
+            if self.queue[0] == tid:
+                self.queue.popleft()
+            else:
+                self.queue.remove(tid)
+            p = self.partials[tid]
+            p.rollout, p.t_assigned = rollout, t
             out.append(p.work())
         return out
 
-    def stream(self, traj_id: str, tokens: list[int], logprobs: list[float], version: int) -> None:
-        p = self.partials.get(traj_id)
-        if p is None:
-            return  # already finished (a late chunk) or unknown: nothing to update
-        if p.version is None:
-            p.version = version
-        p.tokens.extend(tokens)
-        p.logprobs.extend(logprobs)
+    def stream(self, traj_id: str, tokens: list[int], logprobs: list[float], version: int,
+               offset: int | None = None) -> None:
+        self.stream_items([{"traj_id": traj_id, "tokens": tokens, "logprobs": logprobs, "version": version,
+                            "offset": offset}])
+
+    def stream_items(self, items: list[dict]) -> None:
+        """Tokens streamed by a rollout. `offset` (tokens before the chunk) detects a lost chunk."""
+        items = [it for it in items if it["traj_id"] in self.partials]  # late chunks of finished ones
+        if items:
+            self._log("stream", items=items)
+            self._stream(items)
+
+    def _stream(self, items: list[dict]) -> None:
+        for it in items:
+            p = self.partials.get(it["traj_id"])
+            if p is None:
+                continue
+            off = it.get("offset")
+            if off is not None and off != len(p.tokens):
+                if off > len(p.tokens):
+                    p.gap = True  # a chunk went missing (controller restart): never continue these tokens
+                continue  # off < len: a chunk we already hold, re-sent
+            if p.version is None:
+                p.version = it["version"]
+            p.tokens.extend(it["tokens"])
+            p.logprobs.extend(it["logprobs"])
 
     def finish(self, traj: dict) -> int | None:
         """Record a finished trajectory; returns its group id if that completed the group."""
-        p = self.partials.pop(traj["traj_id"], None)
+        p = self.partials.get(traj["traj_id"])
         group = self.groups.get(traj["group_id"])
-        if p is None or group is None or traj["traj_id"] in group.finished:
+        if p is None or group is None or group.state != GENERATING or traj["traj_id"] in group.finished:
             return None  # a duplicate (e.g. re-sent after a reconnect) is ignored, never counted twice
+        self._log("finish", traj=traj)
+        return self._finish(traj)
+
+    def _finish(self, traj: dict) -> int | None:
+        self.partials.pop(traj["traj_id"], None)
+        group = self.groups[traj["group_id"]]
         group.finished[traj["traj_id"]] = traj
         self.trajectories_finished += 1
         self.tokens_generated += len(traj["tokens"])
+        if _bad_reward(traj):  # a reward function that failed: the group cannot be trained on
+            self._drop_group(group.group_id, "bad_reward")
+            return None
         if len(group.finished) == len(group.traj_ids):
+            group.state = READY
             self.ready.append(group.group_id)
             return group.group_id
         return None
 
-    def requeue_rollout(self, rollout: int) -> int:
-        """Put every trajectory assigned to a dead rollout back in the queue, to start again from
-        its prompt; returns how many. A late 'finished' from the dead rollout still counts once:
-        whichever result arrives first wins, the other is ignored as a duplicate."""
-        lost = [p for p in self.partials.values() if p.rollout == rollout]
-        for p in lost:
-            p.rollout, p.version, p.t_assigned = None, None, None
-            p.tokens, p.logprobs = [], []
-            self.queue.appendleft(p.traj_id)  # oldest work first: its group is waiting
-        return len(lost)
+    def requeue_rollout(self, rollout: int) -> list[Partial]:
+        """Detach every trajectory of a dead (or restarted) rollout. Those without tokens go back
+        to the front of the queue; those with tokens are returned, for the caller to place on a
+        replica holding their version (`place`) or to `restart` from the prompt."""
+        if not any(p.rollout == rollout for p in self.partials.values()):
+            return []
+        self._log("requeue", rollout=rollout)
+        return self._requeue(rollout)
+
+    def _requeue(self, rollout: int) -> list[Partial]:
+        return self._detach([p.traj_id for p in self.partials.values() if p.rollout == rollout])
+
+    def detach(self, ids: list[str]) -> list[Partial]:
+        """`requeue_rollout` for single trajectories (a rollout no longer holds them)."""
+        ids = [t for t in ids if t in self.partials]
+        if not ids:
+            return []
+        self._log("detach", ids=ids)
+        return self._detach(ids)
+
+    def _detach(self, ids: list[str]) -> list[Partial]:
+        out = []
+        for tid in ids:
+            p = self.partials[tid]
+            if tid in self.queue:
+                continue
+            p.rollout, p.t_assigned = None, None
+            if p.tokens and not p.gap:
+                out.append(p)
+            else:
+                self._reset(p)
+                self.queue.appendleft(p.traj_id)  # oldest work first: its group is waiting
+        return out
+
+    def unplaced(self) -> list[Partial]:
+        """Trajectories neither queued nor on a rollout (a restart happened between a requeue and
+        its placement)."""
+        queued = set(self.queue)
+        return [p for p in self.partials.values() if p.rollout is None and p.traj_id not in queued]
+
+    def place(self, traj_id: str, dest: int) -> dict | None:
+        """Give a detached partial trajectory to replica `dest` (which holds its version)."""
+        if traj_id not in self.partials:
+            return None
+        t = time.time()
+        self._log("place", traj_id=traj_id, dest=dest, t=t)
+        return self._place(traj_id, dest, t)
+
+    def _place(self, traj_id: str, dest: int, t: float) -> dict:
+        p = self.partials[traj_id]
+        p.rollout, p.t_assigned = dest, t
+        return p.work()
 
     def migrate(self, traj: dict, dest: int) -> dict | None:
         """A running trajectory moves to replica `dest` (repack): it keeps its tokens, behaviour
         log-probs and version, and is re-prefilled there. Returns the work item for `dest`, or
         None if it already finished (its result arrived first)."""
-        p = self.partials.get(traj["traj_id"])
-        if p is None:
+        if traj["traj_id"] not in self.partials:
             return None
+        t = time.time()
+        self._log("migrate", traj=traj, dest=dest, t=t)
+        return self._migrate(traj, dest, t)
+
+    def _migrate(self, traj: dict, dest: int, t: float = 0.0) -> dict:
+        p = self.partials[traj["traj_id"]]
         p.tokens, p.logprobs, p.version = list(traj["tokens"]), list(traj["logprobs"]), traj["version"]
-        p.rollout = dest
+        p.gap = False
+        p.rollout, p.t_assigned = dest, t
         return p.work()
 
     def restart(self, traj_id: str) -> bool:
-        """Start a trajectory again from its prompt (a migration no replica could take)."""
+        """Start a trajectory again from its prompt (no replica holds its version)."""
         p = self.partials.get(traj_id)
         if p is None or traj_id in self.queue:
             return False
-        p.rollout, p.version, p.t_assigned = None, None, None
-        p.tokens, p.logprobs = [], []
-        self.queue.appendleft(traj_id)
+        self._log("restart", traj_id=traj_id)
+        self._restart(traj_id)
         return True
+
+    def _restart(self, traj_id: str) -> None:
+        self._reset(self.partials[traj_id])
+        self.queue.appendleft(traj_id)
+
+    @staticmethod
+    def _reset(p: Partial) -> None:
+        p.rollout, p.version, p.t_assigned, p.gap = None, None, None, False
+        p.tokens, p.logprobs = [], []
 
     def running_versions(self) -> set[int]:
         """Weight versions of trajectories generating right now."""
@@ -149,14 +281,143 @@ class DataPlane:
 
     # -- trainer side ---------------------------------------------------------------------
     def take_groups(self, n: int) -> list[dict]:
+        ids = [self.ready[i] for i in range(min(n, len(self.ready)))]
+        if not ids:
+            return []
+        self._log("deliver", ids=ids)
+        return self._deliver(ids)
+
+    def _deliver(self, ids: list[int]) -> list[dict]:
         out = []
-        while self.ready and len(out) < n:
-            g = self.groups.pop(self.ready.popleft())
+        for gid in ids:
+            self.ready.remove(gid)
+            g = self.groups[gid]
+            g.state = DELIVERED
             out.append({"group_id": g.group_id, "problem": g.problem,
                         "trajectories": [g.finished[t] for t in g.traj_ids]})
             self.groups_consumed += 1
         return out
 
+    def trained(self, ids: list[int], step: int) -> None:
+        ids = [g for g in ids if g in self.groups]
+        if ids:
+            self._log("trained", ids=ids, step=step)
+            self._trained(ids, step)
+
+    def _trained(self, ids: list[int], step: int) -> None:
+        for gid in ids:
+            if self.groups[gid].state == READY:  # put back by a resync that raced its delivery
+                self.ready.remove(gid)
+            self.groups[gid].state = TRAINED
+            self.trained_at[gid] = step
+
+    def commit(self, ids: list[int]) -> None:
+        """These groups are in a trainer checkpoint: their trajectories are no longer needed."""
+        ids = [g for g in ids if g not in self.committed and g not in self.dropped]
+        if ids:
+            self._log("commit", ids=ids)
+            self._commit(ids)
+
+    def _commit(self, ids: list[int]) -> None:
+        for gid in ids:
+            g = self.groups.pop(gid, None)
+            if g is not None and g.state == READY:
+                self.ready.remove(gid)
+            self.trained_at.pop(gid, None)
+            self.committed.add(gid)
+
+    def drop(self, ids: list[int], reason: str) -> None:
+        ids = [g for g in ids if g in self.groups]
+        if ids:
+            self._log("drop", ids=ids, reason=reason)
+            for gid in ids:
+                self._drop_group(gid, reason)
+
+    def _drop(self, ids: list[int], reason: str) -> None:
+        for gid in ids:
+            self._drop_group(gid, reason)
+
+    def _drop_group(self, gid: int, reason: str) -> None:
+        g = self.groups.pop(gid, None)
+        if g is None:
+            return
+        if g.state == READY:
+            self.ready.remove(gid)
+        for tid in g.traj_ids:  # samples still generating are forgotten; their results are ignored
+            if self.partials.pop(tid, None) is not None and tid in self.queue:
+                self.queue.remove(tid)
+        self.trained_at.pop(gid, None)
+        self.dropped[gid] = reason
+
+    def trainer_sync(self, consumed: list[int], committed_n: int, held: list[int]) -> list[int]:
+        """Reconcile with a trainer that (re)started or reconnected: `consumed` is its lineage
+        (groups its weights were trained on, in order; the first `committed_n` are in its
+        checkpoint), `held` what it has received and not trained yet. Every delivered or trained
+        group it does not have goes back to the experience buffer, first. Returns those ids."""
+        self._log("trainer_sync", consumed=consumed, committed_n=committed_n, held=held)
+        return self._trainer_sync(consumed, committed_n, held)
+
+    def _trainer_sync(self, consumed: list[int], committed_n: int, held: list[int]) -> list[int]:
+        durable, recent, holding = set(consumed[:committed_n]), set(consumed[committed_n:]), set(held)
+        self._commit([g for g in durable if g in self.groups])
+        back = []
+        for gid, g in sorted(self.groups.items()):
+            if g.state not in (DELIVERED, TRAINED):
+                continue
+            if gid in recent:
+                g.state = TRAINED
+            elif gid in holding:
+                g.state = DELIVERED
+                self.trained_at.pop(gid, None)
+            else:
+                g.state = READY
+                self.trained_at.pop(gid, None)
+                back.append(gid)
+        self.ready.extendleft(reversed(back))
+        return back
+
+    def note(self, **facts: int) -> None:
+        """Remember controller facts (newest version, steps trained) across a restart."""
+        changed = {k: v for k, v in facts.items() if self.meta.get(k) != v}
+        if changed:
+            self._log("note", **changed)
+            self._note(**changed)
+
+    def _note(self, **facts: int) -> None:
+        self.meta.update(facts)
+
+    # -- ledger and snapshots ---------------------------------------------------------------
     @property
     def groups_pending(self) -> int:
         return len(self.groups)
+
+    def ledger(self) -> dict:
+        """Where every admitted group is: the controller's half of the exactly-once check."""
+        by_reason: dict[str, int] = {}
+        for r in self.dropped.values():
+            by_reason[r] = by_reason.get(r, 0) + 1
+        return {"groups_admitted": self.next_group, "groups_committed": len(self.committed),
+                "groups_dropped": by_reason, "dropped_ids": sorted(self.dropped),
+                "pending_ids": sorted(self.groups), "committed_ids": sorted(self.committed)}
+
+    def state_dict(self) -> dict:
+        return {"cursor": self.cursor, "next_group": self.next_group, "queue": list(self.queue),
+                "partials": [asdict(p) for p in self.partials.values()],
+                "groups": [asdict(g) for g in self.groups.values()], "ready": list(self.ready),
+                "trained_at": [[g, s] for g, s in self.trained_at.items()], "committed": sorted(self.committed),
+                "dropped": [[g, r] for g, r in self.dropped.items()], "meta": self.meta,
+                "counters": [self.groups_started, self.groups_consumed, self.trajectories_finished,
+                             self.tokens_generated]}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.cursor, self.next_group = s["cursor"], s["next_group"]
+        self.queue = deque(s["queue"])
+        self.partials = {p["traj_id"]: Partial(**p) for p in s["partials"]}
+        self.groups = {g["group_id"]: Group(**g) for g in s["groups"]}
+        self.ready = deque(s["ready"])
+        self.trained_at = {g: st for g, st in s["trained_at"]}
+        self.committed = set(s["committed"])
+        self.dropped = {g: r for g, r in s["dropped"]}
+        self.meta = dict(s["meta"])
+        (self.groups_started, self.groups_consumed, self.trajectories_finished,
+         self.tokens_generated) = s["counters"]

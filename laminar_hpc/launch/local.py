@@ -23,6 +23,7 @@ from laminar_hpc.launch.rundir import CampaignLock, atomic_write_json, prepare_r
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.summary import build_summary
+from laminar_hpc.transport.security import auth_enabled, ensure_keys
 
 __all__ = ["RoleFailed", "run_local", "run_campaign", "role_argv"]
 
@@ -58,6 +59,8 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
                  on_start=None, on_end=None) -> dict:
     """Run one start of a campaign in a prepared run directory (caller holds the lock)."""
     save_config(cfg, run_dir / "config.yaml")
+    if auth_enabled(cfg.controller):
+        ensure_keys(run_dir)  # the per-run secret every connection proves (kept across resumes)
     run_id = uuid.uuid4().hex[:10]
     write_run_info(run_dir, run_id)
     for stale in (run_dir / "endpoints").glob("*.json"):

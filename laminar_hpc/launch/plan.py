@@ -21,7 +21,7 @@ class RoleSpec:
     name: str  # process name: logs/<name>.log, Slurm step name
     module: str  # laminar_hpc.<module> is its entry point
     args: tuple[str, ...] = ()
-    restartable: bool = False  # a dead process of this role is restarted alone
+    restartable: bool = True  # a dead process of this role is restarted alone (every role is)
 
 
 def role_specs(cfg: Config, relay_of_rollout: dict[int, str] | None = None) -> list[RoleSpec]:
@@ -29,7 +29,7 @@ def role_specs(cfg: Config, relay_of_rollout: dict[int, str] | None = None) -> l
     (a relay rank, or 'auto': the relay on the rollout's own node)."""
     relays = relay_of_rollout or {i: str(i % cfg.relay.count) for i in range(cfg.rollout.count)}
     specs = [RoleSpec("controller-0", "controller"), RoleSpec("relay", "relay"), RoleSpec("trainer-0", "trainer")]
-    specs += [RoleSpec(f"rollout-{i}", "rollout", ("--rank", str(i), "--relay", relays[i]), restartable=True)
+    specs += [RoleSpec(f"rollout-{i}", "rollout", ("--rank", str(i), "--relay", relays[i]))
               for i in range(cfg.rollout.count)]
     return specs
 

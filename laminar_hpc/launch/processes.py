@@ -97,6 +97,12 @@ class ProcessGroup:
         except PermissionError:
             p.popen.send_signal(sig)
 
+    def kill(self, name: str, sig: int) -> None:
+        """Signal one role's process group (a hung role: SIGKILL, then it is reaped and restarted)."""
+        p = self.procs.get(name)
+        if p is not None and p.popen.poll() is None:
+            self._signal_group(p, sig)
+
     def stop_all(self, timeout_s: float, order: list[str] | None = None) -> list[str]:
         """SIGTERM every live role (in `order` first), wait up to `timeout_s`, SIGKILL the rest.
         Returns the names that had to be killed."""

@@ -2,7 +2,8 @@
 find the controller and say hello. Entry points stay thin by calling `start_role`.
 
     ctx = start_role("rollout", rank=3, run_dir=args.run_dir)
-    ctx.ctrl.send({"type": "heartbeat", "t": time.time()})
+    beat = Heartbeat(ctx); beat.tick()          # in the role's loop
+    if ctx.controller_restarted(msg): resync()  # for each message from the controller
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from laminar_hpc.config import Config, load_config
 from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport.channel import Client, wait_endpoint
+from laminar_hpc.transport.security import channel_keys
 
 
 INTERRUPTED = 75  # a role's exit code: stopped early on request, state saved, resumable (EX_TEMPFAIL)
@@ -33,10 +35,24 @@ class RoleContext:
     ctrl: Client | None
     tracer: Tracer
     log: logging.Logger
+    epoch: str | None = None  # the controller's, from its heartbeats
 
     @property
     def name(self) -> str:
         return f"{self.role}-{self.rank}"
+
+    def controller_restarted(self, msg: dict) -> bool:
+        """True when `msg` is the first heartbeat of a new controller epoch: the controller was
+        restarted and this role must re-send its state."""
+        if msg.get("type") != "heartbeat" or not msg.get("epoch"):
+            return False
+        known, self.epoch = self.epoch, msg["epoch"]
+        if known is not None and known != self.epoch:
+            self.log.warning("the controller restarted (epoch %s -> %s): re-sending this role's state",
+                             known, self.epoch)
+            self.tracer.emit("controller_restarted", epoch=self.epoch)
+            return True
+        return False
 
     def shm_path(self, what: str) -> Path:
         """Node-local shared-memory file of this run (`what`: 'handoff', 'relay0', ...)."""
@@ -65,7 +81,8 @@ def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = Tru
     ctrl = None
     if connect:
         addr = wait_endpoint(run_dir, "controller", cfg.timeouts.startup_s)
-        ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20))
+        ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20),
+                      keys=channel_keys(run_dir, cfg.controller))
         ctrl.send({"type": "hello", "role": role, "rank": rank, "pid": os.getpid()})
     tracer.emit("role_start", pid=os.getpid())
     log.info("started (pid %d, run %s)", os.getpid(), run_id)
@@ -75,11 +92,12 @@ def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = Tru
 class Heartbeat:
     """Sends a heartbeat to the controller at most every `every_s` seconds."""
 
-    def __init__(self, ctx: RoleContext, every_s: float = 1.0):
-        self.ctx, self.every_s, self.last = ctx, every_s, 0.0
+    def __init__(self, ctx: RoleContext, every_s: float | None = None):
+        self.ctx, self.last = ctx, 0.0
+        self.every_s = ctx.cfg.supervisor.heartbeat_interval_s if every_s is None else every_s
 
     def tick(self) -> None:
         now = time.monotonic()
         if self.ctx.ctrl is not None and now - self.last >= self.every_s:
-            self.ctx.ctrl.send({"type": "heartbeat", "t": time.time()})
+            self.ctx.ctrl.send({"type": "heartbeat", "t": time.time(), "pid": os.getpid()})
             self.last = now

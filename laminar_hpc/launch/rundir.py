@@ -61,12 +61,18 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     with `overwrite`; otherwise nothing in it is changed.
     """
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} is a file, not a directory; pick another --run-dir")
+    holder = lock_holder(run_dir)
+    if holder is not None:  # say so first: --resume or --overwrite would not help
+        raise RunDirError(_held_message(run_dir, holder))
     exists = run_dir.exists() and any(run_dir.iterdir())
     if exists and not (resume or overwrite):
         raise RunDirError(f"run directory {run_dir} already holds a run; pass --resume to continue it "
                           f"or --overwrite to replace it")
     if resume and not (run_dir / "config.yaml").is_file():
-        raise RunDirError(f"cannot resume: {run_dir} holds no config.yaml (was it a laminar run directory?)")
+        raise RunDirError(f"cannot resume: {run_dir} holds no config.yaml (was it a laminar run directory?); "
+                          "check --run-dir, or start a new run without --resume")
     if overwrite and exists:
         with CampaignLock(run_dir):  # never wipe a directory a live campaign holds
             pass
@@ -75,6 +81,27 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     os.chmod(run_dir, 0o700)
     for sub in ("logs", "trace", "endpoints", "checkpoints"):
         (run_dir / sub).mkdir(exist_ok=True, mode=0o700)
+
+
+def _held_message(run_dir: Path, holder: str) -> str:
+    return (f"run directory {run_dir} is held by another live campaign (pid {holder or '?'}); "
+            "stop it first or use another --run-dir")
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """The pid (as written) of a live campaign holding run_dir's lock, else None. Only probes:
+    creates and writes nothing, so a refused command leaves the directory as it was."""
+    try:
+        fd = os.open(Path(run_dir) / ".lock", os.O_RDONLY)
+    except OSError:  # no lock file (or unreadable): nobody we can see holds it
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip()
+    finally:
+        os.close(fd)  # closing drops a probe lock we took
+    return None
 
 
 class CampaignLock:
@@ -93,8 +120,7 @@ class CampaignLock:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
             os.close(fd)
-            raise RunDirError(f"run directory {self.path.parent} is held by another live campaign "
-                              f"(pid {holder or '?'}); stop it first or use another --run-dir") from None
+            raise RunDirError(_held_message(self.path.parent, holder)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
@@ -112,3 +138,38 @@ def write_run_info(run_dir: Path, run_id: str) -> None:
     info.setdefault("starts", []).append({"time": time.time(), "pid": os.getpid(), "host": os.uname().nodename})
     info["run_id"] = run_id
     atomic_write_json(run_dir / "run.json", info)
+
+
+def _newest_checkpoint_model(checkpoints: Path) -> tuple[str, dict] | None:
+    """(name, meta["model"]) of the newest complete checkpoint whose meta.json is readable; the
+    trainer resumes from the newest that verifies, so a damaged newer one is skipped here too."""
+    if not checkpoints.is_dir():
+        return None
+    for path in sorted(checkpoints.glob("step_*"), reverse=True):
+        if not (path / "COMPLETE").exists():
+            continue
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and isinstance(meta.get("model"), dict):
+            return path.name, meta["model"]
+    return None
+
+
+def check_resume_model(run_dir: Path, model: dict) -> None:
+    """Refuse, before any process starts, to resume run_dir with a model whose shape differs
+    from its newest checkpoint's (the trainer would otherwise fail later, inside its own log).
+    `model` is the config's `model` section as a dict (cfg.model.model_dump()); torch-free."""
+    found = _newest_checkpoint_model(Path(run_dir) / "checkpoints")
+    if found is None:
+        return  # nothing to resume from yet: the trainer starts afresh
+    name, saved = found
+    # keys only one side knows (a config schema newer or older than the checkpoint) are not compared
+    diff = [k for k in sorted(saved.keys() & model.keys()) if saved[k] != model[k]]
+    if not diff:
+        return
+    has = ", ".join(f"model.{k}={saved[k]}" for k in diff)
+    says = ", ".join(f"model.{k}={model[k]}" for k in diff)
+    raise RunDirError(f"cannot resume {run_dir}: its checkpoint {name} has {has}, the config says {says}; "
+                      "use the run's own config or a new --run-dir")

@@ -1,18 +1,25 @@
-"""Start the roles, watch them, restart what may be restarted, stop everything by PID.
+"""Start the roles, watch them, restart what fails, stop everything by PID.
 
 The same loop runs a campaign on one machine (roles are plain processes) and inside a Slurm
 allocation (roles are `srun` job steps). Only how a role's command line is built differs.
 
 - The trainer exiting 0 means the campaign is done: the controller then stops the others.
-- The trainer exiting with INTERRUPTED (75) means it was asked to stop early (SIGTERM, or USR2
-  before a time limit) and has checkpointed: the campaign ends "interrupted", resumable.
-- A restartable role (a rollout) that dies is reported to the controller, which puts its
-  in-flight trajectories back in the queue, and is restarted alone, with backoff, a bounded
-  number of times.
-- Any other role dying ends the run with RoleFailed, naming the role and the end of its log.
+- The trainer exiting with INTERRUPTED (75), or killed by SIGTERM/SIGUSR2, was asked to stop
+  early (a preemption, a time limit) and has checkpointed: the campaign ends "interrupted",
+  resumable. Other roles stopped by such a signal get a grace period to see whether the whole
+  job is winding down.
+- Any other death of any role (a crash, SIGKILL, a node loss) is reported to the controller and
+  that role alone is restarted, with exponential backoff and at most
+  `supervisor.max_role_restarts` times in a row (a role that ran `healthy_after_s` starts
+  afresh). The relay tier is one MPI job: it restarts as a whole.
+- A role the controller lists as hung (no heartbeat for `timeouts.heartbeat_s`), or a controller
+  whose status file went stale, is killed by PID and then restarted like a crash.
+- Every recovery is timed from the death to the moment the new process does its job again
+  (the controller's role table in status.json); `recoveries.json` lists them.
 """
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,9 +28,10 @@ from laminar_hpc.config import Config
 from laminar_hpc.launch.plan import RoleSpec
 from laminar_hpc.launch.role import INTERRUPTED
 from laminar_hpc.launch.processes import ProcessGroup
-from laminar_hpc.launch.rundir import read_json
+from laminar_hpc.launch.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.transport.channel import Client
+from laminar_hpc.transport.security import channel_keys
 
 POLL_S = 0.25  # how often the supervisor looks at its children and the status file
 # exit statuses of a role stopped by SIGTERM or SIGUSR2 (negative: a local process; 128+n: srun)
@@ -35,25 +43,38 @@ class RoleFailed(RuntimeError):
     pass
 
 
+def spec_of(ident: str) -> str:
+    """The supervised process of a role identity ('relay-2' is a rank of the one 'relay' job)."""
+    return "relay" if ident.startswith("relay-") else ident
+
+
 class Supervisor:
     def __init__(self, cfg: Config, run_dir: Path, command: Callable[[RoleSpec], tuple[list[str], dict]],
                  progress: Progress):
         self.cfg, self.run_dir, self.command, self.progress = cfg, Path(run_dir), command, progress
         self.procs = ProcessGroup(run_dir)
         self.specs: dict[str, RoleSpec] = {}
-        self.restarts: dict[str, int] = {}
+        self.restarts: dict[str, int] = {}  # failures in a row (reset once a role ran healthy_after_s)
+        self.started_at: dict[str, float] = {}
         self.pending_restart: dict[str, float] = {}  # name -> when to start it again
+        self.down: dict[str, tuple[float, int, str | None]] = {}  # name -> (wall time of death, code, epoch)
+        self.recoveries: list[dict] = []
         self.ctrl: Client | None = None
         self.stop_requested = False  # set from a signal handler: wind down, expect the trainer's 75
         self.signalled: dict[str, tuple[float, int]] = {}  # role -> (when, code): stopped by a signal
+        self.status: dict = {}
 
     def start(self, specs: list[RoleSpec]) -> None:
         for spec in specs:
             self.specs[spec.name] = spec
-            argv, env = self.command(spec)
-            self.procs.start(spec.name, argv, env)
+            self._launch(spec.name)
             if spec.module == "controller":
                 self._wait_for_controller()
+
+    def _launch(self, name: str) -> None:
+        argv, env = self.command(self.specs[name])
+        self.procs.start(name, argv, env)
+        self.started_at[name] = time.monotonic()
 
     def _wait_for_controller(self) -> None:
         deadline = time.monotonic() + self.cfg.timeouts.startup_s
@@ -64,21 +85,25 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise RoleFailed(f"the controller did not publish {path} within {self.cfg.timeouts.startup_s:.0f}s")
             time.sleep(0.05)  # poll for a file the controller writes
-        self.ctrl = Client(read_json(path)["address"], "launcher-0")
+        self.ctrl = Client(read_json(path)["address"], "launcher-0",
+                           keys=channel_keys(self.run_dir, self.cfg.controller))
 
+    # -- failures and restarts ----------------------------------------------------------------
     def _role_down(self, name: str, rc: int) -> None:
-        spec = self.specs[name]
-        if self.ctrl is not None:
+        if self.ctrl is not None and name != "controller-0":
             self.ctrl.send({"type": "role_down", "role": name, "code": rc})
+        if time.monotonic() - self.started_at.get(name, 0.0) >= self.cfg.supervisor.healthy_after_s:
+            self.restarts[name] = 0  # it ran long enough: this is a new failure, not the same one again
         done = self.restarts.get(name, 0)
-        if not spec.restartable or done >= self.cfg.supervisor.max_role_restarts:
-            why = "" if spec.restartable else " (this role is not restarted alone)"
-            raise RoleFailed(f"{name} exited with code {rc}{why}; its log ({self.procs.procs[name].log_path}) "
-                             f"ends:\n{self.procs.tail(name)}")
-        delay = self.cfg.supervisor.restart_backoff_s * 2 ** done
-        self.progress.message(f"{name} exited with code {rc}: restarting it in {delay:.0f}s "
-                              f"(restart {done + 1} of at most {self.cfg.supervisor.max_role_restarts})")
+        if done >= self.cfg.supervisor.max_role_restarts:
+            raise RoleFailed(f"{name} exited with code {rc} after {done} restarts in a row "
+                             f"(supervisor.max_role_restarts={self.cfg.supervisor.max_role_restarts}); "
+                             f"its log ({self.procs.procs[name].log_path}) ends:\n{self.procs.tail(name)}")
+        delay = min(self.cfg.supervisor.restart_backoff_s * 2 ** done, 60.0)
+        self.progress.message(f"{name} exited with code {rc}: restarting it in {delay:.1f}s "
+                              f"(restart {done + 1} of at most {self.cfg.supervisor.max_role_restarts} in a row)")
         self.pending_restart[name] = time.monotonic() + delay
+        self.down[name] = (time.time(), rc, self.status.get("epoch"))
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -86,9 +111,54 @@ class Supervisor:
             if now >= when:
                 del self.pending_restart[name]
                 self.restarts[name] = self.restarts.get(name, 0) + 1
-                argv, env = self.command(self.specs[name])
-                self.procs.start(name, argv, env)
+                self._launch(name)
 
+    def _kill_hung(self) -> None:
+        """Kill (by PID) what the controller saw go silent, and a controller whose status went stale;
+        the reap then restarts them like any crash."""
+        now, st = time.time(), self.status
+        limit = self.cfg.timeouts.heartbeat_s
+        fresh = now - st.get("t", 0.0) < 5 * self.cfg.controller.status_interval_s + 1.0
+        hung = {spec_of(i) for i in st.get("hung", [])} if fresh else set()
+        ctl_age = time.monotonic() - self.started_at.get("controller-0", time.monotonic())
+        if not fresh and ctl_age > limit and now - st.get("t", now) > limit:
+            hung.add("controller-0")
+        for name in sorted(hung):
+            if name in self.specs and name in self.procs.alive() and name not in self.pending_restart \
+                    and time.monotonic() - self.started_at.get(name, 0.0) > limit:
+                self.progress.message(f"{name} sent nothing for over {limit:.0f}s: killing it to restart it")
+                self.procs.kill(name, signal.SIGKILL)
+
+    def _check_recoveries(self) -> None:
+        """A restarted role counts as recovered once the controller sees it doing its job again."""
+        st = self.status
+        roles = st.get("roles") or {}
+        for name, (t_down, rc, epoch) in list(self.down.items()):
+            if name in self.pending_restart:
+                continue
+            ready: float | None = None
+            if name == "controller-0":
+                ctl = st.get("controller") or {}
+                if st.get("epoch") not in (None, epoch) and ctl.get("ready_t"):
+                    ready = ctl["ready_t"]
+            else:
+                mine = [e for i, e in roles.items() if spec_of(i) == name and e["joined_t"] > t_down]
+                want = self.cfg.relay.count if name == "relay" else 1
+                if len(mine) >= want and all(e.get("ready_t") for e in mine):
+                    ready = max(e["ready_t"] for e in mine)
+            if ready is not None:
+                del self.down[name]
+                rec = {"role": name, "code": rc, "down_t": t_down, "ready_t": ready, "recovery_s": ready - t_down}
+                self.recoveries.append(rec)
+                self.write_recoveries()  # live: tools/chaos.py waits on it
+                self.progress.message(f"{name} recovered in {rec['recovery_s']:.1f}s")
+
+    def write_recoveries(self) -> None:
+        atomic_write_json(self.run_dir / "recoveries.json",
+                          {"recoveries": self.recoveries,
+                           "unrecovered": [{"role": n, "down_t": t, "code": c} for n, (t, c, _) in self.down.items()]})
+
+    # -- the loop -------------------------------------------------------------------------------
     def run(self) -> str:
         """Supervise until the campaign ends; returns 'completed' or 'interrupted'."""
         finishing_since: float | None = None
@@ -103,7 +173,7 @@ class Supervisor:
                                           "stopping the other roles")
                     if rc != 0 and self.ctrl is not None:
                         self.ctrl.send({"type": "stop_all", "reason": "trainer interrupted"})
-                elif rc in STOPPED_BY_SIGNAL and not self.specs[name].restartable:
+                elif rc in STOPPED_BY_SIGNAL:
                     # a preemption or time limit signals every step: give the trainer time to report
                     self.signalled[name] = (time.monotonic(), rc)
                 elif rc != 0 and finishing_since is None and not self.stop_requested:
@@ -112,10 +182,14 @@ class Supervisor:
             if finishing_since is None and not self.stop_requested:
                 for name, (when, rc) in list(self.signalled.items()):
                     if time.monotonic() - when > WINDING_DOWN_GRACE_S:
+                        del self.signalled[name]
                         self._role_down(name, rc)
+            self.status = read_json(self.run_dir / "status.json", {}) or {}
             if finishing_since is None:
                 self._restart_due()
-            self.progress.update(read_json(self.run_dir / "status.json"))
+                self._kill_hung()
+                self._check_recoveries()
+            self.progress.update(self.status or None)
             if finishing_since is not None:
                 if not self.procs.alive() or time.monotonic() - finishing_since > self.cfg.timeouts.shutdown_s:
                     return outcome
@@ -137,4 +211,5 @@ class Supervisor:
         if self.ctrl is not None:
             self.ctrl.close()
             self.ctrl = None
+        self.write_recoveries()
         return killed

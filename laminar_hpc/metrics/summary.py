@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from laminar_hpc.launch.rundir import read_json
+from laminar_hpc.trainer.ckpt_files import read_ledger
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -56,9 +57,44 @@ def build_summary(run_dir: Path, *, mode: str, wall_s: float) -> dict:
         "trainer_wait_s_total": sum(r["wait_s"] for r in rows),
         "groups_dropped_staleness": rows[-1]["dropped_groups"] if rows else 0,
         "warmup": warm[-1] if warm else None,
-        "dropped_frames": ctl.get("dropped_frames", 0),
+        "dropped_frames": ctl.get("dropped_frames", 0),  # malformed frames at the controller's socket
+        "relay_dropped_frames": ctl.get("relay_dropped_frames", 0),  # ... at the master relay's
         "wall_s": wall_s,
+        **ledger_summary(ctl.get("ledger"), read_ledger(Path(run_dir) / "checkpoints")),
+        **recovery_summary(read_json(Path(run_dir) / "recoveries.json", {}) or {}),
     }
+
+
+def ledger_summary(ctl: dict | None, trainer: dict | None) -> dict:
+    """The exactly-once check, from two independent records: the trainer's lineage (the groups
+    its final checkpoint was trained on) and the controller's ledger (what it admitted, dropped
+    and still holds). Every admitted group must be in exactly one of consumed / dropped / pending."""
+    if not ctl:
+        return {"groups_consumed": None, "groups_lost": None, "groups_duplicated": None}
+    lineage = [int(g) for g in (trainer or {}).get("consumed", [])]
+    consumed, dropped = set(lineage), set(ctl["dropped_ids"])
+    pending = set(ctl["pending_ids"]) - consumed  # trained, but the controller missed the checkpoint notice
+    admitted = set(range(ctl["groups_admitted"]))
+    return {
+        "groups_admitted": len(admitted),
+        "groups_consumed": len(consumed),
+        "groups_dropped": ctl["groups_dropped"],
+        "groups_pending": len(pending),
+        "groups_lost": len(admitted - consumed - dropped - pending),
+        "groups_duplicated": len(lineage) - len(consumed) + len(consumed & dropped),
+        "groups_unknown": len((consumed | dropped | pending) - admitted),
+    }
+
+
+def recovery_summary(rec: dict) -> dict:
+    per_role: dict[str, int] = {}
+    worst: dict[str, float] = {}
+    for r in rec.get("recoveries", []):
+        kind = r["role"].split("-")[0]
+        per_role[kind] = per_role.get(kind, 0) + 1
+        worst[kind] = max(worst.get(kind, 0.0), r["recovery_s"])
+    return {"recoveries": per_role, "recovery_s_max": max(worst.values(), default=0.0),
+            "recovery_s_max_by_role": worst, "unrecovered": len(rec.get("unrecovered", []))}
 
 
 def _lines(path: Path) -> list[str]:

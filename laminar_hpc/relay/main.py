@@ -5,19 +5,28 @@ trainer never waits), checksums it, and chain-broadcasts it to ranks 1..R-1. Eve
 the last `relay.slots` versions in its node-local WeightStore, from which the rollouts on its
 node pull whenever they are ready. A version that fails its checksum is never made readable.
 
+The tier is restarted as a whole when one relay dies (one MPI job). Rollouts keep generating
+with the weights they hold meanwhile. A restarted master rebinds its old address (the trainer's
+socket reconnects by itself) and broadcasts the newest version in the trainer's hand-off store
+at once, without waiting for the next publish.
+
     mpirun -n 2 python -m laminar_hpc.relay --run-dir runs/x
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
 from laminar_hpc.relay.chain import STOP, WEIGHTS, Header, chain_bytes, chain_header, poll_header
+from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.transport.channel import Server, publish_endpoint
+from laminar_hpc.transport.security import channel_keys
 from laminar_hpc.transport.weight_store import WeightStore, checksum
 
 
@@ -63,14 +72,42 @@ class RelayNode:
             self.store.unlink()
 
 
+class Handoff:
+    """The trainer's hand-off store, reopened when a restarted trainer recreates it."""
+
+    def __init__(self, path: Path):
+        self.path, self.store, self.inode = path, None, None
+
+    def get(self) -> WeightStore | None:
+        try:
+            ino = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            return self.store  # the trainer is restarting: what we have is still readable
+        if ino != self.inode:
+            self.close()
+            self.store, self.inode = WeightStore.open(self.path), ino
+        return self.store
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
 def run_master(node: RelayNode, flags: dict) -> None:
     ctx = node.ctx
-    handoff_srv = Server(ctx.cfg.controller.host)
+    old = read_json(ctx.run_dir / "endpoints" / "relay_master.json")  # a restart keeps its address
+    handoff_srv = Server(ctx.cfg.controller.host, port=int(old["address"].rsplit(":", 1)[1]) if old else None,
+                         keys=channel_keys(ctx.run_dir, ctx.cfg.controller))
     publish_endpoint(ctx.run_dir, "relay_master", handoff_srv.address)
-    handoff: WeightStore | None = None
+    handoff = Handoff(ctx.shm_path("handoff"))
     beat = Heartbeat(ctx)
-    pending = -1  # newest version the trainer announced and we have not broadcast yet
+    # newest version the trainer announced and we have not broadcast yet; after a restart,
+    # whatever the hand-off store holds already
+    store = handoff.get()
+    pending = store.latest_version() if store is not None else -1
     last_sent = -1
+    dropped = 0
     try:
         while not flags.get("stop"):
             beat.tick()
@@ -80,15 +117,16 @@ def run_master(node: RelayNode, flags: dict) -> None:
             for msg in ctx.ctrl.drain():
                 if msg["type"] == "stop":
                     flags["stop"] = True
-            if pending > last_sent and not flags.get("stop"):
-                if handoff is None:
-                    handoff = WeightStore.open(ctx.shm_path("handoff"))
-                last_sent = broadcast_latest(node, handoff)
+            if handoff_srv.dropped != dropped:  # malformed frames at the hand-off socket: counted, visible
+                dropped = handoff_srv.dropped
+                ctx.ctrl.send({"type": "log_event", "event": "relay", "fields": {"dropped_frames": dropped}})
+            if pending > last_sent and not flags.get("stop") and (store := handoff.get()) is not None:
+                last_sent = broadcast_latest(node, store)
+                pending = max(pending, last_sent)
     finally:
         chain_header(node.comm, Header(kind=STOP), node.timeout_s)
         handoff_srv.close()
-        if handoff is not None:
-            handoff.close()
+        handoff.close()
 
 
 def broadcast_latest(node: RelayNode, handoff: WeightStore) -> int:
@@ -116,6 +154,7 @@ def run_follower(node: RelayNode, flags: dict) -> None:
     beat = Heartbeat(node.ctx)
     while not flags.get("stop"):
         beat.tick()
+        node.ctx.ctrl.drain()  # heartbeat replies: nothing for a follower to act on
         hdr = poll_header(node.comm, timeout_s=0.5)
         if hdr is None:
             continue  # the chain's STOP header is how followers normally end

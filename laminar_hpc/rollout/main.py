@@ -117,6 +117,7 @@ class Rollout:
         self.queue: deque[dict] = deque()  # assigned, not yet admitted
         self.meta: dict[str, dict] = {}  # traj_id -> its work item, start time, first version
         self.stream_buf: dict[str, tuple[list[int], list[float]]] = {}
+        self.streamed: dict[str, int] = {}  # tokens of each trajectory the partial-response pool holds
         self.credit_to_return = 0
         self.steps_since_flush = 0
         self.stopping = False
@@ -167,7 +168,9 @@ class Rollout:
         return self.stopping
 
     def _apply(self, msg: dict) -> None:
-        if msg["type"] == "assign":
+        if self.ctx.controller_restarted(msg):
+            self.resync()
+        elif msg["type"] == "assign":
             for w in msg["work"]:
                 if w.get("version") is not None:  # a migrated trajectory: it goes first
                     self.queue.appendleft(w)
@@ -182,11 +185,21 @@ class Rollout:
         elif msg["type"] == "stop":
             self.stopping = True
 
+    def resync(self) -> None:
+        """Tell a restarted controller what this replica holds and how many slots are free."""
+        self.flush_streams()
+        held = [*self.meta, *(w["traj_id"] for w in self.queue)]
+        free = max(0, self.engine.max_batch - len(held))
+        self.ctx.ctrl.send({"type": "resync", "held": held, "free": free, "version": self.engine.version,
+                            "pid": os.getpid()})
+        self.credit_to_return = 0  # `free` replaces every credit the old controller knew of
+
     # -- repack and partial rollout ---------------------------------------------------------
     def _partial(self, req: SeqRequest) -> dict:
         m = self.meta.pop(req.traj_id)
         w = m["work"]
         self.stream_buf.pop(req.traj_id, None)  # the trajectory carries every token
+        self.streamed.pop(req.traj_id, None)
         return {"traj_id": req.traj_id, "group_id": w["group_id"], "problem": w["problem"], "version": m["version"],
                 "prompt": w["prompt"], "tokens": req.tokens, "logprobs": req.logprobs, "rollout": self.ctx.rank,
                 "t_start": m["t_start"], "t_end": None}
@@ -242,6 +255,7 @@ class Rollout:
                 continue
             self.meta[w["traj_id"]] = {"work": w, "t_start": time.time(),
                                        "version": self.engine.version if pinned is None else pinned}
+            self.streamed[w["traj_id"]] = len(w.get("tokens") or [])
             reqs.append(SeqRequest(w["traj_id"], list(w["prompt"]), w["max_new_tokens"],
                                    list(w.get("tokens") or []), list(w.get("logprobs") or [])))
         self.queue.extendleft(reversed(keep))
@@ -276,8 +290,12 @@ class Rollout:
         self.credit_to_return += 1
 
     def flush_streams(self) -> None:
-        items = [{"traj_id": t, "tokens": toks, "logprobs": lps, "version": self.engine.version}
-                 for t, (toks, lps) in self.stream_buf.items() if toks]
+        items = []
+        for t, (toks, lps) in self.stream_buf.items():
+            if toks:
+                items.append({"traj_id": t, "tokens": toks, "logprobs": lps, "version": self.engine.version,
+                              "offset": self.streamed.get(t, 0)})
+                self.streamed[t] = self.streamed.get(t, 0) + len(toks)
         if items:
             self.ctx.ctrl.send({"type": "stream", "items": items})
         self.stream_buf = {t: ([], []) for t in self.stream_buf}

@@ -36,15 +36,24 @@ class JsonlTasks:
         self.path = Path(path)
         self.name = f"jsonl:{self.path.name}"
         if not self.path.is_file():
-            raise DatasetError(f"{self.path}: dataset file not found (task.path)")
+            where = "" if self.path.is_absolute() else f" (relative to {Path.cwd()})"
+            raise DatasetError(f"{self.path}: dataset file not found{where}; set task.path to an existing "
+                               "JSONL file")
+        try:
+            prompt_template.format(prompt="x")
+        except (KeyError, IndexError, ValueError, AttributeError) as err:  # would fail in every role, later
+            raise DatasetError(f"task.prompt_template {prompt_template!r} is not usable ({type(err).__name__}: "
+                               f"{err}); use {{prompt}} for the prompt and {{{{ }}}} for literal braces") from None
         self.template = prompt_template
         self.skipped = 0
         self.rows: list[tuple[str, str]] = []
-        with open(self.path, encoding="utf-8", errors="strict") as f:
-            try:
+        try:
+            with open(self.path, encoding="utf-8", errors="strict") as f:
                 lines = f.readlines()
-            except UnicodeDecodeError as err:
-                raise DatasetError(f"{self.path}: not UTF-8 text ({err.reason})") from None
+        except UnicodeDecodeError as err:
+            raise DatasetError(f"{self.path}: not UTF-8 text ({err.reason}); convert it to UTF-8") from None
+        except OSError as err:
+            raise DatasetError(f"{self.path}: cannot read the dataset ({err.strerror})") from None
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -59,13 +68,16 @@ class JsonlTasks:
                 self.rows.append((row[prompt_field], gold))
             except ValueError as err:  # json.JSONDecodeError is a ValueError
                 if on_bad_row == "fail":
-                    raise DatasetError(f"{self.path} line {n}: {err} "
-                                       "(set task.on_bad_row: skip to skip such rows)") from None
+                    raise DatasetError(f"{self.path} line {n}: {err}; fix the row, or set task.on_bad_row: skip "
+                                       "to skip and count such rows") from None
                 self.skipped += 1
-        if self.skipped:
-            log.warning("%s: skipped %d malformed rows", self.path, self.skipped)
+        if self.skipped:  # every role that loads the dataset logs this (logs/<role>.log)
+            log.warning("%s: skipped %d of %d rows without the required fields '%s' and '%s' "
+                        "(task.on_bad_row: skip)", self.path, self.skipped, self.skipped + len(self.rows),
+                        prompt_field, answer_field)
         if not self.rows:
-            raise DatasetError(f"{self.path}: no usable rows")
+            raise DatasetError(f"{self.path}: no usable rows (each line: a JSON object with string fields "
+                               f"'{prompt_field}' and '{answer_field}')")
         self._reward = build_reward(reward)
 
     def __len__(self) -> int:

@@ -1,40 +1,133 @@
-"""Trainer checkpoints on the run directory's filesystem: atomic, verified, rotated.
+"""Trainer checkpoints on the run directory's filesystem: atomic, verified, rotated, asynchronous.
 
     checkpoints/step_000100/
       model.pt optim.pt rng.pt   state
       meta.json                  step, version, model shape
+      ledger.json                the trainer's exactly-once ledger (absent in older checkpoints)
       manifest.json              sha256 of every file above
       COMPLETE                   written last: a directory without it is ignored
 
 Written under a temporary name and renamed, so a crash mid-write never leaves a directory
 that looks complete. `load_latest` verifies the manifest and falls back to the previous
-checkpoint when the newest is corrupt or partial (saying so).
+checkpoint when the newest is corrupt or partial (saying so). A write that fails (a full disk)
+removes its temporary directory and leaves every earlier checkpoint as it was.
+
+`AsyncCheckpointer` splits a save in two: a host copy of every tensor (the only part training
+waits for) and the write, done by one background thread from that copy, never from the live
+model, so training can go on changing the weights while the files are written.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
-import logging
 import os
 import shutil
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
-_FILES = ("model.pt", "optim.pt", "rng.pt", "meta.json")
+from laminar_hpc.trainer.ckpt_files import (LEDGER_FILE, CheckpointError, list_checkpoints, log, newest_verified,
+                                            read_ledger, verify)
+
+__all__ = ["AsyncCheckpointer", "CheckpointError", "list_checkpoints", "load_latest", "read_ledger",
+           "save_checkpoint", "verify"]
 
 
-class CheckpointError(RuntimeError):
-    pass
+# -- host copy: the part the caller waits for ---------------------------------------------------
+
+@dataclass
+class _HostCopy:
+    step: int
+    version: int
+    model: dict
+    optim: dict
+    rng: dict
+    meta_text: str
+    ledger_text: str | None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def _to_host(obj, memo: dict):
+    """A copy of a (nested) state dict that shares nothing with the live one: tensors are
+    copied to CPU (optimizer steps update `exp_avg` and even `step` in place), containers and
+    scalars are copied. Identical views (the tied embedding and lm_head) stay one tensor, so the
+    file does not hold the weights twice."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
+               t.device)
+        if key not in memo:
+            memo[key] = t.to("cpu", copy=True)
+        return memo[key]
+    if isinstance(obj, dict):
+        out = type(obj)() if isinstance(obj, OrderedDict) else {}
+        for k, v in obj.items():
+            out[k] = _to_host(v, memo)
+        if hasattr(obj, "_metadata"):  # module versions that load_state_dict reads back
+            out._metadata = copy.deepcopy(obj._metadata)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v, memo) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def _rng_state() -> dict:
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def _host_copy(step: int, version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict,
+               ledger: dict | None) -> _HostCopy:
+    # meta and ledger become JSON text here, in the caller: that is their copy, and a value
+    # that is not JSON fails at the call instead of later in the background thread.
+    return _HostCopy(step=step, version=version, model=_to_host(model.state_dict(), {}),
+                     optim=_to_host(optimizer.state_dict(), {}), rng=_rng_state(),
+                     meta_text=json.dumps({**meta, "step": step, "version": version}, indent=1),
+                     ledger_text=None if ledger is None else json.dumps(ledger))
+
+
+# -- the write: shared by the synchronous and the asynchronous path -----------------------------
+
+class _HashingWriter:
+    """A file that hashes what goes through it, so the manifest needs no second read, and keeps
+    the first write error: torch's writer may bury it under a later "unexpected pos" error."""
+
+    def __init__(self, f):
+        self.f, self.h = f, hashlib.sha256()
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        self.h.update(data)
+        try:
+            return self.f.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_file(path: Path, fill) -> str:
+    # torch.save gets a Python file, not a path: given a path, its C++ writer reports a full
+    # disk only as "unexpected pos 576 vs 534"; through a Python file we see the OSError (ENOSPC).
+    with open(path, "wb") as f:
+        w = _HashingWriter(f)
+        try:
+            fill(w)
+        except Exception:
+            if w.error is not None:
+                raise w.error from None
+            raise
+        f.flush()
+        os.fsync(f.fileno())
+    return w.h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -45,77 +138,162 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(root: Path, *, step: int, version: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, meta: dict, keep: int) -> Path:
-    root = Path(root)
-    final = root / f"step_{step:06d}"
-    tmp = root / f".step_{step:06d}.tmp{os.getpid()}"
+def _write(root: Path, snap: _HostCopy, keep: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{snap.step:06d}"
+    final = root / name
+    tmp = root / f".{name}.tmp{os.getpid()}"
+    old = root / f".{name}.old{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
+    moved_old = renamed = False
     try:
-        torch.save(model.state_dict(), tmp / "model.pt")
-        torch.save(optimizer.state_dict(), tmp / "optim.pt")
-        torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "version": version}, indent=1))
-        manifest = {name: _sha256(tmp / name) for name in _FILES}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        for name in (*_FILES, "manifest.json"):
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
+        manifest = {}
+        for fname, obj in (("model.pt", snap.model), ("optim.pt", snap.optim), ("rng.pt", snap.rng)):
+            manifest[fname] = _write_file(tmp / fname, lambda f, obj=obj: torch.save(obj, f))
+        texts = {"meta.json": snap.meta_text}
+        if snap.ledger_text is not None:
+            texts[LEDGER_FILE] = snap.ledger_text
+        for fname, text in texts.items():
+            manifest[fname] = _write_file(tmp / fname, lambda f, text=text: f.write(text.encode()))
+        _write_file(tmp / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        _fsync_dir(tmp)
+        if final.exists():  # the same step again (resumed, then stopped): keep it until the new one is whole
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            moved_old = True
         os.replace(tmp, final)
-        (final / "COMPLETE").write_text("ok\n")  # the marker goes last
+        renamed = True
+        _write_file(final / "COMPLETE", lambda f: f.write(b"ok\n"))  # the marker goes last
         _fsync_dir(final)
         _fsync_dir(root)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoints stay as they were
+        # even the marker can hit a full disk: undo the rename and bring back what was there
+        if renamed:
+            shutil.rmtree(final, ignore_errors=True)
+        if moved_old:
+            os.replace(old, final)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in list_checkpoints(root)[:-keep]:
+    if moved_old:
         shutil.rmtree(old, ignore_errors=True)
+    for stale in list_checkpoints(root)[:-max(1, keep)]:
+        shutil.rmtree(stale, ignore_errors=True)
     return final
 
 
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint directories, oldest first."""
+def _failure_line(root: Path, step: int, err: BaseException) -> str:
+    """One line for the log and the controller: what failed, why, and what a resume would use."""
+    prev = list_checkpoints(root)
+    tail = f"the previous checkpoint {prev[-1].name} is intact" if prev else "there is no previous checkpoint"
+    why = str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
+    why = " ".join(why.split())  # torch errors can span lines
+    return f"checkpoint step_{step:06d} in {root} not written: {why}; {tail}"
+
+
+# -- public API -------------------------------------------------------------------------------
+
+def save_checkpoint(root: Path, *, step: int, version: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, meta: dict, keep: int, ledger: dict | None = None) -> Path:
+    """Write a checkpoint and return its directory; CheckpointError (one line) if it cannot be
+    written, with the earlier checkpoints untouched."""
     root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step_*") if (p / "COMPLETE").exists())
-
-
-def verify(path: Path) -> dict:
-    """meta.json of a checkpoint after checking every file against its manifest."""
+    snap = _host_copy(step, version, model, optimizer, meta, ledger)
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path}: unreadable manifest ({err})") from None
-    for name in _FILES:
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path}: {name} is missing")
-        if _sha256(path / name) != manifest.get(name):
-            raise CheckpointError(f"{path}: {name} does not match its checksum")
-    return json.loads((path / "meta.json").read_text())
+        return _write(root, snap, keep)
+    except Exception as err:
+        raise CheckpointError(_failure_line(root, step, err)) from err
+
+
+class AsyncCheckpointer:
+    """At most one checkpoint write in flight, done by a background thread.
+
+    `save` blocks for the host copy (and for the previous write, if still going); `poll`
+    returns the writes that finished since the last call, a failure as {"error": one line}."""
+
+    def __init__(self, root: Path, keep: int, timeout_s: float = 600.0):
+        self.root, self.keep, self.timeout_s = Path(root), keep, timeout_s
+        self._thread: threading.Thread | None = None
+        self._step: int | None = None  # the step in flight, for the timeout message
+        self._lock = threading.Lock()
+        self._done: list[dict] = []
+
+    def save(self, step: int, version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             meta: dict, ledger: dict | None = None) -> float:
+        """Start writing a checkpoint; returns the seconds the caller was blocked."""
+        t0 = time.monotonic()
+        self._join(self.timeout_s)
+        snap = _host_copy(step, version, model, optimizer, meta, ledger)
+        self._step = step
+        self._thread = threading.Thread(target=self._run, args=(snap,), name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+        return time.monotonic() - t0
+
+    def _run(self, snap: _HostCopy) -> None:
+        # never raises: the training thread learns of a failure through poll()
+        t0 = time.monotonic()
+        try:
+            path = _write(self.root, snap, self.keep)
+            res = {"step": snap.step, "version": snap.version, "path": str(path), "write_s": time.monotonic() - t0}
+        except BaseException as err:
+            res = {"step": snap.step, "version": snap.version, "error": _failure_line(self.root, snap.step, err)}
+            log.error("%s", res["error"])
+        with self._lock:
+            self._done.append(res)
+
+    def _join(self, timeout_s: float | None) -> None:
+        t = self._thread
+        if t is None:
+            return
+        t.join(self.timeout_s if timeout_s is None else timeout_s)
+        if t.is_alive():
+            raise TimeoutError(f"checkpoint step_{self._step:06d} to {self.root / f'step_{self._step:06d}'} "
+                               f"still being written after {self.timeout_s if timeout_s is None else timeout_s}s")
+        self._thread = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def poll(self) -> list[dict]:
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def wait(self, timeout_s: float | None = None) -> list[dict]:
+        """Wait for the write in flight (TimeoutError after timeout_s), then poll()."""
+        self._join(timeout_s)
+        return self.poll()
+
+    def close(self) -> list[dict]:
+        return self.wait()
+
+    def __enter__(self) -> AsyncCheckpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def load_latest(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict | None:
-    """Restore the newest checkpoint that verifies; None if there is none."""
-    for path in reversed(list_checkpoints(root)):
-        try:
-            meta = verify(path)
-        except CheckpointError as err:
-            log.error("skipping checkpoint: %s; trying the previous one", err)
-            continue
-        state = torch.load(path / "model.pt", map_location="cpu")
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as err:
-            detail = [ln.strip() for ln in str(err).splitlines()[1:] if ln.strip()]
-            raise CheckpointError(f"{path}: model shape differs from the config "
-                                  f"({detail[0] if detail else str(err)})") from None
-        if optimizer is not None:
-            optimizer.load_state_dict(torch.load(path / "optim.pt", map_location="cpu"))
-        torch.set_rng_state(torch.load(path / "rng.pt")["torch"])
-        meta["path"] = str(path)
-        return meta
-    return None
+    """Restore the newest checkpoint that verifies; its meta (with "path" and "ledger"), or None."""
+    found = newest_verified(root)
+    if found is None:
+        return None
+    path, meta = found
+    state = torch.load(path / "model.pt", map_location="cpu")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        detail = [ln.strip() for ln in str(err).splitlines()[1:] if ln.strip()]
+        raise CheckpointError(f"{path}: model shape differs from the config "
+                              f"({detail[0] if detail else str(err)})") from None
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(path / "optim.pt", map_location="cpu"))
+    rng = torch.load(path / "rng.pt")
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    meta["path"] = str(path)
+    return meta
+

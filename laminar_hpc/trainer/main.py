@@ -5,6 +5,12 @@ as soon as `groups_per_step` usable groups are in hand, hands the new version to
 relay (one memcpy) and goes straight on. Staleness (trainer version - generating version) is
 recorded per trajectory; groups older than `max_staleness` are dropped and counted.
 
+Its ledger (the groups its weights were trained on, in order) is part of every checkpoint,
+written in the background (training blocks only for the host copy). A restarted trainer
+resumes from its newest good checkpoint, re-publishes those weights under a version number
+newer than any published before (rollouts take it at once: no resume deadlock), and sends
+the controller its ledger, which gives back every group it lost and none it kept.
+
     python -m laminar_hpc.trainer --run-dir runs/x
 """
 from __future__ import annotations
@@ -13,6 +19,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import sys
 import time
 
@@ -29,7 +36,7 @@ from laminar_hpc.trainer.batch import build_batch
 from laminar_hpc.emulation.cost import Clock, CostModel
 from laminar_hpc.emulation.weights import EmulatedWeights
 from laminar_hpc.trainer.emulated import EmulatedPolicy, emulated_train_step
-from laminar_hpc.trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
+from laminar_hpc.trainer.checkpoint import AsyncCheckpointer, list_checkpoints, load_latest
 from laminar_hpc.trainer.loss import aipo_loss
 from laminar_hpc.trainer.publisher import Publisher
 from laminar_hpc.trainer.warmup import run_warmup
@@ -72,6 +79,16 @@ class Trainer:
         self.synced = -1  # partial-rollout: newest version every rollout has loaded
         self.checkpointed: set[int] = set()
         self.metrics_path = ctx.run_dir / "metrics.jsonl"
+        # the exactly-once ledger: groups trained on, in order (the first `committed_n` are in the
+        # newest checkpoint written), and groups dropped for staleness not yet reported
+        self.consumed: list[int] = []
+        self.consumed_set: set[int] = set()
+        self.committed_n = 0
+        self.stale: list[int] = []
+        self.already: list[int] = []  # re-delivered groups this lineage trained on: reported, not retrained
+        self.ckpt = AsyncCheckpointer(ctx.run_dir / "checkpoints", keep=ctx.cfg.checkpoint.keep,
+                                      timeout_s=ctx.cfg.timeouts.checkpoint_s)
+        self.ckpt_pending: dict[int, int] = {}  # checkpoint step -> ledger length it holds
 
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
     def initialise(self) -> None:
@@ -79,8 +96,20 @@ class Trainer:
         meta = load_latest(ctx.run_dir / "checkpoints", self.model, self.opt)
         if meta is not None:
             self.step, self.version = meta["step"], meta["version"]
-            ctx.log.info("resumed from %s (step %d, version %d)", meta["path"], self.step, self.version)
-            ctx.tracer.emit("resumed", step=self.step, version=self.version, path=meta["path"])
+            self.consumed = [int(g) for g in meta["ledger"].get("consumed", [])]
+            self.consumed_set, self.committed_n = set(self.consumed), len(self.consumed)
+            self.dropped_groups = int(meta.get("dropped_groups", 0))
+            newest = self.newest_published()
+            if newest > self.version:
+                # rollouts may hold newer weights of the lineage that died with the last trainer: these
+                # weights go out under a newer number, so every rollout takes them and staleness stays monotone
+                ctx.log.info("version %d was published after this checkpoint: its weights go out as version %d",
+                             newest, newest + 1)
+                self.version = newest + 1
+            ctx.log.info("resumed from %s (step %d, version %d, %d groups in its ledger)", meta["path"], self.step,
+                         self.version, self.committed_n)
+            ctx.tracer.emit("resumed", step=self.step, version=self.version, path=meta["path"],
+                            ledger=self.committed_n)
         elif cfg.trainer.init_checkpoint:
             self.model.load_state_dict(torch.load(cfg.trainer.init_checkpoint, map_location="cpu"))
             ctx.log.info("initial weights from %s", cfg.trainer.init_checkpoint)
@@ -101,6 +130,31 @@ class Trainer:
         self.ctx.log.info("warm-up step %d loss %.3f greedy reward %.3f", r["step"], r["loss"], r["greedy_reward"])
         self.ctx.tracer.emit("warmup_eval", **r)
         self.ctx.ctrl.send({"type": "log_event", "event": "warmup", "fields": r})
+
+    def newest_published(self) -> int:
+        """The newest version any trainer of this run published (the controller's hello_ack)."""
+        deadline = time.monotonic() + self.ctx.cfg.timeouts.startup_s
+        last_hello = time.monotonic()
+        while True:
+            msg = self.ctx.ctrl.recv(timeout_s=0.2)
+            if msg is not None and msg["type"] == "hello_ack":
+                return int(msg.get("max_version") if msg.get("max_version") is not None else -1)
+            if msg is not None:
+                self.ctx.controller_restarted(msg)
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"waited {self.ctx.cfg.timeouts.startup_s:.0f}s for the controller's answer to "
+                                  "this trainer's hello (the newest published version)")
+            if time.monotonic() - last_hello > 2.0:  # the controller may have restarted since
+                self.ctx.ctrl.send({"type": "hello", "role": "trainer", "rank": 0, "pid": os.getpid()})
+                last_hello = time.monotonic()
+
+    def sync_controller(self) -> None:
+        """Send this trainer's lineage and what it holds (after a start or a controller restart)."""
+        self.ctx.ctrl.send({"type": "trainer_sync", "consumed": self.consumed, "committed_n": self.committed_n,
+                            "held": [g["group_id"] for g in self.groups], "step": self.step,
+                            "version": self.version})
+        self.ctx.ctrl.send({"type": "want_groups", "reset": True,
+                            "n": max(0, 2 * self.ctx.cfg.trainer.groups_per_step - len(self.groups))})
 
     def _phase(self, phase: str) -> None:
         self.ctx.ctrl.send({"type": "log_event", "event": "phase", "fields": {"phase": phase}})
@@ -128,16 +182,28 @@ class Trainer:
 
     def _take(self, msg: dict) -> None:
         """Keep the usable groups of a controller message; drop (and count) stale ones."""
+        if self.ctx.controller_restarted(msg):
+            self.sync_controller()
+            return
         if msg["type"] == "stop":
             raise StopRequested("controller")
         if msg["type"] == "weights_synced":
             self.synced = max(self.synced, msg["version"])
         if msg["type"] != "groups":
             return
+        held = {g["group_id"] for g in self.groups}
         for g in msg["groups"]:
+            if g["group_id"] in self.consumed_set or g["group_id"] in held:
+                # sent again by a controller that restarted or missed a notice: never trained twice
+                if g["group_id"] in self.consumed_set:
+                    self.already.append(g["group_id"])
+                self.ctx.ctrl.send({"type": "want_groups", "n": 1})
+                continue
+            held.add(g["group_id"])
             versions = [t["version"] for t in g["trajectories"]]
             if too_stale(self.version, versions, self.ctx.cfg.trainer.max_staleness):
                 self.dropped_groups += 1
+                self.stale.append(g["group_id"])
                 self.ctx.tracer.emit("group_dropped", group=g["group_id"], reason="staleness",
                                      versions=sorted(set(versions)))
                 self.ctx.ctrl.send({"type": "want_groups", "n": 1})  # replace it
@@ -205,13 +271,13 @@ class Trainer:
         if flags.get("stop"):  # stopped during the warm-up: nothing worth keeping yet
             return INTERRUPTED
         if self.step == 0 and not list_checkpoints(ctx.run_dir / "checkpoints"):
-            self.checkpoint()  # the warmed-up policy: a resume never repeats the warm-up
+            self.checkpoint(wait=True)  # the warmed-up policy: a resume never repeats the warm-up
         layout = self.layout if self.emulated else WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)
         pub = Publisher(ctx, self.model, layout)
         beat = Heartbeat(ctx)
         try:
             pub.publish(self.version)  # the rollouts' first weights (or the resumed version)
-            ctx.ctrl.send({"type": "want_groups", "n": 2 * cfg.trainer.groups_per_step})
+            self.sync_controller()
             t_start = time.monotonic()
             while self.step < cfg.trainer.total_steps and not flags.get("stop"):
                 groups, wait_s = self.collect(beat)
@@ -219,6 +285,9 @@ class Trainer:
                 m = self.train_step(groups)
                 self.step += 1
                 self.version += 1
+                ids = [g["group_id"] for g in groups]
+                self.consumed.extend(ids)
+                self.consumed_set.update(ids)
                 train_s = time.monotonic() - t0
                 stall = pub.publish(self.version) if self.step % cfg.trainer.publish_every == 0 else 0.0
                 if stall and cfg.mode == "partial-rollout":
@@ -231,30 +300,57 @@ class Trainer:
                 ctx.tracer.emit("train_step", step=self.step, version=self.version, train_s=train_s,
                                 wait_s=wait_s, tokens=m["tokens"], loss=m["loss"],
                                 staleness_mean=m["staleness_mean"], reward=m["reward_mean"])
-                ctx.ctrl.send({"type": "train_step", "metrics": {k: v for k, v in m.items() if k != "staleness_hist"}})
-                if self.step % cfg.checkpoint.every_steps == 0 or self.step == cfg.trainer.total_steps:
-                    self.checkpoint()
+                ctx.ctrl.send({"type": "train_step", "metrics": {k: v for k, v in m.items() if k != "staleness_hist"},
+                               "groups": ids + self.already, "stale": self.stale})
+                self.stale, self.already = [], []
+                last = self.step == cfg.trainer.total_steps
+                if self.step % cfg.checkpoint.every_steps == 0 or last:
+                    self.checkpoint(wait=last)
+                self.checkpoints_done()
         except StopRequested as why:
             ctx.log.info("asked to stop (%s) at step %d", why, self.step)
         finally:
             pub.close()
         if self.step < cfg.trainer.total_steps:
             if self.step not in self.checkpointed:
-                self.checkpoint()
+                self.checkpoint(wait=True)
+            self.checkpoints_done(wait=True)
             ctx.log.info("stopped early at step %d (version %d); checkpoint written, resumable",
                          self.step, self.version)
             return INTERRUPTED
+        self.checkpoints_done(wait=True)
         ctx.ctrl.send({"type": "trainer_done", "steps": self.step})
         return 0
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, wait: bool = False) -> None:
+        """Checkpoint in the background: training blocks only for the host copy."""
         cfg = self.ctx.cfg
-        path = save_checkpoint(self.ctx.run_dir / "checkpoints", step=self.step, version=self.version,
-                               model=self.model, optimizer=self.opt, keep=cfg.checkpoint.keep,
-                               meta={"model": cfg.model.model_dump(), "dropped_groups": self.dropped_groups})
+        ledger = {"consumed": self.consumed}
+        blocked = self.ckpt.save(self.step, self.version, self.model, self.opt,
+                                 meta={"model": cfg.model.model_dump(), "dropped_groups": self.dropped_groups},
+                                 ledger=ledger)
         self.checkpointed.add(self.step)
-        self.ctx.tracer.emit("checkpoint", step=self.step, version=self.version, path=str(path))
-        self.ctx.ctrl.send({"type": "checkpoint_saved", "step": self.step, "version": self.version, "path": str(path)})
+        self.ckpt_pending[self.step] = len(self.consumed)
+        self.ctx.tracer.emit("checkpoint_started", step=self.step, version=self.version, blocked_s=blocked)
+        if wait:
+            self.checkpoints_done(wait=True)
+
+    def checkpoints_done(self, wait: bool = False) -> None:
+        """Report finished checkpoint writes: their groups are durable now (the controller frees them)."""
+        for done in (self.ckpt.wait() if wait else self.ckpt.poll()):
+            n = self.ckpt_pending.pop(done["step"], self.committed_n)
+            if "error" in done:  # e.g. a full disk: the previous checkpoint is intact; training goes on
+                self.ctx.log.error("%s", done["error"])
+                self.ctx.tracer.emit("checkpoint_failed", step=done["step"], error=done["error"])
+                self.checkpointed.discard(done["step"])
+                if wait:
+                    raise RuntimeError(done["error"])
+                continue
+            groups, self.committed_n = self.consumed[self.committed_n:n], max(self.committed_n, n)
+            self.ctx.tracer.emit("checkpoint", step=done["step"], version=done["version"], path=done["path"],
+                                 write_s=done["write_s"])
+            self.ctx.ctrl.send({"type": "checkpoint_saved", "step": done["step"], "version": done["version"],
+                                "path": done["path"], "groups": groups})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -264,9 +360,13 @@ def main(argv: list[str] | None = None) -> None:
     flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
     ctx = start_role("trainer", 0, args.run_dir)
     code = 1
+    trainer = None
     try:
-        code = Trainer(ctx, flags).run()
+        trainer = Trainer(ctx, flags)
+        code = trainer.run()
     finally:
+        if trainer is not None:
+            trainer.ckpt.close()  # a write in flight completes (or fails) before the process ends
         ctx.tracer.flush()
         ctx.ctrl.close(linger_ms=2000)
         ctx.log.info("stopped")

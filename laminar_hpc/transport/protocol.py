@@ -32,16 +32,23 @@ WORK = {  # one trajectory to generate, controller -> rollout
     "tokens": INTS + OPT, "logprobs": FLOATS + OPT, "version": INT + OPT,
 }
 
+# offset: tokens of the trajectory before this chunk (a lost chunk is detected, never glued over)
+STREAM_ITEM = {"traj_id": STR, "tokens": INTS, "logprobs": FLOATS, "version": INT, "offset": INT + OPT}
+
 SCHEMA: dict[str, dict[str, str]] = {
     # any role -> controller
     "hello": {"role": STR, "rank": INT, "pid": INT},
-    "heartbeat": {"t": FLOAT},
+    # role -> controller with its pid (a restarted controller learns who is there); controller ->
+    # role with its epoch (a role that sees a new epoch re-sends its state: resync, trainer_sync)
+    "heartbeat": {"t": FLOAT, "pid": INT + OPT, "epoch": STR + OPT},
     "log_event": {"event": STR, "fields": MAP},
     # rollout -> controller
     "want_work": {"credit": INT, "version": INT},  # credit: slots freed since the last ask
     "stream": {"items": MAPS},  # {"traj_id", "tokens", "logprobs", "version"}
     "finished": {"trajectory": MAP},
     "weights_loaded": {"version": INT, "pull_s": FLOAT},
+    # to a restarted controller: the trajectories this rollout holds and its free slots
+    "resync": {"held": STRS, "free": INT, "version": INT, "pid": INT},
     # batch and KV of a replica, for the rollout manager's repack; utilisation counters (wall s)
     "rollout_state": {"version": INT, "waiting": INT, "running": INT, "kv_tokens": INT, "kv_peak": INT,
                       "traj_ids": STRS, "busy_s": FLOAT, "weight_wait_s": FLOAT},
@@ -55,10 +62,14 @@ SCHEMA: dict[str, dict[str, str]] = {
     # controller -> trainer
     "weights_synced": {"version": INT},  # partial-rollout: the global weight update is complete
     # trainer -> controller
-    "want_groups": {"n": INT},
-    "train_step": {"metrics": MAP},
+    "want_groups": {"n": INT, "reset": BOOL + OPT},  # reset: n replaces the credit (after a resync)
+    # groups: trained in this step; stale: dropped for staleness since the last step
+    "train_step": {"metrics": MAP, "groups": INTS + OPT, "stale": INTS + OPT},
+    # the trainer's lineage after it (re)started or the controller restarted: every group its
+    # weights were trained on (the first committed_n are in its checkpoint) and what it holds
+    "trainer_sync": {"consumed": INTS, "committed_n": INT, "held": INTS, "step": INT, "version": INT},
     "published": {"version": INT, "stall_s": FLOAT},
-    "checkpoint_saved": {"step": INT, "version": INT, "path": STR},
+    "checkpoint_saved": {"step": INT, "version": INT, "path": STR, "groups": INTS + OPT},
     "trainer_done": {"steps": INT},
     # controller -> trainer
     "groups": {"groups": MAPS},  # {"group_id", "problem", "trajectories": [TRAJECTORY]}
@@ -72,7 +83,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "stop_all": {"reason": STR},
     # controller -> any role
     "stop": {"reason": STR},
-    "hello_ack": {"run_id": STR},
+    "hello_ack": {"run_id": STR, "max_version": INT + OPT},  # newest version any trainer published
 }
 
 
@@ -118,7 +129,7 @@ def check(msg: Any) -> None:
                 _check_fields(t, TRAJECTORY, "groups.trajectory")
     elif kind == "stream":
         for it in msg["items"]:
-            _check_fields(it, {"traj_id": STR, "tokens": INTS, "logprobs": FLOATS, "version": INT}, "stream.item")
+            _check_fields(it, STREAM_ITEM, "stream.item")
 
 
 def _check_fields(obj: Any, spec: dict[str, str], where: str) -> None:

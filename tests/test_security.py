@@ -1,0 +1,356 @@
+"""Per-run CURVE keys, who must authenticate, CURVE sockets, fixed-port rebinding, and malformed
+frames against both ends of a channel. Real ZeroMQ sockets on 127.0.0.1 only."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+import zmq
+
+from laminar_hpc.transport import channel
+from laminar_hpc.transport.channel import AddressInUse, Client, Server
+from laminar_hpc.transport.protocol import encode
+from laminar_hpc.transport.security import (CLIENT_KEY_FILE, SERVER_KEY_FILE, KeyFileError, Keys, auth_enabled,
+                                            channel_keys, ensure_keys, load_keys)
+
+REJECT_WAIT_S = 1.5  # how long a rejected peer is given to (not) get a message through
+
+
+def raw(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def keys(tmp_path) -> Keys:
+    return ensure_keys(tmp_path)
+
+
+@pytest.fixture
+def socks():
+    """Raw sockets (a test's rogue peers), closed at the end."""
+    made = []
+
+    def make(kind: int, **opts) -> zmq.Socket:
+        s = zmq.Context.instance().socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        for name, value in opts.items():
+            s.setsockopt(getattr(zmq, name.upper()), value)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close(0)
+
+
+@pytest.fixture
+def closing():
+    """Servers and clients a test makes, closed at the end even when it fails."""
+    made = []
+
+    def keep(obj):
+        made.append(obj)
+        return obj
+
+    yield keep
+    for obj in reversed(made):
+        obj.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# key files
+# ---------------------------------------------------------------------------------------------
+def test_ensure_keys_writes_private_files_and_keeps_them(tmp_path):
+    keys = ensure_keys(tmp_path)
+    sdir = tmp_path / "secrets"
+    assert mode(sdir) == 0o700
+    for name in (SERVER_KEY_FILE, CLIENT_KEY_FILE):
+        assert mode(sdir / name) == 0o600
+    assert sorted(p.name for p in sdir.iterdir()) == sorted([SERVER_KEY_FILE, CLIENT_KEY_FILE])  # no temp files
+    assert all(len(k) == 40 for k in (keys.server_public, keys.server_secret, keys.client_public,
+                                      keys.client_secret))
+    assert keys.server_public != keys.client_public
+    assert zmq.curve_public(keys.server_secret) == keys.server_public
+    assert zmq.curve_public(keys.client_secret) == keys.client_public
+    assert "secret" not in repr(keys).replace("secrets=...", "")  # secrets stay out of logs
+    # a resumed run keeps its keys (and tightens loosened permissions)
+    os.chmod(sdir, 0o755)
+    os.chmod(sdir / CLIENT_KEY_FILE, 0o644)
+    assert ensure_keys(tmp_path) == keys
+    assert load_keys(tmp_path) == keys
+    assert mode(sdir) == 0o700 and mode(sdir / CLIENT_KEY_FILE) == 0o600
+    # a different run has different keys
+    assert ensure_keys(tmp_path / "other") != keys
+
+
+def test_load_keys_without_keys_names_the_file(tmp_path):
+    with pytest.raises(KeyFileError, match=SERVER_KEY_FILE) as err:
+        load_keys(tmp_path)
+    assert "ensure_keys" in str(err.value)
+    ensure_keys(tmp_path)
+    (tmp_path / "secrets" / CLIENT_KEY_FILE).unlink()
+    with pytest.raises(KeyFileError, match=CLIENT_KEY_FILE):
+        load_keys(tmp_path)
+
+
+@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"public": 5, "secret": 6}',
+                                     json.dumps({"public": "x" * 40, "secret": "y" * 40})])
+def test_load_keys_rejects_damaged_files(tmp_path, content):
+    ensure_keys(tmp_path)
+    (tmp_path / "secrets" / SERVER_KEY_FILE).write_text(content)
+    with pytest.raises(KeyFileError, match=SERVER_KEY_FILE):
+        load_keys(tmp_path)
+
+
+def test_load_keys_rejects_a_mismatched_pair(tmp_path):
+    ensure_keys(tmp_path)
+    path = tmp_path / "secrets" / CLIENT_KEY_FILE
+    other_public, _ = zmq.curve_keypair()
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({"public": other_public.decode(), "secret": data["secret"]}))
+    with pytest.raises(KeyFileError, match="mismatched"):
+        load_keys(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# who authenticates
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("host,auth,expected", [
+    ("127.0.0.1", "auto", False), ("127.3.2.1", "auto", False), ("localhost", "auto", False),
+    ("::1", "auto", False), ("[::1]", "auto", False), ("::ffff:127.0.0.1", "auto", False),
+    ("10.0.0.5", "auto", True), ("0.0.0.0", "auto", True), ("*", "auto", True), ("::", "auto", True),
+    ("no-such-host.invalid", "auto", True),
+    ("10.0.0.5", "none", False), ("127.0.0.1", "none", False),
+    ("127.0.0.1", "curve", True), ("10.0.0.5", "curve", True),
+])
+def test_auth_enabled(host, auth, expected):
+    assert auth_enabled(SimpleNamespace(host=host, auth=auth)) is expected
+
+
+def test_auth_enabled_reads_controller_cfg():
+    from laminar_hpc.config.schema import ControllerCfg
+    assert auth_enabled(ControllerCfg()) is False  # loopback by default
+    assert auth_enabled(ControllerCfg(host="10.1.2.3")) is True
+    assert auth_enabled(ControllerCfg(host="10.1.2.3", auth="none")) is False
+
+
+def test_channel_keys(tmp_path):
+    assert channel_keys(tmp_path, SimpleNamespace(host="127.0.0.1", auth="auto")) is None
+    with pytest.raises(KeyFileError):
+        channel_keys(tmp_path, SimpleNamespace(host="10.0.0.5", auth="auto"))
+    keys = ensure_keys(tmp_path)
+    assert channel_keys(tmp_path, SimpleNamespace(host="127.0.0.1", auth="curve")) == keys
+
+
+# ---------------------------------------------------------------------------------------------
+# CURVE channels
+# ---------------------------------------------------------------------------------------------
+HB = {"type": "heartbeat", "t": 1.5}
+
+
+def test_curve_round_trip(keys, closing):
+    server = closing(Server("127.0.0.1", keys=keys))
+    client = closing(Client(server.address, "rollout-0", keys=keys))
+    client.send(HB)
+    assert server.recv(timeout_s=10) == ("rollout-0", HB)
+    server.send("rollout-0", {"type": "stop", "reason": "done"})
+    assert client.recv(timeout_s=10) == {"type": "stop", "reason": "done"}
+    assert server.rejected == 0
+
+
+@pytest.mark.parametrize("rogue", ["no keys", "foreign keypair", "foreign server key"])
+def test_curve_server_rejects_peers_without_the_run_key(keys, closing, rogue):
+    server = closing(Server("127.0.0.1", keys=keys))
+    if rogue == "no keys":
+        bad = Client(server.address, "rogue")
+    else:
+        pub, sec = zmq.curve_keypair()
+        server_public = keys.server_public if rogue == "foreign keypair" else zmq.curve_keypair()[0]
+        bad = Client(server.address, "rogue", keys=Keys(server_public, b"", pub, sec))
+    closing(bad)
+    bad.send(HB)
+    assert server.recv(timeout_s=REJECT_WAIT_S) is None
+    assert server.dropped == 0  # refused at the handshake: not a single frame arrived
+    if rogue == "foreign keypair":
+        assert server.rejected >= 1  # the ZAP handler saw and refused the key
+    # the server is unharmed: the run's own client still gets through
+    good = closing(Client(server.address, "rollout-1", keys=keys))
+    good.send(HB)
+    assert server.recv(timeout_s=10) == ("rollout-1", HB)
+    assert server.recv(timeout_s=0.2) is None  # and the rogue's queued message never follows
+
+
+def test_keyed_client_cannot_talk_to_an_unkeyed_server(keys, closing):
+    server = closing(Server("127.0.0.1"))
+    client = closing(Client(server.address, "rollout-0", keys=keys))
+    client.send(HB)
+    assert server.recv(timeout_s=REJECT_WAIT_S) is None
+
+
+def test_servers_of_two_runs_admit_only_their_own_clients(tmp_path, closing):
+    keys_a, keys_b = ensure_keys(tmp_path / "a"), ensure_keys(tmp_path / "b")
+    server_a = closing(Server("127.0.0.1", keys=keys_a))
+    server_b = closing(Server("127.0.0.1", keys=keys_b))
+    # a client of run b that knows server a's public key still lacks run a's client key
+    crossed = closing(Client(server_a.address, "b-client",
+                             keys=Keys(keys_a.server_public, b"", keys_b.client_public, keys_b.client_secret)))
+    crossed.send(HB)
+    closing(Client(server_b.address, "b-client", keys=keys_b)).send(HB)
+    assert server_b.recv(timeout_s=10) == ("b-client", HB)
+    assert server_a.recv(timeout_s=REJECT_WAIT_S) is None
+    assert server_a.rejected >= 1 and server_b.rejected == 0
+
+
+def test_unkeyed_channels_still_work_beside_keyed_ones(keys, closing):
+    closing(Server("127.0.0.1", keys=keys))  # starts the process's ZAP handler
+    server = closing(Server("127.0.0.1"))
+    client = closing(Client(server.address, "plain"))
+    client.send(HB)
+    assert server.recv(timeout_s=10) == ("plain", HB)
+
+
+# ---------------------------------------------------------------------------------------------
+# fixed ports: a restarted server keeps its clients
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("with_keys", [False, True])
+def test_restarted_server_on_the_same_port_keeps_its_clients(tmp_path, closing, with_keys):
+    keys = ensure_keys(tmp_path) if with_keys else None
+    first = Server("127.0.0.1", keys=keys)
+    port = int(first.address.rsplit(":", 1)[1])
+    client = closing(Client(first.address, "rollout-0", keys=keys))
+    client.send(HB)
+    assert first.recv(timeout_s=10) == ("rollout-0", HB)
+    first.close()
+    second = closing(Server("127.0.0.1", port=port, keys=keys))
+    assert second.address == first.address
+    # the DEALER reconnects by itself; sent while reconnecting, the message waits in its queue
+    client.send({"type": "heartbeat", "t": 2.0})
+    assert second.recv(timeout_s=10) == ("rollout-0", {"type": "heartbeat", "t": 2.0})
+    second.send("rollout-0", {"type": "stop", "reason": "x"})
+    assert client.recv(timeout_s=10) == {"type": "stop", "reason": "x"}
+
+
+def test_binding_a_port_in_use_names_the_address(closing, monkeypatch):
+    monkeypatch.setattr(channel, "REBIND_WAIT_S", 0.1)
+    holder = closing(Server("127.0.0.1"))
+    port = int(holder.address.rsplit(":", 1)[1])
+    with pytest.raises(AddressInUse, match=f"127.0.0.1:{port}") as err:
+        Server("127.0.0.1", port=port)
+    assert isinstance(err.value, OSError)
+    # the holder is unaffected
+    client = closing(Client(holder.address, "c"))
+    client.send(HB)
+    assert holder.recv(timeout_s=10) == ("c", HB)
+
+
+# ---------------------------------------------------------------------------------------------
+# malformed frames, both directions, with and without CURVE
+# ---------------------------------------------------------------------------------------------
+VALID = {"type": "want_work", "credit": 2, "version": 7}
+MAX_FRAME = 4096
+BAD_FRAMES = [
+    b"\xc1 not msgpack",                                            # garbage
+    b"",                                                            # empty
+    raw([1, 2, 3]),                                                 # msgpack, not a map
+    raw({"type": "nope"}),                                          # unknown type
+    raw({"credit": 1, "version": 2}),                               # no type at all
+    raw({"type": "want_work", "credit": 1}),                        # missing field
+    raw({"type": "want_work", "credit": "1", "version": 2}),        # wrong field type
+    raw({"type": "want_work", "credit": True, "version": 2}),       # bool is not an int
+    raw({"type": "finished", "trajectory": {"traj_id": 3}}),        # bad nested record
+    raw({"type": "log_event", "event": "x" * (MAX_FRAME + 1), "fields": {}}),  # over max_frame_bytes
+]
+
+
+def client_curve_opts(keys: Keys | None) -> dict:
+    if keys is None:
+        return {}
+    return {"curve_serverkey": keys.server_public, "curve_publickey": keys.client_public,
+            "curve_secretkey": keys.client_secret}
+
+
+@pytest.mark.parametrize("with_keys", [False, True])
+def test_server_drops_and_counts_malformed_frames(tmp_path, closing, socks, with_keys):
+    keys = ensure_keys(tmp_path) if with_keys else None
+    server = closing(Server("127.0.0.1", max_frame_bytes=MAX_FRAME, keys=keys))
+    rogue = socks(zmq.DEALER, identity=b"rogue", **client_curve_opts(keys))
+    rogue.connect(server.address)
+    for frame in BAD_FRAMES:
+        rogue.send(frame)
+    rogue.send_multipart([b"extra", b"frames", encode(VALID)])  # 3 frames with the identity: 4 at the router
+    rogue.send_multipart([b"extra", encode(VALID)])  # 3 at the router
+    rogue.send(encode(VALID))
+    assert server.recv(timeout_s=10) == ("rogue", VALID)  # one connection, in order: all bad ones came first
+    assert server.dropped == len(BAD_FRAMES) + 2
+    # still working, both ways
+    rogue.send(encode(HB))
+    assert server.recv(timeout_s=10) == ("rogue", HB)
+    server.send("rogue", VALID)
+    assert rogue.poll(10_000) and rogue.recv() == encode(VALID)
+    assert server.dropped == len(BAD_FRAMES) + 2
+
+
+@pytest.mark.parametrize("with_keys", [False, True])
+def test_client_drops_and_counts_malformed_frames(tmp_path, closing, socks, with_keys):
+    keys = ensure_keys(tmp_path) if with_keys else None
+    # the raw ROUTER under a Server: a CURVE socket of its own would be refused by the process's
+    # ZAP handler, which admits keys only on the domains that keyed Servers register
+    server = closing(Server("127.0.0.1", keys=keys))
+    router = server.sock
+    client = closing(Client(server.address, "rollout-0", max_frame_bytes=MAX_FRAME, keys=keys))
+    client.send(HB)  # the router learns the client's identity
+    assert router.poll(10_000)
+    assert router.recv_multipart() == [b"rollout-0", encode(HB)]
+    for frame in BAD_FRAMES:
+        router.send_multipart([b"rollout-0", frame])
+    router.send_multipart([b"rollout-0", b"extra", b"frames", encode(VALID)])  # 3 frames at the dealer
+    router.send_multipart([b"rollout-0", encode(VALID), encode(VALID)])  # every part valid, still 2 frames
+    router.send_multipart([b"rollout-0", encode(VALID)])
+    assert client.recv(timeout_s=10) == VALID
+    assert client.dropped == len(BAD_FRAMES) + 2  # a multipart message is dropped whole
+    assert client.recv(timeout_s=0.05) is None
+    # still working, both ways
+    router.send_multipart([b"rollout-0", encode(HB)])
+    assert client.recv(timeout_s=10) == HB
+    client.send(VALID)
+    assert router.poll(10_000) and router.recv_multipart() == [b"rollout-0", encode(VALID)]
+    assert client.dropped == len(BAD_FRAMES) + 2
+
+
+def test_recv_deadline_holds_under_a_flood_of_garbage(closing, socks):
+    server = closing(Server("127.0.0.1"))
+    rogue = socks(zmq.DEALER, identity=b"noisy")
+    rogue.connect(server.address)
+    for _ in range(200):
+        rogue.send(b"\xc1")
+    t0 = time.monotonic()
+    assert server.recv(timeout_s=0.5) is None
+    assert time.monotonic() - t0 < 5.0
+    assert server.dropped == 200
+
+
+@pytest.mark.parametrize("with_keys", [False, True])
+def test_garbage_below_zeromq_does_not_harm_the_server(tmp_path, closing, with_keys):
+    """A peer speaking no ZMTP at all (a port scanner, a stray HTTP client) is cut off by libzmq."""
+    import socket
+    keys = ensure_keys(tmp_path) if with_keys else None
+    server = closing(Server("127.0.0.1", keys=keys))
+    host, port = server.address[len("tcp://"):].rsplit(":", 1)
+    for junk in (b"GET / HTTP/1.0\r\n\r\n", b"\xff" * 10 + b"\x7f" + b"\x00" * 300, os.urandom(4096)):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(junk)
+    client = closing(Client(server.address, "rollout-0", keys=keys))
+    client.send(HB)
+    assert server.recv(timeout_s=10) == ("rollout-0", HB)
+    if with_keys:
+        assert server.dropped == 0  # no handshake, no frames
+    # without keys the ZMTP-signature junk is a (legacy ZMTP 1.0) peer whose empty frame is dropped
