@@ -414,3 +414,44 @@ def test_refresh_cycle():
     assert current == 1
     assert should_refresh(current, newest, 0) == (False, False)
 
+
+
+def test_late_result_of_a_requeued_trajectory_wins_and_leaves_the_queue_consistent():
+    dp = _dp(group_size=2)
+    dp.admit(1)
+    w0, w1 = dp.assign(0, 2)
+    assert dp.requeue_rollout(0) == []  # no tokens yet: both back in the queue
+    assert dp.finish(_traj(w0, [1, 2])) is None  # the dead rollout's last result arrived after all
+    assert list(dp.queue) == [w1["traj_id"]]
+    assert [w["traj_id"] for w in dp.assign(1, 2)] == [w1["traj_id"]]
+    assert dp.finish(_traj(w1, [3])) == 0
+
+
+def test_stream_chunks_from_a_rollout_that_lost_the_trajectory_are_ignored():
+    dp = _dp(group_size=1)
+    dp.admit(1)
+    (w,) = dp.assign(0, 1)
+    dp.stream_items([{"traj_id": w["traj_id"], "tokens": [5], "logprobs": [-0.1], "version": 3, "offset": 0}],
+                    rollout=0)
+    (p,) = dp.requeue_rollout(0)
+    dp.place(p.traj_id, 1)
+    late = {"traj_id": w["traj_id"], "tokens": [9], "logprobs": [-0.2], "version": 3, "offset": 1}
+    dp.stream_items([late], rollout=0)  # from the old owner: ignored
+    assert dp.partials[w["traj_id"]].tokens == [5]
+    dp.stream_items([late], rollout=1)  # from the new owner: appended
+    assert dp.partials[w["traj_id"]].tokens == [5, 9]
+
+
+@pytest.mark.parametrize("trainer_says", ["trained", "holds"])
+def test_a_sync_that_raced_a_delivery_never_leads_to_a_second_delivery(trainer_says):
+    dp = _dp(group_size=1)
+    dp.admit(1)
+    (w,) = dp.assign(0, 1)
+    dp.finish(_traj(w, [1]))
+    assert [g["group_id"] for g in dp.take_groups(1)] == [0]
+    assert dp.trainer_sync([], 0, []) == [0]  # the sync was sent before the group arrived: put back
+    if trainer_says == "trained":
+        dp.trainer_sync([0], 0, [])
+    else:
+        dp.trainer_sync([], 0, [0])
+    assert dp.take_groups(1) == [] and 0 not in dp.ready

@@ -114,3 +114,28 @@ def test_malformed_frames_to_live_sockets_are_dropped_and_counted(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
+
+
+def test_a_hung_role_is_detected_by_heartbeat_killed_and_restarted(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),
+                             "trainer.total_steps=1500", "timeouts.heartbeat_s=3", "supervisor.restart_backoff_s=0.5"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        st = _wait_status(run_dir, proc, lambda s: s.get("phase") == "rl" and s.get("step", 0) >= 2
+                          and (s.get("roles") or {}).get("rollout-0", {}).get("ready_t"))
+        pid = st["roles"]["rollout-0"]["pid"]
+        os.kill(pid, signal.SIGSTOP)  # alive but silent: only the heartbeat timeout can tell
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        assert "rollout-0 sent nothing for over 3s: killing it" in out
+        s = json.loads((run_dir / "summary.json").read_text())
+        assert s["outcome"] == "completed" and s["recoveries"].get("rollout") == 1
+        assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # the hung process is gone, not left behind
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)

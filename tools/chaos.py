@@ -107,7 +107,7 @@ def main() -> int:
         for kind in schedule(args.kills, args.seed):
             time.sleep(rng.uniform(*args.gap_s))  # a seeded random moment
             st = read_json(run_dir / "status.json")
-            if proc.poll() is not None or (total and st.get("step", 0) >= total - 3):
+            if proc.poll() is not None or (total and st.get("step", 0) >= total - max(10, total // 20)):
                 break  # the campaign is (nearly) over: no time left to recover
             victim = pick_victim(kind, st, rng)
             if victim is None:

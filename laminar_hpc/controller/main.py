@@ -66,6 +66,7 @@ class Controller:
         self.relay_versions: dict[int, int] = {}
         self.last_seen: dict[str, float] = {}
         self.ready_t: float | None = None  # serving again after recovery (status.json)
+        self.relay_dropped = 0  # malformed frames the master relay's hand-off socket dropped
         self.metrics: dict = {}
         self.phase = "starting"
         self.published = self.dp.meta.get("published", 0)
@@ -159,8 +160,8 @@ class Controller:
         self.dp.note(steps=self.steps_trained)
         self.trainer_credit = 0  # the trainer asks afresh
         if back:
-            self.log.info("trainer %s: %d delivered groups go back to the experience buffer",
-                          "restarted" if msg["held"] == [] else "resynced", len(back))
+            self.log.info("trainer sync (step %d): %d delivered groups it does not hold go back to the experience "
+                          "buffer", msg["step"], len(back))
         self.tracer.emit("trainer_synced", step=msg["step"], version=msg["version"], lineage=len(msg["consumed"]),
                          committed=msg["committed_n"], redelivered=len(back))
 
@@ -176,7 +177,7 @@ class Controller:
             self.credits[rank] = self.credits.get(rank, 0) + max(0, msg["credit"])
             self.rollout_version[rank] = msg["version"]
         elif kind == "stream":
-            self.dp.stream_items(msg["items"])
+            self.dp.stream_items(msg["items"], rollout=rank if role == "rollout" else None)
             self._track_versions()
         elif kind == "finished":
             traj = msg["trajectory"]
@@ -228,6 +229,8 @@ class Controller:
         elif kind == "log_event":
             if msg["event"] == "phase":
                 self.phase = str(msg["fields"].get("phase", self.phase))
+            elif msg["event"] == "relay":
+                self.relay_dropped = int(msg["fields"].get("dropped_frames", self.relay_dropped))
             self.metrics.update({f"{msg['event']}.{k}": v for k, v in msg["fields"].items()})
         elif kind == "trainer_done":
             self.stop_reason = f"trainer finished {msg['steps']} steps"
@@ -400,7 +403,7 @@ class Controller:
             "groups_consumed": self.dp.groups_consumed, "groups_pending": self.dp.groups_pending,
             "queued": len(self.dp.queue), "running": len(self.dp.partials) - len(self.dp.queue),
             "published": self.published, "dropped_frames": self.server.dropped, "repack": self.repack_stats,
-            "relay_dropped_frames": self.metrics.get("relay.dropped_frames", 0),
+            "relay_dropped_frames": self.relay_dropped,
             "rollout_util": {str(k): {"busy_s": b, "weight_wait_s": w} for k, (b, w) in sorted(self.util.items())},
             "metrics": self.metrics,
             # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`

@@ -141,9 +141,11 @@ class DataPlane:
         self.stream_items([{"traj_id": traj_id, "tokens": tokens, "logprobs": logprobs, "version": version,
                             "offset": offset}])
 
-    def stream_items(self, items: list[dict]) -> None:
-        """Tokens streamed by a rollout. `offset` (tokens before the chunk) detects a lost chunk."""
-        items = [it for it in items if it["traj_id"] in self.partials]  # late chunks of finished ones
+    def stream_items(self, items: list[dict], rollout: int | None = None) -> None:
+        """Tokens streamed by `rollout`. `offset` (tokens before the chunk) detects a lost chunk.
+        Chunks of trajectories that finished or moved on to another rollout are ignored."""
+        items = [it for it in items if it["traj_id"] in self.partials
+                 and (rollout is None or self.partials[it["traj_id"]].rollout == rollout)]
         if items:
             self._log("stream", items=items)
             self._stream(items)
@@ -174,6 +176,8 @@ class DataPlane:
 
     def _finish(self, traj: dict) -> int | None:
         self.partials.pop(traj["traj_id"], None)
+        if traj["traj_id"] in self.queue:  # a late result of a requeued trajectory: it wins, the requeue is void
+            self.queue.remove(traj["traj_id"])
         group = self.groups[traj["group_id"]]
         group.finished[traj["traj_id"]] = traj
         self.trajectories_finished += 1
@@ -299,7 +303,7 @@ class DataPlane:
         return out
 
     def trained(self, ids: list[int], step: int) -> None:
-        ids = [g for g in ids if g in self.groups]
+        ids = [g for g in ids if g in self.groups and self.groups[g].state != GENERATING]
         if ids:
             self._log("trained", ids=ids, step=step)
             self._trained(ids, step)
@@ -313,7 +317,8 @@ class DataPlane:
 
     def commit(self, ids: list[int]) -> None:
         """These groups are in a trainer checkpoint: their trajectories are no longer needed."""
-        ids = [g for g in ids if g not in self.committed and g not in self.dropped]
+        ids = [g for g in ids if g not in self.committed and g not in self.dropped and g < self.next_group
+               and (g not in self.groups or self.groups[g].state != GENERATING)]
         if ids:
             self._log("commit", ids=ids)
             self._commit(ids)
@@ -359,13 +364,16 @@ class DataPlane:
 
     def _trainer_sync(self, consumed: list[int], committed_n: int, held: list[int]) -> list[int]:
         durable, recent, holding = set(consumed[:committed_n]), set(consumed[committed_n:]), set(held)
-        self._commit([g for g in durable if g in self.groups])
+        self._commit([g for g in durable if g in self.groups and self.groups[g].state != GENERATING])
         back = []
         for gid, g in sorted(self.groups.items()):
-            if g.state not in (DELIVERED, TRAINED):
+            if g.state == GENERATING or (g.state == READY and gid not in recent and gid not in holding):
                 continue
+            if g.state == READY:  # put back by an earlier sync that raced the trainer: it has it after all
+                self.ready.remove(gid)
             if gid in recent:
                 g.state = TRAINED
+                self.trained_at.setdefault(gid, -1)
             elif gid in holding:
                 g.state = DELIVERED
                 self.trained_at.pop(gid, None)

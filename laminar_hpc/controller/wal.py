@@ -27,6 +27,10 @@ import msgpack
 log = logging.getLogger(__name__)
 
 
+class WalError(RuntimeError):
+    """The log cannot be turned back into a correct state."""
+
+
 def _index(path: Path) -> int:
     return int(path.stem.split("-")[1])
 
@@ -54,6 +58,10 @@ class WriteAheadLog:
                 break
             except Exception as err:  # noqa: BLE001 - any decoding failure: try the one before
                 log.error("write-ahead log snapshot %s is unreadable (%s); trying an older one", snap, err)
+        if state is None and any(_index(p) > 0 for p in self.root.glob("seg-*.log")):
+            # the records start after a snapshot that is gone: replaying them alone would build a wrong state
+            raise WalError(f"write-ahead log {self.root} cannot be recovered: no readable snapshot for its segments "
+                           f"(see the errors above); move the directory aside to start the data plane afresh")
         records: list[tuple[str, dict]] = []
         for seg in sorted(self.root.glob("seg-*.log"), key=_index):
             if _index(seg) < start:
@@ -97,6 +105,9 @@ class WriteAheadLog:
         for old in [*self.root.glob("snapshot-*.msgpack"), *self.root.glob("seg-*.log")]:
             if _index(old) < self.seg:
                 old.unlink(missing_ok=True)
+        for tmp in self.root.glob("snapshot-*.tmp"):  # a snapshot cut short by a kill
+            if tmp != snap.with_suffix(".tmp"):
+                tmp.unlink(missing_ok=True)
 
     def append(self, op: str, args: dict) -> None:
         rec = msgpack.packb([op, args], use_bin_type=True)

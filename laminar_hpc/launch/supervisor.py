@@ -10,8 +10,8 @@ allocation (roles are `srun` job steps). Only how a role's command line is built
   job is winding down.
 - Any other death of any role (a crash, SIGKILL, a node loss) is reported to the controller and
   that role alone is restarted, with exponential backoff and at most
-  `supervisor.max_role_restarts` times in a row (a role that ran `healthy_after_s` starts
-  afresh). The relay tier is one MPI job: it restarts as a whole.
+  `supervisor.max_role_restarts` times in a row (a role that recovered, or ran
+  `healthy_after_s`, starts afresh). The relay tier is one MPI job: it restarts as a whole.
 - A role the controller lists as hung (no heartbeat for `timeouts.heartbeat_s`), or a controller
   whose status file went stale, is killed by PID and then restarted like a crash.
 - Every recovery is timed from the death to the moment the new process does its job again
@@ -148,6 +148,7 @@ class Supervisor:
                     ready = max(e["ready_t"] for e in mine)
             if ready is not None:
                 del self.down[name]
+                self.restarts[name] = 0  # it works again: a later death is a new failure, not a crash loop
                 rec = {"role": name, "code": rc, "down_t": t_down, "ready_t": ready, "recovery_s": ready - t_down}
                 self.recoveries.append(rec)
                 self.write_recoveries()  # live: tools/chaos.py waits on it

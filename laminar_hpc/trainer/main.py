@@ -20,6 +20,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -93,6 +94,8 @@ class Trainer:
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
     def initialise(self) -> None:
         cfg, ctx = self.ctx.cfg, self.ctx
+        for tmp in (ctx.run_dir / "checkpoints").glob(".step_*.tmp*"):  # a write cut short by a kill
+            shutil.rmtree(tmp, ignore_errors=True)
         meta = load_latest(ctx.run_dir / "checkpoints", self.model, self.opt)
         if meta is not None:
             self.step, self.version = meta["step"], meta["version"]
