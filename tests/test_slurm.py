@@ -1,5 +1,6 @@
 """Campaigns on a real Slurm cluster (tools/slurm-dev-cluster: slurmctld, 2 slurmd virtual nodes,
-munge, slurmdbd) submitted through submitit: roles as job steps, a cancelled rollout step,
+munge, slurmdbd) submitted through submitit: roles as job steps, a cancelled step of each role
+(restarted alone as a new step),
 preemption with checkpoint/requeue/resume, a heterogeneous job, and bad input refused before
 anything is submitted.
 
@@ -117,24 +118,27 @@ def test_quickstart_runs_as_job_steps_and_learns(tmp_path):
     assert "step 250/250" in status.stdout and "step_000250" in status.stdout
 
 
-def test_cancelling_one_rollout_step_leaves_the_job_running(tmp_path):
+@pytest.mark.parametrize("role", ["rollout-0", "trainer-0", "relay", "controller-0"])
+def test_cancelling_one_step_restarts_that_role_alone(tmp_path, role):
     run_dir = tmp_path / "cancel"
-    # one rollout: the campaign can only finish if its restarted step takes over its work
-    job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=60",
+    # one rollout: the campaign can only finish if a restarted rollout step takes over its work
+    job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=1000",
                  "supervisor.restart_backoff_s=0.5")
     wait_step(run_dir, 5, job)
     before = {n: j for j, n, st in sacct(job) if "." in j and st == "RUNNING"}
     assert {"controller-0", "trainer-0", "relay", "rollout-0"} <= set(before), before
-    subprocess.run(["scancel", before["rollout-0"]], check=True, timeout=30)
+    subprocess.run(["scancel", before[role]], check=True, timeout=30)
     assert wait_done(job, run_dir, timeout_s=300) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["outcome"] == "completed" and s["train_steps"] == 60
+    assert s["outcome"] == "completed" and s["train_steps"] == 1000
+    assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
+    assert s["recoveries"] == {role.split("-")[0]: 1}, s["recoveries"]
     rows = sacct(job)
-    assert (before["rollout-0"], "rollout-0", "CANCELLED") in [(j, n, st.split()[0]) for j, n, st in rows]
-    # rollout-0 came back as a new step; the other steps ran on, never restarted
-    assert [st for j, n, st in rows if n == "rollout-0" and j != before["rollout-0"]] == ["COMPLETED"]
-    for role in ("trainer-0", "relay", "controller-0"):
-        assert [(j, st) for j, n, st in rows if n == role] == [(before[role], "COMPLETED")], rows
+    assert (before[role], role, "CANCELLED") in [(j, n, st.split()[0]) for j, n, st in rows]
+    # the role came back as a new step; the other steps ran on, never restarted
+    assert [st for j, n, st in rows if n == role and j != before[role]] == ["COMPLETED"]
+    for other in {"trainer-0", "relay", "controller-0", "rollout-0"} - {role}:
+        assert [(j, st) for j, n, st in rows if n == other] == [(before[other], "COMPLETED")], rows
 
 
 def test_preemption_checkpoints_requeues_and_resumes(tmp_path):
