@@ -129,3 +129,21 @@ def test_render_sbatch_rejects_a_bad_layout_in_one_line():
                           "slurm.layout.rollout_nodes=9"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "rollout_nodes=9" in out.stderr
+
+
+def test_node_addr_parses_scontrol_one_line_output():
+    from laminar_hpc.launch.slurm import node_addr
+    line = ("NodeName=node1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=10.1.2.3 NodeHostName=c1 "
+            "Version=23.11 State=IDLE")
+    assert node_addr(line) == "10.1.2.3"
+    assert node_addr("NodeName=node1 State=IDLE") is None
+
+
+def test_cluster_host_keeps_loopback_on_one_node_and_a_host_the_user_set(monkeypatch):
+    from laminar_hpc.config import config_from_dict
+    from laminar_hpc.launch.slurm import cluster_host, effective_config
+    monkeypatch.setenv("SLURMD_NODENAME", "node0")
+    cfg, plan = effective_config(config_from_dict({"slurm": {"layout": {"rollout_nodes": 1, "trainer_nodes": 0}}}))
+    assert plan.nodes == 1 and cluster_host(cfg, plan).controller.host == "127.0.0.1"
+    cfg2, plan2 = effective_config(config_from_dict({"controller": {"host": "ib0.node0"}}))
+    assert cluster_host(cfg2, plan2).controller.host == "ib0.node0"

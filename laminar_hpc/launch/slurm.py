@@ -30,6 +30,7 @@ from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
 from laminar_hpc.launch.processes import mpi_env, role_env
 from laminar_hpc.launch.rundir import CampaignLock, prepare_run_dir, read_json
 from laminar_hpc.metrics.progress import Progress
+from laminar_hpc.transport.security import is_loopback
 
 
 REQUEUED = 75  # the driver's exit status after putting its job back in the queue
@@ -62,6 +63,28 @@ def step_command(plan: SlurmPlan, spec: RoleSpec, run_dir: Path | str, python: s
     return argv
 
 
+def node_addr(scontrol_show_node: str) -> str | None:
+    """NodeAddr from `scontrol show node NAME -o`."""
+    for field in scontrol_show_node.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1] or None
+    return None
+
+
+def cluster_host(cfg: Config, plan: SlurmPlan) -> Config:
+    """The control plane binds loopback by default. In an allocation of several nodes it must bind
+    this node's cluster address (its NodeAddr), and then `controller.auth: auto` turns on CURVE. A
+    host the user set is kept; so is loopback when the nodes are virtual nodes of one machine."""
+    if plan.nodes < 2 or not is_loopback(cfg.controller.host) or "SLURMD_NODENAME" not in os.environ:
+        return cfg
+    res = subprocess.run(["scontrol", "show", "node", os.environ["SLURMD_NODENAME"], "-o"], capture_output=True,
+                         text=True, timeout=60)
+    addr = node_addr(res.stdout) if res.returncode == 0 else None
+    if addr is None or is_loopback(addr):
+        return cfg
+    return cfg.model_copy(update={"controller": cfg.controller.model_copy(update={"host": addr})}, deep=True)
+
+
 def slurm_specs(cfg: Config) -> list[RoleSpec]:
     return role_specs(cfg, relay_of_rollout={i: "auto" for i in range(cfg.rollout.count)})
 
@@ -71,6 +94,7 @@ class Driver:
 
     def __init__(self, cfg: Config, run_dir: Path):
         self.cfg, self.plan = effective_config(cfg)
+        self.cfg = cluster_host(self.cfg, self.plan)
         self.run_dir = Path(run_dir)
         self.python = cfg.slurm.python or sys.executable
         self.supervisor = None
