@@ -15,6 +15,7 @@ import threading
 
 import pytest
 import torch
+from helpers import assert_nested_equal
 
 import laminar_hpc.trainer.checkpoint as ckpt
 from laminar_hpc.trainer.checkpoint import (AsyncCheckpointer, CheckpointError, list_checkpoints, load_latest,
@@ -49,22 +50,6 @@ def _deep_clone(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_deep_clone(v) for v in obj)
     return obj
-
-
-def _assert_nested_equal(a, b, path="") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), path
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), path
-        for k in a:
-            _assert_nested_equal(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_nested_equal(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
 
 
 def _differs(a: dict, b: dict) -> bool:
@@ -127,8 +112,8 @@ def test_async_round_trip_is_bit_exact_while_training_goes_on(tmp_path, gate):
     meta = load_latest(tmp_path, fresh, fresh_opt)
     assert meta["step"] == 3 and meta["version"] == 7 and meta["cursor"] == 123
     assert meta["ledger"] == LEDGER_A
-    _assert_nested_equal(want_model, fresh.state_dict())
-    _assert_nested_equal(want_opt, fresh_opt.state_dict())  # exp_avg, exp_avg_sq, step, param_groups
+    assert_nested_equal(want_model, fresh.state_dict())
+    assert_nested_equal(want_opt, fresh_opt.state_dict())  # exp_avg, exp_avg_sq, step, param_groups
     assert torch.equal(torch.rand(5), want_rand)
 
 
@@ -172,8 +157,8 @@ def test_async_keep_k_and_each_write_reported_once(tmp_path):
     fresh, fresh_opt = _model(9)
     meta = load_latest(tmp_path, fresh, fresh_opt)
     assert meta["step"] == 50 and meta["ledger"] == {"consumed": [0, 1, 2, 3, 4], "dropped": {}}
-    _assert_nested_equal(final_model, fresh.state_dict())
-    _assert_nested_equal(final_opt, fresh_opt.state_dict())
+    assert_nested_equal(final_model, fresh.state_dict())
+    assert_nested_equal(final_opt, fresh_opt.state_dict())
 
 
 def test_wait_timeout_names_step_and_path(tmp_path, gate):
@@ -237,8 +222,8 @@ def test_full_disk_keeps_previous_checkpoint(small_fs, mode):
     fresh, fresh_opt = _model(5)
     meta = load_latest(root, fresh, fresh_opt)
     assert meta["step"] == 10 and meta["ledger"] == LEDGER_A
-    _assert_nested_equal(want_model, fresh.state_dict())
-    _assert_nested_equal(want_opt, fresh_opt.state_dict())
+    assert_nested_equal(want_model, fresh.state_dict())
+    assert_nested_equal(want_opt, fresh_opt.state_dict())
     assert read_ledger(root) == LEDGER_A
     # the failed write gave its space back: the next small checkpoint fits
     save_checkpoint(root, step=30, version=30, model=small, optimizer=small_opt, meta={}, keep=3)
@@ -266,7 +251,7 @@ def test_marker_failure_restores_the_same_step(tmp_path, monkeypatch):
     fresh, _ = _model(3)
     meta = load_latest(tmp_path, fresh, None)
     assert meta["n"] == 1 and meta["version"] == 5 and meta["ledger"] == LEDGER_A
-    _assert_nested_equal(want, fresh.state_dict())
+    assert_nested_equal(want, fresh.state_dict())
 
 
 # ------------------------------------------------------------------------------------------
@@ -297,7 +282,7 @@ def test_damaged_ledger_falls_back_to_previous(tmp_path, caplog, damage):
     with caplog.at_level(logging.ERROR, logger="laminar_hpc.trainer.checkpoint"):
         meta = load_latest(tmp_path, fresh, fresh_opt)
     assert meta["step"] == 1 and meta["ledger"] == LEDGER_A
-    _assert_nested_equal(want, fresh.state_dict())
+    assert_nested_equal(want, fresh.state_dict())
     text = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
     assert "step_000002" in text and "ledger.json" in text
     assert read_ledger(tmp_path) == LEDGER_A
@@ -330,7 +315,7 @@ def test_checkpoint_without_ledger_still_loads(tmp_path):
     fresh, fresh_opt = _model(1)
     meta = load_latest(tmp_path, fresh, fresh_opt)
     assert meta["step"] == 4 and meta["x"] == 1 and meta["ledger"] == EMPTY
-    _assert_nested_equal(model.state_dict(), fresh.state_dict())
+    assert_nested_equal(model.state_dict(), fresh.state_dict())
     assert read_ledger(tmp_path) == EMPTY
     # a stray ledger.json the manifest does not list is not trusted
     (path / "ledger.json").write_text(json.dumps(LEDGER_A))

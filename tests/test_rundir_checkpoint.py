@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 import torch
+from helpers import assert_nested_equal
 
 from laminar_hpc.launch.rundir import (CampaignLock, RunDirError, atomic_write_json, atomic_write_text,
                                        prepare_run_dir, read_json)
@@ -318,22 +319,6 @@ def _assert_states_equal(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
-def _assert_nested_equal(a, b, path="") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), path
-        assert a.dtype == b.dtype and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), path
-        for k in a:
-            _assert_nested_equal(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_nested_equal(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
-
-
 def test_checkpoint_round_trip_is_bit_exact(tmp_path):
     model, opt = _model(0)
     for s in range(3):
@@ -353,7 +338,7 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path):
     assert meta["cursor"] == 123 and meta["note"] == "x"
     assert meta["path"] == str(path)
     _assert_states_equal(model.state_dict(), fresh.state_dict())
-    _assert_nested_equal(opt.state_dict(), fresh_opt.state_dict())
+    assert_nested_equal(opt.state_dict(), fresh_opt.state_dict())
     # the tied embedding stays tied after loading
     assert fresh.lm_head.weight.data_ptr() == fresh.model.embed_tokens.weight.data_ptr()
 
@@ -362,7 +347,7 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path):
     _step(model, opt, batch)
     _step(fresh, fresh_opt, batch)
     _assert_states_equal(model.state_dict(), fresh.state_dict())
-    _assert_nested_equal(opt.state_dict(), fresh_opt.state_dict())
+    assert_nested_equal(opt.state_dict(), fresh_opt.state_dict())
 
 
 def test_checkpoint_restores_rng_state(tmp_path):
@@ -427,7 +412,7 @@ def test_corrupt_newest_falls_back_to_previous(tmp_path, caplog):
         meta = load_latest(tmp_path, fresh, fresh_opt)
     assert meta["step"] == 1 and meta["version"] == 1
     _assert_states_equal(state1, fresh.state_dict())
-    _assert_nested_equal(opt1, fresh_opt.state_dict())
+    assert_nested_equal(opt1, fresh_opt.state_dict())
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors, "falling back to an older checkpoint must be logged as an error"
     text = " ".join(r.getMessage() for r in errors)

@@ -175,7 +175,7 @@ def test_time_limit_checkpoints_and_requeues_until_the_budget_is_spent(tmp_path)
     # warm-up; if it trained, the second start resumed exactly where it stopped
     if "stopped early at step " in first:
         step = int(first.split("stopped early at step ")[1].split()[0])
-        assert "resumed from" in second and f"(step {step}, version {step})" in second
+        assert "resumed from" in second and f"(step {step}, version {step}," in second
     else:
         assert "stopped" in first and "resumed from" not in second
     assert "stopped early at step " in second  # the second start was stopped by the signal too

@@ -90,7 +90,7 @@ class WriteAheadLog:
         self.seg += 1
         snap = self.root / f"snapshot-{self.seg:06d}.msgpack"
         tmp = snap.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(msgpack.packb(state, use_bin_type=True))
             f.flush()
             os.fsync(f.fileno())
