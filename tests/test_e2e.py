@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar_hpc.metrics.trace import read_trace
+from laminar_hpc.metrics.trace import role_events
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -73,7 +73,7 @@ def test_tiny_campaign_completes_with_every_role(tiny_run):
 
 def test_every_role_joined_and_relays_forwarded(tiny_run):
     run_dir, res, _ = tiny_run
-    relays = [read_trace(run_dir / "trace" / f"relay-{r}.jsonl") for r in (0, 1)]
+    relays = [role_events(run_dir, f"relay-{r}") for r in (0, 1)]
     for events in relays:
         ready = [e["version"] for e in events if e["ev"] == "relay_ready"]
         assert ready and ready == sorted(ready)  # versions arrive in order, none twice
@@ -85,7 +85,7 @@ def test_version_atomicity_no_trajectory_spans_a_weight_swap(tiny_run):
     run_dir, _, _ = tiny_run
     checked = 0
     for r in (0, 1):
-        events = read_trace(run_dir / "trace" / f"rollout-{r}.jsonl")
+        events = role_events(run_dir, f"rollout-{r}")
         pulls = [e for e in events if e["ev"] == "weights_pulled"]
         assert pulls, "the rollout never pulled weights"
         for e in (e for e in events if e["ev"] == "traj_finished"):
@@ -223,7 +223,7 @@ def test_killed_rollout_is_restarted_and_its_work_requeued(tmp_path):
         assert "rollout-0 exited with code -9: restarting it" in out
         s = json.loads((run_dir / "summary.json").read_text())
         assert s["train_steps"] == 40 and s["trajectories_consumed"] == 40 * 4 * 4
-        ctl = read_trace(run_dir / "trace" / "controller-0.jsonl")
+        ctl = role_events(run_dir, "controller-0")
         assert any(e["ev"] == "role_down" and e["role"] == "rollout-0" for e in ctl)
         joins = [e for e in ctl if e["ev"] == "role_joined" and e["role"] == "rollout-0"]
         assert len(joins) == 2  # the original and its restart

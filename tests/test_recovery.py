@@ -15,7 +15,7 @@ import msgpack
 import pytest
 import zmq
 
-from laminar_hpc.metrics.trace import read_trace
+from laminar_hpc.metrics.trace import role_events
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -47,14 +47,14 @@ def test_each_role_killed_once_run_completes_exactly_once(tmp_path):
     run = tmp_path / "run"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["recoveries"] == {"rollout": 1, "relay": 1, "trainer": 1, "controller": 1}
-    ctl = [e for f in sorted((run / "trace").glob("controller-0*.jsonl")) for e in read_trace(f)]
+    ctl = role_events(run, "controller-0")
     # the restarted controller rebuilt its state from the write-ahead log
     rec = [e for e in ctl if e["ev"] == "controller_recovered"]
     assert rec and rec[-1]["records"] + rec[-1]["snapshot"] > 0
     # the restarted trainer re-sent its lineage and re-published its weights as a newer version
     synced = [e for e in ctl if e["ev"] == "trainer_synced"]
     assert len(synced) >= 2
-    trainer = read_trace(run / "trace" / "trainer-0.jsonl")
+    trainer = role_events(run, "trainer-0")
     resumed = [e for e in trainer if e["ev"] == "resumed"]
     publishes = [e["version"] for e in trainer if e["ev"] == "publish"]
     assert resumed and publishes == sorted(publishes)  # version numbers never go back

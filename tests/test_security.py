@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from laminar_hpc.transport import channel
-from laminar_hpc.transport.channel import AddressInUse, Client, Server
+from laminar_hpc.transport.channel import WaitTimeout, AddressInUse, Client, Server
 from laminar_hpc.transport.protocol import encode
 from laminar_hpc.transport.security import (CLIENT_KEY_FILE, SERVER_KEY_FILE, KeyFileError, Keys, auth_enabled,
                                             channel_keys, ensure_keys, load_keys)
@@ -177,7 +177,10 @@ def test_curve_server_rejects_peers_without_the_run_key(keys, closing, rogue):
         server_public = keys.server_public if rogue == "foreign keypair" else zmq.curve_keypair()[0]
         bad = Client(server.address, "rogue", keys=Keys(server_public, b"", pub, sec))
     closing(bad)
-    bad.send(HB)
+    try:
+        bad.send(HB, timeout_s=1.0)  # queued, or refused outright once the handshake failed
+    except WaitTimeout:
+        pass
     assert server.recv(timeout_s=REJECT_WAIT_S) is None
     assert server.dropped == 0  # refused at the handshake: not a single frame arrived
     if rogue == "foreign keypair":
@@ -192,7 +195,10 @@ def test_curve_server_rejects_peers_without_the_run_key(keys, closing, rogue):
 def test_keyed_client_cannot_talk_to_an_unkeyed_server(keys, closing):
     server = closing(Server("127.0.0.1"))
     client = closing(Client(server.address, "rollout-0", keys=keys))
-    client.send(HB)
+    try:
+        client.send(HB, timeout_s=1.0)  # queued, or refused outright once the handshake failed
+    except WaitTimeout:
+        pass
     assert server.recv(timeout_s=REJECT_WAIT_S) is None
 
 
@@ -203,7 +209,10 @@ def test_servers_of_two_runs_admit_only_their_own_clients(tmp_path, closing):
     # a client of run b that knows server a's public key still lacks run a's client key
     crossed = closing(Client(server_a.address, "b-client",
                              keys=Keys(keys_a.server_public, b"", keys_b.client_public, keys_b.client_secret)))
-    crossed.send(HB)
+    try:
+        crossed.send(HB, timeout_s=1.0)  # queued, or refused outright once the handshake failed
+    except WaitTimeout:
+        pass
     closing(Client(server_b.address, "b-client", keys=keys_b)).send(HB)
     assert server_b.recv(timeout_s=10) == ("b-client", HB)
     assert server_a.recv(timeout_s=REJECT_WAIT_S) is None

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from laminar_hpc.config import load_config  # noqa: E402
 from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
-from laminar_hpc.metrics.trace import read_trace  # noqa: E402
+from laminar_hpc.metrics.trace import read_trace, role_events  # noqa: E402
 
 MODES = {  # name -> overrides
     "sync": ["mode=sync"],
@@ -62,10 +62,10 @@ def measure(run_dir: Path, skip: int, scale: float) -> dict:
     wall = t_b - t_a
     span = wall / scale  # emulated (or wall, when scale is 1) seconds
     trajs = sum(r["trajectories"] for r in win)
-    ctl = read_trace(run_dir / "trace" / "controller-0.jsonl")
+    ctl = role_events(run_dir, "controller-0")
     gen_tokens = sum(e["tokens"] for e in ctl if e["ev"] == "traj_finished" and t_a < e["t"] <= t_b)
     busy, wait, behind = [], [], 0.0
-    for path in sorted((run_dir / "trace").glob("rollout-*.jsonl")):
+    for path in sorted((run_dir / "trace").glob("rollout-*.h5")):
         util = [e for e in read_trace(path) if e["ev"] == "util"]
         b = [(e["t"], e["busy_s"]) for e in util]
         w = [(e["t"], e["weight_wait_s"]) for e in util]

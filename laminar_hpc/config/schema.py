@@ -195,6 +195,12 @@ class EmulationCfg(Section):
     lengths: LengthsCfg = Field(default_factory=LengthsCfg)
 
 
+class TraceCfg(Section):
+    """Per-process event traces in run_dir/trace/ (HDF5; laminar_hpc/metrics/trace.py)."""
+    enabled: bool = True
+    flush_s: PosFloat = 1.0  # buffered events reach the file at least this often (and every 512 events)
+
+
 class CheckpointCfg(Section):
     every_steps: PosInt = 100
     keep: PosInt = 2
@@ -271,6 +277,7 @@ class Config(Section):
     controller: ControllerCfg = Field(default_factory=ControllerCfg)
     repack: RepackCfg = Field(default_factory=RepackCfg)
     emulation: EmulationCfg = Field(default_factory=EmulationCfg)
+    trace: TraceCfg = Field(default_factory=TraceCfg)
     checkpoint: CheckpointCfg = Field(default_factory=CheckpointCfg)
     timeouts: TimeoutsCfg = Field(default_factory=TimeoutsCfg)
     supervisor: SupervisorCfg = Field(default_factory=SupervisorCfg)

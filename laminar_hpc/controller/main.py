@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import time
 import uuid
 
@@ -27,7 +28,7 @@ from laminar_hpc.controller.recovery import Recovery
 from laminar_hpc.controller.roles import RoleTable
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.launch.signals import install_stop_handlers
-from laminar_hpc.launch.role import setup_logging
+from laminar_hpc.launch.role import node_name, setup_logging
 from laminar_hpc.launch.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.tokenizer import build_tokenizer
@@ -168,7 +169,7 @@ class Controller(Recovery):
             if msg.get("pid") is not None and ident not in self.roles.roles:
                 self.roles.joined(ident, msg["pid"], now)  # a role that was there before this controller
                 self.roles.ready(ident, now)
-            self.send(ident, {"type": "heartbeat", "t": now, "epoch": self.epoch})
+            self.send(ident, {"type": "heartbeat", "t": time.time(), "epoch": self.epoch, "echo": msg["t"]})
         elif kind == "hello":
             self.log.info("%s joined (pid %s)", ident, msg["pid"])
             self.tracer.emit("role_joined", role=ident, pid=msg["pid"])
@@ -281,6 +282,8 @@ class Controller(Recovery):
             self.sync_done()
         if n:
             self.dp.admit(n)
+            for gid in range(self.dp.next_group - n, self.dp.next_group):  # queued: the lifecycle's first event
+                self.tracer.emit("group_admitted", group=gid, n=cfg.trainer.group_size)
         for rank, count in assign_work(len(self.dp.queue), self.credits).items():
             work = self.dp.assign(rank, count)
             self.credits[rank] -= len(work)
@@ -346,7 +349,9 @@ def main(argv: list[str] | None = None) -> None:
     log = setup_logging("controller-0")
     cfg = load_config(run_dir / "config.yaml")
     flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
-    tracer = Tracer(run_dir, "controller-0")
+    tracer = Tracer(run_dir, "controller-0", enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
+    tracer.emit("role_start", pid=os.getpid(), host=socket.gethostname(), node=node_name(),
+                slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_step_id=os.environ.get("SLURM_STEP_ID"))
     ctl = Controller(run_dir, cfg, log, tracer)
     publish_endpoint(run_dir, "controller", ctl.server.address)
     log.info("serving on %s (epoch %s)", ctl.server.address, ctl.epoch)

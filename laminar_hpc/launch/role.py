@@ -43,9 +43,13 @@ class RoleContext:
 
     def controller_restarted(self, msg: dict) -> bool:
         """True when `msg` is the first heartbeat of a new controller epoch: the controller was
-        restarted and this role must re-send its state."""
+        restarted and this role must re-send its state. Every heartbeat answer is also a clock
+        sample: round trip and offset to the controller's clock (NTP-style), for aligned traces."""
         if msg.get("type") != "heartbeat" or not msg.get("epoch"):
             return False
+        if msg.get("echo") is not None:
+            t1 = time.time()
+            self.tracer.emit("heartbeat", rtt=t1 - msg["echo"], offset=msg["t"] - (msg["echo"] + t1) / 2)
         known, self.epoch = self.epoch, msg["epoch"]
         if known is not None and known != self.epoch:
             self.log.warning("the controller restarted (epoch %s -> %s): re-sending this role's state",
@@ -77,14 +81,15 @@ def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = Tru
     cfg = load_config(run_dir / "config.yaml")
     info = read_json(run_dir / "run.json", {}) or {}
     run_id = info.get("run_id") or "norun"
-    tracer = Tracer(run_dir, name)
+    tracer = Tracer(run_dir, name, enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
     ctrl = None
     if connect:
         addr = wait_endpoint(run_dir, "controller", cfg.timeouts.startup_s)
         ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20),
                       keys=channel_keys(run_dir, cfg.controller))
         ctrl.send({"type": "hello", "role": role, "rank": rank, "pid": os.getpid()})
-    tracer.emit("role_start", pid=os.getpid())
+    tracer.emit("role_start", pid=os.getpid(), host=socket.gethostname(), node=node_name(),
+                slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_step_id=os.environ.get("SLURM_STEP_ID"))
     log.info("started (pid %d, run %s)", os.getpid(), run_id)
     return RoleContext(role, rank, cfg, run_dir, run_id, ctrl, tracer, log)
 

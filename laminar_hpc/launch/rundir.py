@@ -5,7 +5,7 @@
       run.json             run id, start time, host
       endpoints/           addresses roles publish for each other (controller, master relay)
       logs/<role>.log      one log per process
-      trace/<role>.jsonl   event trace per process
+      trace/<role>.<pid>.h5  event trace per process (HDF5, SWMR: readable while live)
       metrics.jsonl        one line per train step
       status.json          live status (controller, refreshed every second)
       checkpoints/         trainer checkpoints (+ controller state)

@@ -30,6 +30,7 @@ from laminar_hpc.launch.role import INTERRUPTED
 from laminar_hpc.launch.processes import ProcessGroup
 from laminar_hpc.launch.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.progress import Progress
+from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport.channel import Client
 from laminar_hpc.transport.security import channel_keys
 
@@ -63,6 +64,8 @@ class Supervisor:
         self.stop_requested = False  # set from a signal handler: wind down, expect the trainer's 75
         self.signalled: dict[str, tuple[float, int]] = {}  # role -> (when, code): stopped by a signal
         self.status: dict = {}
+        # failures and recoveries, on the run's timeline
+        self.tracer = Tracer(self.run_dir, "launcher-0", enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
 
     def start(self, specs: list[RoleSpec]) -> None:
         for spec in specs:
@@ -90,6 +93,7 @@ class Supervisor:
 
     # -- failures and restarts ----------------------------------------------------------------
     def _role_down(self, name: str, rc: int) -> None:
+        self.tracer.emit("role_died", role=name, code=rc)
         if self.ctrl is not None and name != "controller-0":
             self.ctrl.send({"type": "role_down", "role": name, "code": rc})
         if time.monotonic() - self.started_at.get(name, 0.0) >= self.cfg.supervisor.healthy_after_s:
@@ -112,6 +116,7 @@ class Supervisor:
                 del self.pending_restart[name]
                 self.restarts[name] = self.restarts.get(name, 0) + 1
                 self._launch(name)
+                self.tracer.emit("role_restarted", role=name, attempt=self.restarts[name])
 
     def _kill_hung(self) -> None:
         """Kill (by PID) what the controller saw go silent, and a controller whose status went stale;
@@ -127,6 +132,7 @@ class Supervisor:
             if name in self.specs and name in self.procs.alive() and name not in self.pending_restart \
                     and time.monotonic() - self.started_at.get(name, 0.0) > limit:
                 self.progress.message(f"{name} sent nothing for over {limit:.0f}s: killing it to restart it")
+                self.tracer.emit("role_hung", role=name, silent_s=limit)
                 self.procs.kill(name, signal.SIGKILL)
 
     def _check_recoveries(self) -> None:
@@ -152,6 +158,7 @@ class Supervisor:
                 rec = {"role": name, "code": rc, "down_t": t_down, "ready_t": ready, "recovery_s": ready - t_down}
                 self.recoveries.append(rec)
                 self.write_recoveries()  # live: tools/chaos.py waits on it
+                self.tracer.emit("role_recovered", role=name, recovery_s=rec["recovery_s"], down_t=t_down)
                 self.progress.message(f"{name} recovered in {rec['recovery_s']:.1f}s")
 
     def write_recoveries(self) -> None:
@@ -213,4 +220,5 @@ class Supervisor:
             self.ctrl.close()
             self.ctrl = None
         self.write_recoveries()
+        self.tracer.close()
         return killed

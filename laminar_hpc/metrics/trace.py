@@ -1,58 +1,244 @@
-"""Per-role event trace: one append-only file per process under run_dir/trace/.
+"""Run traces: every process appends its events to its own HDF5 file in run_dir/trace/.
 
-Events are buffered and flushed every second, every 512 events and at exit, so a crash loses
-at most the last second, and the file is readable while the run is live. Timestamps are
-wall-clock seconds (time.time()), the same clock for every process on a node.
+    trace/<role>.<pid>.h5     one file per process (a restarted role starts a new file)
+      events   (t f8, ev u2, off u8, len u4)   time, event id (index into EVENTS), its fields
+      payload  u1                              the fields of every event, JSON, back to back
+      attrs    role, pid, host, slurm_job_id, slurm_step_id, events (the catalogue), schema
+
+Files are written in SWMR mode (single writer, many readers): events are buffered and written
+every `flush_s` (1 s), every 512 events and at exit, so a live run can be read at any moment and
+a crashed one up to its last flush. Payload bytes are flushed before the events that point into
+them, so a reader never follows an event past the end of its payload.
+
+Timestamps are this process's wall clock (time.time()). Each role also records the offset of
+its clock to the controller's, measured from heartbeat round trips (`heartbeat` events: offset
+and rtt, NTP-style); `read_run` moves every file onto the controller's clock with the offset
+measured over the shortest round trip. On one node the offsets are ~0; across nodes they align
+what clock skew would misorder.
 
     tracer = Tracer(run_dir, "rollout-2")
     tracer.emit("traj_finished", traj="17.3", version=4, tokens=9, reward=1.0)
     tracer.flush()
+    run = read_run(run_dir)          # every file, aligned, merged, sorted by time
+    run.events[0] -> {"t": ..., "ev": "role_start", "role": "controller-0", "pid": ...}
 """
 from __future__ import annotations
 
 import atexit
 import json
+import os
+import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+SCHEMA = 1
+# The event catalogue: an event's id is its index here, so only append (ids stay stable).
+EVENTS = (
+    "role_start", "role_joined", "role_down", "heartbeat",
+    # trajectory lifecycle
+    "group_admitted", "traj_started", "traj_first_token", "traj_finished", "migrated_out", "migrated",
+    "migration_restarted", "placed", "group_consumed", "group_dropped", "interrupted",
+    # weights
+    "publish", "relay_ready", "weights_corrupt", "weights_pulled", "weights_synced",
+    # training
+    "train_step", "checkpoint_started", "checkpoint", "checkpoint_failed", "warmup_eval", "warmup_done", "resumed",
+    # rollout manager and rollouts
+    "repack", "util", "decode_sample",
+    # failures and recovery
+    "controller_recovered", "controller_restarted", "rollout_resynced", "trainer_synced", "role_died",
+    "role_restarted", "role_recovered", "role_hung",
+)
+EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
+ROW = np.dtype([("t", "f8"), ("ev", "u2"), ("off", "u8"), ("len", "u4")])
 _FLUSH_EVENTS = 512
-_FLUSH_S = 1.0
+
+
+class TraceSchemaError(ValueError):
+    """An event name outside the catalogue (add it to EVENTS)."""
+
+
+def _h5py():
+    import h5py  # imported when a trace is written or read, not by every `import laminar_hpc`
+    return h5py
 
 
 class Tracer:
-    def __init__(self, run_dir: Path, name: str, enabled: bool = True):
-        self.path = Path(run_dir) / "trace" / f"{name}.jsonl"
-        self.enabled = enabled
-        self._buf: list[str] = []
+    def __init__(self, run_dir: Path, name: str, enabled: bool = True, flush_s: float = 1.0):
+        self.name, self.enabled, self.flush_s = name, enabled, flush_s
+        self.path = Path(run_dir) / "trace" / f"{name}.{os.getpid()}.h5"
+        self._rows: list[tuple[float, int, bytes]] = []
         self._last_flush = time.monotonic()
+        self._file = self._events = self._payload = None
+        self._n = self._nbytes = 0
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            atexit.register(self.flush)
+            self._open()
+            atexit.register(self.close)
+
+    def _open(self) -> None:
+        h5py = _h5py()
+        f = h5py.File(self.path, "w", libver="latest")
+        self._events = f.create_dataset("events", shape=(0,), maxshape=(None,), dtype=ROW, chunks=(4096,))
+        self._payload = f.create_dataset("payload", shape=(0,), maxshape=(None,), dtype="u1", chunks=(1 << 16,))
+        attrs = {"role": self.name, "pid": os.getpid(), "host": socket.gethostname(), "schema": SCHEMA,
+                 "events": json.dumps(EVENTS), "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+                 "slurm_step_id": os.environ.get("SLURM_STEP_ID", "")}
+        for k, v in attrs.items():
+            f.attrs[k] = v
+        f.swmr_mode = True  # from here on readers may open the file; no new objects can be added
+        self._file = f
 
     def emit(self, event: str, **fields) -> None:
         if not self.enabled:
             return
-        fields["t"] = time.time()
-        fields["ev"] = event
-        self._buf.append(json.dumps(fields, separators=(",", ":")))
-        if len(self._buf) >= _FLUSH_EVENTS or time.monotonic() - self._last_flush > _FLUSH_S:
+        ev = EVENT_ID.get(event)
+        if ev is None:
+            raise TraceSchemaError(f"trace event {event!r} is not in the catalogue (laminar_hpc/metrics/trace.py)")
+        self._rows.append((time.time(), ev, json.dumps(fields, separators=(",", ":")).encode()))
+        if len(self._rows) >= _FLUSH_EVENTS or time.monotonic() - self._last_flush > self.flush_s:
             self.flush()
 
     def flush(self) -> None:
-        if not self._buf:
-            return
-        with open(self.path, "a") as f:
-            f.write("\n".join(self._buf) + "\n")
-        self._buf.clear()
         self._last_flush = time.monotonic()
+        if not self._rows or self._file is None:
+            return
+        rows = np.zeros(len(self._rows), dtype=ROW)
+        blob = b"".join(r[2] for r in self._rows)
+        lens = np.fromiter((len(r[2]) for r in self._rows), dtype=np.uint64, count=len(self._rows))
+        rows["t"] = [r[0] for r in self._rows]
+        rows["ev"] = [r[1] for r in self._rows]
+        rows["len"] = lens
+        rows["off"] = self._nbytes + np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.uint64)
+        self._rows.clear()
+        # the payload first: an event is never visible before the bytes it points to
+        self._payload.resize((self._nbytes + len(blob),))
+        self._payload[self._nbytes:] = np.frombuffer(blob, dtype=np.uint8)
+        self._payload.flush()
+        self._nbytes += len(blob)
+        self._events.resize((self._n + len(rows),))
+        self._events[self._n:] = rows
+        self._events.flush()
+        self._n += len(rows)
+
+    def close(self) -> None:
+        if self._file is not None:
+            try:
+                self.flush()
+            finally:
+                self._file.close()
+                self._file = None
 
 
-def read_trace(path: Path) -> list[dict]:
-    """Events of one trace file; a line cut short by a crash is skipped."""
+# -- reading ------------------------------------------------------------------------------------
+@dataclass
+class TraceFile:
+    path: Path
+    role: str
+    pid: int = 0
+    host: str = ""
+    slurm_job_id: str = ""
+    slurm_step_id: str = ""
+    offset_s: float = 0.0  # added to this file's times to put them on the controller's clock
+    events: int = 0
+    status: str = "ok"  # ok | truncated | unreadable
+    note: str = ""
+
+
+@dataclass
+class RunTrace:
+    run_dir: Path
+    events: list[dict] = field(default_factory=list)  # {"t", "ev", "role", **fields}, by aligned time
+    files: list[TraceFile] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # one line per file that could not be read whole
+
+    def of(self, *names: str) -> list[dict]:
+        want = set(names)
+        return [e for e in self.events if e["ev"] in want]
+
+
+def clock_offset(samples: list[dict]) -> float:
+    """Offset to the controller's clock from `heartbeat` events: the one with the shortest round
+    trip bounds the error best (its error is at most rtt/2)."""
+    good = [s for s in samples if s.get("rtt") is not None and s.get("offset") is not None]
+    return min(good, key=lambda s: s["rtt"])["offset"] if good else 0.0
+
+
+def read_file(path: Path) -> tuple[TraceFile, list[dict]]:
+    """Events of one trace file (its own clock), and what was found about the file."""
+    path = Path(path)
+    info = TraceFile(path, role=path.name.split(".")[0])
+    if path.suffix == ".jsonl":  # traces of runs made before the HDF5 format
+        return info, _read_jsonl(path, info)
+    try:
+        with _h5py().File(path, "r", swmr=True) as f:
+            a = f.attrs
+            info.role, info.pid, info.host = str(a.get("role", info.role)), int(a.get("pid", 0)), str(a.get("host", ""))
+            info.slurm_job_id, info.slurm_step_id = str(a.get("slurm_job_id", "")), str(a.get("slurm_step_id", ""))
+            names = json.loads(a.get("events", json.dumps(EVENTS)))
+            rows = f["events"][()]
+            payload = f["payload"][()].tobytes()
+    except Exception as err:  # noqa: BLE001 - any damage: report the file, analyse the rest
+        info.status, info.note = "unreadable", f"{type(err).__name__}: {err}"
+        return info, []
     out = []
-    for line in Path(path).read_text().splitlines():
+    for t, ev, off, n in rows.tolist():
+        if off + n > len(payload) or ev >= len(names):
+            info.status, info.note = "truncated", f"cut short after {len(out)} of {len(rows)} events"
+            break
+        try:
+            fields = json.loads(payload[off:off + n])
+        except ValueError:
+            info.status, info.note = "truncated", f"event {len(out)} has damaged fields"
+            break
+        fields["t"], fields["ev"] = t, names[ev]
+        out.append(fields)
+    info.events = len(out)
+    return info, out
+
+
+def _read_jsonl(path: Path, info: TraceFile) -> list[dict]:
+    out = []
+    for line in Path(path).read_text(errors="replace").splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
-            continue
+            info.status, info.note = "truncated", "a line cut short by a crash"
+    info.events = len(out)
     return out
+
+
+def read_run(run_dir: Path) -> RunTrace:
+    """Every trace file of a run (live, finished or crashed), on the controller's clock, merged."""
+    run = RunTrace(Path(run_dir))
+    loaded = [read_file(p) for p in sorted([*run.run_dir.glob("trace/*.h5"), *run.run_dir.glob("trace/*.jsonl")])]
+    ref_hosts = {info.host for info, _ in loaded if info.role.startswith("controller")}
+    for info, events in loaded:
+        path = info.path
+        # processes on the controller's node share its clock: a measured offset would only add noise
+        if not (info.host and info.host in ref_hosts):
+            info.offset_s = clock_offset([e for e in events if e["ev"] == "heartbeat"])
+        for e in events:
+            e["t"] += info.offset_s
+            e["role"] = info.role
+        run.events.extend(events)
+        run.files.append(info)
+        if info.status != "ok":
+            run.problems.append(f"{path}: {info.status} ({info.note}); analysing the {info.events} events before")
+    run.events.sort(key=lambda e: e["t"])
+    return run
+
+
+def read_trace(path: Path) -> list[dict]:
+    """Events of one trace file, in its own clock (what bench tools read)."""
+    return read_file(path)[1]
+
+
+def role_events(run_dir: Path, role: str) -> list[dict]:
+    """Events of every incarnation of one role (e.g. 'controller-0'), in time order."""
+    out = []
+    for path in sorted([*Path(run_dir).glob(f"trace/{role}.*h5"), *Path(run_dir).glob(f"trace/{role}.jsonl")]):
+        out.extend(read_file(path)[1])
+    return sorted(out, key=lambda e: e["t"])

@@ -89,8 +89,10 @@ def chain_header(comm, hdr: Header, timeout_s: float) -> None:
         wait_request(req, time.monotonic() + timeout_s, f"relay {rank + 1} to take header v{hdr.version}")
 
 
-def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s: float) -> None:
-    """Broadcast buf[:nbytes] from rank 0 down the chain; other ranks receive into buf."""
+def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s: float,
+                timings: list[float] | None = None) -> None:
+    """Broadcast buf[:nbytes] from rank 0 down the chain; other ranks receive into buf.
+    `timings`, if given, gets the monotonic time at which each chunk arrived (for the trace)."""
     from mpi4py import MPI
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1 or nbytes == 0:
@@ -109,6 +111,8 @@ def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s:
             recvs = [comm.Irecv([buf[o:o + n], MPI.BYTE], source=rank - 1, tag=TAG_DATA) for o, n in bounds]
             for i, (req, (o, n)) in enumerate(zip(recvs, bounds)):
                 wait_request(req, deadline, f"chunk {i}/{len(bounds)} from relay {rank - 1}")
+                if timings is not None:
+                    timings.append(time.monotonic())
                 if nxt is not None:
                     sends.append(comm.Isend([buf[o:o + n], MPI.BYTE], dest=nxt, tag=TAG_DATA))
         for i, req in enumerate(sends):

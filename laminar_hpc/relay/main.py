@@ -51,18 +51,23 @@ class RelayNode:
         """Follower: take one version off the chain (forwarding it) into a fresh slot."""
         t0 = time.monotonic()
         slot, buf = self.slot_for(hdr.version, hdr.nbytes)
-        chain_bytes(self.comm, buf, hdr.nbytes, self.chunk_bytes, self.timeout_s)
+        arrivals: list[float] = []
+        chain_bytes(self.comm, buf, hdr.nbytes, self.chunk_bytes, self.timeout_s, timings=arrivals)
         if checksum(buf[:hdr.nbytes]) != hdr.checksum:
             self.store.abort(slot)
             self.ctx.log.error("version %d failed its checksum after the broadcast: dropped", hdr.version)
             self.ctx.tracer.emit("weights_corrupt", version=hdr.version)
             return
         self.store.commit(slot, hdr.version, hdr.nbytes, hdr.checksum, hdr.digest)
-        self.ready(hdr, time.monotonic() - t0)
+        self.ready(hdr, time.monotonic() - t0, arrivals=[a - t0 for a in arrivals])
 
-    def ready(self, hdr: Header, bcast_s: float) -> None:
+    def ready(self, hdr: Header, bcast_s: float, arrivals: list[float] | None = None) -> None:
+        # hop: this relay's place in the chain; chunk arrival times (from the start of the receive)
+        # show the pipelining: the first chunk lands after one chunk time, the last after one buffer
         self.ctx.tracer.emit("relay_ready", version=hdr.version, nbytes=hdr.nbytes, bcast_s=bcast_s,
-                             since_publish_s=(time.time_ns() - hdr.t_ns) / 1e9)
+                             since_publish_s=(time.time_ns() - hdr.t_ns) / 1e9, hop=self.rank,
+                             chunks=len(arrivals or []), first_chunk_s=arrivals[0] if arrivals else None,
+                             last_chunk_s=arrivals[-1] if arrivals else None)
         self.ctx.ctrl.send({"type": "version_ready", "rank": self.rank, "version": hdr.version,
                             "nbytes": hdr.nbytes, "bcast_s": bcast_s})
 
@@ -115,6 +120,7 @@ def run_master(node: RelayNode, flags: dict) -> None:
             if got and got[1]["type"] == "publish":
                 pending = max(pending, got[1]["version"])
             for msg in ctx.ctrl.drain():
+                ctx.controller_restarted(msg)  # heartbeat answers: clock samples for the trace
                 if msg["type"] == "stop":
                     flags["stop"] = True
             if handoff_srv.dropped != dropped:  # malformed frames at the hand-off socket: counted, visible
@@ -154,7 +160,8 @@ def run_follower(node: RelayNode, flags: dict) -> None:
     beat = Heartbeat(node.ctx)
     while not flags.get("stop"):
         beat.tick()
-        node.ctx.ctrl.drain()  # heartbeat replies: nothing for a follower to act on
+        for msg in node.ctx.ctrl.drain():  # heartbeat answers: clock samples for the trace
+            node.ctx.controller_restarted(msg)
         hdr = poll_header(node.comm, timeout_s=0.5)
         if hdr is None:
             continue  # the chain's STOP header is how followers normally end

@@ -118,6 +118,8 @@ class Rollout:
         self.meta: dict[str, dict] = {}  # traj_id -> its work item, start time, first version
         self.stream_buf: dict[str, tuple[list[int], list[float]]] = {}
         self.streamed: dict[str, int] = {}  # tokens of each trajectory the partial-response pool holds
+        self.first_token: set[str] = set()  # trajectories whose first new token was traced
+        self.last_sample = 0.0  # when a decode step was last sampled for the trace (calibration)
         self.credit_to_return = 0
         self.steps_since_flush = 0
         self.stopping = False
@@ -200,6 +202,7 @@ class Rollout:
         w = m["work"]
         self.stream_buf.pop(req.traj_id, None)  # the trajectory carries every token
         self.streamed.pop(req.traj_id, None)
+        self.first_token.discard(req.traj_id)
         return {"traj_id": req.traj_id, "group_id": w["group_id"], "problem": w["problem"], "version": m["version"],
                 "prompt": w["prompt"], "tokens": req.tokens, "logprobs": req.logprobs, "rollout": self.ctx.rank,
                 "t_start": m["t_start"], "t_end": None}
@@ -256,6 +259,8 @@ class Rollout:
             self.meta[w["traj_id"]] = {"work": w, "t_start": time.time(),
                                        "version": self.engine.version if pinned is None else pinned}
             self.streamed[w["traj_id"]] = len(w.get("tokens") or [])
+            self.ctx.tracer.emit("traj_started", traj=w["traj_id"], version=self.meta[w["traj_id"]]["version"],
+                                 prompt_tokens=len(w["prompt"]), resumed_tokens=len(w.get("tokens") or []))
             reqs.append(SeqRequest(w["traj_id"], list(w["prompt"]), w["max_new_tokens"],
                                    list(w.get("tokens") or []), list(w.get("logprobs") or [])))
         self.queue.extendleft(reversed(keep))
@@ -270,6 +275,9 @@ class Rollout:
 
     def handle(self, outs: list[StepOutput]) -> None:
         for o in outs:
+            if o.tokens and o.traj_id not in self.first_token:
+                self.first_token.add(o.traj_id)
+                self.ctx.tracer.emit("traj_first_token", traj=o.traj_id)
             toks, lps = self.stream_buf.setdefault(o.traj_id, ([], []))
             toks.extend(o.tokens)
             lps.extend(o.logprobs)
@@ -368,8 +376,13 @@ class Rollout:
             self.ask_for_work(drain)
             if self.engine.num_active():
                 self._end_idle()
+                batch, kv, t0 = self.engine.num_active(), self.engine.kv_tokens(), time.monotonic()
                 with self.busy():
                     outs = self.engine.step()
+                if t0 - self.last_sample >= 0.5:  # decode cost vs batch and KV, for the simulator's calibration
+                    self.last_sample = t0
+                    self.ctx.tracer.emit("decode_sample", batch=batch, kv=kv, seconds=time.monotonic() - t0,
+                                         steps=max((len(o.tokens) for o in outs), default=1))
                 self.kv_peak = max(self.kv_peak, self.engine.kv_tokens())
                 self.handle(outs)
                 self.steps_since_flush += 1

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 REBIND_WAIT_S = 1.0
 
 
+SEND_TIMEOUT_S = 60.0  # the longest a role waits to hand a message to a server it has no connection to
+
+
 class WaitTimeout(TimeoutError):
     """A blocking wait ran out; the message says what was awaited and for how long."""
 
@@ -228,8 +231,21 @@ class Client:
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
 
-    def send(self, msg: dict) -> None:
-        self.sock.send(encode(msg))
+    def send(self, msg: dict, timeout_s: float | None = None) -> None:
+        """Queue `msg` for the server. A DEALER blocks while it has no pipe to any peer (e.g. its
+        handshake was refused), so this waits at most `timeout_s` (default SEND_TIMEOUT_S) and
+        then raises WaitTimeout naming the server, instead of hanging the role."""
+        data = encode(msg)
+        try:
+            self.sock.send(data, zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            pass
+        limit = SEND_TIMEOUT_S if timeout_s is None else timeout_s
+        if not self.sock.poll(int(limit * 1000), zmq.POLLOUT):
+            raise WaitTimeout(f"waited {limit:.0f}s to send a '{msg.get('type')}' message to {self.address}: no "
+                              "connection (is it up, and does it accept this run's key?)")
+        self.sock.send(data, zmq.NOBLOCK)
 
     def recv(self, timeout_s: float) -> dict | None:
         deadline = time.monotonic() + timeout_s

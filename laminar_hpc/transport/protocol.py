@@ -40,7 +40,8 @@ SCHEMA: dict[str, dict[str, str]] = {
     "hello": {"role": STR, "rank": INT, "pid": INT},
     # role -> controller with its pid (a restarted controller learns who is there); controller ->
     # role with its epoch (a role that sees a new epoch re-sends its state: resync, trainer_sync)
-    "heartbeat": {"t": FLOAT, "pid": INT + OPT, "epoch": STR + OPT},
+    # echo: the role's `t` this answers (round trip and clock offset, for aligned traces)
+    "heartbeat": {"t": FLOAT, "pid": INT + OPT, "epoch": STR + OPT, "echo": FLOAT + OPT},
     "log_event": {"event": STR, "fields": MAP},
     # rollout -> controller
     "want_work": {"credit": INT, "version": INT},  # credit: slots freed since the last ask
