@@ -125,7 +125,7 @@ def main() -> None:
                     help="train steps for sync and one-step-off (slow by design: each waits for its longest tail)")
     ap.add_argument("--skip", type=int, default=1, help="train steps left out of the window at the start")
     ap.add_argument("--timeout-min", type=float, default=30.0, help="per mode")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
