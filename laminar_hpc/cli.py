@@ -6,6 +6,11 @@
     laminar status RUN_DIR
     laminar resume RUN_DIR [--cluster slurm|local|debug]
     laminar drive CONFIG --run-dir DIR          # inside an allocation (what job.sbatch runs)
+    laminar trace summary RUN_DIR [--buckets N] [--json]       # throughput, bubbles, staleness, sync latency
+    laminar trace plot RUN_DIR [-o report.png]                 # Gantt timeline and histograms, one PNG
+    laminar trace export RUN_DIR --format perfetto [-o trace.json]   # open in ui.perfetto.dev
+    laminar trace compare RUN_A RUN_B                          # the summary figures side by side
+    laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT] # every mode and scaling curves, simulated
 """
 from __future__ import annotations
 
@@ -126,6 +131,46 @@ def _drive(args: argparse.Namespace) -> int:
     return 0 if summary["outcome"] == "completed" else 75
 
 
+def _trace(args: argparse.Namespace) -> int:
+    """`laminar trace ...`: analyse the traces of a run (finished, still running or crashed)."""
+    from laminar_hpc.analysis import TraceAnalysisError, load_run, summarize
+    from laminar_hpc.metrics.summary import read_metrics
+    try:
+        if args.trace_command == "summary":
+            from laminar_hpc.analysis import format_summary
+            d = summarize(load_run(args.run_dir), read_metrics(args.run_dir), buckets=args.buckets)
+            if args.json:
+                import json
+                print(json.dumps(d, indent=1, default=str))
+            else:
+                print(format_summary(d))
+        elif args.trace_command == "compare":
+            from laminar_hpc.analysis import format_compare
+            a, b = (summarize(load_run(r), read_metrics(r), buckets=args.buckets) for r in (args.run_a, args.run_b))
+            print(format_compare(a, b))
+        elif args.trace_command == "plot":
+            run = load_run(args.run_dir)
+            try:
+                from laminar_hpc.analysis.plot import plot_run
+            except ImportError as err:
+                raise TraceAnalysisError(f"`laminar trace plot` needs matplotlib ({err}): pip install matplotlib") \
+                    from None
+            for line in run.problems:
+                print(f"problem: {line}", file=sys.stderr)
+            print(f"wrote {plot_run(run, read_metrics(args.run_dir), args.output)}")
+        elif args.trace_command == "export":
+            from laminar_hpc.analysis import write_perfetto
+            run = load_run(args.run_dir)
+            for line in run.problems:
+                print(f"problem: {line}", file=sys.stderr)
+            n = write_perfetto(run, args.output)
+            print(f"wrote {args.output} ({n:,} trace events); open it in https://ui.perfetto.dev")
+    except TraceAnalysisError as err:
+        print(f"laminar: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (with what to do) instead of usage + error."""
 
@@ -175,6 +220,29 @@ def build_parser() -> argparse.ArgumentParser:
     dr = with_config("drive", "run the campaign driver inside a Slurm allocation (what job.sbatch runs)")
     dr.add_argument("--run-dir", required=True)
     dr.set_defaults(func=_drive)
+
+    tr = sub.add_parser("trace", help="analyse a run's traces: summary, plot, export (Perfetto), compare")
+    tsub = tr.add_subparsers(dest="trace_command", required=True, metavar="{summary,plot,export,compare}")
+    ts = tsub.add_parser("summary", help="throughput, utilisation, bubbles by cause, staleness, lengths, "
+                                         "weight-sync latency, recoveries")
+    ts.add_argument("run_dir")
+    ts.add_argument("--buckets", type=int, default=10, help="time buckets of the throughput table (default 10)")
+    ts.add_argument("--json", action="store_true", help="print the figures as JSON")
+    tp = tsub.add_parser("plot", help="one PNG: per-replica Gantt timeline, utilisation, staleness, lengths, "
+                                      "sync latency")
+    tp.add_argument("run_dir")
+    tp.add_argument("-o", "--output", default="report.png", help="PNG to write (default report.png)")
+    te = tsub.add_parser("export", help="Chrome Trace Event Format JSON for ui.perfetto.dev / chrome://tracing")
+    te.add_argument("run_dir")
+    te.add_argument("--format", default="perfetto", choices=["perfetto"], help="output format (default perfetto)")
+    te.add_argument("-o", "--output", default="trace.json", help="file to write (default trace.json)")
+    tc = tsub.add_parser("compare", help="the summary figures of two runs side by side, with B/A")
+    tc.add_argument("run_a")
+    tc.add_argument("run_b")
+    tc.add_argument("--buckets", type=int, default=10, help="time buckets compared (default 10)")
+    tr.set_defaults(func=_trace)
+    sub.add_parser("simulate", help="discrete-event simulation of a whole cluster, every mode, scaling curves "
+                   "(laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT]; see laminar simulate -h)")
     return ap
 
 
@@ -186,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     from laminar_hpc.launch.plan import LayoutError
     from laminar_hpc.launch.rundir import RunDirError
     from laminar_hpc.launch.submit import SubmitError
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["simulate"]:  # its own parser (laminar_hpc/sim/cli.py): no torch, no run directory
+        from laminar_hpc.sim.cli import main as simulate
+        return simulate(argv[1:])
     parser = build_parser()
     # dotted overrides may come before or after options: collect what argparse left over
     args, rest = parser.parse_known_args(argv)

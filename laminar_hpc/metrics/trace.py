@@ -150,7 +150,8 @@ class TraceFile:
 @dataclass
 class RunTrace:
     run_dir: Path
-    events: list[dict] = field(default_factory=list)  # {"t", "ev", "role", **fields}, by aligned time
+    # {"t", "ev", "role" (who wrote it), **fields; "subject": the role an event is about}, by aligned time
+    events: list[dict] = field(default_factory=list)
     files: list[TraceFile] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # one line per file that could not be read whole
 
@@ -222,6 +223,8 @@ def read_run(run_dir: Path) -> RunTrace:
             info.offset_s = clock_offset([e for e in events if e["ev"] == "heartbeat"])
         for e in events:
             e["t"] += info.offset_s
+            if "role" in e:  # an event about another role (role_down, role_died, ...) keeps it as `subject`
+                e["subject"] = e["role"]
             e["role"] = info.role
         run.events.extend(events)
         run.files.append(info)

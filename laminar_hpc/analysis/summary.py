@@ -1,0 +1,314 @@
+"""`laminar trace summary`: the figures of a run, from its trace (and metrics.jsonl).
+
+    run = load_run(run_dir)
+    d = summarize(run, read_metrics(run_dir))      # plain dict of numbers (tests check them)
+    print(format_summary(d))
+
+Definitions (replica-seconds; each rollout is measured from its first to its last `util`
+sample, per incarnation; a restarted rollout's counters start again at 0). A replica is busy or
+idle by its trajectory spans (traj_started/traj_finished, the controller's `migrated`):
+- utilisation: delta busy_s / delta wall between `util` samples (busy_s: the engine's time
+  generating; a cumulative counter of each rollout).
+- waiting for weights, split in two: loading (the pull_s of its weights_pulled events) and
+  awaiting (idle while a newer version than the one it holds was published, or already
+  pulled by another replica: relay propagation, draining, barriers). The rollouts' own
+  weight_wait_s counter is shown too; it also counts idle time that merely ended with a pull,
+  which is trainer-bound time when the new version had not been published yet.
+- long tail: time a replica had between 1 and max(1, floor(25% of rollout.max_batch))
+  trajectories in flight: its batch mostly empty while the last, longest trajectories finish.
+- trainer-bound: idle (nothing in flight) while holding the newest version. The controller
+  hands work to a replica with free slots whenever admission allows, so it means admission
+  was blocked (max_ahead_steps: the trainer is behind) or the queue ran dry; the controller's
+  queue is not traced, so it also counts hand-out delays and the end of the run.
+- failures: time a rollout was down (death -> recovered, clipped to the window); `degraded`:
+  wall time during which any role (trainer, relay, controller too) was down.
+Percentiles are nearest-rank (always an observed value).
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from pathlib import Path
+
+from laminar_hpc.analysis.bubbles import concurrency, rollout_figures
+from laminar_hpc.analysis.timeline import Timeline, nearest_rank, spread
+from laminar_hpc.metrics.trace import RunTrace
+
+LONG_TAIL_FRAC = 0.25
+PERCENTILES = (50, 90, 99)
+
+
+def config_max_batch(run_dir: Path) -> int | None:
+    """rollout.max_batch from the run's config.yaml (None when there is none)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        import yaml
+        cfg = yaml.safe_load(path.read_text()) or {}
+        mb = (cfg.get("rollout") or {}).get("max_batch")
+        return int(mb) if mb is not None else 64  # the schema's default
+    except Exception:  # noqa: BLE001 - an unreadable config: fall back to what the trace shows
+        return None
+
+
+def stats(values: list[float]) -> dict:
+    vals = [v for v in values if v is not None]
+    out = {"n": len(vals), "mean": sum(vals) / len(vals) if vals else None, "max": max(vals) if vals else None}
+    for p in PERCENTILES:
+        out[f"p{p}"] = nearest_rank(vals, p)
+    return out
+
+
+def summarize(run: RunTrace, metrics_rows: list[dict] | None = None, *, buckets: int = 10,
+              max_batch: int | None = None, long_tail_frac: float = LONG_TAIL_FRAC,
+              timeline: Timeline | None = None) -> dict:
+    """Every figure of `laminar trace summary` as a dict (see the module's definitions);
+    `timeline`: Timeline.build(run) if the caller has it already."""
+    tl = timeline or Timeline.build(run)
+    if max_batch is None:
+        max_batch = config_max_batch(run.run_dir) or max(
+            (n for spans in tl.spans.values() for _, n in concurrency(spans)), default=1)
+    start, end = tl.gen_start, tl.t_end
+    d = {"run_dir": str(run.run_dir), "problems": list(run.problems), "files": len(run.files),
+         "events": len(run.events), "roles": sorted({e["role"] for e in run.events}), "max_batch": max_batch,
+         "window": {"start_s": start - tl.t0, "end_s": end - tl.t0, "seconds": end - start}}
+    d["throughput"] = _throughput(tl, start, end, buckets)
+    d["totals"] = _totals(tl, start, end)
+    d["rollouts"], d["bubbles"] = rollout_figures(tl, start, end, max_batch, long_tail_frac)
+    d["utilisation"] = d["bubbles"].pop("utilisation")
+    d["trainer"] = _trainer(tl, metrics_rows or [])
+    d["staleness"] = _staleness(metrics_rows or [])
+    d["lengths"] = _lengths(tl)
+    d["sync"] = _sync(tl)
+    d["recoveries"] = [{"role": o.subject, "code": o.code, "down_s": o.down - tl.t0,
+                        "up_s": None if o.up is None else o.up - tl.t0, "recovery_s": o.recovery_s, "source": o.source}
+                       for o in tl.outages]
+    return d
+
+
+def _throughput(tl: Timeline, start: float, end: float, buckets: int) -> list[dict]:
+    buckets = max(1, buckets)
+    width = (end - start) / buckets
+    edges = [start + i * width for i in range(buckets)] + [end]
+    trajs, toks = [0] * buckets, [0] * buckets
+    for e in tl.finished:
+        i = min(buckets - 1, max(0, int((e["t"] - start) / width))) if width > 0 else 0
+        trajs[i] += 1
+        toks[i] += int(e.get("tokens") or 0)
+    busy, wall = [0.0] * buckets, [0.0] * buckets
+    for incs in tl.util.values():
+        for inc in incs:
+            for a, b in zip(inc, inc[1:]):
+                dw = b.t - a.t
+                spread(edges, a.t, b.t, min(max(0.0, b.busy_s - a.busy_s), dw), busy)
+                spread(edges, a.t, b.t, dw, wall)
+    out = []
+    for i in range(buckets):
+        out.append({"start_s": edges[i] - tl.t0, "end_s": edges[i + 1] - tl.t0, "trajectories": trajs[i],
+                    "tokens": toks[i], "traj_per_s": trajs[i] / width if width > 0 else None,
+                    "tokens_per_s": toks[i] / width if width > 0 else None,
+                    "util": busy[i] / wall[i] if wall[i] > 0 else None})
+    return out
+
+
+def _totals(tl: Timeline, start: float, end: float) -> dict:
+    n = len(tl.finished)
+    toks = sum(int(e.get("tokens") or 0) for e in tl.finished)
+    secs = end - start
+    return {"trajectories": n, "tokens": toks, "seconds": secs, "traj_per_s": n / secs if secs > 0 else None,
+            "tokens_per_s": toks / secs if secs > 0 else None, "rollouts": len(tl.rollouts),
+            "versions_published": len({p["version"] for p in tl.publishes}), "publishes": len(tl.publishes),
+            "migrations": len(tl.migrations), "migrated_trajectories": sum(m["n"] or 0 for m in tl.migrations),
+            "lost_trajectories": sum(1 for spans in tl.spans.values() for s in spans if s.kind == "lost")}
+
+
+def _trainer(tl: Timeline, rows: list[dict]) -> dict:
+    steps = tl.train_steps
+    return {"steps": len(steps), "last_step": max((s.get("step", 0) for s in steps), default=None),
+            "train_s": sum(float(s.get("train_s") or 0.0) for s in steps),
+            "wait_s": sum(float(s.get("wait_s") or 0.0) for s in steps),
+            "publish_stall_s": sum(float(r.get("publish_stall_s") or 0.0) for r in rows),
+            "publishes": len(tl.publishes)}
+
+
+def _staleness_key(k) -> int | None:
+    m = re.search(r"-?\d+", str(k))  # "3", 3, or an older run's "tensor(3)"
+    return int(m.group()) if m else None
+
+
+def _staleness(rows: list[dict]) -> dict:
+    """Staleness (trainer version - trajectory version) of the trajectories trained on, from
+    metrics.jsonl's per-step staleness_hist; a step trained again after a trainer restart
+    counts once (its last row: what the final model was trained on)."""
+    last = {}
+    for r in rows:
+        last[r.get("step")] = r
+    hist: Counter = Counter()
+    for r in last.values():
+        for k, n in (r.get("staleness_hist") or {}).items():
+            s = _staleness_key(k)
+            if s is not None:
+                hist[s] += int(n)
+    total = sum(hist.values())
+    return {"hist": dict(sorted(hist.items())), "trajectories": total, "steps": len(last),
+            "mean": sum(k * n for k, n in hist.items()) / total if total else None,
+            "max": max(hist) if hist else None, "source": "metrics.jsonl" if rows else None}
+
+
+def _lengths(tl: Timeline, bins: int = 10) -> dict:
+    toks = [int(e["tokens"]) for e in tl.finished if e.get("tokens") is not None]
+    out = {**stats(toks), "hist": []}
+    if toks:
+        lo, hi = min(toks), max(toks)
+        width = max(1, math.ceil((hi - lo + 1) / bins))
+        counts = Counter((t - lo) // width for t in toks)
+        out["hist"] = [{"lo": lo + i * width, "hi": lo + (i + 1) * width - 1, "count": counts.get(i, 0)}
+                       for i in range((hi - lo) // width + 1)]
+    return out
+
+
+def _sync(tl: Timeline) -> dict:
+    pub_t: dict = {}
+    for p in tl.publishes:
+        pub_t.setdefault(p["version"], []).append(p["t"])
+    to_use = []
+    for p in tl.pulls:
+        before = [t for t in pub_t.get(p["version"], []) if t <= p["t"]]
+        if before:
+            to_use.append(p["t"] - max(before))
+    relays = {}
+    for r in sorted({x["role"] for x in tl.relay_ready}):
+        mine = [x for x in tl.relay_ready if x["role"] == r]
+        relays[r] = {"hop": mine[-1]["hop"], **stats([x["since_publish_s"] for x in mine])}
+    return {"since_publish_s": stats([x["since_publish_s"] for x in tl.relay_ready]), "per_relay": relays,
+            "bcast_s": stats([x["bcast_s"] for x in tl.relay_ready]),
+            "pull_s": stats([p["pull_s"] for p in tl.pulls]), "publish_to_pull_s": stats(to_use)}
+
+
+# -- text ----------------------------------------------------------------------------------------
+def fmt(x, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return f"{x:,}"
+    if unit == "%":
+        return f"{100 * x:.1f}%"
+    if unit == "ms":
+        return f"{1000 * x:.1f}"
+    a = abs(x)
+    if a >= 1000:
+        return f"{x:,.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    if a >= 0.01 or a == 0:
+        return f"{x:.2f}" if a >= 1 else f"{x:.3f}"
+    return f"{x:.2e}"
+
+
+def table(headers: list[str], rows: list[list], align: str = "", indent: str = "  ") -> list[str]:
+    """Plain-text columns; `align` has one l/r per column (default: the first left, the rest right)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    cells = [[str(h) for h in headers]] + [[c if isinstance(c, str) else fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for j, r in enumerate(cells):
+        parts = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align)]
+        lines.append(indent + "  ".join(parts).rstrip())
+        if j == 0:
+            lines.append(indent + "  ".join("-" * w for w in widths))
+    return lines
+
+
+def group_hist(hist: dict[int, int], rows: int = 20) -> list[tuple[int, int, int]]:
+    """(lo, hi, count) rows of an integer histogram: one per value, or ranges of equal width
+    when the values span more than `rows` (empty ranges are left out)."""
+    if not hist:
+        return []
+    lo, hi = min(hist), max(hist)
+    if hi - lo < rows:
+        return [(k, k, n) for k, n in sorted(hist.items())]
+    width = math.ceil((hi - lo + 1) / rows)
+    acc: Counter = Counter()
+    for k, n in hist.items():
+        acc[(k - lo) // width] += n
+    return [(lo + i * width, lo + (i + 1) * width - 1, acc[i]) for i in sorted(acc)]
+
+
+def _bar(n: float, top: float, width: int = 30) -> str:
+    return "#" * int(round(width * n / top)) if top else ""
+
+
+def format_summary(d: dict) -> str:
+    out = [f"problem: {p}" for p in d["problems"]]
+    w = d["window"]
+    out.append(f"trace summary of {d['run_dir']}: {d['files']} trace files, {d['events']:,} events; "
+               f"generation from {fmt(w['start_s'])}s to {fmt(w['end_s'])}s after the first event")
+    t = d["totals"]
+    out.append(f"  {t['trajectories']:,} trajectories, {t['tokens']:,} tokens in {fmt(t['seconds'])}s: "
+               f"{fmt(t['traj_per_s'])} traj/s, {fmt(t['tokens_per_s'])} tokens/s; {t['rollouts']} rollouts, "
+               f"{fmt(t['versions_published'])} versions published, {t['migrations']} migrations "
+               f"({t['migrated_trajectories']} trajectories), {t['lost_trajectories']} lost to failures")
+    out += ["", "throughput over time (trajectories by finish time; util: busy/wall of the live rollouts)"]
+    out += table(["bucket", "from_s", "to_s", "trajs", "traj/s", "tokens", "tokens/s", "util"],
+                 [[str(i), b["start_s"], b["end_s"], b["trajectories"], b["traj_per_s"], b["tokens"],
+                   b["tokens_per_s"], fmt(b["util"], "%")] for i, b in enumerate(d["throughput"])])
+    out += ["", f"rollout utilisation and bubbles (seconds; overall utilisation {fmt(d['utilisation'], '%')})"]
+    rows = [[r, x["wall_s"], x["busy_s"], fmt(x["util"], "%"), x["weight_wait_s"], x["weight_wait_counter_s"],
+             x["long_tail_s"], x["trainer_bound_s"], x["failure_s"], x["trajectories"], x["tokens"]]
+            for r, x in d["rollouts"].items()]
+    out += table(["replica", "wall_s", "busy_s", "util", "weights_s", "(counter)", "long_tail_s", "trainer_bound_s",
+                  "failed_s", "trajs", "tokens"], rows)
+    b = d["bubbles"]
+    cap = b["capacity_s"]
+    share = (lambda x: fmt(x / cap, "%")) if cap else (lambda x: "-")
+    out += ["", "bubbles by cause (replica-seconds; share of the measured rollout time)"]
+    out += table(["cause", "seconds", "share", "what it measures"], [
+        ["weights: loading", b["weights_loading_s"], share(b["weights_loading_s"]), "pull_s of the weight pulls"],
+        ["weights: awaiting", b["weights_awaiting_s"], share(b["weights_awaiting_s"]),
+         "idle, a newer version exists than the one held"],
+        ["long tail", b["long_tail_s"], share(b["long_tail_s"]),
+         f"1..{b['long_tail_max_running']} of max_batch {d['max_batch']} trajectories in flight"],
+        ["trainer-bound", b["trainer_bound_s"], share(b["trainer_bound_s"]),
+         "idle holding the newest version: admission blocked, no work"],
+        ["failures", b["failure_s"], share(b["failure_s"]), "rollout down: death -> recovered"],
+        ["degraded (wall)", b["degraded_s"], "", "wall time with any role down"]], "lrrl")
+    out.append(f"  (the rollouts' own weight_wait_s counter: {fmt(b['weight_wait_counter_s'])}s, "
+               f"{share(b['weight_wait_counter_s'])}; it also counts idle time that ended with a pull)")
+    tr = d["trainer"]
+    out += ["", f"trainer: {tr['steps']} steps (last {fmt(tr['last_step'])}), training {fmt(tr['train_s'])}s, "
+                f"waiting for data {fmt(tr['wait_s'])}s (rollout-bound), publish stall {fmt(tr['publish_stall_s'])}s, "
+                f"{tr['publishes']} publishes"]
+    st = d["staleness"]
+    out += ["", f"staleness of trained trajectories ({st['source'] or 'no metrics.jsonl'}; mean {fmt(st['mean'])}, "
+                f"max {fmt(st['max'])})"]
+    groups = group_hist(st["hist"])
+    top = max((n for _, _, n in groups), default=0)
+    out += table(["staleness", "trajectories", "share", ""],
+                 [[str(lo) if lo == hi else f"{lo}-{hi}", n, fmt(n / st["trajectories"], "%"), _bar(n, top)]
+                  for lo, hi, n in groups], "rrrl")
+    ln = d["lengths"]
+    out += ["", f"response lengths (tokens; {ln['n']:,} trajectories): p50 {fmt(ln['p50'])}  p90 {fmt(ln['p90'])}  "
+                f"p99 {fmt(ln['p99'])}  max {fmt(ln['max'])}  mean {fmt(ln['mean'])}"]
+    top = max((h["count"] for h in ln["hist"]), default=0)
+    out += table(["tokens", "trajectories", ""], [[f"{h['lo']}-{h['hi']}", h["count"], _bar(h["count"], top)]
+                                                   for h in ln["hist"]], "rrl")
+    sy = d["sync"]
+    out += ["", "weight sync latency (milliseconds)"]
+    srows = [["publish -> relay ready (all)", sy["since_publish_s"]]]
+    srows += [[f"publish -> {r} ready (hop {x['hop']})", x] for r, x in sy["per_relay"].items()]
+    srows += [["relay broadcast (bcast_s)", sy["bcast_s"]], ["rollout pull (pull_s)", sy["pull_s"]],
+              ["publish -> rollout pulled", sy["publish_to_pull_s"]]]
+    out += table(["measure", "n", "p50", "p90", "p99", "max"],
+                 [[name, s["n"], fmt(s["p50"], "ms"), fmt(s["p90"], "ms"), fmt(s["p99"], "ms"), fmt(s["max"], "ms")]
+                  for name, s in srows])
+    rec = d["recoveries"]
+    src = sorted({r["source"] for r in rec})
+    out += ["", f"recoveries: {len(rec)}" + (f" (from {', '.join(src)})" if src else " (no failure in the trace)")]
+    out += table(["role", "code", "down_at_s", "recovered_at_s", "recovery_s"],
+                 [[r["role"], fmt(r["code"]), r["down_s"], r["up_s"] if r["up_s"] is not None else "not recovered",
+                   r["recovery_s"]] for r in rec])
+    return "\n".join(out)
