@@ -214,7 +214,8 @@ class Rollout:
         if reqs:
             self.ctx.ctrl.send({"type": "migrated", "dest": dest, "trajectories": [self._partial(r) for r in reqs]})
             self.credit_to_return += len(reqs)
-        self.ctx.tracer.emit("migrated_out", dest=dest, trajectories=len(reqs), asked=len(traj_ids))
+        self.ctx.tracer.emit("migrated_out", dest=dest, trajectories=len(reqs), asked=len(traj_ids),
+                             traj_ids=[r.traj_id for r in reqs])
 
     def global_update(self, newest: int) -> bool:
         """partial-rollout (as AReaL): a publish pauses every replica. Each stops its sequences,
