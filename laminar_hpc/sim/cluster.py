@@ -1,0 +1,188 @@
+"""A whole simulated cluster: controller, trainer, relay tier and N rollout replicas on one
+event queue, for one mode, and the figures `tools/bench_modes.py` measures on a real run.
+
+    res = simulate(cfg, params, steps=10, skip=1)       # cfg.mode and cfg.repack.enabled pick the mode
+    res["trajectories_per_s"], res["staleness_mean"], res["sim_wall_s"]
+
+Figures are taken like bench_modes does: over a steady window from the end of train step
+`skip` to the last step (trajectories and tokens the trainer consumed, tokens the rollouts
+generated, rollout busy fraction, weight wait per rollout, staleness).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from laminar_hpc.sim.controller import SimController
+from laminar_hpc.sim.engine import EventQueue
+from laminar_hpc.sim.params import ClusterSpec, SimParams
+from laminar_hpc.sim.pool import Pool
+from laminar_hpc.sim.rollout import SimRollout
+from laminar_hpc.sim.trainer import SimRelays, SimTrainer
+
+
+def relay_of(rank: int, cfg, spec: ClusterSpec) -> int:
+    """The relay a rollout pulls from: the one on its node. On one machine (an emulated run,
+    `bcast_gbps` unset) every rollout finds relay 0 (`rollout/main.find_local_relay`); on a
+    cluster, rank 0 is the master on the trainer's node and rollout node n runs relay n + 1."""
+    if not spec.bcast_gbps or cfg.relay.count == 1:
+        return 0
+    node = rank * spec.rollout_tp // spec.gpus_per_node
+    return min(cfg.relay.count - 1, 1 + node)
+
+
+class Simulation:
+    def __init__(self, cfg, params: SimParams, spec: ClusterSpec | None = None, steps: int | None = None):
+        self.cfg, self.params, self.spec = cfg, params, spec or ClusterSpec()
+        self.q = EventQueue()
+        self.pool = Pool(cfg.trainer.group_size, params.lengths(cfg), params.prompt_tokens)
+        self.relay_version = [-1] * cfg.relay.count
+        self.pulls = 0
+        self.syncs: list[float] = []
+        self._sync_t0 = 0.0
+        self.failures = {"rollout": 0, "relay": 0, "trainer": 0}
+        self.ctl = SimController(self)
+        self.rollouts = [SimRollout(self, r, relay_of(r, cfg, self.spec)) for r in range(cfg.rollout.count)]
+        self.by_relay: dict[int, list[SimRollout]] = {}
+        for r in self.rollouts:
+            self.by_relay.setdefault(r.relay, []).append(r)
+        self.trainer = SimTrainer(self, steps or cfg.trainer.total_steps)
+        self.relays = SimRelays(self, cfg.relay.count)
+        self.rng = np.random.default_rng([cfg.seed, 0xFA11])
+        self.stalled = False
+        # watchdog: a first step may take as long as the longest response decoded at a full batch
+        full = cfg.rollout.max_batch
+        slowest = cfg.rollout.max_new_tokens * params.cost.decode_steps_s(full, full * cfg.rollout.max_new_tokens, 1)
+        self._progress_t, self._progress_n, self._stall_s = 0.0, 0, max(3600.0, 20 * slowest)
+
+    @property
+    def done(self) -> bool:
+        return self.trainer.done
+
+    # -- hooks the roles call -----------------------------------------------------------
+    def relay_ready(self, hop: int, version: int) -> None:
+        self.relay_version[hop] = version
+        for r in self.by_relay.get(hop, ()):
+            r.relay_ready()
+
+    def sync_started(self, version: int) -> None:
+        self._sync_t0 = self.q.now
+
+    def sync_finished(self, version: int) -> None:
+        self.syncs.append(self.q.now - self._sync_t0)
+
+    def counters(self) -> dict:
+        """Cumulative counters sampled at every train step (the window is a difference)."""
+        return {"gen_tokens": self.pool.tokens_generated, "gen_trajs": self.pool.trajectories_finished,
+                "busy_s": sum(r.busy_s for r in self.rollouts), "weight_wait_s": sum(r.wait_s for r in self.rollouts)}
+
+    # -- failures -------------------------------------------------------------------------
+    def _arm_failures(self) -> None:
+        f = self.params.failures
+        if f.rollout_mtbf_s:
+            for r in self.rollouts:
+                self.q.at(self.rng.exponential(f.rollout_mtbf_s), self._fail_rollout, r.rank)
+        if f.relay_mtbf_s:
+            self.q.at(self.rng.exponential(f.relay_mtbf_s), self._fail_relays)
+        if f.trainer_mtbf_s:
+            self.q.at(self.rng.exponential(f.trainer_mtbf_s), self._fail_trainer)
+
+    def _fail_rollout(self, rank: int) -> None:
+        if self.done:
+            return
+        f = self.params.failures
+        self.failures["rollout"] += 1
+        self.rollouts[rank].die()
+        self.q.after(f.rollout_recovery_s, lambda _: self.rollouts[rank].revive())
+        self.q.after(f.rollout_recovery_s + self.rng.exponential(f.rollout_mtbf_s), self._fail_rollout, rank)
+
+    def _fail_relays(self, _=None) -> None:
+        if self.done:
+            return
+        f = self.params.failures
+        self.failures["relay"] += 1
+        self.relays.die()
+        self.relay_version = [-1] * len(self.relay_version)  # the stores go with the tier
+        self.q.after(f.relay_recovery_s, lambda _: self.relays.revive())
+        self.q.after(f.relay_recovery_s + self.rng.exponential(f.relay_mtbf_s), self._fail_relays)
+
+    def _fail_trainer(self, _=None) -> None:
+        if self.done:
+            return
+        f = self.params.failures
+        self.failures["trainer"] += 1
+        self.trainer.die()
+        self.q.after(f.trainer_recovery_s, lambda _: self.trainer.revive())
+        self.q.after(f.trainer_recovery_s + self.rng.exponential(f.trainer_mtbf_s), self._fail_trainer)
+
+    # -- run ------------------------------------------------------------------------------
+    def run(self, max_sim_s: float = 1e9) -> None:
+        for r in self.rollouts:
+            self.q.at(0.0, r.iterate, r.epoch)
+        self.q.at(0.0, lambda _: self.trainer.start())
+        if self.params.failures.any():
+            self._arm_failures()
+        self.q.run(stop=self._stop, max_time=max_sim_s)
+
+    def _stop(self) -> bool:
+        """Done, or no train step for far longer than any step took: a stuck cluster (watchdog)."""
+        if self.trainer.done:
+            return True
+        t = self.q.now
+        if t - self._progress_t > self._stall_s:
+            rows = self.trainer.rows
+            if len(rows) != self._progress_n:
+                longest = max(r["train_s"] + r["wait_s"] for r in rows[-5:])
+                self._progress_t, self._progress_n = t, len(rows)
+                self._stall_s = max(self._stall_s, 20 * longest)
+                return False
+            self.stalled = True
+            return True
+        return False
+
+
+def measure(sim: Simulation, skip: int) -> dict:
+    rows = sim.trainer.rows
+    if len(rows) <= skip:
+        why = (f"no train step for {sim.q.now - sim._progress_t:.0f} emulated seconds: the simulated cluster is stuck"
+               if sim.stalled else "the event queue ran dry")
+        raise RuntimeError(f"{sim.cfg.mode}: the simulation trained {len(rows)} steps, need more than --skip={skip} "
+                           f"({why} at t={sim.q.now:.0f}s)")
+    a = rows[skip - 1] if skip else None
+    t_a = a["wall"] if a else rows[0]["wall"] - rows[0]["train_s"]
+    b = rows[-1]
+    span = b["wall"] - t_a
+    win = rows[skip:]
+    trajs = sum(r["trajectories"] for r in win)
+    n = len(sim.rollouts)
+    base = a or {"gen_tokens": 0, "busy_s": 0.0, "weight_wait_s": 0.0}
+    st = sim.ctl.stats
+    return {
+        "trajectories_per_s": trajs / span,
+        "tokens_per_s": sum(r["tokens"] for r in win) / span,
+        "generation_tokens_per_s": (b["gen_tokens"] - base["gen_tokens"]) / span,
+        "rollout_utilization": min(1.0, (b["busy_s"] - base["busy_s"]) / (n * span)),
+        "weight_wait_s": (b["weight_wait_s"] - base["weight_wait_s"]) / n,
+        "staleness_mean": sum(r["staleness_mean"] * r["trajectories"] for r in win) / max(1, trajs),
+        "staleness_max": max(r["staleness_max"] for r in win),
+        "window_s": span, "window_steps": len(win),
+        "step_s_mean": span / len(win),
+        "trajectories_migrated": st["trajectories_migrated"], "repack_moves": st["repack_moves"],
+        "groups_dropped_staleness": sim.trainer.dropped,
+        "global_update_s_mean": sum(sim.syncs) / len(sim.syncs) if sim.syncs else None,
+        "failures": dict(sim.failures),
+        "recovered": {"continued": st["recovered_continued"], "restarted": st["recovered_restarted"]},
+        "sim_time_s": sim.q.now, "sim_events": sim.q.events,
+    }
+
+
+def simulate(cfg, params: SimParams, spec: ClusterSpec | None = None, *, steps: int | None = None, skip: int = 1,
+             max_sim_s: float = 1e9) -> dict:
+    """Simulate `cfg` (its mode, repack switch and sizes) with `params`; returns the figures."""
+    t0 = time.perf_counter()
+    sim = Simulation(cfg, params, spec, steps)
+    sim.run(max_sim_s)
+    res = measure(sim, skip)
+    res["sim_wall_s"] = time.perf_counter() - t0
+    return res

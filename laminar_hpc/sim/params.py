@@ -1,0 +1,188 @@
+"""What the simulator assumes: the cost model, the length distribution and the overheads.
+
+`SimParams` is built from a runtime `Config` (its `emulation:` section IS the cost model the
+emulated engines sleep by, so a simulation of an emulated run uses exactly those numbers) and a
+`ClusterSpec` (the simulator-only knobs: nodes, links, overheads, failures; see presets.py).
+Calibration (calibrate.py) replaces the numbers a run's traces measured.
+
+Times are emulated seconds. The engines' formulas are not copied here: `cost` is the runtime's
+own `emulation.cost.CostModel`, and exact response lengths come from its `response_length`.
+
+    params = SimParams.from_config(cfg, ClusterSpec())
+    params.cost.decode_steps_s(batch=32, kv=40_000, steps=64)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from laminar_hpc.emulation.cost import CostModel, lognormal_sigma, response_length
+
+
+@dataclass
+class FailureSpec:
+    """Injected failures: mean time between failures per role instance (emulated seconds;
+    None: never) and how long the role is gone before its restart is serving again."""
+    rollout_mtbf_s: float | None = None
+    rollout_recovery_s: float = 30.0
+    relay_mtbf_s: float | None = None  # the whole relay tier is rebuilt (one MPI job)
+    relay_recovery_s: float = 20.0
+    trainer_mtbf_s: float | None = None  # restarted from its last step: the step in progress is lost
+    trainer_recovery_s: float = 60.0
+
+    def any(self) -> bool:
+        return any(x is not None for x in (self.rollout_mtbf_s, self.relay_mtbf_s, self.trainer_mtbf_s))
+
+
+@dataclass
+class ClusterSpec:
+    """Simulator-only knobs (the runtime Config has no place for them). A preset writes them in
+    `#@sim key: value` comment lines; every number's source is noted there."""
+    gpus_per_node: int = 8
+    rollout_tp: int = 1  # GPUs per rollout replica
+    trainer_gpus: int = 8
+    # relay chain: None = the emulated runtime on one machine (it moves emulation.weight_mb real bytes
+    # through shared memory); a number = nominal_weight_gb moved over this link (GB/s), e.g. InfiniBand
+    bcast_gbps: float | None = None
+    host_copy_gbps: float = 4.0  # one process's memcpy (publish hand-off, master relay copy), GB/s
+    checksum_gbps: float = 10.0  # the master relay's xxh3 pass over the version, GB/s
+    # control plane (wall milliseconds): one ZeroMQ message, the controller's loop before it schedules
+    msg_latency_ms: float = 1.0
+    ctl_latency_ms: float = 2.0
+    # the controller's own work per trajectory it admits or assigns (DataPlane admit + assign + msgpack of
+    # the work items, measured on the 2-core CI machine: 12.6 ms for 64 groups x 16 of 512-token prompts)
+    ctl_per_traj_us: float = 12.0
+    idle_poll_ms: float = 20.0  # an idle rollout re-checks its relay this often (rollout/main.py)
+    prompt_tokens: int = 256  # for tasks whose prompt length the config does not fix (non-synthetic)
+    weak_scaling: bool = True  # scaling curve: the global batch grows with the rollout replicas
+    failures: FailureSpec = field(default_factory=FailureSpec)
+
+    def __post_init__(self):
+        if isinstance(self.failures, dict):
+            self.failures = FailureSpec(**self.failures)
+
+
+class Lengths:
+    """Response lengths per trajectory id. `exact`: the runtime's own `response_length` (the very
+    lengths an emulated run with this seed draws: ~25 us each); `fast`: the same log-normal and
+    clipping, drawn vectorised from one seeded generator; `empirical`: resampled from measured
+    lengths (calibration)."""
+
+    def __init__(self, lengths, *, seed: int, cap: int, mode: str = "exact", empirical: list[int] | None = None):
+        self.cfg, self.seed, self.cap, self.mode = lengths, seed, cap, mode
+        self.empirical = np.asarray(sorted(empirical), dtype=np.int64) if empirical else None
+        self.rng = np.random.default_rng([seed, 0x51A])
+        self.hi = int(min(cap, lengths.max_tokens))
+
+    def draw(self, traj_ids: list[str]) -> list[int]:
+        if self.empirical is not None:
+            return np.minimum(self.rng.choice(self.empirical, size=len(traj_ids)), self.hi).tolist()
+        if self.mode == "exact":
+            return [response_length(self.cfg, seed=self.seed, traj_id=t, cap=self.cap) for t in traj_ids]
+        z = self.rng.standard_normal(len(traj_ids))
+        raw = self.cfg.median * np.exp(lognormal_sigma(self.cfg.p99_over_median) * z)
+        return np.clip(np.round(raw), self.cfg.min_tokens, self.hi).astype(np.int64).tolist()
+
+    def mean(self) -> float:
+        if self.empirical is not None:
+            return float(self.empirical.mean())
+        s = lognormal_sigma(self.cfg.p99_over_median)
+        return min(self.hi, self.cfg.median * math.exp(s * s / 2))
+
+
+@dataclass
+class SimParams:
+    emu: object  # an emulation section (EmulationCfg): the cost model's coefficients
+    cost: CostModel
+    time_scale: float  # the run's emulation.time_scale: wall overheads / time_scale = emulated seconds
+    prompt_tokens: int
+    pull_s: float  # a rollout loads a version: nominal load + copy of the real bytes
+    publish_stall_s: float
+    relay_master_s: float  # the master relay copies the hand-off version and checksums it
+    bcast_bytes: float
+    bcast_bw: float  # bytes per emulated second over the relay chain
+    chunk_bytes: float
+    msg_latency_s: float
+    ctl_latency_s: float
+    ctl_per_traj_s: float
+    idle_poll_s: float
+    state_interval_s: float  # rollout_state reports (repack.state_interval_s is wall seconds)
+    moving_expiry_s: float  # a repack move without an answer is forgotten after this (controller/main.py)
+    relay_count: int = 1
+    length_mode: str = "exact"
+    empirical_lengths: list[int] | None = None
+    relay_ready_measured: dict | None = None  # calibrated publish -> readable, per relay rank (replaces the formula)
+    failures: FailureSpec = field(default_factory=FailureSpec)
+    sources: dict = field(default_factory=dict)  # parameter -> where its value came from
+
+    @classmethod
+    def from_config(cls, cfg, spec: ClusterSpec | None = None, length_mode: str = "exact") -> "SimParams":
+        spec = spec or ClusterSpec()
+        e = cfg.emulation
+        emulated = cfg.rollout.engine == "emulated"
+        scale = e.time_scale if emulated and e.time_scale > 0 else 1.0
+        wall = 1.0 / scale  # one wall second of real overhead, in emulated seconds
+        cost = CostModel(e)
+        prompt = cfg.task.prompt_tokens if cfg.task.type == "synthetic" else spec.prompt_tokens
+        src = {"cost model": "config emulation.* (the emulated engines' own coefficients)",
+               "lengths": f"config emulation.lengths (log-normal, {length_mode} draws)"}
+        if spec.bcast_gbps:  # a cluster: the model's bytes, at its links' speeds
+            moved, wall_b = e.nominal_weight_gb * 1e9, 1.0
+            bw = spec.bcast_gbps * 1e9
+            pull = cost.weight_load_s()
+            src["weights"] = (f"nominal_weight_gb: publish copy at {spec.host_copy_gbps} GB/s, master relay copy + "
+                              f"checksum ({spec.checksum_gbps} GB/s), chain at {spec.bcast_gbps} GB/s, pull at "
+                              f"emulation.pull_gbps")
+        else:  # an emulated run on one machine: emulation.weight_mb real bytes move, in wall time
+            moved, wall_b = e.weight_mb * 2**20, wall
+            bw = spec.host_copy_gbps * 1e9 / wall
+            pull = cost.weight_load_s() + moved / (spec.host_copy_gbps * 1e9) * wall
+            src["weights"] = (f"emulation.weight_mb real bytes at {spec.host_copy_gbps} GB/s memcpy and "
+                              f"{spec.checksum_gbps} GB/s checksum (wall), plus emulation's nominal load time")
+        copy_s = moved / (spec.host_copy_gbps * 1e9) * wall_b
+        master_s = copy_s + moved / (spec.checksum_gbps * 1e9) * wall_b
+        p = cls(emu=e, cost=cost, time_scale=scale, prompt_tokens=prompt,
+                pull_s=pull, publish_stall_s=copy_s, relay_master_s=master_s, bcast_bytes=moved, bcast_bw=bw,
+                chunk_bytes=cfg.relay.chunk_mb * 2**20,
+                msg_latency_s=spec.msg_latency_ms * 1e-3 * wall, ctl_latency_s=spec.ctl_latency_ms * 1e-3 * wall,
+                ctl_per_traj_s=spec.ctl_per_traj_us * 1e-6 * wall,
+                idle_poll_s=spec.idle_poll_ms * 1e-3 * wall, state_interval_s=cfg.repack.state_interval_s * wall,
+                moving_expiry_s=10 * cfg.repack.interval_s + 5.0 * wall, relay_count=cfg.relay.count,
+                length_mode=length_mode,
+                failures=spec.failures, sources=src)
+        return p
+
+    def with_emulation(self, **changes) -> "SimParams":
+        """A copy whose cost model has some coefficients changed (calibration, scaling)."""
+        emu = self.emu.model_copy(update=changes)
+        return replace(self, emu=emu, cost=CostModel(emu))
+
+    def lengths(self, cfg) -> Lengths:
+        return Lengths(self.emu.lengths, seed=cfg.seed, cap=cfg.rollout.max_new_tokens, mode=self.length_mode,
+                       empirical=self.empirical_lengths)
+
+    def bcast_ready_s(self, hop: int) -> float:
+        """Publish -> readable at relay rank `hop` (0 = master): the master's copy and checksum,
+        then the chunk-pipelined chain: nbytes/bw + (hop - 1) * chunk/bw."""
+        if self.relay_ready_measured:
+            m = self.relay_ready_measured
+            return m[hop] if hop in m else max(m.values())
+        if hop == 0:
+            return self.relay_master_s
+        return self.relay_master_s + self.bcast_bytes / self.bcast_bw + (hop - 1) * self.chunk_bytes / self.bcast_bw
+
+    def describe(self) -> dict:
+        e = self.emu
+        return {"decode_base_ms": e.decode_base_ms, "decode_per_seq_us": e.decode_per_seq_us,
+                "decode_per_kv_token_ns": e.decode_per_kv_token_ns, "prefill_base_ms": e.prefill_base_ms,
+                "prefill_per_token_us": e.prefill_per_token_us, "train_per_token_us": e.train_per_token_us,
+                "lengths": {"median": e.lengths.median, "p99_over_median": e.lengths.p99_over_median,
+                            "max_tokens": e.lengths.max_tokens, "mode": self.length_mode,
+                            "empirical": self.empirical_lengths is not None},
+                "pull_s": self.pull_s, "publish_stall_s": self.publish_stall_s,
+                "relay_ready_s": [round(self.bcast_ready_s(h), 6) for h in range(min(4, self.relay_count))],
+                "msg_latency_s": self.msg_latency_s,
+                "time_scale": self.time_scale, "sources": self.sources}
+

@@ -1,0 +1,110 @@
+"""Tables, the JSON document and the scaling plot of `laminar simulate`.
+
+JSON (`--json OUT`):
+
+    {"config", "preset": {...#@sim knobs}, "params": {cost model, sync costs, sources},
+     "calibration": {"run_dirs", "fitted", "sources"} | null,
+     "modes": {mode: {"trajectories_per_s", "ratio_vs_sync", "tokens_per_s", ...}},
+     "scaling": {"gpus": [...], "points": [{"gpus", "rollout_replicas", "trainer_gpus",
+                 "modes": {mode: {"trajectories_per_s", "ratio_vs_sync", ...}}}]} | null,
+     "compare": {mode: {"measured", "simulated", "error", "ratio_error"}} | null}
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+COLS = [("mode", "{}", None), ("traj/s", "{:.2f}", "trajectories_per_s"), ("tok/s", "{:.0f}", "tokens_per_s"),
+        ("gen tok/s", "{:.0f}", "generation_tokens_per_s"), ("util", "{:.1%}", "rollout_utilization"),
+        ("wait w (s)", "{:.1f}", "weight_wait_s"), ("stale", "{:.2f}", "staleness_mean"),
+        ("max", "{}", "staleness_max"), ("x sync", "{:.2f}", "ratio_vs_sync")]
+
+
+def _cell(fmt: str, v) -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def modes_table(results: dict) -> str:
+    lines = [" | ".join(c for c, _, _ in COLS)]
+    for mode, r in results.items():
+        lines.append(" | ".join([mode] + [_cell(fmt, r.get(k)) for _, fmt, k in COLS[1:]]))
+    return "\n".join(lines)
+
+
+def compare(results: dict, measured_doc: dict) -> dict:
+    """Simulated vs measured (a tools/bench_modes.py JSON): relative error of throughput and of
+    the ratio to sync, per mode present in both."""
+    meas = measured_doc.get("modes", measured_doc)
+    out = {}
+    for mode, r in results.items():
+        m = meas.get(mode)
+        if not m or not m.get("trajectories_per_s"):
+            continue
+        row = {"measured": m["trajectories_per_s"], "simulated": r["trajectories_per_s"],
+               "error": r["trajectories_per_s"] / m["trajectories_per_s"] - 1}
+        if r.get("ratio_vs_sync") and m.get("ratio_vs_sync"):
+            row.update(measured_ratio=m["ratio_vs_sync"], simulated_ratio=r["ratio_vs_sync"],
+                       ratio_error=r["ratio_vs_sync"] / m["ratio_vs_sync"] - 1)
+        out[mode] = row
+    return out
+
+
+def compare_table(rows: dict) -> str:
+    lines = ["mode | measured traj/s | simulated | error | measured x sync | simulated | error"]
+    for mode, r in rows.items():
+        lines.append(f"{mode} | {r['measured']:.2f} | {r['simulated']:.2f} | {r['error']:+.1%} | "
+                     f"{_cell('{:.2f}', r.get('measured_ratio'))} | {_cell('{:.2f}', r.get('simulated_ratio'))} | "
+                     f"{_cell('{:+.1%}', r.get('ratio_error'))}")
+    return "\n".join(lines)
+
+
+def scaling_table(curve: dict) -> str:
+    pts = curve["points"]
+    if not pts:
+        return ""
+    modes = list(pts[0]["modes"])
+    lines = ["GPUs (rollout+trainer) | replicas | " + " | ".join(f"{m} traj/s (x sync)" for m in modes)]
+    for p in pts:
+        cells = [f"{p['gpus']} ({p['rollout_gpus']}+{p['trainer_gpus']})", str(p["rollout_replicas"])]
+        for m in modes:
+            r = p["modes"][m]
+            cells.append(f"{r['trajectories_per_s']:.1f} ({_cell('{:.2f}', r['ratio_vs_sync'])})")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def plot_scaling(curve: dict, path: str | Path, title: str = "") -> str:
+    """Throughput and ratio to sync against GPUs, one line per mode; returns what happened (one line)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: scaling plot skipped (pip install matplotlib)"
+    pts = curve["points"]
+    if not pts:
+        return "no scaling points: nothing to plot"
+    gpus = [p["gpus"] for p in pts]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for m in pts[0]["modes"]:
+        a.plot(gpus, [p["modes"][m]["trajectories_per_s"] for p in pts], marker="o", label=m)
+        b.plot(gpus, [p["modes"][m]["ratio_vs_sync"] or 0 for p in pts], marker="o", label=m)
+    for ax, ylabel in ((a, "trajectories / s"), (b, "throughput / sync")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(gpus, [str(g) for g in gpus])
+        ax.set_xlabel("GPUs (rollout + trainer)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    a.set_yscale("log")
+    b.legend(fontsize=8)
+    fig.suptitle(title or "simulated throughput per mode")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"scaling plot written to {path}"
+
+
+def write_json(doc: dict, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1, default=float))

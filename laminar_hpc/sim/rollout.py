@@ -1,0 +1,350 @@
+"""A simulated rollout replica: `rollout/main.py`'s loop over `rollout/emulated.py`'s engine.
+
+One loop iteration, as in the runtime: handle the control messages that have arrived; decide
+about weights (laminar: `policy.scheduling.should_refresh`, drain then pull; barrier modes:
+load when told, between batches; partial-rollout: the global update, interrupt + load + wait
+for `resume` + re-prefill); admit queued work into the free slots (prefill cost; migrated work
+first, pinned to its version, rejected if the replica moved on); return credit; then one
+engine macro-step: up to `emulation.max_macro_steps` decode steps, never past the next finish,
+costed by the runtime's CostModel. Messages that arrive during a step wait for the next
+iteration, as they do in the runtime. An idle replica wakes when a message arrives or its
+relay gets a new version.
+
+The engine keeps a decode-step counter S; a running trajectory finishes at step `end_at`, so a
+macro-step is O(log B) whatever the batch, and KV usage is updated in closed form.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from laminar_hpc.policy import scheduling
+from laminar_hpc.sim.pool import Traj
+
+FIRST, CONTINUE, PAUSED = 0, 1, 2  # what follows a weight load
+
+
+class SimRollout:
+    def __init__(self, sim, rank: int, relay: int):
+        self.sim, self.q, self.p, self.ctl = sim, sim.q, sim.params, sim.ctl
+        self.rank, self.relay = rank, relay
+        cfg = sim.cfg
+        self.mode = cfg.mode
+        self.barrier = cfg.mode in scheduling.BARRIER_LAG
+        self.partial = cfg.mode == "partial-rollout"
+        self.max_batch = cfg.rollout.max_batch
+        self.max_macro = cfg.emulation.max_macro_steps
+        self.prompt = sim.params.prompt_tokens
+        self.cost = sim.params.cost
+        self.report_on = sim.ctl.repack_on
+        self.alive = True
+        self.epoch = 0  # bumped at death: events of the previous incarnation are ignored
+        self.busy_s = 0.0
+        self.wait_s = 0.0
+        self._serial = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.version = -1
+        self.act: dict[str, Traj] = {}  # the engine's running sequences
+        self.heap: list = []  # (end_at, serial, traj)
+        self.S = 0  # decode steps done
+        self.kv = 0
+        self.queue: deque[Traj] = deque()  # assigned, not admitted
+        self.inbox: deque = deque()  # (arrival time, kind, payload)
+        self.credit = 0
+        self.draining = False
+        self.target = -1
+        self.resume = -1
+        self.paused: list[Traj] | None = None
+        self.pause_t0 = self.pause_wait0 = 0.0
+        self.kv_peak = 0
+        self.last_state = -1e30
+        self.idle, self.idle_at = False, 0.0
+        self.idle_since: float | None = None
+        self.idle_pull = 0.0
+        self.pending = 0
+
+    # -- messages -------------------------------------------------------------------------
+    def deliver(self, kind: str, payload, sent: float | None = None) -> None:
+        if not self.alive:
+            return  # lost with the process
+        t = (self.q.now if sent is None else sent) + self.p.msg_latency_s
+        self.inbox.append((t, kind, payload))
+        if self.idle:
+            self._wake(t)
+
+    def relay_ready(self) -> None:
+        if self.idle:
+            self._wake(self.q.now + self.p.idle_poll_s / 2)  # it re-checks its relay between polls
+
+    def _wake(self, t: float) -> None:
+        self.idle = False
+        self.q.at(max(t, self.idle_at), self.iterate, self.epoch)
+
+    def _apply_inbox(self, now: float) -> None:
+        box = self.inbox
+        while box and box[0][0] <= now:
+            _, kind, payload = box.popleft()
+            if kind == "assign":
+                for t in payload:
+                    if t.pinned:  # migrated or recovered work goes first
+                        self.queue.appendleft(t)
+                    else:
+                        self.queue.append(t)
+            elif kind == "update_weights":
+                self.target = max(self.target, payload)
+            elif kind == "resume":
+                self.resume = max(self.resume, payload)
+            elif kind == "migrate":
+                ids, dest = payload
+                reqs = self._abort(ids)
+                if reqs:
+                    self.ctl.migrated(self.rank, dest, reqs)
+                    self.credit += len(reqs)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def iterate(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            return
+        now = self.q.now
+        self.idle = False
+        if self.inbox:
+            self._apply_inbox(now)
+        newest = self.sim.relay_version[self.relay]
+        if self.version < 0:  # waiting for the first version
+            if newest >= 0:
+                self._pull(newest, FIRST)
+            else:
+                self._go_idle(now, count=False)
+            return
+        if self.partial:
+            if self._global_update(newest, now):
+                return
+            drain = False
+        elif self.barrier:
+            if self.target > self.version and newest >= self.target and not self.act and not self.queue:
+                self._pull(newest, CONTINUE)
+                return
+            drain = False
+        else:
+            drain, pull = scheduling.should_refresh(self.version, newest, len(self.act) + self._pinned())
+            if pull:
+                self._pull(newest, CONTINUE)
+                return
+        self._proceed(drain, now)
+
+    def _proceed(self, drain: bool, t: float) -> None:
+        self.draining = drain
+        if self.queue:
+            t = self._admit(drain, t)
+        if self.credit and not drain:
+            self.ctl.want_work(self.rank, self.credit, self.version)
+            self.credit = 0
+        if self.act:
+            if self.idle_since is not None:
+                self._end_idle(t)
+            heap, act = self.heap, self.act
+            while heap[0][2].entry is not heap[0]:
+                heapq.heappop(heap)  # aborted or moved: a stale entry
+            steps = heap[0][0] - self.S
+            if steps > self.max_macro:
+                steps = self.max_macro
+            elif steps < 1:
+                steps = 1
+            c = self.cost.decode_steps_s(len(act), self.kv, steps)
+            self.busy_s += c
+            self.pending = steps
+            self.q.at(t + c, self._step_done, self.epoch)
+        else:
+            self._go_idle(t)
+
+    def _step_done(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            return
+        act, heap = self.act, self.heap
+        self.S += self.pending
+        S = self.S
+        self.kv += len(act) * self.pending
+        while heap and heap[0][0] <= S:
+            entry = heapq.heappop(heap)
+            t = entry[2]
+            if t.entry is not entry:
+                continue
+            t.entry = None
+            del act[t.tid]
+            t.tokens = t.target
+            self.kv -= self.prompt + t.target
+            self.ctl.finished(t)
+            self.credit += 1
+        if self.kv > self.kv_peak:
+            self.kv_peak = self.kv
+        if self.report_on:
+            self._report(self.q.now)
+        self.iterate(epoch)
+
+    def _go_idle(self, t: float, count: bool = True) -> None:
+        self.idle, self.idle_at = True, t
+        if count and self.idle_since is None:
+            self.idle_since = t
+        if self.report_on and not self._report(t):  # throttled: the idle loop reports once the interval is up
+            self.q.at(self.last_state + self.p.state_interval_s, self._late_report, self.epoch)
+        if self.inbox:  # messages on their way: it wakes when the first arrives
+            self._wake(self.inbox[0][0])
+        elif self.queue and not self.partial:
+            self.q.at(t + self.p.idle_poll_s, self._poll, self.epoch)
+
+    def _poll(self, epoch: int) -> None:
+        if epoch == self.epoch and self.idle:
+            self._wake(self.q.now)
+
+    def _late_report(self, epoch: int) -> None:
+        if epoch == self.epoch and self.idle:
+            self._report(self.q.now)
+
+    # -- engine ---------------------------------------------------------------------------
+    def _pinned(self) -> int:
+        v = self.version
+        return sum(1 for t in self.queue if t.pinned and t.version == v) if self.queue else 0
+
+    def _admit(self, drain: bool, t: float) -> float:
+        free = self.max_batch - len(self.act)
+        reqs, rejected, keep = [], [], []
+        queue, v = self.queue, self.version
+        while queue and len(reqs) < free:
+            w = queue.popleft()
+            if w.pinned and w.version != v and not self.partial:
+                rejected.append(w)  # this replica moved on: the manager restarts it
+                continue
+            if drain and not w.pinned:
+                keep.append(w)  # new work waits for the new version
+                continue
+            if not w.pinned:
+                w.version = v
+            reqs.append(w)
+        if keep:
+            queue.extendleft(reversed(keep))
+        if rejected:
+            self.ctl.migrate_reject(self.rank, rejected)
+            self.credit += len(rejected)
+        if reqs:
+            t = self._add(reqs, t)
+            self.kv_peak = self.kv
+        return t
+
+    def _add(self, reqs: list[Traj], t: float) -> float:
+        prompt = self.prompt
+        dt = self.cost.prefill_s(sum(prompt + r.tokens for r in reqs))
+        self.busy_s += dt
+        S = self.S
+        for r in reqs:
+            k = r.tokens + 1  # prefill samples each one's next token
+            r.tokens = k
+            if k >= r.target:
+                r.target = k
+                self.ctl.finished(r)
+                self.credit += 1
+                continue
+            self._serial += 1
+            entry = (S + r.target - k, self._serial, r)
+            r.entry = entry
+            heapq.heappush(self.heap, entry)
+            self.act[r.tid] = r
+            self.kv += prompt + k
+        return t + dt
+
+    def _abort(self, ids) -> list[Traj]:
+        out = []
+        act, S = self.act, self.S
+        for tid in ids:
+            t = act.pop(tid, None)
+            if t is None:
+                continue  # finished meanwhile
+            t.tokens = t.target - (t.entry[0] - S)
+            t.entry = None
+            self.kv -= self.prompt + t.tokens
+            out.append(t)
+        return out
+
+    def _end_idle(self, t: float) -> None:
+        """Idle time that ended with new weights counts as waiting for them (rollout/main.py)."""
+        if self.idle_pull > 0:
+            self.wait_s += t - self.idle_since - self.idle_pull
+        self.idle_since, self.idle_pull = None, 0.0
+
+    def _report(self, t: float) -> bool:
+        if t - self.last_state < self.p.state_interval_s:
+            return False
+        self.last_state = t
+        if self.kv > self.kv_peak:
+            self.kv_peak = self.kv
+        waiting = self._pinned() if self.draining else len(self.queue)
+        # a ReplicaState's fields, as a tuple (the controller builds the states when it plans a round)
+        self.ctl.replicas[self.rank] = (self.rank, self.version, waiting, len(self.act), self.kv, self.kv_peak,
+                                        tuple(self.act))
+        return True
+
+    # -- weights ----------------------------------------------------------------------------
+    def _pull(self, version: int, then: int) -> None:
+        d = self.p.pull_s
+        self.wait_s += d
+        if self.idle_since is not None:
+            self.idle_pull += d
+        self.sim.pulls += 1
+        self.q.at(self.q.now + d, self._pulled, (self.epoch, version, then))
+
+    def _pulled(self, arg) -> None:
+        epoch, version, then = arg
+        if epoch != self.epoch:
+            return
+        self.version = version
+        self.ctl.weights_loaded(self.rank, version)
+        if then == FIRST:
+            self.credit = self.max_batch
+            self.iterate(epoch)
+        elif then == CONTINUE:
+            self._proceed(False, self.q.now)
+        else:
+            self._go_idle(self.q.now, count=False)  # paused: waits for `resume`
+
+    def _global_update(self, newest: int, now: float) -> bool:
+        """partial-rollout, as AReaL: interrupt, load, wait for every replica, re-prefill."""
+        if self.target > self.version:
+            if self.paused is None:
+                self.paused = self._abort(list(self.act))
+                self.pause_t0, self.pause_wait0 = now, self.wait_s
+            if newest >= self.target:
+                self._pull(newest, PAUSED)
+            else:
+                self._go_idle(now, count=False)
+            return True
+        if self.paused is not None:
+            if self.resume < self.version:
+                self._go_idle(now, count=False)
+                return True
+            self.wait_s = self.pause_wait0 + now - self.pause_t0  # the whole pause, load included
+            reqs, self.paused = self.paused, None
+            if reqs:
+                self._proceed(False, self._add(reqs, now))
+                return True
+        return False
+
+    # -- failures ---------------------------------------------------------------------------
+    def die(self) -> None:
+        """The process is gone: what it held is detached at the controller (its tokens are what
+        it had streamed, i.e. up to its last finished macro-step)."""
+        S = self.S
+        for t in self.act.values():
+            t.tokens = t.target - (t.entry[0] - S)
+            t.entry = None
+        self.alive = False
+        self.epoch += 1
+        self._reset()
+        self.ctl.rollout_down(self.rank)
+
+    def revive(self) -> None:
+        self.alive = True
+        self.epoch += 1
+        self._reset()
+        self.ctl.rollout_up(self.rank)
+        self.iterate(self.epoch)

@@ -1,0 +1,202 @@
+"""The simulated trainer and relay tier.
+
+Trainer (`trainer/main.py` with `trainer/emulated.py`): asks for groups with credit (2 x
+groups_per_step at start, then what each step used), drops groups older than `max_staleness`
+with `policy.scheduling.too_stale` when it takes them, trains as soon as it holds
+`groups_per_step` groups for `train_per_token * (prompt + response tokens)`, publishes (the
+hand-off stall), waits for the global update in partial-rollout mode, and goes on.
+
+Relays (`relay/main.py`): the master takes the newest published version, copies and checksums
+it, and chain-broadcasts it; relay rank k holds it `bcast_ready_s(k)` after the broadcast
+started. A master that is still broadcasting skips to the newest version afterwards.
+"""
+from __future__ import annotations
+
+from laminar_hpc.policy import scheduling
+
+
+class SimTrainer:
+    def __init__(self, sim, total_steps: int):
+        self.sim, self.q, self.p, self.ctl = sim, sim.q, sim.params, sim.ctl
+        cfg = sim.cfg
+        self.need = cfg.trainer.groups_per_step
+        self.max_staleness = cfg.trainer.max_staleness
+        self.publish_every = cfg.trainer.publish_every
+        self.partial = cfg.mode == "partial-rollout"
+        self.total = total_steps
+        self.prompt = sim.params.prompt_tokens
+        self.groups: list = []
+        self.inbox: list = []
+        self.version = 0
+        self.step = 0
+        self.synced = -1
+        self.state = "start"
+        self.stale: list = []
+        self.dropped = 0
+        self.rows: list[dict] = []
+        self.t_collect = 0.0
+        self.batch: list = []
+        self.epoch = 0
+        self.done = False
+
+    def start(self) -> None:
+        self._publish(self.version)
+        self.ctl.want_groups(2 * self.need, reset=True)
+        self._collect()
+
+    # -- groups ---------------------------------------------------------------------------
+    def deliver(self, groups: list) -> None:
+        self.q.after(self.p.msg_latency_s, self._arrive, groups)
+
+    def _arrive(self, groups: list) -> None:
+        self.inbox.append(groups)
+        if self.state in ("collect", "sync"):
+            self._take()
+            if self.state == "collect":
+                self._try_train()
+
+    def weights_synced(self, version: int) -> None:
+        self.q.after(self.p.msg_latency_s, self._synced, version)
+
+    def _synced(self, version: int) -> None:
+        self.synced = max(self.synced, version)
+        if self.state == "sync" and self.synced >= self.version:
+            self._after_step()
+
+    def _take(self) -> None:
+        for groups in self.inbox:
+            for g in groups:
+                if scheduling.too_stale(self.version, [t.version for t in g], self.max_staleness):
+                    self.dropped += 1
+                    self.stale.append(g)
+                    self.ctl.want_groups(1)  # replace it
+                    continue
+                self.groups.append(g)
+        self.inbox = []
+
+    def _collect(self) -> None:
+        self.state = "collect"
+        self.t_collect = self.q.now
+        self._take()
+        self._try_train()
+
+    def _try_train(self) -> None:
+        if len(self.groups) < self.need or self.done:
+            return
+        self.batch, self.groups = self.groups[:self.need], self.groups[self.need:]
+        trajs = [t for g in self.batch for t in g]
+        tokens = sum(t.tokens for t in trajs)
+        dt = self.p.cost.train_s(tokens + self.prompt * len(trajs))
+        self.state = "train"
+        self.wait_s = self.q.now - self.t_collect
+        self.train_s = dt
+        self.tokens = tokens
+        self.stal = [self.version - t.version for t in trajs]
+        self.q.after(dt, self._trained, self.epoch)
+
+    def _trained(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            return
+        self.step += 1
+        self.version += 1
+        if self.step % self.publish_every == 0:
+            self.state = "publish"
+            self.q.after(self.p.publish_stall_s, self._published, self.epoch)
+        else:
+            self._after_step()
+
+    def _published(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            return
+        self._publish(self.version)
+        if self.partial:
+            self.state = "sync"
+            self._take()
+            if self.synced < self.version:
+                return
+        self._after_step()
+
+    def _publish(self, version: int) -> None:
+        self.ctl.published_version(version)
+        self.sim.relays.publish(version)
+
+    def _after_step(self) -> None:
+        now = self.q.now
+        n = len(self.batch)
+        self.ctl.want_groups(n)
+        st = self.stal
+        self.rows.append({"step": self.step, "version": self.version, "trajectories": len(st), "tokens": self.tokens,
+                          "train_s": self.train_s, "wait_s": self.wait_s, "wall": now,
+                          "staleness_mean": sum(st) / len(st), "staleness_max": max(st),
+                          **self.sim.counters()})
+        self.ctl.train_step(self.step, len(self.stale))
+        self.stale = []
+        if self.step >= self.total:
+            self.done = True
+            self.state = "done"
+            return
+        self._collect()
+
+    # -- failures ---------------------------------------------------------------------------
+    def die(self) -> None:
+        """The step in progress is lost; the restarted trainer resumes from its last step (assumed: a
+        checkpoint after every step, so no newer version was published than it holds) and
+        re-publishes that version, as `trainer/main.py` does at start."""
+        self.epoch += 1
+        self.finished_step = self.state == "sync"  # trained and published: only the global update was left
+        if self.state in ("train", "publish"):
+            self.groups = self.batch + self.groups
+            if self.state == "publish":
+                self.step -= 1
+                self.version -= 1
+        self.state = "down"
+
+    def revive(self) -> None:
+        self._publish(self.version)  # its checkpoint's version: what the rollouts may hold already
+        if self.finished_step:
+            self._after_step()
+        else:
+            self._collect()
+
+
+class SimRelays:
+    def __init__(self, sim, count: int):
+        self.sim, self.q, self.p = sim, sim.q, sim.params
+        self.count = count
+        self.pending = -1
+        self.busy = False
+        self.up = True
+        self.broadcasts = 0
+
+    def publish(self, version: int) -> None:
+        self.pending = max(self.pending, version)
+        if not self.busy and self.up:
+            self._broadcast()
+
+    def _broadcast(self) -> None:
+        v = self.pending
+        self.busy = True
+        self.broadcasts += 1
+        now = self.q.now
+        for hop in range(self.count):
+            self.q.at(now + self.p.bcast_ready_s(hop), self._ready, (hop, v))
+        self.q.at(now + self.p.bcast_ready_s(self.count - 1), self._done, v)
+
+    def _ready(self, arg) -> None:
+        hop, v = arg
+        if self.up and v > self.sim.relay_version[hop]:
+            self.sim.relay_ready(hop, v)
+
+    def _done(self, v: int) -> None:
+        self.busy = False
+        if self.up and self.pending > v:
+            self._broadcast()
+
+    def die(self) -> None:
+        self.up = False
+
+    def revive(self) -> None:
+        """The rebuilt tier broadcasts the newest hand-off version at once."""
+        self.up = True
+        self.busy = False
+        self.publish(self.pending)
