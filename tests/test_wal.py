@@ -94,8 +94,10 @@ def _drive(dp: DataPlane, rng: random.Random, steps: int, after=None) -> None:
             items.append({"traj_id": "999.0", "tokens": [1], "logprobs": [-1.0], "version": 0, "offset": 0})
             dp.stream_items(items)
         elif op == "finish":
-            if sent and rng.random() < 0.2:
-                assert dp.finish(copy.deepcopy(rng.choice(sent))) is None  # a duplicate never counts
+            # a duplicate never counts (unless its group was lost by the trainer and is being generated again)
+            dups = [t for t in sent if t["traj_id"] not in dp.partials]
+            if dups and rng.random() < 0.2:
+                assert dp.finish(copy.deepcopy(rng.choice(dups))) is None
                 continue
             cands = [p for p in dp.partials.values() if p.traj_id not in queued]
             if not cands:
@@ -168,8 +170,10 @@ def _check_ledger(dp: DataPlane) -> None:
         if p.traj_id in dp.queue:
             assert p.rollout is None and p.tokens == [] and p.version is None
     for g in dp.groups.values():
-        if g.state != GENERATING:
-            assert set(g.finished) == set(g.traj_ids)
+        if g.state == READY:
+            assert set(g.finished) == set(g.traj_ids) and not g.lost
+        elif g.state != GENERATING:
+            assert g.finished == {} and not g.lost  # delivered: the trainer holds the trajectories
 
 
 # --- 1. replay determinism (in memory) ---
@@ -440,10 +444,11 @@ def test_trainer_sync_reconciles_every_delivered_group():
     assert dp.groups[4].state == TRAINED
     # 3 it holds: delivered again
     assert dp.groups[3].state == DELIVERED
-    # 2, 5 (trained by a lost step) and 6 it does not have: back to the buffer, first, in order
-    assert back == [2, 5, 6] and list(dp.ready) == [2, 5, 6, 7]
-    assert all(dp.groups[g].state == READY and g not in dp.trained_at for g in back)
-    assert [g["group_id"] for g in dp.take_groups(10)] == [2, 5, 6, 7]
+    # 2, 5 (trained by a lost step) and 6 it does not have: generated again, first in the queue, in order
+    assert back == [2, 5, 6] and list(dp.ready) == [7]
+    assert all(dp.groups[g].state == GENERATING and dp.groups[g].lost and g not in dp.trained_at for g in back)
+    assert list(dp.queue)[:3 * 4] == [t for g in back for t in dp.groups[g].traj_ids]
+    assert [g["group_id"] for g in dp.take_groups(10)] == [7]
     _check_ledger(dp)
 
 
@@ -451,9 +456,10 @@ def test_trained_report_removes_a_group_put_back_by_a_racing_resync():
     dp = _ready_groups(2)
     dp.take_groups(1)
     assert dp.trainer_sync(consumed=[], committed_n=0, held=[]) == [0]  # delivery still in flight
-    assert list(dp.ready) == [0, 1]
-    dp.trained([0], step=4)  # ... then it arrived and was trained on
+    assert dp.groups[0].state == GENERATING and list(dp.ready) == [1]  # so it is generated again
+    dp.trained([0], step=4)  # ... then it arrived and was trained on: no more generating it
     assert dp.groups[0].state == TRAINED and list(dp.ready) == [1]
+    assert not any(p.group_id == 0 for p in dp.partials.values())
     assert [g["group_id"] for g in dp.take_groups(5)] == [1]  # no second delivery
     _check_ledger(dp)
     # the same race ending in a checkpoint: a durable group leaves the buffer too

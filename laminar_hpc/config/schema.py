@@ -210,6 +210,7 @@ class TimeoutsCfg(Section):
     """Every blocking wait names what it waited for when one of these runs out."""
     startup_s: PosFloat = 120.0
     heartbeat_s: PosFloat = 30.0  # a role silent this long is declared hung, killed and restarted
+    busy_s: PosFloat = 1800.0  # the longest one train step or one weight broadcast may keep a role's loop busy
     checkpoint_s: PosFloat = 600.0  # a checkpoint write that takes longer fails
     weights_s: PosFloat = 600.0
     trajectories_s: PosFloat = 600.0

@@ -40,6 +40,9 @@ from laminar_hpc.transport.security import channel_keys
 from laminar_hpc.config import load_config
 
 
+HANDLE_BUDGET_S = 0.25  # the longest the loop handles messages before it schedules and writes its status
+
+
 class Controller(Recovery):
     def __init__(self, run_dir, cfg, log, tracer):
         self.run_dir, self.cfg, self.log, self.tracer = run_dir, cfg, log, tracer
@@ -68,6 +71,7 @@ class Controller(Recovery):
         self.last_seen: dict[str, float] = {}
         self.ready_t: float | None = None  # serving again after recovery (status.json)
         self.relay_dropped = 0  # malformed frames the master relay's hand-off socket dropped
+        self.backlog_until = 0.0  # messages were waiting longer than a loop's budget until about then
         self.metrics: dict = {}
         self.phase = "starting"
         self.published = self.dp.meta.get("published", 0)
@@ -99,6 +103,9 @@ class Controller(Recovery):
     # -- message handling -----------------------------------------------------------------
     def handle(self, ident: str, msg: dict) -> None:
         now = time.time()
+        if ident.endswith(".hb"):  # a role's heartbeat thread (roles/steps that may be busy for long)
+            self.roles.seen(ident[:-3], now)
+            return
         self.last_seen[ident] = now
         self.roles.seen(ident, now)
         kind = msg["type"]
@@ -321,7 +328,7 @@ class Controller(Recovery):
             "metrics": self.metrics,
             # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`
             "epoch": self.epoch, "controller": {"pid": os.getpid(), "t_start": self.t_start, "ready_t": self.ready_t},
-            "roles": self.roles.table(), "hung": self.roles.hung(now),
+            "roles": self.roles.table(), "hung": self.roles.hung(now) if now > self.backlog_until else [],
             "recovery": {**self.recovery_stats, "wal": self.recovered},
             "groups_committed": len(self.dp.committed), "groups_dropped": len(self.dp.dropped),
         }
@@ -361,8 +368,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         while not flags.get("stop") and ctl.stop_reason is None:
             got = ctl.server.recv(timeout_s=0.05)
-            while got is not None:  # handle everything waiting before scheduling once
+            budget = time.monotonic() + HANDLE_BUDGET_S
+            while got is not None:  # handle what is waiting (for a bounded time) before scheduling once
                 ctl.handle(*got)
+                if time.monotonic() > budget:
+                    # behind: heartbeats wait in the queue too, so nobody is judged silent for a while
+                    ctl.backlog_until = time.time() + 5.0
+                    break
                 got = ctl.server.recv(timeout_s=0.0)
             ctl.schedule()
             ctl.wal.flush()

@@ -6,9 +6,10 @@ same private method that `replay` calls, so a restarted controller rebuilds exac
 
 A group's life: admitted (its trajectories queued) -> assigned/streamed/finished -> ready ->
 delivered to the trainer -> trained (in a step, not yet durable) -> committed (in a trainer
-checkpoint). A group may instead be dropped with a reason (staleness, bad reward). Delivered
-and trained groups keep their trajectories until committed: a trainer that dies before its
-next checkpoint gets them again.
+checkpoint). A group may instead be dropped with a reason (staleness, bad reward). Once
+delivered, a group's trajectories are the trainer's: a trainer that dies before its next
+checkpoint loses them, and those groups are generated again under the same ids (the
+controller keeps no copy: its memory and log stay bounded by what is in flight).
 
     dp = DataPlane(problems=task.problem, tokenize=encode, group_size=8, max_new_tokens=24)
     dp.admit(4)                          # 4 prompt groups -> 32 queued trajectories
@@ -58,6 +59,7 @@ class Group:
     traj_ids: list[str]
     finished: dict[str, dict] = field(default_factory=dict)
     state: str = GENERATING
+    lost: bool = False  # delivered once, lost with a trainer: being generated again
 
 
 def _bad_reward(traj: dict) -> bool:
@@ -186,7 +188,7 @@ class DataPlane:
             self._drop_group(group.group_id, "bad_reward")
             return None
         if len(group.finished) == len(group.traj_ids):
-            group.state = READY
+            group.state, group.lost = READY, False
             self.ready.append(group.group_id)
             return group.group_id
         return None
@@ -279,6 +281,16 @@ class DataPlane:
         p.rollout, p.version, p.t_assigned, p.gap = None, None, None, False
         p.tokens, p.logprobs = [], []
 
+    def _keep(self, gid: int) -> None:
+        """The trainer has a group after all (its sync raced the delivery): stop generating it again."""
+        g = self.groups[gid]
+        if not g.lost:
+            return
+        for tid in g.traj_ids:
+            if self.partials.pop(tid, None) is not None and tid in self.queue:
+                self.queue.remove(tid)  # running ones finish elsewhere and are ignored
+        g.finished, g.lost = {}, False
+
     def running_versions(self) -> set[int]:
         """Weight versions of trajectories generating right now."""
         return {p.version for p in self.partials.values() if p.version is not None}
@@ -299,32 +311,48 @@ class DataPlane:
             g.state = DELIVERED
             out.append({"group_id": g.group_id, "problem": g.problem,
                         "trajectories": [g.finished[t] for t in g.traj_ids]})
+            g.finished = {}  # the trainer has them; were it to lose them, the group is generated again
             self.groups_consumed += 1
         return out
 
+    def _regenerate(self, gid: int) -> None:
+        """A delivered group the trainer lost (it died before checkpointing it): its samples are
+        generated again from the prompt, under the same ids; fresher data than a replay."""
+        g = self.groups[gid]
+        g.state, g.finished, g.lost = GENERATING, {}, True
+        self.trained_at.pop(gid, None)
+        prompt = self.tokenize(self.problems(g.problem))
+        for tid in reversed(g.traj_ids):
+            self.partials[tid] = Partial(tid, gid, g.problem, prompt, self.max_new_tokens)
+            self.queue.appendleft(tid)  # first: the trainer is waiting for these
+
     def trained(self, ids: list[int], step: int) -> None:
-        ids = [g for g in ids if g in self.groups and self.groups[g].state != GENERATING]
+        ids = [g for g in ids if g in self.groups and (self.groups[g].state != GENERATING or self.groups[g].lost)]
         if ids:
             self._log("trained", ids=ids, step=step)
             self._trained(ids, step)
 
     def _trained(self, ids: list[int], step: int) -> None:
         for gid in ids:
-            if self.groups[gid].state == READY:  # put back by a resync that raced its delivery
+            if self.groups[gid].state == READY:  # generated again after a resync that raced its delivery
                 self.ready.remove(gid)
+                self.groups[gid].finished = {}
+            self._keep(gid)
             self.groups[gid].state = TRAINED
             self.trained_at[gid] = step
 
     def commit(self, ids: list[int]) -> None:
         """These groups are in a trainer checkpoint: their trajectories are no longer needed."""
         ids = [g for g in ids if g not in self.committed and g not in self.dropped and g < self.next_group
-               and (g not in self.groups or self.groups[g].state != GENERATING)]
+               and (g not in self.groups or self.groups[g].state != GENERATING or self.groups[g].lost)]
         if ids:
             self._log("commit", ids=ids)
             self._commit(ids)
 
     def _commit(self, ids: list[int]) -> None:
         for gid in ids:
+            if gid in self.groups:
+                self._keep(gid)
             g = self.groups.pop(gid, None)
             if g is not None and g.state == READY:
                 self.ready.remove(gid)
@@ -358,19 +386,22 @@ class DataPlane:
         """Reconcile with a trainer that (re)started or reconnected: `consumed` is its lineage
         (groups its weights were trained on, in order; the first `committed_n` are in its
         checkpoint), `held` what it has received and not trained yet. Every delivered or trained
-        group it does not have goes back to the experience buffer, first. Returns those ids."""
+        group it does not have is generated again, first in the queue. Returns those ids."""
         self._log("trainer_sync", consumed=consumed, committed_n=committed_n, held=held)
         return self._trainer_sync(consumed, committed_n, held)
 
     def _trainer_sync(self, consumed: list[int], committed_n: int, held: list[int]) -> list[int]:
         durable, recent, holding = set(consumed[:committed_n]), set(consumed[committed_n:]), set(held)
-        self._commit([g for g in durable if g in self.groups and self.groups[g].state != GENERATING])
+        self._commit([g for g in durable if g in self.groups
+                      and (self.groups[g].state != GENERATING or self.groups[g].lost)])
         back = []
         for gid, g in sorted(self.groups.items()):
-            if g.state == GENERATING or (g.state == READY and gid not in recent and gid not in holding):
+            if g.state == READY or (g.state == GENERATING and not g.lost):
                 continue
-            if g.state == READY:  # put back by an earlier sync that raced the trainer: it has it after all
-                self.ready.remove(gid)
+            if gid in recent or gid in holding:
+                self._keep(gid)  # lost and being generated again, but the trainer has it after all
+            elif g.state == GENERATING:
+                continue  # already being generated again
             if gid in recent:
                 g.state = TRAINED
                 self.trained_at.setdefault(gid, -1)
@@ -378,10 +409,9 @@ class DataPlane:
                 g.state = DELIVERED
                 self.trained_at.pop(gid, None)
             else:
-                g.state = READY
-                self.trained_at.pop(gid, None)
                 back.append(gid)
-        self.ready.extendleft(reversed(back))
+        for gid in reversed(back):
+            self._regenerate(gid)
         return back
 
     def note(self, **facts: int) -> None:

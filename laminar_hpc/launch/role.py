@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 from laminar_hpc.config import Config, load_config
 from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.metrics.trace import Tracer
-from laminar_hpc.transport.channel import Client, wait_endpoint
+from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
 from laminar_hpc.transport.security import channel_keys
 
 
@@ -95,14 +96,34 @@ def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = Tru
 
 
 class Heartbeat:
-    """Sends a heartbeat to the controller at most every `every_s` seconds."""
+    """Sends a heartbeat to the controller at most every `every_s` seconds, from the role's loop.
 
-    def __init__(self, ctx: RoleContext, every_s: float | None = None):
+    `background=True` (the trainer, relays: a train step or a broadcast may outlast the heartbeat
+    timeout) adds a thread with its own socket (`<role>.hb`) that keeps beating while the loop
+    is busy, as long as the loop ticked within `timeouts.busy_s`: a role stuck for longer still
+    goes silent and is restarted."""
+
+    def __init__(self, ctx: RoleContext, every_s: float | None = None, background: bool = False):
         self.ctx, self.last = ctx, 0.0
         self.every_s = ctx.cfg.supervisor.heartbeat_interval_s if every_s is None else every_s
+        self.progress = time.monotonic()
+        if background and ctx.ctrl is not None:
+            threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        ctx = self.ctx
+        sock = Client(ctx.ctrl.address, f"{ctx.name}.hb", keys=channel_keys(ctx.run_dir, ctx.cfg.controller))
+        while True:
+            time.sleep(self.every_s)  # the beat's period
+            if time.monotonic() - self.progress < ctx.cfg.timeouts.busy_s:
+                try:
+                    sock.send({"type": "heartbeat", "t": time.time(), "pid": os.getpid()}, timeout_s=self.every_s)
+                except WaitTimeout:
+                    pass  # the controller is away; the next beat tries again
 
     def tick(self) -> None:
         now = time.monotonic()
+        self.progress = now
         if self.ctx.ctrl is not None and now - self.last >= self.every_s:
             self.ctx.ctrl.send({"type": "heartbeat", "t": time.time(), "pid": os.getpid()})
             self.last = now

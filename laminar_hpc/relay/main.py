@@ -106,7 +106,7 @@ def run_master(node: RelayNode, flags: dict) -> None:
                          keys=channel_keys(ctx.run_dir, ctx.cfg.controller))
     publish_endpoint(ctx.run_dir, "relay_master", handoff_srv.address)
     handoff = Handoff(ctx.shm_path("handoff"))
-    beat = Heartbeat(ctx)
+    beat = Heartbeat(ctx, background=True)  # a broadcast may outlast the heartbeat timeout
     # newest version the trainer announced and we have not broadcast yet; after a restart,
     # whatever the hand-off store holds already
     store = handoff.get()
@@ -157,7 +157,7 @@ def broadcast_latest(node: RelayNode, handoff: WeightStore) -> int:
 
 
 def run_follower(node: RelayNode, flags: dict) -> None:
-    beat = Heartbeat(node.ctx)
+    beat = Heartbeat(node.ctx, background=True)
     while not flags.get("stop"):
         beat.tick()
         for msg in node.ctx.ctrl.drain():  # heartbeat answers: clock samples for the trace

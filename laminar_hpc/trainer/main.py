@@ -270,6 +270,7 @@ class Trainer:
         """Train to total_steps (returns 0), or until asked to stop: then checkpoint and return
         INTERRUPTED, so the launcher knows the campaign can be resumed from here."""
         cfg, ctx, flags = self.ctx.cfg, self.ctx, self.flags
+        beat = Heartbeat(ctx, background=True)  # loading, a warm-up or a train step may outlast the timeout
         self.initialise()
         if flags.get("stop"):  # stopped during the warm-up: nothing worth keeping yet
             return INTERRUPTED
@@ -277,7 +278,6 @@ class Trainer:
             self.checkpoint(wait=True)  # the warmed-up policy: a resume never repeats the warm-up
         layout = self.layout if self.emulated else WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)
         pub = Publisher(ctx, self.model, layout)
-        beat = Heartbeat(ctx)
         try:
             pub.publish(self.version)  # the rollouts' first weights (or the resumed version)
             self.sync_controller()
