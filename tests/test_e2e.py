@@ -121,9 +121,12 @@ def test_resume_continues_steps_and_versions(tiny_run, tmp_path):
 
 def test_ctrl_c_stops_every_process(tmp_path):
     run_dir = tmp_path / "interrupted"
+    # a shell's background job inherits SIGINT ignored, and Python keeps that: give the launcher a
+    # normal Ctrl-C whatever started this test
     proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),
                              "trainer.total_steps=100000"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 90
         # wait until RL is running: the trainer has written a train step

@@ -31,7 +31,7 @@ from laminar_hpc.launch.processes import ProcessGroup
 from laminar_hpc.launch.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.trace import Tracer
-from laminar_hpc.transport.channel import Client
+from laminar_hpc.transport.channel import Client, WaitTimeout
 from laminar_hpc.transport.security import channel_keys
 
 POLL_S = 0.25  # how often the supervisor looks at its children and the status file
@@ -95,7 +95,7 @@ class Supervisor:
     def _role_down(self, name: str, rc: int) -> None:
         self.tracer.emit("role_died", role=name, code=rc)
         if self.ctrl is not None and name != "controller-0":
-            self.ctrl.send({"type": "role_down", "role": name, "code": rc})
+            self._tell({"type": "role_down", "role": name, "code": rc})
         if time.monotonic() - self.started_at.get(name, 0.0) >= self.cfg.supervisor.healthy_after_s:
             self.restarts[name] = 0  # it ran long enough: this is a new failure, not the same one again
         done = self.restarts.get(name, 0)
@@ -108,6 +108,16 @@ class Supervisor:
                               f"(restart {done + 1} of at most {self.cfg.supervisor.max_role_restarts} in a row)")
         self.pending_restart[name] = time.monotonic() + delay
         self.down[name] = (time.time(), rc, self.status.get("epoch"))
+
+    def _tell(self, msg: dict) -> bool:
+        """Message the controller; False if it cannot be handed over within a second (the controller
+        is down or unreachable): the supervisor never waits on it, it acts by PID instead."""
+        try:
+            self.ctrl.send(msg, timeout_s=1.0)
+            return True
+        except WaitTimeout as err:
+            self.progress.message(f"could not reach the controller ({err}); going on without it")
+            return False
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -180,7 +190,7 @@ class Supervisor:
                     self.progress.message(f"trainer {'finished' if rc == 0 else 'stopped early (checkpointed)'}; "
                                           "stopping the other roles")
                     if rc != 0 and self.ctrl is not None:
-                        self.ctrl.send({"type": "stop_all", "reason": "trainer interrupted"})
+                        self._tell({"type": "stop_all", "reason": "trainer interrupted"})
                 elif rc in STOPPED_BY_SIGNAL:
                     # a preemption or time limit signals every step: give the trainer time to report
                     self.signalled[name] = (time.monotonic(), rc)
@@ -209,8 +219,7 @@ class Supervisor:
         First through the control plane (the controller tells every role to stop; a trainer that
         has not finished checkpoints first), which reaches roles on other nodes without signals;
         then SIGTERM/SIGKILL by PID for whatever is left."""
-        if self.ctrl is not None and self.procs.alive():
-            self.ctrl.send({"type": "stop_all", "reason": reason})
+        if self.ctrl is not None and self.procs.alive() and self._tell({"type": "stop_all", "reason": reason}):
             deadline = time.monotonic() + self.cfg.timeouts.shutdown_s
             while self.procs.alive() and time.monotonic() < deadline:
                 time.sleep(POLL_S)  # wait for the roles to exit on their own
