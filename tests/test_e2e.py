@@ -119,6 +119,14 @@ def test_resume_continues_steps_and_versions(tiny_run, tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["train_steps"] == 15
 
 
+def remove_shm(run_dir: Path) -> None:
+    """Shared memory of a run whose launcher a failing test had to kill (it would have removed it)."""
+    info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    if info.get("run_id"):
+        for path in Path("/dev/shm").glob(f"laminar-{info['run_id']}-*"):
+            path.unlink(missing_ok=True)
+
+
 def test_ctrl_c_stops_every_process(tmp_path):
     run_dir = tmp_path / "interrupted"
     # a shell's background job inherits SIGINT ignored, and Python keeps that: give the launcher a
@@ -146,6 +154,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
             proc.kill()
         for pid in processes_mentioning(str(run_dir)):
             os.kill(pid, signal.SIGKILL)
+        remove_shm(run_dir)
 
 
 def test_existing_run_dir_is_not_touched(tmp_path):
