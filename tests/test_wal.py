@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_hpc.controller.pools import DELIVERED, GENERATING, READY, TRAINED, DataPlane
+from laminar_hpc.controller.ledger import DELIVERED, GENERATING, READY, TRAINED
+from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
 
 ROLLOUTS = 3
