@@ -106,18 +106,26 @@ def main() -> int:
             time.sleep(0.5)
         for kind in schedule(args.kills, args.seed):
             time.sleep(rng.uniform(*args.gap_s))  # a seeded random moment
-            st = read_json(run_dir / "status.json")
-            if proc.poll() is not None or (total and st.get("step", 0) >= total - max(10, total // 20)):
-                break  # the campaign is (nearly) over: no time left to recover
-            victim = pick_victim(kind, st, rng)
+            victim, give_up = None, time.monotonic() + 15.0
+            while victim is None and time.monotonic() < give_up:  # the role table may be refilling
+                st = read_json(run_dir / "status.json")
+                if proc.poll() is not None or (total and st.get("step", 0) >= total - max(10, total // 20)):
+                    break  # the campaign is (nearly) over: no time left to recover
+                victim = pick_victim(kind, st, rng)
+                if victim is not None:
+                    try:
+                        os.kill(victim[1], signal.SIGKILL)
+                    except ProcessLookupError:  # it had just gone (a restart): look again
+                        victim = None
+                if victim is None:
+                    time.sleep(0.5)  # polling the status file the controller rewrites
             if victim is None:
+                print(f"chaos: no live {kind} to kill (step {st.get('step')}); skipped", flush=True)
+                if proc.poll() is not None or (total and st.get("step", 0) >= total - max(10, total // 20)):
+                    break
                 continue
             ident, pid = victim
             t_kill = time.time()
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
             print(f"chaos: killed {ident} (pid {pid}) at step {st.get('step')}", flush=True)
             rec = wait_recovered(run_dir, ident, t_kill, args.recovery_timeout_s, proc)
             kills.append({"role": ident, "kind": kind, "pid": pid, "t": t_kill, "step": st.get("step"),
