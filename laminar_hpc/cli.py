@@ -39,7 +39,7 @@ def _check_resume(cfg, run_dir: Path) -> None:
     """Pre-flight of a resume: a model that differs from the checkpoint's fails here, in one
     line, before any process starts or anything in the run directory is rewritten."""
     from laminar_hpc.launch.rundir import check_resume_model
-    if cfg.trainer.engine == "emulated":
+    if cfg.trainer.backend == "emulated":
         return  # an emulated trainer checkpoints emulation.weight_mb bytes: the model section is not its shape
     check_resume_model(run_dir, cfg.model.model_dump())
 

@@ -131,7 +131,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"bench_modes: unknown mode(s) {', '.join(unknown)}; allowed: {', '.join(MODES)}")
     cfg = load_config(args.config, args.overrides)
-    scale = cfg.emulation.time_scale if cfg.rollout.engine == "emulated" and cfg.emulation.time_scale > 0 else 1.0
+    scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" and cfg.emulation.time_scale > 0 else 1.0
     steps = args.steps or cfg.trainer.total_steps
     out = Path(args.out)
     results: dict[str, dict] = {}

@@ -21,8 +21,16 @@ class Section(BaseModel):
 
 
 class ModelCfg(Section):
-    """Llama-layout decoder; the defaults are a ~0.1M-parameter model for the CPU."""
-    tokenizer: Literal["char"] = "char"
+    """Llama-layout decoder; the defaults are a ~0.1M-parameter model for the CPU.
+
+    With `hf_path` (a Hugging Face directory: config.json + *.safetensors, or a .gguf file) the
+    shape comes from the checkpoint and the fields below describing it are ignored;
+    `tokenizer: hf` then uses the checkpoint's tokenizer (`hf_tokenizer` for a GGUF file whose
+    tokenizer lives elsewhere)."""
+    tokenizer: Literal["char", "hf"] = "char"
+    hf_path: str | None = None
+    hf_tokenizer: str | None = None
+    dtype: Literal["float32", "bfloat16"] = "float32"  # parameters of the trainer's and torch rollouts' model
     dim: PosInt = 64
     n_layers: PosInt = 2
     n_heads: PosInt = 4
@@ -42,6 +50,8 @@ class ModelCfg(Section):
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         if (self.dim // self.n_heads) % 2:
             raise ValueError("dim / n_heads must be even (RoPE rotates pairs)")
+        if self.tokenizer == "hf" and not (self.hf_path or self.hf_tokenizer):
+            raise ValueError("tokenizer: hf needs model.hf_path (or model.hf_tokenizer) to read the tokenizer from")
         return self
 
 
@@ -98,11 +108,37 @@ class WarmupCfg(Section):
     eval_size: PosInt = 128
 
 
-Engine = Literal["torch", "emulated"]
+class MegatronCfg(Section):
+    """Megatron-core trainer backend (`trainer.backend: megatron`, extra `megatron`). The data-
+    parallel size is world_size / (tensor * pipeline); the world is the trainer step's tasks."""
+    tensor_parallel: PosInt = 1
+    pipeline_parallel: PosInt = 1
+    micro_batch_size: PosInt = 4
+    distributed_optimizer: bool = True
+    sequence_parallel: bool = False
+    bf16: bool = False
+    dist_backend: Literal["nccl", "gloo"] = "nccl"
+
+
+class VllmCfg(Section):
+    """vLLM rollout backend (`rollout.backend: vllm`, extra `vllm`, GPU nodes only)."""
+    tensor_parallel_size: PosInt = 1
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    enforce_eager: bool = False
+    enable_sleep_mode: bool = True
+    # how a pulled version reaches the engine: vLLM's weight-transfer API (init/start/update/
+    # finish_weight_update) or a collective_rpc("reload_weights") on every worker
+    weight_update: Literal["transfer_engine", "reload_weights"] = "transfer_engine"
+    max_model_len: PosInt | None = None
+
+
+TrainerBackend = Literal["torch", "emulated", "megatron"]
+RolloutBackend = Literal["torch", "emulated", "vllm"]
 
 
 class TrainerCfg(Section):
-    engine: Engine = "torch"
+    backend: TrainerBackend = "torch"
     device: str = "cpu"
     total_steps: PosInt = 300
     groups_per_step: PosInt = 16
@@ -120,10 +156,11 @@ class TrainerCfg(Section):
     publish_dtype: Literal["float32", "bfloat16"] = "float32"
     init_checkpoint: str | None = None
     torch_threads: PosInt = 1
+    megatron: MegatronCfg = Field(default_factory=MegatronCfg)
 
 
 class RolloutCfg(Section):
-    engine: Engine = "torch"
+    backend: RolloutBackend = "torch"
     device: str = "cpu"
     count: PosInt = 4
     max_batch: PosInt = 64
@@ -136,6 +173,7 @@ class RolloutCfg(Section):
     # guarantees a pull copies exactly that version
     verify_checksum: bool = False
     torch_threads: PosInt = 1
+    vllm: VllmCfg = Field(default_factory=VllmCfg)
 
 
 class RelayCfg(Section):
@@ -285,10 +323,11 @@ class Config(Section):
     slurm: SlurmCfg = Field(default_factory=SlurmCfg)
 
     @model_validator(mode="after")
-    def _engines(self) -> "Config":
-        if self.trainer.engine != self.rollout.engine:
-            raise ValueError(f"trainer.engine={self.trainer.engine!r} and rollout.engine={self.rollout.engine!r} "
-                             "must be the same (they exchange weights of one layout)")
+    def _backends(self) -> "Config":
+        # emulated weights are a byte count, real ones a model's tensors: both sides must agree
+        if (self.trainer.backend == "emulated") != (self.rollout.backend == "emulated"):
+            raise ValueError(f"trainer.backend={self.trainer.backend!r} and rollout.backend={self.rollout.backend!r}: "
+                             "either both are 'emulated' or neither is (they exchange weights of one layout)")
         return self
 
     @model_validator(mode="before")

@@ -31,7 +31,7 @@ from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import node_name, setup_logging
 from laminar_hpc.launch.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.trace import Tracer
-from laminar_hpc.model.tokenizer import build_tokenizer
+from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.repack import ReplicaState, plan_repack
 from laminar_hpc.policy.scheduling import BARRIER_LAG, admission, assign_work, barrier_version
 from laminar_hpc.tasks import build_task, encode_prompt
@@ -47,7 +47,7 @@ class Controller(Recovery):
     def __init__(self, run_dir, cfg, log, tracer):
         self.run_dir, self.cfg, self.log, self.tracer = run_dir, cfg, log, tracer
         task = build_task(cfg.task, cfg.seed)
-        tok = build_tokenizer(cfg.model.tokenizer)
+        tok = build_tokenizer(cfg.model)
         self.epoch = uuid.uuid4().hex[:12]  # roles that see a new epoch re-send their state
         self.t_start = time.time()
         self.wal = WriteAheadLog(run_dir / "wal", fsync_s=cfg.controller.wal_fsync_s,
@@ -89,11 +89,11 @@ class Controller(Recovery):
         self.update_sent: dict[int, int] = {}  # rollout -> version it was told to load (barrier modes)
         self.repack_due = False
         self.last_repack = time.monotonic()
-        scale = cfg.emulation.time_scale if cfg.rollout.engine == "emulated" else 1.0
+        scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" else 1.0
         self.repack_interval_s = cfg.repack.interval_s * scale
         self.repack_on = cfg.mode == "laminar" and cfg.repack.enabled
         self.kv_capacity = cfg.repack.kv_capacity_tokens or (
-            cfg.rollout.max_batch * (cfg.model.max_seq_len if cfg.rollout.engine == "torch"
+            cfg.rollout.max_batch * (cfg.model.max_seq_len if cfg.rollout.backend == "torch"
                                      else cfg.rollout.max_new_tokens + 4096))
         self.repack_stats = {"rounds": 0, "moves": 0, "trajectories_migrated": 0, "migrations_restarted": 0}
         # trajectories of dead rollouts (or lost with a controller): continued on their version, restarted

@@ -42,9 +42,3 @@ class CharTokenizer:
     def decode(self, ids: list[int]) -> str:
         n = len(self.SPECIALS)
         return "".join(self._chars[i - n] for i in ids if i >= n)
-
-
-def build_tokenizer(kind: str) -> Tokenizer:
-    if kind == "char":
-        return CharTokenizer()
-    raise ValueError(f"tokenizer '{kind}' is not known; allowed: char")

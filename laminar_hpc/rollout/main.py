@@ -24,7 +24,7 @@ from pathlib import Path
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
 from laminar_hpc.launch.rundir import read_json
-from laminar_hpc.model.tokenizer import build_tokenizer
+from laminar_hpc.model.factory import build_tokenizer, model_args
 from laminar_hpc.policy.scheduling import should_refresh
 from laminar_hpc.rollout.base import RolloutEngine, SeqRequest, StepOutput
 from laminar_hpc.tasks import build_task
@@ -84,10 +84,10 @@ def find_local_relay(ctx: RoleContext) -> int:
 
 
 def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
-    """The engine `rollout.engine` names, and the weight layout it loads (torch is imported
+    """The engine `rollout.backend` names, and the weight layout it loads (torch is imported
     only for the torch engine: 32 emulated replicas start in a fraction of the time)."""
     seed = cfg.seed * 1000 + rank
-    if cfg.rollout.engine == "emulated":
+    if cfg.rollout.backend == "emulated":
         from laminar_hpc.emulation.weights import EmulatedWeights
         from laminar_hpc.rollout.emulated import EmulatedEngine
         layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
@@ -95,11 +95,10 @@ def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
                               max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed), layout
     import torch
 
-    from laminar_hpc.model.llama import ModelArgs
     from laminar_hpc.model.weights import WeightLayout
     from laminar_hpc.rollout.engine import TorchEngine
     torch.set_num_threads(cfg.rollout.torch_threads)
-    engine = TorchEngine(ModelArgs.from_config(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
+    engine = TorchEngine(model_args(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
                          temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=seed,
                          device=cfg.rollout.device)
     return engine, WeightLayout.from_model(engine.model, cfg.trainer.publish_dtype)
@@ -110,7 +109,7 @@ class Rollout:
         self.ctx = ctx
         cfg = ctx.cfg
         self.mode = cfg.mode
-        self.tok = build_tokenizer(cfg.model.tokenizer)
+        self.tok = build_tokenizer(cfg.model)
         self.task = build_task(cfg.task, cfg.seed)
         self.engine, self.layout = build_engine(cfg, ctx.rank, self.tok)
         self.weights = NodeWeights(ctx.shm_path(f"relay{relay}"))

@@ -99,7 +99,7 @@ def calibrate(path: str | Path) -> Calibration:
     decode, lengths, pulls, stalls, hb, relay, train_s, train_tok = [], [], [], [], [], {}, 0.0, 0.0
     for d in dirs:
         cfg = load_config(d / "config.yaml")
-        scale = cfg.emulation.time_scale if cfg.rollout.engine == "emulated" and cfg.emulation.time_scale > 0 else 1.0
+        scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" and cfg.emulation.time_scale > 0 else 1.0
         prompt = cfg.task.prompt_tokens if cfg.task.type == "synthetic" else None
         prompts = []
         for e in read_run(d).events:

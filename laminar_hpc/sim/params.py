@@ -121,7 +121,7 @@ class SimParams:
     def from_config(cls, cfg, spec: ClusterSpec | None = None, length_mode: str = "exact") -> "SimParams":
         spec = spec or ClusterSpec()
         e = cfg.emulation
-        emulated = cfg.rollout.engine == "emulated"
+        emulated = cfg.rollout.backend == "emulated"
         scale = e.time_scale if emulated and e.time_scale > 0 else 1.0
         wall = 1.0 / scale  # one wall second of real overhead, in emulated seconds
         cost = CostModel(e)

@@ -28,8 +28,8 @@ import torch
 
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
-from laminar_hpc.model.llama import ModelArgs, Transformer, token_logprobs
-from laminar_hpc.model.tokenizer import build_tokenizer
+from laminar_hpc.model.llama import Transformer, token_logprobs
+from laminar_hpc.model.factory import build_model, build_tokenizer
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.policy.scheduling import too_stale
 from laminar_hpc.tasks import build_task
@@ -62,14 +62,14 @@ class Trainer:
         cfg = ctx.cfg
         torch.set_num_threads(cfg.trainer.torch_threads)
         torch.manual_seed(cfg.seed)
-        self.tok = build_tokenizer(cfg.model.tokenizer)
-        self.emulated = cfg.trainer.engine == "emulated"
+        self.tok = build_tokenizer(cfg.model)
+        self.emulated = cfg.trainer.backend == "emulated"
         if self.emulated:  # the loop, data, staleness and weight bytes are real; the compute is the cost model
             self.model = EmulatedPolicy(int(cfg.emulation.weight_mb * 2**20))
             self.layout = EmulatedWeights(self.model.weights.numel())
             self.cost, self.clock = CostModel(cfg.emulation), Clock(cfg.emulation.time_scale)
         else:
-            self.model = Transformer(ModelArgs.from_config(cfg.model, self.tok.vocab_size)).to(cfg.trainer.device)
+            self.model = build_model(cfg.model, self.tok, cfg.trainer.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr,
                                      weight_decay=cfg.trainer.weight_decay)
         self.step = 0
@@ -116,7 +116,7 @@ class Trainer:
         elif cfg.trainer.init_checkpoint:
             self.model.load_state_dict(torch.load(cfg.trainer.init_checkpoint, map_location="cpu"))
             ctx.log.info("initial weights from %s", cfg.trainer.init_checkpoint)
-        elif cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not self.emulated:
+        elif cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not self.emulated and not cfg.model.hf_path:
             self._phase("warmup")
             task = build_task(cfg.task, cfg.seed)
             res = run_warmup(self.model, task, self.tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
