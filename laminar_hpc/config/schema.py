@@ -131,6 +131,9 @@ class VllmCfg(Section):
     # finish_weight_update) or a collective_rpc("reload_weights") on every worker
     weight_update: Literal["transfer_engine", "reload_weights"] = "transfer_engine"
     max_model_len: PosInt | None = None
+    # transfer_engine: a pulled version goes to the GPU in chunks of at most this size (one
+    # update_weights call each); it must fit in the memory gpu_memory_utilization leaves free
+    staging_mb: PosFloat = 1024.0
 
 
 TrainerBackend = Literal["torch", "emulated", "megatron"]
@@ -336,5 +339,12 @@ class Config(Section):
         # `task.type` selects the variant; a task section without it means the built-in tasks
         if isinstance(data, dict) and isinstance(data.get("task"), dict) and "type" not in data["task"]:
             data = {**data, "task": {"type": "builtin", **data["task"]}}
+        # run directories written before `engine` was renamed `backend` still resume and analyse
+        for sec in ("trainer", "rollout"):
+            if isinstance(data, dict) and isinstance(data.get(sec), dict) and "engine" in data[sec] \
+                    and "backend" not in data[sec]:
+                old = dict(data[sec])
+                old["backend"] = old.pop("engine")
+                data = {**data, sec: old}
         return data
 

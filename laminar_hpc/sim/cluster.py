@@ -75,7 +75,9 @@ class Simulation:
     def counters(self) -> dict:
         """Cumulative counters sampled at every train step (the window is a difference)."""
         return {"gen_tokens": self.pool.tokens_generated, "gen_trajs": self.pool.trajectories_finished,
-                "busy_s": sum(r.busy_s for r in self.rollouts), "weight_wait_s": sum(r.wait_s for r in self.rollouts)}
+                "busy_s": sum(r.busy_s for r in self.rollouts), "weight_wait_s": sum(r.wait_s for r in self.rollouts),
+                "seq_steps": sum(r.seq_steps for r in self.rollouts),
+                "decode_steps": sum(r.decode_steps for r in self.rollouts)}
 
     # -- failures -------------------------------------------------------------------------
     def _arm_failures(self) -> None:
@@ -156,7 +158,7 @@ def measure(sim: Simulation, skip: int) -> dict:
     win = rows[skip:]
     trajs = sum(r["trajectories"] for r in win)
     n = len(sim.rollouts)
-    base = a or {"gen_tokens": 0, "busy_s": 0.0, "weight_wait_s": 0.0}
+    base = a or {"gen_tokens": 0, "busy_s": 0.0, "weight_wait_s": 0.0, "seq_steps": 0, "decode_steps": 0}
     st = sim.ctl.stats
     return {
         "trajectories_per_s": trajs / span,
@@ -164,6 +166,7 @@ def measure(sim: Simulation, skip: int) -> dict:
         "generation_tokens_per_s": (b["gen_tokens"] - base["gen_tokens"]) / span,
         "rollout_utilization": min(1.0, (b["busy_s"] - base["busy_s"]) / (n * span)),
         "weight_wait_s": (b["weight_wait_s"] - base["weight_wait_s"]) / n,
+        "decode_batch_mean": (b["seq_steps"] - base["seq_steps"]) / max(1, b["decode_steps"] - base["decode_steps"]),
         "staleness_mean": sum(r["staleness_mean"] * r["trajectories"] for r in win) / max(1, trajs),
         "staleness_max": max(r["staleness_max"] for r in win),
         "window_s": span, "window_steps": len(win),

@@ -40,6 +40,7 @@ class SimRollout:
         self.alive = True
         self.epoch = 0  # bumped at death: events of the previous incarnation are ignored
         self.busy_s = 0.0
+        self.seq_steps = self.decode_steps = 0  # mean decode batch = seq_steps / decode_steps
         self.wait_s = 0.0
         self._serial = 0
         self._reset()
@@ -154,6 +155,8 @@ class SimRollout:
                 steps = 1
             c = self.cost.decode_steps_s(len(act), self.kv, steps)
             self.busy_s += c
+            self.seq_steps += len(act) * steps
+            self.decode_steps += steps
             self.pending = steps
             self.q.at(t + c, self._step_done, self.epoch)
         else:
