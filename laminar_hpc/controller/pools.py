@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 from laminar_hpc.controller.ledger import GENERATING, READY, TrainerSide
@@ -305,8 +305,11 @@ class DataPlane(TrainerSide):
 
     def state_dict(self) -> dict:
         return {"cursor": self.cursor, "next_group": self.next_group, "queue": list(self.queue),
-                "partials": [asdict(p) for p in self.partials.values()],
-                "groups": [asdict(g) for g in self.groups.values()], "ready": list(self.ready),
+                # shallow copies: the WAL packs the state at once, before anything mutates it, so the
+                # token lists need no copy (dataclasses.asdict copies every element: seconds per snapshot
+                # under a long-tail load, during which the controller answered no one)
+                "partials": [dict(vars(p)) for p in self.partials.values()],
+                "groups": [dict(vars(g)) for g in self.groups.values()], "ready": list(self.ready),
                 "trained_at": [[g, s] for g, s in self.trained_at.items()], "committed": sorted(self.committed),
                 "dropped": [[g, r] for g, r in self.dropped.items()], "meta": self.meta,
                 "counters": [self.groups_started, self.groups_consumed, self.trajectories_finished,

@@ -147,6 +147,9 @@ def _check_fields(obj: Any, spec: dict[str, str], where: str) -> None:
             raise DecodeError(f"{where}: field '{name}' must be {kind}, got {type(obj[name]).__name__}")
 
 
+_EXACT = {INT: {int}, FLOAT: {float, int}, STR: {str}, BOOL: {bool}, "map": {dict}}
+
+
 def _is(value: Any, kind: str) -> bool:
     if kind == INT:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -161,6 +164,10 @@ def _is(value: Any, kind: str) -> bool:
     if not isinstance(value, list):
         return False
     elem = kind[5:-1]
+    # the common case in C (set of the element types): token and log-prob lists are long, and a
+    # Python-level check per element cost the controller a quarter of its time under load
+    if set(map(type, value)) <= _EXACT.get(elem, set()):
+        return True
     if elem == "map":
         return all(isinstance(v, dict) for v in value)
     return all(_is(v, elem) for v in value)
