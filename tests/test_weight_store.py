@@ -169,6 +169,22 @@ def test_torn_read_is_retried_with_a_newer_version(stores, slots):
     assert seen[1] == payload(info.version) and info.checksum == checksum(seen[1])
 
 
+def test_with_version_tells_consume_the_version_of_each_copy(stores):
+    # an engine that labels what it loads (vLLM's weight_version) must get the retried copy's version
+    w, r = stores(slots=2)
+    publish(w, 1)
+    calls = []
+
+    def consume(view, version):
+        calls.append((version, bytes(view) == payload(version)))
+        if len(calls) == 1:
+            publish(w, 2)
+            publish(w, 3)  # laps both slots: the copy of version 1 is rejected
+
+    info = r.read(consume, with_version=True)
+    assert calls == [(1, True), (3, True)] and info.version == 3
+
+
 def test_torn_read_detected_when_the_lap_happens_mid_copy(stores):
     """The writer rewrites the slot while consume is half-way through its copy: mixed bytes."""
     w, r = stores(slots=2)

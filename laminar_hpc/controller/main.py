@@ -76,6 +76,7 @@ class Controller(Recovery):
         self.phase = "starting"
         self.published = self.dp.meta.get("published", 0)
         self.max_versions_in_flight = 0
+        self.versions_seen: set[int] = set()  # versions running at the last count (_track_versions)
         self.finish_times: list[float] = []
         self.stop_reason: str | None = None
         self.t0 = time.time()
@@ -116,7 +117,8 @@ class Controller(Recovery):
             self.rollout_version[rank] = msg["version"]
         elif kind == "stream":
             self.dp.stream_items(msg["items"], rollout=rank if role == "rollout" else None)
-            self._track_versions()
+            if any(it["version"] not in self.versions_seen for it in msg["items"]):
+                self._track_versions()  # only a version not running before can raise the count
         elif kind == "finished":
             traj = msg["trajectory"]
             if self.dp.finish(traj) is None and traj["group_id"] in self.dp.dropped:
@@ -124,7 +126,8 @@ class Controller(Recovery):
             self.finish_times.append(now)
             self.tracer.emit("traj_finished", traj=traj["traj_id"], version=traj["version"],
                              rollout=traj["rollout"], tokens=len(traj["tokens"]), reward=traj.get("reward"))
-            self._track_versions()
+            if traj["version"] not in self.versions_seen:
+                self._track_versions()
         elif kind == "weights_loaded" and role == "rollout":
             self.rollout_version[rank] = msg["version"]
             self.roles.ready(ident, now)
@@ -272,7 +275,10 @@ class Controller(Recovery):
             self.tracer.emit("repack", moves=[[m.source, m.dest, m.version, len(m.traj_ids)] for m in moves])
 
     def _track_versions(self) -> None:
-        self.max_versions_in_flight = max(self.max_versions_in_flight, len(self.dp.running_versions()))
+        # O(trajectories in flight): called when a version not seen running may have started, and
+        # once per loop (versions_seen then forgets the versions that finished)
+        self.versions_seen = self.dp.running_versions()
+        self.max_versions_in_flight = max(self.max_versions_in_flight, len(self.versions_seen))
 
     # -- scheduling -----------------------------------------------------------------------
     def schedule(self) -> None:
@@ -377,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
                     break
                 got = ctl.server.recv(timeout_s=0.0)
             ctl.schedule()
+            ctl._track_versions()
             ctl.wal.flush()
             if ctl.wal.wants_snapshot:
                 ctl.wal.start(ctl.dp.state_dict())

@@ -58,10 +58,10 @@ class NodeWeights:
         if newest is not None and newest.digest != digest_to_int(layout.digest):
             raise RuntimeError(f"{self.path}: version {newest.version} has a different weight layout "
                                "(trainer and rollout model configs disagree)")
-        # the copy is accepted only if the relay did not overwrite the slot meanwhile (else
-        # read() copies again), so the version number is set after it
-        info = self.store.read(lambda view: engine.load_weights(-1, view, layout, checksum=verify),
-                               consumer_checksums=verify)
+        # the copy is accepted only if the relay did not overwrite the slot meanwhile (else read()
+        # copies the newer version, telling the engine which), so engine.version is set after it
+        info = self.store.read(lambda view, version: engine.load_weights(version, view, layout, checksum=verify),
+                               consumer_checksums=verify, with_version=True)
         if info is None:
             raise RuntimeError(f"{self.path}: no complete weight version to pull")
         engine.version = info.version
@@ -85,8 +85,13 @@ def find_local_relay(ctx: RoleContext) -> int:
 
 def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
     """The engine `rollout.backend` names, and the weight layout it loads (torch is imported
-    only for the torch engine: 32 emulated replicas start in a fraction of the time)."""
+    only for the torch and vLLM engines: 32 emulated replicas start in a fraction of the time;
+    vllm only for the vLLM engine, whose layout of HF names comes from the model's shape)."""
     seed = cfg.seed * 1000 + rank
+    if cfg.rollout.backend == "vllm":
+        from laminar_hpc.rollout.vllm_engine import VllmEngine, meta_layout
+        layout = meta_layout(model_args(cfg.model, tok.vocab_size), cfg.trainer.publish_dtype)
+        return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
     if cfg.rollout.backend == "emulated":
         from laminar_hpc.emulation.weights import EmulatedWeights
         from laminar_hpc.rollout.emulated import EmulatedEngine

@@ -159,14 +159,16 @@ class WeightStore:
         info = self.latest()
         return info.version if info else -1
 
-    def read(self, consume: Callable[[memoryview], object], *, min_version: int = -1,
-             verify: bool = False, consumer_checksums: bool = False, retries: int = 8) -> SlotInfo | None:
+    def read(self, consume: Callable[..., object], *, min_version: int = -1, verify: bool = False,
+             consumer_checksums: bool = False, with_version: bool = False, retries: int = 8) -> SlotInfo | None:
         """Hand the newest complete version (>= min_version) to `consume`; None if there is none.
 
         `consume` copies out of the view it is given (e.g. into model parameters); the copy is
         accepted only if the slot was not rewritten meanwhile, else it is repeated. `verify`
         checksums the slot before the copy; `consumer_checksums` instead takes `consume`'s return
         value as the checksum of what it copied (hashed during the copy: one read of the bytes).
+        `with_version` calls `consume(view, version)`: an engine that labels what it loads (vLLM)
+        is told the version of the bytes it is copying, also when a publish made read() retry.
         """
         for _ in range(retries):
             info = self.latest()
@@ -182,7 +184,7 @@ class WeightStore:
                 if self._unchanged(info):  # a stable slot with bad bytes: real corruption
                     raise ValueError(f"{self.path}: version {info.version} fails its checksum")
                 continue  # the writer was rewriting it: look again
-            got = consume(view)
+            got = consume(view, info.version) if with_version else consume(view)
             if self._unchanged(info):
                 if consumer_checksums and got != info.checksum:
                     raise ValueError(f"{self.path}: version {info.version} fails its checksum")

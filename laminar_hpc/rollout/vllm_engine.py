@@ -1,0 +1,299 @@
+"""vLLM rollout engine (`rollout.backend: vllm`, extra `vllm`, GPU nodes only).
+
+The same `RolloutEngine` contract as the torch engine, on top of vLLM's `LLMEngine`
+(continuous batching, paged KV cache). This module imports no vllm: `load_vllm_api()` does,
+when an engine is built, so every other module (and this one) imports on a CPU-only install.
+
+    engine = VllmEngine.from_config(cfg, seed=0, eos_id=tok.eos_id, layout=layout)
+    engine.load_weights(3, buf, layout)           # buf: a version in the relay's shared memory
+    engine.add([SeqRequest("t1", prompt_ids, max_new_tokens=512)])
+    while engine.num_active():
+        for out in engine.step(): ...             # new tokens + their sampled-token log-probs
+
+Weights (`rollout.vllm.weight_update`), fed from `layout.views(buf)`: HF-named tensors that
+alias the relay's shared memory, so nothing is copied on the host:
+- `transfer_engine` (default): vLLM's weight-transfer API with the CUDA-IPC backend.
+  `start_weight_update()`, then per chunk of <= `staging_mb` the chunk's tensors are copied to
+  every local GPU of the engine and `update_weights()` gets their IPC handles, then
+  `finish_weight_update(weight_version=str(version))`.
+- `reload_weights`: `collective_rpc("reload_weights", kwargs={"weights_iterator": ...})` with
+  the aliasing CPU tensors (vLLM's RPC serialises them: slower, no GPU staging).
+With `enable_sleep_mode` a load is wrapped in sleep(level=2) / wake_up(["weights"]) ... load ...
+wake_up(["kv_cache"]): the KV cache is released while the weights change. Otherwise the prefix
+cache is reset after a load: cached prefixes of the old version must never be reused.
+
+vLLM API facts used, with sources, are listed in docs/gpu.md.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add
+
+MIN_VLLM = "0.29"  # four-phase weight-transfer API with finish_weight_update(weight_version): see docs/gpu.md
+
+
+def load_vllm_api() -> SimpleNamespace:
+    """The vLLM names the engine uses (imported here, only when a vLLM engine is built)."""
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.config import WeightTransferConfig
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+    except ImportError as err:
+        raise ImportError(f"rollout.backend=vllm needs vLLM >= {MIN_VLLM} on this node "
+                          f"(pip install '.[vllm]' in the GPU environment, see environment.yml): {err}") from None
+    return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, TokensPrompt=TokensPrompt,
+                           RequestOutputKind=RequestOutputKind, WeightTransferConfig=WeightTransferConfig)
+
+
+def meta_layout(args, dtype: str):
+    """The published weight layout (HF names, shapes, offsets) of a model shape, built on the
+    meta device: a 7B model's layout without allocating its weights."""
+    import torch
+
+    from laminar_hpc.model.llama import Transformer
+    from laminar_hpc.model.weights import WeightLayout
+    with torch.device("meta"):
+        model = Transformer(args)
+    return WeightLayout.from_model(model, dtype)
+
+
+class CudaIpcStager:
+    """Copies tensors to every local GPU of the engine and returns their CUDA-IPC handles, keyed
+    by GPU UUID: each vLLM worker picks the handle of its own GPU (vLLM's IPC engine)."""
+
+    def __init__(self, devices: list[int]):
+        self.devices = devices
+        self._uuids: dict[int, str] | None = None
+
+    def stage(self, items: list[tuple[str, object]]) -> tuple[list[dict], list]:
+        import torch
+        from torch.multiprocessing.reductions import reduce_tensor
+        if self._uuids is None:  # CUDA is first touched here, after vLLM started its workers
+            self._uuids = {d: str(torch.cuda.get_device_properties(d).uuid) for d in self.devices}
+        handles, keep = [], []
+        for _, t in items:
+            per_gpu = {}
+            for d in self.devices:
+                g = t.to(f"cuda:{d}")
+                keep.append(g)  # the worker reads the bytes through the handle: keep them alive
+                per_gpu[self._uuids[d]] = reduce_tensor(g)
+            handles.append(per_gpu)
+        for d in self.devices:
+            torch.cuda.synchronize(d)
+        return handles, keep
+
+
+@dataclass
+class _Seq:
+    req: SeqRequest
+    rid: str  # vLLM request id (unique per admission: a trajectory may come back after a migration)
+
+
+class VllmEngine:
+    """Continuous batching on vLLM; one weight version at a time."""
+
+    def __init__(self, llm, api, vcfg, *, eos_id: int, max_batch: int, temperature: float, top_p: float,
+                 stager=None):
+        self.llm, self.api, self.vcfg = llm, api, vcfg
+        self.eos_id, self.max_batch = eos_id, max_batch
+        self.temperature, self.top_p = temperature, top_p
+        self.stager = stager if stager is not None else CudaIpcStager(list(range(vcfg.tensor_parallel_size)))
+        self.active: dict[str, _Seq] = {}  # vLLM request id -> sequence, in admission order
+        self.version = -1
+        self.asleep = False
+        self._ids = itertools.count()
+        if vcfg.weight_update == "transfer_engine":
+            for name in ("init_weight_transfer_engine", "start_weight_update", "update_weights",
+                         "finish_weight_update"):
+                if not hasattr(llm, name):
+                    raise RuntimeError(f"rollout.vllm.weight_update=transfer_engine: this vLLM has no LLM.{name} "
+                                       f"(needs vLLM >= {MIN_VLLM}, or use weight_update: reload_weights)")
+            llm.init_weight_transfer_engine({"init_info": {}})  # the IPC backend needs no handshake
+
+    @classmethod
+    def from_config(cls, cfg, *, seed: int, eos_id: int, api=None, stager=None) -> "VllmEngine":
+        """Start vLLM for `cfg` (model.hf_path: a Hugging Face directory vLLM reads config.json
+        from). Its weights are dummies until the first version is pulled from the relay."""
+        if not cfg.model.hf_path:
+            raise ValueError("rollout.backend=vllm needs model.hf_path (a Hugging Face directory with config.json)")
+        from laminar_hpc.model.hf import resolve_hf_path
+        hf = resolve_hf_path(cfg.model.hf_path)  # also package:NAME; a missing path is named there
+        if not hf.is_dir():
+            raise ValueError(f"rollout.backend=vllm: model.hf_path {hf} is a file; vLLM starts here from a "
+                             "directory with config.json (write one with laminar_hpc.model.hf.export_hf)")
+        api = api or load_vllm_api()
+        v = cfg.rollout.vllm
+        kwargs = {}
+        if v.weight_update == "transfer_engine":
+            # the handles travel through vLLM's RPC as a base64 pickle (ipc_handles_pickled),
+            # which its workers only unpickle with this set; it must be set before they start
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+            kwargs["weight_transfer_config"] = api.WeightTransferConfig(backend="ipc")
+        llm = api.LLM(model=str(hf), skip_tokenizer_init=True, tensor_parallel_size=v.tensor_parallel_size,
+                      dtype=v.dtype, gpu_memory_utilization=v.gpu_memory_utilization,
+                      enforce_eager=v.enforce_eager, enable_sleep_mode=v.enable_sleep_mode,
+                      max_model_len=v.max_model_len or cfg.model.max_seq_len, max_num_seqs=cfg.rollout.max_batch,
+                      seed=seed, load_format="dummy",
+                      # log-probs after temperature/top-p, as the torch engine records them
+                      logprobs_mode="processed_logprobs", **kwargs)
+        return cls(llm, api, v, eos_id=eos_id, max_batch=cfg.rollout.max_batch,
+                   temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, stager=stager)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.llm_engine.model_config.max_model_len
+
+    # -- capacity -------------------------------------------------------------------------
+    def num_active(self) -> int:
+        return len(self.active)
+
+    def free_slots(self) -> int:
+        return self.max_batch - len(self.active)
+
+    def kv_tokens(self) -> int:
+        return sum(len(s.req.prompt) + len(s.req.tokens) for s in self.active.values())
+
+    def active_ids(self) -> list[str]:
+        return [s.req.traj_id for s in self.active.values()]
+
+    # -- weights --------------------------------------------------------------------------
+    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False) -> int | None:
+        if self.active:
+            raise VersionInFlightError(f"cannot load version {version}: {len(self.active)} trajectories of "
+                                       f"version {self.version} are still generating")
+        digest = None
+        if checksum:  # one extra pass over the bytes; relays already verified the version
+            from laminar_hpc.transport.weight_store import checksum as xxh3
+            digest = xxh3(buf)
+        views = layout.views(buf)  # HF name -> tensor aliasing the relay's shared memory
+        sleep_mode = self.vcfg.enable_sleep_mode
+        if sleep_mode:
+            # level 2 drops weights and KV cache (the weights are all replaced); buffers such as
+            # rotary tables are kept by vLLM across it. Weights come back first, KV cache last.
+            self.llm.sleep(level=2)
+            self.llm.wake_up(tags=["weights"])
+        if self.vcfg.weight_update == "transfer_engine":
+            self._transfer(views, version)
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(views.items())})
+        if sleep_mode:
+            self.llm.wake_up(tags=["kv_cache"])  # sleep() already reset the prefix cache
+        else:
+            self.llm.reset_prefix_cache()
+        self.asleep = False
+        self.version = version
+        return digest
+
+    def _transfer(self, views: dict, version: int) -> None:
+        limit = int(self.vcfg.staging_mb * 2**20)
+        self.llm.start_weight_update()
+        chunk, size = [], 0
+        for name, t in views.items():
+            n = t.numel() * t.element_size()
+            if chunk and size + n > limit:
+                self._send(chunk)
+                chunk, size = [], 0
+            chunk.append((name, t))
+            size += n
+        if chunk:
+            self._send(chunk)
+        self.llm.finish_weight_update(weight_version=str(version))
+
+    def _send(self, chunk: list[tuple[str, object]]) -> None:
+        import base64
+        import pickle
+        handles, keep = self.stager.stage(chunk)
+        info = {"names": [n for n, _ in chunk],
+                "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in chunk],
+                "shapes": [list(t.shape) for _, t in chunk],
+                # pickled: the handles hold a rebuild function, which vLLM's RPC encoder does not carry
+                "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode("ascii")}
+        self.llm.update_weights({"update_info": info})  # returns once every worker loaded the chunk
+        del keep
+
+    def sleep(self, level: int = 1) -> None:
+        """Release GPU memory while idle (vLLM sleep mode); `wake` before generating again."""
+        if self.active:
+            raise VersionInFlightError(f"cannot sleep: {len(self.active)} trajectories are generating")
+        if not self.vcfg.enable_sleep_mode:
+            raise RuntimeError("rollout.vllm.enable_sleep_mode is false: vLLM was started without sleep mode")
+        self.llm.sleep(level=level)
+        self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    # -- generation -----------------------------------------------------------------------
+    def add(self, requests: list[SeqRequest]) -> list[StepOutput]:
+        """Queue sequences; a resumed one re-prefills prompt + tokens and generates only the
+        tokens it has left. Their tokens arrive from `step`."""
+        if not requests:
+            return []
+        check_add(requests, self.free_slots(), self.version)
+        if self.asleep:
+            raise RuntimeError("the engine is asleep: call wake() before add()")
+        limit = self.max_model_len
+        plans = []
+        for r in requests:  # all checked before any is queued: a refused call changes nothing
+            prefix = r.prompt + r.tokens
+            left = min(r.max_new_tokens - len(r.tokens), limit - len(prefix))
+            if left <= 0 or not prefix:
+                raise ValueError(f"trajectory {r.traj_id}: {len(prefix)} tokens leave no room to generate "
+                                 f"(max_model_len={limit}, max_new_tokens={r.max_new_tokens})")
+            plans.append((r, prefix, left))
+        for r, prefix, left in plans:
+            params = self.api.SamplingParams(
+                n=1, temperature=self.temperature, top_p=self.top_p, max_tokens=left,
+                logprobs=0,  # the sampled token's log-prob only
+                stop_token_ids=[self.eos_id],  # no tokenizer in the engine: EOS is named here
+                detokenize=False, output_kind=self.api.RequestOutputKind.DELTA)
+            rid = f"{r.traj_id}#{next(self._ids)}"
+            self.llm.llm_engine.add_request(rid, self.api.TokensPrompt(prompt_token_ids=prefix), params)
+            self.active[rid] = _Seq(r, rid)
+        return []
+
+    def step(self) -> list[StepOutput]:
+        """One engine step: every sequence's new tokens since the last step (DELTA outputs)."""
+        if not self.active:
+            return []
+        outs = []
+        for ro in self.llm.llm_engine.step():
+            seq = self.active.get(ro.request_id)
+            if seq is None:
+                continue  # aborted meanwhile
+            comp = ro.outputs[0]
+            toks = list(comp.token_ids)
+            lps = _sampled_logprobs(toks, comp.logprobs, ro.request_id)
+            seq.req.tokens.extend(toks)
+            seq.req.logprobs.extend(lps)
+            if ro.finished:
+                del self.active[ro.request_id]
+            outs.append(StepOutput(seq.req.traj_id, toks, lps, ro.finished, seq.req if ro.finished else None))
+        return outs
+
+    def abort(self, traj_ids: list[str]) -> list[SeqRequest]:
+        """Remove sequences and return them with the tokens streamed so far (tokens the engine
+        sampled but `step` has not returned are dropped with them)."""
+        wanted = set(traj_ids)
+        rids = [rid for rid, s in self.active.items() if s.req.traj_id in wanted]
+        if rids:
+            self.llm.llm_engine.abort_request(rids)
+        return [self.active.pop(rid).req for rid in rids]
+
+
+def _sampled_logprobs(tokens: list[int], logprobs, rid: str) -> list[float]:
+    """Log-prob of each sampled token from vLLM's per-position {token_id: Logprob} maps."""
+    if not tokens:
+        return []
+    if logprobs is None or len(logprobs) < len(tokens):
+        raise RuntimeError(f"vLLM request {rid}: {len(tokens)} new tokens but "
+                           f"{0 if logprobs is None else len(logprobs)} log-prob entries (SamplingParams.logprobs=0)")
+    tail = logprobs[len(logprobs) - len(tokens):]  # DELTA outputs: the entries of the new tokens
+    return [float(pos[t].logprob) for t, pos in zip(tokens, tail)]

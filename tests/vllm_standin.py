@@ -1,0 +1,198 @@
+"""A recording stand-in for the vLLM objects `laminar_hpc.rollout.vllm_engine` uses (tests only).
+
+It mimics the shapes the adapter relies on (LLM, LLMEngine.add_request/step/abort_request,
+SamplingParams, TokensPrompt, RequestOutputKind.DELTA, per-position {token_id: Logprob} maps,
+the weight-transfer calls) and records every call in order, so tests can check what the
+adapter asked of vLLM. Generation is a pure function of (trajectory, absolute position): a
+sequence aborted and re-prefilled elsewhere continues exactly as if it had never stopped.
+
+    api = standin_api()
+    llm = api.LLM(model="m", max_model_len=64)
+    engine = VllmEngine(llm, api, vcfg, eos_id=2, max_batch=4, temperature=1.0, top_p=1.0,
+                        stager=RecordingStager())
+"""
+from __future__ import annotations
+
+import base64
+import enum
+import pickle
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+
+class RequestOutputKind(enum.Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+class SamplingParams:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.__dict__.update(kwargs)
+
+
+def TokensPrompt(**kwargs) -> dict:  # noqa: N802 - vLLM's TypedDict is called like a class
+    return dict(kwargs)
+
+
+class WeightTransferConfig:
+    def __init__(self, backend: str = "nccl"):
+        self.backend = backend
+
+
+@dataclass
+class Logprob:
+    logprob: float
+
+
+@dataclass
+class CompletionOutput:
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]]
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    outputs: list[CompletionOutput]
+    finished: bool
+
+
+def token_at(traj: str, pos: int, vocab: int) -> int:
+    """The token the stand-in samples for trajectory `traj` at absolute position `pos`."""
+    return 4 + (pos * 31 + sum(map(ord, traj))) % (vocab - 4)
+
+
+def logprob_at(pos: int) -> float:
+    return -((pos % 5) + 1) / 10
+
+
+@dataclass
+class _Req:
+    rid: str
+    traj: str
+    tokens: list[int]  # prompt + everything generated
+    prompt_len: int
+    params: SamplingParams
+    generated: int = 0
+
+
+class StandinEngine:
+    """LLMEngine's request API: DELTA outputs, `tokens_per_step` new tokens per step."""
+
+    def __init__(self, calls: list, *, vocab: int, max_model_len: int, eos_at: dict[str, int], tokens_per_step: int):
+        self.calls, self.vocab, self.eos_at, self.tokens_per_step = calls, vocab, eos_at, tokens_per_step
+        self.model_config = SimpleNamespace(max_model_len=max_model_len)
+        self.reqs: dict[str, _Req] = {}
+
+    def add_request(self, request_id: str, prompt: dict, params: SamplingParams) -> None:
+        ids = list(prompt["prompt_token_ids"])
+        self.calls.append(("add_request", request_id, ids, params.max_tokens))
+        if request_id in self.reqs:
+            raise ValueError(f"request id {request_id} is already running")
+        self.reqs[request_id] = _Req(request_id, request_id.split("#")[0], ids, len(ids), params)
+
+    def abort_request(self, request_ids) -> None:
+        ids = list(request_ids)
+        self.calls.append(("abort_request", ids))
+        for rid in ids:
+            self.reqs.pop(rid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.reqs)
+
+    def step(self) -> list[RequestOutput]:
+        outs = []
+        for r in list(self.reqs.values()):
+            toks, lps, done = [], [], False
+            for _ in range(self.tokens_per_step):
+                pos = len(r.tokens)
+                if self.eos_at.get(r.traj) == pos:
+                    tok = r.params.stop_token_ids[0]
+                else:
+                    tok = token_at(r.traj, pos, self.vocab)
+                # the sampled token first; a second entry checks that the adapter picks by token id
+                lps.append({(tok + 1) % self.vocab: Logprob(-0.01), tok: Logprob(logprob_at(pos))})
+                toks.append(tok)
+                r.tokens.append(tok)
+                r.generated += 1
+                if tok in r.params.stop_token_ids or r.generated >= r.params.max_tokens:
+                    done = True
+                    break
+            outs.append(RequestOutput(r.rid, [CompletionOutput(toks, lps)], done))
+            if done:
+                del self.reqs[r.rid]
+        return outs
+
+
+class StandinLLM:
+    """`vllm.LLM`: the constructor's kwargs, the weight-transfer calls, sleep/wake, RPC."""
+
+    def __init__(self, model: str = "m", *, vocab: int = 100, eos_at: dict[str, int] | None = None,
+                 tokens_per_step: int = 1, **kwargs):
+        self.model, self.kwargs = model, kwargs  # kwargs: what vllm.LLM would receive
+        self.calls: list[tuple] = []
+        self.llm_engine = StandinEngine(self.calls, vocab=vocab, max_model_len=kwargs.get("max_model_len") or 64,
+                                        eos_at=eos_at or {}, tokens_per_step=tokens_per_step)
+        self.updated_names: list[str] = []
+        self.updating = False
+
+    def init_weight_transfer_engine(self, request: dict) -> None:
+        self.calls.append(("init_weight_transfer_engine", request["init_info"]))
+
+    def start_weight_update(self) -> None:
+        if self.updating:
+            raise RuntimeError("start_weight_update called while a weight update is already active")
+        self.updating = True
+        self.calls.append(("start_weight_update",))
+
+    def update_weights(self, request: dict) -> None:
+        info = request["update_info"]
+        if not self.updating:
+            raise RuntimeError("update_weights outside start/finish")
+        handles = pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))
+        if not (len(info["names"]) == len(info["dtype_names"]) == len(info["shapes"]) == len(handles)):
+            raise ValueError("update_info lists differ in length")
+        self.updated_names += info["names"]
+        self.calls.append(("update_weights", list(info["names"]), list(info["dtype_names"]), info["shapes"], handles))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.updating = False
+        self.calls.append(("finish_weight_update", weight_version))
+
+    def collective_rpc(self, method: str, timeout=None, args: tuple = (), kwargs: dict | None = None):
+        self.calls.append(("collective_rpc", method, kwargs or {}))
+        return [None]
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("wake_up", tags))
+
+    def reset_prefix_cache(self) -> bool:
+        self.calls.append(("reset_prefix_cache",))
+        return True
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+class RecordingStager:
+    """Stands in for the CUDA-IPC stager: records the tensors it was given (to check that they
+    alias the relay's buffer) and returns picklable fake handles, one per GPU."""
+
+    def __init__(self, gpus: tuple[str, ...] = ("GPU-0",)):
+        self.gpus = gpus
+        self.staged: list[tuple[str, object]] = []
+
+    def stage(self, items):
+        self.staged += items
+        return [{g: ("rebuild", name) for g in self.gpus} for name, _ in items], []
+
+
+def standin_api() -> SimpleNamespace:
+    """What `vllm_engine.load_vllm_api()` returns, made of stand-ins."""
+    return SimpleNamespace(LLM=StandinLLM, SamplingParams=SamplingParams, TokensPrompt=TokensPrompt,
+                           RequestOutputKind=RequestOutputKind, WeightTransferConfig=WeightTransferConfig)
