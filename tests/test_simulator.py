@@ -16,7 +16,8 @@ import pytest
 from laminar_hpc.config import load_config, save_config
 from laminar_hpc.policy import recovery, repack, scheduling
 from laminar_hpc.sim import ClusterSpec, SimParams, run_modes, simulate
-from laminar_hpc.sim.calibrate import apply_calibration, calibrate, calibrated_config, fit_decode
+from laminar_hpc.sim.calibrate import (apply_calibration, calibrate, calibrated_config, complete_group_lengths,
+                                        fit_decode, fit_lengths)
 from laminar_hpc.sim.cli import main as sim_main
 from laminar_hpc.sim.controller import SimController
 from laminar_hpc.sim.presets import base_gpus, load_preset, read_spec, scale_cluster
@@ -314,3 +315,19 @@ def test_python_dash_m_runs_the_simulator():
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "laminar |" in res.stdout
+
+
+def test_length_calibration_is_not_biased_by_trajectories_still_running():
+    # a run ends with its longest trajectories unfinished: fitting the finished ones alone
+    # under-estimates lengths; the complete groups admitted before the first incomplete one do not
+    rng = np.random.default_rng(0)
+    true = {f"{g}.{i}": min(16384, int(rng.lognormal(math.log(1000), 1.0)) + 1) for g in range(400) for i in range(8)}
+    admitted = [(float(g), g, 8) for g in range(400)]
+    # trajectories admitted late and long were still running at the end
+    finished = {t: n for t, n in true.items() if int(t.split(".")[0]) + n / 50 < 420}
+    got = complete_group_lengths(finished, admitted)
+    assert 0 < len(got) < len(finished)
+    whole = np.median(list(true.values()))
+    biased = np.median(list(finished.values())) / whole - 1  # what the finished alone would say
+    assert biased < -0.04 and abs(fit_lengths(got)["median"] / whole - 1) < abs(biased) / 2
+    assert sorted(complete_group_lengths(finished, [])) == sorted(finished.values())  # older traces
