@@ -500,3 +500,20 @@ def test_finite_rewards_are_kept(reward):
     dp = _dp(group_size=1)
     dp.admit(1)
     assert dp.finish(_traj(_running(dp, 1)[0], 0, [1], reward=reward)) == 0 and not dp.dropped
+
+
+def test_snapshot_waits_for_twice_the_last_snapshot(tmp_path):
+    # a large state is not rewritten after every `snapshot_bytes` of log: at most half the write volume
+    wal = WriteAheadLog(tmp_path / "wal", fsync_s=0.0, snapshot_bytes=1000)
+    wal.start({"partials": [list(range(2000))]})
+    big = wal.snapshot_size
+    assert big > 2000
+    while wal.size < 1000:
+        wal.append("stream", {"items": [[1] * 50]})
+    wal.flush()
+    assert not wal.wants_snapshot
+    while wal.size < 2 * big:
+        wal.append("stream", {"items": [[1] * 50]})
+    wal.flush()
+    assert wal.wants_snapshot
+    wal.close()

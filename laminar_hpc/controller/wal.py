@@ -7,8 +7,8 @@
 Records are appended in memory and written (one write()) before the controller sends anything
 that depends on them, so a killed controller loses nothing it acted on; they reach the disk
 (fsync) at least every `fsync_s`, which bounds what a node crash loses. Once a segment grows past
-`snapshot_bytes`, or at each trainer checkpoint, the controller writes a new snapshot and a new
-segment and deletes the old ones: recovery replays at most one segment.
+`snapshot_bytes` and twice the last snapshot, or at each trainer checkpoint, the controller writes
+a new snapshot and a new segment and deletes the old ones: recovery replays at most one segment.
 
     wal = WriteAheadLog(run_dir / "wal", fsync_s=1.0, snapshot_bytes=64 << 20)
     state, records = wal.recover()          # (None, []) on a fresh run
@@ -44,6 +44,7 @@ class WriteAheadLog:
         self.fd: int | None = None
         self.buf: list[bytes] = []
         self.size = 0  # bytes in the current segment
+        self.snapshot_size = 0  # bytes of the newest snapshot
         self.last_sync = time.monotonic()
         self.records = 0
 
@@ -91,7 +92,9 @@ class WriteAheadLog:
         snap = self.root / f"snapshot-{self.seg:06d}.msgpack"
         tmp = snap.with_suffix(".tmp")
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(msgpack.packb(state, use_bin_type=True))
+            data = msgpack.packb(state, use_bin_type=True)
+            f.write(data)
+            self.snapshot_size = len(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, snap)
@@ -129,7 +132,9 @@ class WriteAheadLog:
 
     @property
     def wants_snapshot(self) -> bool:
-        return self.size >= self.snapshot_bytes
+        # past the size limit and past twice the last snapshot: with a large state (long-tail
+        # partial responses) a snapshot per `snapshot_bytes` of log cost more than the log itself
+        return self.size >= max(self.snapshot_bytes, 2 * self.snapshot_size)
 
     def _close_segment(self) -> None:
         if self.fd is not None:
