@@ -213,3 +213,30 @@ def test_bad_slurm_input_is_refused_before_submitting(tmp_path, override, messag
 def test_submit_never_guesses_the_cluster(tmp_path):
     res = laminar("submit", "configs/tiny.yaml", "--run-dir", str(tmp_path / "r"))
     assert res.returncode == 2 and "--cluster" in res.stderr and not (tmp_path / "r").exists()
+
+
+def test_megatron_trainer_runs_one_task_per_rank(tmp_path):
+    """trainer.backend: megatron on Slurm: the trainer step has one task per rank (srun -n 2, DP2
+    on gloo with the CPU shim of tests/megatron_shim.py), the ranks meet through a file named after
+    the job step, and the campaign completes."""
+    pytest.importorskip("megatron.core")
+    from test_megatron import SITE
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE.format(tests=str(REPO / "tests")))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "LAMINAR_TEST_MEGATRON_SHIM": "1", "PYTHONPATH": f"{site}:{REPO}"}
+    res = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", "submit", "configs/tiny.yaml", "--cluster", "slurm",
+                          "--run-dir", str(run_dir), "slurm.partition=debug", "trainer.backend=megatron",
+                          "trainer.megatron.dist_backend=gloo", "trainer.megatron.data_parallel=2",
+                          "trainer.megatron.micro_batch_size=2", "trainer.total_steps=4"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    job = json.loads((run_dir / "job.json").read_text())["job_id"]
+    assert wait_done(job, run_dir, 300).startswith("COMPLETED")
+    assert [r["step"] for r in train_rows(run_dir)] == [1, 2, 3, 4]
+    rdzv = [p.name for p in (run_dir / "megatron").iterdir()]
+    assert any(n.startswith(f"rendezvous-{job}.") for n in rdzv), rdzv  # srun's ranks, not spawned ones
+    out = subprocess.run(["sacct", "-n", "-P", "-j", job, "-o", "JobName,NTasks"], capture_output=True, text=True,
+                         timeout=30).stdout
+    assert "trainer-0|2" in out.splitlines(), out

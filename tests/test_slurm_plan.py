@@ -147,3 +147,15 @@ def test_cluster_host_keeps_loopback_on_one_node_and_a_host_the_user_set(monkeyp
     assert plan.nodes == 1 and cluster_host(cfg, plan).controller.host == "127.0.0.1"
     cfg2, plan2 = effective_config(config_from_dict({"controller": {"host": "ib0.node0"}}))
     assert cluster_host(cfg2, plan2).controller.host == "ib0.node0"
+
+
+def test_megatron_trainer_step_has_one_task_per_rank():
+    cfg = config_from_dict({"trainer": {"backend": "megatron", "megatron": {"tensor_parallel": 2, "data_parallel": 4}},
+                            "slurm": {"layout": {"trainer_nodes": 1, "rollout_nodes": 1,
+                                                 "trainer": {"cpus": 32, "gpus": 8}}}})
+    opts = slurm_plan(cfg).steps["trainer-0"][0]
+    assert "-n8" in opts and "--gpus-per-task=1" in opts and "--cpus-per-task=4" in opts
+    bad = cfg.model_copy(update={"slurm": cfg.slurm.model_copy(update={"layout": cfg.slurm.layout.model_copy(
+        update={"trainer": cfg.slurm.layout.trainer.model_copy(update={"gpus": 4})})})})
+    with pytest.raises(LayoutError, match="slurm.layout.trainer.gpus=4 must be 0 or a multiple"):
+        slurm_plan(bad)

@@ -111,10 +111,11 @@ class WarmupCfg(Section):
 
 
 class MegatronCfg(Section):
-    """Megatron-core trainer backend (`trainer.backend: megatron`, extra `megatron`). The data-
-    parallel size is world_size / (tensor * pipeline); the world is the trainer step's tasks."""
+    """Megatron-core trainer backend (`trainer.backend: megatron`, extra `megatron`). The trainer
+    runs tensor * pipeline * data ranks (rank 0 talks to the run, the others follow it)."""
     tensor_parallel: PosInt = 1
     pipeline_parallel: PosInt = 1
+    data_parallel: PosInt = 1
     micro_batch_size: PosInt = 4
     distributed_optimizer: bool = True
     sequence_parallel: bool = False

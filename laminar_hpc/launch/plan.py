@@ -63,8 +63,28 @@ def _res(r, *, exact: bool = True) -> list[str]:
     return opts
 
 
+def trainer_tasks(cfg: Config) -> tuple[int, list[str]]:
+    """The trainer step's task count and resources: one task per Megatron rank (tensor x pipeline x
+    data parallel, each with its share of slurm.layout.trainer's CPUs and GPUs), else one task."""
+    lay = cfg.slurm.layout
+    if cfg.trainer.backend != "megatron":
+        return 1, _res(lay.trainer)
+    m = cfg.trainer.megatron
+    world = m.tensor_parallel * m.pipeline_parallel * m.data_parallel
+    if lay.trainer.cpus < world or lay.trainer.cpus % world:
+        raise LayoutError(f"slurm.layout.trainer.cpus={lay.trainer.cpus} must be a multiple of the Megatron world "
+                          f"size {world} (trainer.megatron tensor x pipeline x data parallel): one task per rank")
+    if lay.trainer.gpus % world:
+        raise LayoutError(f"slurm.layout.trainer.gpus={lay.trainer.gpus} must be 0 or a multiple of the Megatron "
+                          f"world size {world}: one task per rank, each with its GPUs")
+    per_task = type(lay.trainer)(cpus=lay.trainer.cpus // world, gpus=lay.trainer.gpus // world,
+                                 mem_gb=lay.trainer.mem_gb / world if lay.trainer.mem_gb else None)
+    return world, [f"--ntasks-per-node={world}", *_res(per_task)]
+
+
 def slurm_plan(cfg: Config) -> SlurmPlan:
     lay, s = cfg.slurm.layout, cfg.slurm
+    n_trainer, trainer_res = trainer_tasks(cfg)
     if cfg.rollout.count < lay.rollout_nodes:
         raise LayoutError(f"slurm.layout.rollout_nodes={lay.rollout_nodes} exceeds rollout.count={cfg.rollout.count}: "
                           "every rollout node needs at least one rollout")
@@ -88,7 +108,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
                  {"nodes": lay.rollout_nodes, "ntasks_per_node": rollout_cpus, "cpus_per_task": 1,
                   "gpus_per_node": gpus_rollout or None}]
         steps["controller-0"] = [["--het-group=0", "-N1", "-n1", *_res(lay.controller), *common]]
-        steps["trainer-0"] = [["--het-group=0", "-N1", "-n1", *_res(lay.trainer), *common]]
+        steps["trainer-0"] = [["--het-group=0", "-N1", f"-n{n_trainer}", *trainer_res, *common]]
         # ONE MPI world across both components: the master relay in group 0, one relay per rollout node
         steps["relay"] = [["--mpi=pmix", "--het-group=0", "-N1", "-n1", *_res(lay.relay), *common],
                           ["--het-group=1", f"-N{lay.rollout_nodes}", f"-n{lay.rollout_nodes}", "--ntasks-per-node=1",
@@ -101,7 +121,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
         gpus = max(lay.trainer.gpus + (gpus_rollout if t0 == 0 else 0), gpus_rollout, s.gpus_per_node)
         comps = [{"nodes": nodes, "ntasks_per_node": busiest, "cpus_per_task": 1, "gpus_per_node": gpus or None}]
         steps["controller-0"] = [["-N1", "-n1", "--relative=0", *_res(lay.controller), *common]]
-        steps["trainer-0"] = [["-N1", "-n1", "--relative=0", *_res(lay.trainer), *common]]
+        steps["trainer-0"] = [["-N1", f"-n{n_trainer}", "--relative=0", *trainer_res, *common]]
         steps["relay"] = [["--mpi=pmix", f"-N{nodes}", f"-n{nodes}", "--ntasks-per-node=1", "--relative=0",
                            *_res(lay.relay), *common]]
         for i, node in rollout_node.items():

@@ -138,7 +138,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write(root: Path, snap: _HostCopy, keep: int) -> Path:
+def _write(root: Path, snap: _HostCopy, keep: int, extra=None) -> Path:
+    """`extra(tmp)`, when given, writes more files into the temporary directory (the Megatron
+    backend's dist_checkpointing shards) and returns {relative path: sha256} for the manifest."""
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{snap.step:06d}"
     final = root / name
@@ -156,6 +158,8 @@ def _write(root: Path, snap: _HostCopy, keep: int) -> Path:
             texts[LEDGER_FILE] = snap.ledger_text
         for fname, text in texts.items():
             manifest[fname] = _write_file(tmp / fname, lambda f, text=text: f.write(text.encode()))
+        if extra is not None:
+            manifest.update(extra(tmp))
         _write_file(tmp / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
         _fsync_dir(tmp)
         if final.exists():  # the same step again (resumed, then stopped): keep it until the new one is whole
@@ -289,7 +293,11 @@ def load_latest(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
         raise CheckpointError(f"{path}: model shape differs from the config "
                               f"({detail[0] if detail else str(err)})") from None
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(path / "optim.pt", map_location="cpu"))
+        optim = torch.load(path / "optim.pt", map_location="cpu")
+        if isinstance(optim, dict) and "megatron_dist_checkpoint" in optim:
+            raise CheckpointError(f"{path} was written by trainer.backend: megatron (optimizer state in "
+                                  f"{optim['megatron_dist_checkpoint']}/): resume it with that backend")
+        optimizer.load_state_dict(optim)
     rng = torch.load(path / "rng.pt")
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():

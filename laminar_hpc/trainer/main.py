@@ -11,6 +11,10 @@ resumes from its newest good checkpoint, re-publishes those weights under a vers
 newer than any published before (rollouts take it at once: no resume deadlock), and sends
 the controller its ledger, which gives back every group it lost and none it kept.
 
+The model and optimizer sit behind a backend (trainer/backend.py): our Transformer with torch
+AdamW, or megatron-core (`trainer.backend: megatron`): then this process is rank 0 of the
+trainer's TP * PP * DP ranks, the others follow its commands (trainer/megatron/runner.py).
+
     python -m laminar_hpc.trainer --run-dir runs/x
 """
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
-from laminar_hpc.model.llama import Transformer, token_logprobs
+from laminar_hpc.model.llama import Transformer
 from laminar_hpc.model.factory import build_model, build_tokenizer
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.policy.scheduling import too_stale
@@ -36,9 +40,9 @@ from laminar_hpc.tasks import build_task
 from laminar_hpc.trainer.batch import build_batch
 from laminar_hpc.emulation.cost import Clock, CostModel
 from laminar_hpc.emulation.weights import EmulatedWeights
+from laminar_hpc.trainer.backend import TorchBackend, batch_metrics
 from laminar_hpc.trainer.emulated import EmulatedPolicy, emulated_train_step
 from laminar_hpc.trainer.checkpoint import AsyncCheckpointer, list_checkpoints, load_latest
-from laminar_hpc.trainer.loss import aipo_loss
 from laminar_hpc.trainer.publisher import Publisher
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
@@ -57,21 +61,26 @@ class StopRequested(Exception):
 
 
 class Trainer:
-    def __init__(self, ctx: RoleContext, flags: dict):
+    def __init__(self, ctx: RoleContext, flags: dict, megatron=None):
+        """`megatron`: rank 0's MegatronBackend (trainer.backend: megatron), started by `main`."""
         self.ctx, self.flags = ctx, flags
         cfg = ctx.cfg
         torch.set_num_threads(cfg.trainer.torch_threads)
         torch.manual_seed(cfg.seed)
         self.tok = build_tokenizer(cfg.model)
         self.emulated = cfg.trainer.backend == "emulated"
+        self.megatron = megatron
+        self.model = self.opt = None  # torch and emulated backends only
         if self.emulated:  # the loop, data, staleness and weight bytes are real; the compute is the cost model
             self.model = EmulatedPolicy(int(cfg.emulation.weight_mb * 2**20))
             self.layout = EmulatedWeights(self.model.weights.numel())
             self.cost, self.clock = CostModel(cfg.emulation), Clock(cfg.emulation.time_scale)
-        else:
+        elif megatron is None:
             self.model = build_model(cfg.model, self.tok, cfg.trainer.device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr,
-                                     weight_decay=cfg.trainer.weight_decay)
+        if self.model is not None:
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr,
+                                         weight_decay=cfg.trainer.weight_decay)
+        self.backend = megatron
         self.step = 0
         self.version = 0
         self.dropped_groups = 0
@@ -87,8 +96,15 @@ class Trainer:
         self.committed_n = 0
         self.stale: list[int] = []
         self.already: list[int] = []  # re-delivered groups this lineage trained on: reported, not retrained
-        self.ckpt = AsyncCheckpointer(ctx.run_dir / "checkpoints", keep=ctx.cfg.checkpoint.keep,
-                                      timeout_s=ctx.cfg.timeouts.checkpoint_s)
+        if megatron is not None:
+            from laminar_hpc.trainer.megatron.runner import MegatronCheckpointer
+            m = cfg.trainer.megatron
+            self.ckpt = MegatronCheckpointer(ctx.run_dir / "checkpoints", keep=cfg.checkpoint.keep, backend=megatron,
+                                             meta_extra={"tensor_parallel": m.tensor_parallel,
+                                                         "pipeline_parallel": m.pipeline_parallel})
+        else:
+            self.ckpt = AsyncCheckpointer(ctx.run_dir / "checkpoints", keep=ctx.cfg.checkpoint.keep,
+                                          timeout_s=ctx.cfg.timeouts.checkpoint_s)
         self.ckpt_pending: dict[int, int] = {}  # checkpoint step -> ledger length it holds
 
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
@@ -96,7 +112,11 @@ class Trainer:
         cfg, ctx = self.ctx.cfg, self.ctx
         for tmp in (ctx.run_dir / "checkpoints").glob(".step_*.tmp*"):  # a write cut short by a kill
             shutil.rmtree(tmp, ignore_errors=True)
-        meta = load_latest(ctx.run_dir / "checkpoints", self.model, self.opt)
+        if self.megatron is not None:
+            from laminar_hpc.trainer.megatron.runner import load_latest as megatron_load_latest
+            meta = megatron_load_latest(ctx.run_dir / "checkpoints", self.megatron)
+        else:
+            meta = load_latest(ctx.run_dir / "checkpoints", self.model, self.opt)
         if meta is not None:
             self.step, self.version = meta["step"], meta["version"]
             self.consumed = [int(g) for g in meta["ledger"].get("consumed", [])]
@@ -114,8 +134,12 @@ class Trainer:
             ctx.tracer.emit("resumed", step=self.step, version=self.version, path=meta["path"],
                             ledger=self.committed_n)
         elif cfg.trainer.init_checkpoint:
-            self.model.load_state_dict(torch.load(cfg.trainer.init_checkpoint, map_location="cpu"))
+            if self.model is not None:  # the Megatron ranks loaded it before sharding (runner.Ranks)
+                self.model.load_state_dict(torch.load(cfg.trainer.init_checkpoint, map_location="cpu"))
             ctx.log.info("initial weights from %s", cfg.trainer.init_checkpoint)
+        elif self.megatron is not None and cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not cfg.model.hf_path:
+            ctx.log.warning("no warm-up with trainer.backend: megatron (start from model.hf_path or "
+                            "trainer.init_checkpoint)")
         elif cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not self.emulated and not cfg.model.hf_path:
             self._phase("warmup")
             task = build_task(cfg.task, cfg.seed)
@@ -125,8 +149,10 @@ class Trainer:
                          res["greedy_reward"], res["seconds"])
             ctx.tracer.emit("warmup_done", **res)
             self._append_metrics({"event": "warmup_done", **res})
-        if cfg.trainer.kl_coef > 0:
+        if cfg.trainer.kl_coef > 0 and self.megatron is None:  # the Megatron engine refuses kl_coef > 0
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False)
+        if self.backend is None and not self.emulated:
+            self.backend = TorchBackend(self.model, self.opt, cfg.trainer, self.ref_model)
         self._phase("rl")
 
     def _warmup_report(self, r: dict) -> None:
@@ -233,33 +259,10 @@ class Trainer:
     def train_step(self, groups: list[dict]) -> dict:
         if self.emulated:
             return emulated_train_step(self.model, groups, version=self.version, cost=self.cost, clock=self.clock)
-        cfg = self.ctx.cfg.trainer
-        temp = self.ctx.cfg.rollout.temperature
         b = build_batch(groups, self.tok.pad_id)
-        dev = cfg.device
-        logits = self.model(b.inputs.to(dev))
-        logp = token_logprobs(logits, b.targets.to(dev), temp)
-        ref = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref = token_logprobs(self.ref_model(b.inputs.to(dev)), b.targets.to(dev), temp)
-        out = aipo_loss(logp, b.behaviour_logp.to(dev), b.advantages.to(dev), b.mask.to(dev),
-                        rho=cfg.rho, clip_eps=cfg.clip_eps, ref_logp=ref, kl_coef=cfg.kl_coef)
-        lr = lr_at(self.step, cfg)
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        self.opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.opt.step()
-        stale = (self.version - b.versions).float()
-        return {"loss": out.loss.item(), "reward_mean": float(b.rewards.mean()),
-                "reward_std": float(b.rewards.std()) if len(b.rewards) > 1 else 0.0,
-                "lr": lr, "is_weight_mean": out.is_weight_mean, "truncated_frac": out.truncated_frac,
-                "clipped_frac": out.clipped_frac, "kl": out.kl, "grad_norm": float(grad_norm),
-                "trajectories": len(b.rewards), "tokens": b.n_tokens,
-                "staleness_mean": float(stale.mean()), "staleness_max": int(stale.max()),
-                "staleness_hist": {str(k): int(v) for k, v in zip(*torch.unique(stale.long(), return_counts=True))}}
+        lr = lr_at(self.step, self.ctx.cfg.trainer)
+        m = self.backend.train_step(b, lr=lr, temperature=self.ctx.cfg.rollout.temperature)
+        return {**m, "lr": lr, **batch_metrics(b, self.version)}
 
     def _append_metrics(self, row: dict) -> None:
         with open(self.metrics_path, "a") as f:
@@ -276,10 +279,11 @@ class Trainer:
             return INTERRUPTED
         if self.step == 0 and not list_checkpoints(ctx.run_dir / "checkpoints"):
             self.checkpoint(wait=True)  # the warmed-up policy: a resume never repeats the warm-up
-        layout = self.layout if self.emulated else WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)
-        pub = Publisher(ctx, self.model, layout)
+        weights = self.model if self.emulated else self.backend.weights()
+        layout = self.layout if self.emulated else WeightLayout.from_model(weights, cfg.trainer.publish_dtype)
+        pub = Publisher(ctx, weights, layout)
         try:
-            pub.publish(self.version)  # the rollouts' first weights (or the resumed version)
+            self.publish(pub)  # the rollouts' first weights (or the resumed version)
             self.sync_controller()
             t_start = time.monotonic()
             while self.step < cfg.trainer.total_steps and not flags.get("stop"):
@@ -292,7 +296,7 @@ class Trainer:
                 self.consumed.extend(ids)
                 self.consumed_set.update(ids)
                 train_s = time.monotonic() - t0
-                stall = pub.publish(self.version) if self.step % cfg.trainer.publish_every == 0 else 0.0
+                stall = self.publish(pub) if self.step % cfg.trainer.publish_every == 0 else 0.0
                 if stall and cfg.mode == "partial-rollout":
                     stall += self.wait_synced(self.version, beat)
                 ctx.ctrl.send({"type": "want_groups", "n": len(groups)})
@@ -324,6 +328,15 @@ class Trainer:
         self.checkpoints_done(wait=True)
         ctx.ctrl.send({"type": "trainer_done", "steps": self.step})
         return 0
+
+    def publish(self, pub: Publisher) -> float:
+        """Publish the current weights as `self.version`; the stall includes a Megatron export."""
+        if self.megatron is None:
+            return pub.publish(self.version)
+        t0 = time.perf_counter()
+        pub.model = self.megatron.weights()  # gather the shards into full HF-named tensors on this rank
+        pub.publish(self.version)
+        return time.perf_counter() - t0
 
     def checkpoint(self, wait: bool = False) -> None:
         """Checkpoint in the background: training blocks only for the host copy."""
@@ -361,15 +374,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--run-dir", required=True)
     args = ap.parse_args(argv)
     flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
+    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # a Megatron trainer step of one task per rank
+        from laminar_hpc.trainer.megatron.runner import adopt_slurm_ranks
+        adopt_slurm_ranks(args.run_dir)
+    if int(os.environ.get("RANK", "0")) > 0:  # a Megatron follower task (srun / torchrun): no role of its own
+        from laminar_hpc.trainer.megatron.runner import main as follower_main
+        follower_main(argv)
+        return
     ctx = start_role("trainer", 0, args.run_dir)
     code = 1
-    trainer = None
+    trainer = megatron = None
+    procs: list = []
+    clean = False
     try:
-        trainer = Trainer(ctx, flags)
+        if ctx.cfg.trainer.backend == "megatron":
+            from laminar_hpc.trainer.megatron.runner import start_ranks
+            megatron, procs = start_ranks(ctx.cfg, ctx.run_dir, build_tokenizer(ctx.cfg.model))
+        trainer = Trainer(ctx, flags, megatron)
         code = trainer.run()
+        clean = True
     finally:
         if trainer is not None:
             trainer.ckpt.close()  # a write in flight completes (or fails) before the process ends
+        if megatron is not None or procs:
+            from laminar_hpc.trainer.megatron.runner import stop_ranks
+            stop_ranks(megatron, procs, ctx.cfg.timeouts.shutdown_s, clean=clean)
         ctx.tracer.flush()
         ctx.ctrl.close(linger_ms=2000)
         ctx.log.info("stopped")

@@ -1,0 +1,10 @@
+"""Megatron-core trainer backend (`trainer.backend: megatron`, extra `megatron`).
+
+Imported only when that backend is chosen. `model` builds the GPTModel, `convert` maps weights
+between our HF names and Megatron's shards, `engine` is one training rank (AIPO step, distributed
+optimizer, export, dist_checkpointing), `runner` runs the ranks (rank 0 is the trainer role).
+
+    trainer:
+      backend: megatron
+      megatron: {tensor_parallel: 2, pipeline_parallel: 1, data_parallel: 2, dist_backend: nccl}
+"""

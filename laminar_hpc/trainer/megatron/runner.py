@@ -1,0 +1,270 @@
+"""The Megatron trainer as a group of ranks: rank 0 runs the trainer loop, the others follow it.
+
+Rank 0 is the trainer role (controller, ledger, publishing, checkpoint bookkeeping). Each
+backend call it makes is first broadcast as a command over a CPU (gloo) group, so every rank
+enters the same Megatron collectives in the same order:
+
+    ("train", batch, lr, temperature)   every rank trains on the same batch (its DP share)
+    ("export",)                         full HF-named weights gathered onto rank 0 (publish)
+    ("save", dir) / ("load", dir)       dist_checkpointing of model and distributed optimizer
+    ("stop",)
+
+    # every rank, after torch.distributed.init_process_group (see start_ranks):
+    ranks = Ranks(cfg, tok)
+    if rank == 0: backend = MegatronBackend(ranks)      # used by trainer/main.py
+    else: follow(ranks)                                  # returns at ("stop",)
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from laminar_hpc.trainer.backend import NamedTensors
+from laminar_hpc.trainer.batch import Batch
+
+
+def control_timeout_s(cfg) -> float:
+    """Followers wait in a broadcast while rank 0 waits for trajectories, weights or a checkpoint."""
+    t = cfg.timeouts
+    return t.trajectories_s + t.weights_s + t.checkpoint_s + t.startup_s + t.busy_s
+
+
+def init_distributed(cfg, rank: int, world: int, init_method: str) -> None:
+    """The trainer's process group (NCCL on GPUs, gloo otherwise, as trainer.megatron.dist_backend says)."""
+    mcfg = cfg.trainer.megatron
+    want = mcfg.tensor_parallel * mcfg.pipeline_parallel * mcfg.data_parallel
+    if world != want:
+        raise ValueError(f"trainer world size {world} != trainer.megatron tensor_parallel * pipeline_parallel * "
+                         f"data_parallel = {want}")
+    if mcfg.dist_backend == "nccl":
+        if not torch.cuda.is_available():
+            raise ValueError("trainer.megatron.dist_backend: nccl needs GPUs; this node has none (use gloo)")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dist.init_process_group(mcfg.dist_backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=cfg.timeouts.startup_s + cfg.timeouts.busy_s))
+
+
+class Ranks:
+    """What every rank holds: the Megatron engine and the command channel."""
+
+    def __init__(self, cfg, tok):
+        from laminar_hpc.model.factory import build_model
+        from laminar_hpc.trainer.megatron.engine import MegatronEngine
+        self.cfg = cfg
+        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=control_timeout_s(cfg)))
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank (or model.hf_path's)
+        model = build_model(cfg.model, tok, "cpu")
+        self.args = model.args
+        hf = {k: v.detach() for k, v in model.state_dict().items()}
+        self.engine = MegatronEngine(self.args, cfg.trainer, hf, seed=cfg.seed, control_group=self.group)
+        del model, hf
+
+    def bcast(self, cmd=None):
+        box = [cmd]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def run(self, cmd: tuple):
+        op = cmd[0]
+        if op == "train":
+            return self.engine.train_step(cmd[1], lr=cmd[2], temperature=cmd[3])
+        if op == "export":
+            return self.engine.export_hf()
+        if op == "save":
+            return self.engine.save(cmd[1])
+        if op == "load":
+            return self.engine.load(cmd[1])
+        raise ValueError(f"unknown trainer command {op!r}")
+
+
+def follow(ranks: Ranks) -> None:
+    """A rank > 0: run rank 0's commands until it says stop."""
+    while True:
+        cmd = ranks.bcast()
+        if cmd[0] == "stop":
+            return
+        ranks.run(cmd)
+
+
+class MegatronBackend:
+    """Rank 0's view (trainer.backend.TrainBackend), plus checkpoints."""
+
+    def __init__(self, ranks: Ranks):
+        from laminar_hpc.model.llama import Transformer
+        self.ranks = ranks
+        with torch.device("meta"):  # names and order of our model's parameters: the published layout's
+            self.order = [n for n, _ in Transformer(ranks.args).named_parameters()]
+
+    def _do(self, *cmd):
+        return self.ranks.run(self.ranks.bcast(cmd))
+
+    def train_step(self, b: Batch, *, lr: float, temperature: float) -> dict:
+        return self._do("train", b, lr, temperature)
+
+    def weights(self) -> NamedTensors:
+        full = self._do("export")
+        return NamedTensors({n: full[n] for n in self.order})
+
+    def save_dist(self, path: Path) -> None:
+        self._do("save", str(path))
+
+    def load_dist(self, path: Path) -> None:
+        self._do("load", str(path))
+
+    def close(self) -> None:
+        self.ranks.bcast(("stop",))
+
+
+class MegatronCheckpointer:
+    """The checkpoint directory of trainer/checkpoint.py, written synchronously by all ranks:
+    dist/ (dist_checkpointing: model and distributed optimizer shards), model.pt (the full HF-named
+    weights, usable by the torch backend), optim.pt (where the optimizer state is), rng.pt, meta,
+    ledger, manifest, COMPLETE. Same interface as AsyncCheckpointer."""
+
+    def __init__(self, root: Path, keep: int, backend: MegatronBackend, meta_extra: dict):
+        self.root, self.keep, self.backend, self.meta_extra = Path(root), keep, backend, meta_extra
+        self._done: list[dict] = []
+
+    def save(self, step: int, version: int, model, optimizer, meta: dict, ledger: dict | None = None) -> float:
+        from laminar_hpc.trainer.checkpoint import _failure_line, _HostCopy, _rng_state, _write
+        from laminar_hpc.trainer.ckpt_files import sha256
+        import json
+        t0 = time.monotonic()
+        weights = self.backend.weights().tensors
+        snap = _HostCopy(step=step, version=version, model=weights,
+                         optim={"megatron_dist_checkpoint": "dist", **self.meta_extra}, rng=_rng_state(),
+                         meta_text=json.dumps({**meta, "step": step, "version": version, "backend": "megatron",
+                                               **self.meta_extra}, indent=1),
+                         ledger_text=None if ledger is None else json.dumps(ledger))
+
+        def dist_shards(tmp: Path) -> dict:
+            (tmp / "dist").mkdir()
+            self.backend.save_dist(tmp / "dist")
+            return {f"dist/{p.name}": sha256(p) for p in sorted((tmp / "dist").glob("*.json"))}
+        try:
+            path = _write(self.root, snap, self.keep, extra=dist_shards)
+            self._done.append({"step": step, "version": version, "path": str(path),
+                               "write_s": time.monotonic() - t0})
+        except Exception as err:
+            self._done.append({"step": step, "version": version, "error": _failure_line(self.root, step, err)})
+        return time.monotonic() - t0
+
+    def poll(self) -> list[dict]:
+        done, self._done = self._done, []
+        return done
+
+    def wait(self, timeout_s: float | None = None) -> list[dict]:
+        return self.poll()
+
+    def close(self) -> list[dict]:
+        return self.poll()
+
+
+def load_latest(root: Path, backend: MegatronBackend) -> dict | None:
+    """Restore the newest checkpoint that verifies into every rank; its meta, or None."""
+    from laminar_hpc.trainer.checkpoint import CheckpointError
+    from laminar_hpc.trainer.ckpt_files import newest_verified
+    found = newest_verified(root)
+    if found is None:
+        return None
+    path, meta = found
+    if meta.get("backend") != "megatron" or not (path / "dist").is_dir():
+        raise CheckpointError(f"{path} was not written by trainer.backend: megatron (no dist/ shards)")
+    backend.load_dist(path / "dist")
+    torch.set_rng_state(torch.load(path / "rng.pt")["torch"])
+    meta["path"] = str(path)
+    return meta
+
+
+# -- starting the ranks ----------------------------------------------------------------------------
+
+def adopt_slurm_ranks(run_dir) -> None:
+    """A trainer step of several tasks (srun -n WORLD, launch/plan.py): each task takes its rank
+    from Slurm, and the ranks meet through a file in the run directory, named after the job step
+    (a restarted trainer is a new step: a new file). No MASTER_ADDR/PORT to agree on."""
+    if "RANK" in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) <= 1:
+        return
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_STEP_NUM_TASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    step = f"{os.environ.get('SLURM_JOB_ID', 'job')}.{os.environ.get('SLURM_STEP_ID', 'step')}"
+    rdzv = Path(run_dir) / "megatron" / f"rendezvous-{step}"
+    rdzv.parent.mkdir(parents=True, exist_ok=True)
+    os.environ["LAMINAR_RDZV"] = f"file://{rdzv}"
+
+
+def _launcher_init() -> str:
+    return os.environ.get("LAMINAR_RDZV", "env://")
+
+
+def _follower_main(run_dir: str, rank: int, world: int, init_method: str) -> None:
+    """A spawned rank > 0 on this node: same config as rank 0, no controller connection."""
+    from laminar_hpc.config import load_config
+    from laminar_hpc.model.factory import build_tokenizer
+    cfg = load_config(Path(run_dir) / "config.yaml")
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    init_distributed(cfg, rank, world, init_method)
+    follow(Ranks(cfg, build_tokenizer(cfg.model)))
+    dist.destroy_process_group()
+
+
+def start_ranks(cfg, run_dir: Path, tok) -> tuple[MegatronBackend, list]:
+    """Rank 0 (this process) and its followers. Under a launcher that set RANK / WORLD_SIZE /
+    MASTER_ADDR / MASTER_PORT (srun with ntasks = world, torchrun) every task runs this role and
+    those with RANK > 0 only follow (see `main` here); otherwise the followers are spawned on
+    this node and meet through a file in the run directory."""
+    import torch.multiprocessing as mp
+    m = cfg.trainer.megatron
+    world = m.tensor_parallel * m.pipeline_parallel * m.data_parallel
+    procs = []
+    if "WORLD_SIZE" in os.environ:
+        init = _launcher_init()
+    else:
+        rdzv = Path(run_dir) / "megatron" / f"rendezvous-{os.getpid()}"
+        rdzv.parent.mkdir(parents=True, exist_ok=True)
+        rdzv.unlink(missing_ok=True)
+        init = f"file://{rdzv}"
+        ctx = mp.get_context("spawn")
+        for r in range(1, world):
+            p = ctx.Process(target=_follower_main, args=(str(run_dir), r, world, init), name=f"trainer-rank{r}")
+            p.start()
+            procs.append(p)
+    init_distributed(cfg, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", world)), init)
+    return MegatronBackend(Ranks(cfg, tok)), procs
+
+
+def stop_ranks(backend: MegatronBackend | None, procs: list, timeout_s: float, clean: bool = True) -> None:
+    """Tell the followers to stop, wait for them (by process, with a deadline), then kill stragglers.
+    After a failure on rank 0 (`clean` false) the followers may sit in a collective that will never
+    complete: they are killed without a stop command."""
+    if backend is not None and clean:
+        backend.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if not clean:
+        timeout_s = 0.0
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A follower task started by srun (RANK > 0 set): `python -m laminar_hpc.trainer.megatron --run-dir DIR`."""
+    import argparse
+    ap = argparse.ArgumentParser(description="Megatron trainer rank > 0 (follows rank 0)")
+    ap.add_argument("--run-dir", required=True)
+    a = ap.parse_args(argv)
+    from laminar_hpc.config import load_config
+    from laminar_hpc.model.factory import build_tokenizer
+    cfg = load_config(Path(a.run_dir) / "config.yaml")
+    init_distributed(cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), _launcher_init())
+    follow(Ranks(cfg, build_tokenizer(cfg.model)))
+    dist.destroy_process_group()
