@@ -11,6 +11,7 @@
     laminar trace export RUN_DIR --format perfetto [-o trace.json]   # open in ui.perfetto.dev
     laminar trace compare RUN_A RUN_B                          # the summary figures side by side
     laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT] # every mode and scaling curves, simulated
+    laminar export-hf RUN_DIR [--step N | --live] [-o OUT_DIR] [--dtype D]   # a weight version as an HF dir
 """
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
         build_task(cfg.task, cfg.seed)  # a missing or malformed dataset fails here, before anything starts
     except DatasetError as err:
         raise ConfigError(f"{err} (task in {args.config})") from None
+    if cfg.model.hf_path or cfg.model.hf_tokenizer:  # so does a missing or unsupported checkpoint
+        from laminar_hpc.model.hf import HFCheckpointError, preflight
+        try:
+            preflight(cfg.model)
+        except HFCheckpointError as err:
+            raise ConfigError(f"model.hf_path: {err} (in {args.config})") from None
     return cfg
 
 
@@ -171,6 +178,97 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_hf(args: argparse.Namespace) -> int:
+    """`laminar export-hf`: a checkpoint (or, with --live, the newest published version) of a run
+    as a directory transformers loads."""
+    from laminar_hpc.launch.rundir import RunDirError
+    from laminar_hpc.model.hf import HFCheckpointError, HFTokenizer, export_hf
+    from laminar_hpc.trainer.ckpt_files import CheckpointError
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise RunDirError(f"{run_dir}: no config.yaml (is it a laminar run directory?); give the directory "
+                          "`laminar run` wrote")
+    cfg = load_config(run_dir / "config.yaml")
+    if cfg.trainer.backend == "emulated":
+        raise ConfigError(f"{run_dir}: trainer.backend is emulated, so its versions are cost-model bytes, not a "
+                          "model; there is nothing to export")
+    try:
+        model, tok, model_cfg, label = (_live_version(cfg, run_dir) if args.live
+                                        else _checkpoint_version(cfg, run_dir, args.step))
+        out = Path(args.output) if args.output else run_dir / "hf" / label
+        export_hf(model, out, source=model_cfg.hf_path, tokenizer=tok if isinstance(tok, HFTokenizer) else None,
+                  dtype=args.dtype or model_cfg.dtype)
+    except (HFCheckpointError, CheckpointError) as err:
+        print(f"laminar: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    note = "" if isinstance(tok, HFTokenizer) else " (no tokenizer files: the run uses the built-in char tokenizer)"
+    print(f"wrote {out}: {label}, {sum(p.numel() for p in model.parameters()):,} parameters{note}")
+    return 0
+
+
+def _empty_model(model_cfg):
+    from laminar_hpc.model.factory import build_tokenizer, model_args
+    from laminar_hpc.model.llama import Transformer
+    tok = build_tokenizer(model_cfg)
+    return Transformer(model_args(model_cfg, tok.vocab_size)), tok
+
+
+def _checkpoint_version(cfg, run_dir: Path, step: int | None):
+    import torch
+
+    from laminar_hpc.config.schema import ModelCfg
+    from laminar_hpc.trainer.ckpt_files import CheckpointError, list_checkpoints, newest_verified, verify
+    root = run_dir / "checkpoints"
+    complete = list_checkpoints(root)
+    if not complete:
+        raise CheckpointError(f"{root}: no complete checkpoint yet; wait for one (checkpoint.every_steps) or "
+                              "export a live run's newest version with --live")
+    if step is None:
+        found = newest_verified(root)
+        if found is None:
+            raise CheckpointError(f"{root}: no checkpoint passes its checksums; pick one with --step")
+        path, meta = found
+    else:
+        path = root / f"step_{step:06d}"
+        if path not in complete:
+            have = ", ".join(str(int(p.name[5:])) for p in complete)
+            raise CheckpointError(f"{root}: no complete checkpoint for step {step}; available steps: {have}")
+        meta = verify(path)
+    model_cfg = ModelCfg(**meta["model"]) if "model" in meta else cfg.model  # the shape it was written with
+    model, tok = _empty_model(model_cfg)
+    try:
+        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
+    except (RuntimeError, OSError) as err:
+        raise CheckpointError(f"{path / 'model.pt'}: not this run's model ({_one_line(err)[:200]})") from None
+    return model, tok, model_cfg, f"step_{meta['step']:06d}-v{meta['version']}"
+
+
+def _live_version(cfg, run_dir: Path):
+    from laminar_hpc.launch.rundir import read_json
+    from laminar_hpc.model.weights import WeightLayout
+    from laminar_hpc.trainer.ckpt_files import CheckpointError
+    from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
+    run_id = (read_json(run_dir / "run.json") or {}).get("run_id") or "norun"
+    path = Path(cfg.relay.shm_dir) / f"laminar-{run_id}-handoff"  # launch.role.RoleContext.shm_path("handoff")
+    if not path.exists():
+        raise CheckpointError(f"{path}: no hand-off store, so the run is not live on this node; run this on the "
+                              "trainer's node while it runs, or export a checkpoint (without --live)")
+    model, tok = _empty_model(cfg.model)
+    layout = WeightLayout.from_model(model, cfg.trainer.publish_dtype)
+    store = WeightStore.open(path)
+    try:
+        newest = store.latest()
+        if newest is not None and newest.digest != digest_to_int(layout.digest):
+            raise CheckpointError(f"{path}: version {newest.version} has another weight layout than "
+                                  f"{run_dir / 'config.yaml'} describes")
+        info = store.read(lambda view: layout.unpack(view, model))
+    finally:
+        store.close()
+    if info is None:
+        raise CheckpointError(f"{path}: no version published yet; try again after the trainer's first publish")
+    return model, tok, cfg.model, f"version_{info.version:06d}"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (with what to do) instead of usage + error."""
 
@@ -241,6 +339,15 @@ def build_parser() -> argparse.ArgumentParser:
     tc.add_argument("run_b")
     tc.add_argument("--buckets", type=int, default=10, help="time buckets compared (default 10)")
     tr.set_defaults(func=_trace)
+    ex = sub.add_parser("export-hf", help="write a checkpoint (or the live newest version) as a Hugging Face "
+                                          "directory that transformers loads")
+    ex.add_argument("run_dir")
+    which = ex.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="the checkpoint of this train step (default: the newest that verifies)")
+    which.add_argument("--live", action="store_true", help="the newest version in the running trainer's hand-off store")
+    ex.add_argument("-o", "--output", help="directory to create (default RUN_DIR/hf/<step or version>)")
+    ex.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="tensor dtype (default model.dtype)")
+    ex.set_defaults(func=_export_hf)
     sub.add_parser("simulate", help="discrete-event simulation of a whole cluster, every mode, scaling curves "
                    "(laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT]; see laminar simulate -h)")
     return ap

@@ -101,21 +101,29 @@ class Heartbeat:
     `background=True` (the trainer, relays: a train step or a broadcast may outlast the heartbeat
     timeout) adds a thread with its own socket (`<role>.hb`) that keeps beating while the loop
     is busy, as long as the loop ticked within `timeouts.busy_s`: a role stuck for longer still
-    goes silent and is restarted."""
+    goes silent and is restarted. `startup=True` (rollouts) beats from that thread only until the
+    loop's first tick, for at most `timeouts.startup_s`: loading a real checkpoint can outlast
+    the heartbeat timeout, the loop itself cannot."""
 
-    def __init__(self, ctx: RoleContext, every_s: float | None = None, background: bool = False):
+    def __init__(self, ctx: RoleContext, every_s: float | None = None, background: bool = False,
+                 startup: bool = False):
         self.ctx, self.last = ctx, 0.0
         self.every_s = ctx.cfg.supervisor.heartbeat_interval_s if every_s is None else every_s
         self.progress = time.monotonic()
-        if background and ctx.ctrl is not None:
-            threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+        self.ticked = False
+        if (background or startup) and ctx.ctrl is not None:
+            limit = ctx.cfg.timeouts.busy_s if background else ctx.cfg.timeouts.startup_s
+            threading.Thread(target=self._beat, args=(limit, not background), name="heartbeat", daemon=True).start()
 
-    def _beat(self) -> None:
+    def _beat(self, limit_s: float, until_tick: bool) -> None:
         ctx = self.ctx
         sock = Client(ctx.ctrl.address, f"{ctx.name}.hb", keys=channel_keys(ctx.run_dir, ctx.cfg.controller))
         while True:
             time.sleep(self.every_s)  # the beat's period
-            if time.monotonic() - self.progress < ctx.cfg.timeouts.busy_s:
+            if until_tick and self.ticked:
+                sock.close()
+                return
+            if time.monotonic() - self.progress < limit_s:
                 try:
                     sock.send({"type": "heartbeat", "t": time.time(), "pid": os.getpid()}, timeout_s=self.every_s)
                 except WaitTimeout:
@@ -124,6 +132,7 @@ class Heartbeat:
     def tick(self) -> None:
         now = time.monotonic()
         self.progress = now
+        self.ticked = True
         if self.ctx.ctrl is not None and now - self.last >= self.every_s:
             self.ctx.ctrl.send({"type": "heartbeat", "t": time.time(), "pid": os.getpid()})
             self.last = now

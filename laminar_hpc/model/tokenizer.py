@@ -1,7 +1,9 @@
 """Tokenizers behind one small protocol.
 
 `CharTokenizer` covers the built-in tasks and small CPU models (one token per printable ASCII
-character); HF tokenizers for real checkpoints plug in behind the same protocol.
+character); HF tokenizers for real checkpoints (`model/hf.py: HFTokenizer`) plug in behind the
+same protocol. `bos_id` is None for a tokenizer whose model starts prompts without a BOS token
+(SmolLM2, Qwen2): `tasks.encode_prompt` then prepends nothing.
 
     tok = CharTokenizer()
     ids = tok.encode("12+34=")          # no BOS/EOS added
@@ -16,7 +18,7 @@ from typing import Protocol
 class Tokenizer(Protocol):
     vocab_size: int
     pad_id: int
-    bos_id: int
+    bos_id: int | None
     eos_id: int
 
     def encode(self, text: str) -> list[int]: ...

@@ -114,6 +114,7 @@ class Rollout:
         self.ctx = ctx
         cfg = ctx.cfg
         self.mode = cfg.mode
+        self.beat = Heartbeat(ctx, startup=True)  # a real checkpoint's tokenizer and config take a while
         self.tok = build_tokenizer(cfg.model)
         self.task = build_task(cfg.task, cfg.seed)
         self.engine, self.layout = build_engine(cfg, ctx.rank, self.tok)
@@ -352,7 +353,7 @@ class Rollout:
                             "weight_wait_s": self.weight_wait_s})
 
     def run(self, flags: dict) -> None:
-        beat = Heartbeat(self.ctx)
+        beat = self.beat
         self.wait_first_version(flags, beat)
         self.credit_to_return = self.engine.max_batch
         every = self.ctx.cfg.rollout.stream_every_tokens

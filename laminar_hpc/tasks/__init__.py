@@ -19,7 +19,9 @@ def build_task(cfg, seed: int) -> TaskSource:
 
 
 def encode_prompt(tokenizer, problem: Problem) -> list[int]:
-    return [tokenizer.bos_id] + tokenizer.encode(problem.prompt)
+    """BOS (when the tokenizer's model uses one) + the prompt's tokens."""
+    bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
+    return bos + tokenizer.encode(problem.prompt)
 
 
 __all__ = ["Problem", "TaskSource", "build_task", "encode_prompt"]

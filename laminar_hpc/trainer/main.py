@@ -65,6 +65,8 @@ class Trainer:
         """`megatron`: rank 0's MegatronBackend (trainer.backend: megatron), started by `main`."""
         self.ctx, self.flags = ctx, flags
         cfg = ctx.cfg
+        # loading a real checkpoint (model.hf_path) can outlast timeouts.heartbeat_s: beat from the start
+        self.beat = Heartbeat(ctx, background=True)
         torch.set_num_threads(cfg.trainer.torch_threads)
         torch.manual_seed(cfg.seed)
         self.tok = build_tokenizer(cfg.model)
@@ -273,7 +275,7 @@ class Trainer:
         """Train to total_steps (returns 0), or until asked to stop: then checkpoint and return
         INTERRUPTED, so the launcher knows the campaign can be resumed from here."""
         cfg, ctx, flags = self.ctx.cfg, self.ctx, self.flags
-        beat = Heartbeat(ctx, background=True)  # loading, a warm-up or a train step may outlast the timeout
+        beat = self.beat  # loading, a warm-up or a train step may outlast the timeout
         self.initialise()
         if flags.get("stop"):  # stopped during the warm-up: nothing worth keeping yet
             return INTERRUPTED
