@@ -345,7 +345,7 @@ def test_abort_and_readd_keeps_the_drawn_length():
 
 
 def test_migrated_trajectory_keeps_its_length_across_replicas():
-    # engine seeds as laminar_hpc.rollout.main.build_engine gives them to ranks 0 and 1 of a run with seed 0
+    # engine seeds as laminar_hpc.rollout.node.build_engine gives them to ranks 0 and 1 of a run with seed 0
     lg = emu().lengths
     tid = next(t for t in (f"15.{i}" for i in range(100))
                if response_length(lg, seed=0, traj_id=t, cap=1000) > 20

@@ -50,7 +50,7 @@ def setup():
     from laminar_hpc.config import config_from_dict
     from laminar_hpc.model.factory import build_model, build_tokenizer
     from laminar_hpc.model.weights import WeightLayout
-    from laminar_hpc.rollout.main import build_engine
+    from laminar_hpc.rollout.node import build_engine
     from laminar_hpc.transport.weight_store import WeightStore
     cfg = config_from_dict({"model": {"tokenizer": "hf", "hf_path": MODEL, "max_seq_len": 512},
                             "trainer": {"publish_dtype": "bfloat16"},
@@ -78,7 +78,7 @@ def publish_and_pull(s, *, flip_norm: bool = False) -> int:
     the next version, as a relay would, and pull it through the rollout's NodeWeights."""
     import torch
 
-    from laminar_hpc.rollout.main import NodeWeights
+    from laminar_hpc.rollout.node import NodeWeights
     from laminar_hpc.transport.weight_store import checksum, digest_to_int
     s.state["version"] += 1
     v = s.state["version"]

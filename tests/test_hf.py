@@ -289,7 +289,7 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
     from laminar_hpc.launch.rundir import write_run_info
     from laminar_hpc.model.weights import WeightLayout
     from laminar_hpc.rollout.engine import TorchEngine
-    from laminar_hpc.rollout.main import NodeWeights
+    from laminar_hpc.rollout.node import NodeWeights
     from laminar_hpc.trainer.publisher import Publisher
     from laminar_hpc.transport.channel import Server, publish_endpoint
 

@@ -247,16 +247,16 @@ def test_sleep_and_wake():
 # -- wiring -------------------------------------------------------------------------------------
 def test_build_engine_starts_vllm_with_dummy_weights_and_the_trainers_layout(tmp_path, monkeypatch):
     from laminar_hpc.model.tokenizer import CharTokenizer
-    from laminar_hpc.rollout import main
+    from laminar_hpc.rollout import node
     (tmp_path / "config.json").write_text("{}")
     cfg = config_from_dict({"model": {"hf_path": str(tmp_path)},
                             "trainer": {"publish_dtype": "bfloat16"},
                             "rollout": {"backend": "vllm", "max_batch": 8,
                                         "vllm": {"tensor_parallel_size": 2, "max_model_len": 64}}})
     monkeypatch.setattr(vllm_engine, "load_vllm_api", standin_api)
-    monkeypatch.setattr(main, "model_args", lambda model_cfg, vocab: ARGS)  # the checkpoint's shape
+    monkeypatch.setattr(node, "model_args", lambda model_cfg, vocab: ARGS)  # the checkpoint's shape
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
-    engine, layout = main.build_engine(cfg, rank=1, tok=CharTokenizer())
+    engine, layout = node.build_engine(cfg, rank=1, tok=CharTokenizer())
     assert isinstance(engine, VllmEngine) and engine.max_batch == 8 and engine.eos_id == CharTokenizer().eos_id
     assert layout == WeightLayout.from_model(Transformer(ARGS), "bfloat16")
     kw = engine.llm.kwargs
@@ -275,7 +275,7 @@ def test_vllm_backend_without_hf_path_is_refused():
 
 
 def test_pull_tells_the_engine_the_version_it_loads(tmp_path):
-    from laminar_hpc.rollout.main import NodeWeights
+    from laminar_hpc.rollout.node import NodeWeights
     from laminar_hpc.transport.weight_store import WeightStore, checksum, digest_to_int
     layout, buf = layout_and_buffer()
     store = WeightStore.create(tmp_path / "w", slots=2, capacity=layout.nbytes)

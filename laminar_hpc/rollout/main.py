@@ -19,94 +19,16 @@ import os
 import time
 from collections import deque
 from contextlib import contextmanager
-from pathlib import Path
 
 from laminar_hpc.launch.signals import install_stop_handlers
-from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
-from laminar_hpc.launch.rundir import read_json
-from laminar_hpc.model.factory import build_tokenizer, model_args
+from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
+from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.scheduling import should_refresh
-from laminar_hpc.rollout.base import RolloutEngine, SeqRequest, StepOutput
+from laminar_hpc.rollout.base import SeqRequest, StepOutput
+from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
 from laminar_hpc.tasks import build_task
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.transport.channel import WaitTimeout
-from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
-
-
-class NodeWeights:
-    """This rollout's view of its relay's weight store (reopened if the relay recreates it)."""
-
-    def __init__(self, path: Path):
-        self.path, self.store, self.inode = path, None, None
-
-    def _attach(self) -> bool:
-        try:
-            ino = os.stat(self.path).st_ino
-        except FileNotFoundError:
-            return False
-        if ino != self.inode:
-            if self.store is not None:
-                self.store.close()
-            self.store, self.inode = WeightStore.open(self.path), ino
-        return True
-
-    def newest(self) -> int:
-        return self.store.latest_version() if self._attach() else -1
-
-    def pull(self, engine: RolloutEngine, layout, verify: bool) -> int:
-        newest = self.store.latest()
-        if newest is not None and newest.digest != digest_to_int(layout.digest):
-            raise RuntimeError(f"{self.path}: version {newest.version} has a different weight layout "
-                               "(trainer and rollout model configs disagree)")
-        # the copy is accepted only if the relay did not overwrite the slot meanwhile (else read()
-        # copies the newer version, telling the engine which), so engine.version is set after it
-        info = self.store.read(lambda view, version: engine.load_weights(version, view, layout, checksum=verify),
-                               consumer_checksums=verify, with_version=True)
-        if info is None:
-            raise RuntimeError(f"{self.path}: no complete weight version to pull")
-        engine.version = info.version
-        return info.version
-
-
-def find_local_relay(ctx: RoleContext) -> int:
-    """Rank of the relay on this node (`--relay auto`), from the endpoints relays publish."""
-    me = node_name()
-    deadline = time.monotonic() + ctx.cfg.timeouts.startup_s
-    while True:
-        for path in sorted((ctx.run_dir / "endpoints").glob("relay[0-9]*.json")):
-            info = read_json(path) or {}
-            if info.get("node") == me:
-                return int(path.stem[len("relay"):])
-        if time.monotonic() > deadline:
-            raise WaitTimeout(f"waited {ctx.cfg.timeouts.startup_s:.0f}s for a relay on node {me} to publish "
-                              f"its endpoint in {ctx.run_dir / 'endpoints'}")
-        time.sleep(0.1)  # poll for files the relays write
-
-
-def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
-    """The engine `rollout.backend` names, and the weight layout it loads (torch is imported
-    only for the torch and vLLM engines: 32 emulated replicas start in a fraction of the time;
-    vllm only for the vLLM engine, whose layout of HF names comes from the model's shape)."""
-    seed = cfg.seed * 1000 + rank
-    if cfg.rollout.backend == "vllm":
-        from laminar_hpc.rollout.vllm_engine import VllmEngine, meta_layout
-        layout = meta_layout(model_args(cfg.model, tok.vocab_size), cfg.trainer.publish_dtype)
-        return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
-    if cfg.rollout.backend == "emulated":
-        from laminar_hpc.emulation.weights import EmulatedWeights
-        from laminar_hpc.rollout.emulated import EmulatedEngine
-        layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
-        return EmulatedEngine(cfg.emulation, seed=seed, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
-                              max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed), layout
-    import torch
-
-    from laminar_hpc.model.weights import WeightLayout
-    from laminar_hpc.rollout.engine import TorchEngine
-    torch.set_num_threads(cfg.rollout.torch_threads)
-    engine = TorchEngine(model_args(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
-                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=seed,
-                         device=cfg.rollout.device)
-    return engine, WeightLayout.from_model(engine.model, cfg.trainer.publish_dtype)
 
 
 class Rollout:

@@ -24,7 +24,7 @@ from laminar_hpc.sim.trainer import SimRelays, SimTrainer
 
 def relay_of(rank: int, cfg, spec: ClusterSpec) -> int:
     """The relay a rollout pulls from: the one on its node. On one machine (an emulated run,
-    `bcast_gbps` unset) every rollout finds relay 0 (`rollout/main.find_local_relay`); on a
+    `bcast_gbps` unset) every rollout finds relay 0 (`rollout/node.find_local_relay`); on a
     cluster, rank 0 is the master on the trainer's node and rollout node n runs relay n + 1."""
     if not spec.bcast_gbps or cfg.relay.count == 1:
         return 0
