@@ -69,6 +69,10 @@ def test_tiny_campaign_completes_with_every_role(tiny_run):
     steps = [r["step"] for r in rows if "event" not in r]
     assert steps == list(range(1, 13))
     assert any(r.get("event") == "warmup_done" for r in rows)
+    for r in rows:  # staleness histogram keys are the staleness values themselves
+        if "event" not in r:
+            assert r["staleness_hist"] and all(k.isdigit() for k in r["staleness_hist"]), r["staleness_hist"]
+            assert sum(r["staleness_hist"].values()) == r["trajectories"]
 
 
 def test_every_role_joined_and_relays_forwarded(tiny_run):

@@ -32,8 +32,15 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cfg(ckpt):
-    return load_config(REPO / CONFIG, [f"model.hf_path={ckpt}"])
+def data(tmp_path_factory) -> Path:
+    f = tmp_path_factory.mktemp("gsm8k") / "train.jsonl"
+    f.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "6 * 7 = 42\n#### 42"}) + "\n")
+    return f
+
+
+@pytest.fixture(scope="module")
+def cfg(ckpt, data):
+    return load_config(REPO / CONFIG, [f"model.hf_path={ckpt}", f"task.path={data}"])
 
 
 def test_backends_and_sections(cfg):
@@ -64,8 +71,9 @@ def test_layout_of_the_checkpoint_is_7b_in_bf16(cfg):
     assert 15.0e9 < layout.nbytes < 15.4e9  # 7.62e9 parameters x 2 bytes
 
 
-def test_render_sbatch_gives_a_submittable_gpu_script(ckpt):
-    out = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", "render-sbatch", CONFIG, f"model.hf_path={ckpt}"],
+def test_render_sbatch_gives_a_submittable_gpu_script(ckpt, data):
+    out = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", "render-sbatch", CONFIG, f"model.hf_path={ckpt}",
+                          f"task.path={data}"],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     text = out.stdout
@@ -90,4 +98,5 @@ def test_render_sbatch_gives_a_submittable_gpu_script(ckpt):
         per_node[node] = per_node.get(node, 0) + 1
     assert per_node == {f"--relative={n}": 8 for n in range(1, 5)}  # 8 replicas on each rollout node
     assert re.search(r'^exec \S+ -m laminar_hpc\.cli drive configs/gpu-7b-megatron-vllm\.yaml '
-                     rf'model\.hf_path={re.escape(str(ckpt))} --run-dir "\$RUN_DIR"$', text, re.M)
+                     rf'model\.hf_path={re.escape(str(ckpt))} task\.path={re.escape(str(data))} --run-dir "\$RUN_DIR"$',
+                     text, re.M)

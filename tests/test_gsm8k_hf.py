@@ -46,7 +46,7 @@ def campaign(tmp_path_factory):
     _requirements()
     run_dir = tmp_path_factory.mktemp("smollm2") / "run"
     t0 = time.monotonic()
-    res = _laminar("run", CONFIG, "--run-dir", str(run_dir), timeout=420)
+    res = _laminar("run", CONFIG, "--run-dir", str(run_dir), f"task.path={SHARED_GSM8K}/train.jsonl", timeout=420)
     wall = time.monotonic() - t0
     print(f"gsm8k-smollm2 campaign: {wall:.0f}s")
     yield run_dir, res, wall

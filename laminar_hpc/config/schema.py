@@ -179,6 +179,9 @@ class RolloutCfg(Section):
     # guarantees a pull copies exactly that version
     verify_checksum: bool = False
     torch_threads: PosInt = 1
+    # the layout rollouts load; unset: trainer.publish_dtype. When it differs, the master relay
+    # converts each version once before the broadcast (relay/reshard.py)
+    weight_dtype: Literal["float32", "bfloat16"] | None = None
     vllm: VllmCfg = Field(default_factory=VllmCfg)
 
 

@@ -110,6 +110,15 @@ class WeightLayout:
         return as_int64(hasher.intdigest())
 
 
+def layout_for(args, dtype: str) -> WeightLayout:
+    """The layout of a model shape (`model.llama.ModelArgs`), built on the meta device: a 7B
+    model's layout without allocating its weights (vLLM rollouts, the master relay's reshard)."""
+    from laminar_hpc.model.llama import Transformer
+    with torch.device("meta"):
+        model = Transformer(args)
+    return WeightLayout.from_model(model, dtype)
+
+
 # hashed, then copied while still in cache; at least the role environment's streaming-copy
 # threshold (launch.processes.COPY_TUNABLE), below which glibc's copies are ~1.8x slower
 CHUNK_BYTES = 8 << 20

@@ -1,7 +1,8 @@
 """Relay role: ONE MPI job of R relays; rank 0 is the master relay.
 
 Master: takes each new weight version from the trainer's hand-off store (one memcpy, the
-trainer never waits), checksums it, and chain-broadcasts it to ranks 1..R-1. Every rank keeps
+trainer never waits; or a conversion into the rollouts' layout, relay/reshard.py), checksums
+it, and chain-broadcasts it to ranks 1..R-1. Every rank keeps
 the last `relay.slots` versions in its node-local WeightStore, from which the rollouts on its
 node pull whenever they are ready. A version that fails its checksum is never made readable.
 
@@ -24,6 +25,7 @@ import numpy as np
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
 from laminar_hpc.relay.chain import STOP, WEIGHTS, Header, chain_bytes, chain_header, poll_header
+from laminar_hpc.relay.reshard import Reshard
 from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.security import channel_keys
@@ -107,6 +109,10 @@ def run_master(node: RelayNode, flags: dict) -> None:
     publish_endpoint(ctx.run_dir, "relay_master", handoff_srv.address)
     handoff = Handoff(ctx.shm_path("handoff"))
     beat = Heartbeat(ctx, background=True)  # a broadcast may outlast the heartbeat timeout
+    reshard = Reshard.from_config(ctx.cfg)  # rollouts load another dtype than the trainer publishes
+    if reshard is not None:
+        ctx.log.info("resharding each version from %s to %s (%d -> %d bytes)", reshard.src.dtype,
+                     reshard.dst.dtype, reshard.src.nbytes, reshard.dst.nbytes)
     # newest version the trainer announced and we have not broadcast yet; after a restart,
     # whatever the hand-off store holds already
     store = handoff.get()
@@ -127,7 +133,7 @@ def run_master(node: RelayNode, flags: dict) -> None:
                 dropped = handoff_srv.dropped
                 ctx.ctrl.send({"type": "log_event", "event": "relay", "fields": {"dropped_frames": dropped}})
             if pending > last_sent and not flags.get("stop") and (store := handoff.get()) is not None:
-                last_sent = broadcast_latest(node, store)
+                last_sent = broadcast_latest(node, store, reshard)
                 pending = max(pending, last_sent)
     finally:
         chain_header(node.comm, Header(kind=STOP), node.timeout_s)
@@ -135,23 +141,31 @@ def run_master(node: RelayNode, flags: dict) -> None:
         handoff.close()
 
 
-def broadcast_latest(node: RelayNode, handoff: WeightStore) -> int:
-    """Copy the newest hand-off version into our store, checksum it, send it down the chain."""
+def broadcast_latest(node: RelayNode, handoff: WeightStore, reshard: Reshard | None = None) -> int:
+    """Copy the newest hand-off version into our store (in the rollouts' layout, `reshard`),
+    checksum it, send it down the chain."""
     t0 = time.monotonic()
     info = handoff.latest()
     if info is None:
         return -1
-    slot, buf = node.slot_for(info.version, info.nbytes)
-    dst = np.frombuffer(buf, dtype=np.uint8, count=info.nbytes)
-    got = handoff.read(lambda view: np.copyto(dst, np.frombuffer(view, dtype=np.uint8)))
+    nbytes, digest = (info.nbytes, info.digest) if reshard is None else (reshard.dst.nbytes, reshard.dst_digest)
+    if reshard is not None and info.digest != reshard.src_digest:
+        raise RuntimeError(f"version {info.version} in the hand-off store is not the layout trainer.publish_dtype="
+                           f"{node.ctx.cfg.trainer.publish_dtype} and model.* describe: trainer and relays disagree")
+    slot, buf = node.slot_for(info.version, nbytes)
+    if reshard is None:
+        dst = np.frombuffer(buf, dtype=np.uint8, count=nbytes)
+        got = handoff.read(lambda view: np.copyto(dst, np.frombuffer(view, dtype=np.uint8)))
+    else:
+        got = handoff.read(lambda view: reshard.convert(view, buf))
     if got.version != info.version or got.nbytes != info.nbytes:  # the trainer moved on meanwhile
         node.store.abort(slot)
-        return broadcast_latest(node, handoff)
-    csum = checksum(buf[:got.nbytes])
-    node.store.commit(slot, got.version, got.nbytes, csum, got.digest)
-    hdr = Header(WEIGHTS, got.version, got.nbytes, csum, got.digest, got.t_commit_ns)
+        return broadcast_latest(node, handoff, reshard)
+    csum = checksum(buf[:nbytes])
+    node.store.commit(slot, got.version, nbytes, csum, digest)
+    hdr = Header(WEIGHTS, got.version, nbytes, csum, digest, got.t_commit_ns)
     chain_header(node.comm, hdr, node.timeout_s)
-    chain_bytes(node.comm, buf, got.nbytes, node.chunk_bytes, node.timeout_s)
+    chain_bytes(node.comm, buf, nbytes, node.chunk_bytes, node.timeout_s)
     node.ready(hdr, time.monotonic() - t0)
     return got.version
 
@@ -182,12 +196,20 @@ def main(argv: list[str] | None = None) -> None:
     node = RelayNode(ctx, comm)
     # rollouts started with `--relay auto` attach to the relay on their own node
     publish_endpoint(ctx.run_dir, f"relay{node.rank}", str(ctx.shm_path(f"relay{node.rank}")), node=node_name())
+    failed = False
     try:
         (run_master if node.rank == 0 else run_follower)(node, flags)
+    except Exception:
+        failed = True
+        ctx.log.exception("relay %d failed", node.rank)
     finally:
         node.close()
         ctx.tracer.flush()
         ctx.log.info("stopped")
+    if failed:
+        # one relay down ends the whole tier at once (else the others would wait on it until a
+        # heartbeat timeout): the supervisor restarts the tier as one MPI job
+        comm.Abort(1)
 
 
 if __name__ == "__main__":

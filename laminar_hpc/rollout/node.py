@@ -14,6 +14,7 @@ from pathlib import Path
 from laminar_hpc.launch.role import RoleContext, node_name
 from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.model.factory import model_args
+from laminar_hpc.relay.reshard import rollout_dtype
 from laminar_hpc.rollout.base import RolloutEngine
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
@@ -75,8 +76,9 @@ def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
     vllm only for the vLLM engine, whose layout of HF names comes from the model's shape)."""
     seed = cfg.seed * 1000 + rank
     if cfg.rollout.backend == "vllm":
-        from laminar_hpc.rollout.vllm_engine import VllmEngine, meta_layout
-        layout = meta_layout(model_args(cfg.model, tok.vocab_size), cfg.trainer.publish_dtype)
+        from laminar_hpc.model.weights import layout_for
+        from laminar_hpc.rollout.vllm_engine import VllmEngine
+        layout = layout_for(model_args(cfg.model, tok.vocab_size), rollout_dtype(cfg))
         return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
     if cfg.rollout.backend == "emulated":
         from laminar_hpc.emulation.weights import EmulatedWeights
@@ -92,4 +94,4 @@ def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
     engine = TorchEngine(model_args(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
                          temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=seed,
                          device=cfg.rollout.device)
-    return engine, WeightLayout.from_model(engine.model, cfg.trainer.publish_dtype)
+    return engine, WeightLayout.from_model(engine.model, rollout_dtype(cfg))

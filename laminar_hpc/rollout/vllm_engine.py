@@ -51,15 +51,9 @@ def load_vllm_api() -> SimpleNamespace:
 
 
 def meta_layout(args, dtype: str):
-    """The published weight layout (HF names, shapes, offsets) of a model shape, built on the
-    meta device: a 7B model's layout without allocating its weights."""
-    import torch
-
-    from laminar_hpc.model.llama import Transformer
-    from laminar_hpc.model.weights import WeightLayout
-    with torch.device("meta"):
-        model = Transformer(args)
-    return WeightLayout.from_model(model, dtype)
+    """The published weight layout of a model shape, without allocating it (model.weights.layout_for)."""
+    from laminar_hpc.model.weights import layout_for
+    return layout_for(args, dtype)
 
 
 class CudaIpcStager:

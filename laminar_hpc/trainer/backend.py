@@ -71,4 +71,4 @@ def batch_metrics(b: Batch, version: int) -> dict:
             "reward_std": float(b.rewards.std()) if len(b.rewards) > 1 else 0.0,
             "trajectories": len(b.rewards), "tokens": b.n_tokens,
             "staleness_mean": float(stale.mean()), "staleness_max": int(stale.max()),
-            "staleness_hist": {str(k): int(v) for k, v in zip(*torch.unique(stale.long(), return_counts=True))}}
+            "staleness_hist": {str(int(k)): int(v) for k, v in zip(*torch.unique(stale.long(), return_counts=True))}}

@@ -1,0 +1,48 @@
+"""The master relay's reshard: the trainer publishes in its layout, rollouts load theirs.
+
+The trainer hands off the cheapest thing for it to write: its weights as they are (e.g.
+float32 master weights, or the HF-named tensors rank 0 of a Megatron trainer gathered), in
+`trainer.publish_dtype`. When the rollouts load another layout (`rollout.weight_dtype`, e.g.
+bfloat16 for vLLM), the master relay converts each version once, tensor by tensor by HF name,
+before the chain broadcast: the trainer never stalls for the cast, and the chain and every pull
+move the rollouts' (smaller) bytes. Both layouts come from the model's shape, so a mismatch is
+caught by the layout digest on either side.
+
+    rs = Reshard.from_config(cfg)                 # None when both sides share one layout
+    rs.convert(handoff_view, slot_view)           # src layout -> dst layout, one pass
+"""
+from __future__ import annotations
+
+from laminar_hpc.transport.weight_store import digest_to_int
+
+
+def rollout_dtype(cfg) -> str:
+    """The dtype of the layout rollouts load (`rollout.weight_dtype`, else the published one)."""
+    return cfg.rollout.weight_dtype or cfg.trainer.publish_dtype
+
+
+class Reshard:
+    def __init__(self, src, dst):
+        if [(s.name, s.shape) for s in src.specs] != [(s.name, s.shape) for s in dst.specs]:
+            raise ValueError("the published and the rollout layouts hold different tensors: "
+                             "trainer and rollouts must build the same model.* shape")
+        self.src, self.dst = src, dst
+        self.src_digest, self.dst_digest = digest_to_int(src.digest), digest_to_int(dst.digest)
+
+    @classmethod
+    def from_config(cls, cfg) -> "Reshard | None":
+        if cfg.rollout.backend == "emulated" or rollout_dtype(cfg) == cfg.trainer.publish_dtype:
+            return None
+        from laminar_hpc.model.factory import build_tokenizer, model_args
+        from laminar_hpc.model.weights import layout_for
+        args = model_args(cfg.model, build_tokenizer(cfg.model).vocab_size)
+        return cls(layout_for(args, cfg.trainer.publish_dtype), layout_for(args, rollout_dtype(cfg)))
+
+    def convert(self, src_buf: memoryview, dst_buf: memoryview) -> None:
+        """dst_buf <- src_buf, each tensor cast to the rollout layout's dtype. (Alignment padding
+        keeps whatever the slot held: the checksum is taken after the conversion.)"""
+        import torch
+        src = self.src.views(src_buf)
+        with torch.no_grad():
+            for name, t in self.dst.views(dst_buf).items():
+                t.copy_(src[name])
