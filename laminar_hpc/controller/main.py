@@ -77,6 +77,7 @@ class Controller(Recovery):
         self.published = self.dp.meta.get("published", 0)
         self.max_versions_in_flight = 0
         self.versions_seen: set[int] = set()  # versions running at the last count (_track_versions)
+        self.versions_stale = False  # a trajectory finished since that count
         self.finish_times: list[float] = []
         self.stop_reason: str | None = None
         self.t0 = time.time()
@@ -128,6 +129,7 @@ class Controller(Recovery):
                              rollout=traj["rollout"], tokens=len(traj["tokens"]), reward=traj.get("reward"))
             if traj["version"] not in self.versions_seen:
                 self._track_versions()
+            self.versions_stale = True  # it may have been its version's last trajectory
         elif kind == "weights_loaded" and role == "rollout":
             self.rollout_version[rank] = msg["version"]
             self.roles.ready(ident, now)
@@ -276,8 +278,9 @@ class Controller(Recovery):
 
     def _track_versions(self) -> None:
         # O(trajectories in flight): called when a version not seen running may have started, and
-        # once per loop (versions_seen then forgets the versions that finished)
+        # once per loop after trajectories finished (versions_seen then forgets finished versions)
         self.versions_seen = self.dp.running_versions()
+        self.versions_stale = False
         self.max_versions_in_flight = max(self.max_versions_in_flight, len(self.versions_seen))
 
     # -- scheduling -----------------------------------------------------------------------
@@ -383,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
                     break
                 got = ctl.server.recv(timeout_s=0.0)
             ctl.schedule()
-            ctl._track_versions()
+            if ctl.versions_stale:
+                ctl._track_versions()
             ctl.wal.flush()
             if ctl.wal.wants_snapshot:
                 ctl.wal.start(ctl.dp.state_dict())
