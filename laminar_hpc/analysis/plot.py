@@ -15,7 +15,7 @@ import numpy as np
 
 from laminar_hpc.analysis.perfetto import assign_lanes
 from laminar_hpc.analysis.bubbles import replica_stretches
-from laminar_hpc.analysis.summary import group_hist, summarize
+from laminar_hpc.analysis.summary import group_hist, publish_to_pull_s, summarize
 from laminar_hpc.analysis.timeline import Timeline, spread
 from laminar_hpc.metrics.trace import RunTrace
 
@@ -261,15 +261,7 @@ def _sync_cdf(ax, tl: Timeline, sy: dict) -> None:
         vals = [x["since_publish_s"] for x in tl.relay_ready if x["role"] == r and x["since_publish_s"] is not None]
         series.append((f"publish -> {r} ready (hop {sy['per_relay'][r]['hop']})", vals))
     series.append(("rollout pull (pull_s)", [p["pull_s"] for p in tl.pulls if p["pull_s"] is not None]))
-    pub = {}
-    for p in tl.publishes:
-        pub.setdefault(p["version"], []).append(p["t"])
-    used = []
-    for p in tl.pulls:
-        before = [t for t in pub.get(p["version"], []) if t <= p["t"]]
-        if before:
-            used.append(p["t"] - max(before))
-    series.append(("publish -> rollout pulled", used))
+    series.append(("publish -> rollout pulled", publish_to_pull_s(tl)))
     drawn = 0
     for name, vals in series:
         xs = sorted(max(v, 0.0) * 1000 for v in vals)

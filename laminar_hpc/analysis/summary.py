@@ -169,15 +169,22 @@ def _lengths(tl: Timeline, bins: int = 10) -> dict:
     return out
 
 
-def _sync(tl: Timeline) -> dict:
+def publish_to_pull_s(tl: Timeline) -> list[float]:
+    """Per pull: seconds since the newest publish of the version it pulled (a version number can be
+    published again after a trainer restart, so the publish just before the pull counts)."""
     pub_t: dict = {}
     for p in tl.publishes:
         pub_t.setdefault(p["version"], []).append(p["t"])
-    to_use = []
+    out = []
     for p in tl.pulls:
         before = [t for t in pub_t.get(p["version"], []) if t <= p["t"]]
         if before:
-            to_use.append(p["t"] - max(before))
+            out.append(p["t"] - max(before))
+    return out
+
+
+def _sync(tl: Timeline) -> dict:
+    to_use = publish_to_pull_s(tl)
     relays = {}
     for r in sorted({x["role"] for x in tl.relay_ready}):
         mine = [x for x in tl.relay_ready if x["role"] == r]
