@@ -45,7 +45,7 @@ def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
 def _check_resume(cfg, run_dir: Path) -> None:
     """Pre-flight of a resume: a model that differs from the checkpoint's fails here, in one
     line, before any process starts or anything in the run directory is rewritten."""
-    from laminar_hpc.launch.rundir import check_resume_model
+    from laminar_hpc.launch.prepare import check_resume_model
     if cfg.trainer.backend == "emulated":
         return  # an emulated trainer checkpoints emulation.weight_mb bytes: the model section is not its shape
     check_resume_model(run_dir, cfg.model.model_dump())
@@ -111,16 +111,17 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from laminar_hpc.launch.rundir import RunDirError, read_json
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "config.yaml").is_file():
+    from laminar_hpc.rundir import RunDir, RunDirError, read_json
+    rd = RunDir(args.run_dir)
+    run_dir = rd.path
+    if not rd.config.is_file():
         raise RunDirError(f"cannot resume {run_dir}: it holds no config.yaml (is it a laminar run directory?); "
                           "start a run with `laminar run CONFIG --run-dir DIR`")
-    cfg = load_config(run_dir / "config.yaml")
-    job = read_json(run_dir / "job.json") or {}
+    cfg = load_config(rd.config)
+    job = read_json(rd.job) or {}
     cluster = args.cluster or job.get("cluster")
     if cluster is None:  # a `laminar run` directory: continue it here, in the foreground
-        args.config, args.overrides, args.resume, args.overwrite = str(run_dir / "config.yaml"), [], True, False
+        args.config, args.overrides, args.resume, args.overwrite = str(rd.config), [], True, False
         return _run(args)
     from laminar_hpc.launch.submit import submit
     _check_resume(cfg, run_dir)  # config.yaml edited since the run started
@@ -180,93 +181,24 @@ def _trace(args: argparse.Namespace) -> int:
 
 def _export_hf(args: argparse.Namespace) -> int:
     """`laminar export-hf`: a checkpoint (or, with --live, the newest published version) of a run
-    as a directory transformers loads."""
-    from laminar_hpc.launch.rundir import RunDirError
-    from laminar_hpc.model.hf import HFCheckpointError, HFTokenizer, export_hf
-    from laminar_hpc.trainer.ckpt_files import CheckpointError
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise RunDirError(f"{run_dir}: no config.yaml (is it a laminar run directory?); give the directory "
+    as a directory transformers loads (laminar_hpc/model/export.py)."""
+    from laminar_hpc.model.export import export_run
+    from laminar_hpc.model.hf import HFCheckpointError
+    from laminar_hpc.rundir import CheckpointError, RunDir, RunDirError
+    rd = RunDir(args.run_dir)
+    if not rd.config.is_file():
+        raise RunDirError(f"{rd}: no config.yaml (is it a laminar run directory?); give the directory "
                           "`laminar run` wrote")
-    cfg = load_config(run_dir / "config.yaml")
-    if cfg.trainer.backend == "emulated":
-        raise ConfigError(f"{run_dir}: trainer.backend is emulated, so its versions are cost-model bytes, not a "
-                          "model; there is nothing to export")
+    cfg = load_config(rd.config)
     try:
-        model, tok, model_cfg, label = (_live_version(cfg, run_dir) if args.live
-                                        else _checkpoint_version(cfg, run_dir, args.step))
-        out = Path(args.output) if args.output else run_dir / "hf" / label
-        export_hf(model, out, source=model_cfg.hf_path, tokenizer=tok if isinstance(tok, HFTokenizer) else None,
-                  dtype=args.dtype or model_cfg.dtype)
+        done = export_run(cfg, RunDir(rd, shm_dir=cfg.relay.shm_dir), step=args.step, live=args.live,
+                          out=args.output, dtype=args.dtype)
     except (HFCheckpointError, CheckpointError) as err:
         print(f"laminar: error: {_one_line(err)}", file=sys.stderr)
         return 2
-    note = "" if isinstance(tok, HFTokenizer) else " (no tokenizer files: the run uses the built-in char tokenizer)"
-    print(f"wrote {out}: {label}, {sum(p.numel() for p in model.parameters()):,} parameters{note}")
+    note = "" if done.hf_tokenizer else " (no tokenizer files: the run uses the built-in char tokenizer)"
+    print(f"wrote {done.out}: {done.label}, {done.parameters:,} parameters{note}")
     return 0
-
-
-def _empty_model(model_cfg):
-    from laminar_hpc.model.factory import build_tokenizer, model_args
-    from laminar_hpc.model.llama import Transformer
-    tok = build_tokenizer(model_cfg)
-    return Transformer(model_args(model_cfg, tok.vocab_size)), tok
-
-
-def _checkpoint_version(cfg, run_dir: Path, step: int | None):
-    import torch
-
-    from laminar_hpc.config.schema import ModelCfg
-    from laminar_hpc.trainer.ckpt_files import CheckpointError, list_checkpoints, newest_verified, verify
-    root = run_dir / "checkpoints"
-    complete = list_checkpoints(root)
-    if not complete:
-        raise CheckpointError(f"{root}: no complete checkpoint yet; wait for one (checkpoint.every_steps) or "
-                              "export a live run's newest version with --live")
-    if step is None:
-        found = newest_verified(root)
-        if found is None:
-            raise CheckpointError(f"{root}: no checkpoint passes its checksums; pick one with --step")
-        path, meta = found
-    else:
-        path = root / f"step_{step:06d}"
-        if path not in complete:
-            have = ", ".join(str(int(p.name[5:])) for p in complete)
-            raise CheckpointError(f"{root}: no complete checkpoint for step {step}; available steps: {have}")
-        meta = verify(path)
-    model_cfg = ModelCfg(**meta["model"]) if "model" in meta else cfg.model  # the shape it was written with
-    model, tok = _empty_model(model_cfg)
-    try:
-        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
-    except (RuntimeError, OSError) as err:
-        raise CheckpointError(f"{path / 'model.pt'}: not this run's model ({_one_line(err)[:200]})") from None
-    return model, tok, model_cfg, f"step_{meta['step']:06d}-v{meta['version']}"
-
-
-def _live_version(cfg, run_dir: Path):
-    from laminar_hpc.launch.rundir import read_json
-    from laminar_hpc.model.weights import WeightLayout
-    from laminar_hpc.trainer.ckpt_files import CheckpointError
-    from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
-    run_id = (read_json(run_dir / "run.json") or {}).get("run_id") or "norun"
-    path = Path(cfg.relay.shm_dir) / f"laminar-{run_id}-handoff"  # launch.role.RoleContext.shm_path("handoff")
-    if not path.exists():
-        raise CheckpointError(f"{path}: no hand-off store, so the run is not live on this node; run this on the "
-                              "trainer's node while it runs, or export a checkpoint (without --live)")
-    model, tok = _empty_model(cfg.model)
-    layout = WeightLayout.from_model(model, cfg.trainer.publish_dtype)
-    store = WeightStore.open(path)
-    try:
-        newest = store.latest()
-        if newest is not None and newest.digest != digest_to_int(layout.digest):
-            raise CheckpointError(f"{path}: version {newest.version} has another weight layout than "
-                                  f"{run_dir / 'config.yaml'} describes")
-        info = store.read(lambda view: layout.unpack(view, model))
-    finally:
-        store.close()
-    if info is None:
-        raise CheckpointError(f"{path}: no version published yet; try again after the trainer's first publish")
-    return model, tok, cfg.model, f"version_{info.version:06d}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -359,8 +291,8 @@ def _sigterm_as_interrupt(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     from laminar_hpc.launch.plan import LayoutError
-    from laminar_hpc.launch.rundir import RunDirError
     from laminar_hpc.launch.submit import SubmitError
+    from laminar_hpc.rundir import RunDirError
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["simulate"]:  # its own parser (laminar_hpc/sim/cli.py): no torch, no run directory
         from laminar_hpc.sim.cli import main as simulate

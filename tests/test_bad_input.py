@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.launch.rundir import RunDirError, check_resume_model
+from laminar_hpc.launch.prepare import check_resume_model
+from laminar_hpc.rundir import RunDirError
 
 from conftest import REPO
 
@@ -244,7 +245,7 @@ def test_resume_check_passes_same_model_and_fresh_dirs(tmp_path, run_dir):
         check_resume_model(run_dir, _model(dim=32, n_heads=2, n_kv_heads=1))
 
 
-_HOLDER = ("import sys\nfrom laminar_hpc.launch.rundir import CampaignLock\n"
+_HOLDER = ("import sys\nfrom laminar_hpc.launch.prepare import CampaignLock\n"
            "with CampaignLock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n")
 
 

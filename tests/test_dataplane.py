@@ -46,10 +46,10 @@ def test_admit_creates_groups_of_queued_trajectories():
     dp = _dp(group_size=3, start_cursor=10)
     dp.admit(4)
     assert len(dp.queue) == 12
-    assert dp.groups_started == 4 and dp.groups_pending == 4
+    assert dp.groups_started == 4 and dp.ledger.groups_pending == 4
     assert dp.cursor == 14
-    assert sorted(g.problem for g in dp.groups.values()) == [10, 11, 12, 13]
-    for gid, g in dp.groups.items():
+    assert sorted(g.problem for g in dp.ledger.groups.values()) == [10, 11, 12, 13]
+    for gid, g in dp.ledger.groups.items():
         assert g.problem == 10 + gid
         assert len(g.traj_ids) == 3 and len(set(g.traj_ids)) == 3
         for tid in g.traj_ids:
@@ -62,7 +62,7 @@ def test_admit_creates_groups_of_queued_trajectories():
     # a second admit continues the cursor and the group numbering
     dp.admit(2)
     assert dp.cursor == 16 and dp.groups_started == 6
-    assert sorted(g.problem for g in dp.groups.values()) == list(range(10, 16))
+    assert sorted(g.problem for g in dp.ledger.groups.values()) == list(range(10, 16))
     assert len(dp.queue) == 18
     dp.admit(0)
     assert len(dp.queue) == 18 and dp.groups_started == 6
@@ -78,7 +78,7 @@ def test_assign_is_fifo_and_bounded():
         p = dp.partials[w["traj_id"]]
         assert set(w) == {"traj_id", "group_id", "problem", "prompt", "max_new_tokens"}
         assert w["group_id"] == p.group_id
-        assert w["problem"] == dp.groups[p.group_id].problem
+        assert w["problem"] == dp.ledger.groups[p.group_id].problem
         assert w["prompt"] == _tokenize(_problem(w["problem"]))
         assert w["max_new_tokens"] == 9
         assert p.rollout == 1 and p.t_assigned is not None
@@ -112,7 +112,7 @@ def test_stream_appends_and_records_first_version():
     # unknown trajectory: ignored, nothing else touched
     dp.stream("99.9", [1], [-1.0], version=1)
     assert "99.9" not in dp.partials
-    other = dp.partials[dp.groups[0].traj_ids[1]]
+    other = dp.partials[dp.ledger.groups[0].traj_ids[1]]
     assert other.tokens == [] and other.version is None
 
 
@@ -140,7 +140,7 @@ def test_finish_returns_group_only_when_last_member_finishes():
     assert dp.finish(_traj(g1[2], [9, 9])) == 1
     assert dp.trajectories_finished == 6
     assert dp.tokens_generated == 2 + 1 + 3 + 0 + 1 + 2
-    assert list(dp.ready) == [0, 1]
+    assert list(dp.ledger.ready) == [0, 1]
     assert dp.partials == {}
 
 
@@ -154,12 +154,12 @@ def test_duplicate_finish_is_ignored():
     assert dp.finish(_traj(b, [4])) == 0
     assert dp.finish(_traj(b, [4])) is None  # duplicate of the completing member
     assert dp.trajectories_finished == 2 and dp.tokens_generated == 4
-    assert list(dp.ready) == [0]
-    taken = dp.take_groups(5)
+    assert list(dp.ledger.ready) == [0]
+    taken = dp.ledger.take_groups(5)
     assert len(taken) == 1
     assert dp.finish(_traj(a, [1, 2, 3])) is None  # after the group was consumed
     assert dp.trajectories_finished == 2 and dp.tokens_generated == 4
-    assert list(dp.ready) == [] and dp.take_groups(5) == []
+    assert list(dp.ledger.ready) == [] and dp.ledger.take_groups(5) == []
     # unknown trajectory / group
     assert dp.finish({"traj_id": "7.0", "group_id": 7, "tokens": [1]}) is None
     assert dp.trajectories_finished == 2
@@ -177,24 +177,24 @@ def test_take_groups_oldest_first_with_trajectories_in_order():
         for w in reversed(by_group[gid]):
             sent[w["traj_id"]] = _traj(w, [gid, len(sent)])
             dp.finish(sent[w["traj_id"]])
-    assert dp.groups_consumed == 0
-    first = dp.take_groups(3)
+    assert dp.ledger.groups_consumed == 0
+    first = dp.ledger.take_groups(3)
     assert [g["group_id"] for g in first] == [0, 1, 2]
     assert [g["problem"] for g in first] == [100, 101, 102]
     for g in first:
         ids = [t["traj_id"] for t in g["trajectories"]]
         assert ids == [w["traj_id"] for w in by_group[g["group_id"]]]  # member order, not finish order
         assert g["trajectories"] == [sent[i] for i in ids]
-    assert dp.groups_consumed == 3
-    assert dp.groups_pending == 4  # delivered groups stay until a checkpoint commits them
-    rest = dp.take_groups(3)
+    assert dp.ledger.groups_consumed == 3
+    assert dp.ledger.groups_pending == 4  # delivered groups stay until a checkpoint commits them
+    rest = dp.ledger.take_groups(3)
     assert [g["group_id"] for g in rest] == [3]
-    assert dp.groups_consumed == 4 and dp.groups_pending == 4
-    assert dp.take_groups(3) == []
-    assert dp.groups_consumed == 4
-    dp.trained([0, 1, 2, 3], step=1)
-    dp.commit([0, 1, 2, 3])
-    assert dp.groups_pending == 0 and dp.committed == {0, 1, 2, 3}
+    assert dp.ledger.groups_consumed == 4 and dp.ledger.groups_pending == 4
+    assert dp.ledger.take_groups(3) == []
+    assert dp.ledger.groups_consumed == 4
+    dp.ledger.trained([0, 1, 2, 3], step=1)
+    dp.ledger.commit([0, 1, 2, 3])
+    assert dp.ledger.groups_pending == 0 and dp.ledger.committed == {0, 1, 2, 3}
 
 
 def test_take_groups_skips_incomplete():
@@ -204,12 +204,12 @@ def test_take_groups_skips_incomplete():
     dp.finish(_traj(a0, [1]))
     dp.finish(_traj(b0, [1]))
     dp.finish(_traj(b1, [1]))
-    got = dp.take_groups(2)
+    got = dp.ledger.take_groups(2)
     assert [g["group_id"] for g in got] == [1]
-    assert dp.groups_consumed == 1
+    assert dp.ledger.groups_consumed == 1
     dp.finish(_traj(a1, [1]))
-    assert [g["group_id"] for g in dp.take_groups(2)] == [0]
-    assert dp.take_groups(0) == []
+    assert [g["group_id"] for g in dp.ledger.take_groups(2)] == [0]
+    assert dp.ledger.take_groups(0) == []
 
 
 def test_running_versions():
@@ -258,16 +258,16 @@ def test_randomized_lifecycle_conserves_counts():
             if rng.random() < 0.2:
                 assert dp.finish(_traj(w, toks)) is None  # duplicates never count
         else:
-            taken += dp.take_groups(rng.randint(0, 3))
+            taken += dp.ledger.take_groups(rng.randint(0, 3))
     assert dp.groups_started == admitted
     assert dp.tokens_generated == finished_tokens
     assert dp.trajectories_finished == 4 * admitted - len(dp.queue) - len(running)
     assert len(dp.partials) == len(dp.queue) + len(running)
-    assert dp.groups_consumed == len(taken)
+    assert dp.ledger.groups_consumed == len(taken)
     assert admitted > 0 and len(taken) > 0
     # groups reach the trainer in the order they completed, each exactly once
     assert [g["group_id"] for g in taken] == completed[:len(taken)]
-    assert len(dp.ready) == len(completed) - len(taken)
+    assert len(dp.ledger.ready) == len(completed) - len(taken)
     for g in taken:
         assert len(g["trajectories"]) == 4
         assert all(t["group_id"] == g["group_id"] for t in g["trajectories"])
@@ -448,10 +448,10 @@ def test_a_sync_that_raced_a_delivery_never_leads_to_a_second_delivery(trainer_s
     dp.admit(1)
     (w,) = dp.assign(0, 1)
     dp.finish(_traj(w, [1]))
-    assert [g["group_id"] for g in dp.take_groups(1)] == [0]
-    assert dp.trainer_sync([], 0, []) == [0]  # the sync was sent before the group arrived: put back
+    assert [g["group_id"] for g in dp.ledger.take_groups(1)] == [0]
+    assert dp.ledger.trainer_sync([], 0, []) == [0]  # the sync was sent before the group arrived: put back
     if trainer_says == "trained":
-        dp.trainer_sync([0], 0, [])
+        dp.ledger.trainer_sync([0], 0, [])
     else:
-        dp.trainer_sync([], 0, [0])
-    assert dp.take_groups(1) == [] and 0 not in dp.ready
+        dp.ledger.trainer_sync([], 0, [0])
+    assert dp.ledger.take_groups(1) == [] and 0 not in dp.ledger.ready

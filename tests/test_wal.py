@@ -78,7 +78,8 @@ def _drive(dp: DataPlane, rng: random.Random, steps: int, after=None) -> None:
         op = rng.choices(list(ops), weights=list(ops.values()))[0]
         queued = set(dp.queue)
         running = [p for p in dp.partials.values() if p.rollout is not None]
-        by_state = {s: [g for g, grp in dp.groups.items() if grp.state == s] for s in (READY, DELIVERED, TRAINED)}
+        by_state = {s: [g for g, grp in dp.ledger.groups.items() if grp.state == s]
+                    for s in (READY, DELIVERED, TRAINED)}
         if op == "admit":
             dp.admit(rng.randint(0, 2))
         elif op == "assign":
@@ -111,17 +112,17 @@ def _drive(dp: DataPlane, rng: random.Random, steps: int, after=None) -> None:
             sent.append(t)
             dp.finish(t)
         elif op == "take":
-            dp.take_groups(rng.randint(0, 3))
+            dp.ledger.take_groups(rng.randint(0, 3))
         elif op == "trained":
             ids = rng.sample(by_state[DELIVERED], rng.randint(0, len(by_state[DELIVERED])))
             if by_state[READY] and rng.random() < 0.2:
                 ids.append(rng.choice(by_state[READY]))  # the race `_trained` handles
             step += 1
-            dp.trained(ids, step)
+            dp.ledger.trained(ids, step)
         elif op == "commit":
-            dp.commit(rng.sample(by_state[TRAINED], rng.randint(0, len(by_state[TRAINED]))))
-        elif op == "drop" and dp.groups:
-            dp.drop([rng.choice(sorted(dp.groups))], "staleness")
+            dp.ledger.commit(rng.sample(by_state[TRAINED], rng.randint(0, len(by_state[TRAINED]))))
+        elif op == "drop" and dp.ledger.groups:
+            dp.ledger.drop([rng.choice(sorted(dp.ledger.groups))], "staleness")
         elif op == "requeue":
             _place_detached(dp, rng, dp.requeue_rollout(rng.randrange(ROLLOUTS)))
         elif op == "detach" and running:
@@ -139,10 +140,10 @@ def _drive(dp: DataPlane, rng: random.Random, steps: int, after=None) -> None:
         elif op == "sync":
             out = by_state[DELIVERED] + by_state[TRAINED]
             consumed = rng.sample(out, rng.randint(0, len(out)))
-            if dp.committed and rng.random() < 0.5:
-                consumed.insert(0, rng.choice(sorted(dp.committed)))  # already committed: a no-op for it
+            if dp.ledger.committed and rng.random() < 0.5:
+                consumed.insert(0, rng.choice(sorted(dp.ledger.committed)))  # already committed: a no-op for it
             rest = [g for g in out if g not in consumed]
-            dp.trainer_sync(consumed, rng.randint(0, len(consumed)), rng.sample(rest, rng.randint(0, len(rest))))
+            dp.ledger.trainer_sync(consumed, rng.randint(0, len(consumed)), rng.sample(rest, rng.randint(0, len(rest))))
         elif op == "note":
             dp.note(**{rng.choice(["steps", "max_version", "published"]): rng.randint(0, 5)})
         if after is not None:
@@ -151,26 +152,27 @@ def _drive(dp: DataPlane, rng: random.Random, steps: int, after=None) -> None:
 
 def _check_ledger(dp: DataPlane) -> None:
     """Every admitted group is in exactly one place, and the queues agree with group states."""
-    pending, committed, dropped = set(dp.groups), dp.committed, set(dp.dropped)
+    lg = dp.ledger
+    pending, committed, dropped = set(lg.groups), lg.committed, set(lg.dropped)
     assert not (pending & committed) and not (pending & dropped) and not (committed & dropped)
-    assert pending | committed | dropped == set(range(dp.next_group))
-    led = dp.ledger()
-    assert led["groups_admitted"] == dp.next_group == dp.groups_started
-    assert led["groups_committed"] + sum(led["groups_dropped"].values()) + len(led["pending_ids"]) == dp.next_group
+    assert pending | committed | dropped == set(range(lg.next_group))
+    led = lg.summary()
+    assert led["groups_admitted"] == lg.next_group == dp.groups_started
+    assert led["groups_committed"] + sum(led["groups_dropped"].values()) + len(led["pending_ids"]) == lg.next_group
     assert led["pending_ids"] == sorted(pending) and led["committed_ids"] == sorted(committed)
     assert led["dropped_ids"] == sorted(dropped)
     # the experience buffer holds exactly the READY groups, once each
-    assert len(dp.ready) == len(set(dp.ready))
-    assert set(dp.ready) == {g for g, grp in dp.groups.items() if grp.state == READY}
-    assert set(dp.trained_at) <= {g for g, grp in dp.groups.items() if grp.state == TRAINED}
+    assert len(lg.ready) == len(set(lg.ready))
+    assert set(lg.ready) == {g for g, grp in lg.groups.items() if grp.state == READY}
+    assert set(lg.trained_at) <= {g for g, grp in lg.groups.items() if grp.state == TRAINED}
     # partials belong to generating groups; queued ones are on no rollout and queued once
     assert len(dp.queue) == len(set(dp.queue)) and set(dp.queue) <= set(dp.partials)
     for p in dp.partials.values():
-        g = dp.groups[p.group_id]
+        g = lg.groups[p.group_id]
         assert g.state == GENERATING and p.traj_id in g.traj_ids and p.traj_id not in g.finished
         if p.traj_id in dp.queue:
             assert p.rollout is None and p.tokens == [] and p.version is None
-    for g in dp.groups.values():
+    for g in lg.groups.values():
         if g.state == READY:
             assert set(g.finished) == set(g.traj_ids) and not g.lost
         elif g.state != GENERATING:
@@ -188,7 +190,7 @@ def test_replay_of_the_journal_rebuilds_the_same_state(seed):
     ops = {op for op, _ in rec}
     assert {"admit", "assign", "stream", "finish", "deliver", "trained", "commit", "drop", "requeue", "detach",
             "place", "migrate", "restart", "trainer_sync", "note"} <= ops
-    assert "bad_reward" in dp.dropped.values() and dp.committed
+    assert "bad_reward" in dp.ledger.dropped.values() and dp.ledger.committed
     again = _replayed(rec)
     assert again.state_dict() == dp.state_dict()
     # and a prefix of the journal replays onto a snapshot of the same prefix
@@ -272,7 +274,7 @@ def test_recovered_controller_continues_in_a_new_segment(tmp_path):
     dp2.admit(1)
     wal2.close()
     assert _recover(root)[0].state_dict() == dp2.state_dict()
-    assert dp2.next_group == 3
+    assert dp2.ledger.next_group == 3
 
 
 def test_fresh_wal_recovers_nothing(tmp_path):
@@ -379,7 +381,7 @@ def test_unreadable_only_snapshot_after_compaction_refuses_to_rebuild(tmp_path, 
 def test_ledger_invariant_under_random_operations(seed):
     dp = _dp()
     _drive(dp, random.Random(seed), 500, _check_ledger)
-    assert dp.committed and dp.dropped  # both ends of the ledger were reached
+    assert dp.ledger.committed and dp.ledger.dropped  # both ends of the ledger were reached
 
 
 def _running(dp: DataPlane, n: int, rollout: int = 0) -> list[str]:
@@ -429,46 +431,47 @@ def _ready_groups(n: int) -> DataPlane:
     dp.admit(n)
     for tid in _running(dp, n):
         dp.finish(_traj(tid, int(tid.split(".")[0]), [1]))
-    assert list(dp.ready) == list(range(n))
+    assert list(dp.ledger.ready) == list(range(n))
     return dp
 
 
 def test_trainer_sync_reconciles_every_delivered_group():
     dp = _ready_groups(8)
-    dp.take_groups(7)  # 0..6 delivered, 7 still ready
-    dp.trained([0, 1, 2, 5], step=1)
-    back = dp.trainer_sync(consumed=[0, 1, 4], committed_n=1, held=[3])
+    dp.ledger.take_groups(7)  # 0..6 delivered, 7 still ready
+    dp.ledger.trained([0, 1, 2, 5], step=1)
+    back = dp.ledger.trainer_sync(consumed=[0, 1, 4], committed_n=1, held=[3])
     # 0 is in its checkpoint: committed, payload freed
-    assert 0 in dp.committed and 0 not in dp.groups and 0 not in dp.trained_at
+    assert 0 in dp.ledger.committed and 0 not in dp.ledger.groups and 0 not in dp.ledger.trained_at
     # 1 (trained) and 4 (only delivered) are in its weights but not its checkpoint: trained
-    assert dp.groups[1].state == TRAINED and dp.trained_at[1] == 1
-    assert dp.groups[4].state == TRAINED
+    assert dp.ledger.groups[1].state == TRAINED and dp.ledger.trained_at[1] == 1
+    assert dp.ledger.groups[4].state == TRAINED
     # 3 it holds: delivered again
-    assert dp.groups[3].state == DELIVERED
+    assert dp.ledger.groups[3].state == DELIVERED
     # 2, 5 (trained by a lost step) and 6 it does not have: generated again, first in the queue, in order
-    assert back == [2, 5, 6] and list(dp.ready) == [7]
-    assert all(dp.groups[g].state == GENERATING and dp.groups[g].lost and g not in dp.trained_at for g in back)
-    assert list(dp.queue)[:3 * 4] == [t for g in back for t in dp.groups[g].traj_ids]
-    assert [g["group_id"] for g in dp.take_groups(10)] == [7]
+    assert back == [2, 5, 6] and list(dp.ledger.ready) == [7]
+    lg = dp.ledger
+    assert all(lg.groups[g].state == GENERATING and lg.groups[g].lost and g not in lg.trained_at for g in back)
+    assert list(dp.queue)[:3 * 4] == [t for g in back for t in dp.ledger.groups[g].traj_ids]
+    assert [g["group_id"] for g in dp.ledger.take_groups(10)] == [7]
     _check_ledger(dp)
 
 
 def test_trained_report_removes_a_group_put_back_by_a_racing_resync():
     dp = _ready_groups(2)
-    dp.take_groups(1)
-    assert dp.trainer_sync(consumed=[], committed_n=0, held=[]) == [0]  # delivery still in flight
-    assert dp.groups[0].state == GENERATING and list(dp.ready) == [1]  # so it is generated again
-    dp.trained([0], step=4)  # ... then it arrived and was trained on: no more generating it
-    assert dp.groups[0].state == TRAINED and list(dp.ready) == [1]
+    dp.ledger.take_groups(1)
+    assert dp.ledger.trainer_sync(consumed=[], committed_n=0, held=[]) == [0]  # delivery still in flight
+    assert dp.ledger.groups[0].state == GENERATING and list(dp.ledger.ready) == [1]  # so it is generated again
+    dp.ledger.trained([0], step=4)  # ... then it arrived and was trained on: no more generating it
+    assert dp.ledger.groups[0].state == TRAINED and list(dp.ledger.ready) == [1]
     assert not any(p.group_id == 0 for p in dp.partials.values())
-    assert [g["group_id"] for g in dp.take_groups(5)] == [1]  # no second delivery
+    assert [g["group_id"] for g in dp.ledger.take_groups(5)] == [1]  # no second delivery
     _check_ledger(dp)
     # the same race ending in a checkpoint: a durable group leaves the buffer too
     dp = _ready_groups(2)
-    dp.take_groups(1)
-    dp.trainer_sync([], 0, [])
-    dp.trainer_sync(consumed=[0], committed_n=1, held=[])
-    assert 0 in dp.committed and list(dp.ready) == [1]
+    dp.ledger.take_groups(1)
+    dp.ledger.trainer_sync([], 0, [])
+    dp.ledger.trainer_sync(consumed=[0], committed_n=1, held=[])
+    assert 0 in dp.ledger.committed and list(dp.ledger.ready) == [1]
     _check_ledger(dp)
 
 
@@ -480,7 +483,7 @@ def test_bad_reward_drops_the_whole_group(reward):
     a, b, c = _running(dp, 3)  # group 0: three running, one still queued
     assert dp.finish(_traj(a, 0, [1, 2])) is None
     assert dp.finish(_traj(b, 0, [3], reward=reward)) is None
-    assert dp.dropped == {0: "bad_reward"} and 0 not in dp.groups
+    assert dp.ledger.dropped == {0: "bad_reward"} and 0 not in dp.ledger.groups
     assert not any(t.startswith("0.") for t in dp.partials) and not any(t.startswith("0.") for t in dp.queue)
     assert list(dp.queue) == [f"1.{j}" for j in range(4)]  # group 1 untouched
     assert dp.trajectories_finished == 2 and dp.tokens_generated == 3
@@ -488,9 +491,9 @@ def test_bad_reward_drops_the_whole_group(reward):
     assert dp.finish(_traj(c, 0, [4])) is None  # a late sample of the dropped group: ignored, not logged
     dp.stream(c, [5], [-0.5], version=0)
     assert len(rec) == n and dp.trajectories_finished == 2
-    dp.commit([0])
-    dp.trained([0], step=1)
-    assert 0 not in dp.committed and dp.dropped == {0: "bad_reward"}
+    dp.ledger.commit([0])
+    dp.ledger.trained([0], step=1)
+    assert 0 not in dp.ledger.committed and dp.ledger.dropped == {0: "bad_reward"}
     _check_ledger(dp)
     assert _replayed(rec, group_size=4).state_dict() == dp.state_dict()
 
@@ -499,7 +502,7 @@ def test_bad_reward_drops_the_whole_group(reward):
 def test_finite_rewards_are_kept(reward):
     dp = _dp(group_size=1)
     dp.admit(1)
-    assert dp.finish(_traj(_running(dp, 1)[0], 0, [1], reward=reward)) == 0 and not dp.dropped
+    assert dp.finish(_traj(_running(dp, 1)[0], 0, [1], reward=reward)) == 0 and not dp.ledger.dropped
 
 
 def test_snapshot_waits_for_twice_the_last_snapshot(tmp_path):

@@ -34,6 +34,7 @@ from pathlib import Path
 from laminar_hpc.analysis.bubbles import concurrency, rollout_figures
 from laminar_hpc.analysis.timeline import Timeline, nearest_rank, spread
 from laminar_hpc.metrics.trace import RunTrace
+from laminar_hpc.rundir import RunDir
 
 LONG_TAIL_FRAC = 0.25
 PERCENTILES = (50, 90, 99)
@@ -41,7 +42,7 @@ PERCENTILES = (50, 90, 99)
 
 def config_max_batch(run_dir: Path) -> int | None:
     """rollout.max_batch from the run's config.yaml (None when there is none)."""
-    path = Path(run_dir) / "config.yaml"
+    path = RunDir.of(run_dir).config
     if not path.is_file():
         return None
     try:

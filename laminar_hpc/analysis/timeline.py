@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from laminar_hpc.metrics.trace import RunTrace, read_run
+from laminar_hpc.rundir import RunDir
 
 
 class TraceAnalysisError(ValueError):
@@ -34,7 +35,7 @@ def load_run(run_dir: Path | str) -> RunTrace:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise TraceAnalysisError(f"{run_dir}: no such run directory")
-    if not [*run_dir.glob("trace/*.h5"), *run_dir.glob("trace/*.jsonl")]:
+    if not RunDir(run_dir).trace_files():
         raise TraceAnalysisError(f"{run_dir}: no trace files (trace/*.h5 or trace/*.jsonl); is it a laminar run "
                                  "directory whose roles have started?")
     return read_run(run_dir)
@@ -222,7 +223,7 @@ def find_outages(run: RunTrace) -> list[Outage]:
     died = [e for e in run.events if e["ev"] in ("role_died", "role_recovered") and e.get("subject")]
     if died:
         return _outages_launcher(died, run)
-    rec_path = Path(run.run_dir) / "recoveries.json"
+    rec_path = RunDir.of(run.run_dir).recoveries
     if rec_path.is_file():
         try:
             rec = json.loads(rec_path.read_text())

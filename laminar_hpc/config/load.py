@@ -1,7 +1,7 @@
 """Load a YAML config, apply dotted overrides, validate, and explain any error in one line.
 
     cfg = load_config("configs/quickstart.yaml", ["trainer.lr=3e-4", "rollout.count=8"])
-    save_config(cfg, run_dir / "config.yaml")
+    save_config(cfg, RunDir(run_dir).config)
 
 Errors raise `ConfigError` whose message names the file (or the override) and the key, and
 says what to do, e.g. `configs/x.yaml: unknown key 'trainer.lrr'; did you mean 'trainer.lr'?
@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from laminar_hpc.config.schema import BuiltinTaskCfg, Config, JsonlTaskCfg, SyntheticTaskCfg
+from laminar_hpc.rundir import atomic_write_text
 
 
 class ConfigError(ValueError):
@@ -223,5 +224,4 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
-    from laminar_hpc.launch.rundir import atomic_write_text
     atomic_write_text(Path(path), yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

@@ -1,18 +1,83 @@
-"""The trainer's side of the data plane: delivering groups, the ledger of what was trained and
-committed, drops, and reconciling with a (re)started trainer. Mixed into `DataPlane`
-(controller/pools.py), whose state it shares; journalled like the rest (public method -> one
-record -> the private `_op` that `replay` calls).
+"""The group ledger: where every admitted group is, from admission until it is committed in a
+trainer checkpoint or dropped. The trainer's side of the data plane (controller/pools.py).
 
-A group's life here: ready -> delivered to the trainer (its trajectories are the trainer's from
+A group's life here: generating (its trajectories in the partial-response pool) -> ready (in
+the experience buffer) -> delivered to the trainer (its trajectories are the trainer's from
 then on) -> trained (in a step, not yet durable) -> committed (in a trainer checkpoint); or
 dropped with a reason. A delivered group the trainer lost is generated again under its ids.
+
+Owned by `DataPlane` (`dp.ledger`), which gives it its journal and two hooks into the
+partial-response pool: `forget(traj_ids)` (stop generating these) and `regenerate(group)`
+(queue its trajectories again from the prompt, first). Journalled like the pools: a public
+method writes one record, then applies it with the private `_op` that `DataPlane.replay` calls.
+
+    dp.ledger.take_groups(2)                   # complete groups for the trainer, oldest first
+    dp.ledger.trained([0, 1], step=1); dp.ledger.commit([0, 1])
+    dp.ledger.summary()                        # the controller's half of the exactly-once check
 """
 from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
 
 GENERATING, READY, DELIVERED, TRAINED = "generating", "ready", "delivered", "trained"
 
 
-class TrainerSide:
+@dataclass
+class Group:
+    group_id: int
+    problem: int
+    traj_ids: list[str]
+    finished: dict[str, dict] = field(default_factory=dict)
+    state: str = GENERATING
+    lost: bool = False  # delivered once, lost with a trainer: being generated again
+
+
+def _bad_reward(traj: dict) -> bool:
+    r = traj.get("reward")
+    return not isinstance(r, (int, float)) or isinstance(r, bool) or not math.isfinite(r)
+
+
+class GroupLedger:
+    OPS = frozenset({"deliver", "trained", "commit", "drop", "trainer_sync"})  # its journal records
+
+    def __init__(self, journal: Callable[..., None], forget: Callable[[list[str]], None],
+                 regenerate: Callable[[Group], None]):
+        self._log, self._forget, self._regenerate_trajs = journal, forget, regenerate
+        self.next_group = 0  # the next group id (= groups admitted)
+        self.groups: dict[int, Group] = {}  # every group not yet committed or dropped
+        self.ready: deque[int] = deque()  # complete groups (experience buffer)
+        self.trained_at: dict[int, int] = {}  # trained, not yet in a checkpoint: group -> step
+        self.committed: set[int] = set()
+        self.dropped: dict[int, str] = {}  # group -> reason
+        self.groups_consumed = 0  # delivered to the trainer (also counts re-deliveries)
+
+    # -- generating (called by the pools, inside their own records) ------------------------
+    def add(self, group: Group) -> None:
+        self.groups[group.group_id] = group
+        self.next_group = group.group_id + 1
+
+    def expects(self, traj: dict) -> bool:
+        """A result its group still waits for (a duplicate, e.g. re-sent after a reconnect, is not)."""
+        group = self.groups.get(traj["group_id"])
+        return group is not None and group.state == GENERATING and traj["traj_id"] not in group.finished
+
+    def finished(self, traj: dict) -> int | None:
+        """Record a finished trajectory; returns its group id if that completed the group."""
+        group = self.groups[traj["group_id"]]
+        group.finished[traj["traj_id"]] = traj
+        if _bad_reward(traj):  # a reward function that failed: the group cannot be trained on
+            self._drop_group(group.group_id, "bad_reward")
+            return None
+        if len(group.finished) == len(group.traj_ids):
+            group.state, group.lost = READY, False
+            self.ready.append(group.group_id)
+            return group.group_id
+        return None
+
+    # -- the trainer's side ----------------------------------------------------------------
     def take_groups(self, n: int) -> list[dict]:
         ids = [self.ready[i] for i in range(min(n, len(self.ready)))]
         if not ids:
@@ -38,10 +103,7 @@ class TrainerSide:
         g = self.groups[gid]
         g.state, g.finished, g.lost = GENERATING, {}, True
         self.trained_at.pop(gid, None)
-        prompt = self.tokenize(self.problems(g.problem))
-        for tid in reversed(g.traj_ids):
-            self.partials[tid] = self._new_partial(tid, gid, g.problem, prompt)
-            self.queue.appendleft(tid)  # first: the trainer is waiting for these
+        self._regenerate_trajs(g)
 
     def trained(self, ids: list[int], step: int) -> None:
         ids = [g for g in ids if g in self.groups and (self.groups[g].state != GENERATING or self.groups[g].lost)]
@@ -80,8 +142,7 @@ class TrainerSide:
         ids = [g for g in ids if g in self.groups]
         if ids:
             self._log("drop", ids=ids, reason=reason)
-            for gid in ids:
-                self._drop_group(gid, reason)
+            self._drop(ids, reason)
 
     def _drop(self, ids: list[int], reason: str) -> None:
         for gid in ids:
@@ -93,9 +154,7 @@ class TrainerSide:
             return
         if g.state == READY:
             self.ready.remove(gid)
-        for tid in g.traj_ids:  # samples still generating are forgotten; their results are ignored
-            if self.partials.pop(tid, None) is not None and tid in self.queue:
-                self.queue.remove(tid)
+        self._forget(g.traj_ids)  # samples still generating are forgotten; their results are ignored
         self.trained_at.pop(gid, None)
         self.dropped[gid] = reason
 
@@ -131,23 +190,24 @@ class TrainerSide:
             self._regenerate(gid)
         return back
 
-    def note(self, **facts: int) -> None:
-        """Remember controller facts (newest version, steps trained) across a restart."""
-        changed = {k: v for k, v in facts.items() if self.meta.get(k) != v}
-        if changed:
-            self._log("note", **changed)
-            self._note(**changed)
-
-    def _note(self, **facts: int) -> None:
-        self.meta.update(facts)
-
-
     def _keep(self, gid: int) -> None:
         """The trainer has a group after all (its sync raced the delivery): stop generating it again."""
         g = self.groups[gid]
         if not g.lost:
             return
-        for tid in g.traj_ids:
-            if self.partials.pop(tid, None) is not None and tid in self.queue:
-                self.queue.remove(tid)  # running ones finish elsewhere and are ignored
+        self._forget(g.traj_ids)  # running ones finish elsewhere and are ignored
         g.finished, g.lost = {}, False
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def groups_pending(self) -> int:
+        return len(self.groups)
+
+    def summary(self) -> dict:
+        """Where every admitted group is: the controller's half of the exactly-once check."""
+        by_reason: dict[str, int] = {}
+        for r in self.dropped.values():
+            by_reason[r] = by_reason.get(r, 0) + 1
+        return {"groups_admitted": self.next_group, "groups_committed": len(self.committed),
+                "groups_dropped": by_reason, "dropped_ids": sorted(self.dropped),
+                "pending_ids": sorted(self.groups), "committed_ids": sorted(self.committed)}

@@ -8,10 +8,15 @@ The baseline modes change only the admission (policy/scheduling.py `admission`).
 manager it repacks long-tail trajectories (policy/repack.py) every `repack.interval_s` and
 right after each publish. Writes `status.json` every second and `controller_stats.json` at the end.
 
-Every change of the data plane goes to a write-ahead log (controller/wal.py) before anything that
-depends on it is sent. A restarted controller replays it, binds the same address (the roles'
-sockets reconnect by themselves) and reconciles with each role as it re-sends its state
-(`resync`, `trainer_sync`): nothing generated is lost and no group is trained twice.
+Its parts: the data plane with its group ledger (controller/pools.py, ledger.py), weight-sync
+coordination (weight_sync.py), the rollout manager (rollout_manager.py; the simulator drives
+the same two components), the role table (roles.py) and the write-ahead log (wal.py).
+
+Every change of the data plane goes to the write-ahead log before anything that depends on it
+is sent (`Controller.send`). A restarted controller replays it (recovery.py), binds the same
+address (the roles' sockets reconnect by themselves) and reconciles with each role as it
+re-sends its state (`resync`, `trainer_sync`): nothing generated is lost and no group is
+trained twice.
 
     python -m laminar_hpc.controller --run-dir runs/x
 """
@@ -24,16 +29,17 @@ import time
 import uuid
 
 from laminar_hpc.controller.pools import DataPlane
-from laminar_hpc.controller.recovery import Recovery
+from laminar_hpc.controller.recovery import Recovery, recover
 from laminar_hpc.controller.roles import RoleTable
+from laminar_hpc.controller.rollout_manager import RolloutManager, kv_capacity, move_expiry_s
 from laminar_hpc.controller.wal import WriteAheadLog
+from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import node_name, setup_logging
-from laminar_hpc.launch.rundir import atomic_write_json, read_json
+from laminar_hpc.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
-from laminar_hpc.policy.repack import ReplicaState, plan_repack
-from laminar_hpc.policy.scheduling import BARRIER_LAG, admission, assign_work, barrier_version
+from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.tasks import build_task, encode_prompt
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.security import channel_keys
@@ -43,7 +49,7 @@ from laminar_hpc.config import load_config
 HANDLE_BUDGET_S = 0.25  # the longest the loop handles messages before it schedules and writes its status
 
 
-class Controller(Recovery):
+class Controller:
     def __init__(self, run_dir, cfg, log, tracer):
         self.run_dir, self.cfg, self.log, self.tracer = run_dir, cfg, log, tracer
         task = build_task(cfg.task, cfg.seed)
@@ -54,7 +60,7 @@ class Controller(Recovery):
                                  snapshot_bytes=int(cfg.controller.wal_snapshot_mb * 2**20))
         self.dp = DataPlane(task.problem, lambda p: encode_prompt(tok, p), cfg.trainer.group_size,
                             cfg.rollout.max_new_tokens)
-        self.recovered = self.recover()
+        self.recovered = recover(self.wal, self.dp, log, tracer)
         self.dp.journal = self.wal.append
         # a restarted controller keeps its address: the roles' sockets reconnect by themselves
         old = read_json(run_dir / "endpoints" / "controller.json")
@@ -62,45 +68,48 @@ class Controller(Recovery):
         self.server = Server(cfg.controller.host, int(cfg.controller.max_frame_mb * 2**20), port=port,
                              keys=channel_keys(run_dir, cfg.controller))
         self.roles = RoleTable(cfg.timeouts.heartbeat_s)
-        self.credits: dict[int, int] = {}  # rollout rank -> trajectories it can still take
-        self.rollout_version: dict[int, int] = {}
+        meta = self.dp.meta
+        self.sync = WeightSync(cfg.mode, rollouts=cfg.rollout.count, groups_per_step=cfg.trainer.groups_per_step,
+                               send=self.send, emit=tracer.emit, trainer_version=meta.get("max_version", -1),
+                               version_base=meta.get("version_base", -1))
+        scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" else 1.0
+        interval = cfg.repack.interval_s * scale
+        self.rm = RolloutManager(
+            max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, interval_s=interval,
+            kv_capacity=kv_capacity(cfg), expiry_s=move_expiry_s(interval), send=self.send, emit=tracer.emit,
+            now=time.monotonic())
+        self.repack_on = cfg.mode == "laminar" and cfg.repack.enabled
+        self.recovery = Recovery(self.dp, self.rm, self.sync, self.roles, log, tracer, self.t_start)
         self.trainer_credit = 0
-        self.steps_trained = self.dp.meta.get("steps", 0)
-        self.trainer_version = self.dp.meta.get("max_version", -1)
+        self.steps_trained = meta.get("steps", 0)
+        self.published = meta.get("published", 0)
         self.relay_versions: dict[int, int] = {}
+        self.util: dict[int, tuple[float, float]] = {}  # rollout rank -> (busy_s, weight_wait_s)
         self.last_seen: dict[str, float] = {}
         self.ready_t: float | None = None  # serving again after recovery (status.json)
         self.relay_dropped = 0  # malformed frames the master relay's hand-off socket dropped
         self.backlog_until = 0.0  # messages were waiting longer than a loop's budget until about then
         self.metrics: dict = {}
         self.phase = "starting"
-        self.published = self.dp.meta.get("published", 0)
         self.max_versions_in_flight = 0
         self.versions_seen: set[int] = set()  # versions running at the last count (_track_versions)
         self.versions_stale = False  # a trajectory finished since that count
         self.finish_times: list[float] = []
         self.stop_reason: str | None = None
         self.t0 = time.time()
-        # rollout manager: latest reported state per replica, replicas with a move in flight
-        self.replicas: dict[int, ReplicaState] = {}
-        self.util: dict[int, tuple[float, float]] = {}  # rank -> (busy_s, weight_wait_s)
-        self.moving: dict[int, float] = {}  # rank -> when its move was ordered
-        self.version_base = self.dp.meta.get("version_base", -1)
-        self.sync_pending: int | None = None  # partial-rollout: version of the global update under way
-        self.sync_t0 = 0.0
-        self.update_sent: dict[int, int] = {}  # rollout -> version it was told to load (barrier modes)
-        self.repack_due = False
-        self.last_repack = time.monotonic()
-        scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" else 1.0
-        self.repack_interval_s = cfg.repack.interval_s * scale
-        self.repack_on = cfg.mode == "laminar" and cfg.repack.enabled
-        self.kv_capacity = cfg.repack.kv_capacity_tokens or (
-            cfg.rollout.max_batch * (cfg.model.max_seq_len if cfg.rollout.backend == "torch"
-                                     else cfg.rollout.max_new_tokens + 4096))
-        self.repack_stats = {"rounds": 0, "moves": 0, "trajectories_migrated": 0, "migrations_restarted": 0}
-        # trajectories of dead rollouts (or lost with a controller): continued on their version, restarted
-        self.recovery_stats = {"continued": 0, "restarted": 0}
         self.run_id = (read_json(run_dir / "run.json", {}) or {}).get("run_id", "norun")
+
+    def send(self, ident: str, msg: dict) -> None:
+        """Every message the controller sends goes through here (its components get this as their
+        `send`): the one place of its central invariant, WRITE-AHEAD THEN SEND.
+
+        Every change of the data plane is journalled before it is applied (DataPlane and its
+        GroupLedger hand each record to `wal.append`), and a message may depend on such changes
+        (an assignment, a placement, a delivered group). So the records are flushed to the log
+        before any message leaves: a controller that dies right after a send is rebuilt
+        (recovery.py) with everything the roles were told, and nothing is done or trained twice."""
+        self.wal.flush()
+        self.server.send(ident, msg)
 
     # -- message handling -----------------------------------------------------------------
     def handle(self, ident: str, msg: dict) -> None:
@@ -114,16 +123,17 @@ class Controller(Recovery):
         role, _, rank_s = ident.rpartition("-")
         rank = int(rank_s) if rank_s.isdigit() else -1
         if kind == "want_work" and role == "rollout":
-            self.credits[rank] = self.credits.get(rank, 0) + max(0, msg["credit"])
-            self.rollout_version[rank] = msg["version"]
+            self.rm.credit(rank, max(0, msg["credit"]))
+            self.sync.loaded(rank, msg["version"])
         elif kind == "stream":
             self.dp.stream_items(msg["items"], rollout=rank if role == "rollout" else None)
             if any(it["version"] not in self.versions_seen for it in msg["items"]):
                 self._track_versions()  # only a version not running before can raise the count
         elif kind == "finished":
             traj = msg["trajectory"]
-            if self.dp.finish(traj) is None and traj["group_id"] in self.dp.dropped:
-                self.tracer.emit("group_dropped", group=traj["group_id"], reason=self.dp.dropped[traj["group_id"]])
+            dropped = self.dp.ledger.dropped
+            if self.dp.finish(traj) is None and traj["group_id"] in dropped:
+                self.tracer.emit("group_dropped", group=traj["group_id"], reason=dropped[traj["group_id"]])
             self.finish_times.append(now)
             self.tracer.emit("traj_finished", traj=traj["traj_id"], version=traj["version"],
                              rollout=traj["rollout"], tokens=len(traj["tokens"]), reward=traj.get("reward"))
@@ -131,40 +141,37 @@ class Controller(Recovery):
                 self._track_versions()
             self.versions_stale = True  # it may have been its version's last trajectory
         elif kind == "weights_loaded" and role == "rollout":
-            self.rollout_version[rank] = msg["version"]
+            self.sync.loaded(rank, msg["version"])
             self.roles.ready(ident, now)
         elif kind == "rollout_state" and role == "rollout":
-            self.replicas[rank] = ReplicaState(rank, msg["version"], msg["waiting"], msg["running"], msg["kv_tokens"],
-                                               msg["kv_peak"], tuple(msg["traj_ids"]))
+            self.rm.report((rank, msg["version"], msg["waiting"], msg["running"], msg["kv_tokens"], msg["kv_peak"],
+                            tuple(msg["traj_ids"])))
             self.util[rank] = (msg["busy_s"], msg["weight_wait_s"])
         elif kind == "migrated":
             self.migrated(rank, msg["dest"], msg["trajectories"])
         elif kind == "migrate_reject":
-            restarted = [t for t in msg["traj_ids"] if self.dp.restart(t)]
-            self.repack_stats["migrations_restarted"] += len(restarted)
+            restarted = self.rm.rejected(self.dp, msg["traj_ids"])
             self.tracer.emit("migration_restarted", rollout=rank, traj_ids=restarted)
         elif kind == "want_groups":
             self.trainer_credit = max(0, msg["n"]) + (0 if msg.get("reset") else self.trainer_credit)
         elif kind == "train_step":
             self.metrics = msg["metrics"]
             self.steps_trained = int(self.metrics.get("step", self.steps_trained))
-            self.dp.trained(msg.get("groups") or [], self.steps_trained)
-            self.dp.drop(msg.get("stale") or [], "staleness")
+            self.dp.ledger.trained(msg.get("groups") or [], self.steps_trained)
+            self.dp.ledger.drop(msg.get("stale") or [], "staleness")
             self.dp.note(steps=self.steps_trained)
             self.roles.ready(ident, now)
             self.phase = "rl"
         elif kind == "published":
-            self.trainer_version = msg["version"]
-            if self.version_base < 0:
-                self.version_base = msg["version"]
+            v, base = msg["version"], self.sync.version_base
             self.published += 1
-            self.dp.note(max_version=max(self.trainer_version, self.dp.meta.get("max_version", -1)),
-                         version_base=self.version_base, published=self.published)
-            self.repack_due = True
-            if self.cfg.mode == "partial-rollout" and msg["version"] > self.version_base:
-                self.global_update(msg["version"])
+            # journalled first: the global update that `published` may start is sent after it
+            self.dp.note(max_version=max(v, self.dp.meta.get("max_version", -1)),
+                         version_base=base if base >= 0 else v, published=self.published)
+            self.rm.repack_due = True
+            self.sync.published(v, time.monotonic())
         elif kind == "checkpoint_saved":
-            self.dp.commit(msg.get("groups") or [])
+            self.dp.ledger.commit(msg.get("groups") or [])
             self.wal.start(self.dp.state_dict())  # compaction: recovery replays from here
         elif kind == "version_ready":
             self.relay_versions[msg["rank"]] = msg["version"]
@@ -188,8 +195,8 @@ class Controller(Recovery):
             self.roles.joined(ident, msg["pid"], now)
             self.send(ident, {"type": "heartbeat", "t": now, "epoch": self.epoch})
             if role == "rollout":
-                self.credits[rank] = 0  # a (re)started rollout holds nothing and asks afresh
-                self.place(self.dp.requeue_rollout(rank), exclude=rank)
+                self.rm.reset_credit(rank)  # a (re)started rollout holds nothing and asks afresh
+                self.recovery.place(self.dp.requeue_rollout(rank), exclude=rank)
             elif role == "trainer":
                 self.send(ident, {"type": "hello_ack", "run_id": self.run_id,
                                   "max_version": self.dp.meta.get("max_version", -1)})
@@ -197,10 +204,12 @@ class Controller(Recovery):
             if ident not in self.roles.roles:
                 self.roles.joined(ident, msg["pid"], now)
                 self.roles.ready(ident, now)
-            self.rollout_version[rank] = msg["version"]
-            self.resync_rollout(rank, msg["held"], msg["free"])
+            self.sync.loaded(rank, msg["version"])
+            self.recovery.resync_rollout(rank, msg["held"], msg["free"])
         elif kind == "trainer_sync":
-            self.trainer_sync(msg)
+            self.steps_trained = msg["step"]
+            self.trainer_credit = 0  # the trainer asks afresh
+            self.recovery.trainer_sync(msg)
         elif kind == "role_down":
             self.role_down(msg["role"], msg["code"])
         elif kind == "stop_all":
@@ -208,73 +217,23 @@ class Controller(Recovery):
 
     def migrated(self, source: int, dest: int, trajs: list[dict]) -> None:
         """A source handed its trajectories back: they go to `dest`, first in its queue."""
-        self.moving.pop(source, None)
-        self.moving.pop(dest, None)
         work = [w for w in (self.dp.migrate(t, dest) for t in trajs) if w is not None]
-        if work:
-            self.send(f"rollout-{dest}", {"type": "assign", "work": work})
-            self.credits[dest] = self.credits.get(dest, 0) - len(work)  # they take slots it had not offered
-        self.repack_stats["trajectories_migrated"] += len(work)
+        self.rm.migrated(source, dest, work)
         self.tracer.emit("migrated", source=source, dest=dest, trajectories=len(work),
                          version=trajs[0]["version"] if trajs else None, traj_ids=[w["traj_id"] for w in work])
 
-    def global_update(self, version: int) -> None:
-        """partial-rollout (as AReaL): every rollout pauses and loads `version`; they continue
-        together once all have it, and the trainer, which waits for this, goes on then too."""
-        self.sync_pending = version
-        self.sync_t0 = time.monotonic()
-        for r in range(self.cfg.rollout.count):
-            self.send(f"rollout-{r}", {"type": "update_weights", "version": version})
-
-    def sync_done(self) -> None:
-        v = self.sync_pending
-        if v is None or min(self.rollout_version.get(r, -1) for r in range(self.cfg.rollout.count)) < v:
-            return
-        self.sync_pending = None
-        for r in range(self.cfg.rollout.count):
-            self.send(f"rollout-{r}", {"type": "resume", "version": v})
-        self.send("trainer-0", {"type": "weights_synced", "version": v})
-        self.tracer.emit("weights_synced", version=v, sync_s=time.monotonic() - self.sync_t0)
-
-    def barrier_updates(self) -> None:
-        """sync / one-step-off: once a batch is fully generated, every rollout loads the newest
-        published version (>= what the next batch needs) before the next batch is admitted."""
-        if self.dp.partials or self.version_base < 0:
-            return
-        need = barrier_version(self.cfg.mode, groups_started=self.dp.groups_started,
-                               groups_per_step=self.cfg.trainer.groups_per_step, version_base=self.version_base)
-        versions = [self.rollout_version.get(r, -1) for r in range(self.cfg.rollout.count)]
-        target = max(self.trainer_version, *versions)
-        if target < need or min(versions) == max(versions) >= need:
-            return
-        for r, v in enumerate(versions):
-            if v < target and self.update_sent.get(r) != target:
-                self.send(f"rollout-{r}", {"type": "update_weights", "version": target})
-                self.update_sent[r] = target
-
-    def repack(self) -> None:
-        now = time.monotonic()
-        for rank, since in list(self.moving.items()):
-            if now - since > 10 * self.repack_interval_s + 5.0:
-                del self.moving[rank]  # the source died or the message was lost: its state is fresh again
-        if not (self.repack_due or now - self.last_repack >= self.repack_interval_s):
-            return
-        self.repack_due, self.last_repack = False, now
-        states = [r for k, r in sorted(self.replicas.items()) if k not in self.moving]
-        moves = plan_repack(states, kv_capacity=self.kv_capacity, max_batch=self.cfg.rollout.max_batch,
-                            fall_ratio=self.cfg.repack.fall_ratio)
-        self.repack_stats["rounds"] += 1
-        for m in moves:
-            self.send(f"rollout-{m.source}", {"type": "migrate", "traj_ids": list(m.traj_ids), "dest": m.dest})
-            self.moving[m.source] = self.moving[m.dest] = now
-            # until the next report, the source counts as empty and the destination as fuller
-            src, dst = self.replicas[m.source], self.replicas[m.dest]
-            self.replicas[m.dest] = ReplicaState(dst.rank, dst.version, dst.waiting + src.running, dst.running,
-                                                 dst.kv_tokens + src.kv_tokens, dst.kv_peak, dst.traj_ids)
-            self.replicas[m.source] = ReplicaState(src.rank, src.version, 0, 0, 0, 0, ())
-        if moves:
-            self.repack_stats["moves"] += len(moves)
-            self.tracer.emit("repack", moves=[[m.source, m.dest, m.version, len(m.traj_ids)] for m in moves])
+    def role_down(self, name: str, code: int) -> None:
+        role, _, rank_s = name.rpartition("-")
+        self.tracer.emit("role_down", role=name, code=code)
+        self.roles.down(name)
+        if role == "rollout" and rank_s.isdigit():
+            self.recovery.rollout_down(name, int(rank_s), code)
+        elif role == "trainer":
+            self.trainer_credit = 0  # the restarted trainer re-sends its lineage (trainer_sync)
+        elif name == "relay":
+            for ident in list(self.roles.roles):
+                if ident.startswith("relay-"):
+                    self.roles.down(ident)
 
     def _track_versions(self) -> None:
         # O(trajectories in flight): called when a version not seen running may have started, and
@@ -290,24 +249,19 @@ class Controller(Recovery):
                       groups_per_step=cfg.trainer.groups_per_step, max_ahead_steps=cfg.controller.max_ahead_steps,
                       queued_trajs=len(self.dp.queue), group_size=cfg.trainer.group_size,
                       max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch, in_flight=len(self.dp.partials),
-                      rollout_versions=[self.rollout_version.get(r, -1) for r in range(cfg.rollout.count)],
-                      version_base=self.version_base)
-        if cfg.mode in BARRIER_LAG:
-            self.barrier_updates()
-        elif cfg.mode == "partial-rollout":
-            self.sync_done()
+                      rollout_versions=self.sync.versions, version_base=self.sync.version_base)
+        self.sync.tick(groups_started=self.dp.groups_started, in_flight=len(self.dp.partials), now=time.monotonic())
         if n:
             self.dp.admit(n)
-            for gid in range(self.dp.next_group - n, self.dp.next_group):  # queued: the lifecycle's first event
+            end = self.dp.ledger.next_group
+            for gid in range(end - n, end):  # queued: the lifecycle's first event
                 self.tracer.emit("group_admitted", group=gid, n=cfg.trainer.group_size)
-        for rank, count in assign_work(len(self.dp.queue), self.credits).items():
-            work = self.dp.assign(rank, count)
-            self.credits[rank] -= len(work)
+        for rank, work in self.rm.assign(self.dp):
             self.send(f"rollout-{rank}", {"type": "assign", "work": work})
         if self.repack_on:
-            self.repack()
-        if self.trainer_credit > 0 and self.dp.ready:
-            groups = self.dp.take_groups(self.trainer_credit)
+            self.rm.repack(time.monotonic())
+        if self.trainer_credit > 0 and self.dp.ledger.ready:
+            groups = self.dp.ledger.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)
             self.send("trainer-0", {"type": "groups", "groups": groups})
             for g in groups:
@@ -322,31 +276,31 @@ class Controller(Recovery):
         return {
             "t": now, "elapsed_s": now - self.t0, "phase": self.phase, "pid": os.getpid(),
             "step": self.steps_trained, "total_steps": self.cfg.trainer.total_steps,
-            "trainer_version": self.trainer_version, "relay_versions": self.relay_versions,
-            "rollout_versions": self.rollout_version,
+            "trainer_version": self.sync.trainer_version, "relay_versions": self.relay_versions,
+            "rollout_versions": self.sync.held(),
             "versions_in_flight": sorted(self.dp.running_versions()),
             "max_versions_in_flight": self.max_versions_in_flight,
             "trajectories_per_s": len(recent) / min(10.0, max(1e-9, now - self.t0)),
             "trajectories_finished": self.dp.trajectories_finished,
             "tokens_generated": self.dp.tokens_generated,
-            "groups_consumed": self.dp.groups_consumed, "groups_pending": self.dp.groups_pending,
+            "groups_consumed": self.dp.ledger.groups_consumed, "groups_pending": self.dp.ledger.groups_pending,
             "queued": len(self.dp.queue), "running": len(self.dp.partials) - len(self.dp.queue),
-            "published": self.published, "dropped_frames": self.server.dropped, "repack": self.repack_stats,
+            "published": self.published, "dropped_frames": self.server.dropped, "repack": self.rm.repack_stats,
             "relay_dropped_frames": self.relay_dropped,
             "rollout_util": {str(k): {"busy_s": b, "weight_wait_s": w} for k, (b, w) in sorted(self.util.items())},
             "metrics": self.metrics,
             # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`
             "epoch": self.epoch, "controller": {"pid": os.getpid(), "t_start": self.t_start, "ready_t": self.ready_t},
             "roles": self.roles.table(), "hung": self.roles.hung(now) if now > self.backlog_until else [],
-            "recovery": {**self.recovery_stats, "wal": self.recovered},
-            "groups_committed": len(self.dp.committed), "groups_dropped": len(self.dp.dropped),
+            "recovery": {**self.rm.placed, "wal": self.recovered},
+            "groups_committed": len(self.dp.ledger.committed), "groups_dropped": len(self.dp.ledger.dropped),
         }
 
     def final_stats(self) -> dict:
         s = self.status()
         s.pop("metrics")
         s["stop_reason"] = self.stop_reason
-        s["ledger"] = self.dp.ledger()
+        s["ledger"] = self.dp.ledger.summary()
         return s
 
     def broadcast_stop(self, reason: str) -> None:
@@ -371,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     ctl = Controller(run_dir, cfg, log, tracer)
     publish_endpoint(run_dir, "controller", ctl.server.address)
     log.info("serving on %s (epoch %s)", ctl.server.address, ctl.epoch)
-    ctl.place(ctl.dp.unplaced())  # detached when the previous controller died: from their prompts
+    ctl.recovery.place(ctl.dp.unplaced())  # detached when the previous controller died: from their prompts
     ctl.ready_t = time.time()
     last_status = 0.0
     try:

@@ -1,8 +1,10 @@
-"""The data plane: prompt pool, partial-response pool, experience buffer and the group ledger.
+"""The data plane: prompt pool, partial-response pool and experience buffer, with the group
+ledger (controller/ledger.py) as a part.
 
 Plain state with explicit transitions, no I/O. Every public method that changes state first
 hands one record to `journal` (the controller's write-ahead log) and then applies it with the
 same private method that `replay` calls, so a restarted controller rebuilds exactly this state.
+(The controller sends nothing before the records it depends on are written: `Controller.send`.)
 
 A group's life: admitted (its trajectories queued) -> assigned/streamed/finished -> ready ->
 delivered to the trainer -> trained (in a step, not yet durable) -> committed (in a trainer
@@ -16,19 +18,17 @@ controller keeps no copy: its memory and log stay bounded by what is in flight).
     work = dp.assign(rollout=0, n=8)     # -> list of WORK dicts for that rollout
     dp.stream("0.3", [5, 9], [-0.1, -0.2], version=2)
     done_group = dp.finish(trajectory)   # group id once all of its samples are finished
-    groups = dp.take_groups(2)           # complete groups for the trainer, oldest first
-    dp.trained([0, 1], step=1); dp.commit([0, 1])
+    groups = dp.ledger.take_groups(2)    # complete groups for the trainer, oldest first
+    dp.ledger.trained([0, 1], step=1); dp.ledger.commit([0, 1])
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from laminar_hpc.controller.ledger import GENERATING, READY, TrainerSide
-
+from laminar_hpc.controller.ledger import Group, GroupLedger
 
 
 @dataclass
@@ -53,22 +53,7 @@ class Partial:
         return w
 
 
-@dataclass
-class Group:
-    group_id: int
-    problem: int
-    traj_ids: list[str]
-    finished: dict[str, dict] = field(default_factory=dict)
-    state: str = GENERATING
-    lost: bool = False  # delivered once, lost with a trainer: being generated again
-
-
-def _bad_reward(traj: dict) -> bool:
-    r = traj.get("reward")
-    return not isinstance(r, (int, float)) or isinstance(r, bool) or not math.isfinite(r)
-
-
-class DataPlane(TrainerSide):
+class DataPlane:
     def __init__(self, problems: Callable[[int], object], tokenize: Callable[[object], list[int]],
                  group_size: int, max_new_tokens: int, start_cursor: int = 0,
                  journal: Callable[[str, dict], None] | None = None):
@@ -76,17 +61,11 @@ class DataPlane(TrainerSide):
         self.group_size, self.max_new_tokens = group_size, max_new_tokens
         self.journal = journal
         self.cursor = start_cursor  # next problem index of the prompt pool
-        self.next_group = 0
-        self.groups: dict[int, Group] = {}  # every group not yet committed or dropped
         self.queue: deque[str] = deque()  # trajectories waiting for a rollout
         self.partials: dict[str, Partial] = {}  # queued or running (partial-response pool)
-        self.ready: deque[int] = deque()  # complete groups (experience buffer)
-        self.trained_at: dict[int, int] = {}  # trained, not yet in a checkpoint: group -> step
-        self.committed: set[int] = set()
-        self.dropped: dict[int, str] = {}  # group -> reason
+        self.ledger = GroupLedger(self._log, forget=self._forget, regenerate=self._regenerate)
         self.meta: dict[str, int] = {}  # controller facts that must survive it (newest version, ...)
         self.groups_started = 0
-        self.groups_consumed = 0  # delivered to the trainer (also counts re-deliveries)
         self.trajectories_finished = 0
         self.tokens_generated = 0
 
@@ -96,7 +75,7 @@ class DataPlane(TrainerSide):
 
     def replay(self, op: str, args: dict) -> None:
         """Apply one journal record (no new record is written)."""
-        getattr(self, f"_{op}")(**args)
+        getattr(self.ledger if op in GroupLedger.OPS else self, f"_{op}")(**args)
 
     # -- prompt pool ----------------------------------------------------------------------
     def admit(self, n_groups: int) -> None:
@@ -108,14 +87,13 @@ class DataPlane(TrainerSide):
         for _ in range(n):
             problem = self.problems(self.cursor)
             prompt = self.tokenize(problem)
-            gid = self.next_group
+            gid = self.ledger.next_group
             ids = [f"{gid}.{j}" for j in range(self.group_size)]
-            self.groups[gid] = Group(gid, self.cursor, ids)
+            self.ledger.add(Group(gid, self.cursor, ids))
             for tid in ids:
                 self.partials[tid] = self._new_partial(tid, gid, self.cursor, prompt)
                 self.queue.append(tid)
             self.cursor += 1
-            self.next_group += 1
             self.groups_started += 1
 
     def _new_partial(self, traj_id: str, group_id: int, problem: int, prompt: list[int]) -> Partial:
@@ -173,9 +151,7 @@ class DataPlane(TrainerSide):
 
     def finish(self, traj: dict) -> int | None:
         """Record a finished trajectory; returns its group id if that completed the group."""
-        p = self.partials.get(traj["traj_id"])
-        group = self.groups.get(traj["group_id"])
-        if p is None or group is None or group.state != GENERATING or traj["traj_id"] in group.finished:
+        if traj["traj_id"] not in self.partials or not self.ledger.expects(traj):
             return None  # a duplicate (e.g. re-sent after a reconnect) is ignored, never counted twice
         self._log("finish", traj=traj)
         return self._finish(traj)
@@ -184,18 +160,9 @@ class DataPlane(TrainerSide):
         self.partials.pop(traj["traj_id"], None)
         if traj["traj_id"] in self.queue:  # a late result of a requeued trajectory: it wins, the requeue is void
             self.queue.remove(traj["traj_id"])
-        group = self.groups[traj["group_id"]]
-        group.finished[traj["traj_id"]] = traj
         self.trajectories_finished += 1
         self.tokens_generated += len(traj["tokens"])
-        if _bad_reward(traj):  # a reward function that failed: the group cannot be trained on
-            self._drop_group(group.group_id, "bad_reward")
-            return None
-        if len(group.finished) == len(group.traj_ids):
-            group.state, group.lost = READY, False
-            self.ready.append(group.group_id)
-            return group.group_id
-        return None
+        return self.ledger.finished(traj)
 
     def requeue_rollout(self, rollout: int) -> list[Partial]:
         """Detach every trajectory of a dead (or restarted) rollout. Those without tokens go back
@@ -285,45 +252,57 @@ class DataPlane(TrainerSide):
         p.rollout, p.version, p.t_assigned, p.gap = None, None, None, False
         p.tokens, p.logprobs = [], []
 
+    def _forget(self, traj_ids: list[str]) -> None:
+        """The ledger dropped or kept their group: stop generating these (late results are ignored)."""
+        for tid in traj_ids:
+            if self.partials.pop(tid, None) is not None and tid in self.queue:
+                self.queue.remove(tid)
+
+    def _regenerate(self, g: Group) -> None:
+        """The ledger lost a delivered group with the trainer: its samples again, first in the queue."""
+        prompt = self.tokenize(self.problems(g.problem))
+        for tid in reversed(g.traj_ids):
+            self.partials[tid] = self._new_partial(tid, g.group_id, g.problem, prompt)
+            self.queue.appendleft(tid)
+
+    def note(self, **facts: int) -> None:
+        """Remember controller facts (newest version, steps trained) across a restart."""
+        changed = {k: v for k, v in facts.items() if self.meta.get(k) != v}
+        if changed:
+            self._log("note", **changed)
+            self._note(**changed)
+
+    def _note(self, **facts: int) -> None:
+        self.meta.update(facts)
+
     def running_versions(self) -> set[int]:
         """Weight versions of trajectories generating right now."""
         return {p.version for p in self.partials.values() if p.version is not None}
 
-    # -- ledger and snapshots ---------------------------------------------------------------
-    @property
-    def groups_pending(self) -> int:
-        return len(self.groups)
-
-    def ledger(self) -> dict:
-        """Where every admitted group is: the controller's half of the exactly-once check."""
-        by_reason: dict[str, int] = {}
-        for r in self.dropped.values():
-            by_reason[r] = by_reason.get(r, 0) + 1
-        return {"groups_admitted": self.next_group, "groups_committed": len(self.committed),
-                "groups_dropped": by_reason, "dropped_ids": sorted(self.dropped),
-                "pending_ids": sorted(self.groups), "committed_ids": sorted(self.committed)}
-
+    # -- snapshots ------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"cursor": self.cursor, "next_group": self.next_group, "queue": list(self.queue),
+        lg = self.ledger
+        return {"cursor": self.cursor, "next_group": lg.next_group, "queue": list(self.queue),
                 # shallow copies: the WAL packs the state at once, before anything mutates it, so the
                 # token lists need no copy (dataclasses.asdict copies every element: seconds per snapshot
                 # under a long-tail load, during which the controller answered no one)
                 "partials": [dict(vars(p)) for p in self.partials.values()],
-                "groups": [dict(vars(g)) for g in self.groups.values()], "ready": list(self.ready),
-                "trained_at": [[g, s] for g, s in self.trained_at.items()], "committed": sorted(self.committed),
-                "dropped": [[g, r] for g, r in self.dropped.items()], "meta": self.meta,
-                "counters": [self.groups_started, self.groups_consumed, self.trajectories_finished,
+                "groups": [dict(vars(g)) for g in lg.groups.values()], "ready": list(lg.ready),
+                "trained_at": [[g, s] for g, s in lg.trained_at.items()], "committed": sorted(lg.committed),
+                "dropped": [[g, r] for g, r in lg.dropped.items()], "meta": self.meta,
+                "counters": [self.groups_started, lg.groups_consumed, self.trajectories_finished,
                              self.tokens_generated]}
 
     def load_state_dict(self, s: dict) -> None:
-        self.cursor, self.next_group = s["cursor"], s["next_group"]
+        lg = self.ledger
+        self.cursor, lg.next_group = s["cursor"], s["next_group"]
         self.queue = deque(s["queue"])
         self.partials = {p["traj_id"]: Partial(**p) for p in s["partials"]}
-        self.groups = {g["group_id"]: Group(**g) for g in s["groups"]}
-        self.ready = deque(s["ready"])
-        self.trained_at = {g: st for g, st in s["trained_at"]}
-        self.committed = set(s["committed"])
-        self.dropped = {g: r for g, r in s["dropped"]}
+        lg.groups = {g["group_id"]: Group(**g) for g in s["groups"]}
+        lg.ready = deque(s["ready"])
+        lg.trained_at = {g: st for g, st in s["trained_at"]}
+        lg.committed = set(s["committed"])
+        lg.dropped = {g: r for g, r in s["dropped"]}
         self.meta = dict(s["meta"])
-        (self.groups_started, self.groups_consumed, self.trajectories_finished,
+        (self.groups_started, lg.groups_consumed, self.trajectories_finished,
          self.tokens_generated) = s["counters"]

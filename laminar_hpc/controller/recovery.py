@@ -2,106 +2,78 @@
 
 - At start: rebuild the data plane from the write-ahead log (`recover`).
 - A rollout died: its trajectories continue on a replica holding their version, or restart
-  from their prompt (`role_down`, `place`; the decision is `policy.recovery.place_detached`).
+  from their prompt (`Recovery.rollout_down`; placement is the rollout manager's,
+  controller/rollout_manager.py, deciding with `policy.recovery.place_detached`).
 - After this controller restarted: each rollout re-sends what it holds (`resync_rollout`), the
   trainer its lineage (`trainer_sync`); what the old controller lost continues elsewhere.
 
-Mixed into `Controller`, whose state (dp, wal, roles, credits, rollout_version, ...) it uses.
+`Recovery` is a part of the `Controller` (`ctl.recovery`), given the parts it works on.
 """
 from __future__ import annotations
 
 import time
 
-from laminar_hpc.controller.pools import Partial
-from laminar_hpc.policy.recovery import place_detached
+from laminar_hpc.controller.pools import DataPlane, Partial
+from laminar_hpc.controller.roles import RoleTable
+from laminar_hpc.controller.rollout_manager import RolloutManager
+from laminar_hpc.controller.wal import WriteAheadLog
+from laminar_hpc.controller.weight_sync import WeightSync
+
+
+def recover(wal: WriteAheadLog, dp: DataPlane, log, tracer) -> dict:
+    """Rebuild the data plane from the write-ahead log; start a fresh segment after it."""
+    t0 = time.monotonic()
+    state, records = wal.recover()
+    if state is not None:
+        dp.load_state_dict(state)
+    for op, args in records:
+        dp.replay(op, args)
+    wal.start(dp.state_dict())
+    info = {"snapshot": state is not None, "records": len(records), "replay_s": time.monotonic() - t0,
+            "groups_pending": dp.ledger.groups_pending, "cursor": dp.cursor}
+    if state is not None or records:
+        log.info("recovered from the write-ahead log: %d records after the snapshot, %d groups pending, "
+                 "prompt cursor %d (%.2fs)", len(records), dp.ledger.groups_pending, dp.cursor, info["replay_s"])
+        tracer.emit("controller_recovered", **info)
+    return info
 
 
 class Recovery:
-    def send(self, ident: str, msg: dict) -> None:
-        """Every send goes after the log records it depends on (write-ahead)."""
-        self.wal.flush()
-        self.server.send(ident, msg)
+    def __init__(self, dp: DataPlane, rm: RolloutManager, sync: WeightSync, roles: RoleTable, log, tracer,
+                 t_start: float):
+        self.dp, self.rm, self.sync, self.roles = dp, rm, sync, roles
+        self.log, self.tracer = log, tracer
+        self.t_start = t_start  # this controller's start: assignments before it may never have been sent
 
-    def recover(self) -> dict:
-        """Rebuild the data plane from the write-ahead log; start a fresh segment after it."""
-        t0 = time.monotonic()
-        state, records = self.wal.recover()
-        if state is not None:
-            self.dp.load_state_dict(state)
-        for op, args in records:
-            self.dp.replay(op, args)
-        self.wal.start(self.dp.state_dict())
-        info = {"snapshot": state is not None, "records": len(records), "replay_s": time.monotonic() - t0,
-                "groups_pending": self.dp.groups_pending, "cursor": self.dp.cursor}
-        if state is not None or records:
-            self.log.info("recovered from the write-ahead log: %d records after the snapshot, %d groups pending, "
-                          "prompt cursor %d (%.2fs)", len(records), self.dp.groups_pending, self.dp.cursor,
-                          info["replay_s"])
-            self.tracer.emit("controller_recovered", **info)
-        return info
+    def place(self, detached: list[Partial], exclude: int | None = None) -> None:
+        """Continue detached trajectories on live replicas holding their version, or restart them."""
+        self.rm.place(self.dp, detached, self.sync.versions, lambda r: self.roles.alive(f"rollout-{r}"), exclude)
 
-    def place(self, partials: list[Partial], exclude: int | None = None) -> None:
-        """Continue detached trajectories on replicas holding their version, or restart them."""
-        if not partials:
-            return
-        live = {r: v for r, v in self.rollout_version.items()
-                if r != exclude and self.roles.alive(f"rollout-{r}") and r not in self.moving}
-        load: dict[int, int] = {}
-        for p in self.dp.partials.values():
-            if p.rollout is not None:
-                load[p.rollout] = load.get(p.rollout, 0) + 1
-        plan = place_detached([(p.traj_id, p.version) for p in partials], live, load, self.cfg.rollout.max_batch)
-        by_dest: dict[int, list[dict]] = {}
-        restarted = 0
-        for tid, dest in plan.items():
-            if dest is None:
-                restarted += self.dp.restart(tid)
-            elif (w := self.dp.place(tid, dest)) is not None:
-                by_dest.setdefault(dest, []).append(w)
-        for dest, work in by_dest.items():
-            self.send(f"rollout-{dest}", {"type": "assign", "work": work})
-            self.credits[dest] = self.credits.get(dest, 0) - len(work)  # slots it had not offered
-        self.recovery_stats["continued"] += sum(len(w) for w in by_dest.values())
-        self.recovery_stats["restarted"] += restarted
-        self.tracer.emit("placed", continued={str(d): len(w) for d, w in by_dest.items()}, restarted=restarted)
+    def rollout_down(self, name: str, rank: int, code: int) -> None:
+        self.rm.down(rank)
+        self.sync.forget(rank)
+        detached = self.dp.requeue_rollout(rank)
+        self.log.warning("%s died (code %d): %d of its trajectories continue elsewhere or restart",
+                         name, code, len(detached))
+        self.place(detached, exclude=rank)
 
     def resync_rollout(self, rank: int, held: list[str], free: int) -> None:
         """A rollout re-sent its state to this (restarted) controller: what it no longer holds
-        (results lost with the old controller, assignments never sent) continues elsewhere."""
+        (results lost with the old controller, assignments never sent) continues elsewhere, and
+        its free slots replace every credit the old controller knew of."""
         held_set = set(held)
         gone = [p.traj_id for p in self.dp.partials.values()
                 if p.rollout == rank and p.traj_id not in held_set and (p.t_assigned or 0.0) < self.t_start]
         self.place(self.dp.detach(gone))
-        self.credits[rank] = max(0, free)
+        self.rm.reset_credit(rank, free)
         self.tracer.emit("rollout_resynced", rollout=rank, held=len(held), lost=len(gone), free=free)
 
     def trainer_sync(self, msg: dict) -> None:
-        back = self.dp.trainer_sync(msg["consumed"], msg["committed_n"], msg["held"])
-        self.steps_trained = msg["step"]
-        self.dp.note(steps=self.steps_trained)
-        self.trainer_credit = 0  # the trainer asks afresh
+        """The trainer re-sent its lineage (after it or this controller restarted)."""
+        back = self.dp.ledger.trainer_sync(msg["consumed"], msg["committed_n"], msg["held"])
+        self.dp.note(steps=msg["step"])
         if back:
             self.log.info("trainer sync (step %d): %d delivered groups it does not hold go back to the experience "
                           "buffer", msg["step"], len(back))
         self.tracer.emit("trainer_synced", step=msg["step"], version=msg["version"], lineage=len(msg["consumed"]),
                          committed=msg["committed_n"], redelivered=len(back))
-
-    def role_down(self, name: str, code: int) -> None:
-        role, _, rank_s = name.rpartition("-")
-        self.tracer.emit("role_down", role=name, code=code)
-        self.roles.down(name)
-        if role == "rollout" and rank_s.isdigit():
-            rank = int(rank_s)
-            self.credits[rank] = 0
-            self.replicas.pop(rank, None)
-            self.rollout_version.pop(rank, None)
-            detached = self.dp.requeue_rollout(rank)
-            self.log.warning("%s died (code %d): %d of its trajectories continue elsewhere or restart",
-                             name, code, len(detached))
-            self.place(detached, exclude=rank)
-        elif role == "trainer":
-            self.trainer_credit = 0  # the restarted trainer re-sends its lineage (trainer_sync)
-        elif name == "relay":
-            for ident in list(self.roles.roles):
-                if ident.startswith("relay-"):
-                    self.roles.down(ident)

@@ -9,7 +9,6 @@ on a role failure or Ctrl-C every process is stopped by PID. Writes summary.json
 from __future__ import annotations
 
 import glob
-import os
 import shutil
 import sys
 import time
@@ -19,10 +18,11 @@ from pathlib import Path
 from laminar_hpc.config import Config, save_config
 from laminar_hpc.launch.plan import RoleSpec, role_specs
 from laminar_hpc.launch.processes import mpi_env, role_env
-from laminar_hpc.launch.rundir import CampaignLock, atomic_write_json, prepare_run_dir, write_run_info
+from laminar_hpc.launch.prepare import CampaignLock, prepare_run_dir
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.summary import build_summary
+from laminar_hpc.rundir import RunDir, atomic_write_json
 from laminar_hpc.transport.security import auth_enabled, ensure_keys
 
 __all__ = ["RoleFailed", "run_local", "run_campaign", "role_argv"]
@@ -48,24 +48,26 @@ def local_command(cfg: Config, run_dir: Path):
     return command
 
 
-def cleanup_shm(cfg: Config, run_id: str) -> None:
-    """Remove this run's shared-memory files on this node (roles unlink their own; this
+def cleanup_shm(rd: RunDir) -> None:
+    """Remove this start's shared-memory files on this node (roles unlink their own; this
     catches what a killed role left)."""
-    for path in glob.glob(os.path.join(cfg.relay.shm_dir, f"laminar-{run_id}-*")):
+    for path in glob.glob(rd.shm_files()):
         Path(path).unlink(missing_ok=True)
 
 
 def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, progress: Progress | None,
                  on_start=None, on_end=None) -> dict:
-    """Run one start of a campaign in a prepared run directory (caller holds the lock)."""
-    save_config(cfg, run_dir / "config.yaml")
+    """Run one start of a campaign in a prepared run directory (caller holds the lock).
+    `on_end(rd)` gets the RunDir of this start (its run id names the shared memory)."""
+    rd = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)
+    save_config(cfg, rd.config)
     if auth_enabled(cfg.controller):
-        ensure_keys(run_dir)  # the per-run secret every connection proves (kept across resumes)
+        ensure_keys(rd)  # the per-run secret every connection proves (kept across resumes)
     run_id = uuid.uuid4().hex[:10]
-    write_run_info(run_dir, run_id)
-    for stale in (run_dir / "endpoints").glob("*.json"):
+    rd.record_start(run_id)
+    for stale in rd.endpoints():
         stale.unlink()  # endpoints of an earlier start of this run directory
-    (run_dir / "status.json").unlink(missing_ok=True)
+    rd.status.unlink(missing_ok=True)
     progress = progress or Progress(f"laminar: {cfg.name}")
     sup = Supervisor(cfg, run_dir, command, progress)
     if on_start:
@@ -81,12 +83,12 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
     finally:
         killed = sup.stop()
         progress.close()
-        cleanup_shm(cfg, run_id)
+        cleanup_shm(rd)
         if on_end:
-            on_end(run_id)
-        summary = build_summary(run_dir, mode=cfg.mode, wall_s=time.monotonic() - t0)
+            on_end(rd)
+        summary = build_summary(rd, mode=cfg.mode, wall_s=time.monotonic() - t0)
         summary.update(outcome=outcome, run_id=run_id, killed_at_shutdown=killed)
-        atomic_write_json(run_dir / "summary.json", summary)
+        atomic_write_json(rd.summary, summary)
     return summary
 
 

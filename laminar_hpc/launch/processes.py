@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from laminar_hpc.rundir import RunDir
+
 
 @dataclass
 class Proc:
@@ -62,11 +64,11 @@ def mpi_env(base: dict | None = None) -> dict:
 
 class ProcessGroup:
     def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir)
+        self.rundir = RunDir.of(run_dir)
         self.procs: dict[str, Proc] = {}
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Proc:
-        log_path = self.run_dir / "logs" / f"{name}.log"
+        log_path = self.rundir.log(name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -14,11 +14,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from laminar_hpc.config import Config, load_config
-from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.metrics.trace import Tracer
+from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
 from laminar_hpc.transport.security import channel_keys
 
@@ -42,6 +43,11 @@ class RoleContext:
     def name(self) -> str:
         return f"{self.role}-{self.rank}"
 
+    @cached_property
+    def rundir(self) -> RunDir:
+        """Every name and path of the run, this start's shared memory included."""
+        return RunDir(self.run_dir, shm_dir=self.cfg.relay.shm_dir, run_id=self.run_id)
+
     def controller_restarted(self, msg: dict) -> bool:
         """True when `msg` is the first heartbeat of a new controller epoch: the controller was
         restarted and this role must re-send its state. Every heartbeat answer is also a clock
@@ -59,9 +65,9 @@ class RoleContext:
             return True
         return False
 
-    def shm_path(self, what: str) -> Path:
-        """Node-local shared-memory file of this run (`what`: 'handoff', 'relay0', ...)."""
-        return Path(self.cfg.relay.shm_dir) / f"laminar-{self.run_id}-{what}"
+    def shm_path(self, kind: str, rank: int | None = None) -> Path:
+        """Node-local shared-memory file of this run: 'handoff', or ('relay', rank)."""
+        return self.rundir.shm_path(kind, rank)
 
 
 def node_name() -> str:
@@ -76,23 +82,21 @@ def setup_logging(name: str) -> logging.Logger:
 
 
 def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = True) -> RoleContext:
-    run_dir = Path(run_dir)
     name = f"{role}-{rank}"
     log = setup_logging(name)
-    cfg = load_config(run_dir / "config.yaml")
-    info = read_json(run_dir / "run.json", {}) or {}
-    run_id = info.get("run_id") or "norun"
-    tracer = Tracer(run_dir, name, enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
+    cfg = load_config(RunDir(run_dir).config)
+    rundir = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)
+    tracer = Tracer(rundir, name, enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
     ctrl = None
     if connect:
-        addr = wait_endpoint(run_dir, "controller", cfg.timeouts.startup_s)
+        addr = wait_endpoint(rundir, "controller", cfg.timeouts.startup_s)
         ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20),
-                      keys=channel_keys(run_dir, cfg.controller))
+                      keys=channel_keys(rundir, cfg.controller))
         ctrl.send({"type": "hello", "role": role, "rank": rank, "pid": os.getpid()})
     tracer.emit("role_start", pid=os.getpid(), host=socket.gethostname(), node=node_name(),
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_step_id=os.environ.get("SLURM_STEP_ID"))
-    log.info("started (pid %d, run %s)", os.getpid(), run_id)
-    return RoleContext(role, rank, cfg, run_dir, run_id, ctrl, tracer, log)
+    log.info("started (pid %d, run %s)", os.getpid(), rundir.run_id)
+    return RoleContext(role, rank, cfg, rundir.path, rundir.run_id, ctrl, tracer, log)
 
 
 class Heartbeat:
@@ -117,7 +121,7 @@ class Heartbeat:
 
     def _beat(self, limit_s: float, until_tick: bool) -> None:
         ctx = self.ctx
-        sock = Client(ctx.ctrl.address, f"{ctx.name}.hb", keys=channel_keys(ctx.run_dir, ctx.cfg.controller))
+        sock = Client(ctx.ctrl.address, f"{ctx.name}.hb", keys=channel_keys(ctx.rundir, ctx.cfg.controller))
         while True:
             time.sleep(self.every_s)  # the beat's period
             if until_tick and self.ticked:

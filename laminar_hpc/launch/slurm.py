@@ -28,8 +28,9 @@ from laminar_hpc.config import Config
 from laminar_hpc.launch.local import role_argv, run_campaign
 from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
 from laminar_hpc.launch.processes import mpi_env, role_env
-from laminar_hpc.launch.rundir import CampaignLock, prepare_run_dir, read_json
+from laminar_hpc.launch.prepare import CampaignLock, prepare_run_dir
 from laminar_hpc.metrics.progress import Progress
+from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.security import is_loopback
 
 
@@ -108,11 +109,10 @@ class Driver:
         for spec in slurm_specs(self.cfg):
             sup.progress.message(f"step {spec.name}: {shlex.join(self.command(spec)[0])}")
 
-    def _cleanup_nodes(self, run_id: str) -> None:
-        """Remove the run's shared-memory files on every node (roles remove their own; a killed
+    def _cleanup_nodes(self, rd: RunDir) -> None:
+        """Remove the start's shared-memory files on every node (roles remove their own; a killed
         step leaves its files behind, which only a step on that node can delete)."""
-        pattern = os.path.join(self.cfg.relay.shm_dir, f"laminar-{run_id}-*")
-        prog = ["bash", "-c", f"rm -f {pattern}"]
+        prog = ["bash", "-c", f"rm -f {rd.shm_files()}"]
         each = ["--ntasks-per-node=1", "--exact", "--cpus-per-task=1", "--kill-on-bad-exit=0"]
         if self.plan.hetjob:  # one task on every node of both components
             lay = self.cfg.slurm.layout
@@ -147,7 +147,7 @@ class Driver:
         """The trainer stopped early and checkpointed (time limit near, preemption): put this
         job back in the queue; its next start resumes from the checkpoint. Exits the driver
         without a result, as a requeued job must."""
-        starts = len((read_json(self.run_dir / "run.json") or {}).get("starts", []))
+        starts = len(RunDir(self.run_dir).starts())
         if starts > self.cfg.slurm.max_requeues:
             print(f"laminar: not requeuing: the run has started {starts} times (slurm.max_requeues="
                   f"{self.cfg.slurm.max_requeues}); continue it with `laminar resume {self.run_dir}`", flush=True)

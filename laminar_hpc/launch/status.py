@@ -10,8 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from laminar_hpc.launch.rundir import read_json
-from laminar_hpc.trainer.checkpoint import list_checkpoints
+from laminar_hpc.rundir import RunDir, read_json
 
 
 def slurm_steps(job_id: str) -> tuple[str, list[tuple[str, str, str]]]:
@@ -34,11 +33,12 @@ def slurm_steps(job_id: str) -> tuple[str, list[tuple[str, str, str]]]:
 
 
 def status_report(run_dir: Path) -> str:
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise FileNotFoundError(f"{run_dir} is not a laminar run directory (no config.yaml)")
-    lines = [f"run         {run_dir}"]
-    job = read_json(run_dir / "job.json")
+    """Reads only files (and asks Slurm); imports no torch, so it answers at once."""
+    rd = RunDir.of(run_dir)
+    if not rd.config.is_file():
+        raise FileNotFoundError(f"{rd} is not a laminar run directory (no config.yaml)")
+    lines = [f"run         {rd}"]
+    job = read_json(rd.job)
     if job:
         if job.get("cluster") == "slurm":
             state, steps = slurm_steps(str(job["job_id"]))
@@ -47,24 +47,23 @@ def status_report(run_dir: Path) -> str:
                 lines.append("steps       " + " | ".join(f"{i} {n} {s}" for i, n, s in steps))
         else:
             lines.append(f"job         {job['job_id']} ({job.get('cluster')})")
-    st = read_json(run_dir / "status.json") or {}
+    st = read_json(rd.status) or {}
     if st:
         lines.append(f"trainer     step {st.get('step', 0)}/{st.get('total_steps', '?')}, version "
                      f"{st.get('trainer_version', '-')}, {st.get('trajectories_per_s', 0):.1f} trajectories/s "
                      f"(phase {st.get('phase', '?')})")
         lines.append(f"relays      versions {st.get('relay_versions', {})}")
         lines.append(f"rollouts    versions {st.get('rollout_versions', {})}")
-    ckpts = list_checkpoints(run_dir / "checkpoints")
+    ckpts = rd.checkpoints()
     if ckpts:
         meta = read_json(ckpts[-1] / "meta.json") or {}
         lines.append(f"checkpoint  {ckpts[-1]} (step {meta.get('step')}, version {meta.get('version')})")
     else:
         lines.append("checkpoint  none yet")
-    summary = read_json(run_dir / "summary.json")
+    summary = read_json(rd.summary)
     if summary:
         lines.append(f"last end    {summary.get('outcome')}: {summary.get('train_steps')} steps, reward "
                      f"{summary.get('reward_first')} -> {summary.get('reward_last')}, "
                      f"wall {summary.get('wall_s', 0):.0f}s")
-    starts = (read_json(run_dir / "run.json") or {}).get("starts", [])
-    lines.append(f"starts      {len(starts)}")
+    lines.append(f"starts      {len(rd.starts())}")
     return "\n".join(lines)

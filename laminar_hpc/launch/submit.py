@@ -21,8 +21,9 @@ from submitit.slurm.slurm import SlurmExecutor
 
 from laminar_hpc.config import Config, load_config, save_config
 from laminar_hpc.launch.plan import LayoutError, SlurmPlan
-from laminar_hpc.launch.rundir import atomic_write_json, prepare_run_dir
+from laminar_hpc.launch.prepare import prepare_run_dir
 from laminar_hpc.launch.slurm import effective_config, slurm_specs, step_command
+from laminar_hpc.rundir import RunDir, atomic_write_json
 
 CLUSTERS = ("slurm", "local", "debug")
 
@@ -91,7 +92,7 @@ class Campaign(Checkpointable):
     def __call__(self, run_dir: str) -> dict:
         from laminar_hpc.launch.local import run_local
         from laminar_hpc.launch.slurm import Driver
-        cfg = load_config(Path(run_dir) / "config.yaml")
+        cfg = load_config(RunDir(run_dir).config)
         if "SLURM_JOB_ID" not in os.environ:
             return run_local(cfg, Path(run_dir), resume=True)
         self._driver = Driver(cfg, Path(run_dir))
@@ -123,7 +124,7 @@ class HetSlurmExecutor(SlurmExecutor):
 
 
 def make_executor(cfg: Config, run_dir: Path, cluster: str, plan: SlurmPlan | None):
-    folder = run_dir / "submitit" / "%j"
+    folder = RunDir.of(run_dir).submitit_dir / "%j"
     if cluster == "local":
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(timeout_min=cfg.slurm.time_min)
@@ -157,12 +158,13 @@ def submit(cfg: Config, run_dir: Path, cluster: str, *, resume: bool = False) ->
     if cluster == "slurm":
         plan = check_layout(cfg)
         cfg, plan = effective_config(cfg)
-    prepare_run_dir(run_dir, resume=resume, overwrite=False)
-    save_config(cfg, run_dir / "config.yaml")
-    ex = make_executor(cfg, run_dir, cluster, plan)
-    job = ex.submit(Campaign(), str(run_dir))
-    atomic_write_json(run_dir / "job.json", {"job_id": job.job_id, "cluster": cluster, "submitted": time.time(),
-                                             "submitit_folder": str(run_dir / "submitit")})
+    rd = RunDir.of(run_dir)
+    prepare_run_dir(rd, resume=resume, overwrite=False)
+    save_config(cfg, rd.config)
+    ex = make_executor(cfg, rd, cluster, plan)
+    job = ex.submit(Campaign(), str(rd))
+    atomic_write_json(rd.job, {"job_id": job.job_id, "cluster": cluster, "submitted": time.time(),
+                               "submitit_folder": str(rd.submitit_dir)})
     if cluster == "debug":
         job.result()
     return job.job_id

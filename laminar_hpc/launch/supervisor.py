@@ -2,20 +2,12 @@
 
 The same loop runs a campaign on one machine (roles are plain processes) and inside a Slurm
 allocation (roles are `srun` job steps). Only how a role's command line is built differs.
-
-- The trainer exiting 0 means the campaign is done: the controller then stops the others.
-- The trainer exiting with INTERRUPTED (75), or killed by SIGTERM/SIGUSR2, was asked to stop
-  early (a preemption, a time limit) and has checkpointed: the campaign ends "interrupted",
-  resumable. Other roles stopped by such a signal get a grace period to see whether the whole
-  job is winding down.
-- Any other death of any role (a crash, SIGKILL, a node loss) is reported to the controller and
-  that role alone is restarted, with exponential backoff and at most
-  `supervisor.max_role_restarts` times in a row (a role that recovered, or ran
-  `healthy_after_s`, starts afresh). The relay tier is one MPI job: it restarts as a whole.
-- A role the controller lists as hung (no heartbeat for `timeouts.heartbeat_s`), or a controller
-  whose status file went stale, is killed by PID and then restarted like a crash.
-- Every recovery is timed from the death to the moment the new process does its job again
-  (the controller's role table in status.json); `recoveries.json` lists them.
+What an exit means, when a role restarts, which silent role is killed and when a restarted
+role counts as recovered are pure functions in `policy/supervision.py`, where the rules are
+written out; this loop holds the processes, the clocks and the status file, and acts on their
+answers. The relay tier is one MPI job: it restarts as a whole. Every recovery is timed from
+the death to the moment the new process does its job again (the controller's role table in
+status.json); `recoveries.json` lists them.
 """
 from __future__ import annotations
 
@@ -28,31 +20,26 @@ from laminar_hpc.config import Config
 from laminar_hpc.launch.plan import RoleSpec
 from laminar_hpc.launch.role import INTERRUPTED
 from laminar_hpc.launch.processes import ProcessGroup
-from laminar_hpc.launch.rundir import atomic_write_json, read_json
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.trace import Tracer
+from laminar_hpc.policy.supervision import (campaign_over, due, exit_meaning, grace_over, hung_to_kill, plan_restart,
+                                            recovered_at, stop_order)
+from laminar_hpc.rundir import RunDir, atomic_write_json, read_json
 from laminar_hpc.transport.channel import Client, WaitTimeout
 from laminar_hpc.transport.security import channel_keys
 
 POLL_S = 0.25  # how often the supervisor looks at its children and the status file
-# exit statuses of a role stopped by SIGTERM or SIGUSR2 (negative: a local process; 128+n: srun)
-STOPPED_BY_SIGNAL = {-15, -12, 143, 140}
-WINDING_DOWN_GRACE_S = 15.0  # a role stopped by a signal may be part of a job-wide stop: wait for the trainer
 
 
 class RoleFailed(RuntimeError):
     pass
 
 
-def spec_of(ident: str) -> str:
-    """The supervised process of a role identity ('relay-2' is a rank of the one 'relay' job)."""
-    return "relay" if ident.startswith("relay-") else ident
-
-
 class Supervisor:
     def __init__(self, cfg: Config, run_dir: Path, command: Callable[[RoleSpec], tuple[list[str], dict]],
                  progress: Progress):
         self.cfg, self.run_dir, self.command, self.progress = cfg, Path(run_dir), command, progress
+        self.rundir = RunDir(self.run_dir)
         self.procs = ProcessGroup(run_dir)
         self.specs: dict[str, RoleSpec] = {}
         self.restarts: dict[str, int] = {}  # failures in a row (reset once a role ran healthy_after_s)
@@ -81,7 +68,7 @@ class Supervisor:
 
     def _wait_for_controller(self) -> None:
         deadline = time.monotonic() + self.cfg.timeouts.startup_s
-        path = self.run_dir / "endpoints" / "controller.json"
+        path = self.rundir.endpoint("controller")
         while not path.exists():
             for name, rc in self.procs.reap():
                 raise RoleFailed(f"{name} exited with code {rc} during start-up:\n{self.procs.tail(name)}")
@@ -96,17 +83,18 @@ class Supervisor:
         self.tracer.emit("role_died", role=name, code=rc)
         if self.ctrl is not None and name != "controller-0":
             self._tell({"type": "role_down", "role": name, "code": rc})
-        if time.monotonic() - self.started_at.get(name, 0.0) >= self.cfg.supervisor.healthy_after_s:
-            self.restarts[name] = 0  # it ran long enough: this is a new failure, not the same one again
-        done = self.restarts.get(name, 0)
-        if done >= self.cfg.supervisor.max_role_restarts:
+        sup = self.cfg.supervisor
+        plan = plan_restart(in_row=self.restarts.get(name, 0), ran_s=time.monotonic() - self.started_at.get(name, 0.0),
+                            max_restarts=sup.max_role_restarts, backoff_s=sup.restart_backoff_s,
+                            healthy_after_s=sup.healthy_after_s)
+        self.restarts[name] = done = plan.in_row
+        if plan.delay_s is None:
             raise RoleFailed(f"{name} exited with code {rc} after {done} restarts in a row "
-                             f"(supervisor.max_role_restarts={self.cfg.supervisor.max_role_restarts}); "
+                             f"(supervisor.max_role_restarts={sup.max_role_restarts}); "
                              f"its log ({self.procs.procs[name].log_path}) ends:\n{self.procs.tail(name)}")
-        delay = min(self.cfg.supervisor.restart_backoff_s * 2 ** done, 60.0)
-        self.progress.message(f"{name} exited with code {rc}: restarting it in {delay:.1f}s "
-                              f"(restart {done + 1} of at most {self.cfg.supervisor.max_role_restarts} in a row)")
-        self.pending_restart[name] = time.monotonic() + delay
+        self.progress.message(f"{name} exited with code {rc}: restarting it in {plan.delay_s:.1f}s "
+                              f"(restart {done + 1} of at most {sup.max_role_restarts} in a row)")
+        self.pending_restart[name] = time.monotonic() + plan.delay_s
         self.down[name] = (time.time(), rc, self.status.get("epoch"))
 
     def _tell(self, msg: dict) -> bool:
@@ -120,48 +108,31 @@ class Supervisor:
             return False
 
     def _restart_due(self) -> None:
-        now = time.monotonic()
-        for name, when in list(self.pending_restart.items()):
-            if now >= when:
-                del self.pending_restart[name]
-                self.restarts[name] = self.restarts.get(name, 0) + 1
-                self._launch(name)
-                self.tracer.emit("role_restarted", role=name, attempt=self.restarts[name])
+        for name in due(self.pending_restart, time.monotonic()):
+            del self.pending_restart[name]
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            self._launch(name)
+            self.tracer.emit("role_restarted", role=name, attempt=self.restarts[name])
 
     def _kill_hung(self) -> None:
         """Kill (by PID) what the controller saw go silent, and a controller whose status went stale;
         the reap then restarts them like any crash."""
-        now, st = time.time(), self.status
-        limit = self.cfg.timeouts.heartbeat_s
-        fresh = now - st.get("t", 0.0) < 5 * self.cfg.controller.status_interval_s + 1.0
-        hung = {spec_of(i) for i in st.get("hung", [])} if fresh else set()
-        ctl_age = time.monotonic() - self.started_at.get("controller-0", time.monotonic())
-        if not fresh and ctl_age > limit and now - st.get("t", now) > limit:
-            hung.add("controller-0")
-        for name in sorted(hung):
-            if name in self.specs and name in self.procs.alive() and name not in self.pending_restart \
-                    and time.monotonic() - self.started_at.get(name, 0.0) > limit:
-                self.progress.message(f"{name} sent nothing for over {limit:.0f}s: killing it to restart it")
-                self.tracer.emit("role_hung", role=name, silent_s=limit)
-                self.procs.kill(name, signal.SIGKILL)
+        limit, mono = self.cfg.timeouts.heartbeat_s, time.monotonic()
+        for name in hung_to_kill(self.status, now=time.time(),
+                                 ran_s={n: mono - t for n, t in self.started_at.items()},
+                                 alive=self.procs.alive(), pending=self.pending_restart, heartbeat_s=limit,
+                                 status_interval_s=self.cfg.controller.status_interval_s):
+            self.progress.message(f"{name} sent nothing for over {limit:.0f}s: killing it to restart it")
+            self.tracer.emit("role_hung", role=name, silent_s=limit)
+            self.procs.kill(name, signal.SIGKILL)
 
     def _check_recoveries(self) -> None:
         """A restarted role counts as recovered once the controller sees it doing its job again."""
-        st = self.status
-        roles = st.get("roles") or {}
         for name, (t_down, rc, epoch) in list(self.down.items()):
             if name in self.pending_restart:
                 continue
-            ready: float | None = None
-            if name == "controller-0":
-                ctl = st.get("controller") or {}
-                if st.get("epoch") not in (None, epoch) and ctl.get("ready_t"):
-                    ready = ctl["ready_t"]
-            else:
-                mine = [e for i, e in roles.items() if spec_of(i) == name and e["joined_t"] > t_down]
-                want = self.cfg.relay.count if name == "relay" else 1
-                if len(mine) >= want and all(e.get("ready_t") for e in mine):
-                    ready = max(e["ready_t"] for e in mine)
+            ready = recovered_at(name, down_t=t_down, down_epoch=epoch, status=self.status,
+                                 relay_count=self.cfg.relay.count)
             if ready is not None:
                 del self.down[name]
                 self.restarts[name] = 0  # it works again: a later death is a new failure, not a crash loop
@@ -172,7 +143,7 @@ class Supervisor:
                 self.progress.message(f"{name} recovered in {rec['recovery_s']:.1f}s")
 
     def write_recoveries(self) -> None:
-        atomic_write_json(self.run_dir / "recoveries.json",
+        atomic_write_json(self.rundir.recoveries,
                           {"recoveries": self.recoveries,
                            "unrecovered": [{"role": n, "down_t": t, "code": c} for n, (t, c, _) in self.down.items()]})
 
@@ -183,33 +154,32 @@ class Supervisor:
         outcome = "completed"
         while True:
             for name, rc in self.procs.reap():
-                if name == "trainer-0" and rc in (0, INTERRUPTED, *STOPPED_BY_SIGNAL):
-                    # a trainer a signal killed before it could react is resumable from its last checkpoint
-                    outcome = "completed" if rc == 0 else "interrupted"
-                    finishing_since = time.monotonic()
+                meaning = exit_meaning(name, rc, winding_down=finishing_since is not None or self.stop_requested,
+                                       interrupted=INTERRUPTED)
+                if meaning in ("completed", "interrupted"):
+                    outcome, finishing_since = meaning, time.monotonic()
                     self.progress.message(f"trainer {'finished' if rc == 0 else 'stopped early (checkpointed)'}; "
                                           "stopping the other roles")
                     if rc != 0 and self.ctrl is not None:
                         self._tell({"type": "stop_all", "reason": "trainer interrupted"})
-                elif rc in STOPPED_BY_SIGNAL:
+                elif meaning == "signalled":
                     # a preemption or time limit signals every step: give the trainer time to report
                     self.signalled[name] = (time.monotonic(), rc)
-                elif rc != 0 and finishing_since is None and not self.stop_requested:
+                elif meaning == "failed":
                     self._role_down(name, rc)
-                # any other role ending with 0 was told to stop (the trainer is done or about to be)
             if finishing_since is None and not self.stop_requested:
-                for name, (when, rc) in list(self.signalled.items()):
-                    if time.monotonic() - when > WINDING_DOWN_GRACE_S:
-                        del self.signalled[name]
-                        self._role_down(name, rc)
-            self.status = read_json(self.run_dir / "status.json", {}) or {}
+                for name, rc in grace_over(self.signalled, time.monotonic()):
+                    del self.signalled[name]
+                    self._role_down(name, rc)
+            self.status = read_json(self.rundir.status, {}) or {}
             if finishing_since is None:
                 self._restart_due()
                 self._kill_hung()
                 self._check_recoveries()
             self.progress.update(self.status or None)
             if finishing_since is not None:
-                if not self.procs.alive() or time.monotonic() - finishing_since > self.cfg.timeouts.shutdown_s:
+                if campaign_over(any_alive=bool(self.procs.alive()), finishing_s=time.monotonic() - finishing_since,
+                                 shutdown_s=self.cfg.timeouts.shutdown_s):
                     return outcome
             time.sleep(POLL_S)
 
@@ -223,8 +193,7 @@ class Supervisor:
             deadline = time.monotonic() + self.cfg.timeouts.shutdown_s
             while self.procs.alive() and time.monotonic() < deadline:
                 time.sleep(POLL_S)  # wait for the roles to exit on their own
-        order = ["trainer-0", *[n for n in self.specs if n.startswith("rollout")], "relay", "controller-0"]
-        killed = self.procs.stop_all(self.cfg.timeouts.shutdown_s, order=order)
+        killed = self.procs.stop_all(self.cfg.timeouts.shutdown_s, order=stop_order(self.specs))
         if self.ctrl is not None:
             self.ctrl.close()
             self.ctrl = None

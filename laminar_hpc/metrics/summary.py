@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from laminar_hpc.launch.rundir import read_json
-from laminar_hpc.trainer.ckpt_files import read_ledger
+from laminar_hpc.rundir import RunDir, read_json, read_ledger
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
+def read_metrics(run_dir: RunDir | Path) -> list[dict]:
     """Train-step rows of metrics.jsonl (other events such as warm-up are skipped)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunDir.of(run_dir).metrics
     rows = []
     if path.is_file():
         for line in path.read_text().splitlines():
@@ -34,13 +33,14 @@ def _window_mean(rows: list[dict], key: str, first: bool, frac: float = 0.1) -> 
     return sum(r[key] for r in part) / len(part)
 
 
-def build_summary(run_dir: Path, *, mode: str, wall_s: float) -> dict:
-    rows = read_metrics(run_dir)
-    ctl = read_json(Path(run_dir) / "controller_stats.json", {}) or {}
+def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
+    rd = RunDir.of(run_dir)
+    rows = read_metrics(rd)
+    ctl = read_json(rd.controller_stats, {}) or {}
     trajs = sum(r["trajectories"] for r in rows)
     stalls = [r["publish_stall_s"] for r in rows if r.get("publish_stall_s")]
     stale_sum = sum(r["staleness_mean"] * r["trajectories"] for r in rows)
-    warm = [json.loads(line) for line in _lines(Path(run_dir) / "metrics.jsonl") if '"warmup_done"' in line]
+    warm = [json.loads(line) for line in _lines(rd.metrics) if '"warmup_done"' in line]
     return {
         "mode": mode,
         "reward_first": _window_mean(rows, "reward_mean", first=True),
@@ -60,8 +60,8 @@ def build_summary(run_dir: Path, *, mode: str, wall_s: float) -> dict:
         "dropped_frames": ctl.get("dropped_frames", 0),  # malformed frames at the controller's socket
         "relay_dropped_frames": ctl.get("relay_dropped_frames", 0),  # ... at the master relay's
         "wall_s": wall_s,
-        **ledger_summary(ctl.get("ledger"), read_ledger(Path(run_dir) / "checkpoints")),
-        **recovery_summary(read_json(Path(run_dir) / "recoveries.json", {}) or {}),
+        **ledger_summary(ctl.get("ledger"), read_ledger(rd.checkpoints_dir)),
+        **recovery_summary(read_json(rd.recoveries, {}) or {}),
     }
 
 

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from laminar_hpc.rundir import RunDir
+
 SCHEMA = 1
 # The event catalogue: an event's id is its index here, so only append (ids stay stable).
 EVENTS = (
@@ -68,7 +70,7 @@ def _h5py():
 class Tracer:
     def __init__(self, run_dir: Path, name: str, enabled: bool = True, flush_s: float = 1.0):
         self.name, self.enabled, self.flush_s = name, enabled, flush_s
-        self.path = Path(run_dir) / "trace" / f"{name}.{os.getpid()}.h5"
+        self.path = RunDir.of(run_dir).trace_file(name, os.getpid())
         self._rows: list[tuple[float, int, bytes]] = []
         self._last_flush = time.monotonic()
         self._file = self._events = self._payload = None
@@ -214,7 +216,7 @@ def _read_jsonl(path: Path, info: TraceFile) -> list[dict]:
 def read_run(run_dir: Path) -> RunTrace:
     """Every trace file of a run (live, finished or crashed), on the controller's clock, merged."""
     run = RunTrace(Path(run_dir))
-    loaded = [read_file(p) for p in sorted([*run.run_dir.glob("trace/*.h5"), *run.run_dir.glob("trace/*.jsonl")])]
+    loaded = [read_file(p) for p in RunDir.of(run_dir).trace_files()]
     ref_hosts = {info.host for info, _ in loaded if info.role.startswith("controller")}
     for info, events in loaded:
         path = info.path
@@ -242,6 +244,6 @@ def read_trace(path: Path) -> list[dict]:
 def role_events(run_dir: Path, role: str) -> list[dict]:
     """Events of every incarnation of one role (e.g. 'controller-0'), in time order."""
     out = []
-    for path in sorted([*Path(run_dir).glob(f"trace/{role}.*h5"), *Path(run_dir).glob(f"trace/{role}.jsonl")]):
+    for path in RunDir.of(run_dir).trace_files(role):
         out.extend(read_file(path)[1])
     return sorted(out, key=lambda e: e["t"])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,9 +131,3 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         np.copyto(dst.numpy(), src.numpy())
     else:
         dst.copy_(src)
-
-
-
-def checksum(buf: memoryview) -> int:
-    """CRC-32 of a weight buffer: cheap enough to check every version end to end."""
-    return zlib.crc32(buf) & 0xFFFFFFFF

@@ -26,7 +26,7 @@ from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
 from laminar_hpc.relay.chain import STOP, WEIGHTS, Header, chain_bytes, chain_header, poll_header
 from laminar_hpc.relay.reshard import Reshard
-from laminar_hpc.launch.rundir import read_json
+from laminar_hpc.rundir import read_json
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.security import channel_keys
 from laminar_hpc.transport.weight_store import WeightStore, checksum
@@ -46,7 +46,7 @@ class RelayNode:
         if self.store is None or self.store.capacity < nbytes:
             if self.store is not None:
                 self.store.close()
-            self.store = WeightStore.create(self.ctx.shm_path(f"relay{self.rank}"), self.ctx.cfg.relay.slots, nbytes)
+            self.store = WeightStore.create(self.ctx.rundir.shm_path("relay", self.rank), self.ctx.cfg.relay.slots, nbytes)
         return self.store.begin(version)
 
     def receive(self, hdr: Header) -> None:
@@ -103,11 +103,11 @@ class Handoff:
 
 def run_master(node: RelayNode, flags: dict) -> None:
     ctx = node.ctx
-    old = read_json(ctx.run_dir / "endpoints" / "relay_master.json")  # a restart keeps its address
+    old = read_json(ctx.rundir.endpoint("relay_master"))  # a restart keeps its address
     handoff_srv = Server(ctx.cfg.controller.host, port=int(old["address"].rsplit(":", 1)[1]) if old else None,
-                         keys=channel_keys(ctx.run_dir, ctx.cfg.controller))
-    publish_endpoint(ctx.run_dir, "relay_master", handoff_srv.address)
-    handoff = Handoff(ctx.shm_path("handoff"))
+                         keys=channel_keys(ctx.rundir, ctx.cfg.controller))
+    publish_endpoint(ctx.rundir, "relay_master", handoff_srv.address)
+    handoff = Handoff(ctx.rundir.shm_path("handoff"))
     beat = Heartbeat(ctx, background=True)  # a broadcast may outlast the heartbeat timeout
     reshard = Reshard.from_config(ctx.cfg)  # rollouts load another dtype than the trainer publishes
     if reshard is not None:
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     ctx = start_role("relay", comm.Get_rank(), args.run_dir)
     node = RelayNode(ctx, comm)
     # rollouts started with `--relay auto` attach to the relay on their own node
-    publish_endpoint(ctx.run_dir, f"relay{node.rank}", str(ctx.shm_path(f"relay{node.rank}")), node=node_name())
+    publish_endpoint(ctx.rundir, f"relay{node.rank}", str(ctx.rundir.shm_path("relay", node.rank)), node=node_name())
     failed = False
     try:
         (run_master if node.rank == 0 else run_follower)(node, flags)

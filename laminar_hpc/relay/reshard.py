@@ -13,12 +13,8 @@ caught by the layout digest on either side.
 """
 from __future__ import annotations
 
+from laminar_hpc.transport.store_layout import rollout_dtype
 from laminar_hpc.transport.weight_store import digest_to_int
-
-
-def rollout_dtype(cfg) -> str:
-    """The dtype of the layout rollouts load (`rollout.weight_dtype`, else the published one)."""
-    return cfg.rollout.weight_dtype or cfg.trainer.publish_dtype
 
 
 class Reshard:

@@ -40,7 +40,7 @@ class Rollout:
         self.tok = build_tokenizer(cfg.model)
         self.task = build_task(cfg.task, cfg.seed)
         self.engine, self.layout = build_engine(cfg, ctx.rank, self.tok)
-        self.weights = NodeWeights(ctx.shm_path(f"relay{relay}"))
+        self.weights = NodeWeights(ctx.rundir.shm_path("relay", relay))
         self.queue: deque[dict] = deque()  # assigned, not yet admitted
         self.meta: dict[str, dict] = {}  # traj_id -> its work item, start time, first version
         self.stream_buf: dict[str, tuple[list[int], list[float]]] = {}

@@ -1,6 +1,6 @@
 """What a rollout finds on its node: its relay's weight store, and the engine its config names.
 
-    weights = NodeWeights(ctx.shm_path(f"relay{find_local_relay(ctx)}"))
+    weights = NodeWeights(ctx.shm_path("relay", find_local_relay(ctx)))
     engine, layout = build_engine(cfg, rank, tok)
     if weights.newest() > engine.version:
         weights.pull(engine, layout, verify=False)
@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 from laminar_hpc.launch.role import RoleContext, node_name
-from laminar_hpc.launch.rundir import read_json
 from laminar_hpc.model.factory import model_args
-from laminar_hpc.relay.reshard import rollout_dtype
 from laminar_hpc.rollout.base import RolloutEngine
+from laminar_hpc.rundir import read_json
 from laminar_hpc.transport.channel import WaitTimeout
+from laminar_hpc.transport.store_layout import rollout_dtype
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
 
 
@@ -60,13 +60,13 @@ def find_local_relay(ctx: RoleContext) -> int:
     me = node_name()
     deadline = time.monotonic() + ctx.cfg.timeouts.startup_s
     while True:
-        for path in sorted((ctx.run_dir / "endpoints").glob("relay[0-9]*.json")):
+        for path in ctx.rundir.endpoints("relay[0-9]*"):
             info = read_json(path) or {}
             if info.get("node") == me:
                 return int(path.stem[len("relay"):])
         if time.monotonic() > deadline:
             raise WaitTimeout(f"waited {ctx.cfg.timeouts.startup_s:.0f}s for a relay on node {me} to publish "
-                              f"its endpoint in {ctx.run_dir / 'endpoints'}")
+                              f"its endpoint in {ctx.rundir.endpoints_dir}")
         time.sleep(0.1)  # poll for files the relays write
 
 

@@ -39,8 +39,7 @@ class Simulation:
         self.pool = Pool(cfg.trainer.group_size, params.lengths(cfg), params.prompt_tokens)
         self.relay_version = [-1] * cfg.relay.count
         self.pulls = 0
-        self.syncs: list[float] = []
-        self._sync_t0 = 0.0
+        self.syncs: list[float] = []  # partial-rollout: each global update's duration (WeightSync's trace)
         self.failures = {"rollout": 0, "relay": 0, "trainer": 0}
         self.ctl = SimController(self)
         self.rollouts = [SimRollout(self, r, relay_of(r, cfg, self.spec)) for r in range(cfg.rollout.count)]
@@ -65,12 +64,6 @@ class Simulation:
         self.relay_version[hop] = version
         for r in self.by_relay.get(hop, ()):
             r.relay_ready()
-
-    def sync_started(self, version: int) -> None:
-        self._sync_t0 = self.q.now
-
-    def sync_finished(self, version: int) -> None:
-        self.syncs.append(self.q.now - self._sync_t0)
 
     def counters(self) -> dict:
         """Cumulative counters sampled at every train step (the window is a difference)."""
@@ -159,7 +152,7 @@ def measure(sim: Simulation, skip: int) -> dict:
     trajs = sum(r["trajectories"] for r in win)
     n = len(sim.rollouts)
     base = a or {"gen_tokens": 0, "busy_s": 0.0, "weight_wait_s": 0.0, "seq_steps": 0, "decode_steps": 0}
-    st = sim.ctl.stats
+    st, placed = sim.ctl.rm.repack_stats, sim.ctl.rm.placed
     return {
         "trajectories_per_s": trajs / span,
         "tokens_per_s": sum(r["tokens"] for r in win) / span,
@@ -171,11 +164,11 @@ def measure(sim: Simulation, skip: int) -> dict:
         "staleness_max": max(r["staleness_max"] for r in win),
         "window_s": span, "window_steps": len(win),
         "step_s_mean": span / len(win),
-        "trajectories_migrated": st["trajectories_migrated"], "repack_moves": st["repack_moves"],
+        "trajectories_migrated": st["trajectories_migrated"], "repack_moves": st["moves"],
         "groups_dropped_staleness": sim.trainer.dropped,
         "global_update_s_mean": sum(sim.syncs) / len(sim.syncs) if sim.syncs else None,
         "failures": dict(sim.failures),
-        "recovered": {"continued": st["recovered_continued"], "restarted": st["recovered_restarted"]},
+        "recovered": dict(placed),
         "sim_time_s": sim.q.now, "sim_events": sim.q.events,
     }
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel, lognormal_sigma, response_length
 
 
@@ -109,7 +110,7 @@ class SimParams:
     ctl_per_traj_s: float
     idle_poll_s: float
     state_interval_s: float  # rollout_state reports (repack.state_interval_s is wall seconds)
-    moving_expiry_s: float  # a repack move without an answer is forgotten after this (controller/main.py)
+    moving_expiry_s: float  # a repack move without an answer is forgotten after this (rollout_manager.move_expiry_s)
     relay_count: int = 1
     length_mode: str = "exact"
     empirical_lengths: list[int] | None = None
@@ -149,7 +150,7 @@ class SimParams:
                 msg_latency_s=spec.msg_latency_ms * 1e-3 * wall, ctl_latency_s=spec.ctl_latency_ms * 1e-3 * wall,
                 ctl_per_traj_s=spec.ctl_per_traj_us * 1e-6 * wall,
                 idle_poll_s=spec.idle_poll_ms * 1e-3 * wall, state_interval_s=cfg.repack.state_interval_s * wall,
-                moving_expiry_s=10 * cfg.repack.interval_s + 5.0 * wall, relay_count=cfg.relay.count,
+                moving_expiry_s=move_expiry_s(cfg.repack.interval_s, second=wall), relay_count=cfg.relay.count,
                 length_mode=length_mode,
                 failures=spec.failures, sources=src)
         return p

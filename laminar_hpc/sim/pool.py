@@ -1,8 +1,9 @@
 """The simulated data plane: prompt pool, partial-response pool and experience buffer.
 
 A lean mirror of `controller/pools.DataPlane` (same transitions: admit -> assign -> finish ->
-ready -> delivered; requeue, restart, migrate), without token lists or a journal: a
-trajectory is a counter of generated tokens and the length it will reach.
+ready -> delivered; requeue, restart, place), without token lists or a journal: a trajectory
+is a counter of generated tokens and the length it will reach. The rollout manager
+(controller/rollout_manager.py) drives it as it drives the DataPlane.
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ class Traj:
         self.pinned = False
         self.queued = True
         self.done = False
+
+    @property
+    def traj_id(self) -> str:  # the name the rollout manager reads (controller/rollout_manager.py)
+        return self.tid
 
 
 class Pool:
@@ -79,13 +84,24 @@ class Pool:
             return True
         return False
 
-    def restart(self, t: Traj) -> None:
-        """From its prompt again, first in the queue (its version is gone)."""
-        if t.done or t.queued or t.tid not in self.partials:
-            return
+    def restart(self, tid: str) -> bool:
+        """From its prompt again, first in the queue (its version is gone). False if it finished
+        or is queued already."""
+        t = self.partials.get(tid)
+        if t is None or t.done or t.queued:
+            return False
         t.tokens, t.version, t.rollout, t.pinned = 0, None, None, False
         t.queued = True
         self.queue.appendleft(t)
+        return True
+
+    def place(self, tid: str, dest: int) -> Traj | None:
+        """A detached or migrated trajectory continues on `dest`, with its tokens and version."""
+        t = self.partials.get(tid)
+        if t is None:
+            return None
+        t.rollout, t.pinned = dest, True
+        return t
 
     def detach(self, rollout: int) -> list[Traj]:
         """A replica died: its work without tokens goes back to the front of the queue; the

@@ -37,6 +37,7 @@ class SimRollout:
         self.prompt = sim.params.prompt_tokens
         self.cost = sim.params.cost
         self.report_on = sim.ctl.repack_on
+        self.replica_states = sim.ctl.rm.replicas  # rollout_state: RolloutManager.report, inlined (frequent)
         self.alive = True
         self.epoch = 0  # bumped at death: events of the previous incarnation are ignored
         self.busy_s = 0.0
@@ -67,11 +68,12 @@ class SimRollout:
         self.pending = 0
 
     # -- messages -------------------------------------------------------------------------
-    def deliver(self, kind: str, payload, sent: float | None = None) -> None:
+    def deliver(self, msg: dict, sent: float | None = None) -> None:
+        """A controller message (the runtime's dict; `work` holds Traj objects)."""
         if not self.alive:
             return  # lost with the process
         t = (self.q.now if sent is None else sent) + self.p.msg_latency_s
-        self.inbox.append((t, kind, payload))
+        self.inbox.append((t, msg))
         if self.idle:
             self._wake(t)
 
@@ -86,20 +88,21 @@ class SimRollout:
     def _apply_inbox(self, now: float) -> None:
         box = self.inbox
         while box and box[0][0] <= now:
-            _, kind, payload = box.popleft()
+            _, msg = box.popleft()
+            kind = msg["type"]
             if kind == "assign":
-                for t in payload:
+                for t in msg["work"]:
                     if t.pinned:  # migrated or recovered work goes first
                         self.queue.appendleft(t)
                     else:
                         self.queue.append(t)
             elif kind == "update_weights":
-                self.target = max(self.target, payload)
+                self.target = max(self.target, msg["version"])
             elif kind == "resume":
-                self.resume = max(self.resume, payload)
+                self.resume = max(self.resume, msg["version"])
             elif kind == "migrate":
-                ids, dest = payload
-                reqs = self._abort(ids)
+                dest = msg["dest"]
+                reqs = self._abort(msg["traj_ids"])
                 if reqs:
                     self.ctl.migrated(self.rank, dest, reqs)
                     self.credit += len(reqs)
@@ -282,9 +285,9 @@ class SimRollout:
         if self.kv > self.kv_peak:
             self.kv_peak = self.kv
         waiting = self._pinned() if self.draining else len(self.queue)
-        # a ReplicaState's fields, as a tuple (the controller builds the states when it plans a round)
-        self.ctl.replicas[self.rank] = (self.rank, self.version, waiting, len(self.act), self.kv, self.kv_peak,
-                                        tuple(self.act))
+        # ReplicaState's fields (the manager builds the states when it plans a round)
+        self.replica_states[self.rank] = (self.rank, self.version, waiting, len(self.act), self.kv, self.kv_peak,
+                                          tuple(self.act))
         return True
 
     # -- weights ----------------------------------------------------------------------------

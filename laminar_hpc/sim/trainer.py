@@ -129,7 +129,7 @@ class SimTrainer:
                           "train_s": self.train_s, "wait_s": self.wait_s, "wall": now,
                           "staleness_mean": sum(st) / len(st), "staleness_max": max(st),
                           **self.sim.counters()})
-        self.ctl.train_step(self.step, len(self.stale))
+        self.ctl.train_step(self.step)
         self.stale = []
         if self.step >= self.total:
             self.done = True

@@ -1,67 +1,131 @@
-"""What the trainer loop needs from a training backend, and the plain PyTorch one.
+"""The one interface between the trainer loop and what holds the model: `TrainBackend`.
 
-The loop (trainer/main.py) owns data, staleness, the ledger, publishing and checkpoint
-bookkeeping; a backend owns the model and optimizer:
+The loop (trainer/main.py) owns data, staleness, the exactly-once ledger, publishing and the
+checkpoint bookkeeping it reports to the controller; a backend owns the model, its optimizer
+and how both reach disk. Three implement it, one per file, chosen once by `build_backend`
+from `trainer.backend`:
 
-    backend.train_step(batch, lr=..., temperature=...)  -> loss metrics (loss, is_weight_mean,
-                                                            truncated_frac, clipped_frac, kl, grad_norm)
-    backend.weights()                                   -> object with named_parameters() in HF
-                                                            names (what WeightLayout packs)
+    torch      trainer/torch_backend.py     our Transformer + torch AdamW, in this process
+    emulated   trainer/emulated.py          real weight bytes, the cost model's train time
+    megatron   trainer/megatron/backend.py  rank 0 of the TP * PP * DP ranks, which follow it
 
-`TorchBackend` is the single-process one (our Transformer + torch AdamW); the Megatron one is
-`laminar_hpc.trainer.megatron.runner.MegatronBackend` (imported only when chosen).
+    backend = build_backend(cfg, tok, run_dir=run_dir, ckpt_root=run_dir / "checkpoints")
+    meta = backend.resume()                              # newest good checkpoint, or None
+    m = backend.train_step(groups, step=0, version=0)    # the step's metrics
+    Publisher(ctx, backend.weights(), backend.layout).publish(version)
+    backend.save(1, 1, meta={...}, ledger={...}); backend.saves_done(wait=True)
+    backend.close(clean=True)
 """
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+import logging
+import math
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 import torch
 
-from laminar_hpc.model.llama import token_logprobs
-from laminar_hpc.trainer.batch import Batch
-from laminar_hpc.trainer.loss import aipo_loss
+from laminar_hpc.trainer.batch import Batch, build_batch
+from laminar_hpc.trainer.checkpoint import AsyncCheckpointer, load_latest
 
 
 class TrainBackend(Protocol):
-    def train_step(self, b: Batch, *, lr: float, temperature: float) -> dict: ...
+    # the byte layout of what `weights()` yields (model.weights.WeightLayout, or the emulated
+    # engines' EmulatedWeights): fixed for the run, it is what the publisher's store is sized for
+    layout: Any
 
-    def weights(self): ...
+    def resume(self) -> dict | None:
+        """Restore the newest checkpoint that verifies: its meta (step, version, dropped_groups,
+        "ledger", "path"), or None when there is none."""
+
+    def load_initial(self, path: str) -> None:
+        """Start from `trainer.init_checkpoint` (no checkpoint to resume from)."""
+
+    def warm_up(self, train: Callable[[torch.nn.Module], dict], log: logging.Logger) -> dict | None:
+        """Run the supervised warm-up `train` on this backend's policy (trained in place) and
+        return its result, or skip it (None) where the backend has no policy to warm up."""
+
+    def train_step(self, groups: list[dict], *, step: int, version: int) -> dict:
+        """One optimizer step on complete GRPO groups: `step` is 0-based, `version` the policy's
+        version before it. Returns the metrics row (loss, lr, rewards, tokens, staleness...)."""
+
+    def weights(self) -> Any:
+        """What `layout.pack` reads: a view of the policy's weights read when packed, so one
+        publisher built at the start publishes the current weights of every version."""
+
+    def save(self, step: int, version: int, *, meta: dict, ledger: dict) -> float:
+        """Start a checkpoint of the current state; returns the seconds training was blocked."""
+
+    def saves_done(self, wait: bool = False) -> list[dict]:
+        """Checkpoint writes finished since the last call, each {"step", "version", "path",
+        "write_s"} or {"step", "version", "error": one line}; with `wait`, the one in flight too."""
+
+    def close(self, clean: bool = True) -> None:
+        """Let a checkpoint write in flight finish and stop what the backend started (after a
+        failure, `clean` false, without waiting on other processes)."""
 
 
-class NamedTensors:
-    """Full HF-named tensors with the one method WeightLayout and Publisher use."""
+def build_backend(cfg, tok, *, run_dir: Path, ckpt_root: Path) -> TrainBackend:
+    """The backend `cfg.trainer.backend` names. Megatron's starts the other ranks."""
+    kind = cfg.trainer.backend
+    if kind == "torch":
+        from laminar_hpc.trainer.torch_backend import TorchBackend
+        return TorchBackend(cfg, tok, ckpt_root)
+    if kind == "emulated":
+        from laminar_hpc.trainer.emulated import EmulatedBackend
+        return EmulatedBackend(cfg, ckpt_root)
+    if kind == "megatron":  # imported only when chosen: megatron-core is an optional extra
+        from laminar_hpc.trainer.megatron.backend import start_megatron
+        return start_megatron(cfg, tok, run_dir=run_dir, ckpt_root=ckpt_root)
+    raise ValueError(f"unknown trainer.backend {kind!r}")
 
-    def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.tensors = tensors
 
-    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.tensors.items())
+# -- shared by the implementations ----------------------------------------------------------
 
+class ModuleBackend:
+    """What the torch and emulated backends share: the policy is one module in this process
+    with a torch AdamW, checkpointed in the background by AsyncCheckpointer."""
 
-class TorchBackend:
-    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, cfg, ref_model=None):
-        self.model, self.opt, self.cfg, self.ref_model = model, opt, cfg, ref_model
+    def __init__(self, model: torch.nn.Module, cfg, ckpt_root: Path):
+        self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
+        self.ckpt = AsyncCheckpointer(ckpt_root, keep=cfg.checkpoint.keep, timeout_s=cfg.timeouts.checkpoint_s)
+
+    def resume(self) -> dict | None:
+        return load_latest(self.ckpt.root, self.model, self.opt)
+
+    def load_initial(self, path: str) -> None:
+        self.model.load_state_dict(torch.load(path, map_location="cpu"))
 
     def weights(self) -> torch.nn.Module:
-        return self.model
+        return self.model  # the live module: packing reads the current weights
 
-    def train_step(self, b: Batch, *, lr: float, temperature: float) -> dict:
-        cfg, dev = self.cfg, self.cfg.device
-        logp = token_logprobs(self.model(b.inputs.to(dev)), b.targets.to(dev), temperature)
-        ref = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref = token_logprobs(self.ref_model(b.inputs.to(dev)), b.targets.to(dev), temperature)
-        out = aipo_loss(logp, b.behaviour_logp.to(dev), b.advantages.to(dev), b.mask.to(dev),
-                        rho=cfg.rho, clip_eps=cfg.clip_eps, ref_logp=ref, kl_coef=cfg.kl_coef)
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        self.opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.opt.step()
-        return {"loss": out.loss.item(), "is_weight_mean": out.is_weight_mean, "truncated_frac": out.truncated_frac,
-                "clipped_frac": out.clipped_frac, "kl": out.kl, "grad_norm": float(grad_norm)}
+    def save(self, step: int, version: int, *, meta: dict, ledger: dict) -> float:
+        return self.ckpt.save(step, version, self.model, self.opt, meta=meta, ledger=ledger)
+
+    def saves_done(self, wait: bool = False) -> list[dict]:
+        return self.ckpt.wait() if wait else self.ckpt.poll()
+
+    def close(self, clean: bool = True) -> None:
+        self.ckpt.close()  # a write in flight completes (or fails) before the process ends
+
+
+def lr_at(step: int, cfg) -> float:
+    """Learning rate for optimizer step `step` (0-based) of `cfg.total_steps` (a TrainerCfg)."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    frac = min(1.0, step / max(1, cfg.total_steps - 1))
+    return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train_on_batch(step_fn: Callable[..., dict], groups: list[dict], *, step: int, version: int, cfg,
+                   pad_id: int) -> dict:
+    """The torch and Megatron train step: pad the groups into a Batch, run
+    `step_fn(batch, lr=, temperature=)` (the loss metrics), add the lr and the data's figures."""
+    b = build_batch(groups, pad_id)
+    lr = lr_at(step, cfg.trainer)
+    m = step_fn(b, lr=lr, temperature=cfg.rollout.temperature)
+    return {**m, "lr": lr, **batch_metrics(b, version)}
 
 
 def batch_metrics(b: Batch, version: int) -> dict:

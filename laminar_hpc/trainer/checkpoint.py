@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from laminar_hpc.trainer.ckpt_files import (LEDGER_FILE, CheckpointError, list_checkpoints, log, newest_verified,
-                                            read_ledger, verify)
+from laminar_hpc.rundir import (LEDGER_FILE, CheckpointError, list_checkpoints, log, newest_verified, read_ledger,
+                                verify)
 
 __all__ = ["AsyncCheckpointer", "CheckpointError", "list_checkpoints", "load_latest", "read_ledger",
            "save_checkpoint", "verify"]

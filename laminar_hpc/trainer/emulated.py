@@ -1,19 +1,26 @@
-"""Emulated trainer backend: the real trainer loop (groups, staleness, publish, checkpoints)
-with the forward/backward pass replaced by the cost model's train time.
+"""Emulated trainer backend (`trainer.backend: emulated`): the real trainer loop (groups,
+staleness, publish, checkpoints) with the forward/backward pass replaced by the cost model's
+train time.
 
 The "model" is `emulation.weight_mb` of real bytes, published, broadcast and pulled like real
-weights; each version changes some of them, so a stale copy is detectable.
+weights; each version changes some of them, so a stale copy is detectable. It is checkpointed
+like the torch backend's model (with an AdamW over one dummy parameter, so the files look the same).
 
-    policy = EmulatedPolicy(nbytes=16 << 20)
-    metrics = emulated_train_step(policy, groups, version=3, cost=CostModel(emu), clock=Clock(0.2))
+    backend = EmulatedBackend(cfg, run_dir / "checkpoints")
+    metrics = backend.train_step(groups, step=0, version=3)
 """
 from __future__ import annotations
 
+import logging
 import statistics
+from pathlib import Path
+from typing import Callable
 
 import torch
 
 from laminar_hpc.emulation.cost import Clock, CostModel
+from laminar_hpc.emulation.weights import EmulatedWeights
+from laminar_hpc.trainer.backend import ModuleBackend
 
 
 class EmulatedPolicy(torch.nn.Module):
@@ -46,3 +53,16 @@ def emulated_train_step(policy: EmulatedPolicy, groups: list[dict], *, version: 
             "trajectories": len(trajs), "tokens": response,
             "staleness_mean": statistics.fmean(stale), "staleness_max": max(stale), "staleness_hist": hist,
             "emulation_behind_s": clock.behind_s}
+
+
+class EmulatedBackend(ModuleBackend):
+    def __init__(self, cfg, ckpt_root: Path):
+        super().__init__(EmulatedPolicy(int(cfg.emulation.weight_mb * 2**20)), cfg, ckpt_root)
+        self.layout = EmulatedWeights(self.model.weights.numel())
+        self.cost, self.clock = CostModel(cfg.emulation), Clock(cfg.emulation.time_scale)
+
+    def warm_up(self, train: Callable[[torch.nn.Module], dict], log: logging.Logger) -> None:
+        return None  # the bytes have nothing to learn; the compute an emulated run models is RL's
+
+    def train_step(self, groups: list[dict], *, step: int, version: int) -> dict:
+        return emulated_train_step(self.model, groups, version=version, cost=self.cost, clock=self.clock)

@@ -11,18 +11,15 @@ resumes from its newest good checkpoint, re-publishes those weights under a vers
 newer than any published before (rollouts take it at once: no resume deadlock), and sends
 the controller its ledger, which gives back every group it lost and none it kept.
 
-The model and optimizer sit behind a backend (trainer/backend.py): our Transformer with torch
-AdamW, or megatron-core (`trainer.backend: megatron`): then this process is rank 0 of the
-trainer's TP * PP * DP ranks, the others follow its commands (trainer/megatron/runner.py).
+The model, its optimizer and their checkpoints sit behind one interface (trainer/backend.py),
+implemented once per `trainer.backend` and chosen once at the start; this loop only calls it.
 
     python -m laminar_hpc.trainer --run-dir runs/x
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import math
 import os
 import shutil
 import sys
@@ -32,28 +29,14 @@ import torch
 
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
-from laminar_hpc.model.llama import Transformer
-from laminar_hpc.model.factory import build_model, build_tokenizer
-from laminar_hpc.model.weights import WeightLayout
+from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.scheduling import too_stale
 from laminar_hpc.tasks import build_task
-from laminar_hpc.trainer.batch import build_batch
-from laminar_hpc.emulation.cost import Clock, CostModel
-from laminar_hpc.emulation.weights import EmulatedWeights
-from laminar_hpc.trainer.backend import TorchBackend, batch_metrics
-from laminar_hpc.trainer.emulated import EmulatedPolicy, emulated_train_step
-from laminar_hpc.trainer.checkpoint import AsyncCheckpointer, list_checkpoints, load_latest
+from laminar_hpc.trainer.backend import TrainBackend, build_backend
+from laminar_hpc.trainer.checkpoint import list_checkpoints
 from laminar_hpc.trainer.publisher import Publisher
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
-
-
-def lr_at(step: int, cfg) -> float:
-    """Learning rate for optimizer step `step` (0-based) of `cfg.total_steps` (a TrainerCfg)."""
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    frac = min(1.0, step / max(1, cfg.total_steps - 1))
-    return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 class StopRequested(Exception):
@@ -61,36 +44,24 @@ class StopRequested(Exception):
 
 
 class Trainer:
-    def __init__(self, ctx: RoleContext, flags: dict, megatron=None):
-        """`megatron`: rank 0's MegatronBackend (trainer.backend: megatron), started by `main`."""
+    def __init__(self, ctx: RoleContext, flags: dict, backend: TrainBackend | None = None):
+        """`backend`: built from `trainer.backend` unless given (tests)."""
         self.ctx, self.flags = ctx, flags
         cfg = ctx.cfg
         # loading a real checkpoint (model.hf_path) can outlast timeouts.heartbeat_s: beat from the start
         self.beat = Heartbeat(ctx, background=True)
         torch.set_num_threads(cfg.trainer.torch_threads)
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # before the backend builds the initial weights
         self.tok = build_tokenizer(cfg.model)
-        self.emulated = cfg.trainer.backend == "emulated"
-        self.megatron = megatron
-        self.model = self.opt = None  # torch and emulated backends only
-        if self.emulated:  # the loop, data, staleness and weight bytes are real; the compute is the cost model
-            self.model = EmulatedPolicy(int(cfg.emulation.weight_mb * 2**20))
-            self.layout = EmulatedWeights(self.model.weights.numel())
-            self.cost, self.clock = CostModel(cfg.emulation), Clock(cfg.emulation.time_scale)
-        elif megatron is None:
-            self.model = build_model(cfg.model, self.tok, cfg.trainer.device)
-        if self.model is not None:
-            self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr,
-                                         weight_decay=cfg.trainer.weight_decay)
-        self.backend = megatron
+        self.ckpt_root = ctx.rundir.checkpoints_dir
+        self.backend = backend if backend is not None else build_backend(cfg, self.tok, run_dir=ctx.run_dir, ckpt_root=self.ckpt_root)
         self.step = 0
         self.version = 0
         self.dropped_groups = 0
-        self.ref_model: Transformer | None = None
         self.groups: list[dict] = []
         self.synced = -1  # partial-rollout: newest version every rollout has loaded
         self.checkpointed: set[int] = set()
-        self.metrics_path = ctx.run_dir / "metrics.jsonl"
+        self.metrics_path = ctx.rundir.metrics
         # the exactly-once ledger: groups trained on, in order (the first `committed_n` are in the
         # newest checkpoint written), and groups dropped for staleness not yet reported
         self.consumed: list[int] = []
@@ -98,27 +69,14 @@ class Trainer:
         self.committed_n = 0
         self.stale: list[int] = []
         self.already: list[int] = []  # re-delivered groups this lineage trained on: reported, not retrained
-        if megatron is not None:
-            from laminar_hpc.trainer.megatron.runner import MegatronCheckpointer
-            m = cfg.trainer.megatron
-            self.ckpt = MegatronCheckpointer(ctx.run_dir / "checkpoints", keep=cfg.checkpoint.keep, backend=megatron,
-                                             meta_extra={"tensor_parallel": m.tensor_parallel,
-                                                         "pipeline_parallel": m.pipeline_parallel})
-        else:
-            self.ckpt = AsyncCheckpointer(ctx.run_dir / "checkpoints", keep=ctx.cfg.checkpoint.keep,
-                                          timeout_s=ctx.cfg.timeouts.checkpoint_s)
         self.ckpt_pending: dict[int, int] = {}  # checkpoint step -> ledger length it holds
 
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
     def initialise(self) -> None:
         cfg, ctx = self.ctx.cfg, self.ctx
-        for tmp in (ctx.run_dir / "checkpoints").glob(".step_*.tmp*"):  # a write cut short by a kill
+        for tmp in self.ckpt_root.glob(".step_*.tmp*"):  # a write cut short by a kill
             shutil.rmtree(tmp, ignore_errors=True)
-        if self.megatron is not None:
-            from laminar_hpc.trainer.megatron.runner import load_latest as megatron_load_latest
-            meta = megatron_load_latest(ctx.run_dir / "checkpoints", self.megatron)
-        else:
-            meta = load_latest(ctx.run_dir / "checkpoints", self.model, self.opt)
+        meta = self.backend.resume()
         if meta is not None:
             self.step, self.version = meta["step"], meta["version"]
             self.consumed = [int(g) for g in meta["ledger"].get("consumed", [])]
@@ -136,26 +94,24 @@ class Trainer:
             ctx.tracer.emit("resumed", step=self.step, version=self.version, path=meta["path"],
                             ledger=self.committed_n)
         elif cfg.trainer.init_checkpoint:
-            if self.model is not None:  # the Megatron ranks loaded it before sharding (runner.Ranks)
-                self.model.load_state_dict(torch.load(cfg.trainer.init_checkpoint, map_location="cpu"))
+            self.backend.load_initial(cfg.trainer.init_checkpoint)
             ctx.log.info("initial weights from %s", cfg.trainer.init_checkpoint)
-        elif self.megatron is not None and cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not cfg.model.hf_path:
-            ctx.log.warning("no warm-up with trainer.backend: megatron (start from model.hf_path or "
-                            "trainer.init_checkpoint)")
-        elif cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not self.emulated and not cfg.model.hf_path:
-            self._phase("warmup")
-            task = build_task(cfg.task, cfg.seed)
-            res = run_warmup(self.model, task, self.tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
-                             report=self._warmup_report, should_stop=lambda: bool(self.flags.get("stop")))
-            ctx.log.info("warm-up done: %d steps, greedy reward %.3f, %.1fs", res["steps"],
-                         res["greedy_reward"], res["seconds"])
-            ctx.tracer.emit("warmup_done", **res)
-            self._append_metrics({"event": "warmup_done", **res})
-        if cfg.trainer.kl_coef > 0 and self.megatron is None:  # the Megatron engine refuses kl_coef > 0
-            self.ref_model = copy.deepcopy(self.model).requires_grad_(False)
-        if self.backend is None and not self.emulated:
-            self.backend = TorchBackend(self.model, self.opt, cfg.trainer, self.ref_model)
+        elif cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not cfg.model.hf_path:
+            res = self.backend.warm_up(self._warmup, ctx.log)
+            if res is not None:
+                ctx.log.info("warm-up done: %d steps, greedy reward %.3f, %.1fs", res["steps"],
+                             res["greedy_reward"], res["seconds"])
+                ctx.tracer.emit("warmup_done", **res)
+                self._append_metrics({"event": "warmup_done", **res})
         self._phase("rl")
+
+    def _warmup(self, model: torch.nn.Module) -> dict:
+        """The supervised warm-up (trainer/warmup.py) of the backend's policy, in place."""
+        cfg = self.ctx.cfg
+        self._phase("warmup")
+        task = build_task(cfg.task, cfg.seed)
+        return run_warmup(model, task, self.tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
+                          report=self._warmup_report, should_stop=lambda: bool(self.flags.get("stop")))
 
     def _warmup_report(self, r: dict) -> None:
         self.ctx.log.info("warm-up step %d loss %.3f greedy reward %.3f", r["step"], r["loss"], r["greedy_reward"])
@@ -257,15 +213,7 @@ class Trainer:
                 self._take(msg)
         return time.monotonic() - t0
 
-    # -- one step -------------------------------------------------------------------------
-    def train_step(self, groups: list[dict]) -> dict:
-        if self.emulated:
-            return emulated_train_step(self.model, groups, version=self.version, cost=self.cost, clock=self.clock)
-        b = build_batch(groups, self.tok.pad_id)
-        lr = lr_at(self.step, self.ctx.cfg.trainer)
-        m = self.backend.train_step(b, lr=lr, temperature=self.ctx.cfg.rollout.temperature)
-        return {**m, "lr": lr, **batch_metrics(b, self.version)}
-
+    # -- metrics --------------------------------------------------------------------------
     def _append_metrics(self, row: dict) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -279,26 +227,24 @@ class Trainer:
         self.initialise()
         if flags.get("stop"):  # stopped during the warm-up: nothing worth keeping yet
             return INTERRUPTED
-        if self.step == 0 and not list_checkpoints(ctx.run_dir / "checkpoints"):
+        if self.step == 0 and not list_checkpoints(self.ckpt_root):
             self.checkpoint(wait=True)  # the warmed-up policy: a resume never repeats the warm-up
-        weights = self.model if self.emulated else self.backend.weights()
-        layout = self.layout if self.emulated else WeightLayout.from_model(weights, cfg.trainer.publish_dtype)
-        pub = Publisher(ctx, weights, layout)
+        pub = Publisher(ctx, self.backend.weights(), self.backend.layout)
         try:
-            self.publish(pub)  # the rollouts' first weights (or the resumed version)
+            pub.publish(self.version)  # the rollouts' first weights (or the resumed version)
             self.sync_controller()
             t_start = time.monotonic()
             while self.step < cfg.trainer.total_steps and not flags.get("stop"):
                 groups, wait_s = self.collect(beat)
                 t0 = time.monotonic()
-                m = self.train_step(groups)
+                m = self.backend.train_step(groups, step=self.step, version=self.version)
                 self.step += 1
                 self.version += 1
                 ids = [g["group_id"] for g in groups]
                 self.consumed.extend(ids)
                 self.consumed_set.update(ids)
                 train_s = time.monotonic() - t0
-                stall = self.publish(pub) if self.step % cfg.trainer.publish_every == 0 else 0.0
+                stall = pub.publish(self.version) if self.step % cfg.trainer.publish_every == 0 else 0.0
                 if stall and cfg.mode == "partial-rollout":
                     stall += self.wait_synced(self.version, beat)
                 ctx.ctrl.send({"type": "want_groups", "n": len(groups)})
@@ -331,22 +277,12 @@ class Trainer:
         ctx.ctrl.send({"type": "trainer_done", "steps": self.step})
         return 0
 
-    def publish(self, pub: Publisher) -> float:
-        """Publish the current weights as `self.version`; the stall includes a Megatron export."""
-        if self.megatron is None:
-            return pub.publish(self.version)
-        t0 = time.perf_counter()
-        pub.model = self.megatron.weights()  # gather the shards into full HF-named tensors on this rank
-        pub.publish(self.version)
-        return time.perf_counter() - t0
-
     def checkpoint(self, wait: bool = False) -> None:
         """Checkpoint in the background: training blocks only for the host copy."""
         cfg = self.ctx.cfg
         ledger = {"consumed": self.consumed}
-        blocked = self.ckpt.save(self.step, self.version, self.model, self.opt,
-                                 meta={"model": cfg.model.model_dump(), "dropped_groups": self.dropped_groups},
-                                 ledger=ledger)
+        blocked = self.backend.save(self.step, self.version, ledger=ledger,
+                                    meta={"model": cfg.model.model_dump(), "dropped_groups": self.dropped_groups})
         self.checkpointed.add(self.step)
         self.ckpt_pending[self.step] = len(self.consumed)
         self.ctx.tracer.emit("checkpoint_started", step=self.step, version=self.version, blocked_s=blocked)
@@ -355,7 +291,7 @@ class Trainer:
 
     def checkpoints_done(self, wait: bool = False) -> None:
         """Report finished checkpoint writes: their groups are durable now (the controller frees them)."""
-        for done in (self.ckpt.wait() if wait else self.ckpt.poll()):
+        for done in self.backend.saves_done(wait):
             n = self.ckpt_pending.pop(done["step"], self.committed_n)
             if "error" in done:  # e.g. a full disk: the previous checkpoint is intact; training goes on
                 self.ctx.log.error("%s", done["error"])
@@ -376,31 +312,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--run-dir", required=True)
     args = ap.parse_args(argv)
     flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
-    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # a Megatron trainer step of one task per rank
-        from laminar_hpc.trainer.megatron.runner import adopt_slurm_ranks
-        adopt_slurm_ranks(args.run_dir)
-    if int(os.environ.get("RANK", "0")) > 0:  # a Megatron follower task (srun / torchrun): no role of its own
-        from laminar_hpc.trainer.megatron.runner import main as follower_main
-        follower_main(argv)
-        return
     ctx = start_role("trainer", 0, args.run_dir)
     code = 1
-    trainer = megatron = None
-    procs: list = []
+    trainer = None
     clean = False
     try:
-        if ctx.cfg.trainer.backend == "megatron":
-            from laminar_hpc.trainer.megatron.runner import start_ranks
-            megatron, procs = start_ranks(ctx.cfg, ctx.run_dir, build_tokenizer(ctx.cfg.model))
-        trainer = Trainer(ctx, flags, megatron)
+        trainer = Trainer(ctx, flags)
         code = trainer.run()
         clean = True
     finally:
-        if trainer is not None:
-            trainer.ckpt.close()  # a write in flight completes (or fails) before the process ends
-        if megatron is not None or procs:
-            from laminar_hpc.trainer.megatron.runner import stop_ranks
-            stop_ranks(megatron, procs, ctx.cfg.timeouts.shutdown_s, clean=clean)
+        if trainer is not None:  # a write in flight completes (or fails) before the process ends
+            trainer.backend.close(clean=clean)
         ctx.tracer.flush()
         ctx.ctrl.close(linger_ms=2000)
         ctx.log.info("stopped")

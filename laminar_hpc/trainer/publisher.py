@@ -5,13 +5,15 @@ cast if `publish_dtype` differs) and tells the master relay which version is the
 trainer never waits for the relay: the store keeps the last versions, and the relay copies
 the newest whenever it is ready (a slow relay skips versions, never stalls training).
 
-    pub = Publisher(ctx, model, layout); stall_s = pub.publish(version=5)
+    pub = Publisher(ctx, backend.weights(), backend.layout); stall_s = pub.publish(version=5)
+
+`weights` is read at every publish (`layout.pack`), so the publisher built once publishes the
+weights current at that moment: a live module, or a view that gathers them (Megatron's export,
+which the stall then includes).
 """
 from __future__ import annotations
 
 import time
-
-import torch
 
 from laminar_hpc.launch.role import RoleContext
 from laminar_hpc.model.weights import WeightLayout
@@ -20,8 +22,8 @@ from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
 
 
 class Publisher:
-    def __init__(self, ctx: RoleContext, model: torch.nn.Module, layout: WeightLayout):
-        self.ctx, self.model, self.layout = ctx, model, layout
+    def __init__(self, ctx: RoleContext, weights, layout: WeightLayout):
+        self.ctx, self.weights, self.layout = ctx, weights, layout
         self.store = WeightStore.create(ctx.shm_path("handoff"), slots=3, capacity=layout.nbytes)
         addr = wait_endpoint(ctx.run_dir, "relay_master", ctx.cfg.timeouts.startup_s)
         self.relay = Client(addr, "trainer-0")
@@ -32,7 +34,7 @@ class Publisher:
         """Hand version `version` to the master relay; returns the time training was blocked."""
         t0 = time.perf_counter()
         slot, buf = self.store.begin(version)
-        self.layout.pack(self.model, buf)
+        self.layout.pack(self.weights, buf)
         self.store.commit(slot, version, self.layout.nbytes, 0, self.digest)  # master checksums
         self.relay.send({"type": "publish", "version": version, "slot": slot, "nbytes": self.layout.nbytes,
                          "layout": self.layout.digest, "t": time.time()})

@@ -5,6 +5,10 @@ Trains on (prompt, answer) pairs whose answer digits are replaced at random with
 Every `eval_every` steps it decodes a held-out batch greedily; warm-up ends once that greedy
 reward reaches `target_greedy_reward` (or after `max_steps`). RL then has to turn a policy
 that *can* solve the task into one that reliably *does* when sampling.
+
+The evaluation decodes as a rollout would (a float32 CPU copy of the policy, the model's KV
+cache, the sampler's greedy pick), with the model package only: the trainer sits below the
+rollout role and never imports it.
 """
 from __future__ import annotations
 
@@ -14,9 +18,8 @@ from typing import Callable
 
 import torch
 
-from laminar_hpc.model.llama import Transformer, token_logprobs
-from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.rollout.engine import SeqRequest, TorchEngine
+from laminar_hpc.model.llama import KVCache, Transformer, token_logprobs
+from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.tasks import encode_prompt
 
 WARMUP_OFFSET = 1 << 40  # problem indices used by warm-up: disjoint from RL's (which start at 0)
@@ -27,20 +30,58 @@ def noisy(answer: str, p: float, rng: random.Random) -> str:
     return "".join(rng.choice("0123456789") if c.isdigit() and rng.random() < p else c for c in answer)
 
 
+@torch.inference_mode()
+def greedy_decode(model: Transformer, prompts: list[list[int]], eos_id: int, max_new_tokens: int) -> list[list[int]]:
+    """The greedy completion of each prompt (ending with `eos_id` unless cut at `max_new_tokens`
+    or the model's max_seq_len). All prompts are prefilled as one right-padded batch, then each
+    step decodes one token per unfinished sequence; a finished sequence leaves the batch and the
+    last one moves into its cache slot. That is the rollout engine's order of work, so the rows
+    computed together, and hence the tokens, are the ones a rollout would produce."""
+    args = model.args
+    for p in prompts:
+        if len(p) + 1 > args.max_seq_len or max_new_tokens < 1:
+            raise ValueError(f"a prompt of {len(p)} tokens leaves no room to generate "
+                             f"(model.max_seq_len={args.max_seq_len}, max_new_tokens={max_new_tokens})")
+    n, width = len(prompts), max(len(p) for p in prompts)
+    cache = KVCache(args, n)
+    x = torch.zeros(n, width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        x[i, :len(p)] = torch.tensor(p)
+    logits = model(x, cache=cache, positions=torch.arange(width).expand(n, width), key_len=width)
+    logits = logits[torch.arange(n), torch.tensor([len(p) - 1 for p in prompts])]
+    out: list[list[int]] = [[] for _ in prompts]
+    seq = list(range(n))  # cache slot -> sequence
+    filled = [len(p) for p in prompts]  # cache slot -> positions written
+    while True:
+        picks, _ = sample_tokens(logits, 0.0, 1.0)  # temperature 0: the arg-max
+        for s, t in enumerate(picks.tolist()):
+            out[seq[s]].append(t)
+        for s in reversed(range(len(seq))):  # from the back: a slot moved into a hole is unfinished
+            o, i = out[seq[s]], seq[s]
+            if o[-1] == eos_id or len(o) >= max_new_tokens or len(prompts[i]) + len(o) >= args.max_seq_len:
+                if s != len(seq) - 1:
+                    cache.move_slot(len(seq) - 1, s)
+                    seq[s], filled[s] = seq[-1], filled[-1]
+                seq.pop()
+                filled.pop()
+        if not seq:
+            return out
+        pos = torch.tensor([[f] for f in filled])
+        tokens = torch.tensor([[out[i][-1]] for i in seq])
+        logits = model(tokens, cache=cache, positions=pos, key_len=int(pos.max()) + 1)[:, -1]
+        filled = [f + 1 for f in filled]
+
+
 def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int) -> float:
-    engine = TorchEngine(model.args, tok.eos_id, max_batch=n, temperature=0.0)
-    layout = WeightLayout.from_model(model)
-    buf = bytearray(layout.nbytes)
-    layout.pack(model, memoryview(buf))
-    engine.load_weights(0, memoryview(buf), layout)
+    """Mean reward of greedy answers to `n` held-out problems."""
+    # a float32 CPU copy, as a rollout holds the published weights (whatever the trainer's device and dtype)
+    policy = Transformer(model.args).requires_grad_(False)
+    policy.load_state_dict(model.state_dict())
     problems = [task.problem(EVAL_OFFSET + i) for i in range(n)]
-    reqs = [SeqRequest(str(i), encode_prompt(tok, p), max_new_tokens) for i, p in enumerate(problems)]
-    engine.add(reqs)
-    while engine.num_active():
-        engine.step()
+    answers = greedy_decode(policy, [encode_prompt(tok, p) for p in problems], tok.eos_id, max_new_tokens)
     total = 0.0
-    for p, r in zip(problems, reqs):
-        total += task.reward(tok.decode([t for t in r.tokens if t != tok.eos_id]), p)
+    for p, a in zip(problems, answers):
+        total += task.reward(tok.decode([t for t in a if t != tok.eos_id]), p)
     return total / n
 
 

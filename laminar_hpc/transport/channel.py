@@ -28,7 +28,7 @@ from pathlib import Path
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from laminar_hpc.launch.rundir import atomic_write_json, read_json
+from laminar_hpc.rundir import RunDir, atomic_write_json, read_json
 from laminar_hpc.transport.protocol import MAX_FRAME_BYTES, DecodeError, decode, encode
 from laminar_hpc.transport.security import Keys
 
@@ -51,13 +51,13 @@ class AddressInUse(OSError):
     """A server could not bind its fixed port because something else holds it."""
 
 
-def publish_endpoint(run_dir: Path, name: str, address: str, **extra) -> None:
-    atomic_write_json(Path(run_dir) / "endpoints" / f"{name}.json", {"address": address, "t": time.time(), **extra})
+def publish_endpoint(run_dir: RunDir | Path, name: str, address: str, **extra) -> None:
+    atomic_write_json(RunDir.of(run_dir).endpoint(name), {"address": address, "t": time.time(), **extra})
 
 
-def wait_endpoint(run_dir: Path, name: str, timeout_s: float, not_before: float = 0.0) -> str:
+def wait_endpoint(run_dir: RunDir | Path, name: str, timeout_s: float, not_before: float = 0.0) -> str:
     """Address of endpoint `name`, waiting until it is published (and newer than `not_before`)."""
-    path = Path(run_dir) / "endpoints" / f"{name}.json"
+    path = RunDir.of(run_dir).endpoint(name)
     deadline = time.monotonic() + timeout_s
     delay = 0.01
     while True:

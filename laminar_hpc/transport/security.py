@@ -21,7 +21,8 @@ from pathlib import Path
 
 import zmq
 
-SECRETS_DIR = "secrets"
+from laminar_hpc.rundir import RunDir
+
 SERVER_KEY_FILE = "curve_server.key"
 CLIENT_KEY_FILE = "curve_client.key"
 _Z85_KEY_LEN = 40  # a 32-byte Curve25519 key in Z85
@@ -94,8 +95,8 @@ def is_loopback(host: str) -> bool:
     return addr.is_loopback
 
 
-def _secrets_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / SECRETS_DIR
+def _secrets_dir(run_dir: RunDir | Path) -> Path:
+    return RunDir.of(run_dir).secrets_dir
 
 
 def _create_keypair_file(path: Path) -> None:

@@ -11,7 +11,7 @@ enters the same Megatron collectives in the same order:
 
     # every rank, after torch.distributed.init_process_group (see start_ranks):
     ranks = Ranks(cfg, tok)
-    if rank == 0: backend = MegatronBackend(ranks)      # used by trainer/main.py
+    if rank == 0: backend = MegatronBackend(ranks, ...)  # megatron/backend.py, used by trainer/main.py
     else: follow(ranks)                                  # returns at ("stop",)
 """
 from __future__ import annotations
@@ -23,9 +23,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-from laminar_hpc.trainer.backend import NamedTensors
-from laminar_hpc.trainer.batch import Batch
 
 
 def control_timeout_s(cfg) -> float:
@@ -91,96 +88,6 @@ def follow(ranks: Ranks) -> None:
         ranks.run(cmd)
 
 
-class MegatronBackend:
-    """Rank 0's view (trainer.backend.TrainBackend), plus checkpoints."""
-
-    def __init__(self, ranks: Ranks):
-        from laminar_hpc.model.llama import Transformer
-        self.ranks = ranks
-        with torch.device("meta"):  # names and order of our model's parameters: the published layout's
-            self.order = [n for n, _ in Transformer(ranks.args).named_parameters()]
-
-    def _do(self, *cmd):
-        return self.ranks.run(self.ranks.bcast(cmd))
-
-    def train_step(self, b: Batch, *, lr: float, temperature: float) -> dict:
-        return self._do("train", b, lr, temperature)
-
-    def weights(self) -> NamedTensors:
-        full = self._do("export")
-        return NamedTensors({n: full[n] for n in self.order})
-
-    def save_dist(self, path: Path) -> None:
-        self._do("save", str(path))
-
-    def load_dist(self, path: Path) -> None:
-        self._do("load", str(path))
-
-    def close(self) -> None:
-        self.ranks.bcast(("stop",))
-
-
-class MegatronCheckpointer:
-    """The checkpoint directory of trainer/checkpoint.py, written synchronously by all ranks:
-    dist/ (dist_checkpointing: model and distributed optimizer shards), model.pt (the full HF-named
-    weights, usable by the torch backend), optim.pt (where the optimizer state is), rng.pt, meta,
-    ledger, manifest, COMPLETE. Same interface as AsyncCheckpointer."""
-
-    def __init__(self, root: Path, keep: int, backend: MegatronBackend, meta_extra: dict):
-        self.root, self.keep, self.backend, self.meta_extra = Path(root), keep, backend, meta_extra
-        self._done: list[dict] = []
-
-    def save(self, step: int, version: int, model, optimizer, meta: dict, ledger: dict | None = None) -> float:
-        from laminar_hpc.trainer.checkpoint import _failure_line, _HostCopy, _rng_state, _write
-        from laminar_hpc.trainer.ckpt_files import sha256
-        import json
-        t0 = time.monotonic()
-        weights = self.backend.weights().tensors
-        snap = _HostCopy(step=step, version=version, model=weights,
-                         optim={"megatron_dist_checkpoint": "dist", **self.meta_extra}, rng=_rng_state(),
-                         meta_text=json.dumps({**meta, "step": step, "version": version, "backend": "megatron",
-                                               **self.meta_extra}, indent=1),
-                         ledger_text=None if ledger is None else json.dumps(ledger))
-
-        def dist_shards(tmp: Path) -> dict:
-            (tmp / "dist").mkdir()
-            self.backend.save_dist(tmp / "dist")
-            return {f"dist/{p.name}": sha256(p) for p in sorted((tmp / "dist").glob("*.json"))}
-        try:
-            path = _write(self.root, snap, self.keep, extra=dist_shards)
-            self._done.append({"step": step, "version": version, "path": str(path),
-                               "write_s": time.monotonic() - t0})
-        except Exception as err:
-            self._done.append({"step": step, "version": version, "error": _failure_line(self.root, step, err)})
-        return time.monotonic() - t0
-
-    def poll(self) -> list[dict]:
-        done, self._done = self._done, []
-        return done
-
-    def wait(self, timeout_s: float | None = None) -> list[dict]:
-        return self.poll()
-
-    def close(self) -> list[dict]:
-        return self.poll()
-
-
-def load_latest(root: Path, backend: MegatronBackend) -> dict | None:
-    """Restore the newest checkpoint that verifies into every rank; its meta, or None."""
-    from laminar_hpc.trainer.checkpoint import CheckpointError
-    from laminar_hpc.trainer.ckpt_files import newest_verified
-    found = newest_verified(root)
-    if found is None:
-        return None
-    path, meta = found
-    if meta.get("backend") != "megatron" or not (path / "dist").is_dir():
-        raise CheckpointError(f"{path} was not written by trainer.backend: megatron (no dist/ shards)")
-    backend.load_dist(path / "dist")
-    torch.set_rng_state(torch.load(path / "rng.pt")["torch"])
-    meta["path"] = str(path)
-    return meta
-
-
 # -- starting the ranks ----------------------------------------------------------------------------
 
 def adopt_slurm_ranks(run_dir) -> None:
@@ -213,7 +120,7 @@ def _follower_main(run_dir: str, rank: int, world: int, init_method: str) -> Non
     dist.destroy_process_group()
 
 
-def start_ranks(cfg, run_dir: Path, tok) -> tuple[MegatronBackend, list]:
+def start_ranks(cfg, run_dir: Path, tok) -> tuple[Ranks, list]:
     """Rank 0 (this process) and its followers. Under a launcher that set RANK / WORLD_SIZE /
     MASTER_ADDR / MASTER_PORT (srun with ntasks = world, torchrun) every task runs this role and
     those with RANK > 0 only follow (see `main` here); otherwise the followers are spawned on
@@ -235,15 +142,15 @@ def start_ranks(cfg, run_dir: Path, tok) -> tuple[MegatronBackend, list]:
             p.start()
             procs.append(p)
     init_distributed(cfg, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", world)), init)
-    return MegatronBackend(Ranks(cfg, tok)), procs
+    return Ranks(cfg, tok), procs
 
 
-def stop_ranks(backend: MegatronBackend | None, procs: list, timeout_s: float, clean: bool = True) -> None:
+def stop_ranks(ranks: Ranks | None, procs: list, timeout_s: float, clean: bool = True) -> None:
     """Tell the followers to stop, wait for them (by process, with a deadline), then kill stragglers.
     After a failure on rank 0 (`clean` false) the followers may sit in a collective that will never
     complete: they are killed without a stop command."""
-    if backend is not None and clean:
-        backend.close()
+    if ranks is not None and clean:
+        ranks.bcast(("stop",))
     if dist.is_initialized():
         dist.destroy_process_group()
     if not clean:
@@ -254,6 +161,21 @@ def stop_ranks(backend: MegatronBackend | None, procs: list, timeout_s: float, c
         if p.is_alive():
             p.kill()
             p.join(5)
+
+
+def run_if_follower(argv: list[str]) -> bool:
+    """For `python -m laminar_hpc.trainer`, before the trainer role starts: a task of a Megatron
+    trainer step (srun -n WORLD) takes its rank from Slurm; a rank > 0 (srun, torchrun) has no
+    role of its own and follows rank 0 here until it stops (True). False: go on as the trainer."""
+    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+        import argparse
+        ap = argparse.ArgumentParser(add_help=False)
+        ap.add_argument("--run-dir", required=True)
+        adopt_slurm_ranks(ap.parse_known_args(argv)[0].run_dir)
+    if int(os.environ.get("RANK", "0")) > 0:
+        main(argv)
+        return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> None:

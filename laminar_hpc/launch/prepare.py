@@ -1,15 +1,11 @@
-"""The run directory: layout, safe creation, atomic writes and the campaign lock.
+"""A run directory made ready for a campaign: created or refused, locked, checked before a resume.
 
-    run_dir/
-      config.yaml          resolved config (what actually ran)
-      run.json             run id, start time, host
-      endpoints/           addresses roles publish for each other (controller, master relay)
-      logs/<role>.log      one log per process
-      trace/<role>.<pid>.h5  event trace per process (HDF5, SWMR: readable while live)
-      metrics.jsonl        one line per train step
-      status.json          live status (controller, refreshed every second)
-      checkpoints/         trainer checkpoints (+ controller state)
-      summary.json         written at the end of the run
+    prepare_run_dir(run_dir, resume=False, overwrite=False)   # create (0700), or refuse to touch
+    with CampaignLock(run_dir):                                 # one live campaign per directory
+        ...
+    check_resume_model(run_dir, cfg.model.model_dump())        # before any process starts
+
+The names inside the directory are `laminar_hpc.rundir.RunDir`'s.
 """
 from __future__ import annotations
 
@@ -17,41 +13,11 @@ import fcntl
 import json
 import os
 import shutil
-import time
 from pathlib import Path
-from typing import Any
 
+from laminar_hpc.rundir import RunDir, RunDirError
 
-class RunDirError(RuntimeError):
-    pass
-
-
-def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write via a temporary file and rename: readers see the old or the new file, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any, mode: int = 0o644) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", mode)
-
-
-def read_json(path: Path, default: Any = None) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return default
+__all__ = ["CampaignLock", "check_resume_model", "lock_holder", "prepare_run_dir"]
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -60,7 +26,8 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     An existing non-empty directory is only reused with `resume` (continue it) or emptied
     with `overwrite`; otherwise nothing in it is changed.
     """
-    run_dir = Path(run_dir)
+    rd = RunDir.of(run_dir)
+    run_dir = rd.path
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} is a file, not a directory; pick another --run-dir")
     holder = lock_holder(run_dir)
@@ -70,7 +37,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     if exists and not (resume or overwrite):
         raise RunDirError(f"run directory {run_dir} already holds a run; pass --resume to continue it "
                           f"or --overwrite to replace it")
-    if resume and not (run_dir / "config.yaml").is_file():
+    if resume and not rd.config.is_file():
         raise RunDirError(f"cannot resume: {run_dir} holds no config.yaml (was it a laminar run directory?); "
                           "check --run-dir, or start a new run without --resume")
     if overwrite and exists:
@@ -79,7 +46,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(run_dir, 0o700)
-    for sub in ("logs", "trace", "endpoints", "checkpoints"):
+    for sub in RunDir.SUBDIRS:
         (run_dir / sub).mkdir(exist_ok=True, mode=0o700)
 
 
@@ -92,7 +59,7 @@ def lock_holder(run_dir: Path) -> str | None:
     """The pid (as written) of a live campaign holding run_dir's lock, else None. Only probes:
     creates and writes nothing, so a refused command leaves the directory as it was."""
     try:
-        fd = os.open(Path(run_dir) / ".lock", os.O_RDONLY)
+        fd = os.open(RunDir.of(run_dir).lock, os.O_RDONLY)
     except OSError:  # no lock file (or unreadable): nobody we can see holds it
         return None
     try:
@@ -105,11 +72,11 @@ def lock_holder(run_dir: Path) -> str | None:
 
 
 class CampaignLock:
-    """An exclusive lock on `run_dir/.lock` held for the campaign's lifetime (fcntl: released
-    by the kernel when the holder dies, so a crash never leaves a stale lock)."""
+    """An exclusive lock on the run directory's `.lock` held for the campaign's lifetime (fcntl:
+    released by the kernel when the holder dies, so a crash never leaves a stale lock)."""
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / ".lock"
+        self.path = RunDir.of(run_dir).lock
         self.fd: int | None = None
 
     def __enter__(self) -> "CampaignLock":
@@ -133,21 +100,10 @@ class CampaignLock:
             self.fd = None
 
 
-def write_run_info(run_dir: Path, run_id: str) -> None:
-    info = read_json(run_dir / "run.json", {}) or {}
-    info.setdefault("starts", []).append({"time": time.time(), "pid": os.getpid(), "host": os.uname().nodename})
-    info["run_id"] = run_id
-    atomic_write_json(run_dir / "run.json", info)
-
-
-def _newest_checkpoint_model(checkpoints: Path) -> tuple[str, dict] | None:
+def _newest_checkpoint_model(rd: RunDir) -> tuple[str, dict] | None:
     """(name, meta["model"]) of the newest complete checkpoint whose meta.json is readable; the
     trainer resumes from the newest that verifies, so a damaged newer one is skipped here too."""
-    if not checkpoints.is_dir():
-        return None
-    for path in sorted(checkpoints.glob("step_*"), reverse=True):
-        if not (path / "COMPLETE").exists():
-            continue
+    for path in reversed(rd.checkpoints()):
         try:
             meta = json.loads((path / "meta.json").read_text())
         except (OSError, ValueError):
@@ -161,7 +117,7 @@ def check_resume_model(run_dir: Path, model: dict) -> None:
     """Refuse, before any process starts, to resume run_dir with a model whose shape differs
     from its newest checkpoint's (the trainer would otherwise fail later, inside its own log).
     `model` is the config's `model` section as a dict (cfg.model.model_dump()); torch-free."""
-    found = _newest_checkpoint_model(Path(run_dir) / "checkpoints")
+    found = _newest_checkpoint_model(RunDir.of(run_dir))
     if found is None:
         return  # nothing to resume from yet: the trainer starts afresh
     name, saved = found

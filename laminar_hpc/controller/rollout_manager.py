@@ -1,0 +1,192 @@
+"""The rollout manager: which replica runs what.
+
+- Credit: a rollout asks for work with the slots it has free; the queue is split over the
+  rollouts by credit (`policy.scheduling.assign_work`).
+- Repack (laminar): every `interval_s`, and right after each publish, long-tail trajectories
+  are consolidated onto fewer replicas of their version (`policy.repack.plan_repack`). A
+  replica with a move in flight is left out of the next rounds until the move is answered
+  (`migrated`) or, the message or its source lost, `expiry_s` passed; until its next report,
+  the source counts as empty and the destination as fuller.
+- Placement: the trajectories of a dead replica (or lost with a controller) continue on a live
+  replica that holds their version, or start again from the prompt
+  (`policy.recovery.place_detached`).
+
+Explicit state and a `send(ident, msg)` callback, no I/O of its own: the runtime controller
+(controller/main.py) passes its write-ahead-then-send `Controller.send`, the simulator
+(sim/controller.py) a delivery through its event queue. Trajectories live in the caller's data
+plane (`plane`: controller/pools.DataPlane or sim/pool.Pool), which provides `partials`
+(traj id -> object with `.rollout`), `assign(rank, n)`, `place(traj_id, dest)` and
+`restart(traj_id)`. `now` is the caller's clock; `emit` is a trace hook (`Tracer.emit`). The
+policy functions are looked up on their modules at each call (a test may replace one).
+
+    rm = RolloutManager(max_batch=32, kv_capacity=131072, fall_ratio=0.9, interval_s=5.0, expiry_s=55.0,
+                        send=send)
+    rm.credit(3, 8)                       # rollout-3 has 8 free slots
+    for rank, work in rm.assign(dp): ...  # the caller sends each rollout its work
+    rm.report(fields)                     # a rollout_state report (ReplicaState's fields)
+    rm.repack(now)                        # -> migrate to each source
+    rm.migrated(source, dest, work)       # -> assign to dest
+    rm.place(dp, detached, versions, alive, exclude=rank)   # -> assign to each destination
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator
+
+from laminar_hpc.policy import recovery, repack, scheduling
+from laminar_hpc.policy.repack import ReplicaState
+
+Send = Callable[[str, dict], None]
+
+
+def _no_trace(event: str, **fields) -> None:
+    pass
+
+
+def move_expiry_s(interval_s: float, second: float = 1.0) -> float:
+    """How long a repack move may go unanswered: ten rounds and five wall seconds (`second`: one
+    wall second on the caller's clock)."""
+    return 10 * interval_s + 5.0 * second
+
+
+def kv_capacity(cfg) -> int:
+    """C_max, the KV tokens a replica holds: `repack.kv_capacity_tokens`, or by default every decode
+    slot at the longest sequence its engine allows."""
+    longest = cfg.model.max_seq_len if cfg.rollout.backend == "torch" else cfg.rollout.max_new_tokens + 4096
+    return cfg.repack.kv_capacity_tokens or cfg.rollout.max_batch * longest
+
+
+class RolloutManager:
+    def __init__(self, *, max_batch: int, kv_capacity: int, fall_ratio: float, interval_s: float,
+                 expiry_s: float, send: Send, emit: Callable[..., None] = _no_trace, now: float = 0.0):
+        self.max_batch, self.kv_capacity, self.fall_ratio = max_batch, kv_capacity, fall_ratio
+        self.interval_s, self.expiry_s = interval_s, expiry_s
+        self.send, self.emit = send, emit
+        self.credits: dict[int, int] = {}  # rank -> trajectories it can still take (0 is left out)
+        # rank -> its last report, a ReplicaState's fields as a plain tuple: reports are frequent
+        # (every rollout, every `repack.state_interval_s`), rounds are not; a round builds the states.
+        # Updated in place, never replaced: the simulator's rollouts write their reports into it.
+        self.replicas: dict[int, tuple] = {}
+        self.moving: dict[int, float] = {}  # rank -> when a move from or to it was ordered
+        self.next_expiry = math.inf  # no entry of `moving` expires before this
+        self.repack_due = False  # a version was published: repack at the next round
+        self.last_repack = now
+        self.repack_stats = {"rounds": 0, "moves": 0, "trajectories_migrated": 0, "migrations_restarted": 0}
+        self.placed = {"continued": 0, "restarted": 0}  # detached trajectories
+
+    # -- credit and assignment -----------------------------------------------------------------
+    def credit(self, rank: int, n: int) -> None:
+        """Add `n` (negative: work it takes beyond what it offered) to a rollout's credit."""
+        c = self.credits.get(rank, 0) + n
+        if c:
+            self.credits[rank] = c
+        else:
+            self.credits.pop(rank, None)
+
+    def reset_credit(self, rank: int, free: int = 0) -> None:
+        """A rollout (re)joined, resynced or died: it can take `free` and nothing it asked before."""
+        self.credits.pop(rank, None)
+        self.credit(rank, max(0, free))
+
+    def assign_plan(self, queued: int) -> dict[int, int]:
+        """`policy.scheduling.assign_work(queued, credits)`. Its greedy loop costs O(queued x
+        rollouts); when the queue covers every credit its answer is known without the loop: every
+        rollout gets all its credit, in the order the loop first picks them (most credit first,
+        then lowest rank). That case is answered directly (tests check it equals assign_work)."""
+        positive = [(r, c) for r, c in self.credits.items() if c > 0]
+        if queued >= sum(c for _, c in positive):
+            return {r: c for r, c in sorted(positive, key=lambda rc: (-rc[1], rc[0]))}
+        return scheduling.assign_work(queued, dict(positive))
+
+    def assign(self, plane) -> Iterator[tuple[int, list]]:
+        """Queued work for the rollouts with credit: yields (rank, work) in the plan's order, each
+        taken from `plane` and charged as it is yielded. The caller sends each (the simulator
+        charges its controller's time per trajectory as it does)."""
+        if not self.credits or not plane.queue:
+            return
+        for rank, count in self.assign_plan(len(plane.queue)).items():
+            work = plane.assign(rank, count)
+            self.credit(rank, -len(work))
+            yield rank, work
+
+    # -- replica reports -------------------------------------------------------------------------
+    def report(self, state: tuple) -> None:
+        """A rollout's `rollout_state`: a tuple of ReplicaState's fields (rank first)."""
+        self.replicas[state[0]] = state
+
+    def down(self, rank: int) -> None:
+        """A rollout died: no credit, no state until it reports again."""
+        self.credits.pop(rank, None)
+        self.replicas.pop(rank, None)
+
+    # -- repack ------------------------------------------------------------------------------------
+    def repack(self, now: float) -> None:
+        """A repack round if one is due: each move goes to its source as `migrate`."""
+        if now > self.next_expiry:  # (called every loop: one comparison until a move may have expired)
+            # the source died or the message was lost: its state is fresh again
+            self.moving = {r: t for r, t in self.moving.items() if now - t <= self.expiry_s}
+            self.next_expiry = min(self.moving.values(), default=math.inf) + self.expiry_s
+        if not (self.repack_due or now - self.last_repack >= self.interval_s):
+            return
+        self.repack_due, self.last_repack = False, now
+        states = [ReplicaState(*r) for k, r in sorted(self.replicas.items()) if k not in self.moving]
+        moves = repack.plan_repack(states, kv_capacity=self.kv_capacity, max_batch=self.max_batch,
+                                   fall_ratio=self.fall_ratio)
+        self.repack_stats["rounds"] += 1
+        for m in moves:
+            self.send(f"rollout-{m.source}", {"type": "migrate", "traj_ids": list(m.traj_ids), "dest": m.dest})
+            self.moving[m.source] = self.moving[m.dest] = now
+            self.next_expiry = min(self.next_expiry, now + self.expiry_s)
+            # until the next report, the source counts as empty and the destination as fuller
+            src, dst = ReplicaState(*self.replicas[m.source]), ReplicaState(*self.replicas[m.dest])
+            self.replicas[m.dest] = (dst.rank, dst.version, dst.waiting + src.running, dst.running,
+                                     dst.kv_tokens + src.kv_tokens, dst.kv_peak, dst.traj_ids)
+            self.replicas[m.source] = (src.rank, src.version, 0, 0, 0, 0, ())
+        if moves:
+            self.repack_stats["moves"] += len(moves)
+            self.emit("repack", moves=[[m.source, m.dest, m.version, len(m.traj_ids)] for m in moves])
+
+    def migrated(self, source: int, dest: int, work: list) -> None:
+        """A source handed its trajectories back; `work` (those not finished meanwhile, already
+        moved to `dest` in the plane) goes to `dest`, first in its queue."""
+        self.moving.pop(source, None)
+        self.moving.pop(dest, None)
+        if work:
+            self.send(f"rollout-{dest}", {"type": "assign", "work": work})
+            self.credit(dest, -len(work))  # they take slots it had not offered
+        self.repack_stats["trajectories_migrated"] += len(work)
+
+    def rejected(self, plane, traj_ids: list[str]) -> list[str]:
+        """The destination had moved on to a newer version: these start again from the prompt.
+        Returns those restarted (the others had finished or were queued already)."""
+        restarted = [t for t in traj_ids if plane.restart(t)]
+        self.repack_stats["migrations_restarted"] += len(restarted)
+        return restarted
+
+    # -- placement of detached trajectories --------------------------------------------------------
+    def place(self, plane, detached: list, versions: list[int], alive: Callable[[int], bool],
+              exclude: int | None = None) -> None:
+        """Continue `detached` (objects with `traj_id` and `version`) on live replicas holding their
+        version (`versions[rank]`, -1 for none), or restart them from the prompt."""
+        if not detached:
+            return
+        live = {r: v for r, v in enumerate(versions)
+                if v >= 0 and r != exclude and r not in self.moving and alive(r)}
+        load: dict[int, int] = {}
+        for p in plane.partials.values():
+            if p.rollout is not None:
+                load[p.rollout] = load.get(p.rollout, 0) + 1
+        plan = recovery.place_detached([(p.traj_id, p.version) for p in detached], live, load, self.max_batch)
+        by_dest: dict[int, list] = {}
+        restarted = 0
+        for tid, dest in plan.items():
+            if dest is None:
+                restarted += plane.restart(tid)
+            elif (w := plane.place(tid, dest)) is not None:
+                by_dest.setdefault(dest, []).append(w)
+        for dest, work in by_dest.items():
+            self.send(f"rollout-{dest}", {"type": "assign", "work": work})
+            self.credit(dest, -len(work))  # slots it had not offered
+        self.placed["continued"] += sum(len(w) for w in by_dest.values())
+        self.placed["restarted"] += restarted
+        self.emit("placed", continued={str(d): len(w) for d, w in by_dest.items()}, restarted=restarted)

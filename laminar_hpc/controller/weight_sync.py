@@ -1,0 +1,109 @@
+"""Weight-sync coordination: which weight version each rollout holds, and when the baselines'
+rollouts must load a new one.
+
+laminar needs no coordination: each rollout drains and pulls the newest version on its own
+(`policy.scheduling.should_refresh`). The baselines do:
+
+- sync / one-step-off (barrier modes): once a batch is fully generated, every rollout loads the
+  newest published version (>= what the next batch needs, `policy.scheduling.barrier_version`);
+  admission waits until they all hold it.
+- partial-rollout (as AReaL): each publish starts a global update. Every rollout pauses and
+  loads it; once all hold it, they `resume` together and the trainer, which waits for this,
+  gets `weights_synced`.
+
+Explicit state and a `send(ident, msg)` callback, no I/O of its own: the runtime controller
+(controller/main.py) passes its write-ahead-then-send `Controller.send`, the simulator
+(sim/controller.py) a delivery through its event queue. `now` is the caller's clock; `emit`
+is a trace hook (`Tracer.emit`).
+
+    sync = WeightSync("partial-rollout", rollouts=2, groups_per_step=8, send=send)
+    sync.published(3, now)          # -> update_weights 3 to rollout-0 and rollout-1
+    sync.loaded(0, 3); sync.loaded(1, 3)
+    sync.tick(groups_started=16, in_flight=5, now=now)
+                                    # -> resume 3 to both rollouts, weights_synced 3 to trainer-0
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from laminar_hpc.policy import scheduling
+
+Send = Callable[[str, dict], None]
+
+
+def _no_trace(event: str, **fields) -> None:
+    pass
+
+
+class WeightSync:
+    def __init__(self, mode: str, *, rollouts: int, groups_per_step: int, send: Send,
+                 emit: Callable[..., None] = _no_trace, trainer_version: int = -1, version_base: int = -1):
+        self.mode, self.groups_per_step = mode, groups_per_step
+        self.send, self.emit = send, emit
+        self.versions = [-1] * rollouts  # the version each rollout holds (-1: none known, or dead)
+        self.trainer_version = trainer_version  # the newest published
+        self.version_base = version_base  # the first published in this start: barrier batches count from it
+        self.pending: int | None = None  # partial-rollout: the version of the global update under way
+        self.t0 = 0.0  # when it started
+        self.update_sent: dict[int, int] = {}  # barrier modes: rollout -> version it was told to load
+
+    # -- what the roles report ---------------------------------------------------------------
+    def loaded(self, rank: int, version: int) -> None:
+        """A rollout holds `version` (want_work, weights_loaded, resync)."""
+        if 0 <= rank < len(self.versions):
+            self.versions[rank] = version
+
+    def forget(self, rank: int) -> None:
+        """A rollout died: it holds nothing until it loads again."""
+        self.loaded(rank, -1)
+
+    def held(self) -> dict[int, int]:
+        """rank -> version, for the rollouts that hold one (status.json)."""
+        return {r: v for r, v in enumerate(self.versions) if v >= 0}
+
+    def published(self, version: int, now: float) -> None:
+        self.trainer_version = version
+        if self.version_base < 0:
+            self.version_base = version
+        if self.mode == "partial-rollout" and version > self.version_base:
+            self._global_update(version, now)
+
+    # -- once per scheduling round, after the round's admission is decided -------------------
+    def tick(self, *, groups_started: int, in_flight: int, now: float) -> None:
+        if self.mode in scheduling.BARRIER_LAG:
+            self._barrier_updates(groups_started, in_flight)
+        elif self.mode == "partial-rollout":
+            self._sync_done(now)
+
+    def _barrier_updates(self, groups_started: int, in_flight: int) -> None:
+        """sync / one-step-off: once a batch is fully generated, every rollout loads the newest
+        published version (>= what the next batch needs) before the next batch is admitted."""
+        if in_flight or self.version_base < 0:
+            return
+        need = scheduling.barrier_version(self.mode, groups_started=groups_started,
+                                          groups_per_step=self.groups_per_step, version_base=self.version_base)
+        versions = self.versions
+        target = max(self.trainer_version, *versions)
+        if target < need or min(versions) == max(versions) >= need:
+            return
+        for r, v in enumerate(versions):
+            if v < target and self.update_sent.get(r) != target:
+                self.send(f"rollout-{r}", {"type": "update_weights", "version": target})
+                self.update_sent[r] = target
+
+    def _global_update(self, version: int, now: float) -> None:
+        """partial-rollout: every rollout pauses and loads `version`."""
+        self.pending, self.t0 = version, now
+        for r in range(len(self.versions)):
+            self.send(f"rollout-{r}", {"type": "update_weights", "version": version})
+
+    def _sync_done(self, now: float) -> None:
+        """partial-rollout: once every rollout holds the pending version, all continue together."""
+        v = self.pending
+        if v is None or min(self.versions) < v:
+            return
+        self.pending = None
+        for r in range(len(self.versions)):
+            self.send(f"rollout-{r}", {"type": "resume", "version": v})
+        self.send("trainer-0", {"type": "weights_synced", "version": v})
+        self.emit("weights_synced", version=v, sync_s=now - self.t0)

@@ -1,0 +1,341 @@
+"""The run directory: every name and path in it, atomic writes, and the checkpoint folders' format.
+
+    run_dir/
+      config.yaml            resolved config (what actually ran)
+      run.json               run id of the current start, and every start (time, pid, host)
+      job.json               the submitted job (`laminar submit`)
+      endpoints/<name>.json  addresses roles publish for each other (controller, relays)
+      logs/<role>.log        one log per process
+      trace/<role>.<pid>.h5  event trace per process (HDF5, SWMR: readable while live)
+      metrics.jsonl          one line per train step
+      status.json            live status (controller, refreshed every second)
+      controller_stats.json  the controller's counters at its end
+      recoveries.json        the supervisor's restarts
+      checkpoints/step_<N>/  trainer checkpoints (format below)
+      wal/                   the controller's write-ahead log
+      secrets/               the control plane's CURVE keys
+      megatron/              rendezvous files of the Megatron trainer's ranks
+      hf/                    `laminar export-hf`'s default output
+      submitit/              the submitted job's files (`laminar submit`)
+      .lock                  held by the live campaign (launch/prepare.py)
+      summary.json           written at the end of each start
+    <shm_dir>/laminar-<run id>-<what>   node-local shared memory (hand-off store, relay stores)
+
+`RunDir` is the only place that spells these names. It builds paths; the only file it touches
+is run.json (the run id, `record_start`), so any process may build one. This module is a leaf: it
+imports nothing from laminar_hpc, so every layer may use it, and it imports no torch.
+
+    rd = RunDir("runs/qs", shm_dir=cfg.relay.shm_dir)
+    rd.endpoint("controller")     # runs/qs/endpoints/controller.json
+    rd.shm_path("relay", 0)       # /dev/shm/laminar-<run id>-relay0
+    rd.checkpoints()              # complete checkpoint folders, oldest first
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("laminar_hpc.trainer.checkpoint")  # one logger name for all checkpoint messages
+
+NO_RUN_ID = "norun"  # the run id of a directory whose run.json is missing (roles started by hand, tests)
+
+
+class RunDirError(RuntimeError):
+    """A run directory that cannot be used as asked; the message names it and what to do."""
+
+
+# -- atomic files ---------------------------------------------------------------------------------
+
+def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write via a temporary file and rename: readers see the old or the new file, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any, mode: int = 0o644) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", mode)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return default
+
+
+# -- the layout -----------------------------------------------------------------------------------
+
+class RunDir:
+    """Names and paths of one run directory. `shm_dir` (the config's `relay.shm_dir`) is needed
+    only for the shared-memory names; `run_id` only where the caller already knows it. `os.fspath(rd)`
+    is the directory, so a RunDir may be passed wherever a path is taken."""
+
+    SUBDIRS = ("logs", "trace", "endpoints", "checkpoints")  # created with the directory
+
+    def __init__(self, path: str | os.PathLike, shm_dir: str | os.PathLike | None = None,
+                 run_id: str | None = None):
+        self.path = Path(path)
+        self.shm_dir = None if shm_dir is None else Path(shm_dir)
+        self._run_id = run_id  # None: read from run.json when first asked
+
+    @classmethod
+    def of(cls, run_dir: "RunDir | str | os.PathLike") -> "RunDir":
+        """`run_dir` as a RunDir (functions that take either)."""
+        return run_dir if isinstance(run_dir, RunDir) else cls(run_dir)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # files at the top
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def run_info(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def job(self) -> Path:
+        return self.path / "job.json"
+
+    @property
+    def status(self) -> Path:
+        return self.path / "status.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def controller_stats(self) -> Path:
+        return self.path / "controller_stats.json"
+
+    @property
+    def recoveries(self) -> Path:
+        return self.path / "recoveries.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.path / ".lock"
+
+    # folders
+    @property
+    def endpoints_dir(self) -> Path:
+        return self.path / "endpoints"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.path / "trace"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def wal_dir(self) -> Path:
+        return self.path / "wal"
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.path / "secrets"
+
+    @property
+    def megatron_dir(self) -> Path:
+        return self.path / "megatron"  # the Megatron ranks' rendezvous files
+
+    @property
+    def hf_dir(self) -> Path:
+        return self.path / "hf"  # `laminar export-hf`'s default output
+
+    @property
+    def submitit_dir(self) -> Path:
+        return self.path / "submitit"
+
+    # files in the folders
+    def endpoint(self, name: str) -> Path:
+        return self.endpoints_dir / f"{name}.json"
+
+    def endpoints(self, pattern: str = "*") -> list[Path]:
+        """Published endpoint files whose name matches `pattern` (e.g. 'relay[0-9]*'), sorted."""
+        return sorted(self.endpoints_dir.glob(f"{pattern}.json"))
+
+    def log(self, name: str) -> Path:
+        return self.logs_dir / f"{name}.log"
+
+    def trace_file(self, name: str, pid: int) -> Path:
+        return self.trace_dir / f"{name}.{pid}.h5"
+
+    def trace_files(self, role: str | None = None) -> list[Path]:
+        """Trace files, sorted: every incarnation's HDF5 file, and the JSON lines of runs made
+        before the HDF5 format; with `role` (e.g. 'rollout-1') only that role's."""
+        h5, jsonl = ("*.h5", "*.jsonl") if role is None else (f"{role}.*h5", f"{role}.jsonl")
+        return sorted([*self.trace_dir.glob(h5), *self.trace_dir.glob(jsonl)])
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints_dir / checkpoint_name(step)
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoint folders, oldest first."""
+        return list_checkpoints(self.checkpoints_dir)
+
+    # run.json: which start of the run this is
+    @property
+    def run_id(self) -> str:
+        """The id of the run's current start (read once), which names its shared memory."""
+        if self._run_id is None:
+            self._run_id = (read_json(self.run_info, {}) or {}).get("run_id") or NO_RUN_ID
+        return self._run_id
+
+    def starts(self) -> list[dict]:
+        return (read_json(self.run_info) or {}).get("starts", [])
+
+    def record_start(self, run_id: str) -> None:
+        """A new start of the run, under a new run id (the launcher, once per start)."""
+        info = read_json(self.run_info, {}) or {}
+        info.setdefault("starts", []).append({"time": time.time(), "pid": os.getpid(), "host": os.uname().nodename})
+        info["run_id"] = run_id
+        atomic_write_json(self.run_info, info)
+        self._run_id = run_id
+
+    # node-local shared memory
+    def shm_path(self, kind: str, rank: int | None = None) -> Path:
+        """Shared-memory file of this start of the run: 'handoff', or ('relay', rank)."""
+        return self._shm() / f"{self.shm_prefix}{kind}{'' if rank is None else rank}"
+
+    def shm_files(self) -> str:
+        """Glob pattern of every shared-memory file of this start (for the cleanup of a node)."""
+        return os.path.join(self._shm(), f"{self.shm_prefix}*")
+
+    @property
+    def shm_prefix(self) -> str:
+        return f"laminar-{self.run_id}-"
+
+    def _shm(self) -> Path:
+        if self.shm_dir is None:
+            raise ValueError(f"RunDir({str(self.path)!r}) was built without shm_dir (the config's relay.shm_dir)")
+        return self.shm_dir
+
+
+# -- checkpoint folders, without torch ------------------------------------------------------------
+#
+#     checkpoints/step_000100/
+#       model.pt optim.pt rng.pt   state (trainer/checkpoint.py writes them)
+#       meta.json                  step, version, model shape
+#       ledger.json                the trainer's exactly-once ledger (absent in older checkpoints)
+#       manifest.json              sha256 of every file above
+#       COMPLETE                   written last: a folder without it is ignored
+#
+# Kept free of torch so that processes that only need the trainer's exactly-once ledger (the
+# controller, `status`, the summary) can read it without paying for a torch import.
+
+TENSOR_FILES = ("model.pt", "optim.pt", "rng.pt")
+REQUIRED_FILES = (*TENSOR_FILES, "meta.json")
+LEDGER_FILE = "ledger.json"  # optional: checkpoints written before the ledger existed lack it
+EMPTY_LEDGER = {"consumed": [], "dropped": {}}
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(Path(path).name[len("step_"):])
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint directories under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step_*") if (p / "COMPLETE").exists())
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def empty_ledger() -> dict:
+    return json.loads(json.dumps(EMPTY_LEDGER))  # a fresh copy: callers mutate it
+
+
+def verify(path: Path) -> dict:
+    """meta.json of a checkpoint, plus its ledger under "ledger", after checking every file
+    against its manifest. The ledger file is checked only when the manifest lists it, so older
+    checkpoints (no ledger) still load, while a listed-but-damaged ledger is refused like any file."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: unreadable manifest ({err})") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path}: unreadable manifest (not an object)")
+    names = (*REQUIRED_FILES, LEDGER_FILE) if LEDGER_FILE in manifest else REQUIRED_FILES
+    for name in names:
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path}: {name} is missing")
+        if sha256(path / name) != manifest.get(name):
+            raise CheckpointError(f"{path}: {name} does not match its checksum")
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        ledger = json.loads((path / LEDGER_FILE).read_text()) if LEDGER_FILE in manifest else empty_ledger()
+    except (OSError, json.JSONDecodeError) as err:  # checksum fine but not JSON: written by something else
+        raise CheckpointError(f"{path}: unreadable meta or ledger ({err})") from None
+    meta["ledger"] = ledger
+    return meta
+
+
+def newest_verified(root: Path) -> tuple[Path, dict] | None:
+    """(path, meta) of the newest complete checkpoint that verifies; each one skipped is logged
+    as an error, because resuming from an older checkpoint repeats work and must be visible."""
+    for path in reversed(list_checkpoints(root)):
+        try:
+            return path, verify(path)
+        except CheckpointError as err:
+            log.error("skipping checkpoint: %s; trying the previous one", err)
+    return None
+
+
+def read_ledger(root: Path) -> dict | None:
+    """The ledger of the checkpoint a resume would load (the newest that verifies): the empty
+    ledger for a checkpoint written without one, None when no checkpoint verifies."""
+    found = newest_verified(root)
+    return None if found is None else found[1]["ledger"]

@@ -1,0 +1,13 @@
+"""Which layout the relays' weight stores hold, that is, which layout every rollout pulls.
+
+The trainer hands off in `trainer.publish_dtype`. The master relay reshards into this dtype
+before the broadcast (relay/reshard.py), so each relay's store holds it and each rollout builds
+its layout with it (rollout/node.py). Both sides of the store need the same answer, and neither
+role may import the other, so it lives here, with the store.
+"""
+from __future__ import annotations
+
+
+def rollout_dtype(cfg) -> str:
+    """The dtype of the layout rollouts load (`rollout.weight_dtype`, else the published one)."""
+    return cfg.rollout.weight_dtype or cfg.trainer.publish_dtype
