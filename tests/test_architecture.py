@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "trainer": {"config", "emulation", "launch", "metrics", "model", "policy", "rundir", "tasks", "transport"},
     "rollout": {"config", "emulation", "launch", "metrics", "model", "policy", "rundir", "tasks", "transport"},
     "relay": {"config", "launch", "metrics", "model", "rundir", "transport"},
-    "sim": {"config", "controller", "emulation", "metrics", "policy", "rundir", "tasks"},
+    "sim": {"config", "controller", "emulation", "metrics", "policy", "rundir", "tasks", "transport"},
     "cli": {"analysis", "config", "launch", "metrics", "model", "rundir", "sim", "tasks", "transport"},
 }
 ROLES = {"controller", "trainer", "rollout", "relay"}

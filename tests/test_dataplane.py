@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from laminar_hpc.controller.pools import DataPlane
+from laminar_hpc.transport.protocol import Group, StreamItem, Trajectory, WorkItem
 from laminar_hpc.policy.scheduling import (assign_work, groups_to_admit, should_refresh, staleness,
                                            too_stale)
 
@@ -33,9 +35,10 @@ def _dp(group_size=4, max_new_tokens=16, start_cursor=0) -> DataPlane:
                      max_new_tokens=max_new_tokens, start_cursor=start_cursor)
 
 
-def _traj(work: dict, tokens: list[int], version: int = 0) -> dict:
-    return {"traj_id": work["traj_id"], "group_id": work["group_id"], "tokens": tokens,
-            "logprobs": [-0.5] * len(tokens), "version": version, "reward": 0.0}
+def _traj(work: WorkItem, tokens: list[int], version: int = 0) -> Trajectory:
+    return Trajectory(traj_id=work.traj_id, group_id=work.group_id, problem=work.problem, version=version,
+                      prompt=work.prompt, tokens=tokens, logprobs=[-0.5] * len(tokens), rollout=0, t_start=0.0,
+                      reward=0.0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -73,19 +76,19 @@ def test_assign_is_fifo_and_bounded():
     dp.admit(3)
     queued = list(dp.queue)
     first = dp.assign(rollout=1, n=3)
-    assert [w["traj_id"] for w in first] == queued[:3]
+    assert [w.traj_id for w in first] == queued[:3]
     for w in first:
-        p = dp.partials[w["traj_id"]]
-        assert set(w) == {"traj_id", "group_id", "problem", "prompt", "max_new_tokens"}
-        assert w["group_id"] == p.group_id
-        assert w["problem"] == dp.ledger.groups[p.group_id].problem
-        assert w["prompt"] == _tokenize(_problem(w["problem"]))
-        assert w["max_new_tokens"] == 9
+        p = dp.partials[w.traj_id]
+        assert set(msgspec.to_builtins(w)) == {"traj_id", "group_id", "problem", "prompt", "max_new_tokens"}
+        assert w.group_id == p.group_id
+        assert w.problem == dp.ledger.groups[p.group_id].problem
+        assert w.prompt == _tokenize(_problem(w.problem))
+        assert w.max_new_tokens == 9
         assert p.rollout == 1 and p.t_assigned is not None
-    assert [w["problem"] for w in first] == [5, 5, 6]
+    assert [w.problem for w in first] == [5, 5, 6]
     second = dp.assign(rollout=2, n=100)  # more than queued: gets the rest, in order
-    assert [w["traj_id"] for w in second] == queued[3:]
-    assert all(dp.partials[w["traj_id"]].rollout == 2 for w in second)
+    assert [w.traj_id for w in second] == queued[3:]
+    assert all(dp.partials[w.traj_id].rollout == 2 for w in second)
     assert dp.assign(rollout=0, n=5) == []
     assert len(dp.queue) == 0
     assert len(dp.partials) == 6  # assigned trajectories stay in the partial-response pool
@@ -102,7 +105,7 @@ def test_stream_appends_and_records_first_version():
     dp = _dp(group_size=2)
     dp.admit(1)
     w = dp.assign(0, 1)[0]
-    tid = w["traj_id"]
+    tid = w.traj_id
     dp.stream(tid, [5, 6], [-0.1, -0.2], version=3)
     dp.stream(tid, [7], [-0.3], version=4)  # weights changed mid-sequence: first version stays
     p = dp.partials[tid]
@@ -119,18 +122,18 @@ def test_stream_appends_and_records_first_version():
 def test_work_of_a_streamed_partial_carries_its_progress():
     dp = _dp(group_size=1)
     dp.admit(1)
-    tid = dp.assign(0, 1)[0]["traj_id"]
+    tid = dp.assign(0, 1)[0].traj_id
     dp.stream(tid, [4, 2], [-1.0, -2.0], version=6)
     w = dp.partials[tid].work()
-    assert w["tokens"] == [4, 2] and w["logprobs"] == [-1.0, -2.0] and w["version"] == 6
+    assert w.tokens == [4, 2] and w.logprobs == [-1.0, -2.0] and w.version == 6
 
 
 def test_finish_returns_group_only_when_last_member_finishes():
     dp = _dp(group_size=3)
     dp.admit(2)
     work = dp.assign(0, 6)
-    g0 = [w for w in work if w["group_id"] == 0]
-    g1 = [w for w in work if w["group_id"] == 1]
+    g0 = [w for w in work if w.group_id == 0]
+    g1 = [w for w in work if w.group_id == 1]
     # finish out of order, interleaving groups
     assert dp.finish(_traj(g0[2], [1, 2])) is None
     assert dp.finish(_traj(g1[0], [1])) is None
@@ -161,7 +164,7 @@ def test_duplicate_finish_is_ignored():
     assert dp.trajectories_finished == 2 and dp.tokens_generated == 4
     assert list(dp.ledger.ready) == [] and dp.ledger.take_groups(5) == []
     # unknown trajectory / group
-    assert dp.finish({"traj_id": "7.0", "group_id": 7, "tokens": [1]}) is None
+    assert dp.finish(msgspec.structs.replace(_traj(a, [1]), traj_id="7.0", group_id=7)) is None
     assert dp.trajectories_finished == 2
 
 
@@ -169,26 +172,26 @@ def test_take_groups_oldest_first_with_trajectories_in_order():
     dp = _dp(group_size=3, start_cursor=100)
     dp.admit(4)
     work = dp.assign(0, 12)
-    by_group: dict[int, list[dict]] = {}
+    by_group: dict[int, list[WorkItem]] = {}
     for w in work:
-        by_group.setdefault(w["group_id"], []).append(w)
+        by_group.setdefault(w.group_id, []).append(w)
     sent = {}
     for gid in sorted(by_group):  # groups complete in admission order, members out of order
         for w in reversed(by_group[gid]):
-            sent[w["traj_id"]] = _traj(w, [gid, len(sent)])
-            dp.finish(sent[w["traj_id"]])
+            sent[w.traj_id] = _traj(w, [gid, len(sent)])
+            dp.finish(sent[w.traj_id])
     assert dp.ledger.groups_consumed == 0
     first = dp.ledger.take_groups(3)
-    assert [g["group_id"] for g in first] == [0, 1, 2]
-    assert [g["problem"] for g in first] == [100, 101, 102]
+    assert [g.group_id for g in first] == [0, 1, 2]
+    assert [g.problem for g in first] == [100, 101, 102]
     for g in first:
-        ids = [t["traj_id"] for t in g["trajectories"]]
-        assert ids == [w["traj_id"] for w in by_group[g["group_id"]]]  # member order, not finish order
-        assert g["trajectories"] == [sent[i] for i in ids]
+        ids = [t.traj_id for t in g.trajectories]
+        assert ids == [w.traj_id for w in by_group[g.group_id]]  # member order, not finish order
+        assert g.trajectories == [sent[i] for i in ids]
     assert dp.ledger.groups_consumed == 3
     assert dp.ledger.groups_pending == 4  # delivered groups stay until a checkpoint commits them
     rest = dp.ledger.take_groups(3)
-    assert [g["group_id"] for g in rest] == [3]
+    assert [g.group_id for g in rest] == [3]
     assert dp.ledger.groups_consumed == 4 and dp.ledger.groups_pending == 4
     assert dp.ledger.take_groups(3) == []
     assert dp.ledger.groups_consumed == 4
@@ -205,10 +208,10 @@ def test_take_groups_skips_incomplete():
     dp.finish(_traj(b0, [1]))
     dp.finish(_traj(b1, [1]))
     got = dp.ledger.take_groups(2)
-    assert [g["group_id"] for g in got] == [1]
+    assert [g.group_id for g in got] == [1]
     assert dp.ledger.groups_consumed == 1
     dp.finish(_traj(a1, [1]))
-    assert [g["group_id"] for g in dp.ledger.take_groups(2)] == [0]
+    assert [g.group_id for g in dp.ledger.take_groups(2)] == [0]
     assert dp.ledger.take_groups(0) == []
 
 
@@ -217,15 +220,15 @@ def test_running_versions():
     dp.admit(2)
     w = dp.assign(0, 4)
     assert dp.running_versions() == set()
-    dp.stream(w[0]["traj_id"], [1], [-1.0], version=2)
-    dp.stream(w[1]["traj_id"], [1], [-1.0], version=3)
-    dp.stream(w[2]["traj_id"], [1], [-1.0], version=3)
+    dp.stream(w[0].traj_id, [1], [-1.0], version=2)
+    dp.stream(w[1].traj_id, [1], [-1.0], version=3)
+    dp.stream(w[2].traj_id, [1], [-1.0], version=3)
     assert dp.running_versions() == {2, 3}
     dp.finish(_traj(w[0], [1]))
     assert dp.running_versions() == {3}
-    dp.stream(w[0]["traj_id"], [2], [-1.0], version=9)  # a late chunk after finish: ignored
+    dp.stream(w[0].traj_id, [2], [-1.0], version=9)  # a late chunk after finish: ignored
     assert dp.running_versions() == {3}
-    assert w[0]["traj_id"] not in dp.partials
+    assert w[0].traj_id not in dp.partials
     dp.finish(_traj(w[1], [1]))
     assert dp.running_versions() == {3}
     dp.finish(_traj(w[2], [1]))
@@ -236,9 +239,9 @@ def test_randomized_lifecycle_conserves_counts():
     rng = random.Random(0)
     dp = _dp(group_size=4)
     admitted = 0
-    running: list[dict] = []
+    running: list[WorkItem] = []
     finished_tokens = 0
-    taken: list[dict] = []
+    taken: list[Group] = []
     completed: list[int] = []
     for _ in range(400):
         op = rng.random()
@@ -266,11 +269,11 @@ def test_randomized_lifecycle_conserves_counts():
     assert dp.ledger.groups_consumed == len(taken)
     assert admitted > 0 and len(taken) > 0
     # groups reach the trainer in the order they completed, each exactly once
-    assert [g["group_id"] for g in taken] == completed[:len(taken)]
+    assert [g.group_id for g in taken] == completed[:len(taken)]
     assert len(dp.ledger.ready) == len(completed) - len(taken)
     for g in taken:
-        assert len(g["trajectories"]) == 4
-        assert all(t["group_id"] == g["group_id"] for t in g["trajectories"])
+        assert len(g.trajectories) == 4
+        assert all(t.group_id == g.group_id for t in g.trajectories)
 
 
 # ------------------------------------------------------------------------------------------
@@ -422,8 +425,8 @@ def test_late_result_of_a_requeued_trajectory_wins_and_leaves_the_queue_consiste
     w0, w1 = dp.assign(0, 2)
     assert dp.requeue_rollout(0) == []  # no tokens yet: both back in the queue
     assert dp.finish(_traj(w0, [1, 2])) is None  # the dead rollout's last result arrived after all
-    assert list(dp.queue) == [w1["traj_id"]]
-    assert [w["traj_id"] for w in dp.assign(1, 2)] == [w1["traj_id"]]
+    assert list(dp.queue) == [w1.traj_id]
+    assert [w.traj_id for w in dp.assign(1, 2)] == [w1.traj_id]
     assert dp.finish(_traj(w1, [3])) == 0
 
 
@@ -431,15 +434,14 @@ def test_stream_chunks_from_a_rollout_that_lost_the_trajectory_are_ignored():
     dp = _dp(group_size=1)
     dp.admit(1)
     (w,) = dp.assign(0, 1)
-    dp.stream_items([{"traj_id": w["traj_id"], "tokens": [5], "logprobs": [-0.1], "version": 3, "offset": 0}],
-                    rollout=0)
+    dp.stream_items([StreamItem(traj_id=w.traj_id, tokens=[5], logprobs=[-0.1], version=3, offset=0)], rollout=0)
     (p,) = dp.requeue_rollout(0)
     dp.place(p.traj_id, 1)
-    late = {"traj_id": w["traj_id"], "tokens": [9], "logprobs": [-0.2], "version": 3, "offset": 1}
+    late = StreamItem(traj_id=w.traj_id, tokens=[9], logprobs=[-0.2], version=3, offset=1)
     dp.stream_items([late], rollout=0)  # from the old owner: ignored
-    assert dp.partials[w["traj_id"]].tokens == [5]
+    assert dp.partials[w.traj_id].tokens == [5]
     dp.stream_items([late], rollout=1)  # from the new owner: appended
-    assert dp.partials[w["traj_id"]].tokens == [5, 9]
+    assert dp.partials[w.traj_id].tokens == [5, 9]
 
 
 @pytest.mark.parametrize("trainer_says", ["trained", "holds"])
@@ -448,7 +450,7 @@ def test_a_sync_that_raced_a_delivery_never_leads_to_a_second_delivery(trainer_s
     dp.admit(1)
     (w,) = dp.assign(0, 1)
     dp.finish(_traj(w, [1]))
-    assert [g["group_id"] for g in dp.ledger.take_groups(1)] == [0]
+    assert [g.group_id for g in dp.ledger.take_groups(1)] == [0]
     assert dp.ledger.trainer_sync([], 0, []) == [0]  # the sync was sent before the group arrived: put back
     if trainer_says == "trained":
         dp.ledger.trainer_sync([0], 0, [])

@@ -292,6 +292,7 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
     from laminar_hpc.rundir import RunDir
     from laminar_hpc.trainer.publisher import Publisher
     from laminar_hpc.transport.channel import Server, publish_endpoint
+    from laminar_hpc.transport.protocol import Stop, VersionReady
 
     path, tok, base, _ = smollm2
     trainer = copy.deepcopy(base)  # a version that is not the checkpoint's: one SGD step on a prompt
@@ -321,9 +322,9 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
         pub.publish(version=7)
         deadline = time.monotonic() + 120
         while True:  # relay 1 holds version 7 only after the MPI chain and its checksum
-            got = ctrl.recv(timeout_s=1.0)
-            if got and got[1]["type"] == "version_ready" and got[1]["rank"] == 1 and got[1]["version"] == 7:
-                break
+            match ctrl.recv(timeout_s=1.0):
+                case (_, VersionReady(rank=1, version=7)):
+                    break
             assert relay.poll() is None, (run / "relay.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "relay 1 did not report version 7 within 120 s"
         engine = TorchEngine(trainer.args, tok.eos_id, max_batch=2)
@@ -338,7 +339,7 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
         assert cli.main(["export-hf", str(run), "--live", "-o", str(out)]) == 0
         back = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
         assert _max_diff(trainer, back, tokens) <= TOL
-        ctrl.send("relay-0", {"type": "stop", "reason": "test done"})  # the master forwards STOP down the chain
+        ctrl.send("relay-0", Stop(reason="test done"))  # the master forwards STOP down the chain
         relay.wait(timeout=60)
         assert relay.returncode == 0, (run / "relay.log").read_text()[-3000:]
     finally:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
+from laminar_hpc.metrics.status import Status, write_status
 from laminar_hpc.metrics.trace import Tracer
-from laminar_hpc.rundir import RunDir, atomic_write_json
+from laminar_hpc.rundir import RunDir
 
 from conftest import REPO
 
@@ -34,8 +36,8 @@ def run_dir(tmp_path_factory):
     rd = RunDir(tmp_path_factory.mktemp("run"))
     rd.config.write_text("name: layers\nrollout: {count: 1, max_batch: 2}\n")
     rd.record_start("layers0")
-    atomic_write_json(rd.status, {"step": 2, "total_steps": 2, "trainer_version": 3, "trajectories_per_s": 1.5,
-                                  "phase": "done", "relay_versions": {}, "rollout_versions": {"0": 3}})
+    write_status(rd.status, Status(t=time.time(), step=2, total_steps=2, trainer_version=3, trajectories_per_s=1.5,
+                                   phase="done", rollout_versions={0: 3}))
     ckpt = rd.checkpoint(2)
     ckpt.mkdir(parents=True)
     (ckpt / "meta.json").write_text(json.dumps({"step": 2, "version": 3}))

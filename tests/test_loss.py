@@ -9,6 +9,7 @@ import torch
 
 from laminar_hpc.trainer.batch import build_batch
 from laminar_hpc.trainer.loss import aipo_loss, group_advantages
+from laminar_hpc.transport.protocol import Group, Trajectory
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,61 +254,61 @@ def test_rho_must_be_positive(rho):
 def _traj(tid, prompt, tokens, reward, version, seed):
     g = torch.Generator().manual_seed(seed)
     lps = (-torch.rand(len(tokens), generator=g) * 4).tolist()
-    return dict(traj_id=tid, prompt=list(prompt), tokens=list(tokens), logprobs=lps,
-                reward=reward, version=version)
+    return Trajectory(traj_id=tid, group_id=0, problem=0, version=version, prompt=list(prompt), tokens=list(tokens),
+                      logprobs=lps, rollout=0, t_start=0.0, reward=reward)
 
 
 def _groups():
-    g0 = {"trajectories": [
+    g0 = Group(group_id=0, problem=0, trajectories=[
         _traj("a0", [5, 6, 7], [10, 11], 1.0, 3, 1),
         _traj("a1", [5, 6, 7], [12, 13, 14, 15], 0.0, 3, 2),
         _traj("a2", [5, 6, 7], [16], 1.0, 2, 3),
-    ]}
-    g1 = {"trajectories": [
+    ])
+    g1 = Group(group_id=1, problem=1, trajectories=[
         _traj("b0", [8], [20, 21, 22], 0.5, 4, 4),
         _traj("b1", [8], [23, 24, 25, 26, 27, 28], 0.5, 4, 5),
         _traj("b2", [8], [29], 0.5, 1, 6),
-    ]}
+    ])
     return [g0, g1]
 
 
 def test_build_batch_mask_logprobs_and_targets():
     groups = _groups()
-    trajs = [t for g in groups for t in g["trajectories"]]
+    trajs = [t for g in groups for t in g.trajectories]
     pad = 99
     batch = build_batch(groups, pad_id=pad)
-    width = max(len(t["prompt"]) + len(t["tokens"]) for t in trajs)
+    width = max(len(t.prompt) + len(t.tokens) for t in trajs)
     n = len(trajs)
     for name in ("inputs", "targets", "mask", "behaviour_logp"):
         assert getattr(batch, name).shape == (n, width - 1), name
-    assert batch.n_tokens == sum(len(t["tokens"]) for t in trajs)
+    assert batch.n_tokens == sum(len(t.tokens) for t in trajs)
 
     for i, t in enumerate(trajs):
-        seq = t["prompt"] + t["tokens"]
-        p, r = len(t["prompt"]), len(t["tokens"])
+        seq = t.prompt + t.tokens
+        p, r = len(t.prompt), len(t.tokens)
         full = seq + [pad] * (width - len(seq))
         assert batch.inputs[i].tolist() == full[:-1]
         assert batch.targets[i].tolist() == full[1:]
         response_pos = set(range(p - 1, p - 1 + r))
         for pos in range(width - 1):
             if pos in response_pos:
-                assert batch.mask[i, pos] == 1, (t["traj_id"], pos)
+                assert batch.mask[i, pos] == 1, (t.traj_id, pos)
                 k = pos - (p - 1)
                 # the target at this position is response token k, with its behaviour log-prob
-                assert batch.targets[i, pos].item() == t["tokens"][k]
-                assert batch.behaviour_logp[i, pos].item() == pytest.approx(t["logprobs"][k], abs=1e-6)
+                assert batch.targets[i, pos].item() == t.tokens[k]
+                assert batch.behaviour_logp[i, pos].item() == pytest.approx(t.logprobs[k], abs=1e-6)
             else:
-                assert batch.mask[i, pos] == 0, (t["traj_id"], pos)
+                assert batch.mask[i, pos] == 0, (t.traj_id, pos)
                 assert batch.behaviour_logp[i, pos] == 0
 
-    assert batch.rewards.tolist() == [t["reward"] for t in trajs]
-    assert batch.versions.tolist() == [t["version"] for t in trajs]
+    assert batch.rewards.tolist() == [t.reward for t in trajs]
+    assert batch.versions.tolist() == [t.version for t in trajs]
 
 
 def test_build_batch_advantages_follow_groups():
     groups = _groups()
     batch = build_batch(groups)
-    rewards = [[t["reward"] for t in g["trajectories"]] for g in groups]
+    rewards = [[t.reward for t in g.trajectories] for g in groups]
     expected = [a for row in _ref_group_adv(rewards) for a in row]
     assert batch.advantages.shape == (6, 1)
     torch.testing.assert_close(batch.advantages.squeeze(1), torch.tensor(expected, dtype=batch.advantages.dtype),
@@ -321,14 +322,14 @@ def test_build_batch_advantages_follow_groups():
 
 def test_build_batch_mismatched_logprobs_raises():
     groups = _groups()
-    groups[1]["trajectories"][1]["logprobs"] = groups[1]["trajectories"][1]["logprobs"][:-1]
+    groups[1].trajectories[1].logprobs = groups[1].trajectories[1].logprobs[:-1]
     with pytest.raises(ValueError, match="b1"):
         build_batch(groups)
 
 
 def test_build_batch_unequal_group_sizes_raises():
     groups = _groups()
-    groups[0]["trajectories"] = groups[0]["trajectories"][:2]
+    groups[0].trajectories = groups[0].trajectories[:2]
     with pytest.raises(ValueError):
         build_batch(groups)
 

@@ -33,6 +33,7 @@ def setup(case: str):
     from laminar_hpc.config.schema import MegatronCfg, TrainerCfg
     from laminar_hpc.model.llama import ModelArgs, Transformer, token_logprobs
     from laminar_hpc.trainer.batch import build_batch
+    from laminar_hpc.transport.protocol import Group, Trajectory
     tp, pp, _, over = CASES[case]
     args = ModelArgs(**{"vocab_size": 61, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 96,
                         "max_seq_len": 32, "tie_embeddings": True, **over})
@@ -50,9 +51,10 @@ def setup(case: str):
             trajs = []
             for k in range(3):  # 6 rows: DP2 pads each rank to 2 micro-batches of 2
                 toks = torch.randint(1, 61, (4 + 2 * k + g,), generator=gen).tolist()
-                trajs.append({"traj_id": k, "prompt": prompt, "tokens": toks, "logprobs": [0.0] * len(toks),
-                              "reward": float(torch.rand((), generator=gen)), "version": 0})
-            groups.append({"group_id": first_group + g, "trajectories": trajs})
+                trajs.append(Trajectory(traj_id=str(k), group_id=first_group + g, problem=g, version=0, prompt=prompt,
+                                        tokens=toks, logprobs=[0.0] * len(toks), rollout=0, t_start=0.0,
+                                        reward=float(torch.rand((), generator=gen))))
+            groups.append(Group(group_id=first_group + g, problem=g, trajectories=trajs))
         b = build_batch(groups)
         with torch.no_grad():  # behaviour log-probs near the policy's: some ratios truncated, some clipped
             lp = token_logprobs(model(b.inputs), b.targets, TEMP)

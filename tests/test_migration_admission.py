@@ -2,6 +2,7 @@
 and the admission rules of the baseline modes (sync, one-step-off) next to laminar's."""
 from __future__ import annotations
 
+import msgspec
 from test_dataplane import _dp, _traj
 
 from laminar_hpc.policy.scheduling import admission, barrier_admit, barrier_version
@@ -11,13 +12,13 @@ def test_migrate_keeps_tokens_logprobs_and_version_and_moves_the_owner():
     dp = _dp(group_size=2)
     dp.admit(1)
     (w,) = dp.assign(rollout=0, n=1)
-    dp.stream(w["traj_id"], [5, 6], [-0.1, -0.2], version=3)
-    moved = {**_traj(w, [5, 6, 7], version=3), "logprobs": [-0.1, -0.2, -0.3]}
+    dp.stream(w.traj_id, [5, 6], [-0.1, -0.2], version=3)
+    moved = msgspec.structs.replace(_traj(w, [5, 6, 7], version=3), logprobs=[-0.1, -0.2, -0.3])
     work = dp.migrate(moved, dest=4)
-    assert work["tokens"] == [5, 6, 7] and work["logprobs"] == [-0.1, -0.2, -0.3] and work["version"] == 3
-    assert dp.partials[w["traj_id"]].rollout == 4
-    dp.stream(w["traj_id"], [8], [-0.4], version=3)  # the destination goes on from there
-    assert dp.partials[w["traj_id"]].tokens == [5, 6, 7, 8]
+    assert work.tokens == [5, 6, 7] and work.logprobs == [-0.1, -0.2, -0.3] and work.version == 3
+    assert dp.partials[w.traj_id].rollout == 4
+    dp.stream(w.traj_id, [8], [-0.4], version=3)  # the destination goes on from there
+    assert dp.partials[w.traj_id].tokens == [5, 6, 7, 8]
     dp.finish(_traj(w, [5, 6, 7, 8, 9], version=3))
     assert dp.migrate(moved, dest=5) is None  # finished first: nothing to move, nothing duplicated
     assert dp.trajectories_finished == 1
@@ -27,10 +28,10 @@ def test_restart_puts_a_trajectory_back_first_from_its_prompt_once():
     dp = _dp(group_size=3)
     dp.admit(1)
     first, *_ = dp.assign(rollout=0, n=3)
-    dp.stream(first["traj_id"], [5], [-0.1], version=2)
-    assert dp.restart(first["traj_id"]) is True
-    assert dp.queue[0] == first["traj_id"] and dp.partials[first["traj_id"]].tokens == []
-    assert dp.restart(first["traj_id"]) is False  # already queued: never twice
+    dp.stream(first.traj_id, [5], [-0.1], version=2)
+    assert dp.restart(first.traj_id) is True
+    assert dp.queue[0] == first.traj_id and dp.partials[first.traj_id].tokens == []
+    assert dp.restart(first.traj_id) is False  # already queued: never twice
     assert dp.restart("no-such") is False
 
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from laminar_hpc.controller.roles import RoleTable
+from laminar_hpc.metrics.status import RoleEntry
 from laminar_hpc.policy.recovery import place_detached
 
 # --- place_detached ---
@@ -115,7 +116,7 @@ def test_roles_seen_revives_and_ignores_unknown():
     roles.joined("relay-0", pid=7, now=0.0)
     roles.down("relay-0")
     roles.seen("relay-0", now=3.0)  # heard from again after being reported down
-    assert roles.alive("relay-0") and roles.table()["relay-0"]["last_seen"] == 3.0
+    assert roles.alive("relay-0") and roles.table()["relay-0"].last_seen == 3.0
     assert roles.hung(now=8.0) == [] and roles.hung(now=8.5) == ["relay-0"]
 
 
@@ -124,13 +125,12 @@ def test_roles_ready_once_per_incarnation():
     roles.joined("rollout-1", pid=20, now=0.0)
     assert roles.ready("rollout-1", now=2.0)
     assert not roles.ready("rollout-1", now=3.0)  # only the first time counts
-    assert roles.table()["rollout-1"]["ready_t"] == 2.0
+    assert roles.table()["rollout-1"].ready_t == 2.0
     roles.down("rollout-1")  # died: not ready until the next incarnation does its job
-    assert roles.table()["rollout-1"]["ready_t"] is None
+    assert roles.table()["rollout-1"].ready_t is None
     roles.joined("rollout-1", pid=21, now=10.0)  # restarted
     assert roles.ready("rollout-1", now=12.5)
-    assert roles.table()["rollout-1"] == {"pid": 21, "joined_t": 10.0, "last_seen": 10.0, "ready_t": 12.5,
-                                          "down": False}
+    assert roles.table()["rollout-1"] == RoleEntry(pid=21, joined_t=10.0, last_seen=10.0, ready_t=12.5, down=False)
 
 
 def test_roles_joined_again_resets_the_entry():
@@ -139,7 +139,7 @@ def test_roles_joined_again_resets_the_entry():
     roles.ready("trainer", now=1.0)
     roles.joined("trainer", pid=2, now=50.0)  # a new process, even without a `down` in between
     e = roles.table()["trainer"]
-    assert e["pid"] == 2 and e["ready_t"] is None and e["joined_t"] == e["last_seen"] == 50.0
+    assert e.pid == 2 and e.ready_t is None and e.joined_t == e.last_seen == 50.0
     assert roles.hung(now=54.0) == []  # measured from the new join, not the old heartbeat
 
 
@@ -151,4 +151,4 @@ def test_roles_table_is_sorted_with_all_fields(names):
     t = roles.table()
     assert list(t) == sorted(names)
     for i, n in enumerate(names):
-        assert t[n] == {"pid": i, "joined_t": float(i), "last_seen": float(i), "ready_t": None, "down": False}
+        assert t[n] == RoleEntry(pid=i, joined_t=float(i), last_seen=float(i), ready_t=None, down=False)

@@ -3,10 +3,11 @@ with a recording `send`: credit and assignment, repack move bookkeeping and expi
 placement of detached trajectories."""
 from __future__ import annotations
 
-from test_dataplane import _dp
+from test_dataplane import _dp, _traj
 from test_weight_sync import Outbox
 
 from laminar_hpc.controller.rollout_manager import RolloutManager, move_expiry_s
+from laminar_hpc.transport.protocol import Assign, Migrate
 
 INTERVAL, EXPIRY = 5.0, move_expiry_s(5.0)
 
@@ -27,7 +28,7 @@ def test_assign_splits_the_queue_by_credit_and_charges_it():
     rm.credit(0, 2)
     rm.credit(1, 5)
     rm.credit(2, 0)
-    got = {rank: [w["traj_id"] for w in work] for rank, work in rm.assign(dp)}
+    got = {rank: [w.traj_id for w in work] for rank, work in rm.assign(dp)}
     assert {r: len(t) for r, t in got.items()} == {1: 5, 0: 2}
     assert list(got) == [1, 0]  # most credit first
     assert rm.credits == {} and len(dp.queue) == 1
@@ -60,7 +61,7 @@ def test_repack_round_sends_the_move_and_counts_until_the_next_report():
     rm.repack(1.0)
     assert out.take() == [] and rm.repack_stats["rounds"] == 0  # not due: no publish, interval not passed
     rm.repack(INTERVAL)
-    assert out.take() == [("rollout-0", {"type": "migrate", "traj_ids": ["0.0", "0.1"], "dest": 1})]
+    assert out.take() == [("rollout-0", Migrate(traj_ids=["0.0", "0.1"], dest=1))]
     assert rm.moving == {0: INTERVAL, 1: INTERVAL}
     assert rm.repack_stats == {"rounds": 1, "moves": 1, "trajectories_migrated": 0, "migrations_restarted": 0}
     assert traces == [("repack", {"moves": [[0, 1, 1, 2]]})]
@@ -84,12 +85,11 @@ def test_migrated_hands_the_work_to_the_destination_first():
     rm.repack(INTERVAL)
     out.take()
     rm.credit(1, 1)
-    trajs = [{"traj_id": w["traj_id"], "group_id": w["group_id"], "tokens": [5, 6], "logprobs": [-0.1, -0.2],
-              "version": 1} for w in work]
+    trajs = [_traj(w, [5, 6], version=1) for w in work]
     moved = [w for w in (dp.migrate(t, 1) for t in trajs) if w is not None]
     rm.migrated(0, 1, moved)
-    assert out.take() == [("rollout-1", {"type": "assign", "work": moved})]
-    assert all(w["version"] == 1 and w["tokens"] == [5, 6] for w in moved)
+    assert out.take() == [("rollout-1", Assign(work=moved))]
+    assert all(w.version == 1 and w.tokens == [5, 6] for w in moved)
     assert rm.moving == {} and rm.credits == {1: -1}  # two slots it had not offered
     assert rm.repack_stats["trajectories_migrated"] == 2
 
@@ -106,7 +106,7 @@ def test_a_move_left_unanswered_expires():
     assert out.take() == [] and set(rm.moving) == {0, 1}
     rm.repack_due = True
     rm.repack(INTERVAL + EXPIRY + 0.1)  # the source died or the message was lost
-    assert out.take() == [("rollout-0", {"type": "migrate", "traj_ids": ["0.0", "0.1"], "dest": 1})]
+    assert out.take() == [("rollout-0", Migrate(traj_ids=["0.0", "0.1"], dest=1))]
     assert rm.moving == {0: INTERVAL + EXPIRY + 0.1, 1: INTERVAL + EXPIRY + 0.1}  # forgotten, then moved again
 
 
@@ -115,9 +115,9 @@ def test_rejected_migrations_restart_from_the_prompt():
     dp = _dp(group_size=2)
     dp.admit(1)
     work = dp.assign(0, 2)
-    assert rm.rejected(dp, [w["traj_id"] for w in work] + ["9.9"]) == [w["traj_id"] for w in work]
-    assert set(dp.queue) == {w["traj_id"] for w in work}  # first in the queue (nothing else is queued)
-    assert all(dp.partials[w["traj_id"]].rollout is None for w in work)
+    assert rm.rejected(dp, [w.traj_id for w in work] + ["9.9"]) == [w.traj_id for w in work]
+    assert set(dp.queue) == {w.traj_id for w in work}  # first in the queue (nothing else is queued)
+    assert all(dp.partials[w.traj_id].rollout is None for w in work)
     assert rm.repack_stats["migrations_restarted"] == 2
 
 
@@ -127,8 +127,8 @@ def _running_on(dp, rollout: int, versions: list[int]) -> list[str]:
     """Trajectories on `rollout`, each streamed some tokens under the given version."""
     work = dp.assign(rollout, len(versions))
     for w, v in zip(work, versions):
-        dp.stream(w["traj_id"], [1, 2, 3], [-0.1] * 3, version=v)
-    return [w["traj_id"] for w in work]
+        dp.stream(w.traj_id, [1, 2, 3], [-0.1] * 3, version=v)
+    return [w.traj_id for w in work]
 
 
 def test_detached_trajectories_continue_where_their_version_is_held():
@@ -143,11 +143,11 @@ def test_detached_trajectories_continue_where_their_version_is_held():
     rm.place(dp, detached, versions, alive=lambda r: True, exclude=0)
     sent = out.take()
     assert [to for to, _ in sent] == ["rollout-1", "rollout-2"]
-    by_dest = {to: [w["traj_id"] for w in m["work"]] for to, m in sent}
+    by_dest = {to: [w.traj_id for w in m.work] for to, m in sent}
     # least loaded first, spreading them out; version 2 is held nowhere: it restarts
     assert by_dest == {"rollout-1": ids[:2], "rollout-2": ids[2:3]}
-    assert all(m["type"] == "assign" and w["version"] == 3 and w["tokens"] == [1, 2, 3]
-               for _, m in sent for w in m["work"])
+    assert all(isinstance(m, Assign) and w.version == 3 and w.tokens == [1, 2, 3]
+               for _, m in sent for w in m.work)
     assert dp.queue[0] == ids[3] and dp.partials[ids[3]].tokens == []
     assert rm.credits == {2: -1}  # rollout-1's two free slots are taken; rollout-2 takes one it had not offered
     assert rm.placed == {"continued": 3, "restarted": 1}
@@ -163,7 +163,7 @@ def test_placement_skips_dead_replicas_moving_replicas_and_unknown_versions():
     rm.moving[2] = 0.0  # a repack move in flight to or from rollout-2
     rm.place(dp, detached, [3, 3, 3, -1, 3], alive=lambda r: r != 4, exclude=0)
     # 1: holds it; 2: moving; 3: no version; 4: dead
-    assert out.take() == [("rollout-1", {"type": "assign", "work": [dp.partials[t].work() for t in ids]})]
+    assert out.take() == [("rollout-1", Assign(work=[dp.partials[t].work() for t in ids]))]
     rm.place(dp, [], [3], alive=lambda r: True)
     assert out.take() == []  # nothing detached: nothing sent, nothing traced
 
@@ -174,7 +174,7 @@ def test_placement_respects_the_decode_batch_bound():
     dp.admit(1)
     ids = _running_on(dp, 0, [3, 3, 3, 3])
     rm.place(dp, dp.requeue_rollout(0), [3, 3], alive=lambda r: True, exclude=0)
-    assert [[w["traj_id"] for w in m["work"]] for _, m in out.take()] == [ids[:2]]
+    assert [[w.traj_id for w in m.work] for _, m in out.take()] == [ids[:2]]
     assert list(dp.queue)[:2] == [ids[3], ids[2]]  # the rest start again, first in the queue
     assert rm.placed == {"continued": 2, "restarted": 2}
 

@@ -14,7 +14,7 @@ import zmq
 
 from laminar_hpc.transport import channel
 from laminar_hpc.transport.channel import WaitTimeout, AddressInUse, Client, Server
-from laminar_hpc.transport.protocol import encode
+from laminar_hpc.transport.protocol import Heartbeat, Stop, WantWork, encode
 from laminar_hpc.transport.security import (CLIENT_KEY_FILE, SERVER_KEY_FILE, KeyFileError, Keys, auth_enabled,
                                             channel_keys, ensure_keys, load_keys)
 
@@ -154,7 +154,7 @@ def test_channel_keys(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # CURVE channels
 # ---------------------------------------------------------------------------------------------
-HB = {"type": "heartbeat", "t": 1.5}
+HB = Heartbeat(t=1.5)
 
 
 def test_curve_round_trip(keys, closing):
@@ -162,8 +162,8 @@ def test_curve_round_trip(keys, closing):
     client = closing(Client(server.address, "rollout-0", keys=keys))
     client.send(HB)
     assert server.recv(timeout_s=10) == ("rollout-0", HB)
-    server.send("rollout-0", {"type": "stop", "reason": "done"})
-    assert client.recv(timeout_s=10) == {"type": "stop", "reason": "done"}
+    server.send("rollout-0", Stop(reason="done"))
+    assert client.recv(timeout_s=10) == Stop(reason="done")
     assert server.rejected == 0
 
 
@@ -246,11 +246,11 @@ def test_restarted_server_on_the_same_port_keeps_its_clients(tmp_path, closing, 
     # role's heartbeat does, send again until one arrives
     got, deadline = None, time.monotonic() + 20
     while got is None and time.monotonic() < deadline:
-        client.send({"type": "heartbeat", "t": 2.0})
+        client.send(Heartbeat(t=2.0))
         got = second.recv(timeout_s=0.5)
-    assert got == ("rollout-0", {"type": "heartbeat", "t": 2.0})
-    second.send("rollout-0", {"type": "stop", "reason": "x"})
-    assert client.recv(timeout_s=10) == {"type": "stop", "reason": "x"}
+    assert got == ("rollout-0", Heartbeat(t=2.0))
+    second.send("rollout-0", Stop(reason="x"))
+    assert client.recv(timeout_s=10) == Stop(reason="x")
 
 
 def test_binding_a_port_in_use_names_the_address(closing, monkeypatch):
@@ -269,7 +269,7 @@ def test_binding_a_port_in_use_names_the_address(closing, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # malformed frames, both directions, with and without CURVE
 # ---------------------------------------------------------------------------------------------
-VALID = {"type": "want_work", "credit": 2, "version": 7}
+VALID = WantWork(credit=2, version=7)
 MAX_FRAME = 4096
 BAD_FRAMES = [
     b"\xc1 not msgpack",                                            # garbage

@@ -7,6 +7,7 @@ import pytest
 
 from laminar_hpc.config.schema import SupervisorCfg
 from laminar_hpc.launch.role import INTERRUPTED
+from laminar_hpc.metrics.status import ControllerInfo, RoleEntry, Status
 from laminar_hpc.policy.supervision import (MAX_BACKOFF_S, STOPPED_BY_SIGNAL, WINDING_DOWN_GRACE_S, Restart,
                                             campaign_over, due, exit_meaning, grace_over, hung_to_kill, plan_restart,
                                             recovered_at, spec_of, stop_order)
@@ -99,64 +100,68 @@ NOW = 1000.0
 RUNNING = {"controller-0": 500.0, "trainer-0": 500.0, "rollout-0": 500.0, "rollout-1": 5.0, "relay": 500.0}
 
 
+def status(*, roles: dict | None = None, ready_t: float | None = None, **kw) -> Status:
+    """The controller's status as the supervisor reads it; `roles`: identity -> (joined_t, ready_t)."""
+    table = {i: RoleEntry(pid=1, joined_t=j, last_seen=j, ready_t=r) for i, (j, r) in (roles or {}).items()}
+    return Status(roles=table, controller=ControllerInfo(ready_t=ready_t), **kw)
+
+
 def kill(status, *, alive=RUNNING, pending=(), ran_s=RUNNING, heartbeat_s=30.0):
     return hung_to_kill(status, now=NOW, ran_s=ran_s, alive=alive, pending=pending,
                         heartbeat_s=heartbeat_s, status_interval_s=1.0)
 
 
 def test_roles_the_controller_lists_as_hung_are_killed_once_per_process():
-    status = {"t": NOW - 0.5, "hung": ["rollout-0", "relay-1", "relay-2", "trainer-0"]}
-    assert kill(status) == ["relay", "rollout-0", "trainer-0"]  # the relay ranks are one job, killed once
+    assert kill(status(t=NOW - 0.5, hung=["rollout-0", "relay-1", "relay-2", "trainer-0"])) == ["relay", "rollout-0", "trainer-0"]  # the relay ranks are one job, killed once
 
 
 def test_a_hung_role_is_spared_if_dead_restarting_or_just_started():
-    status = {"t": NOW, "hung": ["rollout-0", "rollout-1", "trainer-0", "relay-0"]}
+    listed = status(t=NOW, hung=["rollout-0", "rollout-1", "trainer-0", "relay-0"])
     alive = {"rollout-0", "rollout-1", "relay"}  # the trainer already exited
     # rollout-1 started 5 s ago (may not have spoken yet); relay waits for its restart
-    assert kill(status, alive=alive, pending={"relay"}) == ["rollout-0"]
+    assert kill(listed, alive=alive, pending={"relay"}) == ["rollout-0"]
     assert spec_of("relay-0") == "relay" and spec_of("rollout-0") == "rollout-0"
 
 
 def test_a_stale_status_file_means_the_controller_hangs_not_the_roles_it_listed():
-    stale = {"t": NOW - 31.0, "hung": ["rollout-0"]}
+    stale = status(t=NOW - 31.0, hung=["rollout-0"])
     assert kill(stale) == ["controller-0"]  # its hung list is out of date: ignored
-    assert kill({"t": NOW - 29.0, "hung": ["rollout-0"]}) == []  # stale, but not yet for heartbeat_s
+    assert kill(status(t=NOW - 29.0, hung=["rollout-0"])) == []  # stale, but not yet for heartbeat_s
     # a controller that just (re)started has not written its status yet
     assert kill(stale, ran_s={**RUNNING, "controller-0": 10.0}) == []
-    assert kill({}, ran_s={**RUNNING, "controller-0": 10.0}) == []
+    assert kill(Status(), ran_s={**RUNNING, "controller-0": 10.0}) == []
+    assert kill(Status()) == []  # no status file at all: nothing to judge the controller by
 
 
 def test_status_freshness_follows_the_status_interval():
-    listed = {"hung": ["rollout-0"]}
-    assert kill({**listed, "t": NOW - 5.9}) == ["rollout-0"]  # 5 intervals + 1 s
-    assert kill({**listed, "t": NOW - 6.0}) == []
+    assert kill(status(hung=["rollout-0"], t=NOW - 5.9)) == ["rollout-0"]  # 5 intervals + 1 s
+    assert kill(status(hung=["rollout-0"], t=NOW - 6.0)) == []
 
 
 # --- recovery ---
 
 def test_a_rollout_recovers_when_a_new_incarnation_is_ready():
-    old = {"rollout-0": {"joined_t": 10.0, "ready_t": 11.0}}
-    assert recovered_at("rollout-0", down_t=50.0, down_epoch="e1", status={"roles": old}, relay_count=2) is None
-    joined = {"rollout-0": {"joined_t": 55.0, "ready_t": None}}
-    assert recovered_at("rollout-0", down_t=50.0, down_epoch="e1", status={"roles": joined}, relay_count=2) is None
-    ready = {"rollout-0": {"joined_t": 55.0, "ready_t": 57.5}, "rollout-1": {"joined_t": 60.0, "ready_t": 61.0}}
-    assert recovered_at("rollout-0", down_t=50.0, down_epoch="e1", status={"roles": ready}, relay_count=2) == 57.5
+    def at(roles):
+        return recovered_at("rollout-0", down_t=50.0, down_epoch="e1", status=status(roles=roles), relay_count=2)
+    assert at({"rollout-0": (10.0, 11.0)}) is None  # the old incarnation
+    assert at({"rollout-0": (55.0, None)}) is None  # joined, not yet working
+    assert at({"rollout-0": (55.0, 57.5), "rollout-1": (60.0, 61.0)}) == 57.5
 
 
 def test_the_relay_job_recovers_when_every_rank_is_back():
-    one = {"relay-0": {"joined_t": 55.0, "ready_t": 56.0}, "relay-1": {"joined_t": 40.0, "ready_t": 41.0}}
-    assert recovered_at("relay", down_t=50.0, down_epoch=None, status={"roles": one}, relay_count=2) is None
-    both = {**one, "relay-1": {"joined_t": 55.5, "ready_t": 58.0}}
-    assert recovered_at("relay", down_t=50.0, down_epoch=None, status={"roles": both}, relay_count=2) == 58.0
+    one = {"relay-0": (55.0, 56.0), "relay-1": (40.0, 41.0)}
+    assert recovered_at("relay", down_t=50.0, down_epoch=None, status=status(roles=one), relay_count=2) is None
+    both = {**one, "relay-1": (55.5, 58.0)}
+    assert recovered_at("relay", down_t=50.0, down_epoch=None, status=status(roles=both), relay_count=2) == 58.0
 
 
 def test_the_controller_recovers_with_a_new_epoch_that_is_ready():
-    def at(status):
-        return recovered_at("controller-0", down_t=50.0, down_epoch="e1", status=status, relay_count=2)
-    assert at({"epoch": "e1", "controller": {"ready_t": 60.0}}) is None  # the old one's status
-    assert at({"epoch": "e2", "controller": {}}) is None  # restarted, still replaying its log
-    assert at({"controller": {"ready_t": 60.0}}) is None
-    assert at({"epoch": "e2", "controller": {"ready_t": 60.0}}) == 60.0
+    def at(st):
+        return recovered_at("controller-0", down_t=50.0, down_epoch="e1", status=st, relay_count=2)
+    assert at(status(epoch="e1", ready_t=60.0)) is None  # the old one's status
+    assert at(status(epoch="e2")) is None  # restarted, still replaying its log
+    assert at(status(ready_t=60.0)) is None
+    assert at(status(epoch="e2", ready_t=60.0)) == 60.0
 
 
 # --- ending ---

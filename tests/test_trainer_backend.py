@@ -20,6 +20,7 @@ from laminar_hpc.config import load_config
 from laminar_hpc.model.factory import build_model, build_tokenizer
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.trainer.backend import TrainBackend, build_backend
+from laminar_hpc.transport.protocol import Group, Trajectory
 
 REPO = Path(__file__).resolve().parent.parent
 # everything trainer/main.py calls; checked against the Protocol so the two cannot drift apart
@@ -28,7 +29,7 @@ METRICS = {"loss", "lr", "is_weight_mean", "truncated_frac", "clipped_frac", "kl
            "reward_std", "trajectories", "tokens", "staleness_mean", "staleness_max", "staleness_hist"}
 
 
-def groups(first: int, *, n: int = 2, size: int = 3, vocab: int = 20, version: int = 0) -> list[dict]:
+def groups(first: int, *, n: int = 2, size: int = 3, vocab: int = 20, version: int = 0) -> list[Group]:
     gen = torch.Generator().manual_seed(first)
     out = []
     for g in range(first, first + n):
@@ -36,10 +37,10 @@ def groups(first: int, *, n: int = 2, size: int = 3, vocab: int = 20, version: i
         trajs = []
         for k in range(size):
             toks = torch.randint(4, vocab, (2 + k,), generator=gen).tolist()
-            trajs.append({"traj_id": f"{g}-{k}", "prompt": prompt, "tokens": toks,
-                          "logprobs": (-torch.rand(len(toks), generator=gen) - 1.0).tolist(),
-                          "reward": float(k == g % size), "version": version})
-        out.append({"group_id": g, "trajectories": trajs})
+            trajs.append(Trajectory(traj_id=f"{g}-{k}", group_id=g, problem=g, version=version, prompt=prompt,
+                                    tokens=toks, logprobs=(-torch.rand(len(toks), generator=gen) - 1.0).tolist(),
+                                    rollout=0, t_start=0.0, reward=float(k == g % size)))
+        out.append(Group(group_id=g, problem=g, trajectories=trajs))
     return out
 
 

@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from laminar_hpc.controller.ledger import DELIVERED, GENERATING, READY, TRAINED
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
+from laminar_hpc.transport.protocol import StreamItem, Trajectory
 
 ROLLOUTS = 3
 
@@ -32,9 +34,9 @@ def _dp(group_size=3, journal=None) -> DataPlane:
                      group_size=group_size, max_new_tokens=16, journal=journal)
 
 
-def _traj(tid: str, gid: int, tokens: list[int], version: int = 0, reward=0.0) -> dict:
-    return {"traj_id": tid, "group_id": gid, "tokens": tokens, "logprobs": [-0.5] * len(tokens),
-            "version": version, "reward": reward}
+def _traj(tid: str, gid: int, tokens: list[int], version: int = 0, reward=0.0) -> Trajectory:
+    return Trajectory(traj_id=tid, group_id=gid, problem=gid, version=version, prompt=[1000], tokens=tokens,
+                      logprobs=[-0.5] * len(tokens), rollout=0, t_start=0.0, reward=reward)
 
 
 class Recorder(list):
@@ -69,7 +71,7 @@ def _place_detached(dp: DataPlane, rng: random.Random, detached) -> None:
 def _drive(dp: DataPlane, rng: random.Random, steps: int, after=None) -> None:
     """Random but protocol-respecting traffic. Results are only sent for trajectories that are
     not queued (a late result for a re-queued one is a known bug, reported separately)."""
-    sent: list[dict] = []  # every trajectory handed to finish, for duplicates
+    sent: list[Trajectory] = []  # every trajectory handed to finish, for duplicates
     step = 0
     # weights: enough finishing that groups get through the whole ledger, few drops
     ops = {"admit": 2, "assign": 4, "stream": 4, "finish": 9, "take": 3, "trained": 3, "commit": 2, "drop": 0.4,
@@ -90,14 +92,14 @@ def _drive(dp: DataPlane, rng: random.Random, steps: int, after=None) -> None:
                 n, r = rng.randint(1, 3), rng.random()
                 off = (len(p.tokens) if r < 0.75 else len(p.tokens) + rng.randint(1, 3) if r < 0.85
                        else max(0, len(p.tokens) - 1) if r < 0.93 else None)
-                items.append({"traj_id": p.traj_id, "tokens": [rng.randrange(500) for _ in range(n)],
-                              "logprobs": [-rng.random() for _ in range(n)], "version": rng.randint(0, 4),
-                              "offset": off})
-            items.append({"traj_id": "999.0", "tokens": [1], "logprobs": [-1.0], "version": 0, "offset": 0})
+                items.append(StreamItem(traj_id=p.traj_id, tokens=[rng.randrange(500) for _ in range(n)],
+                                        logprobs=[-rng.random() for _ in range(n)], version=rng.randint(0, 4),
+                                        offset=off))
+            items.append(StreamItem(traj_id="999.0", tokens=[1], logprobs=[-1.0], version=0, offset=0))
             dp.stream_items(items)
         elif op == "finish":
             # a duplicate never counts (unless its group was lost by the trainer and is being generated again)
-            dups = [t for t in sent if t["traj_id"] not in dp.partials]
+            dups = [t for t in sent if t.traj_id not in dp.partials]
             if dups and rng.random() < 0.2:
                 assert dp.finish(copy.deepcopy(rng.choice(dups))) is None
                 continue
@@ -131,8 +133,9 @@ def _drive(dp: DataPlane, rng: random.Random, steps: int, after=None) -> None:
         elif op == "migrate" and running:
             p = rng.choice(running)
             toks = p.tokens + [rng.randrange(500)]
-            dp.migrate({"traj_id": p.traj_id, "group_id": p.group_id, "tokens": toks,
-                        "logprobs": [-0.25] * len(toks), "version": rng.randint(0, 4)}, rng.randrange(ROLLOUTS))
+            moved = msgspec.structs.replace(_traj(p.traj_id, p.group_id, toks, rng.randint(0, 4)), reward=None,
+                                           logprobs=[-0.25] * len(toks))
+            dp.migrate(moved, rng.randrange(ROLLOUTS))
         elif op == "restart" and running:
             assert dp.restart(rng.choice(running).traj_id)
         elif op == "unplaced":
@@ -375,6 +378,47 @@ def test_unreadable_only_snapshot_after_compaction_refuses_to_rebuild(tmp_path, 
     assert any("unreadable" in r.getMessage() for r in caplog.records)
 
 
+def _untyped(x):
+    """What the controller journalled before the typed protocol: every shape a plain dict with all
+    of its keys (None values included), as msgpack.packb wrote it."""
+    if isinstance(x, msgspec.Struct):
+        x = msgspec.structs.asdict(x)
+    if isinstance(x, dict):
+        return {k: _untyped(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_untyped(v) for v in x]
+    return x
+
+
+def test_a_run_directory_of_the_untyped_protocol_still_replays(tmp_path):
+    """A write-ahead log written by the dict-based controller (snapshot and records packed by
+    msgpack from plain maps) rebuilds the same state, with structs, as the typed calls built."""
+    rec = Recorder()
+    dp = _dp(group_size=2, journal=rec)
+    dp.admit(2)
+    a, b, c, d = dp.assign(0, 4)
+    dp.stream(a.traj_id, [5, 6], [-0.1, -0.2], version=1, offset=0)
+    dp.finish(_traj(b.traj_id, 0, [7], version=1))  # in the snapshot: one finished, one partial of group 0
+    snapshot, cut = copy.deepcopy(dp.state_dict()), len(rec)
+    dp.stream_items([StreamItem(traj_id=c.traj_id, tokens=[8, 9], logprobs=[-0.3, -0.4], version=2)], rollout=0)
+    dp.migrate(msgspec.structs.replace(_traj(c.traj_id, 1, [8, 9, 10], version=2), reward=None), dest=1)
+    dp.finish(_traj(a.traj_id, 0, [5, 6, 11], version=1))
+    dp.finish(_traj(d.traj_id, 1, [12], version=2))
+    assert {op for op, _ in rec[cut:]} >= {"stream", "migrate", "finish"}
+    root = tmp_path / "wal"
+    root.mkdir()
+    (root / "snapshot-000000.msgpack").write_bytes(msgpack.packb(_untyped(snapshot), use_bin_type=True))
+    (root / "seg-000000.log").write_bytes(b"".join(msgpack.packb([op, _untyped(args)], use_bin_type=True)
+                                                   for op, args in rec[cut:]))
+    rebuilt, state, records = _recover(root)
+    assert state is not None and len(records) == len(rec) - cut
+    assert rebuilt.state_dict() == dp.state_dict()
+    (g,) = rebuilt.ledger.take_groups(2)
+    assert g.group_id == 0 and [t.tokens for t in g.trajectories] == [[5, 6, 11], [7]]
+    assert all(isinstance(t, Trajectory) for t in g.trajectories)
+    assert rebuilt.partials[c.traj_id].tokens == [8, 9, 10] and rebuilt.partials[c.traj_id].rollout == 1
+
+
 # --- 5-8. the ledger and the transitions that guard it ---
 
 @pytest.mark.parametrize("seed", [21, 22, 23])
@@ -385,7 +429,7 @@ def test_ledger_invariant_under_random_operations(seed):
 
 
 def _running(dp: DataPlane, n: int, rollout: int = 0) -> list[str]:
-    return [w["traj_id"] for w in dp.assign(rollout, n)]
+    return [w.traj_id for w in dp.assign(rollout, n)]
 
 
 def test_stream_offsets_append_ignore_resends_and_mark_gaps():
@@ -410,8 +454,8 @@ def test_stream_offsets_append_ignore_resends_and_mark_gaps():
     pb = dp.partials[b]
     assert pb.tokens == [] and pb.logprobs == [] and pb.version is None and not pb.gap and pb.rollout is None
     w = dp.place(a, dest=1)
-    assert w["tokens"] == [1, 2, 3] and w["version"] == 3
-    assert "tokens" not in dp.assign(2, 1)[0]  # b's work is the bare prompt again
+    assert w.tokens == [1, 2, 3] and w.version == 3
+    assert dp.assign(2, 1)[0].tokens is None  # b's work is the bare prompt again
 
 
 def test_migrate_clears_a_gap():
@@ -422,7 +466,7 @@ def test_migrate_clears_a_gap():
     dp.stream(t, [5], [-0.5], version=1, offset=3)
     assert dp.partials[t].gap
     w = dp.migrate(_traj(t, 0, [4, 4, 4, 5], version=1), dest=2)
-    assert w["tokens"] == [4, 4, 4, 5] and not dp.partials[t].gap
+    assert w.tokens == [4, 4, 4, 5] and not dp.partials[t].gap
     assert [p.traj_id for p in dp.requeue_rollout(2)] == [t]  # continued, not restarted
 
 
@@ -452,7 +496,7 @@ def test_trainer_sync_reconciles_every_delivered_group():
     lg = dp.ledger
     assert all(lg.groups[g].state == GENERATING and lg.groups[g].lost and g not in lg.trained_at for g in back)
     assert list(dp.queue)[:3 * 4] == [t for g in back for t in dp.ledger.groups[g].traj_ids]
-    assert [g["group_id"] for g in dp.ledger.take_groups(10)] == [7]
+    assert [g.group_id for g in dp.ledger.take_groups(10)] == [7]
     _check_ledger(dp)
 
 
@@ -464,7 +508,7 @@ def test_trained_report_removes_a_group_put_back_by_a_racing_resync():
     dp.ledger.trained([0], step=4)  # ... then it arrived and was trained on: no more generating it
     assert dp.ledger.groups[0].state == TRAINED and list(dp.ledger.ready) == [1]
     assert not any(p.group_id == 0 for p in dp.partials.values())
-    assert [g["group_id"] for g in dp.ledger.take_groups(5)] == [1]  # no second delivery
+    assert [g.group_id for g in dp.ledger.take_groups(5)] == [1]  # no second delivery
     _check_ledger(dp)
     # the same race ending in a checkpoint: a durable group leaves the buffer too
     dp = _ready_groups(2)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from laminar_hpc.controller.weight_sync import WeightSync
+from laminar_hpc.transport.protocol import Message, Resume, UpdateWeights, WeightsSynced
 
 
 class Outbox(list):
     """send= for tests: records (to, msg) and hands out what was sent since the last look."""
 
-    def __call__(self, to: str, msg: dict) -> None:
+    def __call__(self, to: str, msg: Message) -> None:
         self.append((to, msg))
 
-    def take(self) -> list[tuple[str, dict]]:
+    def take(self) -> list[tuple[str, Message]]:
         out = list(self)
         self.clear()
         return out
@@ -41,7 +42,7 @@ def test_sync_mode_updates_every_rollout_once_the_batch_is_generated():
     sync.tick(groups_started=2, in_flight=5, now=3.0)
     assert out.take() == []  # trajectories still in flight: the batch is not done
     sync.tick(groups_started=2, in_flight=0, now=4.0)
-    assert out.take() == [(f"rollout-{r}", {"type": "update_weights", "version": 1}) for r in range(3)]
+    assert out.take() == [(f"rollout-{r}", UpdateWeights(version=1)) for r in range(3)]
     sync.tick(groups_started=2, in_flight=0, now=5.0)
     assert out.take() == []  # told once per version
     sync.loaded(0, 1)
@@ -60,7 +61,7 @@ def test_barrier_update_targets_the_newest_published_version():
     sync.published(1, now=1.0)
     sync.published(2, now=2.0)
     sync.tick(groups_started=2, in_flight=0, now=3.0)
-    assert out.take() == [(f"rollout-{r}", {"type": "update_weights", "version": 2}) for r in range(2)]
+    assert out.take() == [(f"rollout-{r}", UpdateWeights(version=2)) for r in range(2)]
 
 
 def test_one_step_off_lets_a_batch_lag_one_version():
@@ -71,7 +72,7 @@ def test_one_step_off_lets_a_batch_lag_one_version():
     assert out.take() == []  # batch 1 may use version 0
     sync.published(1, now=2.0)
     sync.tick(groups_started=4, in_flight=0, now=3.0)  # batch 2 needs version 1
-    assert out.take() == [(f"rollout-{r}", {"type": "update_weights", "version": 1}) for r in range(3)]
+    assert out.take() == [(f"rollout-{r}", UpdateWeights(version=1)) for r in range(3)]
 
 
 def test_barrier_waits_for_the_first_publish():
@@ -88,7 +89,7 @@ def test_partial_rollout_global_update_then_resume_once_every_rollout_holds_it()
     sync.tick(groups_started=0, in_flight=0, now=0.5)
     assert out.take() == []
     sync.published(1, now=10.0)
-    assert out.take() == [(f"rollout-{r}", {"type": "update_weights", "version": 1}) for r in range(3)]
+    assert out.take() == [(f"rollout-{r}", UpdateWeights(version=1)) for r in range(3)]
     assert sync.pending == 1
     sync.loaded(0, 1)
     sync.loaded(2, 1)
@@ -96,8 +97,8 @@ def test_partial_rollout_global_update_then_resume_once_every_rollout_holds_it()
     assert out.take() == [] and traces == []  # rollout-1 still loads: nobody resumes
     sync.loaded(1, 1)
     sync.tick(groups_started=4, in_flight=7, now=13.5)
-    assert out.take() == ([(f"rollout-{r}", {"type": "resume", "version": 1}) for r in range(3)]
-                          + [("trainer-0", {"type": "weights_synced", "version": 1})])
+    assert out.take() == ([(f"rollout-{r}", Resume(version=1)) for r in range(3)]
+                          + [("trainer-0", WeightsSynced(version=1))])
     assert traces == [("weights_synced", {"version": 1, "sync_s": 3.5})]
     assert sync.pending is None
     sync.tick(groups_started=4, in_flight=7, now=14.0)
@@ -116,7 +117,7 @@ def test_a_dead_rollout_holds_the_global_update_until_it_loaded_again():
     assert out.take() == []
     sync.loaded(1, 1)
     sync.tick(groups_started=0, in_flight=0, now=3.0)
-    assert [m["type"] for _, m in out.take()] == ["resume", "resume", "weights_synced"]
+    assert [type(m) for _, m in out.take()] == [Resume, Resume, WeightsSynced]
 
 
 def test_laminar_needs_no_coordination():
@@ -144,4 +145,4 @@ def test_a_restarted_controller_keeps_its_version_base():
     out = Outbox()
     sync = WeightSync("partial-rollout", rollouts=1, groups_per_step=2, send=out, trainer_version=6, version_base=3)
     sync.published(7, now=0.0)
-    assert sync.version_base == 3 and out.take() == [("rollout-0", {"type": "update_weights", "version": 7})]
+    assert sync.version_base == 3 and out.take() == [("rollout-0", UpdateWeights(version=7))]

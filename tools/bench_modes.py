@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from laminar_hpc.config import load_config  # noqa: E402
+from laminar_hpc.metrics.status import read_status  # noqa: E402
 from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
 from laminar_hpc.metrics.trace import read_trace, role_events  # noqa: E402
 
@@ -72,7 +73,7 @@ def measure(run_dir: Path, skip: int, scale: float) -> dict:
         busy.append((at(b, t_b) - at(b, t_a)) / wall)
         wait.append((at(w, t_b) - at(w, t_a)) / scale)
         behind += util[-1].get("behind_s", 0.0) if util else 0.0
-    stats = json.loads((run_dir / "controller_stats.json").read_text())
+    stats = read_status(run_dir / "controller_stats.json")
     return {
         "trajectories_per_s": trajs / span,
         "tokens_per_s": sum(r["tokens"] for r in win) / span,
@@ -82,7 +83,7 @@ def measure(run_dir: Path, skip: int, scale: float) -> dict:
         "staleness_mean": sum(r["staleness_mean"] * r["trajectories"] for r in win) / max(1, trajs),
         "staleness_max": max(r["staleness_max"] for r in win),
         "window_s": span, "window_steps": len(win),
-        "trajectories_migrated": stats.get("repack", {}).get("trajectories_migrated", 0),
+        "trajectories_migrated": stats.repack.get("trajectories_migrated", 0),
         "emulation_behind_s": behind / max(1, len(busy)) + win[-1].get("emulation_behind_s", 0.0),
     }
 

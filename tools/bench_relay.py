@@ -99,6 +99,7 @@ def bench_stall_and_pull(model_bytes: int, repeats: int, shm_prefix: str) -> tup
     from laminar_hpc.model.weights import WeightLayout
     from laminar_hpc.rollout.main import NodeWeights
     from laminar_hpc.transport.channel import Client, Server
+    from laminar_hpc.transport.protocol import Publish
     from laminar_hpc.transport.weight_store import WeightStore, checksum, digest_to_int
 
     torch.set_num_threads(TrainerCfg().torch_threads)
@@ -120,8 +121,7 @@ def bench_stall_and_pull(model_bytes: int, repeats: int, shm_prefix: str) -> tup
         slot, buf = store.begin(version[0])
         layout.pack(model, buf)
         store.commit(slot, version[0], n, 0, digest)
-        client.send({"type": "publish", "version": version[0], "slot": slot, "nbytes": n,
-                     "layout": layout.digest, "t": time.time()})
+        client.send(Publish(version=version[0], slot=slot, nbytes=n, layout=layout.digest, t=time.time()))
 
     def pack_only():  # where the time goes: the pack alone, into a slot
         slot, buf = store.begin(10**9)

@@ -29,6 +29,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from laminar_hpc.metrics.status import Status, read_status  # noqa: E402
+
 KINDS = ("rollout", "relay", "trainer", "controller")
 LEDGER_KEYS = ("groups_admitted", "groups_consumed", "groups_dropped", "groups_pending", "groups_lost",
                "groups_duplicated", "groups_unknown", "recoveries", "recovery_s_max")
@@ -49,13 +53,13 @@ def schedule(kills: int, seed: int) -> list[str]:
     return order
 
 
-def pick_victim(kind: str, status: dict, rng: random.Random) -> tuple[str, int] | None:
+def pick_victim(kind: str, status: Status, rng: random.Random) -> tuple[str, int] | None:
     """(role identity, pid) of a live process of `kind`, from the controller's status."""
     if kind == "controller":
-        ctl = status.get("controller") or {}
-        return ("controller-0", ctl["pid"]) if ctl.get("pid") else None
-    live = [(name, e["pid"]) for name, e in sorted((status.get("roles") or {}).items())
-            if name.startswith(kind + "-") and not e.get("down") and e.get("ready_t")]
+        pid = status.controller.pid
+        return ("controller-0", pid) if pid else None
+    live = [(name, e.pid) for name, e in sorted(status.roles.items())
+            if name.startswith(kind + "-") and not e.down and e.ready_t]
     return rng.choice(live) if live else None
 
 
@@ -99,17 +103,17 @@ def main() -> int:
     try:
         total = None
         while proc.poll() is None:  # wait until the campaign trains (after the warm-up)
-            st = read_json(run_dir / "status.json")
-            total = st.get("total_steps")
-            if st.get("phase") == "rl" and st.get("step", 0) >= 2:
+            st = read_status(run_dir / "status.json")
+            total = st.total_steps
+            if st.phase == "rl" and st.step >= 2:
                 break
             time.sleep(0.5)
         for kind in schedule(args.kills, args.seed):
             time.sleep(rng.uniform(*args.gap_s))  # a seeded random moment
             victim, give_up = None, time.monotonic() + 15.0
             while victim is None and time.monotonic() < give_up:  # the role table may be refilling
-                st = read_json(run_dir / "status.json")
-                if proc.poll() is not None or (total and st.get("step", 0) >= total - max(10, total // 20)):
+                st = read_status(run_dir / "status.json")
+                if proc.poll() is not None or (total and st.step >= total - max(10, total // 20)):
                     break  # the campaign is (nearly) over: no time left to recover
                 victim = pick_victim(kind, st, rng)
                 if victim is not None:
@@ -120,15 +124,15 @@ def main() -> int:
                 if victim is None:
                     time.sleep(0.5)  # polling the status file the controller rewrites
             if victim is None:
-                print(f"chaos: no live {kind} to kill (step {st.get('step')}); skipped", flush=True)
-                if proc.poll() is not None or (total and st.get("step", 0) >= total - max(10, total // 20)):
+                print(f"chaos: no live {kind} to kill (step {st.step}); skipped", flush=True)
+                if proc.poll() is not None or (total and st.step >= total - max(10, total // 20)):
                     break
                 continue
             ident, pid = victim
             t_kill = time.time()
-            print(f"chaos: killed {ident} (pid {pid}) at step {st.get('step')}", flush=True)
+            print(f"chaos: killed {ident} (pid {pid}) at step {st.step}", flush=True)
             rec = wait_recovered(run_dir, ident, t_kill, args.recovery_timeout_s, proc)
-            kills.append({"role": ident, "kind": kind, "pid": pid, "t": t_kill, "step": st.get("step"),
+            kills.append({"role": ident, "kind": kind, "pid": pid, "t": t_kill, "step": st.step,
                           "recovery_s": None if rec is None else rec["ready_t"] - t_kill})
             print(f"chaos: {ident} " + ("did not recover" if rec is None else
                                         f"recovered in {rec['ready_t'] - t_kill:.1f}s"), flush=True)

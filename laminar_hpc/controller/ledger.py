@@ -11,7 +11,7 @@ partial-response pool: `forget(traj_ids)` (stop generating these) and `regenerat
 (queue its trajectories again from the prompt, first). Journalled like the pools: a public
 method writes one record, then applies it with the private `_op` that `DataPlane.replay` calls.
 
-    dp.ledger.take_groups(2)                   # complete groups for the trainer, oldest first
+    dp.ledger.take_groups(2)                   # complete Groups (protocol) for the trainer, oldest first
     dp.ledger.trained([0, 1], step=1); dp.ledger.commit([0, 1])
     dp.ledger.summary()                        # the controller's half of the exactly-once check
 """
@@ -22,21 +22,24 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from laminar_hpc.transport.protocol import Group, Trajectory
+
 GENERATING, READY, DELIVERED, TRAINED = "generating", "ready", "delivered", "trained"
 
 
 @dataclass
-class Group:
+class GroupRecord:
+    """The ledger's entry for one group (what is delivered is a protocol `Group`)."""
     group_id: int
     problem: int
     traj_ids: list[str]
-    finished: dict[str, dict] = field(default_factory=dict)
+    finished: dict[str, Trajectory] = field(default_factory=dict)
     state: str = GENERATING
     lost: bool = False  # delivered once, lost with a trainer: being generated again
 
 
-def _bad_reward(traj: dict) -> bool:
-    r = traj.get("reward")
+def _bad_reward(traj: Trajectory) -> bool:
+    r = traj.reward
     return not isinstance(r, (int, float)) or isinstance(r, bool) or not math.isfinite(r)
 
 
@@ -44,10 +47,10 @@ class GroupLedger:
     OPS = frozenset({"deliver", "trained", "commit", "drop", "trainer_sync"})  # its journal records
 
     def __init__(self, journal: Callable[..., None], forget: Callable[[list[str]], None],
-                 regenerate: Callable[[Group], None]):
+                 regenerate: Callable[[GroupRecord], None]):
         self._log, self._forget, self._regenerate_trajs = journal, forget, regenerate
         self.next_group = 0  # the next group id (= groups admitted)
-        self.groups: dict[int, Group] = {}  # every group not yet committed or dropped
+        self.groups: dict[int, GroupRecord] = {}  # every group not yet committed or dropped
         self.ready: deque[int] = deque()  # complete groups (experience buffer)
         self.trained_at: dict[int, int] = {}  # trained, not yet in a checkpoint: group -> step
         self.committed: set[int] = set()
@@ -55,19 +58,19 @@ class GroupLedger:
         self.groups_consumed = 0  # delivered to the trainer (also counts re-deliveries)
 
     # -- generating (called by the pools, inside their own records) ------------------------
-    def add(self, group: Group) -> None:
+    def add(self, group: GroupRecord) -> None:
         self.groups[group.group_id] = group
         self.next_group = group.group_id + 1
 
-    def expects(self, traj: dict) -> bool:
+    def expects(self, traj: Trajectory) -> bool:
         """A result its group still waits for (a duplicate, e.g. re-sent after a reconnect, is not)."""
-        group = self.groups.get(traj["group_id"])
-        return group is not None and group.state == GENERATING and traj["traj_id"] not in group.finished
+        group = self.groups.get(traj.group_id)
+        return group is not None and group.state == GENERATING and traj.traj_id not in group.finished
 
-    def finished(self, traj: dict) -> int | None:
+    def finished(self, traj: Trajectory) -> int | None:
         """Record a finished trajectory; returns its group id if that completed the group."""
-        group = self.groups[traj["group_id"]]
-        group.finished[traj["traj_id"]] = traj
+        group = self.groups[traj.group_id]
+        group.finished[traj.traj_id] = traj
         if _bad_reward(traj):  # a reward function that failed: the group cannot be trained on
             self._drop_group(group.group_id, "bad_reward")
             return None
@@ -78,21 +81,20 @@ class GroupLedger:
         return None
 
     # -- the trainer's side ----------------------------------------------------------------
-    def take_groups(self, n: int) -> list[dict]:
+    def take_groups(self, n: int) -> list[Group]:
         ids = [self.ready[i] for i in range(min(n, len(self.ready)))]
         if not ids:
             return []
         self._log("deliver", ids=ids)
         return self._deliver(ids)
 
-    def _deliver(self, ids: list[int]) -> list[dict]:
+    def _deliver(self, ids: list[int]) -> list[Group]:
         out = []
         for gid in ids:
             self.ready.remove(gid)
             g = self.groups[gid]
             g.state = DELIVERED
-            out.append({"group_id": g.group_id, "problem": g.problem,
-                        "trajectories": [g.finished[t] for t in g.traj_ids]})
+            out.append(Group(group_id=g.group_id, problem=g.problem, trajectories=[g.finished[t] for t in g.traj_ids]))
             g.finished = {}  # the trainer has them; were it to lose them, the group is generated again
             self.groups_consumed += 1
         return out

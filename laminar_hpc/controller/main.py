@@ -28,22 +28,30 @@ import socket
 import time
 import uuid
 
+import msgspec
+
+from laminar_hpc.config import load_config
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.recovery import Recovery, recover
 from laminar_hpc.controller.roles import RoleTable
 from laminar_hpc.controller.rollout_manager import RolloutManager, kv_capacity, move_expiry_s
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.controller.weight_sync import WeightSync
-from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import node_name, setup_logging
-from laminar_hpc.rundir import atomic_write_json, read_json
+from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.metrics.status import ControllerInfo, Status, Utilisation, write_status
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.scheduling import admission
+from laminar_hpc.rundir import RunDir, read_json
 from laminar_hpc.tasks import build_task, encode_prompt
 from laminar_hpc.transport.channel import Server, publish_endpoint
+from laminar_hpc.transport.protocol import (Assign, CheckpointSaved, Finished, Groups, Heartbeat, Hello, HelloAck,
+                                            LogEvent, Message, Migrated, MigrateReject, Published, Resync,
+                                            RoleDown, RolloutState, Stop, StopAll, Stream, TrainerDone, TrainerSync,
+                                            TrainStep, Trajectory, VersionReady, WantGroups, WantWork,
+                                            WeightsLoaded, version_mismatch)
 from laminar_hpc.transport.security import channel_keys
-from laminar_hpc.config import load_config
 
 
 HANDLE_BUDGET_S = 0.25  # the longest the loop handles messages before it schedules and writes its status
@@ -51,22 +59,23 @@ HANDLE_BUDGET_S = 0.25  # the longest the loop handles messages before it schedu
 
 class Controller:
     def __init__(self, run_dir, cfg, log, tracer):
-        self.run_dir, self.cfg, self.log, self.tracer = run_dir, cfg, log, tracer
+        self.rd = rd = RunDir.of(run_dir)
+        self.run_dir, self.cfg, self.log, self.tracer = rd.path, cfg, log, tracer
         task = build_task(cfg.task, cfg.seed)
         tok = build_tokenizer(cfg.model)
         self.epoch = uuid.uuid4().hex[:12]  # roles that see a new epoch re-send their state
         self.t_start = time.time()
-        self.wal = WriteAheadLog(run_dir / "wal", fsync_s=cfg.controller.wal_fsync_s,
+        self.wal = WriteAheadLog(rd.wal_dir, fsync_s=cfg.controller.wal_fsync_s,
                                  snapshot_bytes=int(cfg.controller.wal_snapshot_mb * 2**20))
         self.dp = DataPlane(task.problem, lambda p: encode_prompt(tok, p), cfg.trainer.group_size,
                             cfg.rollout.max_new_tokens)
         self.recovered = recover(self.wal, self.dp, log, tracer)
         self.dp.journal = self.wal.append
         # a restarted controller keeps its address: the roles' sockets reconnect by themselves
-        old = read_json(run_dir / "endpoints" / "controller.json")
+        old = read_json(rd.endpoint("controller"))
         port = int(old["address"].rsplit(":", 1)[1]) if old else None
         self.server = Server(cfg.controller.host, int(cfg.controller.max_frame_mb * 2**20), port=port,
-                             keys=channel_keys(run_dir, cfg.controller))
+                             keys=channel_keys(rd.path, cfg.controller))
         self.roles = RoleTable(cfg.timeouts.heartbeat_s)
         meta = self.dp.meta
         self.sync = WeightSync(cfg.mode, rollouts=cfg.rollout.count, groups_per_step=cfg.trainer.groups_per_step,
@@ -88,6 +97,7 @@ class Controller:
         self.last_seen: dict[str, float] = {}
         self.ready_t: float | None = None  # serving again after recovery (status.json)
         self.relay_dropped = 0  # malformed frames the master relay's hand-off socket dropped
+        self.refused = 0  # hellos of another protocol version (counted with the malformed frames)
         self.backlog_until = 0.0  # messages were waiting longer than a loop's budget until about then
         self.metrics: dict = {}
         self.phase = "starting"
@@ -97,9 +107,9 @@ class Controller:
         self.finish_times: list[float] = []
         self.stop_reason: str | None = None
         self.t0 = time.time()
-        self.run_id = (read_json(run_dir / "run.json", {}) or {}).get("run_id", "norun")
+        self.run_id = rd.run_id
 
-    def send(self, ident: str, msg: dict) -> None:
+    def send(self, ident: str, msg: Message) -> None:
         """Every message the controller sends goes through here (its components get this as their
         `send`): the one place of its central invariant, WRITE-AHEAD THEN SEND.
 
@@ -112,115 +122,136 @@ class Controller:
         self.server.send(ident, msg)
 
     # -- message handling -----------------------------------------------------------------
-    def handle(self, ident: str, msg: dict) -> None:
+    def handle(self, ident: str, msg: Message) -> None:
+        """One message from `ident` ('rollout-3', 'trainer-0', ...), dispatched on its type. Types
+        meant for other roles, and rollout reports from a sender that is not a rollout, are ignored."""
         now = time.time()
         if ident.endswith(".hb"):  # a role's heartbeat thread (roles/steps that may be busy for long)
             self.roles.seen(ident[:-3], now)
             return
         self.last_seen[ident] = now
         self.roles.seen(ident, now)
-        kind = msg["type"]
         role, _, rank_s = ident.rpartition("-")
         rank = int(rank_s) if rank_s.isdigit() else -1
-        if kind == "want_work" and role == "rollout":
-            self.rm.credit(rank, max(0, msg["credit"]))
-            self.sync.loaded(rank, msg["version"])
-        elif kind == "stream":
-            self.dp.stream_items(msg["items"], rollout=rank if role == "rollout" else None)
-            if any(it["version"] not in self.versions_seen for it in msg["items"]):
-                self._track_versions()  # only a version not running before can raise the count
-        elif kind == "finished":
-            traj = msg["trajectory"]
-            dropped = self.dp.ledger.dropped
-            if self.dp.finish(traj) is None and traj["group_id"] in dropped:
-                self.tracer.emit("group_dropped", group=traj["group_id"], reason=dropped[traj["group_id"]])
-            self.finish_times.append(now)
-            self.tracer.emit("traj_finished", traj=traj["traj_id"], version=traj["version"],
-                             rollout=traj["rollout"], tokens=len(traj["tokens"]), reward=traj.get("reward"))
-            if traj["version"] not in self.versions_seen:
-                self._track_versions()
-            self.versions_stale = True  # it may have been its version's last trajectory
-        elif kind == "weights_loaded" and role == "rollout":
-            self.sync.loaded(rank, msg["version"])
-            self.roles.ready(ident, now)
-        elif kind == "rollout_state" and role == "rollout":
-            self.rm.report((rank, msg["version"], msg["waiting"], msg["running"], msg["kv_tokens"], msg["kv_peak"],
-                            tuple(msg["traj_ids"])))
-            self.util[rank] = (msg["busy_s"], msg["weight_wait_s"])
-        elif kind == "migrated":
-            self.migrated(rank, msg["dest"], msg["trajectories"])
-        elif kind == "migrate_reject":
-            restarted = self.rm.rejected(self.dp, msg["traj_ids"])
-            self.tracer.emit("migration_restarted", rollout=rank, traj_ids=restarted)
-        elif kind == "want_groups":
-            self.trainer_credit = max(0, msg["n"]) + (0 if msg.get("reset") else self.trainer_credit)
-        elif kind == "train_step":
-            self.metrics = msg["metrics"]
-            self.steps_trained = int(self.metrics.get("step", self.steps_trained))
-            self.dp.ledger.trained(msg.get("groups") or [], self.steps_trained)
-            self.dp.ledger.drop(msg.get("stale") or [], "staleness")
-            self.dp.note(steps=self.steps_trained)
-            self.roles.ready(ident, now)
-            self.phase = "rl"
-        elif kind == "published":
-            v, base = msg["version"], self.sync.version_base
-            self.published += 1
-            # journalled first: the global update that `published` may start is sent after it
-            self.dp.note(max_version=max(v, self.dp.meta.get("max_version", -1)),
-                         version_base=base if base >= 0 else v, published=self.published)
-            self.rm.repack_due = True
-            self.sync.published(v, time.monotonic())
-        elif kind == "checkpoint_saved":
-            self.dp.ledger.commit(msg.get("groups") or [])
-            self.wal.start(self.dp.state_dict())  # compaction: recovery replays from here
-        elif kind == "version_ready":
-            self.relay_versions[msg["rank"]] = msg["version"]
-            self.roles.ready(ident, now)
-        elif kind == "log_event":
-            if msg["event"] == "phase":
-                self.phase = str(msg["fields"].get("phase", self.phase))
-            elif msg["event"] == "relay":
-                self.relay_dropped = int(msg["fields"].get("dropped_frames", self.relay_dropped))
-            self.metrics.update({f"{msg['event']}.{k}": v for k, v in msg["fields"].items()})
-        elif kind == "trainer_done":
-            self.stop_reason = f"trainer finished {msg['steps']} steps"
-        elif kind == "heartbeat":
-            if msg.get("pid") is not None and ident not in self.roles.roles:
-                self.roles.joined(ident, msg["pid"], now)  # a role that was there before this controller
+        rollout = role == "rollout"
+        match msg:  # the rollouts' traffic, most of all messages, first
+            case Stream(items=items):
+                self.dp.stream_items(items, rollout=rank if rollout else None)
+                if any(it.version not in self.versions_seen for it in items):
+                    self._track_versions()  # only a version not running before can raise the count
+            case Finished(trajectory=traj):
+                self.finished(traj, now)
+            case WantWork(credit=credit, version=version) if rollout:
+                self.rm.credit(rank, max(0, credit))
+                self.sync.loaded(rank, version)
+            case RolloutState() if rollout:
+                self.rm.report((rank, msg.version, msg.waiting, msg.running, msg.kv_tokens, msg.kv_peak,
+                                tuple(msg.traj_ids)))
+                self.util[rank] = (msg.busy_s, msg.weight_wait_s)
+            case Heartbeat(t=t, pid=pid):
+                if pid is not None and ident not in self.roles.roles:
+                    self.roles.joined(ident, pid, now)  # a role that was there before this controller
+                    self.roles.ready(ident, now)
+                self.send(ident, Heartbeat(t=time.time(), epoch=self.epoch, echo=t))
+            case WeightsLoaded(version=version) if rollout:
+                self.sync.loaded(rank, version)
                 self.roles.ready(ident, now)
-            self.send(ident, {"type": "heartbeat", "t": time.time(), "epoch": self.epoch, "echo": msg["t"]})
-        elif kind == "hello":
-            self.log.info("%s joined (pid %s)", ident, msg["pid"])
-            self.tracer.emit("role_joined", role=ident, pid=msg["pid"])
-            self.roles.joined(ident, msg["pid"], now)
-            self.send(ident, {"type": "heartbeat", "t": now, "epoch": self.epoch})
-            if role == "rollout":
-                self.rm.reset_credit(rank)  # a (re)started rollout holds nothing and asks afresh
-                self.recovery.place(self.dp.requeue_rollout(rank), exclude=rank)
-            elif role == "trainer":
-                self.send(ident, {"type": "hello_ack", "run_id": self.run_id,
-                                  "max_version": self.dp.meta.get("max_version", -1)})
-        elif kind == "resync" and role == "rollout":
-            if ident not in self.roles.roles:
-                self.roles.joined(ident, msg["pid"], now)
+            case Migrated(dest=dest, trajectories=trajs):
+                self.migrated(rank, dest, trajs)
+            case MigrateReject(traj_ids=traj_ids):
+                restarted = self.rm.rejected(self.dp, traj_ids)
+                self.tracer.emit("migration_restarted", rollout=rank, traj_ids=restarted)
+            case WantGroups(n=n, reset=reset):
+                self.trainer_credit = max(0, n) + (0 if reset else self.trainer_credit)
+            case TrainStep():
+                self.train_step(ident, msg, now)
+            case Published(version=version):
+                self.published_version(version)
+            case CheckpointSaved(groups=groups):
+                self.dp.ledger.commit(groups or [])
+                self.wal.start(self.dp.state_dict())  # compaction: recovery replays from here
+            case VersionReady(rank=relay, version=version):
+                self.relay_versions[relay] = version
                 self.roles.ready(ident, now)
-            self.sync.loaded(rank, msg["version"])
-            self.recovery.resync_rollout(rank, msg["held"], msg["free"])
-        elif kind == "trainer_sync":
-            self.steps_trained = msg["step"]
-            self.trainer_credit = 0  # the trainer asks afresh
-            self.recovery.trainer_sync(msg)
-        elif kind == "role_down":
-            self.role_down(msg["role"], msg["code"])
-        elif kind == "stop_all":
-            self.stop_reason = msg["reason"]
+            case LogEvent(event=event, fields=fields):
+                if event == "phase":
+                    self.phase = str(fields.get("phase", self.phase))
+                elif event == "relay":
+                    self.relay_dropped = int(fields.get("dropped_frames", self.relay_dropped))
+                self.metrics.update({f"{event}.{k}": v for k, v in fields.items()})
+            case TrainerDone(steps=steps):
+                self.stop_reason = f"trainer finished {steps} steps"
+            case Hello():
+                self.hello(ident, role, rank, msg, now)
+            case Resync() if rollout:
+                if ident not in self.roles.roles:
+                    self.roles.joined(ident, msg.pid, now)
+                    self.roles.ready(ident, now)
+                self.sync.loaded(rank, msg.version)
+                self.recovery.resync_rollout(rank, msg.held, msg.free)
+            case TrainerSync():
+                self.steps_trained = msg.step
+                self.trainer_credit = 0  # the trainer asks afresh
+                self.recovery.trainer_sync(msg)
+            case RoleDown(role=name, code=code):
+                self.role_down(name, code)
+            case StopAll(reason=reason):
+                self.stop_reason = reason
 
-    def migrated(self, source: int, dest: int, trajs: list[dict]) -> None:
+    def hello(self, ident: str, role: str, rank: int, msg: Hello, now: float) -> None:
+        """A role (re)started. One that speaks another protocol version is told to stop, with the
+        reason in one line; its hello counts as a dropped frame."""
+        refused = version_mismatch(msg, ident)
+        if refused is not None:
+            self.log.error("%s", refused)
+            self.refused += 1
+            self.send(ident, Stop(reason=refused))
+            return
+        self.log.info("%s joined (pid %s)", ident, msg.pid)
+        self.tracer.emit("role_joined", role=ident, pid=msg.pid)
+        self.roles.joined(ident, msg.pid, now)
+        self.send(ident, Heartbeat(t=now, epoch=self.epoch))
+        if role == "rollout":
+            self.rm.reset_credit(rank)  # a (re)started rollout holds nothing and asks afresh
+            self.recovery.place(self.dp.requeue_rollout(rank), exclude=rank)
+        elif role == "trainer":
+            self.send(ident, HelloAck(run_id=self.run_id, max_version=self.dp.meta.get("max_version", -1)))
+
+    def finished(self, traj: Trajectory, now: float) -> None:
+        dropped = self.dp.ledger.dropped
+        if self.dp.finish(traj) is None and traj.group_id in dropped:
+            self.tracer.emit("group_dropped", group=traj.group_id, reason=dropped[traj.group_id])
+        self.finish_times.append(now)
+        self.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, rollout=traj.rollout,
+                         tokens=len(traj.tokens), reward=traj.reward)
+        if traj.version not in self.versions_seen:
+            self._track_versions()
+        self.versions_stale = True  # it may have been its version's last trajectory
+
+    def train_step(self, ident: str, msg: TrainStep, now: float) -> None:
+        self.metrics = dict(msg.metrics)
+        self.steps_trained = int(self.metrics.get("step", self.steps_trained))
+        self.dp.ledger.trained(msg.groups or [], self.steps_trained)
+        self.dp.ledger.drop(msg.stale or [], "staleness")
+        self.dp.note(steps=self.steps_trained)
+        self.roles.ready(ident, now)
+        self.phase = "rl"
+
+    def published_version(self, version: int) -> None:
+        base = self.sync.version_base
+        self.published += 1
+        # journalled first: the global update that `published` may start is sent after it
+        self.dp.note(max_version=max(version, self.dp.meta.get("max_version", -1)),
+                     version_base=base if base >= 0 else version, published=self.published)
+        self.rm.repack_due = True
+        self.sync.published(version, time.monotonic())
+
+    def migrated(self, source: int, dest: int, trajs: list[Trajectory]) -> None:
         """A source handed its trajectories back: they go to `dest`, first in its queue."""
         work = [w for w in (self.dp.migrate(t, dest) for t in trajs) if w is not None]
         self.rm.migrated(source, dest, work)
         self.tracer.emit("migrated", source=source, dest=dest, trajectories=len(work),
-                         version=trajs[0]["version"] if trajs else None, traj_ids=[w["traj_id"] for w in work])
+                         version=trajs[0].version if trajs else None, traj_ids=[w.traj_id for w in work])
 
     def role_down(self, name: str, code: int) -> None:
         role, _, rank_s = name.rpartition("-")
@@ -257,67 +288,61 @@ class Controller:
             for gid in range(end - n, end):  # queued: the lifecycle's first event
                 self.tracer.emit("group_admitted", group=gid, n=cfg.trainer.group_size)
         for rank, work in self.rm.assign(self.dp):
-            self.send(f"rollout-{rank}", {"type": "assign", "work": work})
+            self.send(f"rollout-{rank}", Assign(work=work))
         if self.repack_on:
             self.rm.repack(time.monotonic())
         if self.trainer_credit > 0 and self.dp.ledger.ready:
             groups = self.dp.ledger.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)
-            self.send("trainer-0", {"type": "groups", "groups": groups})
+            self.send("trainer-0", Groups(groups=groups))
             for g in groups:
-                self.tracer.emit("group_consumed", group=g["group_id"],
-                                 versions=sorted({t["version"] for t in g["trajectories"]}))
+                self.tracer.emit("group_consumed", group=g.group_id,
+                                 versions=sorted({t.version for t in g.trajectories}))
 
     # -- persistence and status -----------------------------------------------------------
-    def status(self) -> dict:
+    def status(self) -> Status:
         now = time.time()
         recent = [t for t in self.finish_times if now - t <= 10.0]
         self.finish_times = recent
-        return {
-            "t": now, "elapsed_s": now - self.t0, "phase": self.phase, "pid": os.getpid(),
-            "step": self.steps_trained, "total_steps": self.cfg.trainer.total_steps,
-            "trainer_version": self.sync.trainer_version, "relay_versions": self.relay_versions,
-            "rollout_versions": self.sync.held(),
-            "versions_in_flight": sorted(self.dp.running_versions()),
-            "max_versions_in_flight": self.max_versions_in_flight,
-            "trajectories_per_s": len(recent) / min(10.0, max(1e-9, now - self.t0)),
-            "trajectories_finished": self.dp.trajectories_finished,
-            "tokens_generated": self.dp.tokens_generated,
-            "groups_consumed": self.dp.ledger.groups_consumed, "groups_pending": self.dp.ledger.groups_pending,
-            "queued": len(self.dp.queue), "running": len(self.dp.partials) - len(self.dp.queue),
-            "published": self.published, "dropped_frames": self.server.dropped, "repack": self.rm.repack_stats,
-            "relay_dropped_frames": self.relay_dropped,
-            "rollout_util": {str(k): {"busy_s": b, "weight_wait_s": w} for k, (b, w) in sorted(self.util.items())},
-            "metrics": self.metrics,
+        dp, lg = self.dp, self.dp.ledger
+        return Status(
+            t=now, elapsed_s=now - self.t0, phase=self.phase, pid=os.getpid(), step=self.steps_trained,
+            total_steps=self.cfg.trainer.total_steps, trainer_version=self.sync.trainer_version,
+            relay_versions=dict(self.relay_versions), rollout_versions=self.sync.held(),
+            versions_in_flight=sorted(dp.running_versions()), max_versions_in_flight=self.max_versions_in_flight,
+            trajectories_per_s=len(recent) / min(10.0, max(1e-9, now - self.t0)),
+            trajectories_finished=dp.trajectories_finished, tokens_generated=dp.tokens_generated,
+            groups_consumed=lg.groups_consumed, groups_pending=lg.groups_pending,
+            groups_committed=len(lg.committed), groups_dropped=len(lg.dropped),
+            queued=len(dp.queue), running=len(dp.partials) - len(dp.queue), published=self.published,
+            dropped_frames=self.server.dropped + self.refused, relay_dropped_frames=self.relay_dropped,
+            repack=dict(self.rm.repack_stats),
+            rollout_util={k: Utilisation(busy_s=b, weight_wait_s=w) for k, (b, w) in sorted(self.util.items())},
+            metrics=dict(self.metrics),
             # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`
-            "epoch": self.epoch, "controller": {"pid": os.getpid(), "t_start": self.t_start, "ready_t": self.ready_t},
-            "roles": self.roles.table(), "hung": self.roles.hung(now) if now > self.backlog_until else [],
-            "recovery": {**self.rm.placed, "wal": self.recovered},
-            "groups_committed": len(self.dp.ledger.committed), "groups_dropped": len(self.dp.ledger.dropped),
-        }
+            epoch=self.epoch, controller=ControllerInfo(pid=os.getpid(), t_start=self.t_start, ready_t=self.ready_t),
+            roles=self.roles.table(), hung=self.roles.hung(now) if now > self.backlog_until else [],
+            recovery={**self.rm.placed, "wal": self.recovered})
 
-    def final_stats(self) -> dict:
-        s = self.status()
-        s.pop("metrics")
-        s["stop_reason"] = self.stop_reason
-        s["ledger"] = self.dp.ledger.summary()
-        return s
+    def final_stats(self) -> Status:
+        """controller_stats.json: the last status with why it stopped and the ledger (no train metrics)."""
+        return msgspec.structs.replace(self.status(), metrics={}, stop_reason=self.stop_reason,
+                                       ledger=self.dp.ledger.summary())
 
     def broadcast_stop(self, reason: str) -> None:
         """Tell every role that ever said hello to stop; a trainer that is still training
         checkpoints first (a finished one has already gone)."""
         for ident in sorted(i for i in self.last_seen if not i.startswith("launcher")):
-            self.send(ident, {"type": "stop", "reason": reason})
+            self.send(ident, Stop(reason=reason))
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True)
     args = ap.parse_args(argv)
-    from pathlib import Path
-    run_dir = Path(args.run_dir)
+    run_dir = RunDir(args.run_dir)
     log = setup_logging("controller-0")
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(run_dir.config)
     flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
     tracer = Tracer(run_dir, "controller-0", enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
     tracer.emit("role_start", pid=os.getpid(), host=socket.gethostname(), node=node_name(),
@@ -346,15 +371,15 @@ def main(argv: list[str] | None = None) -> None:
             if ctl.wal.wants_snapshot:
                 ctl.wal.start(ctl.dp.state_dict())
             if time.monotonic() - last_status >= cfg.controller.status_interval_s:
-                atomic_write_json(run_dir / "status.json", ctl.status())
+                write_status(run_dir.status, ctl.status())
                 last_status = time.monotonic()
         reason = ctl.stop_reason or "controller asked to stop"
         log.info("stopping: %s", reason)
         ctl.broadcast_stop(reason)
     finally:
         ctl.wal.close()
-        atomic_write_json(run_dir / "status.json", ctl.status())
-        atomic_write_json(run_dir / "controller_stats.json", ctl.final_stats())
+        write_status(run_dir.status, ctl.status())
+        write_status(run_dir.controller_stats, ctl.final_stats())
         tracer.flush()
         ctl.server.close(linger_ms=2000)
 

@@ -13,12 +13,16 @@ delivered, a group's trajectories are the trainer's: a trainer that dies before 
 checkpoint loses them, and those groups are generated again under the same ids (the
 controller keeps no copy: its memory and log stay bounded by what is in flight).
 
+Trajectories come and go as the protocol's shapes (transport/protocol.py): work goes out as
+`WorkItem`s, tokens arrive as `StreamItem`s, results as `Trajectory`s, which are kept as they
+arrived (no copy) and handed to the trainer in `Group`s.
+
     dp = DataPlane(problems=task.problem, tokenize=encode, group_size=8, max_new_tokens=24)
     dp.admit(4)                          # 4 prompt groups -> 32 queued trajectories
-    work = dp.assign(rollout=0, n=8)     # -> list of WORK dicts for that rollout
+    work = dp.assign(rollout=0, n=8)     # -> list of WorkItems for that rollout
     dp.stream("0.3", [5, 9], [-0.1, -0.2], version=2)
     done_group = dp.finish(trajectory)   # group id once all of its samples are finished
-    groups = dp.ledger.take_groups(2)    # complete groups for the trainer, oldest first
+    groups = dp.ledger.take_groups(2)    # complete Groups for the trainer, oldest first
     dp.ledger.trained([0, 1], step=1); dp.ledger.commit([0, 1])
 """
 from __future__ import annotations
@@ -28,11 +32,21 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from laminar_hpc.controller.ledger import Group, GroupLedger
+import msgspec
+
+from laminar_hpc.controller.ledger import GroupLedger, GroupRecord
+from laminar_hpc.transport.protocol import StreamItem, Trajectory, WorkItem
+
+# journal records that carry protocol shapes: read back from disk they are msgpack maps and become
+# structs again on replay (msgspec.convert passes a struct through: an in-memory journal replays as is)
+_RECORD_SHAPES = {"finish": ("traj", Trajectory), "migrate": ("traj", Trajectory),
+                  "stream": ("items", list[StreamItem])}
 
 
 @dataclass
 class Partial:
+    """A trajectory in the partial-response pool: queued, or running on `rollout` with the tokens
+    streamed so far."""
     traj_id: str
     group_id: int
     problem: int
@@ -45,11 +59,11 @@ class Partial:
     t_assigned: float | None = None
     gap: bool = False  # a stream chunk was lost: its tokens cannot be continued elsewhere
 
-    def work(self) -> dict:
-        w = {"traj_id": self.traj_id, "group_id": self.group_id, "problem": self.problem,
-             "prompt": self.prompt, "max_new_tokens": self.max_new_tokens}
+    def work(self) -> WorkItem:
+        w = WorkItem(traj_id=self.traj_id, group_id=self.group_id, problem=self.problem, prompt=self.prompt,
+                     max_new_tokens=self.max_new_tokens)
         if self.tokens:  # resumed elsewhere: keeps its tokens, log-probs and version
-            w.update(tokens=self.tokens, logprobs=self.logprobs, version=self.version)
+            w.tokens, w.logprobs, w.version = self.tokens, self.logprobs, self.version
         return w
 
 
@@ -75,6 +89,9 @@ class DataPlane:
 
     def replay(self, op: str, args: dict) -> None:
         """Apply one journal record (no new record is written)."""
+        if op in _RECORD_SHAPES:
+            name, shape = _RECORD_SHAPES[op]
+            args = {**args, name: msgspec.convert(args[name], shape)}
         getattr(self.ledger if op in GroupLedger.OPS else self, f"_{op}")(**args)
 
     # -- prompt pool ----------------------------------------------------------------------
@@ -89,7 +106,7 @@ class DataPlane:
             prompt = self.tokenize(problem)
             gid = self.ledger.next_group
             ids = [f"{gid}.{j}" for j in range(self.group_size)]
-            self.ledger.add(Group(gid, self.cursor, ids))
+            self.ledger.add(GroupRecord(gid, self.cursor, ids))
             for tid in ids:
                 self.partials[tid] = self._new_partial(tid, gid, self.cursor, prompt)
                 self.queue.append(tid)
@@ -100,7 +117,7 @@ class DataPlane:
         return Partial(traj_id, group_id, problem, prompt, self.max_new_tokens)
 
     # -- rollout side ---------------------------------------------------------------------
-    def assign(self, rollout: int, n: int) -> list[dict]:
+    def assign(self, rollout: int, n: int) -> list[WorkItem]:
         ids = [self.queue[i] for i in range(min(n, len(self.queue)))]
         if not ids:
             return []
@@ -108,7 +125,7 @@ class DataPlane:
         self._log("assign", rollout=rollout, ids=ids, t=t)
         return self._assign(rollout, ids, t)
 
-    def _assign(self, rollout: int, ids: list[str], t: float) -> list[dict]:
+    def _assign(self, rollout: int, ids: list[str], t: float) -> list[WorkItem]:
         out = []
         for tid in ids:
             if self.queue[0] == tid:
@@ -122,46 +139,47 @@ class DataPlane:
 
     def stream(self, traj_id: str, tokens: list[int], logprobs: list[float], version: int,
                offset: int | None = None) -> None:
-        self.stream_items([{"traj_id": traj_id, "tokens": tokens, "logprobs": logprobs, "version": version,
-                            "offset": offset}])
+        self.stream_items([StreamItem(traj_id=traj_id, tokens=tokens, logprobs=logprobs, version=version,
+                                      offset=offset)])
 
-    def stream_items(self, items: list[dict], rollout: int | None = None) -> None:
+    def stream_items(self, items: list[StreamItem], rollout: int | None = None) -> None:
         """Tokens streamed by `rollout`. `offset` (tokens before the chunk) detects a lost chunk.
         Chunks of trajectories that finished or moved on to another rollout are ignored."""
-        items = [it for it in items if it["traj_id"] in self.partials
-                 and (rollout is None or self.partials[it["traj_id"]].rollout == rollout)]
+        partials = self.partials
+        items = [it for it in items if it.traj_id in partials
+                 and (rollout is None or partials[it.traj_id].rollout == rollout)]
         if items:
             self._log("stream", items=items)
             self._stream(items)
 
-    def _stream(self, items: list[dict]) -> None:
+    def _stream(self, items: list[StreamItem]) -> None:
         for it in items:
-            p = self.partials.get(it["traj_id"])
+            p = self.partials.get(it.traj_id)
             if p is None:
                 continue
-            off = it.get("offset")
+            off = it.offset
             if off is not None and off != len(p.tokens):
                 if off > len(p.tokens):
                     p.gap = True  # a chunk went missing (controller restart): never continue these tokens
                 continue  # off < len: a chunk we already hold, re-sent
             if p.version is None:
-                p.version = it["version"]
-            p.tokens.extend(it["tokens"])
-            p.logprobs.extend(it["logprobs"])
+                p.version = it.version
+            p.tokens.extend(it.tokens)
+            p.logprobs.extend(it.logprobs)
 
-    def finish(self, traj: dict) -> int | None:
+    def finish(self, traj: Trajectory) -> int | None:
         """Record a finished trajectory; returns its group id if that completed the group."""
-        if traj["traj_id"] not in self.partials or not self.ledger.expects(traj):
+        if traj.traj_id not in self.partials or not self.ledger.expects(traj):
             return None  # a duplicate (e.g. re-sent after a reconnect) is ignored, never counted twice
         self._log("finish", traj=traj)
         return self._finish(traj)
 
-    def _finish(self, traj: dict) -> int | None:
-        self.partials.pop(traj["traj_id"], None)
-        if traj["traj_id"] in self.queue:  # a late result of a requeued trajectory: it wins, the requeue is void
-            self.queue.remove(traj["traj_id"])
+    def _finish(self, traj: Trajectory) -> int | None:
+        self.partials.pop(traj.traj_id, None)
+        if traj.traj_id in self.queue:  # a late result of a requeued trajectory: it wins, the requeue is void
+            self.queue.remove(traj.traj_id)
         self.trajectories_finished += 1
-        self.tokens_generated += len(traj["tokens"])
+        self.tokens_generated += len(traj.tokens)
         return self.ledger.finished(traj)
 
     def requeue_rollout(self, rollout: int) -> list[Partial]:
@@ -204,7 +222,7 @@ class DataPlane:
         queued = set(self.queue)
         return [p for p in self.partials.values() if p.rollout is None and p.traj_id not in queued]
 
-    def place(self, traj_id: str, dest: int) -> dict | None:
+    def place(self, traj_id: str, dest: int) -> WorkItem | None:
         """Give a detached partial trajectory to replica `dest` (which holds its version)."""
         if traj_id not in self.partials:
             return None
@@ -212,24 +230,24 @@ class DataPlane:
         self._log("place", traj_id=traj_id, dest=dest, t=t)
         return self._place(traj_id, dest, t)
 
-    def _place(self, traj_id: str, dest: int, t: float) -> dict:
+    def _place(self, traj_id: str, dest: int, t: float) -> WorkItem:
         p = self.partials[traj_id]
         p.rollout, p.t_assigned = dest, t
         return p.work()
 
-    def migrate(self, traj: dict, dest: int) -> dict | None:
+    def migrate(self, traj: Trajectory, dest: int) -> WorkItem | None:
         """A running trajectory moves to replica `dest` (repack): it keeps its tokens, behaviour
         log-probs and version, and is re-prefilled there. Returns the work item for `dest`, or
         None if it already finished (its result arrived first)."""
-        if traj["traj_id"] not in self.partials:
+        if traj.traj_id not in self.partials:
             return None
         t = time.time()
         self._log("migrate", traj=traj, dest=dest, t=t)
         return self._migrate(traj, dest, t)
 
-    def _migrate(self, traj: dict, dest: int, t: float = 0.0) -> dict:
-        p = self.partials[traj["traj_id"]]
-        p.tokens, p.logprobs, p.version = list(traj["tokens"]), list(traj["logprobs"]), traj["version"]
+    def _migrate(self, traj: Trajectory, dest: int, t: float = 0.0) -> WorkItem:
+        p = self.partials[traj.traj_id]
+        p.tokens, p.logprobs, p.version = list(traj.tokens), list(traj.logprobs), traj.version
         p.gap = False
         p.rollout, p.t_assigned = dest, t
         return p.work()
@@ -258,7 +276,7 @@ class DataPlane:
             if self.partials.pop(tid, None) is not None and tid in self.queue:
                 self.queue.remove(tid)
 
-    def _regenerate(self, g: Group) -> None:
+    def _regenerate(self, g: GroupRecord) -> None:
         """The ledger lost a delivered group with the trainer: its samples again, first in the queue."""
         prompt = self.tokenize(self.problems(g.problem))
         for tid in reversed(g.traj_ids):
@@ -298,7 +316,10 @@ class DataPlane:
         self.cursor, lg.next_group = s["cursor"], s["next_group"]
         self.queue = deque(s["queue"])
         self.partials = {p["traj_id"]: Partial(**p) for p in s["partials"]}
-        lg.groups = {g["group_id"]: Group(**g) for g in s["groups"]}
+        # a snapshot read from disk holds the finished trajectories as maps
+        finished = dict[str, Trajectory]
+        lg.groups = {g["group_id"]: GroupRecord(**{**g, "finished": msgspec.convert(g["finished"], finished)})
+                     for g in s["groups"]}
         lg.ready = deque(s["ready"])
         lg.trained_at = {g: st for g, st in s["trained_at"]}
         lg.committed = set(s["committed"])

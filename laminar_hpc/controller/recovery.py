@@ -18,6 +18,7 @@ from laminar_hpc.controller.roles import RoleTable
 from laminar_hpc.controller.rollout_manager import RolloutManager
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.controller.weight_sync import WeightSync
+from laminar_hpc.transport.protocol import TrainerSync
 
 
 def recover(wal: WriteAheadLog, dp: DataPlane, log, tracer) -> dict:
@@ -68,12 +69,12 @@ class Recovery:
         self.rm.reset_credit(rank, free)
         self.tracer.emit("rollout_resynced", rollout=rank, held=len(held), lost=len(gone), free=free)
 
-    def trainer_sync(self, msg: dict) -> None:
+    def trainer_sync(self, msg: TrainerSync) -> None:
         """The trainer re-sent its lineage (after it or this controller restarted)."""
-        back = self.dp.ledger.trainer_sync(msg["consumed"], msg["committed_n"], msg["held"])
-        self.dp.note(steps=msg["step"])
+        back = self.dp.ledger.trainer_sync(msg.consumed, msg.committed_n, msg.held)
+        self.dp.note(steps=msg.step)
         if back:
             self.log.info("trainer sync (step %d): %d delivered groups it does not hold go back to the experience "
-                          "buffer", msg["step"], len(back))
-        self.tracer.emit("trainer_synced", step=msg["step"], version=msg["version"], lineage=len(msg["consumed"]),
-                         committed=msg["committed_n"], redelivered=len(back))
+                          "buffer", msg.step, len(back))
+        self.tracer.emit("trainer_synced", step=msg.step, version=msg.version, lineage=len(msg.consumed),
+                         committed=msg.committed_n, redelivered=len(back))

@@ -15,16 +15,9 @@ recovery time as death -> ready of the next incarnation.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
-
-@dataclass
-class RoleEntry:
-    pid: int
-    joined_t: float
-    last_seen: float
-    ready_t: float | None = None
-    down: bool = False
+from laminar_hpc.metrics.status import RoleEntry  # one entry of status.json's role table
 
 
 class RoleTable:
@@ -33,7 +26,7 @@ class RoleTable:
         self.roles: dict[str, RoleEntry] = {}
 
     def joined(self, name: str, pid: int, now: float) -> None:
-        self.roles[name] = RoleEntry(pid, now, now)
+        self.roles[name] = RoleEntry(pid=pid, joined_t=now, last_seen=now)
 
     def seen(self, name: str, now: float) -> None:
         e = self.roles.get(name)
@@ -61,6 +54,6 @@ class RoleTable:
     def hung(self, now: float) -> list[str]:
         return sorted(n for n, e in self.roles.items() if not e.down and now - e.last_seen > self.timeout_s)
 
-    def table(self) -> dict:
-        return {n: {"pid": e.pid, "joined_t": e.joined_t, "last_seen": e.last_seen, "ready_t": e.ready_t,
-                    "down": e.down} for n, e in sorted(self.roles.items())}
+    def table(self) -> dict[str, RoleEntry]:
+        """A copy, by name (status.json's `roles`)."""
+        return {n: msgspec.structs.replace(e) for n, e in sorted(self.roles.items())}

@@ -16,8 +16,10 @@ Explicit state and a `send(ident, msg)` callback, no I/O of its own: the runtime
 (sim/controller.py) a delivery through its event queue. Trajectories live in the caller's data
 plane (`plane`: controller/pools.DataPlane or sim/pool.Pool), which provides `partials`
 (traj id -> object with `.rollout`), `assign(rank, n)`, `place(traj_id, dest)` and
-`restart(traj_id)`. `now` is the caller's clock; `emit` is a trace hook (`Tracer.emit`). The
-policy functions are looked up on their modules at each call (a test may replace one).
+`restart(traj_id)`; the work these return is what an `Assign` carries (the DataPlane's
+`WorkItem`s; in the simulator its own trajectory counters, which never cross a wire). `now` is
+the caller's clock; `emit` is a trace hook (`Tracer.emit`). The policy functions are looked up
+on their modules at each call (a test may replace one).
 
     rm = RolloutManager(max_batch=32, kv_capacity=131072, fall_ratio=0.9, interval_s=5.0, expiry_s=55.0,
                         send=send)
@@ -35,8 +37,9 @@ from typing import Callable, Iterator
 
 from laminar_hpc.policy import recovery, repack, scheduling
 from laminar_hpc.policy.repack import ReplicaState
+from laminar_hpc.transport.protocol import Assign, Message, Migrate
 
-Send = Callable[[str, dict], None]
+Send = Callable[[str, Message], None]
 
 
 def _no_trace(event: str, **fields) -> None:
@@ -134,7 +137,7 @@ class RolloutManager:
                                    fall_ratio=self.fall_ratio)
         self.repack_stats["rounds"] += 1
         for m in moves:
-            self.send(f"rollout-{m.source}", {"type": "migrate", "traj_ids": list(m.traj_ids), "dest": m.dest})
+            self.send(f"rollout-{m.source}", Migrate(traj_ids=list(m.traj_ids), dest=m.dest))
             self.moving[m.source] = self.moving[m.dest] = now
             self.next_expiry = min(self.next_expiry, now + self.expiry_s)
             # until the next report, the source counts as empty and the destination as fuller
@@ -152,7 +155,7 @@ class RolloutManager:
         self.moving.pop(source, None)
         self.moving.pop(dest, None)
         if work:
-            self.send(f"rollout-{dest}", {"type": "assign", "work": work})
+            self.send(f"rollout-{dest}", Assign(work=work))
             self.credit(dest, -len(work))  # they take slots it had not offered
         self.repack_stats["trajectories_migrated"] += len(work)
 
@@ -185,7 +188,7 @@ class RolloutManager:
             elif (w := plane.place(tid, dest)) is not None:
                 by_dest.setdefault(dest, []).append(w)
         for dest, work in by_dest.items():
-            self.send(f"rollout-{dest}", {"type": "assign", "work": work})
+            self.send(f"rollout-{dest}", Assign(work=work))
             self.credit(dest, -len(work))  # slots it had not offered
         self.placed["continued"] += sum(len(w) for w in by_dest.values())
         self.placed["restarted"] += restarted

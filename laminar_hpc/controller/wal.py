@@ -10,6 +10,11 @@ that depends on them, so a killed controller loses nothing it acted on; they rea
 `snapshot_bytes` and twice the last snapshot, or at each trainer checkpoint, the controller writes
 a new snapshot and a new segment and deletes the old ones: recovery replays at most one segment.
 
+The format is plain msgpack: records and snapshots are maps and arrays (a protocol struct in them,
+e.g. a finished `Trajectory`, is written as the same map it is on the wire) and are read back as
+plain maps, which `DataPlane.replay` / `load_state_dict` turn into structs again. So a run
+directory written before the typed protocol (dicts with the same keys) still replays.
+
     wal = WriteAheadLog(run_dir / "wal", fsync_s=1.0, snapshot_bytes=64 << 20)
     state, records = wal.recover()          # (None, []) on a fresh run
     wal.start(dp.state_dict())              # snapshot + new segment
@@ -23,6 +28,7 @@ import time
 from pathlib import Path
 
 import msgpack
+import msgspec
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,7 @@ class WriteAheadLog:
         self.snapshot_size = 0  # bytes of the newest snapshot
         self.last_sync = time.monotonic()
         self.records = 0
+        self._encoder = msgspec.msgpack.Encoder()  # structs, dicts and lists (msgpack's own packer takes no structs)
 
     # -- recovery ---------------------------------------------------------------------------
     def recover(self) -> tuple[dict | None, list[tuple[str, dict]]]:
@@ -92,7 +99,7 @@ class WriteAheadLog:
         snap = self.root / f"snapshot-{self.seg:06d}.msgpack"
         tmp = snap.with_suffix(".tmp")
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            data = msgpack.packb(state, use_bin_type=True)
+            data = self._encoder.encode(state)
             f.write(data)
             self.snapshot_size = len(data)
             f.flush()
@@ -113,7 +120,7 @@ class WriteAheadLog:
                 tmp.unlink(missing_ok=True)
 
     def append(self, op: str, args: dict) -> None:
-        rec = msgpack.packb([op, args], use_bin_type=True)
+        rec = self._encoder.encode((op, args))
         self.buf.append(rec)
         self.size += len(rec)
         self.records += 1

@@ -27,8 +27,9 @@ from __future__ import annotations
 from typing import Callable
 
 from laminar_hpc.policy import scheduling
+from laminar_hpc.transport.protocol import Message, Resume, UpdateWeights, WeightsSynced
 
-Send = Callable[[str, dict], None]
+Send = Callable[[str, Message], None]
 
 
 def _no_trace(event: str, **fields) -> None:
@@ -88,14 +89,14 @@ class WeightSync:
             return
         for r, v in enumerate(versions):
             if v < target and self.update_sent.get(r) != target:
-                self.send(f"rollout-{r}", {"type": "update_weights", "version": target})
+                self.send(f"rollout-{r}", UpdateWeights(version=target))
                 self.update_sent[r] = target
 
     def _global_update(self, version: int, now: float) -> None:
         """partial-rollout: every rollout pauses and loads `version`."""
         self.pending, self.t0 = version, now
         for r in range(len(self.versions)):
-            self.send(f"rollout-{r}", {"type": "update_weights", "version": version})
+            self.send(f"rollout-{r}", UpdateWeights(version=version))
 
     def _sync_done(self, now: float) -> None:
         """partial-rollout: once every rollout holds the pending version, all continue together."""
@@ -104,6 +105,6 @@ class WeightSync:
             return
         self.pending = None
         for r in range(len(self.versions)):
-            self.send(f"rollout-{r}", {"type": "resume", "version": v})
-        self.send("trainer-0", {"type": "weights_synced", "version": v})
+            self.send(f"rollout-{r}", Resume(version=v))
+        self.send("trainer-0", WeightsSynced(version=v))
         self.emit("weights_synced", version=v, sync_s=now - self.t0)

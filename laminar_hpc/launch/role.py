@@ -4,6 +4,7 @@ find the controller and say hello. Entry points stay thin by calling `start_role
     ctx = start_role("rollout", rank=3, run_dir=args.run_dir)
     beat = Heartbeat(ctx); beat.tick()          # in the role's loop
     if ctx.controller_restarted(msg): resync()  # for each message from the controller
+    if isinstance(msg, protocol.Stop): ctx.told_to_stop(msg)  # log the reason, then end as on a signal
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from laminar_hpc.config import Config, load_config
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.rundir import RunDir
+from laminar_hpc.transport import protocol
 from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
 from laminar_hpc.transport.security import channel_keys
 
@@ -48,22 +50,33 @@ class RoleContext:
         """Every name and path of the run, this start's shared memory included."""
         return RunDir(self.run_dir, shm_dir=self.cfg.relay.shm_dir, run_id=self.run_id)
 
-    def controller_restarted(self, msg: dict) -> bool:
+    def hello(self) -> None:
+        """Introduce this process to the controller (again, after the controller restarted); the
+        protocol version lets a controller of another version refuse it with one clear line."""
+        self.ctrl.send(protocol.Hello(role=self.role, rank=self.rank, pid=os.getpid(),
+                                      protocol=protocol.PROTOCOL_VERSION))
+
+    def controller_restarted(self, msg: protocol.Message) -> bool:
         """True when `msg` is the first heartbeat of a new controller epoch: the controller was
         restarted and this role must re-send its state. Every heartbeat answer is also a clock
         sample: round trip and offset to the controller's clock (NTP-style), for aligned traces."""
-        if msg.get("type") != "heartbeat" or not msg.get("epoch"):
+        if not isinstance(msg, protocol.Heartbeat) or not msg.epoch:
             return False
-        if msg.get("echo") is not None:
+        if msg.echo is not None:
             t1 = time.time()
-            self.tracer.emit("heartbeat", rtt=t1 - msg["echo"], offset=msg["t"] - (msg["echo"] + t1) / 2)
-        known, self.epoch = self.epoch, msg["epoch"]
+            self.tracer.emit("heartbeat", rtt=t1 - msg.echo, offset=msg.t - (msg.echo + t1) / 2)
+        known, self.epoch = self.epoch, msg.epoch
         if known is not None and known != self.epoch:
             self.log.warning("the controller restarted (epoch %s -> %s): re-sending this role's state",
                              known, self.epoch)
             self.tracer.emit("controller_restarted", epoch=self.epoch)
             return True
         return False
+
+    def told_to_stop(self, msg: protocol.Stop) -> None:
+        """The controller's `stop` (the campaign ends, or it refused this role): say why; the
+        role then ends as it does on a signal."""
+        self.log.info("the controller asked this role to stop: %s", msg.reason)
 
     def shm_path(self, kind: str, rank: int | None = None) -> Path:
         """Node-local shared-memory file of this run: 'handoff', or ('relay', rank)."""
@@ -92,11 +105,13 @@ def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = Tru
         addr = wait_endpoint(rundir, "controller", cfg.timeouts.startup_s)
         ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20),
                       keys=channel_keys(rundir, cfg.controller))
-        ctrl.send({"type": "hello", "role": role, "rank": rank, "pid": os.getpid()})
+    ctx = RoleContext(role, rank, cfg, rundir.path, rundir.run_id, ctrl, tracer, log)
+    if ctrl is not None:
+        ctx.hello()
     tracer.emit("role_start", pid=os.getpid(), host=socket.gethostname(), node=node_name(),
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_step_id=os.environ.get("SLURM_STEP_ID"))
     log.info("started (pid %d, run %s)", os.getpid(), rundir.run_id)
-    return RoleContext(role, rank, cfg, rundir.path, rundir.run_id, ctrl, tracer, log)
+    return ctx
 
 
 class Heartbeat:
@@ -129,7 +144,7 @@ class Heartbeat:
                 return
             if time.monotonic() - self.progress < limit_s:
                 try:
-                    sock.send({"type": "heartbeat", "t": time.time(), "pid": os.getpid()}, timeout_s=self.every_s)
+                    sock.send(protocol.Heartbeat(t=time.time(), pid=os.getpid()), timeout_s=self.every_s)
                 except WaitTimeout:
                     pass  # the controller is away; the next beat tries again
 
@@ -138,5 +153,5 @@ class Heartbeat:
         self.progress = now
         self.ticked = True
         if self.ctx.ctrl is not None and now - self.last >= self.every_s:
-            self.ctx.ctrl.send({"type": "heartbeat", "t": time.time(), "pid": os.getpid()})
+            self.ctx.ctrl.send(protocol.Heartbeat(t=time.time(), pid=os.getpid()))
             self.last = now

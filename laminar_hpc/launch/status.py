@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from laminar_hpc.metrics.status import read_status
 from laminar_hpc.rundir import RunDir, read_json
 
 
@@ -47,13 +48,13 @@ def status_report(run_dir: Path) -> str:
                 lines.append("steps       " + " | ".join(f"{i} {n} {s}" for i, n, s in steps))
         else:
             lines.append(f"job         {job['job_id']} ({job.get('cluster')})")
-    st = read_json(rd.status) or {}
-    if st:
-        lines.append(f"trainer     step {st.get('step', 0)}/{st.get('total_steps', '?')}, version "
-                     f"{st.get('trainer_version', '-')}, {st.get('trajectories_per_s', 0):.1f} trajectories/s "
-                     f"(phase {st.get('phase', '?')})")
-        lines.append(f"relays      versions {st.get('relay_versions', {})}")
-        lines.append(f"rollouts    versions {st.get('rollout_versions', {})}")
+    st = read_status(rd.status)
+    if st.t:  # written at least once
+        total = "?" if st.total_steps is None else st.total_steps
+        lines.append(f"trainer     step {st.step}/{total}, version {st.trainer_version}, "
+                     f"{st.trajectories_per_s:.1f} trajectories/s (phase {st.phase})")
+        lines.append(f"relays      versions {st.relay_versions}")
+        lines.append(f"rollouts    versions {st.rollout_versions}")
     ckpts = rd.checkpoints()
     if ckpts:
         meta = read_json(ckpts[-1] / "meta.json") or {}

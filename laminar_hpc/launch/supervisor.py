@@ -21,11 +21,13 @@ from laminar_hpc.launch.plan import RoleSpec
 from laminar_hpc.launch.role import INTERRUPTED
 from laminar_hpc.launch.processes import ProcessGroup
 from laminar_hpc.metrics.progress import Progress
+from laminar_hpc.metrics.status import Status, read_status
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.policy.supervision import (campaign_over, due, exit_meaning, grace_over, hung_to_kill, plan_restart,
                                             recovered_at, stop_order)
 from laminar_hpc.rundir import RunDir, atomic_write_json, read_json
 from laminar_hpc.transport.channel import Client, WaitTimeout
+from laminar_hpc.transport.protocol import Message, RoleDown, StopAll
 from laminar_hpc.transport.security import channel_keys
 
 POLL_S = 0.25  # how often the supervisor looks at its children and the status file
@@ -50,7 +52,7 @@ class Supervisor:
         self.ctrl: Client | None = None
         self.stop_requested = False  # set from a signal handler: wind down, expect the trainer's 75
         self.signalled: dict[str, tuple[float, int]] = {}  # role -> (when, code): stopped by a signal
-        self.status: dict = {}
+        self.status = Status()  # the controller's status.json, as last read
         # failures and recoveries, on the run's timeline
         self.tracer = Tracer(self.run_dir, "launcher-0", enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
 
@@ -82,7 +84,7 @@ class Supervisor:
     def _role_down(self, name: str, rc: int) -> None:
         self.tracer.emit("role_died", role=name, code=rc)
         if self.ctrl is not None and name != "controller-0":
-            self._tell({"type": "role_down", "role": name, "code": rc})
+            self._tell(RoleDown(role=name, code=rc))
         sup = self.cfg.supervisor
         plan = plan_restart(in_row=self.restarts.get(name, 0), ran_s=time.monotonic() - self.started_at.get(name, 0.0),
                             max_restarts=sup.max_role_restarts, backoff_s=sup.restart_backoff_s,
@@ -95,9 +97,9 @@ class Supervisor:
         self.progress.message(f"{name} exited with code {rc}: restarting it in {plan.delay_s:.1f}s "
                               f"(restart {done + 1} of at most {sup.max_role_restarts} in a row)")
         self.pending_restart[name] = time.monotonic() + plan.delay_s
-        self.down[name] = (time.time(), rc, self.status.get("epoch"))
+        self.down[name] = (time.time(), rc, self.status.epoch)
 
-    def _tell(self, msg: dict) -> bool:
+    def _tell(self, msg: Message) -> bool:
         """Message the controller; False if it cannot be handed over within a second (the controller
         is down or unreachable): the supervisor never waits on it, it acts by PID instead."""
         try:
@@ -161,7 +163,7 @@ class Supervisor:
                     self.progress.message(f"trainer {'finished' if rc == 0 else 'stopped early (checkpointed)'}; "
                                           "stopping the other roles")
                     if rc != 0 and self.ctrl is not None:
-                        self._tell({"type": "stop_all", "reason": "trainer interrupted"})
+                        self._tell(StopAll(reason="trainer interrupted"))
                 elif meaning == "signalled":
                     # a preemption or time limit signals every step: give the trainer time to report
                     self.signalled[name] = (time.monotonic(), rc)
@@ -171,12 +173,12 @@ class Supervisor:
                 for name, rc in grace_over(self.signalled, time.monotonic()):
                     del self.signalled[name]
                     self._role_down(name, rc)
-            self.status = read_json(self.rundir.status, {}) or {}
+            self.status = read_status(self.rundir.status)
             if finishing_since is None:
                 self._restart_due()
                 self._kill_hung()
                 self._check_recoveries()
-            self.progress.update(self.status or None)
+            self.progress.update(self.status)
             if finishing_since is not None:
                 if campaign_over(any_alive=bool(self.procs.alive()), finishing_s=time.monotonic() - finishing_since,
                                  shutdown_s=self.cfg.timeouts.shutdown_s):
@@ -189,7 +191,7 @@ class Supervisor:
         First through the control plane (the controller tells every role to stop; a trainer that
         has not finished checkpoints first), which reaches roles on other nodes without signals;
         then SIGTERM/SIGKILL by PID for whatever is left."""
-        if self.ctrl is not None and self.procs.alive() and self._tell({"type": "stop_all", "reason": reason}):
+        if self.ctrl is not None and self.procs.alive() and self._tell(StopAll(reason=reason)):
             deadline = time.monotonic() + self.cfg.timeouts.shutdown_s
             while self.procs.alive() and time.monotonic() < deadline:
                 time.sleep(POLL_S)  # wait for the roles to exit on their own

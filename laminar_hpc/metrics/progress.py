@@ -7,22 +7,27 @@ from __future__ import annotations
 import sys
 import time
 
+from laminar_hpc.metrics.status import Status
+
 
 def _fmt(v, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def status_line(st: dict) -> str:
-    m = st.get("metrics") or {}
-    phase = st.get("phase", "?")
-    if phase == "warmup":
+def _total(st: Status) -> str:
+    return "?" if st.total_steps is None else str(st.total_steps)
+
+
+def status_line(st: Status) -> str:
+    m = st.metrics
+    if st.phase == "warmup":
         return (f"warm-up step {m.get('warmup.step', 0)} greedy reward {_fmt(m.get('warmup.greedy_reward'))} "
-                f"elapsed {st.get('elapsed_s', 0):.0f}s")
-    return (f"step {st.get('step', 0)}/{st.get('total_steps', '?')} reward {_fmt(m.get('reward_mean'))} "
-            f"traj/s {_fmt(st.get('trajectories_per_s'), '.1f')} "
+                f"elapsed {st.elapsed_s:.0f}s")
+    return (f"step {st.step}/{_total(st)} reward {_fmt(m.get('reward_mean'))} "
+            f"traj/s {_fmt(st.trajectories_per_s, '.1f')} "
             f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max', '-')} "
-            f"versions in flight {st.get('versions_in_flight', [])} trainer v{st.get('trainer_version', '-')} "
-            f"elapsed {st.get('elapsed_s', 0):.0f}s")
+            f"versions in flight {st.versions_in_flight} trainer v{st.trainer_version} "
+            f"elapsed {st.elapsed_s:.0f}s")
 
 
 class Progress:
@@ -38,9 +43,9 @@ class Progress:
             self.live = Live(console=Console(file=self.stream), refresh_per_second=4, transient=False)
             self.live.start()
 
-    def update(self, st: dict | None) -> None:
-        if not st:
-            return
+    def update(self, st: Status) -> None:
+        if not st.t:
+            return  # the controller has not written its status yet
         if self.live is not None:
             self.live.update(self._table(st))
         elif time.monotonic() - self.last_plain >= self.plain_every_s:
@@ -53,28 +58,28 @@ class Progress:
         else:
             print(text, file=self.stream, flush=True)
 
-    def _table(self, st: dict):
+    def _table(self, st: Status):
         from rich.table import Table
-        m = st.get("metrics") or {}
+        m = st.metrics
         t = Table(title=self.title, show_header=False, min_width=60)
         t.add_column("what", style="bold")
         t.add_column("value")
-        if st.get("phase") == "warmup":
+        if st.phase == "warmup":
             t.add_row("phase", "supervised warm-up")
             t.add_row("warm-up step", str(m.get("warmup.step", 0)))
             t.add_row("greedy reward", _fmt(m.get("warmup.greedy_reward")))
         else:
-            t.add_row("step", f"{st.get('step', 0)} / {st.get('total_steps', '?')}")
+            t.add_row("step", f"{st.step} / {_total(st)}")
             t.add_row("reward (batch mean)", _fmt(m.get("reward_mean")))
-            t.add_row("trajectories/s", _fmt(st.get("trajectories_per_s"), ".1f"))
+            t.add_row("trajectories/s", _fmt(st.trajectories_per_s, ".1f"))
             t.add_row("staleness mean / max", f"{_fmt(m.get('staleness_mean'), '.2f')} / {m.get('staleness_max', '-')}")
-            t.add_row("versions in flight", str(st.get("versions_in_flight", [])))
-            t.add_row("trainer version", str(st.get("trainer_version", "-")))
-            t.add_row("relay versions", str(st.get("relay_versions", {})))
-            t.add_row("rollout versions", str(st.get("rollout_versions", {})))
+            t.add_row("versions in flight", str(st.versions_in_flight))
+            t.add_row("trainer version", str(st.trainer_version))
+            t.add_row("relay versions", str(st.relay_versions))
+            t.add_row("rollout versions", str(st.rollout_versions))
             stall = _fmt(m.get("publish_stall_s"), ".4f")
             t.add_row("trainer wait / publish stall", f"{_fmt(m.get('wait_s'))}s / {stall}s")
-        t.add_row("elapsed", f"{st.get('elapsed_s', 0):.0f}s")
+        t.add_row("elapsed", f"{st.elapsed_s:.0f}s")
         return t
 
     def close(self) -> None:

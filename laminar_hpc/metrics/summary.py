@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from laminar_hpc.metrics.status import read_status
 from laminar_hpc.rundir import RunDir, read_json, read_ledger
 
 
@@ -36,7 +37,7 @@ def _window_mean(rows: list[dict], key: str, first: bool, frac: float = 0.1) -> 
 def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
     rd = RunDir.of(run_dir)
     rows = read_metrics(rd)
-    ctl = read_json(rd.controller_stats, {}) or {}
+    ctl = read_status(rd.controller_stats)
     trajs = sum(r["trajectories"] for r in rows)
     stalls = [r["publish_stall_s"] for r in rows if r.get("publish_stall_s")]
     stale_sum = sum(r["staleness_mean"] * r["trajectories"] for r in rows)
@@ -47,20 +48,20 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
         "reward_last": _window_mean(rows, "reward_mean", first=False),
         "train_steps": rows[-1]["step"] if rows else 0,
         "trajectories_consumed": trajs,
-        "tokens_generated": ctl.get("tokens_generated", 0),
+        "tokens_generated": ctl.tokens_generated,
         "tokens_trained": sum(r["tokens"] for r in rows),
-        "versions_published": ctl.get("published", 0),
+        "versions_published": ctl.published,
         "max_staleness": max((r["staleness_max"] for r in rows), default=0),
         "mean_staleness": stale_sum / trajs if trajs else 0.0,
-        "max_versions_in_flight": ctl.get("max_versions_in_flight", 0),
+        "max_versions_in_flight": ctl.max_versions_in_flight,
         "actor_stall_s_mean": sum(stalls) / len(stalls) if stalls else 0.0,
         "trainer_wait_s_total": sum(r["wait_s"] for r in rows),
         "groups_dropped_staleness": rows[-1]["dropped_groups"] if rows else 0,
         "warmup": warm[-1] if warm else None,
-        "dropped_frames": ctl.get("dropped_frames", 0),  # malformed frames at the controller's socket
-        "relay_dropped_frames": ctl.get("relay_dropped_frames", 0),  # ... at the master relay's
+        "dropped_frames": ctl.dropped_frames,  # malformed frames at the controller's socket
+        "relay_dropped_frames": ctl.relay_dropped_frames,  # ... at the master relay's
         "wall_s": wall_s,
-        **ledger_summary(ctl.get("ledger"), read_ledger(rd.checkpoints_dir)),
+        **ledger_summary(ctl.ledger, read_ledger(rd.checkpoints_dir)),
         **recovery_summary(read_json(rd.recoveries, {}) or {}),
     }
 

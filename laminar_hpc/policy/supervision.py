@@ -3,6 +3,8 @@ restarts, which silent roles to kill, when a restarted role counts as recovered.
 
 `launch/supervisor.py` holds the processes, the clocks and the status file and calls these;
 the tests call them with plain numbers, so each rule is checked without starting a process.
+The controller's status is passed as it was read (metrics/status.py's `Status`); these rules
+read only the attributes `ControllerStatus` names, so this leaf package imports nothing.
 
 - The trainer exiting 0 means the campaign is done: the controller then stops the others.
 - The trainer exiting with INTERRUPTED (75), or killed by SIGTERM/SIGUSR2, was asked to stop
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Mapping, Protocol
 
 # exit statuses of a role stopped by SIGTERM or SIGUSR2 (negative: a local process; 128+n: srun)
 STOPPED_BY_SIGNAL = frozenset({-15, -12, 143, 140})
@@ -87,12 +89,31 @@ def due(pending: dict[str, float], now: float) -> list[str]:
     return [name for name, when in pending.items() if now >= when]
 
 
-def status_fresh(status: dict, now: float, status_interval_s: float) -> bool:
+class RoleSeen(Protocol):
+    """A role in the controller's role table."""
+    joined_t: float  # when it said hello
+    ready_t: float | None  # when it first did its job (None: not yet)
+
+
+class ControllerSeen(Protocol):
+    ready_t: float | None  # serving again after a recovery
+
+
+class ControllerStatus(Protocol):
+    """What these rules read of the controller's status.json (metrics/status.py `Status`)."""
+    t: float  # when written; 0 when there is none yet
+    epoch: str | None  # a new one means the controller restarted
+    hung: list[str]  # role identities silent for timeouts.heartbeat_s
+    roles: Mapping[str, RoleSeen]
+    controller: ControllerSeen
+
+
+def status_fresh(status: ControllerStatus, now: float, status_interval_s: float) -> bool:
     """The controller rewrote status.json recently (it is alive and its `hung` list is current)."""
-    return now - status.get("t", 0.0) < 5 * status_interval_s + 1.0
+    return now - status.t < 5 * status_interval_s + 1.0
 
 
-def hung_to_kill(status: dict, *, now: float, ran_s: dict[str, float], alive: Iterable[str],
+def hung_to_kill(status: ControllerStatus, *, now: float, ran_s: dict[str, float], alive: Iterable[str],
                  pending: Iterable[str], heartbeat_s: float, status_interval_s: float) -> list[str]:
     """Which processes to kill (by PID, then restart like a crash) for silence.
 
@@ -102,29 +123,29 @@ def hung_to_kill(status: dict, *, now: float, ran_s: dict[str, float], alive: It
     process alive, not already waiting for its restart, and running longer than `heartbeat_s`
     (a fresh start may not have spoken yet) is killed."""
     fresh = status_fresh(status, now, status_interval_s)
-    hung = {spec_of(i) for i in status.get("hung", [])} if fresh else set()
-    if not fresh and ran_s.get("controller-0", 0.0) > heartbeat_s and now - status.get("t", now) > heartbeat_s:
+    hung = {spec_of(i) for i in status.hung} if fresh else set()
+    # no status yet (t 0): nothing to judge the controller by
+    if not fresh and ran_s.get("controller-0", 0.0) > heartbeat_s and status.t and now - status.t > heartbeat_s:
         hung.add("controller-0")
     alive, pending = set(alive), set(pending)
     return [name for name in sorted(hung)
             if name in alive and name not in pending and ran_s.get(name, math.inf) > heartbeat_s]
 
 
-def recovered_at(name: str, *, down_t: float, down_epoch: str | None, status: dict,
+def recovered_at(name: str, *, down_t: float, down_epoch: str | None, status: ControllerStatus,
                  relay_count: int) -> float | None:
     """When a restarted process did its job again, per the controller's status (None: not yet).
 
     The controller: a new epoch that is ready. Any other role: as many identities of it as it
     has ranks (the relay job: `relay_count`) joined after its death and all are ready."""
     if name == "controller-0":
-        ctl = status.get("controller") or {}
-        if status.get("epoch") not in (None, down_epoch) and ctl.get("ready_t"):
-            return ctl["ready_t"]
+        if status.epoch not in (None, down_epoch) and status.controller.ready_t:
+            return status.controller.ready_t
         return None
-    mine = [e for i, e in (status.get("roles") or {}).items() if spec_of(i) == name and e["joined_t"] > down_t]
+    mine = [e for i, e in status.roles.items() if spec_of(i) == name and e.joined_t > down_t]
     want = relay_count if name == "relay" else 1
-    if len(mine) >= want and all(e.get("ready_t") for e in mine):
-        return max(e["ready_t"] for e in mine)
+    if len(mine) >= want and all(e.ready_t for e in mine):
+        return max(e.ready_t for e in mine)
     return None
 
 

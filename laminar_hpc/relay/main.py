@@ -28,6 +28,7 @@ from laminar_hpc.relay.chain import STOP, WEIGHTS, Header, chain_bytes, chain_he
 from laminar_hpc.relay.reshard import Reshard
 from laminar_hpc.rundir import read_json
 from laminar_hpc.transport.channel import Server, publish_endpoint
+from laminar_hpc.transport.protocol import LogEvent, Publish, Stop, VersionReady
 from laminar_hpc.transport.security import channel_keys
 from laminar_hpc.transport.weight_store import WeightStore, checksum
 
@@ -70,8 +71,7 @@ class RelayNode:
                              since_publish_s=(time.time_ns() - hdr.t_ns) / 1e9, hop=self.rank,
                              chunks=len(arrivals or []), first_chunk_s=arrivals[0] if arrivals else None,
                              last_chunk_s=arrivals[-1] if arrivals else None)
-        self.ctx.ctrl.send({"type": "version_ready", "rank": self.rank, "version": hdr.version,
-                            "nbytes": hdr.nbytes, "bcast_s": bcast_s})
+        self.ctx.ctrl.send(VersionReady(rank=self.rank, version=hdr.version, nbytes=hdr.nbytes, bcast_s=bcast_s))
 
     def close(self) -> None:
         if self.store is not None:
@@ -122,16 +122,17 @@ def run_master(node: RelayNode, flags: dict) -> None:
     try:
         while not flags.get("stop"):
             beat.tick()
-            got = handoff_srv.recv(timeout_s=0.02)
-            if got and got[1]["type"] == "publish":
-                pending = max(pending, got[1]["version"])
+            match handoff_srv.recv(timeout_s=0.02):
+                case (_, Publish(version=v)):
+                    pending = max(pending, v)
             for msg in ctx.ctrl.drain():
                 ctx.controller_restarted(msg)  # heartbeat answers: clock samples for the trace
-                if msg["type"] == "stop":
+                if isinstance(msg, Stop):
+                    ctx.told_to_stop(msg)
                     flags["stop"] = True
             if handoff_srv.dropped != dropped:  # malformed frames at the hand-off socket: counted, visible
                 dropped = handoff_srv.dropped
-                ctx.ctrl.send({"type": "log_event", "event": "relay", "fields": {"dropped_frames": dropped}})
+                ctx.ctrl.send(LogEvent(event="relay", fields={"dropped_frames": dropped}))
             if pending > last_sent and not flags.get("stop") and (store := handoff.get()) is not None:
                 last_sent = broadcast_latest(node, store, reshard)
                 pending = max(pending, last_sent)

@@ -29,6 +29,10 @@ from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
 from laminar_hpc.tasks import build_task
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.transport.channel import WaitTimeout
+from laminar_hpc.transport.protocol import (
+    Assign, Finished, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, Stream,
+    StreamItem, Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem,
+)
 
 
 class Rollout:
@@ -41,8 +45,9 @@ class Rollout:
         self.task = build_task(cfg.task, cfg.seed)
         self.engine, self.layout = build_engine(cfg, ctx.rank, self.tok)
         self.weights = NodeWeights(ctx.rundir.shm_path("relay", relay))
-        self.queue: deque[dict] = deque()  # assigned, not yet admitted
-        self.meta: dict[str, dict] = {}  # traj_id -> its work item, start time, first version
+        self.queue: deque[WorkItem] = deque()  # assigned, not yet admitted
+        # admitted: each trajectory as it will be sent, less the tokens the engine holds meanwhile
+        self.running: dict[str, Trajectory] = {}
         self.stream_buf: dict[str, tuple[list[int], list[float]]] = {}
         self.streamed: dict[str, int] = {}  # tokens of each trajectory the partial-response pool holds
         self.first_token: set[str] = set()  # trajectories whose first new token was traced
@@ -88,7 +93,7 @@ class Rollout:
         if self.idle_since is not None:
             self.idle_pull_s += dt  # the idle time around it becomes weight wait once work comes
         self.ctx.tracer.emit("weights_pulled", version=v, previous=old, pull_s=dt)
-        self.ctx.ctrl.send({"type": "weights_loaded", "version": v, "pull_s": dt})
+        self.ctx.ctrl.send(WeightsLoaded(version=v, pull_s=dt))
 
     # -- control messages -----------------------------------------------------------------
     def _drain_control(self) -> bool:
@@ -96,50 +101,51 @@ class Rollout:
             self._apply(msg)
         return self.stopping
 
-    def _apply(self, msg: dict) -> None:
+    def _apply(self, msg: Message) -> None:
         if self.ctx.controller_restarted(msg):
             self.resync()
-        elif msg["type"] == "assign":
-            for w in msg["work"]:
-                if w.get("version") is not None:  # a migrated trajectory: it goes first
-                    self.queue.appendleft(w)
-                else:
-                    self.queue.append(w)
-        elif msg["type"] == "update_weights":
-            self.target_version = max(self.target_version, msg["version"])
-        elif msg["type"] == "resume":
-            self.resume_version = max(self.resume_version, msg["version"])
-        elif msg["type"] == "migrate":
-            self.migrate(msg["traj_ids"], msg["dest"])
-        elif msg["type"] == "stop":
-            self.stopping = True
+            return
+        match msg:
+            case Assign(work=work):
+                for w in work:
+                    if w.version is not None:  # a migrated trajectory: it goes first
+                        self.queue.appendleft(w)
+                    else:
+                        self.queue.append(w)
+            case UpdateWeights(version=v):
+                self.target_version = max(self.target_version, v)
+            case Resume(version=v):
+                self.resume_version = max(self.resume_version, v)
+            case Migrate(traj_ids=traj_ids, dest=dest):
+                self.migrate(traj_ids, dest)
+            case Stop():
+                self.ctx.told_to_stop(msg)
+                self.stopping = True
 
     def resync(self) -> None:
         """Tell a restarted controller what this replica holds and how many slots are free."""
         self.flush_streams()
-        held = [*self.meta, *(w["traj_id"] for w in self.queue)]
+        held = [*self.running, *(w.traj_id for w in self.queue)]
         free = max(0, self.engine.max_batch - len(held))
-        self.ctx.ctrl.send({"type": "resync", "held": held, "free": free, "version": self.engine.version,
-                            "pid": os.getpid()})
+        self.ctx.ctrl.send(Resync(held=held, free=free, version=self.engine.version, pid=os.getpid()))
         self.credit_to_return = 0  # `free` replaces every credit the old controller knew of
 
     # -- repack and partial rollout ---------------------------------------------------------
-    def _partial(self, req: SeqRequest) -> dict:
-        m = self.meta.pop(req.traj_id)
-        w = m["work"]
+    def _partial(self, req: SeqRequest) -> Trajectory:
+        """The trajectory of `req`, which leaves the engine, with every token it has."""
+        traj = self.running.pop(req.traj_id)
         self.stream_buf.pop(req.traj_id, None)  # the trajectory carries every token
         self.streamed.pop(req.traj_id, None)
         self.first_token.discard(req.traj_id)
-        return {"traj_id": req.traj_id, "group_id": w["group_id"], "problem": w["problem"], "version": m["version"],
-                "prompt": w["prompt"], "tokens": req.tokens, "logprobs": req.logprobs, "rollout": self.ctx.rank,
-                "t_start": m["t_start"], "t_end": None}
+        traj.tokens, traj.logprobs = req.tokens, req.logprobs
+        return traj
 
     def migrate(self, traj_ids: list[str], dest: int) -> None:
         """Hand running trajectories to replica `dest` (those that finished meanwhile are not
         in the engine any more: their results went out already)."""
         reqs = self.engine.abort(traj_ids)
         if reqs:
-            self.ctx.ctrl.send({"type": "migrated", "dest": dest, "trajectories": [self._partial(r) for r in reqs]})
+            self.ctx.ctrl.send(Migrated(dest=dest, trajectories=[self._partial(r) for r in reqs]))
             self.credit_to_return += len(reqs)
         self.ctx.tracer.emit("migrated_out", dest=dest, trajectories=len(reqs), asked=len(traj_ids),
                              traj_ids=[r.traj_id for r in reqs])
@@ -171,29 +177,32 @@ class Rollout:
     # -- generation -----------------------------------------------------------------------
     def _pinned(self) -> int:
         """Migrated trajectories waiting here that need the version this replica holds."""
-        return sum(1 for w in self.queue if w.get("version") == self.engine.version)
+        return sum(1 for w in self.queue if w.version == self.engine.version)
 
     def admit(self, draining: bool) -> None:
         reqs, rejected, keep = [], [], deque()
         while self.queue and len(reqs) < self.engine.free_slots():
             w = self.queue.popleft()
-            pinned = w.get("version")
+            pinned = w.version
             if pinned is not None and pinned != self.engine.version and self.mode != "partial-rollout":
-                rejected.append(w["traj_id"])  # this replica moved on; the manager re-places it
+                rejected.append(w.traj_id)  # this replica moved on; the manager re-places it
                 continue
             if draining and pinned is None:
                 keep.append(w)  # new work waits for the new version
                 continue
-            self.meta[w["traj_id"]] = {"work": w, "t_start": time.time(),
-                                       "version": self.engine.version if pinned is None else pinned}
-            self.streamed[w["traj_id"]] = len(w.get("tokens") or [])
-            self.ctx.tracer.emit("traj_started", traj=w["traj_id"], version=self.meta[w["traj_id"]]["version"],
-                                 prompt_tokens=len(w["prompt"]), resumed_tokens=len(w.get("tokens") or []))
-            reqs.append(SeqRequest(w["traj_id"], list(w["prompt"]), w["max_new_tokens"],
-                                   list(w.get("tokens") or []), list(w.get("logprobs") or [])))
+            version = self.engine.version if pinned is None else pinned
+            self.running[w.traj_id] = Trajectory(
+                traj_id=w.traj_id, group_id=w.group_id, problem=w.problem, version=version, prompt=w.prompt,
+                tokens=[], logprobs=[], rollout=self.ctx.rank, t_start=time.time())
+            resumed = w.tokens or []
+            self.streamed[w.traj_id] = len(resumed)
+            self.ctx.tracer.emit("traj_started", traj=w.traj_id, version=version, prompt_tokens=len(w.prompt),
+                                 resumed_tokens=len(resumed))
+            reqs.append(SeqRequest(w.traj_id, list(w.prompt), w.max_new_tokens, list(resumed),
+                                   list(w.logprobs or [])))
         self.queue.extendleft(reversed(keep))
         if rejected:
-            self.ctx.ctrl.send({"type": "migrate_reject", "traj_ids": rejected})
+            self.ctx.ctrl.send(MigrateReject(traj_ids=rejected))
             self.credit_to_return += len(rejected)
         if reqs:
             with self.busy():
@@ -215,32 +224,32 @@ class Rollout:
     def finish(self, req: SeqRequest) -> None:
         traj = self._partial(req)
         text = self.tok.decode([t for t in req.tokens if t != self.tok.eos_id])
-        problem: Problem = self.task.problem(traj["problem"])
-        traj.update(reward=float(self.task.reward(text, problem)), t_end=time.time(),
-                    finish="eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length")
-        if self.mode == "partial-rollout" and traj["version"] != self.engine.version:
-            traj["version_last"] = self.engine.version
-        self.ctx.ctrl.send({"type": "finished", "trajectory": traj})
-        self.ctx.tracer.emit("traj_finished", traj=traj["traj_id"], version=traj["version"], t_start=traj["t_start"],
-                             t_end=traj["t_end"], tokens=len(req.tokens), reward=traj["reward"])
+        problem: Problem = self.task.problem(traj.problem)
+        traj.reward = float(self.task.reward(text, problem))
+        traj.t_end = time.time()
+        traj.finish = "eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length"
+        if self.mode == "partial-rollout" and traj.version != self.engine.version:
+            traj.version_last = self.engine.version
+        self.ctx.ctrl.send(Finished(trajectory=traj))
+        self.ctx.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, t_start=traj.t_start,
+                             t_end=traj.t_end, tokens=len(req.tokens), reward=traj.reward)
         self.credit_to_return += 1
 
     def flush_streams(self) -> None:
         items = []
         for t, (toks, lps) in self.stream_buf.items():
             if toks:
-                items.append({"traj_id": t, "tokens": toks, "logprobs": lps, "version": self.engine.version,
-                              "offset": self.streamed.get(t, 0)})
+                items.append(StreamItem(traj_id=t, tokens=toks, logprobs=lps, version=self.engine.version,
+                                        offset=self.streamed.get(t, 0)))
                 self.streamed[t] = self.streamed.get(t, 0) + len(toks)
         if items:
-            self.ctx.ctrl.send({"type": "stream", "items": items})
+            self.ctx.ctrl.send(Stream(items=items))
         self.stream_buf = {t: ([], []) for t in self.stream_buf}
         self.steps_since_flush = 0
 
     def ask_for_work(self, draining: bool) -> None:
         if self.credit_to_return and not draining:
-            self.ctx.ctrl.send({"type": "want_work", "credit": self.credit_to_return,
-                                "version": self.engine.version})
+            self.ctx.ctrl.send(WantWork(credit=self.credit_to_return, version=self.engine.version))
             self.credit_to_return = 0
 
     @contextmanager
@@ -269,10 +278,9 @@ class Rollout:
         # waiting = what this replica could start now: while it drains for newer weights, new
         # work waits for the next version, not in its batch's queue (only pinned migrations do)
         waiting = self._pinned() if self.draining else len(self.queue)
-        self.ctx.ctrl.send({"type": "rollout_state", "version": self.engine.version, "waiting": waiting,
-                            "running": self.engine.num_active(), "kv_tokens": kv, "kv_peak": self.kv_peak,
-                            "traj_ids": self.engine.active_ids(), "busy_s": self.busy_s,
-                            "weight_wait_s": self.weight_wait_s})
+        self.ctx.ctrl.send(RolloutState(version=self.engine.version, waiting=waiting, running=self.engine.num_active(),
+                                        kv_tokens=kv, kv_peak=self.kv_peak, traj_ids=self.engine.active_ids(),
+                                        busy_s=self.busy_s, weight_wait_s=self.weight_wait_s))
 
     def run(self, flags: dict) -> None:
         beat = self.beat

@@ -20,6 +20,7 @@ from laminar_hpc.controller.rollout_manager import RolloutManager, kv_capacity
 from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.policy import scheduling
 from laminar_hpc.sim.pool import Pool, Traj
+from laminar_hpc.transport.protocol import Assign, Message, WeightsSynced
 
 
 class SimController:
@@ -44,15 +45,15 @@ class SimController:
             self.q.at(self.rm.interval_s, self._repack_timer)
 
     # -- what the components send, delivered one message latency later ---------------------
-    def send(self, to: str, msg: dict) -> None:
+    def send(self, to: str, msg: Message) -> None:
         """The components' `send` (the runtime's `Controller.send`)."""
         role, _, rank = to.rpartition("-")
         if role == "rollout":
             self.sim.rollouts[int(rank)].deliver(msg)
-        elif msg["type"] == "weights_synced":  # the only message the components send the trainer
-            self.sim.trainer.weights_synced(msg["version"])
+        elif isinstance(msg, WeightsSynced):  # the only message the components send the trainer
+            self.sim.trainer.weights_synced(msg.version)
         else:
-            raise ValueError(f"the simulator cannot deliver {msg['type']!r} to {to}")
+            raise ValueError(f"the simulator cannot deliver {type(msg).__name__} to {to}")
 
     def _trace(self, event: str, **fields) -> None:
         """The components' trace hook: the simulator keeps how long each global update took."""
@@ -122,7 +123,7 @@ class SimController:
         if pool.queue and self.rm.credits:  # (what assign checks first, without making the generator)
             for rank, work in self.rm.assign(pool):
                 t += len(work) * self.p.ctl_per_traj_s
-                self.sim.rollouts[rank].deliver({"type": "assign", "work": work}, sent=t)
+                self.sim.rollouts[rank].deliver(Assign(work=work), sent=t)
         self.busy_until = t
         if self.repack_on:
             self.rm.repack(now)

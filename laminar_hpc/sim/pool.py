@@ -11,10 +11,12 @@ from collections import deque
 
 
 class Traj:
-    """One trajectory. `tokens` is what it had generated when its replica last stopped it (the
-    replica's engine derives the live count from its heap `entry`); `version` is the weight version
-    that generates it (None until it starts); `pinned` marks work that carries tokens and a
-    version (migrated or recovered: it must continue on a replica holding that version)."""
+    """One trajectory as the simulator counts it: not the protocol's `Trajectory` (no token lists,
+    never on a wire); the rollout manager's `Assign` messages carry these objects as their work.
+    `tokens` is what it had generated when its replica last stopped it (the replica's engine
+    derives the live count from its heap `entry`); `version` is the weight version that generates
+    it (None until it starts); `pinned` marks work that carries tokens and a version (migrated or
+    recovered: it must continue on a replica holding that version)."""
     __slots__ = ("tid", "gid", "target", "tokens", "version", "rollout", "entry", "pinned", "queued", "done")
 
     def __init__(self, tid: str, gid: int, target: int):

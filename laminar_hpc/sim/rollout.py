@@ -20,6 +20,7 @@ from collections import deque
 
 from laminar_hpc.policy import scheduling
 from laminar_hpc.sim.pool import Traj
+from laminar_hpc.transport.protocol import Assign, Message, Migrate, Resume, UpdateWeights
 
 FIRST, CONTINUE, PAUSED = 0, 1, 2  # what follows a weight load
 
@@ -53,7 +54,7 @@ class SimRollout:
         self.S = 0  # decode steps done
         self.kv = 0
         self.queue: deque[Traj] = deque()  # assigned, not admitted
-        self.inbox: deque = deque()  # (arrival time, kind, payload)
+        self.inbox: deque = deque()  # (arrival time, message)
         self.credit = 0
         self.draining = False
         self.target = -1
@@ -68,8 +69,8 @@ class SimRollout:
         self.pending = 0
 
     # -- messages -------------------------------------------------------------------------
-    def deliver(self, msg: dict, sent: float | None = None) -> None:
-        """A controller message (the runtime's dict; `work` holds Traj objects)."""
+    def deliver(self, msg: Message, sent: float | None = None) -> None:
+        """A controller message: the runtime's struct (an `Assign`'s work holds the pool's Traj objects)."""
         if not self.alive:
             return  # lost with the process
         t = (self.q.now if sent is None else sent) + self.p.msg_latency_s
@@ -89,23 +90,20 @@ class SimRollout:
         box = self.inbox
         while box and box[0][0] <= now:
             _, msg = box.popleft()
-            kind = msg["type"]
-            if kind == "assign":
-                for t in msg["work"]:
-                    if t.pinned:  # migrated or recovered work goes first
-                        self.queue.appendleft(t)
-                    else:
-                        self.queue.append(t)
-            elif kind == "update_weights":
-                self.target = max(self.target, msg["version"])
-            elif kind == "resume":
-                self.resume = max(self.resume, msg["version"])
-            elif kind == "migrate":
-                dest = msg["dest"]
-                reqs = self._abort(msg["traj_ids"])
-                if reqs:
-                    self.ctl.migrated(self.rank, dest, reqs)
-                    self.credit += len(reqs)
+            match msg:
+                case Assign(work=work):
+                    queue = self.queue
+                    for t in work:  # migrated or recovered (pinned) work goes first
+                        (queue.appendleft if t.pinned else queue.append)(t)
+                case UpdateWeights(version=version):
+                    self.target = max(self.target, version)
+                case Resume(version=version):
+                    self.resume = max(self.resume, version)
+                case Migrate(traj_ids=traj_ids, dest=dest):
+                    reqs = self._abort(traj_ids)
+                    if reqs:
+                        self.ctl.migrated(self.rank, dest, reqs)
+                        self.credit += len(reqs)
 
     # -- the loop ---------------------------------------------------------------------------
     def iterate(self, epoch: int) -> None:

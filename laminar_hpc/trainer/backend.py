@@ -27,6 +27,7 @@ import torch
 
 from laminar_hpc.trainer.batch import Batch, build_batch
 from laminar_hpc.trainer.checkpoint import AsyncCheckpointer, load_latest
+from laminar_hpc.transport.protocol import Group
 
 
 class TrainBackend(Protocol):
@@ -45,7 +46,7 @@ class TrainBackend(Protocol):
         """Run the supervised warm-up `train` on this backend's policy (trained in place) and
         return its result, or skip it (None) where the backend has no policy to warm up."""
 
-    def train_step(self, groups: list[dict], *, step: int, version: int) -> dict:
+    def train_step(self, groups: list[Group], *, step: int, version: int) -> dict:
         """One optimizer step on complete GRPO groups: `step` is 0-based, `version` the policy's
         version before it. Returns the metrics row (loss, lr, rewards, tokens, staleness...)."""
 
@@ -118,7 +119,7 @@ def lr_at(step: int, cfg) -> float:
     return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def train_on_batch(step_fn: Callable[..., dict], groups: list[dict], *, step: int, version: int, cfg,
+def train_on_batch(step_fn: Callable[..., dict], groups: list[Group], *, step: int, version: int, cfg,
                    pad_id: int) -> dict:
     """The torch and Megatron train step: pad the groups into a Batch, run
     `step_fn(batch, lr=, temperature=)` (the loss metrics), add the lr and the data's figures."""

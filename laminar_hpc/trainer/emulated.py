@@ -21,6 +21,7 @@ import torch
 from laminar_hpc.emulation.cost import Clock, CostModel
 from laminar_hpc.emulation.weights import EmulatedWeights
 from laminar_hpc.trainer.backend import ModuleBackend
+from laminar_hpc.transport.protocol import Group
 
 
 class EmulatedPolicy(torch.nn.Module):
@@ -34,16 +35,16 @@ class EmulatedPolicy(torch.nn.Module):
         return self.weights.numpy()
 
 
-def emulated_train_step(policy: EmulatedPolicy, groups: list[dict], *, version: int, cost: CostModel,
+def emulated_train_step(policy: EmulatedPolicy, groups: list[Group], *, version: int, cost: CostModel,
                         clock: Clock) -> dict:
-    trajs = [t for g in groups for t in g["trajectories"]]
-    response = sum(len(t["tokens"]) for t in trajs)
-    clock.spend(cost.train_s(response + sum(len(t["prompt"]) for t in trajs)))
+    trajs = [t for g in groups for t in g.trajectories]
+    response = sum(len(t.tokens) for t in trajs)
+    clock.spend(cost.train_s(response + sum(len(t.prompt) for t in trajs)))
     with torch.no_grad():
         policy.weights[: min(64, policy.weights.numel())] = (version + 1) % 256
         policy.updates += 1
-    rewards = [float(t["reward"]) for t in trajs]
-    stale = [version - int(t["version"]) for t in trajs]
+    rewards = [float(t.reward) for t in trajs]
+    stale = [version - t.version for t in trajs]
     hist: dict[str, int] = {}
     for s in stale:
         hist[str(s)] = hist.get(str(s), 0) + 1
@@ -64,5 +65,5 @@ class EmulatedBackend(ModuleBackend):
     def warm_up(self, train: Callable[[torch.nn.Module], dict], log: logging.Logger) -> None:
         return None  # the bytes have nothing to learn; the compute an emulated run models is RL's
 
-    def train_step(self, groups: list[dict], *, step: int, version: int) -> dict:
+    def train_step(self, groups: list[Group], *, step: int, version: int) -> dict:
         return emulated_train_step(self.model, groups, version=version, cost=self.cost, clock=self.clock)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -37,6 +36,10 @@ from laminar_hpc.trainer.checkpoint import list_checkpoints
 from laminar_hpc.trainer.publisher import Publisher
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
+from laminar_hpc.transport.protocol import (
+    CheckpointSaved, Group, Groups, HelloAck, LogEvent, Message, Stop, TrainerDone, TrainerSync, TrainStep,
+    WantGroups, WeightsSynced,
+)
 
 
 class StopRequested(Exception):
@@ -58,7 +61,7 @@ class Trainer:
         self.step = 0
         self.version = 0
         self.dropped_groups = 0
-        self.groups: list[dict] = []
+        self.groups: list[Group] = []
         self.synced = -1  # partial-rollout: newest version every rollout has loaded
         self.checkpointed: set[int] = set()
         self.metrics_path = ctx.rundir.metrics
@@ -116,38 +119,42 @@ class Trainer:
     def _warmup_report(self, r: dict) -> None:
         self.ctx.log.info("warm-up step %d loss %.3f greedy reward %.3f", r["step"], r["loss"], r["greedy_reward"])
         self.ctx.tracer.emit("warmup_eval", **r)
-        self.ctx.ctrl.send({"type": "log_event", "event": "warmup", "fields": r})
+        self.ctx.ctrl.send(LogEvent(event="warmup", fields=r))
 
     def newest_published(self) -> int:
         """The newest version any trainer of this run published (the controller's hello_ack)."""
         deadline = time.monotonic() + self.ctx.cfg.timeouts.startup_s
         last_hello = time.monotonic()
         while True:
-            msg = self.ctx.ctrl.recv(timeout_s=0.2)
-            if msg is not None and msg["type"] == "hello_ack":
-                return int(msg.get("max_version") if msg.get("max_version") is not None else -1)
-            if msg is not None:
-                self.ctx.controller_restarted(msg)
+            match self.ctx.ctrl.recv(timeout_s=0.2):
+                case HelloAck(max_version=v):
+                    return -1 if v is None else v
+                case Stop() as msg:  # e.g. a controller of another protocol version refused this trainer
+                    self.ctx.told_to_stop(msg)
+                    self.flags["stop"] = True  # ends the run before the first step (as a signal does)
+                    return -1
+                case None:
+                    pass
+                case msg:
+                    self.ctx.controller_restarted(msg)
             if time.monotonic() > deadline:
                 raise WaitTimeout(f"waited {self.ctx.cfg.timeouts.startup_s:.0f}s for the controller's answer to "
                                   "this trainer's hello (the newest published version)")
             if time.monotonic() - last_hello > 2.0:  # the controller may have restarted since
-                self.ctx.ctrl.send({"type": "hello", "role": "trainer", "rank": 0, "pid": os.getpid()})
+                self.ctx.hello()
                 last_hello = time.monotonic()
 
     def sync_controller(self) -> None:
         """Send this trainer's lineage and what it holds (after a start or a controller restart)."""
-        self.ctx.ctrl.send({"type": "trainer_sync", "consumed": self.consumed, "committed_n": self.committed_n,
-                            "held": [g["group_id"] for g in self.groups], "step": self.step,
-                            "version": self.version})
-        self.ctx.ctrl.send({"type": "want_groups", "reset": True,
-                            "n": max(0, 2 * self.ctx.cfg.trainer.groups_per_step - len(self.groups))})
+        self.ctx.ctrl.send(TrainerSync(consumed=self.consumed, committed_n=self.committed_n,
+                                       held=[g.group_id for g in self.groups], step=self.step, version=self.version))
+        self.ctx.ctrl.send(WantGroups(reset=True, n=max(0, 2 * self.ctx.cfg.trainer.groups_per_step - len(self.groups))))
 
     def _phase(self, phase: str) -> None:
-        self.ctx.ctrl.send({"type": "log_event", "event": "phase", "fields": {"phase": phase}})
+        self.ctx.ctrl.send(LogEvent(event="phase", fields={"phase": phase}))
 
     # -- data -----------------------------------------------------------------------------
-    def collect(self, beat: Heartbeat) -> tuple[list[dict], float]:
+    def collect(self, beat: Heartbeat) -> tuple[list[Group], float]:
         """Block until `groups_per_step` usable groups are in hand; returns them and the wait."""
         cfg = self.ctx.cfg
         need = cfg.trainer.groups_per_step
@@ -167,33 +174,37 @@ class Trainer:
         batch, self.groups = self.groups[:need], self.groups[need:]
         return batch, time.monotonic() - t0
 
-    def _take(self, msg: dict) -> None:
-        """Keep the usable groups of a controller message; drop (and count) stale ones."""
+    def _take(self, msg: Message) -> None:
+        """Act on a controller message: keep the usable groups, drop (and count) stale ones."""
         if self.ctx.controller_restarted(msg):
             self.sync_controller()
             return
-        if msg["type"] == "stop":
-            raise StopRequested("controller")
-        if msg["type"] == "weights_synced":
-            self.synced = max(self.synced, msg["version"])
-        if msg["type"] != "groups":
-            return
-        held = {g["group_id"] for g in self.groups}
-        for g in msg["groups"]:
-            if g["group_id"] in self.consumed_set or g["group_id"] in held:
+        match msg:
+            case Stop():
+                self.ctx.told_to_stop(msg)
+                raise StopRequested("controller")
+            case WeightsSynced(version=v):
+                self.synced = max(self.synced, v)
+            case Groups(groups=groups):
+                self._intake(groups)
+
+    def _intake(self, groups: list[Group]) -> None:
+        held = {g.group_id for g in self.groups}
+        for g in groups:
+            if g.group_id in self.consumed_set or g.group_id in held:
                 # sent again by a controller that restarted or missed a notice: never trained twice
-                if g["group_id"] in self.consumed_set:
-                    self.already.append(g["group_id"])
-                self.ctx.ctrl.send({"type": "want_groups", "n": 1})
+                if g.group_id in self.consumed_set:
+                    self.already.append(g.group_id)
+                self.ctx.ctrl.send(WantGroups(n=1))
                 continue
-            held.add(g["group_id"])
-            versions = [t["version"] for t in g["trajectories"]]
+            held.add(g.group_id)
+            versions = [t.version for t in g.trajectories]
             if too_stale(self.version, versions, self.ctx.cfg.trainer.max_staleness):
                 self.dropped_groups += 1
-                self.stale.append(g["group_id"])
-                self.ctx.tracer.emit("group_dropped", group=g["group_id"], reason="staleness",
+                self.stale.append(g.group_id)
+                self.ctx.tracer.emit("group_dropped", group=g.group_id, reason="staleness",
                                      versions=sorted(set(versions)))
-                self.ctx.ctrl.send({"type": "want_groups", "n": 1})  # replace it
+                self.ctx.ctrl.send(WantGroups(n=1))  # replace it
                 continue
             self.groups.append(g)
 
@@ -240,14 +251,14 @@ class Trainer:
                 m = self.backend.train_step(groups, step=self.step, version=self.version)
                 self.step += 1
                 self.version += 1
-                ids = [g["group_id"] for g in groups]
+                ids = [g.group_id for g in groups]
                 self.consumed.extend(ids)
                 self.consumed_set.update(ids)
                 train_s = time.monotonic() - t0
                 stall = pub.publish(self.version) if self.step % cfg.trainer.publish_every == 0 else 0.0
                 if stall and cfg.mode == "partial-rollout":
                     stall += self.wait_synced(self.version, beat)
-                ctx.ctrl.send({"type": "want_groups", "n": len(groups)})
+                ctx.ctrl.send(WantGroups(n=len(groups)))
                 m.update(step=self.step, version=self.version, wait_s=wait_s, train_s=train_s,
                          publish_stall_s=stall, dropped_groups=self.dropped_groups,
                          t=time.monotonic() - t_start, wall=time.time())
@@ -255,8 +266,8 @@ class Trainer:
                 ctx.tracer.emit("train_step", step=self.step, version=self.version, train_s=train_s,
                                 wait_s=wait_s, tokens=m["tokens"], loss=m["loss"],
                                 staleness_mean=m["staleness_mean"], reward=m["reward_mean"])
-                ctx.ctrl.send({"type": "train_step", "metrics": {k: v for k, v in m.items() if k != "staleness_hist"},
-                               "groups": ids + self.already, "stale": self.stale})
+                ctx.ctrl.send(TrainStep(metrics={k: v for k, v in m.items() if k != "staleness_hist"},
+                                        groups=ids + self.already, stale=self.stale))
                 self.stale, self.already = [], []
                 last = self.step == cfg.trainer.total_steps
                 if self.step % cfg.checkpoint.every_steps == 0 or last:
@@ -274,7 +285,7 @@ class Trainer:
                          self.step, self.version)
             return INTERRUPTED
         self.checkpoints_done(wait=True)
-        ctx.ctrl.send({"type": "trainer_done", "steps": self.step})
+        ctx.ctrl.send(TrainerDone(steps=self.step))
         return 0
 
     def checkpoint(self, wait: bool = False) -> None:
@@ -303,8 +314,8 @@ class Trainer:
             groups, self.committed_n = self.consumed[self.committed_n:n], max(self.committed_n, n)
             self.ctx.tracer.emit("checkpoint", step=done["step"], version=done["version"], path=done["path"],
                                  write_s=done["write_s"])
-            self.ctx.ctrl.send({"type": "checkpoint_saved", "step": done["step"], "version": done["version"],
-                                "path": done["path"], "groups": groups})
+            self.ctx.ctrl.send(CheckpointSaved(step=done["step"], version=done["version"], path=done["path"],
+                                               groups=groups))
 
 
 def main(argv: list[str] | None = None) -> None:

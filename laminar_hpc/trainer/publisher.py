@@ -18,6 +18,7 @@ import time
 from laminar_hpc.launch.role import RoleContext
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.transport.channel import Client, wait_endpoint
+from laminar_hpc.transport.protocol import Publish, Published
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
 
 
@@ -36,13 +37,13 @@ class Publisher:
         slot, buf = self.store.begin(version)
         self.layout.pack(self.weights, buf)
         self.store.commit(slot, version, self.layout.nbytes, 0, self.digest)  # master checksums
-        self.relay.send({"type": "publish", "version": version, "slot": slot, "nbytes": self.layout.nbytes,
-                         "layout": self.layout.digest, "t": time.time()})
+        self.relay.send(Publish(version=version, slot=slot, nbytes=self.layout.nbytes, layout=self.layout.digest,
+                                t=time.time()))
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         self.ctx.tracer.emit("publish", version=version, stall_s=stall, nbytes=self.layout.nbytes)
         if self.ctx.ctrl is not None:
-            self.ctx.ctrl.send({"type": "published", "version": version, "stall_s": stall})
+            self.ctx.ctrl.send(Published(version=version, stall_s=stall))
         return stall
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.trainer.backend import ModuleBackend, train_on_batch
 from laminar_hpc.trainer.batch import Batch
 from laminar_hpc.trainer.loss import aipo_loss
+from laminar_hpc.transport.protocol import Group
 
 
 class TorchBackend(ModuleBackend):
@@ -33,7 +34,7 @@ class TorchBackend(ModuleBackend):
     def warm_up(self, train: Callable[[torch.nn.Module], dict], log: logging.Logger) -> dict | None:
         return train(self.model)
 
-    def train_step(self, groups: list[dict], *, step: int, version: int) -> dict:
+    def train_step(self, groups: list[Group], *, step: int, version: int) -> dict:
         if self.cfg.trainer.kl_coef > 0 and self.ref_model is None:
             # the KL reference is the policy RL starts from (resumed or warmed up): nothing changes
             # the weights between the start and the first step, so copy them here

@@ -2,8 +2,8 @@
 
 A role that serves (the controller, the master relay) binds a ROUTER on a free port and
 publishes its address as `run_dir/endpoints/<name>.json`; clients wait for that file (with a
-timeout that names it) and connect a DEALER whose identity is their role name. Frames are
-decoded with the protocol schema; malformed ones are logged, counted and dropped.
+timeout that names it) and connect a DEALER whose identity is their role name. Frames carry
+the typed messages of transport/protocol.py; malformed ones are logged, counted and dropped.
 
 With `keys` (see transport/security.py) the server is a CURVE server that admits only the run's
 client key, checked by one ZAP handler thread per process; an unkeyed or foreign peer never
@@ -11,8 +11,8 @@ gets a frame through.
 
     server = Server("127.0.0.1"); publish_endpoint(run_dir, "controller", server.address)
     client = Client(wait_endpoint(run_dir, "controller", timeout_s=60), identity="rollout-0")
-    client.send({"type": "heartbeat", "t": time.time()})
-    ident, msg = server.recv(timeout_s=1.0)
+    client.send(Heartbeat(t=time.time()))
+    ident, msg = server.recv(timeout_s=1.0)     # msg: a protocol.Message struct
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from laminar_hpc.rundir import RunDir, atomic_write_json, read_json
-from laminar_hpc.transport.protocol import MAX_FRAME_BYTES, DecodeError, decode, encode
+from laminar_hpc.transport.protocol import MAX_FRAME_BYTES, TYPE_NAMES, DecodeError, Message, decode, encode
 from laminar_hpc.transport.security import Keys
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class Server:
         """Connections refused for presenting a key other than the run's client key."""
         return self._zap_check.rejected.get(self._zap_domain, 0) if self._zap_check else 0
 
-    def recv(self, timeout_s: float) -> tuple[str, dict] | None:
+    def recv(self, timeout_s: float) -> tuple[str, Message] | None:
         """Next valid message as (sender identity, message), or None after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -186,7 +186,7 @@ class Server:
             if got is not None:
                 return got
 
-    def _decode(self, parts: list[bytes]) -> tuple[str, dict] | None:
+    def _decode(self, parts: list[bytes]) -> tuple[str, Message] | None:
         ident = parts[0].decode(errors="replace") if parts else "?"
         try:
             if len(parts) != 2:
@@ -197,7 +197,7 @@ class Server:
             log.warning("dropped malformed frame from %r: %s", ident, err)
             return None
 
-    def send(self, identity: str, msg: dict) -> None:
+    def send(self, identity: str, msg: Message) -> None:
         self.sock.send_multipart([identity.encode(), encode(msg)])
 
     def close(self, linger_ms: int = 0) -> None:
@@ -231,7 +231,7 @@ class Client:
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
 
-    def send(self, msg: dict, timeout_s: float | None = None) -> None:
+    def send(self, msg: Message, timeout_s: float | None = None) -> None:
         """Queue `msg` for the server. A DEALER blocks while it has no pipe to any peer (e.g. its
         handshake was refused), so this waits at most `timeout_s` (default SEND_TIMEOUT_S) and
         then raises WaitTimeout naming the server, instead of hanging the role."""
@@ -243,11 +243,11 @@ class Client:
             pass
         limit = SEND_TIMEOUT_S if timeout_s is None else timeout_s
         if not self.sock.poll(int(limit * 1000), zmq.POLLOUT):
-            raise WaitTimeout(f"waited {limit:.0f}s to send a '{msg.get('type')}' message to {self.address}: no "
+            raise WaitTimeout(f"waited {limit:.0f}s to send a '{TYPE_NAMES.get(type(msg), '?')}' message to {self.address}: no "
                               "connection (is it up, and does it accept this run's key?)")
         self.sock.send(data, zmq.NOBLOCK)
 
-    def recv(self, timeout_s: float) -> dict | None:
+    def recv(self, timeout_s: float) -> Message | None:
         deadline = time.monotonic() + timeout_s
         while True:
             left = max(0.0, deadline - time.monotonic())
@@ -262,7 +262,7 @@ class Client:
                 self.dropped += 1
                 log.warning("dropped malformed frame from %s: %s", self.address, err)
 
-    def drain(self) -> list[dict]:
+    def drain(self) -> list[Message]:
         """Every message already waiting, without blocking."""
         out = []
         while (msg := self.recv(0.0)) is not None:

@@ -1,173 +1,294 @@
-"""The control-plane message protocol: msgpack maps with a `type`, checked against a schema.
+"""The control-plane message protocol: one typed msgspec struct per message type.
 
-Every frame that crosses a socket goes through `decode`, which enforces a size limit and the
-schema of its type; anything else raises `DecodeError`, which receivers log and drop (a bad
-frame never crashes a role). The table below is the whole protocol; docs/architecture.md
-draws who sends what.
+Every frame is a msgpack map whose `type` field names its struct (a tagged union). `decode`
+enforces the size limit and every field's type in one pass (in C); a frame that does not fit
+raises `DecodeError`, which receivers count and drop: a bad frame never crashes a role.
+Unknown fields are ignored, so a newer sender's extra field does not break an older receiver;
+incompatible changes bump `PROTOCOL_VERSION`, which travels in `Hello` and is checked by the
+controller (`version_mismatch`).
 
-    frame = encode({"type": "want_work", "credit": 8, "version": 3})
-    msg = decode(frame)          # -> dict, or DecodeError
+The three shapes that travel inside messages are defined once, here, and used by the
+controller's data plane, the rollout, the trainer's batch building and the write-ahead log:
+`Trajectory` (finished, or partial when handed back for repack), `WorkItem` (one trajectory
+to generate) and `StreamItem` (tokens streamed into the partial-response pool).
+
+    frame = encode(WantWork(credit=8, version=3))
+    msg = decode(frame)          # -> WantWork(credit=8, version=3), or DecodeError
+    match msg:
+        case WantWork(credit=c): ...
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Union
 
-import msgpack
+import msgspec
 
 MAX_FRAME_BYTES = 64 << 20
+PROTOCOL_VERSION = 2  # 1: the untyped dict protocol (no `protocol` in hello)
 
-# field kinds
-INT, FLOAT, STR, BOOL, MAP = "int", "float", "str", "bool", "map"
-INTS, FLOATS, MAPS, STRS = "list[int]", "list[float]", "list[map]", "list[str]"
-OPT = "?"  # suffix: the field may be missing or None
-
-TRAJECTORY = {  # one finished (or partial, when migrating) trajectory
-    "traj_id": STR, "group_id": INT, "problem": INT, "version": INT, "prompt": INTS,
-    "tokens": INTS, "logprobs": FLOATS, "reward": FLOAT + OPT, "rollout": INT,
-    "t_start": FLOAT, "t_end": FLOAT + OPT, "finish": STR + OPT,
-    "version_last": INT + OPT,  # partial-rollout only: the version of its last tokens (`version`: its first)
-}
-WORK = {  # one trajectory to generate, controller -> rollout
-    "traj_id": STR, "group_id": INT, "problem": INT, "prompt": INTS, "max_new_tokens": INT,
-    "tokens": INTS + OPT, "logprobs": FLOATS + OPT, "version": INT + OPT,
-}
-
-# offset: tokens of the trajectory before this chunk (a lost chunk is detected, never glued over)
-STREAM_ITEM = {"traj_id": STR, "tokens": INTS, "logprobs": FLOATS, "version": INT, "offset": INT + OPT}
-
-SCHEMA: dict[str, dict[str, str]] = {
-    # any role -> controller
-    "hello": {"role": STR, "rank": INT, "pid": INT},
-    # role -> controller with its pid (a restarted controller learns who is there); controller ->
-    # role with its epoch (a role that sees a new epoch re-sends its state: resync, trainer_sync)
-    # echo: the role's `t` this answers (round trip and clock offset, for aligned traces)
-    "heartbeat": {"t": FLOAT, "pid": INT + OPT, "epoch": STR + OPT, "echo": FLOAT + OPT},
-    "log_event": {"event": STR, "fields": MAP},
-    # rollout -> controller
-    "want_work": {"credit": INT, "version": INT},  # credit: slots freed since the last ask
-    "stream": {"items": MAPS},  # {"traj_id", "tokens", "logprobs", "version"}
-    "finished": {"trajectory": MAP},
-    "weights_loaded": {"version": INT, "pull_s": FLOAT},
-    # to a restarted controller: the trajectories this rollout holds and its free slots
-    "resync": {"held": STRS, "free": INT, "version": INT, "pid": INT},
-    # batch and KV of a replica, for the rollout manager's repack; utilisation counters (wall s)
-    "rollout_state": {"version": INT, "waiting": INT, "running": INT, "kv_tokens": INT, "kv_peak": INT,
-                      "traj_ids": STRS, "busy_s": FLOAT, "weight_wait_s": FLOAT},
-    "migrated": {"dest": INT, "trajectories": MAPS},  # repack: running trajectories handed back
-    "migrate_reject": {"traj_ids": STRS},  # repack work whose version this replica no longer holds
-    # controller -> rollout
-    "assign": {"work": MAPS},
-    "migrate": {"traj_ids": STRS, "dest": INT},  # repack: hand these to replica `dest`
-    "update_weights": {"version": INT},  # barrier modes, partial-rollout: load this version (or newer) now
-    "resume": {"version": INT},  # partial-rollout: every rollout holds this version: continue
-    # controller -> trainer
-    "weights_synced": {"version": INT},  # partial-rollout: the global weight update is complete
-    # trainer -> controller
-    "want_groups": {"n": INT, "reset": BOOL + OPT},  # reset: n replaces the credit (after a resync)
-    # groups: trained in this step; stale: dropped for staleness since the last step
-    "train_step": {"metrics": MAP, "groups": INTS + OPT, "stale": INTS + OPT},
-    # the trainer's lineage after it (re)started or the controller restarted: every group its
-    # weights were trained on (the first committed_n are in its checkpoint) and what it holds
-    "trainer_sync": {"consumed": INTS, "committed_n": INT, "held": INTS, "step": INT, "version": INT},
-    "published": {"version": INT, "stall_s": FLOAT},
-    "checkpoint_saved": {"step": INT, "version": INT, "path": STR, "groups": INTS + OPT},
-    "trainer_done": {"steps": INT},
-    # controller -> trainer
-    "groups": {"groups": MAPS},  # {"group_id", "problem", "trajectories": [TRAJECTORY]}
-    # relay -> controller
-    "version_ready": {"rank": INT, "version": INT, "nbytes": INT, "bcast_s": FLOAT},
-    # trainer <-> master relay (weight hand-off)
-    "publish": {"version": INT, "slot": INT, "nbytes": INT, "layout": STR, "t": FLOAT},
-    "released": {"slot": INT, "version": INT},
-    # launcher / campaign driver -> controller
-    "role_down": {"role": STR, "code": INT},
-    "stop_all": {"reason": STR},
-    # controller -> any role
-    "stop": {"reason": STR},
-    "hello_ack": {"run_id": STR, "max_version": INT + OPT},  # newest version any trainer published
-}
+# values of the free-form maps (train metrics, log-event fields): scalars only, so that a frame
+# that decodes can always be written to status.json
+Scalar = Union[int, float, str, bool, None]
 
 
 class DecodeError(ValueError):
     """A frame that does not follow the protocol (too big, not msgpack, wrong fields)."""
 
 
-def encode(msg: dict[str, Any]) -> bytes:
-    check(msg)
-    return msgpack.packb(msg, use_bin_type=True)
+class _Item(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A shape carried inside messages (no `type` tag)."""
 
 
-def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
+class Trajectory(_Item):
+    """One trajectory, finished (reward, t_end, finish set) or partial (handed back for repack)."""
+    traj_id: str
+    group_id: int
+    problem: int
+    version: int  # the weight version that generated it (partial-rollout: of its first tokens)
+    prompt: list[int]
+    tokens: list[int]
+    logprobs: list[float]  # behaviour log-probs, one per token
+    rollout: int
+    t_start: float
+    reward: float | None = None
+    t_end: float | None = None
+    finish: str | None = None  # "eos" | "length" | an error reason
+    version_last: int | None = None  # partial-rollout only: the version of its last tokens
+
+
+class WorkItem(_Item):
+    """One trajectory to generate; a resumed one carries its tokens, log-probs and version."""
+    traj_id: str
+    group_id: int
+    problem: int
+    prompt: list[int]
+    max_new_tokens: int
+    tokens: list[int] | None = None
+    logprobs: list[float] | None = None
+    version: int | None = None
+
+
+class StreamItem(_Item):
+    """Tokens of one trajectory since its last stream. `offset`: tokens before this chunk (a lost
+    chunk is detected, never glued over)."""
+    traj_id: str
+    tokens: list[int]
+    logprobs: list[float]
+    version: int
+    offset: int | None = None
+
+
+class Group(_Item):
+    group_id: int
+    problem: int
+    trajectories: list[Trajectory]
+
+
+class Message(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """Base of every frame; the subclass's tag is the frame's `type`."""
+
+
+# -- any role -> controller ------------------------------------------------------------------
+class Hello(Message, tag="hello"):
+    role: str
+    rank: int
+    pid: int
+    protocol: int = 1  # roles of the untyped protocol sent none
+
+
+class Heartbeat(Message, tag="heartbeat"):
+    """role -> controller with its pid (a restarted controller learns who is there); controller ->
+    role with its epoch (a role that sees a new epoch re-sends its state) and the `t` it answers."""
+    t: float
+    pid: int | None = None
+    epoch: str | None = None
+    echo: float | None = None
+
+
+class LogEvent(Message, tag="log_event"):
+    event: str
+    fields: dict[str, Scalar]
+
+
+# -- rollout -> controller -------------------------------------------------------------------
+class WantWork(Message, tag="want_work"):
+    credit: int  # slots freed since the last ask
+    version: int
+
+
+class Stream(Message, tag="stream"):
+    items: list[StreamItem]
+
+
+class Finished(Message, tag="finished"):
+    trajectory: Trajectory
+
+
+class WeightsLoaded(Message, tag="weights_loaded"):
+    version: int
+    pull_s: float
+
+
+class Resync(Message, tag="resync"):
+    """To a restarted controller: the trajectories this rollout holds and its free slots."""
+    held: list[str]
+    free: int
+    version: int
+    pid: int
+
+
+class RolloutState(Message, tag="rollout_state"):
+    """Batch and KV of a replica (the rollout manager's repack input) and utilisation (wall s)."""
+    version: int
+    waiting: int
+    running: int
+    kv_tokens: int
+    kv_peak: int
+    traj_ids: list[str]
+    busy_s: float
+    weight_wait_s: float
+
+
+class Migrated(Message, tag="migrated"):
+    dest: int  # repack: running trajectories handed back, for replica `dest`
+    trajectories: list[Trajectory]
+
+
+class MigrateReject(Message, tag="migrate_reject"):
+    traj_ids: list[str]  # repack work whose version this replica no longer holds
+
+
+# -- controller -> rollout -------------------------------------------------------------------
+class Assign(Message, tag="assign"):
+    work: list[WorkItem]
+
+
+class Migrate(Message, tag="migrate"):
+    traj_ids: list[str]
+    dest: int  # repack: hand these to replica `dest`
+
+
+class UpdateWeights(Message, tag="update_weights"):
+    version: int  # barrier modes, partial-rollout: load this version (or newer) now
+
+
+class Resume(Message, tag="resume"):
+    version: int  # partial-rollout: every rollout holds this version: continue
+
+
+# -- controller -> trainer -------------------------------------------------------------------
+class WeightsSynced(Message, tag="weights_synced"):
+    version: int  # partial-rollout: the global weight update is complete
+
+
+class Groups(Message, tag="groups"):
+    groups: list[Group]
+
+
+class HelloAck(Message, tag="hello_ack"):
+    run_id: str
+    max_version: int | None = None  # newest version any trainer published
+
+
+# -- trainer -> controller -------------------------------------------------------------------
+class WantGroups(Message, tag="want_groups"):
+    n: int
+    reset: bool | None = None  # n replaces the credit (after a resync)
+
+
+class TrainStep(Message, tag="train_step"):
+    metrics: dict[str, Scalar]
+    groups: list[int] | None = None  # trained in this step
+    stale: list[int] | None = None  # dropped for staleness since the last step
+
+
+class TrainerSync(Message, tag="trainer_sync"):
+    """The trainer's lineage after it (re)started or the controller restarted: every group its
+    weights were trained on (the first committed_n are in its checkpoint) and what it holds."""
+    consumed: list[int]
+    committed_n: int
+    held: list[int]
+    step: int
+    version: int
+
+
+class Published(Message, tag="published"):
+    version: int
+    stall_s: float
+
+
+class CheckpointSaved(Message, tag="checkpoint_saved"):
+    step: int
+    version: int
+    path: str
+    groups: list[int] | None = None  # now durable: the controller frees them
+
+
+class TrainerDone(Message, tag="trainer_done"):
+    steps: int
+
+
+# -- relay -> controller; trainer <-> master relay (weight hand-off) ---------------------------
+class VersionReady(Message, tag="version_ready"):
+    rank: int
+    version: int
+    nbytes: int
+    bcast_s: float
+
+
+class Publish(Message, tag="publish"):
+    version: int
+    slot: int
+    nbytes: int
+    layout: str
+    t: float
+
+
+class Released(Message, tag="released"):
+    slot: int
+    version: int
+
+
+# -- launcher / campaign driver -> controller; controller -> any role --------------------------
+class RoleDown(Message, tag="role_down"):
+    role: str
+    code: int
+
+
+class StopAll(Message, tag="stop_all"):
+    reason: str
+
+
+class Stop(Message, tag="stop"):
+    reason: str
+
+
+MESSAGE_TYPES: tuple[type[Message], ...] = tuple(Message.__subclasses__())
+TYPE_NAMES: dict[type[Message], str] = {t: t.__struct_config__.tag for t in MESSAGE_TYPES}
+_decoder = msgspec.msgpack.Decoder(Union[MESSAGE_TYPES])  # type: ignore[valid-type]
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(msg: Message) -> bytes:
+    if not isinstance(msg, Message):
+        raise TypeError(f"encode takes a protocol message struct, got {type(msg).__name__}")
+    return _encoder.encode(msg)
+
+
+def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
     if len(frame) > max_bytes:
         raise DecodeError(f"frame of {len(frame)} bytes exceeds the {max_bytes}-byte limit")
     try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    except Exception as err:  # msgpack raises several types for garbage input
-        raise DecodeError(f"not a msgpack frame: {type(err).__name__}: {err}") from None
-    check(msg)
-    return msg
+        return _decoder.decode(frame)
+    # ValidationError included (wrong type, missing field, bad tag); msgspec lets an invalid UTF-8
+    # tag string through as UnicodeDecodeError
+    except (msgspec.DecodeError, UnicodeDecodeError) as err:
+        raise DecodeError(str(err)) from None
 
 
-def check(msg: Any) -> None:
-    if not isinstance(msg, dict):
-        raise DecodeError(f"message must be a map, got {type(msg).__name__}")
-    kind = msg.get("type")
-    if not isinstance(kind, str) or kind not in SCHEMA:
-        raise DecodeError(f"unknown message type {kind!r}")
-    _check_fields(msg, SCHEMA[kind], kind)
-    if kind == "finished":
-        _check_fields(msg["trajectory"], TRAJECTORY, "finished.trajectory")
-    elif kind == "assign":
-        for w in msg["work"]:
-            _check_fields(w, WORK, "assign.work")
-    elif kind == "migrated":
-        for t in msg["trajectories"]:
-            _check_fields(t, TRAJECTORY, "migrated.trajectory")
-    elif kind == "groups":
-        for g in msg["groups"]:
-            _check_fields(g, {"group_id": INT, "problem": INT, "trajectories": MAPS}, "groups.group")
-            for t in g["trajectories"]:
-                _check_fields(t, TRAJECTORY, "groups.trajectory")
-    elif kind == "stream":
-        for it in msg["items"]:
-            _check_fields(it, STREAM_ITEM, "stream.item")
-
-
-def _check_fields(obj: Any, spec: dict[str, str], where: str) -> None:
-    if not isinstance(obj, dict):
-        raise DecodeError(f"{where}: expected a map, got {type(obj).__name__}")
-    for name, kind in spec.items():
-        optional = kind.endswith(OPT)
-        kind = kind.rstrip(OPT)
-        if name not in obj or obj[name] is None:
-            if optional:
-                continue
-            raise DecodeError(f"{where}: missing field '{name}'")
-        if not _is(obj[name], kind):
-            raise DecodeError(f"{where}: field '{name}' must be {kind}, got {type(obj[name]).__name__}")
-
-
-_EXACT = {INT: {int}, FLOAT: {float, int}, STR: {str}, BOOL: {bool}, "map": {dict}}
-
-
-def _is(value: Any, kind: str) -> bool:
-    if kind == INT:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == FLOAT:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == STR:
-        return isinstance(value, str)
-    if kind == BOOL:
-        return isinstance(value, bool)
-    if kind == MAP:
-        return isinstance(value, dict)
-    if not isinstance(value, list):
-        return False
-    elem = kind[5:-1]
-    # the common case in C (set of the element types): token and log-prob lists are long, and a
-    # Python-level check per element cost the controller a quarter of its time under load
-    if set(map(type, value)) <= _EXACT.get(elem, set()):
-        return True
-    if elem == "map":
-        return all(isinstance(v, dict) for v in value)
-    return all(_is(v, elem) for v in value)
+def version_mismatch(hello: Hello, ident: str) -> str | None:
+    """One line for a role that speaks another protocol version, else None."""
+    if hello.protocol == PROTOCOL_VERSION:
+        return None
+    return (f"{ident} speaks protocol {hello.protocol}, this controller {PROTOCOL_VERSION}: every node must run "
+            f"the same laminar-hpc version (reinstall it from one checkout)")

@@ -27,6 +27,7 @@ from laminar_hpc.trainer.backend import train_on_batch
 from laminar_hpc.trainer.batch import Batch
 from laminar_hpc.trainer.checkpoint import CheckpointError, _failure_line, _HostCopy, _rng_state, _write
 from laminar_hpc.trainer.megatron.runner import Ranks, start_ranks, stop_ranks
+from laminar_hpc.transport.protocol import Group
 
 
 class MegatronBackend:
@@ -57,7 +58,7 @@ class MegatronBackend:
                     "trainer.init_checkpoint)")
         return None
 
-    def train_step(self, groups: list[dict], *, step: int, version: int) -> dict:
+    def train_step(self, groups: list[Group], *, step: int, version: int) -> dict:
         return train_on_batch(self._train, groups, step=step, version=version, cfg=self.cfg, pad_id=self.pad_id)
 
     def _train(self, b: Batch, *, lr: float, temperature: float) -> dict:

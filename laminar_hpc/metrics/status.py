@@ -1,0 +1,92 @@
+"""`status.json`: the controller's live status, one typed contract for its writer and its readers.
+
+The controller writes it every `controller.status_interval_s` (and `controller_stats.json`, the
+same struct plus the ledger, at its end); the supervisor reads the role table and the `hung`
+list from it, the progress display and `laminar status` the figures. Both sides go through
+this struct, so a field renamed on one side cannot silently read as missing on the other.
+
+    write_status(rd.status, status)          # atomic: readers never see half a file
+    st = read_status(rd.status)              # -> Status (defaults when absent or unreadable)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from laminar_hpc.rundir import atomic_write_text
+
+Scalar = int | float | str | bool | None
+
+
+class RoleEntry(msgspec.Struct, kw_only=True):
+    pid: int
+    joined_t: float
+    last_seen: float
+    ready_t: float | None = None
+    down: bool = False
+
+
+class ControllerInfo(msgspec.Struct, kw_only=True):
+    pid: int = 0
+    t_start: float = 0.0
+    ready_t: float | None = None  # serving again after a recovery
+
+
+class Utilisation(msgspec.Struct, kw_only=True):
+    busy_s: float = 0.0
+    weight_wait_s: float = 0.0
+
+
+class Status(msgspec.Struct, kw_only=True):
+    t: float = 0.0  # when written (the supervisor judges freshness by it)
+    elapsed_s: float = 0.0
+    phase: str = "?"
+    pid: int = 0
+    step: int = 0
+    total_steps: int | None = None
+    trainer_version: int = -1
+    relay_versions: dict[int, int] = {}
+    rollout_versions: dict[int, int] = {}
+    versions_in_flight: list[int] = []
+    max_versions_in_flight: int = 0
+    trajectories_per_s: float = 0.0
+    trajectories_finished: int = 0
+    tokens_generated: int = 0
+    groups_consumed: int = 0
+    groups_pending: int = 0
+    groups_committed: int = 0
+    groups_dropped: int = 0
+    queued: int = 0
+    running: int = 0
+    published: int = 0
+    dropped_frames: int = 0
+    relay_dropped_frames: int = 0
+    repack: dict[str, int] = {}
+    rollout_util: dict[int, Utilisation] = {}
+    metrics: dict[str, Scalar] = {}  # the trainer's last step
+    epoch: str | None = None  # a new one means the controller restarted
+    controller: ControllerInfo = msgspec.field(default_factory=ControllerInfo)
+    roles: dict[str, RoleEntry] = {}
+    hung: list[str] = []  # roles silent for longer than timeouts.heartbeat_s
+    recovery: dict[str, int | dict[str, Scalar]] = {}
+    # controller_stats.json only
+    stop_reason: str | None = None
+    ledger: dict[str, int | list[int] | dict[str, int]] | None = None  # GroupLedger.summary()
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Status)
+
+
+def write_status(path: Path, status: Status) -> None:
+    atomic_write_text(Path(path), _encoder.encode(status).decode())
+
+
+def read_status(path: Path) -> Status:
+    """The last status written, or an empty one (all defaults) when there is none yet or the
+    file is not a status (a reader must not die on a file a crashed writer left)."""
+    try:
+        return _decoder.decode(Path(path).read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return Status()

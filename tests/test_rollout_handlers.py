@@ -1,0 +1,231 @@
+"""The rollout's message handling, in-process: a `Rollout` on the emulated engine (no sleeping),
+its controller channel a FakeChannel that records every message it sends (through the real
+encode/decode) and hands it the controller's messages. Weights come from a real weight store
+where the node's relay would keep them."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers import FakeChannel, role_context, work_item
+
+from laminar_hpc.rollout.main import Rollout
+from laminar_hpc.transport.protocol import (
+    Assign, Finished, Heartbeat, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, Stream,
+    UpdateWeights, WantWork, WeightsLoaded,
+)
+from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
+
+# long responses (every one ~200 tokens): a few steps leave every trajectory running
+LONG = ("emulation.lengths.median=200", "emulation.lengths.p99_over_median=1.01")
+
+
+_relay_stores: dict = {}  # the weight store of each test's relay (by path)
+
+
+@pytest.fixture
+def make(tmp_path):
+    made = []
+
+    def build(*overrides: str) -> Rollout:
+        r = Rollout(role_context("rollout", 0, tmp_path, overrides=overrides), relay=0)
+        made.append(r)
+        return r
+
+    yield build
+    for r in made:
+        r.ctx.tracer.close()
+        if r.weights.store is not None:
+            r.weights.store.close()
+        store = _relay_stores.pop(r.weights.path, None)
+        if store is not None:
+            store.close()
+
+
+def publish(r: Rollout, version: int) -> None:
+    """What the node's relay does: a version into its weight store."""
+    store = _relay_stores.get(r.weights.path)
+    if store is None:
+        store = _relay_stores[r.weights.path] = WeightStore.create(r.weights.path, 2, r.layout.nbytes)
+    slot, _ = store.begin(version)
+    store.commit(slot, version, r.layout.nbytes, 0, digest_to_int(r.layout.digest))
+
+
+def ctrl(r: Rollout) -> FakeChannel:
+    return r.ctx.ctrl
+
+
+def started(r: Rollout, version: int = 0) -> Rollout:
+    publish(r, version)
+    r.wait_first_version({}, r.beat)
+    assert ctrl(r).of(WeightsLoaded)[-1].version == version == r.engine.version
+    return r
+
+
+def tell(r: Rollout, *msgs) -> None:
+    ctrl(r).inbox.extend(msgs)
+    assert not r._drain_control()
+
+
+def generate(r: Rollout, steps: int | None = None) -> None:
+    """Decode steps as the loop runs them (all until the engine is empty, or `steps`)."""
+    n = 0
+    while r.engine.num_active() and (steps is None or n < steps):
+        r.handle(r.engine.step())
+        r.flush_streams()
+        n += 1
+
+
+def streamed(r: Rollout, traj_id: str) -> tuple[int, list[int]]:
+    """(offset of the first chunk, every token) the partial-response pool received for a
+    trajectory; each chunk must continue the one before."""
+    start, toks = None, []
+    for msg in ctrl(r).of(Stream):
+        for it in msg.items:
+            if it.traj_id != traj_id:
+                continue
+            start = it.offset if start is None else start
+            assert it.offset == start + len(toks) and len(it.logprobs) == len(it.tokens)
+            toks += it.tokens
+    return start, toks
+
+
+def test_assign_admits_work_into_the_engine_and_streams_it(make):
+    r = started(make())
+    tell(r, Assign(work=[work_item(0), work_item(1)]))
+    assert [w.traj_id for w in r.queue] == ["0.0", "0.1"]
+    r.admit(draining=False)
+    assert sorted(r.engine.active_ids()) == ["0.0", "0.1"] and not r.queue
+    items = {it.traj_id: it for it in ctrl(r).of(Stream)[-1].items}  # the pool learns each one's version at once
+    assert set(items) == {"0.0", "0.1"}
+    assert all(it.version == 0 and it.offset == 0 and len(it.tokens) == 1 for it in items.values())
+
+
+def test_finished_trajectories_carry_their_work_item_and_every_token(make):
+    r = started(make())
+    work = [work_item(0, group=3, prompt=(5, 6, 7, 8)), work_item(1, group=3, prompt=(5, 6, 7, 8))]
+    tell(r, Assign(work=work))
+    r.admit(draining=False)
+    generate(r)
+    done = {m.trajectory.traj_id: m.trajectory for m in ctrl(r).of(Finished)}
+    assert sorted(done) == ["3.0", "3.1"] and not r.running
+    for w in work:
+        t = done[w.traj_id]
+        assert (t.group_id, t.problem, t.prompt, t.version, t.rollout) == (w.group_id, w.problem, w.prompt, 0, 0)
+        assert len(t.tokens) == len(t.logprobs) and t.tokens[-1] == r.tok.eos_id and t.finish == "eos"
+        assert isinstance(t.reward, float) and t.t_end >= t.t_start and t.version_last is None
+        start, sent = streamed(r, w.traj_id)
+        assert start == 0 and sent and t.tokens[:len(sent)] == sent  # a prefix; the finish carries every token
+    r.ask_for_work(draining=False)
+    assert ctrl(r).of(WantWork)[-1] == WantWork(credit=2, version=0)
+
+
+def test_migrated_work_goes_first_and_continues_its_tokens(make):
+    r = started(make())
+    fresh = work_item(0)
+    moved = work_item(1, tokens=[9, 10], logprobs=[-1.0, -2.0], version=0)
+    tell(r, Assign(work=[fresh, moved]))
+    assert [w.traj_id for w in r.queue] == ["0.1", "0.0"]
+    r.admit(draining=False)
+    generate(r)
+    t = next(m.trajectory for m in ctrl(r).of(Finished) if m.trajectory.traj_id == "0.1")
+    assert t.tokens[:2] == [9, 10] and t.logprobs[:2] == [-1.0, -2.0] and t.version == 0
+    start, sent = streamed(r, "0.1")
+    assert start == 2 and t.tokens[2:2 + len(sent)] == sent  # the pool held its first two tokens already
+
+
+def test_work_pinned_to_a_version_this_replica_left_is_rejected(make):
+    r = make()
+    publish(r, 0)
+    publish(r, 1)
+    r.wait_first_version({}, r.beat)
+    assert r.engine.version == 1
+    tell(r, Assign(work=[work_item(0, tokens=[9], logprobs=[-1.0], version=0), work_item(1)]))
+    r.admit(draining=False)
+    assert ctrl(r).of(MigrateReject) == [MigrateReject(traj_ids=["0.0"])]
+    assert r.engine.active_ids() == ["0.1"] and r.credit_to_return == 1
+
+
+def test_migrate_hands_running_trajectories_back(make):
+    r = started(make(*LONG))
+    tell(r, Assign(work=[work_item(0), work_item(1)]))
+    r.admit(draining=False)
+    generate(r, steps=2)
+    tell(r, Migrate(traj_ids=["0.0", "9.9"], dest=3))  # 9.9 finished meanwhile (not here any more)
+    (msg,) = ctrl(r).of(Migrated)
+    assert msg.dest == 3 and [t.traj_id for t in msg.trajectories] == ["0.0"]
+    t = msg.trajectories[0]
+    assert t.reward is None and t.t_end is None and t.finish is None and t.version == 0
+    start, sent = streamed(r, "0.0")
+    assert len(t.tokens) == len(t.logprobs) > 1 and start == 0 and t.tokens[:len(sent)] == sent
+    assert r.engine.active_ids() == ["0.1"] and "0.0" not in r.running and r.credit_to_return == 1
+
+
+def test_weight_targets_only_rise(make):
+    r = make()
+    tell(r, UpdateWeights(version=3), UpdateWeights(version=2), Resume(version=2), Resume(version=1))
+    assert (r.target_version, r.resume_version) == (3, 2)
+
+
+def test_a_restarted_controller_gets_what_this_replica_holds(make):
+    r = started(make(*LONG))
+    tell(r, Heartbeat(t=1.0, epoch="first"))  # the first epoch seen: nothing to re-send
+    assert not ctrl(r).of(Resync)
+    tell(r, Assign(work=[work_item(i) for i in range(3)]))
+    r.admit(draining=False)
+    tell(r, Assign(work=[work_item(3)]))
+    tell(r, Heartbeat(t=2.0, epoch="second"))
+    (msg,) = ctrl(r).of(Resync)
+    assert sorted(msg.held) == ["0.0", "0.1", "0.2", "0.3"]
+    assert (msg.free, msg.version, msg.pid) == (r.engine.max_batch - 4, 0, os.getpid())
+
+
+def test_partial_rollout_continues_interrupted_trajectories_on_the_new_version(make):
+    r = started(make("mode=partial-rollout", *LONG))
+    tell(r, Assign(work=[work_item(0)]))
+    r.admit(draining=False)
+    generate(r, steps=1)
+    publish(r, 1)
+    tell(r, UpdateWeights(version=1))
+    assert r.global_update(newest=1) and r.engine.version == 1 and not r.engine.num_active()  # paused, loaded
+    assert r.global_update(newest=1)  # the others are still loading
+    tell(r, Resume(version=1))
+    assert not r.global_update(newest=1) and r.engine.active_ids() == ["0.0"]
+    generate(r)
+    (msg,) = ctrl(r).of(Finished)
+    assert (msg.trajectory.version, msg.trajectory.version_last) == (0, 1)
+
+
+def test_stop_before_the_first_weights_ends_the_role(make):
+    r = make()
+    ctrl(r).inbox.append(Stop(reason="the campaign is over"))
+    with pytest.raises(SystemExit) as end:
+        r.wait_first_version({}, r.beat)
+    assert end.value.code == 0
+
+
+def test_the_loop_serves_assigned_work_until_stop(make):
+    """`run` as the process runs it: asks for work, generates what it is given, reports its state,
+    and returns when the controller says stop."""
+    r = make()
+    publish(r, 0)
+    work = [work_item(i) for i in range(4)]
+    calls, assigned = [0], []
+
+    def controller(ch: FakeChannel):
+        calls[0] += 1
+        assert calls[0] < 100_000, "the rollout loop did not finish its work"
+        if not assigned and ch.of(WantWork):
+            assigned.append(True)
+            return [Assign(work=work)]
+        if len(ch.of(Finished)) == len(work):
+            return [Stop(reason="done")]
+        return []
+
+    ctrl(r).script = controller
+    r.run({})
+    asks = ctrl(r).of(WantWork)
+    assert asks[0] == WantWork(credit=r.engine.max_batch, version=0)
+    assert sorted(m.trajectory.traj_id for m in ctrl(r).of(Finished)) == [w.traj_id for w in work]
+    assert ctrl(r).of(RolloutState)  # its batch and KV, for the rollout manager
+    assert r.stopping and not r.engine.num_active()
