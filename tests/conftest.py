@@ -1,15 +1,33 @@
-"""Shared test set-up: CPU-only, one torch thread per process (the CI machine has 2 cores)."""
+"""Shared test set-up: CPU-only, one torch thread per process (the CI machine has 2 cores), and
+tests/ on sys.path, so the modules of tests/unit and tests/integration import the shared helpers
+(tests/helpers.py) and stand-ins (megatron_shim, vllm_standin) by name.
+
+tests/unit: in-process and fast (the inner loop: `pytest tests/unit`, under a minute).
+tests/integration: processes, MPI, Slurm, whole campaigns, real sockets and long fuzzing runs."""
 import os
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pytest  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_GSM8K = os.path.join(REPO, "..", "shared", "data", "gsm8k")
+import helpers  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     import torch
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def earlier_run(tmp_path):
+    """A run directory from an earlier run (helpers.earlier_run): config, a complete checkpoint, a log, metrics."""
+    return helpers.earlier_run(tmp_path)
+
+
+@pytest.fixture
+def laminar():
+    """laminar(*args, timeout=, cwd=, env=) -> CompletedProcess: the command line in a subprocess."""
+    return helpers.laminar

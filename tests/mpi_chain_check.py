@@ -1,4 +1,4 @@
-"""Run under mpirun by tests/test_chain.py: checks laminar_hpc.relay.chain end to end.
+"""Run under mpirun by tests/integration/test_chain.py: checks laminar_hpc.relay.chain end to end.
 
     mpirun -n R python tests/mpi_chain_check.py chain --cases 1000:0,1000:1,65536:3000000
     mpirun -n 2 python tests/mpi_chain_check.py timeouts

@@ -9,6 +9,7 @@ of rollout messages it sends a heartbeat probe and keeps at most `--window` prob
 so the probe's round trip is the queueing plus handling delay under full load.
 
     python tools/bench_controller.py configs/bench/longtail-math.yaml --rollouts 32 --duration-s 30 --json ctl.json
+    python tools/bench_controller.py configs/bench/longtail-math.yaml --rounds 3000 --code /path/to/other/checkout
 
 Reports messages handled, controller CPU seconds per 1,000 messages, tokens/s and
 trajectories/s ingested, and the probe round trip (median, p99). The driver itself uses
@@ -132,8 +133,9 @@ def run(args) -> dict:
     (run_dir / "run.json").write_text(json.dumps({"run_id": "benchctl"}))
     env = {**os.environ, "PYTHONPATH": str(Path(args.code).resolve()), "PYTHONUNBUFFERED": "1"}
     log = open(run_dir / "controller.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.controller", "--run-dir", str(run_dir)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    prof = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
+    proc = subprocess.Popen([sys.executable, *prof, "-m", "laminar_hpc.controller", "--run-dir", str(run_dir)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=env["PYTHONPATH"])  # -m puts cwd first
     try:
         address = wait_file(run_dir / "endpoints" / "controller.json", 120, proc)["address"]
         return drive(args, raw, address, proc, run_dir)
@@ -173,8 +175,9 @@ def drive(args, raw: dict, address: str, proc: subprocess.Popen, run_dir: Path) 
     t_end = time.monotonic() + args.warmup_s + args.duration_s
     mark = None
     n_round = 0
-    while time.monotonic() < t_end:
-        if mark is None and time.monotonic() >= t_end - args.duration_s:
+    # --rounds: the same work for every run (CPU per message compares two builds); else a duration
+    while n_round < args.rounds if args.rounds else time.monotonic() < t_end:
+        if mark is None and (n_round >= args.rounds // 5 if args.rounds else time.monotonic() >= t_end - args.duration_s):
             mark = (time.monotonic(), cpu_s(proc.pid), sum(r.sent for r in rollouts) + trainer.sent,
                     sum(r.tokens for r in rollouts), sum(r.finished for r in rollouts))
         n_round += 1
@@ -234,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rollouts", type=int, default=32)
     ap.add_argument("--duration-s", type=float, default=30.0)
     ap.add_argument("--warmup-s", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=0, help="run exactly this many rounds (the first fifth warms up)")
     ap.add_argument("--chunk", type=int, default=32, help="tokens per sequence per stream message")
     ap.add_argument("--median-tokens", type=float, default=1024)
     ap.add_argument("--p99-over-median", type=float, default=10.0)
@@ -242,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window", type=int, default=2, help="heartbeat probes allowed unanswered")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--code", default=str(REPO), help="checkout whose laminar_hpc the controller runs")
+    ap.add_argument("--profile", help="write the controller's cProfile stats here")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     out = run(args)

@@ -1,0 +1,236 @@
+"""Campaigns on a real Slurm cluster (tools/slurm-dev-cluster: slurmctld, 2 slurmd virtual nodes,
+munge, slurmdbd) submitted through submitit: roles as job steps, a cancelled step of each role
+(restarted alone as a new step),
+preemption with checkpoint/requeue/resume, a heterogeneous job, and bad input refused before
+anything is submitted.
+
+The cluster is brought up if it is not (idempotent; .ci/run brings it up and down around the
+suite); the module is skipped, saying why, where that is impossible (not root, no apt-get)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, laminar
+
+TOOL = REPO / "tools" / "slurm-dev-cluster"
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    was_up = subprocess.run([str(TOOL), "status"], capture_output=True).returncode == 0
+    up = subprocess.run([str(TOOL), "up"], capture_output=True, text=True, timeout=600)
+    if up.returncode != 0:
+        if os.geteuid() != 0:
+            pytest.skip("the Slurm test cluster needs root (tools/slurm-dev-cluster up)")
+        pytest.fail(f"tools/slurm-dev-cluster up failed:\n{up.stderr[-3000:]}")
+    conf = up.stdout.strip().split("=", 1)[1]
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf
+    yield conf
+    if old is None:
+        os.environ.pop("SLURM_CONF")
+    else:
+        os.environ["SLURM_CONF"] = old
+    if not was_up:  # leave the machine as we found it
+        subprocess.run([str(TOOL), "down"], capture_output=True, timeout=300)
+
+
+def submit(run_dir: Path, config: str, *overrides: str) -> str:
+    res = laminar("submit", config, "--cluster", "slurm", "--run-dir", str(run_dir), "slurm.partition=debug",
+                  *overrides)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "submitted job" in res.stdout and str(run_dir) in res.stdout
+    return json.loads((run_dir / "job.json").read_text())["job_id"]
+
+
+def sacct(job_id: str) -> list[tuple[str, str, str]]:
+    out = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,JobName,State"], capture_output=True,
+                         text=True, timeout=30).stdout
+    return [tuple(line.split("|")) for line in out.splitlines() if line.count("|") == 2]
+
+
+def job_state(job_id: str) -> str:
+    q = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    if q.stdout.strip():
+        return q.stdout.split()[0]
+    heads = [r for r in sacct(job_id) if r[0] in (job_id, f"{job_id}+0")]
+    return heads[0][2] if heads else "UNKNOWN"
+
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE"}
+
+
+def wait_done(job_id: str, run_dir: Path, timeout_s: float) -> str:
+    """Wait until the job has ended and its summary is written (sacct lags squeue: poll it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = job_state(job_id)
+        if state.split()[0] in TERMINAL and (run_dir / "summary.json").exists():
+            return state
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], timeout=30)
+            logs = "\n".join(p.read_text()[-1500:] for p in (run_dir / "logs").glob("*.log"))
+            pytest.fail(f"job {job_id} still {state} after {timeout_s:.0f}s; logs:\n{logs}")
+        time.sleep(1.0)  # poll Slurm, as every client of it must
+
+
+def wait_step(run_dir: Path, step: int, job_id: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        path = run_dir / "metrics.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        if any(r.get("step", 0) >= step for r in rows if "event" not in r):
+            return
+        assert time.monotonic() < deadline, f"job {job_id} did not reach step {step} ({job_state(job_id)})"
+        time.sleep(0.5)  # poll a file written on another node
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
+
+
+def test_quickstart_runs_as_job_steps_and_learns(tmp_path):
+    run_dir = tmp_path / "qs"
+    job = submit(run_dir, "configs/quickstart-slurm.yaml")
+    assert wait_done(job, run_dir, timeout_s=900) == "COMPLETED"
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["outcome"] == "completed" and s["train_steps"] == 250
+    # the bar itself (>= 0.7, rise >= 0.3) is measured in the issue notes; this guards it with a margin
+    assert s["reward_last"] >= 0.65 and s["reward_last"] - s["reward_first"] >= 0.25, s
+    steps = {name: state for jid, name, state in sacct(job) if "." in jid}
+    for role in ("controller-0", "trainer-0", "relay", "rollout-0", "rollout-1", "rollout-2", "rollout-3"):
+        assert steps.get(role) == "COMPLETED", steps
+    status = laminar("status", str(run_dir))
+    assert status.returncode == 0 and f"job         {job} (slurm): COMPLETED" in status.stdout
+    assert "step 250/250" in status.stdout and "step_000250" in status.stdout
+
+
+@pytest.mark.parametrize("role", ["rollout-0", "trainer-0", "relay", "controller-0"])
+def test_cancelling_one_step_restarts_that_role_alone(tmp_path, role):
+    run_dir = tmp_path / "cancel"
+    # one rollout: the campaign can only finish if a restarted rollout step takes over its work
+    job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=1000",
+                 "supervisor.restart_backoff_s=0.5")
+    wait_step(run_dir, 5, job)
+    before = {n: j for j, n, st in sacct(job) if "." in j and st == "RUNNING"}
+    assert {"controller-0", "trainer-0", "relay", "rollout-0"} <= set(before), before
+    subprocess.run(["scancel", before[role]], check=True, timeout=30)
+    assert wait_done(job, run_dir, timeout_s=300) == "COMPLETED"
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["outcome"] == "completed" and s["train_steps"] == 1000
+    assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
+    assert s["recoveries"] == {role.split("-")[0]: 1}, s["recoveries"]
+    rows = sacct(job)
+    assert (before[role], role, "CANCELLED") in [(j, n, st.split()[0]) for j, n, st in rows]
+    # the role came back as a new step; the other steps ran on, never restarted
+    assert [st for j, n, st in rows if n == role and j != before[role]] == ["COMPLETED"]
+    for other in {"trainer-0", "relay", "controller-0", "rollout-0"} - {role}:
+        assert [(j, st) for j, n, st in rows if n == other] == [(before[other], "COMPLETED")], rows
+
+
+def test_preemption_checkpoints_requeues_and_resumes(tmp_path):
+    import submitit
+    run_dir = tmp_path / "preempt"
+    total = 600
+    job_id = submit(run_dir, "configs/tiny.yaml", f"trainer.total_steps={total}", "checkpoint.every_steps=1000")
+    wait_step(run_dir, 30, job_id)
+    submitit.SlurmJob(folder=run_dir / "submitit" / "%j", job_id=job_id)._interrupt(timeout=False)
+    assert wait_done(job_id, run_dir, timeout_s=400) == "COMPLETED"
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["outcome"] == "completed" and s["train_steps"] == total
+    starts = json.loads((run_dir / "run.json").read_text())["starts"]
+    assert len(starts) == 2, "the job was not requeued"
+    rows = train_rows(run_dir)
+    # steps and versions continue where the checkpoint left them: no restart from zero, no repeat
+    assert [r["step"] for r in rows] == list(range(1, total + 1))
+    assert [r["version"] for r in rows] == list(range(1, total + 1))
+    trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()
+    assert "stopped early at step" in trainer_log and "resumed from" in trainer_log
+
+
+def test_time_limit_checkpoints_and_requeues_until_the_budget_is_spent(tmp_path):
+    run_dir = tmp_path / "walltime"
+    # a 1-minute limit, the USR2 warning 30 s before it, one requeue allowed, far too many steps
+    job_id = submit(run_dir, "configs/tiny.yaml", "slurm.time_min=1", "slurm.signal_delay_s=30",
+                    "slurm.max_requeues=1", "trainer.total_steps=10000000")
+    assert wait_done(job_id, run_dir, timeout_s=300) == "FAILED"  # the campaign did not reach its end
+    assert len(json.loads((run_dir / "run.json").read_text())["starts"]) == 2
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))  # continued, never restarted
+    first, second = (run_dir / "logs" / "trainer-0.log").read_text().split(" INFO started (pid ")[1:3]
+    # Slurm may send the warning up to a minute early, so the first start may not get past the
+    # warm-up; if it trained, the second start resumed exactly where it stopped
+    if "stopped early at step " in first:
+        step = int(first.split("stopped early at step ")[1].split()[0])
+        assert "resumed from" in second and f"(step {step}, version {step}," in second
+    else:
+        assert "stopped" in first and "resumed from" not in second
+    assert "stopped early at step " in second  # the second start was stopped by the signal too
+    assert json.loads((run_dir / "summary.json").read_text())["outcome"] == "interrupted"
+    status = laminar("status", str(run_dir))
+    assert "starts      2" in status.stdout and "checkpoint  " in status.stdout
+
+
+def test_heterogeneous_job_with_trainer_and_rollout_groups(tmp_path):
+    run_dir = tmp_path / "het"
+    job = submit(run_dir, "configs/tiny.yaml", "slurm.hetjob=true")
+    assert wait_done(job, run_dir, timeout_s=300) == "COMPLETED"
+    assert json.loads((run_dir / "summary.json").read_text())["train_steps"] == 12
+    components = {jid for jid, _, _ in sacct(job) if "." not in jid}
+    assert {f"{job}+0", f"{job}+1"} <= components
+    script = next((run_dir / "submitit").rglob("*_submission.sh")).read_text()
+    assert "#SBATCH hetjob" in script
+
+
+@pytest.mark.parametrize("override, message", [
+    ("slurm.layout.rollout_nodes=2", "asks for 3 nodes"),
+    ("slurm.partition=nosuchpart", "slurm.partition 'nosuchpart' does not exist"),
+    ("slurm.partiton=debug", "unknown key 'slurm.partiton'"),
+])
+def test_bad_slurm_input_is_refused_before_submitting(tmp_path, override, message):
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    res = laminar("submit", "configs/tiny.yaml", "--cluster", "slurm", "--run-dir", str(tmp_path / "r"),
+                  "slurm.partition=debug", override, "rollout.count=4")
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr, res.stderr
+    assert not (tmp_path / "r").exists()
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+
+
+def test_submit_never_guesses_the_cluster(tmp_path):
+    res = laminar("submit", "configs/tiny.yaml", "--run-dir", str(tmp_path / "r"))
+    assert res.returncode == 2 and "--cluster" in res.stderr and not (tmp_path / "r").exists()
+
+
+def test_megatron_trainer_runs_one_task_per_rank(tmp_path):
+    """trainer.backend: megatron on Slurm: the trainer step has one task per rank (srun -n 2, DP2
+    on gloo with the CPU shim of tests/megatron_shim.py), the ranks meet through a file named after
+    the job step, and the campaign completes."""
+    pytest.importorskip("megatron.core")
+    from test_megatron import SITE
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE.format(tests=str(REPO / "tests")))
+    run_dir = tmp_path / "run"
+    env = {"LAMINAR_TEST_MEGATRON_SHIM": "1", "PYTHONPATH": str(site)}
+    res = laminar("submit", "configs/tiny.yaml", "--cluster", "slurm", "--run-dir", str(run_dir),
+                  "slurm.partition=debug", "trainer.backend=megatron", "trainer.megatron.dist_backend=gloo",
+                  "trainer.megatron.data_parallel=2", "trainer.megatron.micro_batch_size=2", "trainer.total_steps=4",
+                  env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    job = json.loads((run_dir / "job.json").read_text())["job_id"]
+    assert wait_done(job, run_dir, 300).startswith("COMPLETED")
+    assert [r["step"] for r in train_rows(run_dir)] == [1, 2, 3, 4]
+    rdzv = [p.name for p in (run_dir / "megatron").iterdir()]
+    assert any(n.startswith(f"rendezvous-{job}.") for n in rdzv), rdzv  # srun's ranks, not spawned ones
+    out = subprocess.run(["sacct", "-n", "-P", "-j", job, "-o", "JobName,NTasks"], capture_output=True, text=True,
+                         timeout=30).stdout
+    assert "trainer-0|2" in out.splitlines(), out

@@ -1,0 +1,300 @@
+"""The controller's message handling, in-process: a real `Controller` (data plane, write-ahead log,
+weight sync, rollout manager) behind a fake transport that records what it sends, driven with
+protocol structs through `handle()` and `schedule()` as its loop drives them."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import msgpack
+import pytest
+from helpers import REPO, result
+
+from laminar_hpc.config import load_config
+from laminar_hpc.controller import main
+from laminar_hpc.metrics.status import Utilisation, read_status, write_status
+from laminar_hpc.metrics.trace import Tracer
+from laminar_hpc.transport import protocol
+from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, CheckpointSaved, Finished, Group, Groups,
+                                            Heartbeat, Hello, HelloAck, LogEvent, Message, Migrated,
+                                            MigrateReject, Published, Resume, RoleDown, RolloutState, Stop, StopAll,
+                                            Stream, StreamItem, TrainerDone, TrainStep, Trajectory, UpdateWeights,
+                                            VersionReady, WantGroups, WantWork, WeightsLoaded, WeightsSynced,
+                                            WorkItem)
+
+CONFIG = Path(REPO) / "configs" / "tiny-emulated.yaml"  # 4 rollouts x 8 slots, 4 groups of 4 per step
+
+
+class FakeServer:
+    """The controller's `Server`, in memory. Every message goes through the wire encoding and back,
+    so what is recorded is what a role would receive."""
+
+    def __init__(self, *args, **kwargs):
+        self.address = "tcp://127.0.0.1:0"
+        self.dropped = 0
+        self.sent: list[tuple[str, Message]] = []
+
+    def send(self, ident: str, msg: Message) -> None:
+        self.sent.append((ident, protocol.decode(protocol.encode(msg))))
+
+    def take(self) -> list[tuple[str, Message]]:
+        out, self.sent = self.sent, []
+        return out
+
+    def close(self, linger_ms: int = 0) -> None:
+        pass
+
+
+@pytest.fixture
+def make(tmp_path, monkeypatch):
+    """make(mode) -> a Controller on a fresh run directory, its transport a FakeServer."""
+    monkeypatch.setattr(main, "Server", FakeServer)
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r1"}))
+    built = []
+
+    def build(mode: str = "laminar", *overrides: str) -> main.Controller:
+        cfg = load_config(CONFIG, [f"mode={mode}", *overrides])
+        ctl = main.Controller(tmp_path, cfg, logging.getLogger("test-controller"),
+                              Tracer(tmp_path, "controller-0", enabled=False))
+        built.append(ctl)
+        return ctl
+
+    yield build
+    for ctl in built:
+        ctl.wal.close()
+
+
+def _hello(ctl: main.Controller, ident: str, pid: int = 100) -> None:
+    role, _, rank = ident.rpartition("-")
+    ctl.handle(ident, Hello(role=role, rank=int(rank), pid=pid, protocol=PROTOCOL_VERSION))
+
+
+def _rollouts_ready(ctl: main.Controller, version: int = 0, credit: int | None = None) -> None:
+    """Every rollout said hello and asked for work (a full batch by default) with `version` loaded."""
+    for r in range(ctl.cfg.rollout.count):
+        _hello(ctl, f"rollout-{r}", pid=100 + r)
+        ctl.handle(f"rollout-{r}", WantWork(credit=credit or ctl.cfg.rollout.max_batch, version=version))
+    ctl.server.take()
+
+
+def _result(w: WorkItem, tokens: list[int], version: int = 0, rollout: int = 0) -> Trajectory:
+    return result(w, tokens, version, rollout=rollout, t_start=1.0, reward=1.0, t_end=2.0, finish="eos")
+
+
+# -- joining ---------------------------------------------------------------------------------
+
+def test_hello_registers_the_role_and_answers_with_the_epoch(make):
+    ctl = make()
+    _hello(ctl, "rollout-2", pid=4242)
+    ((to, hb),) = ctl.server.take()
+    assert to == "rollout-2" and isinstance(hb, Heartbeat) and hb.epoch == ctl.epoch and hb.echo is None
+    _hello(ctl, "trainer-0", pid=7)
+    assert [m for _, m in ctl.server.take()][1:] == [HelloAck(run_id="r1", max_version=-1)]
+    st = ctl.status()
+    assert st.roles["rollout-2"].pid == 4242 and st.roles["trainer-0"].pid == 7 and st.dropped_frames == 0
+
+
+def test_a_hello_of_another_protocol_version_is_refused_with_one_line(make, caplog):
+    ctl = make()
+    # a role of the untyped protocol: its hello carries no `protocol`
+    old = protocol.decode(msgpack.packb({"type": "hello", "role": "rollout", "rank": 1, "pid": 9}))
+    with caplog.at_level(logging.ERROR, logger="test-controller"):
+        ctl.handle("rollout-1", old)
+    ((to, stop),) = ctl.server.take()
+    assert to == "rollout-1" and isinstance(stop, Stop)
+    assert "rollout-1 speaks protocol 1" in stop.reason and f"this controller {PROTOCOL_VERSION}" in stop.reason
+    assert "\n" not in stop.reason and [r.getMessage() for r in caplog.records] == [stop.reason]
+    st = ctl.status()
+    assert st.dropped_frames == 1 and "rollout-1" not in st.roles
+
+
+def test_a_heartbeat_is_echoed_and_introduces_a_role_of_a_previous_controller(make):
+    ctl = make()
+    ctl.handle("relay-0", Heartbeat(t=123.5, pid=55))
+    ((to, hb),) = ctl.server.take()
+    assert to == "relay-0" and hb.echo == 123.5 and hb.epoch == ctl.epoch
+    assert ctl.status().roles["relay-0"].pid == 55 and ctl.status().roles["relay-0"].ready_t is not None
+    ctl.handle("relay-0.hb", Heartbeat(t=124.0))  # a role's heartbeat thread: seen, not answered
+    assert ctl.server.take() == []
+
+
+# -- the data plane through messages -----------------------------------------------------------
+
+def test_want_work_is_answered_with_assignments_at_the_next_schedule(make):
+    ctl = make()
+    _rollouts_ready(ctl)
+    ctl.handle("trainer-0", WantWork(credit=8, version=0))  # only a rollout's ask counts
+    ctl.schedule()
+    sent = ctl.server.take()
+    assert sorted(to for to, _ in sent) == [f"rollout-{r}" for r in range(4)]
+    assert all(isinstance(m, Assign) and len(m.work) == 8 for _, m in sent)
+    work = [w for _, m in sent for w in m.work]
+    assert len({w.traj_id for w in work}) == 32 and all(w.tokens is None and w.max_new_tokens == 512 for w in work)
+    st = ctl.status()
+    assert st.running == 32 and st.queued == 0 and st.groups_pending == 8
+    ctl.schedule()
+    assert ctl.server.take() == []  # credit spent
+
+
+def test_streamed_and_finished_trajectories_make_a_group_the_trainer_gets_when_it_asks(make):
+    ctl = make()
+    _rollouts_ready(ctl)
+    ctl.schedule()
+    work = {w.traj_id: w for _, m in ctl.server.take() for w in m.work}
+    group = [work[f"0.{j}"] for j in range(4)]
+    owner = {tid: ctl.dp.partials[tid].rollout for tid in work}
+    for w in group:
+        ctl.handle(f"rollout-{owner[w.traj_id]}",
+                   Stream(items=[StreamItem(traj_id=w.traj_id, tokens=[1, 2], logprobs=[-0.1, -0.2], version=0,
+                                            offset=0)]))
+    assert ctl.status().versions_in_flight == [0]
+    results = [_result(w, [1, 2, 3], rollout=owner[w.traj_id]) for w in reversed(group)]
+    for t in results:
+        ctl.handle(f"rollout-{t.rollout}", Finished(trajectory=t))
+    ctl.handle("rollout-0", Finished(trajectory=results[0]))  # re-sent after a reconnect: counted once
+    ctl.schedule()
+    assert ctl.server.take() == []  # the trainer has not asked
+    ctl.handle("trainer-0", WantGroups(n=2))
+    ctl.schedule()
+    ((to, msg),) = ctl.server.take()
+    assert to == "trainer-0" and msg == Groups(groups=[Group(group_id=0, problem=0, trajectories=results[::-1])])
+    st = ctl.status()
+    assert st.trajectories_finished == 4 and st.tokens_generated == 12 and st.groups_consumed == 1
+    assert ctl.trainer_credit == 1
+
+
+def test_train_step_and_checkpoint_move_groups_through_the_ledger(make):
+    ctl = make()
+    _rollouts_ready(ctl)
+    ctl.schedule()
+    work = [w for _, m in ctl.server.take() for w in m.work if w.group_id == 0]
+    for w in work:
+        ctl.handle(f"rollout-{ctl.dp.partials[w.traj_id].rollout}", Finished(trajectory=_result(w, [4])))
+    ctl.handle("trainer-0", WantGroups(n=1))
+    ctl.schedule()
+    ctl.server.take()
+    ctl.handle("trainer-0", TrainStep(metrics={"step": 1, "loss": 0.25}, groups=[0]))
+    st = ctl.status()
+    assert st.step == 1 and st.phase == "rl" and st.metrics == {"step": 1, "loss": 0.25}
+    assert ctl.dp.ledger.trained_at == {0: 1}
+    ctl.handle("trainer-0", CheckpointSaved(step=1, version=1, path="ckpt", groups=[0]))
+    assert ctl.status().groups_committed == 1 and ctl.dp.ledger.committed == {0}
+    assert sorted(p.name for p in (ctl.run_dir / "wal").iterdir()) == ["seg-000001.log", "snapshot-000001.msgpack"]
+
+
+def test_a_repack_move_goes_to_its_destination_and_a_rejected_one_restarts(make):
+    ctl = make()
+    _rollouts_ready(ctl)
+    ctl.schedule()
+    on0 = [w for to, m in ctl.server.take() if to == "rollout-0" for w in m.work]
+    moved = _result(on0[0], [7, 8], version=0)
+    ctl.handle("rollout-0", Migrated(dest=1, trajectories=[moved]))
+    ((to, msg),) = ctl.server.take()
+    assert to == "rollout-1" and isinstance(msg, Assign)
+    assert [(w.traj_id, w.tokens, w.version) for w in msg.work] == [(moved.traj_id, [7, 8], 0)]
+    ctl.handle("rollout-1", MigrateReject(traj_ids=[moved.traj_id]))
+    assert ctl.dp.queue[0] == moved.traj_id and ctl.status().repack["migrations_restarted"] == 1
+
+
+def test_a_dead_rollout_s_trajectories_continue_where_their_version_is_held(make):
+    ctl = make()
+    _rollouts_ready(ctl, version=3, credit=2)  # room left on every replica (max_batch 8)
+    ctl.schedule()
+    on2 = [w for to, m in ctl.server.take() if to == "rollout-2" for w in m.work]
+    ctl.handle("rollout-2", Stream(items=[StreamItem(traj_id=w.traj_id, tokens=[5], logprobs=[-0.5], version=3)
+                                          for w in on2]))
+    ctl.handle("launcher-0", RoleDown(role="rollout-2", code=-9))
+    sent = ctl.server.take()
+    assert {to for to, _ in sent} <= {"rollout-0", "rollout-1", "rollout-3"}
+    placed = [w for _, m in sent for w in m.work]
+    assert len(on2) == 2 and sorted(w.traj_id for w in placed) == sorted(w.traj_id for w in on2)
+    assert all(w.tokens == [5] and w.version == 3 for w in placed)
+    assert ctl.status().recovery["continued"] == len(on2)
+
+
+def test_rollout_reports_from_another_role_are_ignored(make):
+    ctl = make()
+    state = RolloutState(version=0, waiting=0, running=1, kv_tokens=10, kv_peak=10, traj_ids=["0.0"], busy_s=1.5,
+                         weight_wait_s=0.5)
+    ctl.handle("trainer-0", state)
+    ctl.handle("rollout-3", state)
+    assert set(ctl.rm.replicas) == {3}
+    assert ctl.status().rollout_util == {3: Utilisation(busy_s=1.5, weight_wait_s=0.5)}
+    ctl.handle("rollout-0", Assign(work=[]))  # a message for the rollouts, not the controller: ignored
+    assert ctl.server.take() == []
+
+
+# -- weight sync -------------------------------------------------------------------------------
+
+def test_partial_rollout_publish_starts_a_global_update_of_every_rollout(make):
+    ctl = make("partial-rollout")
+    for r in range(4):
+        _hello(ctl, f"rollout-{r}")
+    ctl.server.take()
+    ctl.handle("trainer-0", Published(version=0, stall_s=0.0))  # the first version of this start
+    assert ctl.server.take() == []
+    ctl.handle("trainer-0", Published(version=1, stall_s=0.01))
+    assert ctl.server.take() == [(f"rollout-{r}", UpdateWeights(version=1)) for r in range(4)]
+    assert ctl.dp.meta == {"max_version": 1, "version_base": 0, "published": 2}
+    for r in range(3):
+        ctl.handle(f"rollout-{r}", WeightsLoaded(version=1, pull_s=0.1))
+    ctl.schedule()
+    assert ctl.server.take() == []  # rollout-3 still loads (and nobody asked for work)
+    ctl.handle("rollout-3", WeightsLoaded(version=1, pull_s=0.1))
+    ctl.schedule()
+    assert ctl.server.take() == ([(f"rollout-{r}", Resume(version=1)) for r in range(4)]
+                                 + [("trainer-0", WeightsSynced(version=1))])
+
+
+def test_sync_mode_tells_every_rollout_to_load_the_next_version_after_a_batch(make):
+    ctl = make("sync")
+    _rollouts_ready(ctl)
+    ctl.handle("trainer-0", Published(version=0, stall_s=0.0))
+    ctl.schedule()  # the batch of version 0: 4 groups
+    assert sum(len(m.work) for _, m in ctl.server.take()) == 16
+    for tid, p in list(ctl.dp.partials.items()):
+        ctl.handle(f"rollout-{p.rollout}", Finished(trajectory=_result(p.work(), [1], rollout=p.rollout)))
+    ctl.handle("trainer-0", Published(version=1, stall_s=0.0))
+    ctl.schedule()
+    assert ctl.server.take() == [(f"rollout-{r}", UpdateWeights(version=1)) for r in range(4)]
+
+
+# -- stopping and status -----------------------------------------------------------------------
+
+def test_trainer_done_stops_and_every_role_is_told(make):
+    ctl = make()
+    _hello(ctl, "rollout-0")
+    _hello(ctl, "trainer-0")
+    ctl.handle("launcher-0", StopAll(reason="asked"))
+    assert ctl.stop_reason == "asked"
+    ctl.handle("trainer-0", TrainerDone(steps=6))
+    assert ctl.stop_reason == "trainer finished 6 steps"
+    ctl.server.take()
+    ctl.broadcast_stop(ctl.stop_reason)
+    assert ctl.server.take() == [(i, Stop(reason="trainer finished 6 steps")) for i in ("rollout-0", "trainer-0")]
+
+
+def test_status_and_final_stats_round_trip_through_their_files(make, tmp_path):
+    ctl = make()
+    _rollouts_ready(ctl)
+    ctl.schedule()
+    for _, m in ctl.server.take():
+        for w in m.work:
+            ctl.handle(f"rollout-{ctl.dp.partials[w.traj_id].rollout}", Finished(trajectory=_result(w, [1, 2])))
+    ctl.handle("trainer-0", TrainStep(metrics={"step": 1, "loss": 0.5}, groups=[0], stale=[1]))
+    ctl.handle("relay-0", VersionReady(rank=0, version=2, nbytes=10, bcast_s=0.1))
+    ctl.handle("relay-0", LogEvent(event="relay", fields={"dropped_frames": 3}))
+    ctl.handle("rollout-0", RolloutState(version=0, waiting=0, running=0, kv_tokens=0, kv_peak=64, traj_ids=[],
+                                         busy_s=2.0, weight_wait_s=0.0))
+    st = ctl.status()
+    assert st.relay_versions == {0: 2} and st.relay_dropped_frames == 3 and st.metrics["relay.dropped_frames"] == 3
+    assert st.groups_dropped == 1 and st.trajectories_finished == 32
+    write_status(tmp_path / "status.json", st)
+    assert read_status(tmp_path / "status.json") == st
+    ctl.stop_reason = "done"
+    final = ctl.final_stats()
+    assert final.stop_reason == "done" and final.metrics == {}
+    assert final.ledger["groups_admitted"] == 8 and final.ledger["groups_dropped"] == {"staleness": 1}
+    write_status(tmp_path / "controller_stats.json", final)
+    assert read_status(tmp_path / "controller_stats.json") == final
