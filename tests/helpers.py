@@ -381,3 +381,13 @@ def role_context(role: str, rank: int, run_dir: Path, config: str = "configs/tin
     tracer = Tracer(run_dir, name, enabled=True)  # on: an event outside the trace catalogue fails the test
     return RoleContext(role, rank, cfg, Path(run_dir), f"test{os.getpid()}", FakeChannel(), tracer,
                        logging.getLogger(name))
+
+
+def sentinel_run(tmp_path):
+    """A run directory holding one file with a known mtime: a refused command must leave both as they are."""
+    run = tmp_path / "run"
+    run.mkdir()
+    sentinel = run / "metrics.jsonl"
+    sentinel.write_text('{"step": 1}\n')
+    os.utime(sentinel, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    return run, sentinel

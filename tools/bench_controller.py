@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,21 +53,35 @@ def wait_file(path: Path, timeout_s: float, proc: subprocess.Popen) -> dict:
     raise SystemExit(f"waited {timeout_s:.0f}s for {path}")
 
 
-class Rollout:
-    """One simulated replica: `slots` sequences, `chunk` tokens per sequence per round."""
+class Peer:
+    """A DEALER socket with the identity of a role, counting what it sends."""
 
-    def __init__(self, ctx: zmq.Context, address: str, rank: int, slots: int, rng: np.random.Generator, args):
-        self.rank, self.slots, self.rng, self.args = rank, slots, rng, args
+    def __init__(self, ctx: zmq.Context, address: str, identity: str):
         self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, f"rollout-{rank}".encode())
+        self.sock.setsockopt(zmq.IDENTITY, identity.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
-        self.running: dict[str, dict] = {}  # traj_id -> work + tokens + target length
-        self.credit, self.version, self.sent, self.tokens, self.finished = slots, 0, 0, 0, 0
+        self.sent = 0
 
     def send(self, msg: dict) -> None:
         self.sock.send(msgpack.packb(msg, use_bin_type=True))
         self.sent += 1
+
+    def inbox(self) -> list[dict]:
+        out = []
+        while self.sock.poll(0):
+            out.append(msgpack.unpackb(self.sock.recv(), raw=False))
+        return out
+
+
+class Rollout(Peer):
+    """One simulated replica: `slots` sequences, `chunk` tokens per sequence per round."""
+
+    def __init__(self, ctx: zmq.Context, address: str, rank: int, slots: int, rng: np.random.Generator, args):
+        super().__init__(ctx, address, f"rollout-{rank}")
+        self.rank, self.slots, self.rng, self.args = rank, slots, rng, args
+        self.running: dict[str, dict] = {}  # traj_id -> work + tokens + target length
+        self.credit, self.version, self.tokens, self.finished = slots, 0, 0, 0
 
     def target(self) -> int:
         a = self.args  # log-normal: sigma from the p99/median ratio (z_0.99 = 2.326)
@@ -133,12 +148,15 @@ def run(args) -> dict:
     (run_dir / "run.json").write_text(json.dumps({"run_id": "benchctl"}))
     env = {**os.environ, "PYTHONPATH": str(Path(args.code).resolve()), "PYTHONUNBUFFERED": "1"}
     log = open(run_dir / "controller.log", "w")
+    ok = False
     prof = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
     proc = subprocess.Popen([sys.executable, *prof, "-m", "laminar_hpc.controller", "--run-dir", str(run_dir)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=env["PYTHONPATH"])  # -m puts cwd first
     try:
         address = wait_file(run_dir / "endpoints" / "controller.json", 120, proc)["address"]
-        return drive(args, raw, address, proc, run_dir)
+        out = drive(args, raw, address, proc, run_dir)
+        ok = True
+        return out
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -148,6 +166,18 @@ def run(args) -> dict:
                 proc.kill()
                 proc.wait()
         log.close()
+        if ok:  # a failed run keeps its directory (controller.log, wal/) to look at
+            shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            print(f"bench_controller: run directory kept: {run_dir}", file=sys.stderr)
+
+
+def answered(probe: zmq.Socket, outstanding: list[float]) -> float:
+    """Wait for the oldest probe's answer; its round trip in seconds."""
+    if not probe.poll(60_000):
+        raise SystemExit("waited 60 s for the controller to answer a heartbeat probe")
+    probe.recv()
+    return time.monotonic() - outstanding.pop(0)
 
 
 def drive(args, raw: dict, address: str, proc: subprocess.Popen, run_dir: Path) -> dict:
@@ -155,14 +185,8 @@ def drive(args, raw: dict, address: str, proc: subprocess.Popen, run_dir: Path) 
     rng = np.random.default_rng(args.seed)
     slots = raw.get("rollout", {}).get("max_batch", 32)
     rollouts = [Rollout(ctx, address, r, slots, rng, args) for r in range(args.rollouts)]
-    trainer = Rollout(ctx, address, 0, 0, rng, args)
-    trainer.sock.close()
-    trainer.sock = ctx.socket(zmq.DEALER)
-    trainer.sock.setsockopt(zmq.IDENTITY, b"trainer-0")
-    trainer.sock.connect(address)
-    probe = ctx.socket(zmq.DEALER)
-    probe.setsockopt(zmq.IDENTITY, b"launcher-probe")
-    probe.connect(address)
+    trainer = Peer(ctx, address, "trainer-0")
+    probe = Peer(ctx, address, "launcher-probe").sock
     per_step = raw.get("trainer", {}).get("groups_per_step", 8)
     for r in rollouts:
         r.send({"type": "hello", "role": "rollout", "rank": r.rank, "pid": os.getpid(), "protocol": PROTOCOL})
@@ -182,11 +206,10 @@ def drive(args, raw: dict, address: str, proc: subprocess.Popen, run_dir: Path) 
                     sum(r.tokens for r in rollouts), sum(r.finished for r in rollouts))
         n_round += 1
         for r in rollouts:
-            while r.sock.poll(0):
-                r.take(msgpack.unpackb(r.sock.recv(), raw=False))
+            for msg in r.inbox():
+                r.take(msg)
             r.round(n_round)
-        while trainer.sock.poll(0):
-            msg = msgpack.unpackb(trainer.sock.recv(), raw=False)
+        for msg in trainer.inbox():
             if msg.get("type") == "groups":
                 held += [g["group_id"] for g in msg["groups"]]
         while len(held) >= per_step:  # a train step: consume, publish, ask again
@@ -200,17 +223,11 @@ def drive(args, raw: dict, address: str, proc: subprocess.Popen, run_dir: Path) 
         probe.send(msgpack.packb({"type": "heartbeat", "t": time.time()}, use_bin_type=True))
         outstanding.append(time.monotonic())
         while len(outstanding) > args.window or (outstanding and probe.poll(0)):
-            if not probe.poll(60_000):
-                raise SystemExit("waited 60 s for the controller to answer a heartbeat probe")
-            probe.recv()
-            rtts.append(time.monotonic() - outstanding.pop(0))
+            rtts.append(answered(probe, outstanding))
         if proc.poll() is not None:
             raise SystemExit(f"controller exited with {proc.returncode}: see {run_dir / 'controller.log'}")
     while outstanding:  # everything sent has been handled once the last probe is answered
-        if not probe.poll(60_000):
-            raise SystemExit("waited 60 s for the controller to answer a heartbeat probe")
-        probe.recv()
-        rtts.append(time.monotonic() - outstanding.pop(0))
+        rtts.append(answered(probe, outstanding))
     t1, c1 = time.monotonic(), cpu_s(proc.pid)
     msgs = sum(r.sent for r in rollouts) + trainer.sent - mark[2]
     wall = t1 - mark[0]

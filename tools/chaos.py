@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from laminar_hpc.metrics.status import Status, read_status  # noqa: E402
+from laminar_hpc.policy.supervision import spec_of  # noqa: E402
 
 KINDS = ("rollout", "relay", "trainer", "controller")
 LEDGER_KEYS = ("groups_admitted", "groups_consumed", "groups_dropped", "groups_pending", "groups_lost",
@@ -61,10 +62,6 @@ def pick_victim(kind: str, status: Status, rng: random.Random) -> tuple[str, int
     live = [(name, e.pid) for name, e in sorted(status.roles.items())
             if name.startswith(kind + "-") and not e.down and e.ready_t]
     return rng.choice(live) if live else None
-
-
-def spec_of(ident: str) -> str:
-    return "relay" if ident.startswith("relay-") else ident
 
 
 def wait_recovered(run_dir: Path, ident: str, t_kill: float, timeout_s: float, proc) -> dict | None:

@@ -78,9 +78,6 @@ class RoleContext:
         role then ends as it does on a signal."""
         self.log.info("the controller asked this role to stop: %s", msg.reason)
 
-    def shm_path(self, kind: str, rank: int | None = None) -> Path:
-        """Node-local shared-memory file of this run: 'handoff', or ('relay', rank)."""
-        return self.rundir.shm_path(kind, rank)
 
 
 def node_name() -> str:

@@ -1,6 +1,6 @@
 """What a rollout finds on its node: its relay's weight store, and the engine its config names.
 
-    weights = NodeWeights(ctx.shm_path("relay", find_local_relay(ctx)))
+    weights = NodeWeights(ctx.rundir.shm_path("relay", find_local_relay(ctx)))
     engine, layout = build_engine(cfg, rank, tok)
     if weights.newest() > engine.version:
         weights.pull(engine, layout, verify=False)

@@ -25,7 +25,7 @@ from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
 class Publisher:
     def __init__(self, ctx: RoleContext, weights, layout: WeightLayout):
         self.ctx, self.weights, self.layout = ctx, weights, layout
-        self.store = WeightStore.create(ctx.shm_path("handoff"), slots=3, capacity=layout.nbytes)
+        self.store = WeightStore.create(ctx.rundir.shm_path("handoff"), slots=3, capacity=layout.nbytes)
         addr = wait_endpoint(ctx.run_dir, "relay_master", ctx.cfg.timeouts.startup_s)
         self.relay = Client(addr, "trainer-0")
         self.digest = digest_to_int(layout.digest)

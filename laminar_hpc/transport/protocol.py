@@ -244,11 +244,6 @@ class Publish(Message, tag="publish"):
     t: float
 
 
-class Released(Message, tag="released"):
-    slot: int
-    version: int
-
-
 # -- launcher / campaign driver -> controller; controller -> any role --------------------------
 class RoleDown(Message, tag="role_down"):
     role: str
