@@ -6,7 +6,7 @@
       job.json               the submitted job (`laminar submit`)
       endpoints/<name>.json  addresses roles publish for each other (controller, relays)
       logs/<role>.log        one log per process
-      trace/<role>.<pid>.h5  event trace per process (HDF5, SWMR: readable while live)
+      trace/<role>.<pid>.<start>.h5  event trace per process (HDF5, SWMR: readable while live)
       metrics.jsonl          one line per train step
       status.json            live status (controller, refreshed every second)
       controller_stats.json  the controller's counters at its end
@@ -19,15 +19,17 @@
       submitit/              the submitted job's files (`laminar submit`)
       .lock                  held by the live campaign (launch/prepare.py)
       summary.json           written at the end of each start
-    <shm_dir>/laminar-<run id>-<what>   node-local shared memory (hand-off store, relay stores)
+    <shm_dir>/laminar-<run id>/<what>   node-local shared memory (hand-off store, relay stores), in a
+                                        directory of this start that only its user can enter (mode 0700)
 
 `RunDir` is the only place that spells these names. It builds paths; the only file it touches
-is run.json (the run id, `record_start`), so any process may build one. This module is a leaf: it
+is run.json (the run id, `record_start`), so any process may build one (transport/shm_dir.py makes,
+checks and removes the private shared-memory directory). This module is a leaf: it
 imports nothing from laminar_hpc, so every layer may use it, and it imports no torch.
 
     rd = RunDir("runs/qs", shm_dir=cfg.relay.shm_dir)
     rd.endpoint("controller")     # runs/qs/endpoints/controller.json
-    rd.shm_path("relay", 0)       # /dev/shm/laminar-<run id>-relay0
+    rd.shm_path("relay", 0)       # /dev/shm/laminar-<run id>/relay0
     rd.checkpoints()              # complete checkpoint folders, oldest first
 """
 from __future__ import annotations
@@ -193,13 +195,15 @@ class RunDir:
     def log(self, name: str) -> Path:
         return self.logs_dir / f"{name}.log"
 
-    def trace_file(self, name: str, pid: int) -> Path:
-        return self.trace_dir / f"{name}.{pid}.h5"
+    def trace_file(self, name: str, pid: int, tag: str = "") -> Path:
+        """`<name>.<pid>.<tag>.h5`; the tag (the Tracer's: start time and a random part) keeps a
+        reused pid from naming an earlier file. Without one, the `<name>.<pid>.h5` of older runs."""
+        return self.trace_dir / (f"{name}.{pid}.{tag}.h5" if tag else f"{name}.{pid}.h5")
 
     def trace_files(self, role: str | None = None) -> list[Path]:
-        """Trace files, sorted: every incarnation's HDF5 file, and the JSON lines of runs made
-        before the HDF5 format; with `role` (e.g. 'rollout-1') only that role's."""
-        h5, jsonl = ("*.h5", "*.jsonl") if role is None else (f"{role}.*h5", f"{role}.jsonl")
+        """Trace files, sorted: every incarnation's HDF5 file (old and new names), and the JSON
+        lines of runs made before the HDF5 format; with `role` (e.g. 'rollout-1') only that role's."""
+        h5, jsonl = ("*.h5", "*.jsonl") if role is None else (f"{role}.*.h5", f"{role}.jsonl")
         return sorted([*self.trace_dir.glob(h5), *self.trace_dir.glob(jsonl)])
 
     def checkpoint(self, step: int) -> Path:
@@ -228,18 +232,16 @@ class RunDir:
         atomic_write_json(self.run_info, info)
         self._run_id = run_id
 
-    # node-local shared memory
+    # node-local shared memory (transport/shm_dir.py makes, checks and removes the directory)
     def shm_path(self, kind: str, rank: int | None = None) -> Path:
-        """Shared-memory file of this start of the run: 'handoff', or ('relay', rank)."""
-        return self._shm() / f"{self.shm_prefix}{kind}{'' if rank is None else rank}"
-
-    def shm_files(self) -> str:
-        """Glob pattern of every shared-memory file of this start (for the cleanup of a node)."""
-        return os.path.join(self._shm(), f"{self.shm_prefix}*")
+        """Shared-memory file of this start of the run: 'handoff', or ('relay', rank), in `shm_run_dir`."""
+        return self.shm_run_dir / f"{kind}{'' if rank is None else rank}"
 
     @property
-    def shm_prefix(self) -> str:
-        return f"laminar-{self.run_id}-"
+    def shm_run_dir(self) -> Path:
+        """This start's private shared-memory directory on each node: made (mode 0700) by the node's
+        first writer (`WeightStore.create`), removed whole by the launchers' cleanup."""
+        return self._shm() / f"laminar-{self.run_id}"
 
     def _shm(self) -> Path:
         if self.shm_dir is None:

@@ -31,3 +31,17 @@ def earlier_run(tmp_path):
 def laminar():
     """laminar(*args, timeout=, cwd=, env=) -> CompletedProcess: the command line in a subprocess."""
     return helpers.laminar
+
+
+@pytest.fixture
+def closing():
+    """closing(obj) -> obj: servers and clients a test makes, closed at the end even when it fails."""
+    made = []
+
+    def keep(obj):
+        made.append(obj)
+        return obj
+
+    yield keep
+    for obj in reversed(made):
+        obj.close()

@@ -341,6 +341,7 @@ class FakeChannel:
     was sent so far) whenever it is empty."""
 
     address = "tcp://127.0.0.1:9"  # for a heartbeat thread's own socket (tests keep it asleep)
+    keys = None  # the heartbeat thread's socket reuses its channel's keys: none here
 
     def __init__(self, script: Callable[["FakeChannel"], list[Message]] | None = None):
         self.sent: list[Message] = []
@@ -376,7 +377,8 @@ def role_context(role: str, rank: int, run_dir: Path, config: str = "configs/tin
     """The context `start_role` would give, with a FakeChannel as `ctrl`; shared memory under
     `run_dir`, no sleeping in emulated engines, heartbeat threads that never wake in a test."""
     cfg = load_config(REPO / config, [f"relay.shm_dir={run_dir}", "emulation.time_scale=0",
-                                      "supervisor.heartbeat_interval_s=3600", *overrides])
+                                      "supervisor.heartbeat_interval_s=3600", "timeouts.heartbeat_s=7200",
+                                      *overrides])
     name = f"{role}-{rank}"
     tracer = Tracer(run_dir, name, enabled=True)  # on: an event outside the trace catalogue fails the test
     return RoleContext(role, rank, cfg, Path(run_dir), f"test{os.getpid()}", FakeChannel(), tracer,
@@ -391,3 +393,36 @@ def sentinel_run(tmp_path):
     sentinel.write_text('{"step": 1}\n')
     os.utime(sentinel, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
     return run, sentinel
+
+
+class FakeServer:
+    """The controller's `Server`, in memory: each frame it sends is encoded and decoded with the
+    frame limit, as the receiving role's `Client` does, so what is recorded is what a role would
+    receive, and a frame a role would drop fails the test."""
+
+    def __init__(self, host="127.0.0.1", max_frame_bytes=protocol.MAX_FRAME_BYTES, **kwargs):
+        self.address, self.dropped, self.max_frame_bytes = "tcp://127.0.0.1:0", 0, max_frame_bytes
+        self.sent: list[tuple[str, Message]] = []
+
+    def send(self, ident: str, msg: Message) -> None:
+        self.sent.append((ident, decode(encode(msg), self.max_frame_bytes)))
+
+    def take(self) -> list[tuple[str, Message]]:
+        out, self.sent = self.sent, []
+        return out
+
+    def close(self, linger_ms: int = 0) -> None:
+        pass
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains `text` (a test's run directory is unique to it)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids

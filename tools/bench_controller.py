@@ -11,6 +11,11 @@ so the probe's round trip is the queueing plus handling delay under full load.
     python tools/bench_controller.py configs/bench/longtail-math.yaml --rollouts 32 --duration-s 30 --json ctl.json
     python tools/bench_controller.py configs/bench/longtail-math.yaml --rounds 3000 --code /path/to/other/checkout
 
+The peers authenticate as a run's roles do (CURVE, one key per role kind: rollouts, the
+trainer, and the probe as the launcher). `--auth none` runs both sides unkeyed (the
+`controller.auth: none` opt-out): for a checkout from before per-kind keys, or to see what
+authentication costs.
+
 Reports messages handled, controller CPU seconds per 1,000 messages, tokens/s and
 trajectories/s ingested, and the probe round trip (median, p99). The driver itself uses
 one core, the controller another: on 2 cores the figures are the controller's, not the driver's.
@@ -31,6 +36,8 @@ import msgpack
 import numpy as np
 import yaml
 import zmq
+
+from laminar_hpc.transport.security import ClientKeys, client_keys, ensure_keys
 
 REPO = Path(__file__).resolve().parents[1]
 PROTOCOL = 2  # sent in hello; frames of older controllers ignore the extra field
@@ -56,10 +63,14 @@ def wait_file(path: Path, timeout_s: float, proc: subprocess.Popen) -> dict:
 class Peer:
     """A DEALER socket with the identity of a role, counting what it sends."""
 
-    def __init__(self, ctx: zmq.Context, address: str, identity: str):
+    def __init__(self, ctx: zmq.Context, address: str, identity: str, keys: ClientKeys | None):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, identity.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
+        if keys is not None:
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
         self.sock.connect(address)
         self.sent = 0
 
@@ -77,8 +88,9 @@ class Peer:
 class Rollout(Peer):
     """One simulated replica: `slots` sequences, `chunk` tokens per sequence per round."""
 
-    def __init__(self, ctx: zmq.Context, address: str, rank: int, slots: int, rng: np.random.Generator, args):
-        super().__init__(ctx, address, f"rollout-{rank}")
+    def __init__(self, ctx: zmq.Context, address: str, rank: int, slots: int, rng: np.random.Generator, args,
+                 keys: ClientKeys | None):
+        super().__init__(ctx, address, f"rollout-{rank}", keys)
         self.rank, self.slots, self.rng, self.args = rank, slots, rng, args
         self.running: dict[str, dict] = {}  # traj_id -> work + tokens + target length
         self.credit, self.version, self.tokens, self.finished = slots, 0, 0, 0
@@ -143,7 +155,9 @@ def run(args) -> dict:
     raw = yaml.safe_load(Path(args.config).read_text())
     raw.setdefault("rollout", {})["count"] = args.rollouts
     raw.setdefault("controller", {})["status_interval_s"] = 1.0
+    raw["controller"]["auth"] = args.auth
     run_dir = Path(tempfile.mkdtemp(prefix="bench-ctl-"))
+    ensure_keys(run_dir)  # as the launcher does
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
     (run_dir / "run.json").write_text(json.dumps({"run_id": "benchctl"}))
     env = {**os.environ, "PYTHONPATH": str(Path(args.code).resolve()), "PYTHONUNBUFFERED": "1"}
@@ -184,9 +198,11 @@ def drive(args, raw: dict, address: str, proc: subprocess.Popen, run_dir: Path) 
     ctx = zmq.Context.instance()
     rng = np.random.default_rng(args.seed)
     slots = raw.get("rollout", {}).get("max_batch", 32)
-    rollouts = [Rollout(ctx, address, r, slots, rng, args) for r in range(args.rollouts)]
-    trainer = Peer(ctx, address, "trainer-0")
-    probe = Peer(ctx, address, "launcher-probe").sock
+    keys = {kind: client_keys(run_dir, kind) if args.auth != "none" else None
+            for kind in ("rollout", "trainer", "launcher")}
+    rollouts = [Rollout(ctx, address, r, slots, rng, args, keys["rollout"]) for r in range(args.rollouts)]
+    trainer = Peer(ctx, address, "trainer-0", keys["trainer"])
+    probe = Peer(ctx, address, "launcher-1", keys["launcher"]).sock  # a launcher's key may send heartbeats
     per_step = raw.get("trainer", {}).get("groups_per_step", 8)
     for r in rollouts:
         r.send({"type": "hello", "role": "rollout", "rank": r.rank, "pid": os.getpid(), "protocol": PROTOCOL})
@@ -262,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--state-every", type=int, default=20, help="rounds between replica state reports")
     ap.add_argument("--window", type=int, default=2, help="heartbeat probes allowed unanswered")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--auth", choices=("auto", "none"), default="auto",
+                    help="controller.auth: auto authenticates every peer (CURVE); none runs unkeyed")
     ap.add_argument("--code", default=str(REPO), help="checkout whose laminar_hpc the controller runs")
     ap.add_argument("--profile", help="write the controller's cProfile stats here")
     ap.add_argument("--json")

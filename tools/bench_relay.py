@@ -92,7 +92,7 @@ class PullEngine:
         return layout.unpack(buf, self.model, checksum=checksum)  # as TorchEngine
 
 
-def bench_stall_and_pull(model_bytes: int, repeats: int, shm_prefix: str) -> tuple[dict, dict]:
+def bench_stall_and_pull(model_bytes: int, repeats: int, shm_dir: str) -> tuple[dict, dict]:
     import torch
 
     from laminar_hpc.config.schema import RelayCfg, RolloutCfg, TrainerCfg
@@ -100,6 +100,7 @@ def bench_stall_and_pull(model_bytes: int, repeats: int, shm_prefix: str) -> tup
     from laminar_hpc.rollout.main import NodeWeights
     from laminar_hpc.transport.channel import Client, Server
     from laminar_hpc.transport.protocol import Publish
+    from laminar_hpc.transport.security import client_keys, ensure_keys, server_keys
     from laminar_hpc.transport.weight_store import WeightStore, checksum, digest_to_int
 
     torch.set_num_threads(TrainerCfg().torch_threads)
@@ -111,9 +112,12 @@ def bench_stall_and_pull(model_bytes: int, repeats: int, shm_prefix: str) -> tup
     dst = np.zeros(n, dtype=np.uint8)  # preallocated and touched, like a reused store
 
     # -- actor stall: Publisher.publish line for line, on a real store and a real socket
-    store = WeightStore.create(f"{shm_prefix}-handoff", slots=3, capacity=n)
-    server = Server("127.0.0.1")
-    client = Client(server.address, "trainer-0")
+    store = WeightStore.create(os.path.join(shm_dir, "handoff"), slots=3, capacity=n)  # makes shm_dir (0700)
+    # keyed like a run's hand-off (CURVE, the trainer's key): the stall includes the encryption
+    with tempfile.TemporaryDirectory(prefix="bench_relay-keys-") as keydir:
+        ensure_keys(keydir)
+        server = Server("127.0.0.1", keys=server_keys(keydir, "relay"))
+        client = Client(server.address, "trainer-0", keys=client_keys(keydir, "trainer", server="relay"))
     version = [0]
 
     def publish():
@@ -156,7 +160,7 @@ def bench_stall_and_pull(model_bytes: int, repeats: int, shm_prefix: str) -> tup
 
     # -- pull: a relay store with checksummed versions, read by NodeWeights as a rollout does
     torch.set_num_threads(RolloutCfg().torch_threads)
-    relay = WeightStore.create(f"{shm_prefix}-relay0", slots=RelayCfg().slots, capacity=n)
+    relay = WeightStore.create(os.path.join(shm_dir, "relay0"), slots=RelayCfg().slots, capacity=n)
     weights = NodeWeights(relay.path)
     engine = PullEngine(make_model(model_bytes))
     try:
@@ -358,8 +362,12 @@ def main() -> int:
     sizes = [64, 256] if args.quick else [64, 256, 1024]
     relay_counts = [1, 2, 4] if args.quick else [1, 2, 4, 8]
     chunk_bytes = int(RelayCfg().chunk_mb * MiB)
-    shm_prefix = f"/dev/shm/laminar-bench-{os.getpid()}"
-    stall, pull = bench_stall_and_pull(model_mb * MiB, args.repeats or (5 if args.quick else 9), shm_prefix)
+    from laminar_hpc.transport.shm_dir import remove_private_dir
+    shm_dir = f"/dev/shm/laminar-bench-{os.getpid()}"  # private, as a run's (RunDir.shm_run_dir)
+    try:
+        stall, pull = bench_stall_and_pull(model_mb * MiB, args.repeats or (5 if args.quick else 9), shm_dir)
+    finally:
+        remove_private_dir(shm_dir)
     points = []
     for mb in sizes:
         bcast_repeats = args.repeats or (2 if args.quick else 5 if mb <= 256 else 3)

@@ -3,14 +3,21 @@ nothing was lost or trained twice and report how long each recovery took.
 
     .venv/bin/python tools/chaos.py configs/quickstart.yaml --kills 20 --seed 0 --json chaos.json
     .venv/bin/python tools/chaos.py configs/tiny.yaml --kills 4 --seed 1 --json /tmp/c.json trainer.total_steps=40
+    # on a Slurm cluster (roles as job steps), one of the kills a whole node's roles at once:
+    .venv/bin/python tools/chaos.py configs/quickstart-slurm.yaml --cluster slurm --node-kills 1 \
+        --kills 20 --json chaos-slurm.json trainer.total_steps=400
 
-The campaign is a real `laminar run` (every role its own process). Once it trains, the tool
+The campaign is a real `laminar run` (every role its own process), or with `--cluster slurm` a
+real `laminar submit --cluster slurm` (every role its own job step). Once it trains, the tool
 kills one role at a time: the kinds in a seeded order that covers rollout, relay, trainer and
 controller as evenly as the count allows, each at a seeded random moment after the previous
 role has recovered. The victim's pid comes from the controller's role table (status.json); a
-relay kill hits one rank of the MPI job. Recovery = kill -> the new process doing its job
-again (the supervisor's recoveries.json). The campaign runs with checkpoints every
-`--checkpoint-every` steps and enough restarts allowed for the schedule.
+relay kill hits one rank of the MPI job. A `node` kill (`--node-kills`, counted in `--kills`)
+SIGKILLs at once every role process on one node other than the controller's (the node of each
+process from its `role_start` trace event), as a node that lost its processes would. Recovery
+= kill -> the new process doing its job again (the supervisor's recoveries.json). The campaign
+runs with checkpoints every `--checkpoint-every` steps and enough restarts allowed for the
+schedule. Every kill is by pid; the tool stops only the campaign it started.
 
 JSON: the ledger counts of summary.json, `kills` per role, `recovery_s` per role (one per kill),
 `recovery_s_max` per role, the kill log, and `ok` (campaign completed, ledger clean, every
@@ -22,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from laminar_hpc.metrics.status import Status, read_status  # noqa: E402
+from laminar_hpc.metrics.trace import read_run  # noqa: E402
 from laminar_hpc.policy.supervision import spec_of  # noqa: E402
 
 KINDS = ("rollout", "relay", "trainer", "controller")
@@ -46,12 +55,35 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def schedule(kills: int, seed: int) -> list[str]:
-    """Role kinds to kill, in order: every kind in turn (as evenly as `kills` allows), shuffled."""
+def schedule(kills: int, seed: int, node_kills: int = 0) -> list[str]:
+    """Role kinds to kill, in order: every kind in turn (as evenly as `kills` allows), shuffled;
+    `node_kills` of them are whole nodes."""
     rng = random.Random(seed)
-    order = [KINDS[i % len(KINDS)] for i in range(kills)]
+    order = ["node"] * node_kills + [KINDS[i % len(KINDS)] for i in range(kills - node_kills)]
     rng.shuffle(order)
     return order
+
+
+def nodes_of(run_dir: Path) -> dict[tuple[str, int], str]:
+    """(role identity, pid) -> the node it runs on, from every process's `role_start` event."""
+    out = {}
+    for e in read_run(run_dir).of("role_start"):
+        if e.get("pid") and e.get("node"):
+            out[(e["role"], int(e["pid"]))] = e["node"]
+    return out
+
+
+def pick_node_victims(status: Status, run_dir: Path, rng: random.Random) -> list[tuple[str, int]]:
+    """Every live role process on one node other than the controller's (which holds the
+    campaign's driver: losing it is a job failure, not a recovery)."""
+    where = nodes_of(run_dir)
+    ctrl_node = next((n for (r, pid), n in where.items() if r == "controller-0" and pid == status.controller.pid), None)
+    by_node: dict[str, list[tuple[str, int]]] = {}
+    for name, e in sorted(status.roles.items()):
+        node = where.get((name, e.pid))
+        if node and node != ctrl_node and not e.down and e.ready_t:
+            by_node.setdefault(node, []).append((name, e.pid))
+    return by_node[rng.choice(sorted(by_node))] if by_node else []
 
 
 def pick_victim(kind: str, status: Status, rng: random.Random) -> tuple[str, int] | None:
@@ -64,9 +96,9 @@ def pick_victim(kind: str, status: Status, rng: random.Random) -> tuple[str, int
     return rng.choice(live) if live else None
 
 
-def wait_recovered(run_dir: Path, ident: str, t_kill: float, timeout_s: float, proc) -> dict | None:
+def wait_recovered(run_dir: Path, ident: str, t_kill: float, timeout_s: float, camp) -> dict | None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and camp.running():
         for rec in read_json(run_dir / "recoveries.json").get("recoveries", []):
             if rec["role"] == spec_of(ident) and rec["down_t"] >= t_kill - 0.5:
                 return rec
@@ -74,11 +106,64 @@ def wait_recovered(run_dir: Path, ident: str, t_kill: float, timeout_s: float, p
     return None
 
 
+class LocalCampaign:
+    """`laminar run` on this machine; the launcher is our child and stops its roles by pid."""
+
+    def __init__(self, args, overrides: list[str], run_dir: Path):
+        cmd = [sys.executable, "-m", "laminar_hpc.cli", "run", args.config, "--run-dir", str(run_dir), "--overwrite",
+               *overrides]
+        print("chaos:", " ".join(cmd), flush=True)
+        log = open(run_dir.parent / f"{run_dir.name}.chaos.log", "w") if run_dir.parent.exists() else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout_s: float) -> None:
+        self.proc.wait(timeout=timeout_s)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the launcher stops its roles by pid
+            self.proc.wait()
+
+
+class SlurmCampaign:
+    """`laminar submit --cluster slurm` (SLURM_CONF names the cluster); ends when its job ends."""
+
+    def __init__(self, args, overrides: list[str], run_dir: Path):
+        if run_dir.exists():
+            shutil.rmtree(run_dir)  # as `laminar run --overwrite` does for the local campaign
+        cmd = [sys.executable, "-m", "laminar_hpc.cli", "submit", args.config, "--cluster", "slurm", "--run-dir",
+               str(run_dir), *overrides]
+        print("chaos:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, timeout=120)
+        self.run_dir = run_dir
+        self.job = json.loads((run_dir / "job.json").read_text())["job_id"]
+
+    def running(self) -> bool:
+        out = subprocess.run(["squeue", "-h", "-j", self.job, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        return bool(out.stdout.strip()) or not (self.run_dir / "summary.json").exists()
+
+    def wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.running():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout_s:.0f}s for Slurm job {self.job} to end")
+            time.sleep(1.0)  # polling Slurm
+
+    def stop(self) -> None:
+        if self.running():
+            subprocess.run(["scancel", self.job], timeout=30)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides")
     ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--node-kills", type=int, default=0, help="how many of the kills take a whole node's roles")
+    ap.add_argument("--cluster", choices=("local", "slurm"), default="local")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", required=True, help="where to write the result")
     ap.add_argument("--run-dir", default=None, help="default: runs/chaos-<seed>")
@@ -86,63 +171,73 @@ def main() -> int:
     ap.add_argument("--gap-s", type=float, nargs=2, default=(1.0, 4.0),
                     help="seconds between a recovery and the next kill (uniform in [A, B])")
     ap.add_argument("--recovery-timeout-s", type=float, default=120.0)
+    ap.add_argument("--end-timeout-s", type=float, default=3600.0, help="the longest the campaign may run")
     args = ap.parse_intermixed_args()
-    run_dir = Path(args.run_dir or f"runs/chaos-{args.seed}")
+    run_dir = Path(args.run_dir or f"runs/chaos-{args.seed}").absolute()
     overrides = [f"checkpoint.every_steps={args.checkpoint_every}", f"supervisor.max_role_restarts={args.kills + 1}",
                  "supervisor.restart_backoff_s=0.5", *args.overrides]
-    cmd = [sys.executable, "-m", "laminar_hpc.cli", "run", args.config, "--run-dir", str(run_dir), "--overwrite",
-           *overrides]
-    print("chaos:", " ".join(cmd), flush=True)
-    log = open(run_dir.parent / f"{run_dir.name}.chaos.log", "w") if run_dir.parent.exists() else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+    camp = (SlurmCampaign if args.cluster == "slurm" else LocalCampaign)(args, overrides, run_dir)
     rng = random.Random(args.seed)
     kills: list[dict] = []
     try:
-        total = None
-        while proc.poll() is None:  # wait until the campaign trains (after the warm-up)
+        total, st = None, Status()
+        while camp.running():  # wait until the campaign trains (after the warm-up)
             st = read_status(run_dir / "status.json")
             total = st.total_steps
             if st.phase == "rl" and st.step >= 2:
                 break
             time.sleep(0.5)
-        for kind in schedule(args.kills, args.seed):
+
+        def over() -> bool:
+            return not camp.running() or bool(total and st.step >= total - max(10, total // 20))
+
+        for kind in schedule(args.kills, args.seed, args.node_kills):
             time.sleep(rng.uniform(*args.gap_s))  # a seeded random moment
-            victim, give_up = None, time.monotonic() + 15.0
-            while victim is None and time.monotonic() < give_up:  # the role table may be refilling
+            victims, give_up = [], time.monotonic() + 15.0
+            while not victims and time.monotonic() < give_up:  # the role table may be refilling
                 st = read_status(run_dir / "status.json")
-                if proc.poll() is not None or (total and st.step >= total - max(10, total // 20)):
+                if over():
                     break  # the campaign is (nearly) over: no time left to recover
-                victim = pick_victim(kind, st, rng)
-                if victim is not None:
+                if kind == "node":
+                    victims = pick_node_victims(st, run_dir, rng)
+                else:
+                    one = pick_victim(kind, st, rng)
+                    victims = [one] if one else []
+                alive = []
+                for ident, pid in victims:
                     try:
-                        os.kill(victim[1], signal.SIGKILL)
+                        os.kill(pid, signal.SIGKILL)
+                        alive.append((ident, pid))
                     except ProcessLookupError:  # it had just gone (a restart): look again
-                        victim = None
-                if victim is None:
+                        pass
+                victims = alive
+                if not victims:
                     time.sleep(0.5)  # polling the status file the controller rewrites
-            if victim is None:
+            if not victims:
                 print(f"chaos: no live {kind} to kill (step {st.step}); skipped", flush=True)
-                if proc.poll() is not None or (total and st.step >= total - max(10, total // 20)):
+                if over():
                     break
                 continue
-            ident, pid = victim
             t_kill = time.time()
-            print(f"chaos: killed {ident} (pid {pid}) at step {st.step}", flush=True)
-            rec = wait_recovered(run_dir, ident, t_kill, args.recovery_timeout_s, proc)
-            kills.append({"role": ident, "kind": kind, "pid": pid, "t": t_kill, "step": st.step,
-                          "recovery_s": None if rec is None else rec["ready_t"] - t_kill})
-            print(f"chaos: {ident} " + ("did not recover" if rec is None else
-                                        f"recovered in {rec['ready_t'] - t_kill:.1f}s"), flush=True)
-        proc.wait()
+            print(f"chaos: killed {', '.join(f'{i} (pid {p})' for i, p in victims)} at step {st.step}", flush=True)
+            # a relay tier restarts as one job: one recovery for however many of its ranks died
+            recs = {spec_of(ident): wait_recovered(run_dir, ident, t_kill, args.recovery_timeout_s, camp)
+                    for ident, _ in victims}
+            recovery = None if None in recs.values() else max(r["ready_t"] for r in recs.values()) - t_kill
+            kills.append({"role": ",".join(i for i, _ in victims), "kind": kind, "pids": [p for _, p in victims],
+                          "t": t_kill, "step": st.step, "recovery_s": recovery,
+                          "recovery_s_by_role": {k: None if r is None else r["ready_t"] - t_kill
+                                                 for k, r in recs.items()}})
+            print(f"chaos: {kills[-1]['role']} " + ("did not recover" if recovery is None else
+                                                    f"recovered in {recovery:.1f}s"), flush=True)
+        camp.wait(args.end_timeout_s)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the launcher stops its roles by pid
-            proc.wait()
+        camp.stop()
     summary = read_json(run_dir / "summary.json")
-    per_kind = {k: [x["recovery_s"] for x in kills if x["kind"] == k] for k in KINDS}
+    per_kind = {k: [x["recovery_s"] for x in kills if x["kind"] == k] for k in (*KINDS, "node")}
     result = {
-        "config": args.config, "seed": args.seed, "kills_requested": args.kills, "run_dir": str(run_dir),
-        **{k: summary.get(k) for k in LEDGER_KEYS},
+        "config": args.config, "cluster": args.cluster, "seed": args.seed, "kills_requested": args.kills,
+        "run_dir": str(run_dir), **{k: summary.get(k) for k in LEDGER_KEYS},
         "outcome": summary.get("outcome"), "reward_first": summary.get("reward_first"),
         "reward_last": summary.get("reward_last"), "train_steps": summary.get("train_steps"),
         "kills": {k: len(v) for k, v in per_kind.items()},

@@ -3,21 +3,31 @@
 Every section forbids unknown keys; every bound is declared on its field, so a bad value is
 reported with the key that holds it (see `laminar_hpc.config.load`). Units are in the names
 (`_s`, `_mb`). A YAML file under `configs/` fills these; dotted CLI overrides patch them.
+
+No text value may hold a control character (a line break, NUL, ...): values end up in sbatch
+scripts, shell commands, file names and log lines, where a line break starts a new command.
+Only fields a section lists in `multiline` (text for the model, e.g. a prompt template) may.
+Checks across fields (`_*` model validators) name both fields and what to change.
+
+The `Section` base and number types live in `laminar_hpc.config.section`, the `slurm:` section in
+`laminar_hpc.config.slurm`; both are re-exported here, so every name imports from this module.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PosFloat = Annotated[float, Field(gt=0)]
-Prob = Annotated[float, Field(ge=0.0, le=1.0)]
+from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
+from laminar_hpc.config.slurm import SlurmCfg, SlurmLayoutCfg, StepResources
+from laminar_hpc.config.values import SizeMb
 
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+__all__ = [  # re-exported names included: `from laminar_hpc.config.schema import X` works for each
+    "BuiltinTaskCfg", "CheckpointCfg", "Config", "ControllerCfg", "EmulationCfg", "JsonlTaskCfg", "LengthsCfg",
+    "MegatronCfg", "ModelCfg", "NonNegInt", "PosFloat", "PosInt", "Prob", "RelayCfg", "RepackCfg", "RolloutBackend",
+    "RolloutCfg", "Section", "SlurmCfg", "SlurmLayoutCfg", "StepResources", "SupervisorCfg", "SyntheticTaskCfg",
+    "TaskCfg", "TimeoutsCfg", "TraceCfg", "TrainerBackend", "TrainerCfg", "VllmCfg", "WarmupCfg",
+]
 
 
 class ModelCfg(Section):
@@ -76,6 +86,7 @@ class BuiltinTaskCfg(Section):
 
 class JsonlTaskCfg(Section):
     """A JSONL dataset, one problem per line (GSM8K format by default)."""
+    multiline: ClassVar[frozenset[str]] = frozenset({"prompt_template"})
     type: Literal["jsonl"] = "jsonl"
     path: str
     prompt_field: str = "question"
@@ -188,7 +199,7 @@ class RolloutCfg(Section):
 class RelayCfg(Section):
     count: PosInt = 2
     slots: Annotated[int, Field(ge=2)] = 3  # versions kept per relay: a pull never blocks a publish
-    chunk_mb: PosFloat = 4.0
+    chunk_mb: SizeMb = 4.0
     shm_dir: str = "/dev/shm"
     mpi_launcher: str = "mpirun"
 
@@ -197,6 +208,10 @@ class ControllerCfg(Section):
     # the control plane binds this address: loopback by default; on a multi-node cluster, the
     # cluster interface of the controller's node (e.g. its hostname)
     host: str = "127.0.0.1"
+    # set by the Slurm driver, never by hand: the `host` the user configured (loopback) while `host`
+    # holds the node-0 address the driver derived for one start. Each start derives it afresh from
+    # this (launch/slurm.py cluster_host), so a requeue that moves node 0 binds the new node.
+    configured_host: str | None = None
     # curve: every connection proves the run's secret (ZeroMQ CURVE keys in run_dir/secrets, 0600);
     # auto: curve whenever `host` is not a loopback address
     auth: Literal["auto", "curve", "none"] = "auto"
@@ -205,7 +220,7 @@ class ControllerCfg(Section):
     # generation may run this many train steps ahead of the trainer: bounds staleness
     max_ahead_steps: NonNegInt = 2
     status_interval_s: PosFloat = 1.0
-    max_frame_mb: PosFloat = 64.0
+    max_frame_mb: SizeMb = 64.0
 
 
 class RepackCfg(Section):
@@ -224,12 +239,19 @@ class LengthsCfg(Section):
     min_tokens: PosInt = 1
     max_tokens: PosInt = 16384
 
+    @model_validator(mode="after")
+    def _bounds(self) -> "LengthsCfg":
+        if self.max_tokens < self.min_tokens:
+            raise ValueError(f"max_tokens={self.max_tokens} must be >= min_tokens={self.min_tokens}; "
+                             "raise max_tokens or lower min_tokens")
+        return self
+
 
 class EmulationCfg(Section):
     """Cost model of emulated engines (laminar_hpc/emulation/cost.py); emulated seconds.
     Defaults stand for a 7B model in bf16 on one H100 per replica (decode memory-bound)."""
     time_scale: Annotated[float, Field(ge=0.0)] = 1.0  # wall seconds per emulated second
-    weight_mb: PosFloat = 16.0  # real bytes published, broadcast and pulled per version
+    weight_mb: SizeMb = 16.0  # real bytes published, broadcast and pulled per version
     nominal_weight_gb: Annotated[float, Field(ge=0.0)] = 15.2  # the model they stand for (7B bf16)
     pull_gbps: Annotated[float, Field(ge=0.0)] = 25.0  # relay shared memory -> GPU; 0: no load time
     prefill_base_ms: Annotated[float, Field(ge=0.0)] = 5.0
@@ -274,41 +296,6 @@ class SupervisorCfg(Section):
     heartbeat_interval_s: PosFloat = 1.0  # roles and the controller exchange heartbeats this often
 
 
-class StepResources(Section):
-    cpus: PosInt = 1
-    gpus: NonNegInt = 0
-    mem_gb: PosFloat | None = None  # per step; leave unset where memory is not a Slurm resource
-
-
-class SlurmLayoutCfg(Section):
-    """Which nodes of the allocation run which roles. One relay runs on every node that hosts
-    rollouts, plus the master relay on the trainer's node when the trainer has its own."""
-    trainer_nodes: Annotated[int, Field(ge=0, le=1)] = 1  # 0: trainer + controller share the first rollout node
-    rollout_nodes: PosInt = 1
-    controller: StepResources = Field(default_factory=StepResources)
-    trainer: StepResources = Field(default_factory=lambda: StepResources(cpus=2))
-    relay: StepResources = Field(default_factory=StepResources)
-    rollout: StepResources = Field(default_factory=StepResources)
-
-
-class SlurmCfg(Section):
-    """sbatch knobs (units in the names) and the per-role layout."""
-    partition: str | None = None  # None: the cluster's default partition
-    account: str | None = None
-    qos: str | None = None
-    time_min: PosInt = 60
-    constraint: str | None = None
-    mem_gb: PosFloat | None = None  # per node
-    gpus_per_node: NonNegInt = 0
-    hetjob: bool = False  # trainer nodes and rollout nodes as separate components of one job
-    signal_delay_s: PosInt = 90  # USR2 this long before the time limit: checkpoint and requeue
-    max_requeues: NonNegInt = 3
-    job_name: str | None = None  # default: the config's name
-    python: str | None = None  # interpreter on the compute nodes (default: the submitting one)
-    additional_parameters: dict[str, Union[str, int, float, bool]] = Field(default_factory=dict)
-    layout: SlurmLayoutCfg = Field(default_factory=SlurmLayoutCfg)
-
-
 class Config(Section):
     name: str = "run"
     seed: NonNegInt = 0
@@ -331,12 +318,33 @@ class Config(Section):
     supervisor: SupervisorCfg = Field(default_factory=SupervisorCfg)
     slurm: SlurmCfg = Field(default_factory=SlurmCfg)
 
+    def as_configured(self) -> "Config":
+        """This config with the controller host the user configured. A run's config.yaml holds the
+        config as it ran, so after a multi-node Slurm start it holds node 0's derived address
+        (marked by `controller.configured_host`): every later start, on Slurm or on this machine,
+        begins from this, never from the old node's address."""
+        ctl = self.controller
+        if ctl.configured_host is None:
+            return self
+        ctl = ctl.model_copy(update={"host": ctl.configured_host, "configured_host": None})
+        return self.model_copy(update={"controller": ctl}, deep=True)
+
     @model_validator(mode="after")
     def _backends(self) -> "Config":
         # emulated weights are a byte count, real ones a model's tensors: both sides must agree
         if (self.trainer.backend == "emulated") != (self.rollout.backend == "emulated"):
             raise ValueError(f"trainer.backend={self.trainer.backend!r} and rollout.backend={self.rollout.backend!r}: "
                              "either both are 'emulated' or neither is (they exchange weights of one layout)")
+        return self
+
+    @model_validator(mode="after")
+    def _heartbeats(self) -> "Config":
+        # a role silent for timeouts.heartbeat_s is killed as hung: one late beat must not count as a hang
+        every, limit = self.supervisor.heartbeat_interval_s, self.timeouts.heartbeat_s
+        if limit < 2 * every:
+            raise ValueError(f"supervisor.heartbeat_interval_s={every} must be at most half of timeouts.heartbeat_s="
+                             f"{limit} (a role silent that long is killed as hung, so a single late heartbeat would "
+                             "kill it); lower the interval or raise the timeout")
         return self
 
     @model_validator(mode="before")

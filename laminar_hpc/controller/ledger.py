@@ -80,7 +80,17 @@ class GroupLedger:
             return group.group_id
         return None
 
+    def fail(self, gid: int, reason: str) -> None:
+        """Drop a generating group inside a record of the pools (a trajectory of it was refused
+        too often): as a bad reward drops one inside `finish`."""
+        self._drop_group(gid, reason)
+
     # -- the trainer's side ----------------------------------------------------------------
+    def ready_group(self, gid: int) -> Group:
+        """The Group a ready group would be delivered as (nothing changes: for a size check)."""
+        g = self.groups[gid]
+        return Group(group_id=g.group_id, problem=g.problem, trajectories=[g.finished[t] for t in g.traj_ids])
+
     def take_groups(self, n: int) -> list[Group]:
         ids = [self.ready[i] for i in range(min(n, len(self.ready)))]
         if not ids:
@@ -124,7 +134,7 @@ class GroupLedger:
 
     def commit(self, ids: list[int]) -> None:
         """These groups are in a trainer checkpoint: their trajectories are no longer needed."""
-        ids = [g for g in ids if g not in self.committed and g not in self.dropped and g < self.next_group
+        ids = [g for g in ids if g not in self.committed and g not in self.dropped and 0 <= g < self.next_group
                and (g not in self.groups or self.groups[g].state != GENERATING or self.groups[g].lost)]
         if ids:
             self._log("commit", ids=ids)

@@ -10,7 +10,13 @@ right after each publish. Writes `status.json` every second and `controller_stat
 
 Its parts: the data plane with its group ledger (controller/pools.py, ledger.py), weight-sync
 coordination (weight_sync.py), the rollout manager (rollout_manager.py; the simulator drives
-the same two components), the role table (roles.py) and the write-ahead log (wal.py).
+the same two components), the role table (roles.py), the write-ahead log (wal.py) and what each
+message does (handlers.py).
+
+Every frame and row is validated where it enters (typed frames; the data plane's checks of
+prompts and trajectories, controller/validate.py); a frame whose handling still fails is
+counted as dropped and the controller goes on (`receive`); what it sends is split by encoded
+size under `controller.max_frame_mb` (controller/frames.py).
 
 Every change of the data plane goes to the write-ahead log before anything that depends on it
 is sent (`Controller.send`). A restarted controller replays it (recovery.py), binds the same
@@ -31,13 +37,17 @@ import uuid
 import msgspec
 
 from laminar_hpc.config import load_config
+from laminar_hpc.controller.frames import Frames
+from laminar_hpc.controller.handlers import MessageHandlers
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.recovery import Recovery, recover
 from laminar_hpc.controller.roles import RoleTable
 from laminar_hpc.controller.rollout_manager import RolloutManager, kv_capacity, move_expiry_s
+from laminar_hpc.controller.validate import limits_for
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.launch.role import node_name, setup_logging
+from laminar_hpc.launch.runlock import RoleLock
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.metrics.status import ControllerInfo, Status, Utilisation, write_status
 from laminar_hpc.metrics.trace import Tracer
@@ -46,18 +56,18 @@ from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir, read_json
 from laminar_hpc.tasks import build_task, encode_prompt
 from laminar_hpc.transport.channel import Server, publish_endpoint
-from laminar_hpc.transport.protocol import (Assign, CheckpointSaved, Finished, Groups, Heartbeat, Hello, HelloAck,
-                                            LogEvent, Message, Migrated, MigrateReject, Published, Resync,
-                                            RoleDown, RolloutState, Stop, StopAll, Stream, TrainerDone, TrainerSync,
-                                            TrainStep, Trajectory, VersionReady, WantGroups, WantWork,
-                                            WeightsLoaded, version_mismatch)
-from laminar_hpc.transport.security import channel_keys
+from laminar_hpc.transport.protocol import Assign, Groups, Message, Stop
+from laminar_hpc.transport.security import server_keys
 
 
 HANDLE_BUDGET_S = 0.25  # the longest the loop handles messages before it schedules and writes its status
+ALL_REFUSED_STOP = 200  # prompts refused before any was admitted: the task cannot run with this config
 
 
-class Controller:
+class Controller(MessageHandlers):
+    """The controller's state and parts; what each message does is `MessageHandlers`
+    (controller/handlers.py)."""
+
     def __init__(self, run_dir, cfg, log, tracer):
         self.rd = rd = RunDir.of(run_dir)
         self.run_dir, self.cfg, self.log, self.tracer = rd.path, cfg, log, tracer
@@ -68,14 +78,16 @@ class Controller:
         self.wal = WriteAheadLog(rd.wal_dir, fsync_s=cfg.controller.wal_fsync_s,
                                  snapshot_bytes=int(cfg.controller.wal_snapshot_mb * 2**20))
         self.dp = DataPlane(task.problem, lambda p: encode_prompt(tok, p), cfg.trainer.group_size,
-                            cfg.rollout.max_new_tokens)
+                            cfg.rollout.max_new_tokens, limits=limits_for(cfg, tok.vocab_size))
+        # what it sends is split under the limit its peers receive with (launch/role.py: the same setting)
+        self.frames = Frames(log, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20), task=task)
         self.recovered = recover(self.wal, self.dp, log, tracer)
         self.dp.journal = self.wal.append
         # a restarted controller keeps its address: the roles' sockets reconnect by themselves
         old = read_json(rd.endpoint("controller"))
         port = int(old["address"].rsplit(":", 1)[1]) if old else None
         self.server = Server(cfg.controller.host, int(cfg.controller.max_frame_mb * 2**20), port=port,
-                             keys=channel_keys(rd.path, cfg.controller))
+                             keys=server_keys(rd.path, "controller", cfg.controller))
         self.roles = RoleTable(cfg.timeouts.heartbeat_s)
         meta = self.dp.meta
         self.sync = WeightSync(cfg.mode, rollouts=cfg.rollout.count, groups_per_step=cfg.trainer.groups_per_step,
@@ -108,6 +120,7 @@ class Controller:
         self.stop_reason: str | None = None
         self.t0 = time.time()
         self.run_id = rd.run_id
+        self.wal_refusing = False  # new admissions refused while the write-ahead log cannot be written
 
     def send(self, ident: str, msg: Message) -> None:
         """Every message the controller sends goes through here (its components get this as their
@@ -119,159 +132,22 @@ class Controller:
         before any message leaves: a controller that dies right after a send is rebuilt
         (recovery.py) with everything the roles were told, and nothing is done or trained twice."""
         self.wal.flush()
-        self.server.send(ident, msg)
+        parts, oversize = self.frames.outgoing(ident, msg)  # frames under the limit (controller/frames.py)
+        if oversize:  # journalled as delivered or assigned, never sent: the ledger must say so
+            self.dp.ledger.drop(oversize, "oversize")
+            self.wal.flush()
+            if isinstance(msg, Assign) and ident.startswith("rollout-"):  # the slots charged for them are free
+                sent = sum(len(p.work) for p in parts)
+                self.rm.credit(int(ident.rpartition("-")[2]), len(msg.work) - sent)
+        for part in parts:
+            self.server.send(ident, part)
 
-    # -- message handling -----------------------------------------------------------------
-    def handle(self, ident: str, msg: Message) -> None:
-        """One message from `ident` ('rollout-3', 'trainer-0', ...), dispatched on its type. Types
-        meant for other roles, and rollout reports from a sender that is not a rollout, are ignored."""
-        now = time.time()
-        if ident.endswith(".hb"):  # a role's heartbeat thread (roles/steps that may be busy for long)
-            self.roles.seen(ident[:-3], now)
-            return
-        self.last_seen[ident] = now
-        self.roles.seen(ident, now)
-        role, _, rank_s = ident.rpartition("-")
-        rank = int(rank_s) if rank_s.isdigit() else -1
-        rollout = role == "rollout"
-        match msg:  # the rollouts' traffic, most of all messages, first
-            case Stream(items=items):
-                self.dp.stream_items(items, rollout=rank if rollout else None)
-                if any(it.version not in self.versions_seen for it in items):
-                    self._track_versions()  # only a version not running before can raise the count
-            case Finished(trajectory=traj):
-                self.finished(traj, now)
-            case WantWork(credit=credit, version=version) if rollout:
-                self.rm.credit(rank, max(0, credit))
-                self.sync.loaded(rank, version)
-            case RolloutState() if rollout:
-                self.rm.report((rank, msg.version, msg.waiting, msg.running, msg.kv_tokens, msg.kv_peak,
-                                tuple(msg.traj_ids)))
-                self.util[rank] = (msg.busy_s, msg.weight_wait_s)
-            case Heartbeat(t=t, pid=pid):
-                if pid is not None and ident not in self.roles.roles:
-                    self.roles.joined(ident, pid, now)  # a role that was there before this controller
-                    self.roles.ready(ident, now)
-                self.send(ident, Heartbeat(t=time.time(), epoch=self.epoch, echo=t))
-            case WeightsLoaded(version=version) if rollout:
-                self.sync.loaded(rank, version)
-                self.roles.ready(ident, now)
-            case Migrated(dest=dest, trajectories=trajs):
-                self.migrated(rank, dest, trajs)
-            case MigrateReject(traj_ids=traj_ids):
-                restarted = self.rm.rejected(self.dp, traj_ids)
-                self.tracer.emit("migration_restarted", rollout=rank, traj_ids=restarted)
-            case WantGroups(n=n, reset=reset):
-                self.trainer_credit = max(0, n) + (0 if reset else self.trainer_credit)
-            case TrainStep():
-                self.train_step(ident, msg, now)
-            case Published(version=version):
-                self.published_version(version)
-            case CheckpointSaved(groups=groups):
-                self.dp.ledger.commit(groups or [])
-                self.wal.start(self.dp.state_dict())  # compaction: recovery replays from here
-            case VersionReady(rank=relay, version=version):
-                self.relay_versions[relay] = version
-                self.roles.ready(ident, now)
-            case LogEvent(event=event, fields=fields):
-                if event == "phase":
-                    self.phase = str(fields.get("phase", self.phase))
-                elif event == "relay":
-                    self.relay_dropped = int(fields.get("dropped_frames", self.relay_dropped))
-                self.metrics.update({f"{event}.{k}": v for k, v in fields.items()})
-            case TrainerDone(steps=steps):
-                self.stop_reason = f"trainer finished {steps} steps"
-            case Hello():
-                self.hello(ident, role, rank, msg, now)
-            case Resync() if rollout:
-                if ident not in self.roles.roles:
-                    self.roles.joined(ident, msg.pid, now)
-                    self.roles.ready(ident, now)
-                self.sync.loaded(rank, msg.version)
-                self.recovery.resync_rollout(rank, msg.held, msg.free)
-            case TrainerSync():
-                self.steps_trained = msg.step
-                self.trainer_credit = 0  # the trainer asks afresh
-                self.recovery.trainer_sync(msg)
-            case RoleDown(role=name, code=code):
-                self.role_down(name, code)
-            case StopAll(reason=reason):
-                self.stop_reason = reason
-
-    def hello(self, ident: str, role: str, rank: int, msg: Hello, now: float) -> None:
-        """A role (re)started. One that speaks another protocol version is told to stop, with the
-        reason in one line; its hello counts as a dropped frame."""
-        refused = version_mismatch(msg, ident)
-        if refused is not None:
-            self.log.error("%s", refused)
-            self.refused += 1
-            self.send(ident, Stop(reason=refused))
-            return
-        self.log.info("%s joined (pid %s)", ident, msg.pid)
-        self.tracer.emit("role_joined", role=ident, pid=msg.pid)
-        self.roles.joined(ident, msg.pid, now)
-        self.send(ident, Heartbeat(t=now, epoch=self.epoch))
-        if role == "rollout":
-            self.rm.reset_credit(rank)  # a (re)started rollout holds nothing and asks afresh
-            self.recovery.place(self.dp.requeue_rollout(rank), exclude=rank)
-        elif role == "trainer":
-            self.send(ident, HelloAck(run_id=self.run_id, max_version=self.dp.meta.get("max_version", -1)))
-
-    def finished(self, traj: Trajectory, now: float) -> None:
-        dropped = self.dp.ledger.dropped
-        if self.dp.finish(traj) is None and traj.group_id in dropped:
-            self.tracer.emit("group_dropped", group=traj.group_id, reason=dropped[traj.group_id])
-        self.finish_times.append(now)
-        self.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, rollout=traj.rollout,
-                         tokens=len(traj.tokens), reward=traj.reward)
-        if traj.version not in self.versions_seen:
-            self._track_versions()
-        self.versions_stale = True  # it may have been its version's last trajectory
-
-    def train_step(self, ident: str, msg: TrainStep, now: float) -> None:
-        self.metrics = dict(msg.metrics)
-        self.steps_trained = int(self.metrics.get("step", self.steps_trained))
-        self.dp.ledger.trained(msg.groups or [], self.steps_trained)
-        self.dp.ledger.drop(msg.stale or [], "staleness")
-        self.dp.note(steps=self.steps_trained)
-        self.roles.ready(ident, now)
-        self.phase = "rl"
-
-    def published_version(self, version: int) -> None:
-        base = self.sync.version_base
-        self.published += 1
-        # journalled first: the global update that `published` may start is sent after it
-        self.dp.note(max_version=max(version, self.dp.meta.get("max_version", -1)),
-                     version_base=base if base >= 0 else version, published=self.published)
-        self.rm.repack_due = True
-        self.sync.published(version, time.monotonic())
-
-    def migrated(self, source: int, dest: int, trajs: list[Trajectory]) -> None:
-        """A source handed its trajectories back: they go to `dest`, first in its queue."""
-        work = [w for w in (self.dp.migrate(t, dest) for t in trajs) if w is not None]
-        self.rm.migrated(source, dest, work)
-        self.tracer.emit("migrated", source=source, dest=dest, trajectories=len(work),
-                         version=trajs[0].version if trajs else None, traj_ids=[w.traj_id for w in work])
-
-    def role_down(self, name: str, code: int) -> None:
-        role, _, rank_s = name.rpartition("-")
-        self.tracer.emit("role_down", role=name, code=code)
-        self.roles.down(name)
-        if role == "rollout" and rank_s.isdigit():
-            self.recovery.rollout_down(name, int(rank_s), code)
-        elif role == "trainer":
-            self.trainer_credit = 0  # the restarted trainer re-sends its lineage (trainer_sync)
-        elif name == "relay":
-            for ident in list(self.roles.roles):
-                if ident.startswith("relay-"):
-                    self.roles.down(ident)
-
-    def _track_versions(self) -> None:
-        # O(trajectories in flight): called when a version not seen running may have started, and
-        # once per loop after trajectories finished (versions_seen then forgets finished versions)
-        self.versions_seen = self.dp.running_versions()
-        self.versions_stale = False
-        self.max_versions_in_flight = max(self.max_versions_in_flight, len(self.versions_seen))
+    def receive(self, ident: str, msg: Message) -> None:
+        """What the loop calls for each frame: `handle`, guarded (a frame whose handling raises is
+        counted as dropped and logged in one line; the controller goes on), then the data plane's
+        refusals logged."""
+        self.frames.guarded(self.handle, ident, msg)
+        self.frames.log_refusals(self.dp.take_refusals(), ident)
 
     # -- scheduling -----------------------------------------------------------------------
     def schedule(self) -> None:
@@ -282,19 +158,36 @@ class Controller:
                       max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch, in_flight=len(self.dp.partials),
                       rollout_versions=self.sync.versions, version_base=self.sync.version_base)
         self.sync.tick(groups_started=self.dp.groups_started, in_flight=len(self.dp.partials), now=time.monotonic())
+        if n and self.wal.error is not None:
+            # the log cannot reach the disk (full, quota): admitting would grow what a crash loses;
+            # work already admitted goes on, and admission resumes once a flush succeeds
+            if not self.wal_refusing:
+                self.log.error("not admitting new groups: %s", self.wal.error)
+            self.wal_refusing, n = True, 0
+        elif self.wal_refusing and self.wal.error is None:
+            self.log.info("the write-ahead log is on disk again: admitting new groups")
+            self.wal_refusing = False
         if n:
-            self.dp.admit(n)
-            end = self.dp.ledger.next_group
-            for gid in range(end - n, end):  # queued: the lifecycle's first event
+            start = self.dp.ledger.next_group
+            self.dp.admit(n)  # fewer when prompts are refused on the way
+            for gid in range(start, self.dp.ledger.next_group):  # queued: the lifecycle's first event
                 self.tracer.emit("group_admitted", group=gid, n=cfg.trainer.group_size)
+            self.frames.log_refusals(self.dp.take_refusals())
+            refused = self.dp.refused["prompts"]
+            if self.dp.groups_started == 0 and refused >= ALL_REFUSED_STOP and self.stop_reason is None:
+                self.stop_reason = (f"the first {refused} prompts of the task were all refused at admission (see the "
+                                    f"log): fix the task's rows or raise model.max_seq_len")
         for rank, work in self.rm.assign(self.dp):
             self.send(f"rollout-{rank}", Assign(work=work))
         if self.repack_on:
             self.rm.repack(time.monotonic())
         if self.trainer_credit > 0 and self.dp.ledger.ready:
+            while big := self.frames.oversize_groups(self.dp.ledger, self.trainer_credit):
+                self.dp.ledger.drop(big, "oversize")  # before they are journalled as delivered
             groups = self.dp.ledger.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)
-            self.send("trainer-0", Groups(groups=groups))
+            if groups:
+                self.send("trainer-0", Groups(groups=groups))  # several frames when over the limit (`send`)
             for g in groups:
                 self.tracer.emit("group_consumed", group=g.group_id,
                                  versions=sorted({t.version for t in g.trajectories}))
@@ -315,14 +208,18 @@ class Controller:
             groups_consumed=lg.groups_consumed, groups_pending=lg.groups_pending,
             groups_committed=len(lg.committed), groups_dropped=len(lg.dropped),
             queued=len(dp.queue), running=len(dp.partials) - len(dp.queue), published=self.published,
-            dropped_frames=self.server.dropped + self.refused, relay_dropped_frames=self.relay_dropped,
+            dropped_frames=self.server.dropped + self.refused + self.frames.handler_errors,
+            relay_dropped_frames=self.relay_dropped, handler_errors=self.frames.handler_errors,
+            prompts_refused=dp.refused["prompts"], refused_problems=list(dp.refused_problems),
+            trajectories_refused=dp.refused["trajectories"], stream_items_refused=dp.refused["stream_items"],
+            oversize_refused=self.frames.oversize, frames_split=self.frames.frames_split,
             repack=dict(self.rm.repack_stats),
             rollout_util={k: Utilisation(busy_s=b, weight_wait_s=w) for k, (b, w) in sorted(self.util.items())},
             metrics=dict(self.metrics),
             # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`
             epoch=self.epoch, controller=ControllerInfo(pid=os.getpid(), t_start=self.t_start, ready_t=self.ready_t),
             roles=self.roles.table(), hung=self.roles.hung(now) if now > self.backlog_until else [],
-            recovery={**self.rm.placed, "wal": self.recovered})
+            recovery={**self.rm.placed, "wal": self.recovered}, wal_error=self.wal.error)
 
     def final_stats(self) -> Status:
         """controller_stats.json: the last status with why it stopped and the ledger (no train metrics)."""
@@ -343,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = RunDir(args.run_dir)
     log = setup_logging("controller-0")
     cfg = load_config(run_dir.config)
+    RoleLock(run_dir.path, grace_s=cfg.timeouts.shutdown_s).start_watch(log=log)  # stop if the launcher dies
     flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
     tracer = Tracer(run_dir, "controller-0", enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
     tracer.emit("role_start", pid=os.getpid(), host=socket.gethostname(), node=node_name(),
@@ -358,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
             got = ctl.server.recv(timeout_s=0.05)
             budget = time.monotonic() + HANDLE_BUDGET_S
             while got is not None:  # handle what is waiting (for a bounded time) before scheduling once
-                ctl.handle(*got)
+                ctl.receive(*got)
                 if time.monotonic() > budget:
                     # behind: heartbeats wait in the queue too, so nobody is judged silent for a while
                     ctl.backlog_until = time.time() + 5.0

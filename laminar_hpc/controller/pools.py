@@ -1,5 +1,6 @@
 """The data plane: prompt pool, partial-response pool and experience buffer, with the group
-ledger (controller/ledger.py) as a part.
+ledger (controller/ledger.py) as a part, and the moves of trajectories between rollouts that
+recovery and repack make (controller/moves.py) as another.
 
 Plain state with explicit transitions, no I/O. Every public method that changes state first
 hands one record to `journal` (the controller's write-ahead log) and then applies it with the
@@ -17,8 +18,14 @@ Trajectories come and go as the protocol's shapes (transport/protocol.py): work 
 `WorkItem`s, tokens arrive as `StreamItem`s, results as `Trajectory`s, which are kept as they
 arrived (no copy) and handed to the trainer in `Group`s.
 
+Rows and trajectories are checked where they enter, before they are journalled (controller/
+validate.py, with the engines' `limits`): a prompt that cannot be generated from is refused at
+admission, never sent to a rollout; a bad stream chunk is ignored; a bad (or misplaced) result
+starts again from its prompt, its group dropped as "invalid_trajectory" at the MAX_REJECTIONS-th.
+Counts in `refused`; each refusal is queued for the caller's log (`take_refusals`).
+
     dp = DataPlane(problems=task.problem, tokenize=encode, group_size=8, max_new_tokens=24)
-    dp.admit(4)                          # 4 prompt groups -> 32 queued trajectories
+    dp.admit(4)                          # 4 prompt groups -> 32 queued trajectories (limits: refused skipped)
     work = dp.assign(rollout=0, n=8)     # -> list of WorkItems for that rollout
     dp.stream("0.3", [5, 9], [-0.1, -0.2], version=2)
     done_group = dp.finish(trajectory)   # group id once all of its samples are finished
@@ -34,13 +41,20 @@ from typing import Callable
 
 import msgspec
 
+from laminar_hpc.controller import validate
 from laminar_hpc.controller.ledger import GroupLedger, GroupRecord
+from laminar_hpc.controller.moves import PartialMoves
+from laminar_hpc.controller.validate import Limits
 from laminar_hpc.transport.protocol import StreamItem, Trajectory, WorkItem
 
 # journal records that carry protocol shapes: read back from disk they are msgpack maps and become
 # structs again on replay (msgspec.convert passes a struct through: an in-memory journal replays as is)
 _RECORD_SHAPES = {"finish": ("traj", Trajectory), "migrate": ("traj", Trajectory),
                   "stream": ("items", list[StreamItem])}
+
+MAX_REJECTIONS = 3  # refused results of one trajectory before its group is dropped (a broken rollout, or row)
+MAX_REFUSED_SCAN = 64  # refused prompts one `admit` call walks past (the next call goes on)
+REFUSED_PROBLEMS_KEPT = 20  # the last refused problems status.json lists
 
 
 @dataclass
@@ -58,6 +72,7 @@ class Partial:
     logprobs: list[float] = field(default_factory=list)
     t_assigned: float | None = None
     gap: bool = False  # a stream chunk was lost: its tokens cannot be continued elsewhere
+    rejected: int = 0  # results refused so far (controller/validate.py)
 
     def work(self) -> WorkItem:
         w = WorkItem(traj_id=self.traj_id, group_id=self.group_id, problem=self.problem, prompt=self.prompt,
@@ -67,13 +82,20 @@ class Partial:
         return w
 
 
-class DataPlane:
+class DataPlane(PartialMoves):
+    """The three pools and the ledger; moving trajectories between rollouts (detach, place,
+    migrate, restart) is `PartialMoves` (controller/moves.py)."""
+
     def __init__(self, problems: Callable[[int], object], tokenize: Callable[[object], list[int]],
                  group_size: int, max_new_tokens: int, start_cursor: int = 0,
-                 journal: Callable[[str, dict], None] | None = None):
+                 journal: Callable[[str, dict], None] | None = None, limits: Limits | None = None):
         self.problems, self.tokenize = problems, tokenize
         self.group_size, self.max_new_tokens = group_size, max_new_tokens
         self.journal = journal
+        self.limits = limits  # None: only where a result belongs is checked (token contents are not)
+        self.refused = {"prompts": 0, "trajectories": 0, "stream_items": 0}
+        self.refused_problems: deque[int] = deque(maxlen=REFUSED_PROBLEMS_KEPT)
+        self.refusals: list[tuple[str, object, str]] = []  # (kind, subject, what happened): for the caller's log
         self.cursor = start_cursor  # next problem index of the prompt pool
         self.queue: deque[str] = deque()  # trajectories waiting for a rollout
         self.partials: dict[str, Partial] = {}  # queued or running (partial-response pool)
@@ -94,16 +116,61 @@ class DataPlane:
             args = {**args, name: msgspec.convert(args[name], shape)}
         getattr(self.ledger if op in GroupLedger.OPS else self, f"_{op}")(**args)
 
+    def take_refusals(self) -> list[tuple[str, object, str]]:
+        """Refusals since the last call: ("prompt", problem index, reason), ("trajectory" or
+        "stream", traj id, reason and what happened)."""
+        out, self.refusals = self.refusals, []
+        return out
+
     # -- prompt pool ----------------------------------------------------------------------
     def admit(self, n_groups: int) -> None:
-        if n_groups > 0:
+        """Admit `n_groups` groups from the prompt pool. With `limits`, a problem whose prompt
+        cannot be generated from is refused on the way (journalled, so a replay skips it too)
+        and the next one is taken; at most MAX_REFUSED_SCAN refusals per call."""
+        if n_groups <= 0:
+            return
+        if self.limits is None:
             self._log("admit", n=n_groups)
             self._admit(n_groups)
+            return
+        prompts: dict[int, list[int]] = {}  # problem -> prompt of the run of admissible ones so far
+        admitted = refused = 0
+        c = self.cursor
+        while admitted < n_groups and refused < MAX_REFUSED_SCAN:
+            prompt, why = self._checked_prompt(c)
+            if why is None:
+                prompts[c] = prompt
+                admitted += 1
+            else:
+                self._admit_run(prompts)  # the admissible ones before it, in order
+                prompts = {}
+                self._log("refuse_prompt", problem=c, reason=why)
+                self._refuse_prompt(c, why)
+                self.refusals.append(("prompt", c, why))
+                refused += 1
+            c += 1
+        self._admit_run(prompts)
 
-    def _admit(self, n: int) -> None:
+    def _checked_prompt(self, problem: int) -> tuple[list[int], str | None]:
+        try:
+            prompt = self.tokenize(self.problems(problem))
+        except Exception as err:  # noqa: BLE001 - a row the task or tokenizer cannot read: refused, not a crash loop
+            return [], f"it cannot be read or tokenized ({type(err).__name__}: {' '.join(str(err).split())[:300]})"
+        return prompt, validate.prompt_refusal(prompt, self.limits)
+
+    def _admit_run(self, prompts: dict[int, list[int]]) -> None:
+        if prompts:
+            self._log("admit", n=len(prompts))
+            self._admit(len(prompts), prompts)
+
+    def _refuse_prompt(self, problem: int, reason: str) -> None:
+        self.cursor = max(self.cursor, problem + 1)
+        self.refused["prompts"] += 1
+        self.refused_problems.append(problem)
+
+    def _admit(self, n: int, prompts: dict[int, list[int]] | None = None) -> None:
         for _ in range(n):
-            problem = self.problems(self.cursor)
-            prompt = self.tokenize(problem)
+            prompt = prompts[self.cursor] if prompts else self.tokenize(self.problems(self.cursor))
             gid = self.ledger.next_group
             ids = [f"{gid}.{j}" for j in range(self.group_size)]
             self.ledger.add(GroupRecord(gid, self.cursor, ids))
@@ -148,9 +215,22 @@ class DataPlane:
         partials = self.partials
         items = [it for it in items if it.traj_id in partials
                  and (rollout is None or partials[it.traj_id].rollout == rollout)]
+        if items and self.limits is not None:
+            items = [it for it in items if self._stream_ok(it)]
         if items:
             self._log("stream", items=items)
             self._stream(items)
+
+    def _stream_ok(self, it: StreamItem) -> bool:
+        p = self.partials[it.traj_id]
+        before = len(p.tokens) if it.offset is None else min(max(0, it.offset), len(p.tokens))
+        why = validate.tokens_refusal(it.tokens, it.logprobs, self.limits, prompt_len=len(p.prompt), before=before,
+                                      max_new_tokens=p.max_new_tokens)
+        if why is None:
+            return True
+        self.refused["stream_items"] += 1  # not journalled: nothing changed (a restart forgets these counts)
+        self.refusals.append(("stream", it.traj_id, f"{why}; chunk ignored"))
+        return False
 
     def _stream(self, items: list[StreamItem]) -> None:
         for it in items:
@@ -167,12 +247,43 @@ class DataPlane:
             p.tokens.extend(it.tokens)
             p.logprobs.extend(it.logprobs)
 
-    def finish(self, traj: Trajectory) -> int | None:
-        """Record a finished trajectory; returns its group id if that completed the group."""
-        if traj.traj_id not in self.partials or not self.ledger.expects(traj):
+    def finish(self, traj: Trajectory, rollout: int | None = None) -> int | None:
+        """Record a finished trajectory (sent by `rollout`); returns its group id if that completed
+        the group. One that fails validation is refused (`reject`) and recorded nowhere else."""
+        p = self.partials.get(traj.traj_id)
+        if p is None:
             return None  # a duplicate (e.g. re-sent after a reconnect) is ignored, never counted twice
+        why = validate.trajectory_refusal(traj, p, self.limits, finished=True)
+        if why is not None:
+            self.reject(traj.traj_id, why, rollout)
+            return None
+        if not self.ledger.expects(traj):
+            return None
         self._log("finish", traj=traj)
         return self._finish(traj)
+
+    def reject(self, traj_id: str, reason: str, rollout: int | None = None) -> None:
+        """A result for `traj_id` from `rollout` was refused: the trajectory starts again from its
+        prompt (unless another rollout runs it now), its group is dropped at the MAX_REJECTIONS-th."""
+        if traj_id not in self.partials:
+            return
+        self._log("reject", traj_id=traj_id, rollout=rollout)
+        outcome = self._reject(traj_id, rollout)
+        self.refusals.append(("trajectory", traj_id, f"{reason}; {outcome}"))
+
+    def _reject(self, traj_id: str, rollout: int | None) -> str:
+        self.refused["trajectories"] += 1
+        p = self.partials[traj_id]
+        if rollout is not None and p.rollout is not None and p.rollout != rollout:
+            return f"rollout-{p.rollout} runs it now and continues"  # a stale sender: the owner goes on
+        p.rejected += 1
+        if p.rejected >= MAX_REJECTIONS:
+            self.ledger.fail(p.group_id, "invalid_trajectory")
+            return f"refused {p.rejected} times: its group {p.group_id} is dropped (invalid_trajectory)"
+        self._reset(p)
+        if traj_id not in self.queue:
+            self.queue.appendleft(traj_id)
+        return f"restarted from its prompt (refusal {p.rejected} of {MAX_REJECTIONS})"
 
     def _finish(self, traj: Trajectory) -> int | None:
         self.partials.pop(traj.traj_id, None)
@@ -181,89 +292,6 @@ class DataPlane:
         self.trajectories_finished += 1
         self.tokens_generated += len(traj.tokens)
         return self.ledger.finished(traj)
-
-    def requeue_rollout(self, rollout: int) -> list[Partial]:
-        """Detach every trajectory of a dead (or restarted) rollout. Those without tokens go back
-        to the front of the queue; those with tokens are returned, for the caller to place on a
-        replica holding their version (`place`) or to `restart` from the prompt."""
-        if not any(p.rollout == rollout for p in self.partials.values()):
-            return []
-        self._log("requeue", rollout=rollout)
-        return self._requeue(rollout)
-
-    def _requeue(self, rollout: int) -> list[Partial]:
-        return self._detach([p.traj_id for p in self.partials.values() if p.rollout == rollout])
-
-    def detach(self, ids: list[str]) -> list[Partial]:
-        """`requeue_rollout` for single trajectories (a rollout no longer holds them)."""
-        ids = [t for t in ids if t in self.partials]
-        if not ids:
-            return []
-        self._log("detach", ids=ids)
-        return self._detach(ids)
-
-    def _detach(self, ids: list[str]) -> list[Partial]:
-        out = []
-        for tid in ids:
-            p = self.partials[tid]
-            if tid in self.queue:
-                continue
-            p.rollout, p.t_assigned = None, None
-            if p.tokens and not p.gap:
-                out.append(p)
-            else:
-                self._reset(p)
-                self.queue.appendleft(p.traj_id)  # oldest work first: its group is waiting
-        return out
-
-    def unplaced(self) -> list[Partial]:
-        """Trajectories neither queued nor on a rollout (a restart happened between a requeue and
-        its placement)."""
-        queued = set(self.queue)
-        return [p for p in self.partials.values() if p.rollout is None and p.traj_id not in queued]
-
-    def place(self, traj_id: str, dest: int) -> WorkItem | None:
-        """Give a detached partial trajectory to replica `dest` (which holds its version)."""
-        if traj_id not in self.partials:
-            return None
-        t = time.time()
-        self._log("place", traj_id=traj_id, dest=dest, t=t)
-        return self._place(traj_id, dest, t)
-
-    def _place(self, traj_id: str, dest: int, t: float) -> WorkItem:
-        p = self.partials[traj_id]
-        p.rollout, p.t_assigned = dest, t
-        return p.work()
-
-    def migrate(self, traj: Trajectory, dest: int) -> WorkItem | None:
-        """A running trajectory moves to replica `dest` (repack): it keeps its tokens, behaviour
-        log-probs and version, and is re-prefilled there. Returns the work item for `dest`, or
-        None if it already finished (its result arrived first)."""
-        if traj.traj_id not in self.partials:
-            return None
-        t = time.time()
-        self._log("migrate", traj=traj, dest=dest, t=t)
-        return self._migrate(traj, dest, t)
-
-    def _migrate(self, traj: Trajectory, dest: int, t: float = 0.0) -> WorkItem:
-        p = self.partials[traj.traj_id]
-        p.tokens, p.logprobs, p.version = list(traj.tokens), list(traj.logprobs), traj.version
-        p.gap = False
-        p.rollout, p.t_assigned = dest, t
-        return p.work()
-
-    def restart(self, traj_id: str) -> bool:
-        """Start a trajectory again from its prompt (no replica holds its version)."""
-        p = self.partials.get(traj_id)
-        if p is None or traj_id in self.queue:
-            return False
-        self._log("restart", traj_id=traj_id)
-        self._restart(traj_id)
-        return True
-
-    def _restart(self, traj_id: str) -> None:
-        self._reset(self.partials[traj_id])
-        self.queue.appendleft(traj_id)
 
     @staticmethod
     def _reset(p: Partial) -> None:
@@ -309,7 +337,8 @@ class DataPlane:
                 "trained_at": [[g, s] for g, s in lg.trained_at.items()], "committed": sorted(lg.committed),
                 "dropped": [[g, r] for g, r in lg.dropped.items()], "meta": self.meta,
                 "counters": [self.groups_started, lg.groups_consumed, self.trajectories_finished,
-                             self.tokens_generated]}
+                             self.tokens_generated],
+                "refused": dict(self.refused), "refused_problems": list(self.refused_problems)}
 
     def load_state_dict(self, s: dict) -> None:
         lg = self.ledger
@@ -327,3 +356,6 @@ class DataPlane:
         self.meta = dict(s["meta"])
         (self.groups_started, lg.groups_consumed, self.trajectories_finished,
          self.tokens_generated) = s["counters"]
+        self.refused.update(s.get("refused", {}))  # absent in snapshots written before validation
+        self.refused_problems.clear()
+        self.refused_problems.extend(s.get("refused_problems", []))

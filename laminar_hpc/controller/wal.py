@@ -19,9 +19,20 @@ directory written before the typed protocol (dicts with the same keys) still rep
     state, records = wal.recover()          # (None, []) on a fresh run
     wal.start(dp.state_dict())              # snapshot + new segment
     wal.append("admit", {"n": 2}); wal.flush()
+    if wal.error: ...                       # the disk refuses the log: admit nothing new
+
+A full or failing disk (ENOSPC, EDQUOT, EIO, EFBIG, EROFS) never raises out of `flush`, `start`
+or `close`: the records stay in memory, in order, and every later flush retries them (a write cut
+short is continued where it stopped, so the segment stays one stream of whole records); a
+snapshot that cannot be written is abandoned (its temporary file removed) and the old snapshot
+and segment stay in use. A failed fsync leaves the segment's on-disk content in doubt (the
+kernel may have dropped the pages), so the log then asks for a fresh snapshot (`wants_snapshot`),
+which covers everything appended. Until all of that succeeded, `error` says what is wrong (else
+None), and `wants_snapshot` retries at most every `retry_s`. Nothing already written is touched.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -37,18 +48,27 @@ class WalError(RuntimeError):
     """The log cannot be turned back into a correct state."""
 
 
+# a disk that is full or failing: the log waits in memory and retries; anything else is a bug and raises
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS})
+
+
 def _index(path: Path) -> int:
     return int(path.stem.split("-")[1])
 
 
 class WriteAheadLog:
-    def __init__(self, root: Path, *, fsync_s: float = 1.0, snapshot_bytes: int = 64 << 20):
+    def __init__(self, root: Path, *, fsync_s: float = 1.0, snapshot_bytes: int = 64 << 20, retry_s: float = 1.0):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.fsync_s, self.snapshot_bytes = fsync_s, snapshot_bytes
+        self.fsync_s, self.snapshot_bytes, self.retry_s = fsync_s, snapshot_bytes, retry_s
         self.seg = -1
         self.fd: int | None = None
         self.buf: list[bytes] = []
+        self.unwritten = bytearray()  # encoded records the OS has not taken yet (a full disk), in order
+        self.error: str | None = None  # why the log is not on disk now (see the module doc), else None
+        self.failures = 0  # failed writes, fsyncs and snapshots, ever
+        self._needs_snapshot = False  # a failed fsync or snapshot: only a new snapshot makes the log whole
+        self._failed_at = 0.0
         self.size = 0  # bytes in the current segment
         self.snapshot_size = 0  # bytes of the newest snapshot
         self.last_sync = time.monotonic()
@@ -90,34 +110,57 @@ class WriteAheadLog:
         self.seg = max([start - 1] + [_index(p) for p in self.root.glob("seg-*.log")])
         return state, records
 
-    # -- writing ----------------------------------------------------------------------------
-    def start(self, state: dict) -> None:
-        """Write `state` as a snapshot covering everything so far and continue in a new segment."""
-        self.flush()
-        self._close_segment()
-        self.seg += 1
-        snap = self.root / f"snapshot-{self.seg:06d}.msgpack"
+    # -- writing ---------------------------------------------------------------------------
+    def start(self, state: dict) -> bool:
+        """Write `state` as a snapshot covering everything appended so far and continue in a new
+        segment. False (and `error` set) when the disk refused the snapshot: the old snapshot and
+        segment stay in use, the records stay buffered, and `wants_snapshot` asks again later."""
+        self.flush()  # what the old segment can take: it stays valid if the snapshot fails
+        new = self.seg + 1
+        snap = self.root / f"snapshot-{new:06d}.msgpack"
         tmp = snap.with_suffix(".tmp")
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            data = self._encoder.encode(state)
-            f.write(data)
-            self.snapshot_size = len(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, snap)
-        self.fd = os.open(self.root / f"seg-{self.seg:06d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.size = 0
-        dfd = os.open(self.root, os.O_RDONLY)
+        data = self._encoder.encode(state)
         try:
-            os.fsync(dfd)  # the snapshot's name is durable before older files go
-        finally:
-            os.close(dfd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)  # NFS reports a full disk here too
+            os.replace(tmp, snap)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            self._failed(err, f"snapshot {snap.name}", snapshot=True)
+            return False
+        # the snapshot holds every record appended so far: the old segment and the records still
+        # in memory are covered by it (recovery starts from it and replays later segments only)
+        self.seg, self.snapshot_size = new, len(data)
+        self.buf.clear()
+        self.unwritten.clear()
+        self._close_segment()
+        self.size = 0
+        try:
+            self.fd = os.open(self.root / f"seg-{self.seg:06d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            dfd = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(dfd)  # the snapshot's name is durable before older files go
+            finally:
+                os.close(dfd)
+        except OSError as err:
+            # records wait in memory (no segment) or the snapshot's name is not yet durable: keep the
+            # older files and take another snapshot once the disk allows
+            self._failed(err, f"segment seg-{self.seg:06d}.log", snapshot=True)
+            return False
+        self._needs_snapshot = False
+        self._check_clear()
         for old in [*self.root.glob("snapshot-*.msgpack"), *self.root.glob("seg-*.log")]:
             if _index(old) < self.seg:
                 old.unlink(missing_ok=True)
-        for tmp in self.root.glob("snapshot-*.tmp"):  # a snapshot cut short by a kill
-            if tmp != snap.with_suffix(".tmp"):
-                tmp.unlink(missing_ok=True)
+        for stale in self.root.glob("snapshot-*.tmp"):  # a snapshot cut short by a kill
+            stale.unlink(missing_ok=True)
+        return True
 
     def append(self, op: str, args: dict) -> None:
         rec = self._encoder.encode((op, args))
@@ -125,30 +168,77 @@ class WriteAheadLog:
         self.size += len(rec)
         self.records += 1
 
-    def flush(self) -> None:
-        """Hand buffered records to the OS (survives the process), fsync when due (survives the node)."""
-        if self.buf and self.fd is not None:
-            data = b"".join(self.buf)
+    def flush(self) -> bool:
+        """Hand buffered records to the OS (survives the process), fsync when due (survives the
+        node). True when every record appended is with the OS; False (and `error` set) when the
+        disk refused: they stay buffered, in order, and the next flush retries."""
+        if self.buf:
+            self.unwritten += b"".join(self.buf)
             self.buf.clear()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view):]
+        if self.unwritten and self.fd is not None:
+            try:
+                while self.unwritten:  # a short write is continued: the segment stays whole records
+                    del self.unwritten[:os.write(self.fd, self.unwritten)]
+            except OSError as err:
+                self._failed(err, f"segment seg-{self.seg:06d}.log")
+                return False
         if self.fd is not None and time.monotonic() - self.last_sync >= self.fsync_s:
-            os.fsync(self.fd)
-            self.last_sync = time.monotonic()
+            try:
+                os.fsync(self.fd)
+                self.last_sync = time.monotonic()
+            except OSError as err:
+                # after a failed fsync the kernel may have dropped written pages: only a new snapshot
+                # (the whole state) makes the log trustworthy again
+                self._failed(err, f"fsync of seg-{self.seg:06d}.log", snapshot=True)
+                return False
+        self._check_clear()
+        return not self.unwritten
+
+    def _failed(self, err: OSError, what: str, snapshot: bool = False) -> None:
+        if err.errno not in DISK_ERRORS:
+            raise err
+        self.failures += 1
+        self._failed_at = time.monotonic()
+        self._needs_snapshot = self._needs_snapshot or snapshot
+        first = self.error is None
+        self.error = (f"write-ahead log {self.root}: {what} failed ({errno.errorcode.get(err.errno, err.errno)}: "
+                      f"{err.strerror}); {len(self.unwritten) + sum(map(len, self.buf))} bytes of records wait "
+                      "in memory; free disk space (the log retries by itself)")
+        if first:
+            log.error("%s", self.error)
+
+    def _check_clear(self) -> None:
+        if self.error is not None and not self.unwritten and not self.buf and not self._needs_snapshot \
+                and self.fd is not None:
+            log.warning("write-ahead log %s is written again (after %d failures)", self.root, self.failures)
+            self.error = None
 
     @property
     def wants_snapshot(self) -> bool:
+        if self.error is not None and time.monotonic() - self._failed_at < self.retry_s:
+            return False  # the disk refused a moment ago: do not rewrite the whole state in a loop
+        if self._needs_snapshot:
+            return True
         # past the size limit and past twice the last snapshot: with a large state (long-tail
         # partial responses) a snapshot per `snapshot_bytes` of log cost more than the log itself
         return self.size >= max(self.snapshot_bytes, 2 * self.snapshot_size)
 
     def _close_segment(self) -> None:
         if self.fd is not None:
-            os.fsync(self.fd)
-            os.close(self.fd)
-            self.fd = None
+            fd, self.fd = self.fd, None
+            try:
+                os.fsync(fd)
+            except OSError as err:
+                if err.errno not in DISK_ERRORS:
+                    raise
+                log.warning("write-ahead log %s: fsync at close failed (%s)", self.root, err)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
+        """Flush and close; never raises for a full disk (records it cannot write are logged)."""
         self.flush()
+        if self.unwritten or self.buf:
+            log.error("write-ahead log %s: %d bytes of records could not be written before exit (%s)", self.root,
+                      len(self.unwritten) + sum(map(len, self.buf)), self.error)
         self._close_segment()

@@ -8,7 +8,6 @@ on a role failure or Ctrl-C every process is stopped by PID. Writes summary.json
 """
 from __future__ import annotations
 
-import glob
 import shutil
 import sys
 import time
@@ -19,11 +18,13 @@ from laminar_hpc.config import Config, save_config
 from laminar_hpc.launch.plan import RoleSpec, role_specs
 from laminar_hpc.launch.processes import mpi_env, role_env
 from laminar_hpc.launch.prepare import CampaignLock, prepare_run_dir
+from laminar_hpc.launch.signals import launcher_signals
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.summary import build_summary
 from laminar_hpc.rundir import RunDir, atomic_write_json
-from laminar_hpc.transport.security import auth_enabled, ensure_keys
+from laminar_hpc.transport.security import ensure_keys
+from laminar_hpc.transport.shm_dir import remove_private_dir
 
 __all__ = ["RoleFailed", "run_local", "run_campaign", "role_argv"]
 
@@ -49,10 +50,10 @@ def local_command(cfg: Config, run_dir: Path):
 
 
 def cleanup_shm(rd: RunDir) -> None:
-    """Remove this start's shared-memory files on this node (roles unlink their own; this
-    catches what a killed role left)."""
-    for path in glob.glob(rd.shm_files()):
-        Path(path).unlink(missing_ok=True)
+    """Remove this start's shared-memory directory on this node, whole (roles unlink their own
+    stores; this catches what a killed role left, and the directory). Runs in `run_campaign`'s
+    finally: on success, failure, Ctrl-C and the Slurm driver's requeue alike."""
+    remove_private_dir(rd.shm_run_dir)
 
 
 def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, progress: Progress | None,
@@ -61,8 +62,8 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
     `on_end(rd)` gets the RunDir of this start (its run id names the shared memory)."""
     rd = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)
     save_config(cfg, rd.config)
-    if auth_enabled(cfg.controller):
-        ensure_keys(rd)  # the per-run secret every connection proves (kept across resumes)
+    ensure_keys(rd)  # the per-run keys every connection proves (kept across resumes; made even under
+    # controller.auth: none, so that a resume without that setting authenticates)
     run_id = uuid.uuid4().hex[:10]
     rd.record_start(run_id)
     for stale in rd.endpoints():
@@ -95,6 +96,9 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
 def run_local(cfg: Config, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
               progress: Progress | None = None) -> dict:
     run_dir = Path(run_dir)
+    cfg = cfg.as_configured()  # an address a Slurm driver derived for an earlier start is not the user's
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
-    with CampaignLock(run_dir):
+    # a closed terminal (SIGHUP) stops the campaign like Ctrl-C; the roles also hold the lock and
+    # stop themselves should this process die without a word (launch/runlock.py)
+    with launcher_signals(RunDir(run_dir).log("launcher")), CampaignLock(run_dir):
         return run_campaign(cfg, run_dir, local_command(cfg, run_dir), role_specs(cfg), progress=progress)

@@ -95,6 +95,10 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
     nodes = lay.trainer_nodes + lay.rollout_nodes
     relay_count = nodes  # one relay per node: the master on node 0 (the trainer's), then rollout nodes
     common = ["--kill-on-bad-exit=0"]
+    # the relay tier is ONE MPI world: a rank that dies (a crash, SIGKILL, its node lost) must end
+    # the whole step, or the other ranks go on with a broken chain and nothing restarts the tier
+    # (srun, unlike mpirun, leaves the other tasks running by default)
+    relay_exit = ["--kill-on-bad-exit=1"]
     steps: dict[str, list[list[str]]] = {}
     rollout_node = {i: t0 + i % lay.rollout_nodes for i in range(cfg.rollout.count)}
 
@@ -110,7 +114,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
         steps["controller-0"] = [["--het-group=0", "-N1", "-n1", *_res(lay.controller), *common]]
         steps["trainer-0"] = [["--het-group=0", "-N1", f"-n{n_trainer}", *trainer_res, *common]]
         # ONE MPI world across both components: the master relay in group 0, one relay per rollout node
-        steps["relay"] = [["--mpi=pmix", "--het-group=0", "-N1", "-n1", *_res(lay.relay), *common],
+        steps["relay"] = [["--mpi=pmix", "--het-group=0", "-N1", "-n1", *_res(lay.relay), *relay_exit],
                           ["--het-group=1", f"-N{lay.rollout_nodes}", f"-n{lay.rollout_nodes}", "--ntasks-per-node=1",
                            *_res(lay.relay)]]
         for i, node in rollout_node.items():
@@ -123,7 +127,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
         steps["controller-0"] = [["-N1", "-n1", "--relative=0", *_res(lay.controller), *common]]
         steps["trainer-0"] = [["-N1", f"-n{n_trainer}", "--relative=0", *trainer_res, *common]]
         steps["relay"] = [["--mpi=pmix", f"-N{nodes}", f"-n{nodes}", "--ntasks-per-node=1", "--relative=0",
-                           *_res(lay.relay), *common]]
+                           *_res(lay.relay), *relay_exit]]
         for i, node in rollout_node.items():
             steps[f"rollout-{i}"] = [["-N1", "-n1", f"--relative={node}", *_res(lay.rollout), *common]]
     if s.gpus_per_node and s.hetjob:

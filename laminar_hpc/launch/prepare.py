@@ -9,12 +9,12 @@ The names inside the directory are `laminar_hpc.rundir.RunDir`'s.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 from pathlib import Path
 
+from laminar_hpc.launch.runlock import LauncherLock, held_message, holder
 from laminar_hpc.rundir import RunDir, RunDirError
 
 __all__ = ["CampaignLock", "check_resume_model", "lock_holder", "prepare_run_dir"]
@@ -30,9 +30,9 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     run_dir = rd.path
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} is a file, not a directory; pick another --run-dir")
-    holder = lock_holder(run_dir)
-    if holder is not None:  # say so first: --resume or --overwrite would not help
-        raise RunDirError(_held_message(run_dir, holder))
+    who = holder(run_dir)
+    if who is not None:  # say so first: --resume or --overwrite would not help
+        raise RunDirError(held_message(run_dir, who))
     exists = run_dir.exists() and any(run_dir.iterdir())
     if exists and not (resume or overwrite):
         raise RunDirError(f"run directory {run_dir} already holds a run; pass --resume to continue it "
@@ -50,54 +50,18 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         (run_dir / sub).mkdir(exist_ok=True, mode=0o700)
 
 
-def _held_message(run_dir: Path, holder: str) -> str:
-    return (f"run directory {run_dir} is held by another live campaign (pid {holder or '?'}); "
-            "stop it first or use another --run-dir")
-
-
 def lock_holder(run_dir: Path) -> str | None:
-    """The pid (as written) of a live campaign holding run_dir's lock, else None. Only probes:
-    creates and writes nothing, so a refused command leaves the directory as it was."""
-    try:
-        fd = os.open(RunDir.of(run_dir).lock, os.O_RDONLY)
-    except OSError:  # no lock file (or unreadable): nobody we can see holds it
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return os.pread(fd, 64, 0).decode(errors="replace").strip()
-    finally:
-        os.close(fd)  # closing drops a probe lock we took
-    return None
+    """The pid (as a string; "0" when the filesystem does not say) of a live process holding
+    run_dir's lock: its launcher, or a role of a campaign whose launcher died; else None. Only
+    probes (POSIX F_GETLK, fine on a read-only descriptor): creates and writes nothing."""
+    who = holder(run_dir)
+    return None if who is None else str(who.pid)
 
 
-class CampaignLock:
-    """An exclusive lock on the run directory's `.lock` held for the campaign's lifetime (fcntl:
-    released by the kernel when the holder dies, so a crash never leaves a stale lock)."""
-
-    def __init__(self, run_dir: Path):
-        self.path = RunDir.of(run_dir).lock
-        self.fd: int | None = None
-
-    def __enter__(self) -> "CampaignLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise RunDirError(_held_message(self.path.parent, holder)) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+class CampaignLock(LauncherLock):
+    """The launcher's lock on the run directory, held for the campaign's lifetime: POSIX record
+    locks that work on NFS and Lustre, shared with the roles (launch/runlock.py: a new launcher
+    is refused while a role of an earlier campaign still lives)."""
 
 
 def _newest_checkpoint_model(rd: RunDir) -> tuple[str, dict] | None:

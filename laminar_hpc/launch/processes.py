@@ -47,12 +47,14 @@ def role_env(base: dict | None = None) -> dict:
     return env
 
 
-def mpi_env(base: dict | None = None) -> dict:
-    """Open MPI settings for a localhost job: loopback only, ranks may outnumber cores
-    (yield instead of busy-waiting), root allowed in containers."""
+def mpi_env(base: dict | None = None, *, loopback: bool = True) -> dict:
+    """Open MPI settings: ranks may outnumber cores (yield instead of busy-waiting), root allowed
+    in containers, and with `loopback` (a job on this machine: the local launcher's mpirun)
+    TCP on loopback only. A job across hosts passes loopback=False. Settings in `base` win."""
     env = dict(os.environ if base is None else base)
-    env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
-    env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
+    if loopback:
+        env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+        env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")  # CMA needs ptrace rights

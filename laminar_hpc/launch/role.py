@@ -20,10 +20,11 @@ from pathlib import Path
 
 from laminar_hpc.config import Config, load_config
 from laminar_hpc.metrics.trace import Tracer
+from laminar_hpc.launch.runlock import RoleLock
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport import protocol
 from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
-from laminar_hpc.transport.security import channel_keys
+from laminar_hpc.transport.security import client_keys
 
 
 INTERRUPTED = 75  # a role's exit code: stopped early on request, state saved, resumable (EX_TEMPFAIL)
@@ -96,12 +97,13 @@ def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = Tru
     log = setup_logging(name)
     cfg = load_config(RunDir(run_dir).config)
     rundir = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)
+    RoleLock(rundir.path, grace_s=cfg.timeouts.shutdown_s).start_watch(log=log)  # stop if the launcher dies
     tracer = Tracer(rundir, name, enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
     ctrl = None
     if connect:
         addr = wait_endpoint(rundir, "controller", cfg.timeouts.startup_s)
         ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20),
-                      keys=channel_keys(rundir, cfg.controller))
+                      keys=client_keys(rundir, role, cfg.controller))  # only this role kind's secret
     ctx = RoleContext(role, rank, cfg, rundir.path, rundir.run_id, ctrl, tracer, log)
     if ctrl is not None:
         ctx.hello()
@@ -133,7 +135,7 @@ class Heartbeat:
 
     def _beat(self, limit_s: float, until_tick: bool) -> None:
         ctx = self.ctx
-        sock = Client(ctx.ctrl.address, f"{ctx.name}.hb", keys=channel_keys(ctx.rundir, ctx.cfg.controller))
+        sock = Client(ctx.ctrl.address, f"{ctx.name}.hb", keys=ctx.ctrl.keys)  # the role's own key
         while True:
             time.sleep(self.every_s)  # the beat's period
             if until_tick and self.ticked:

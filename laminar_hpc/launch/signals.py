@@ -7,10 +7,20 @@ installs these handlers first (stdlib only), and the role's loop checks the flag
 
     flags = install_stop_handlers()      # idempotent: the same dict every time
     if flags.get("stop"): ...            # "signal" names what arrived
+
+The launcher itself stops a campaign on Ctrl-C, SIGTERM and SIGHUP alike (a closed terminal must
+not leave the roles running headless):
+
+    with launcher_signals(run_dir / "logs" / "launcher.log"):
+        run_campaign(...)                # KeyboardInterrupt on SIGHUP: every role is stopped
 """
 from __future__ import annotations
 
+import os
 import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
 
 STOP_FLAGS: dict = {}
 
@@ -31,3 +41,52 @@ def install_stop_handlers(flags: dict = STOP_FLAGS) -> dict:
         signal.signal(signal.SIGUSR2, _on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     return flags
+
+
+def _as_interrupt(signum, frame):
+    raise KeyboardInterrupt  # the launcher stops every role as on Ctrl-C
+
+
+@contextmanager
+def launcher_signals(log_path: Path | None = None):
+    """While the launcher runs a campaign: SIGHUP (the terminal closed, or `kill -HUP`) stops it
+    cleanly as Ctrl-C does (KeyboardInterrupt: the supervisor stops every role, the trainer
+    checkpoints, summary.json is written), and so does SIGTERM where no handler is installed
+    yet. After a hang-up the terminal is gone and writing to it fails (EIO): the launcher's
+    stdout/stderr that were a terminal go to `log_path` from then on. A second hang-up is
+    ignored, so it cannot cut the stop short. Outside the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ttys = [fd for fd in (1, 2) if _isatty(fd)]
+
+    def on_hangup(signum, frame):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if ttys and log_path is not None:
+            try:
+                Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                for tty in ttys:
+                    os.dup2(fd, tty)
+                os.close(fd)
+            except OSError:
+                pass  # nowhere to write: stopping the roles matters more than the messages
+        raise KeyboardInterrupt
+
+    old_hup = signal.signal(signal.SIGHUP, on_hangup)
+    old_term = signal.getsignal(signal.SIGTERM)
+    if old_term in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _as_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, old_hup)
+        if old_term in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, old_term or signal.SIG_DFL)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False

@@ -29,6 +29,7 @@ from laminar_hpc.launch.local import role_argv, run_campaign
 from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
 from laminar_hpc.launch.processes import mpi_env, role_env
 from laminar_hpc.launch.prepare import CampaignLock, prepare_run_dir
+from laminar_hpc.launch.signals import launcher_signals
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.security import is_loopback
@@ -48,8 +49,12 @@ def effective_config(cfg: Config) -> tuple[Config, SlurmPlan]:
     return cfg, plan
 
 
-def step_env() -> dict:
-    env = mpi_env(role_env())
+def step_env(cross_host: bool) -> dict:
+    """The environment of every step. The relay tier's MPI keeps to loopback, as under the local
+    launcher, only while every node is this host (`cross_host` False: one node, or virtual nodes
+    whose NodeAddr is loopback); across hosts Open MPI picks the nodes' interfaces (its TCP
+    transport leaves out 127.0.0.0/8 by default). A setting in the user's environment wins."""
+    env = mpi_env(role_env(), loopback=not cross_host)
     for key in ("OMPI_MCA_plm", "OMPI_MCA_ras"):  # settings for mpirun-in-a-step; srun --mpi=pmix needs neither
         env.pop(key, None)
     return env
@@ -72,18 +77,30 @@ def node_addr(scontrol_show_node: str) -> str | None:
     return None
 
 
-def cluster_host(cfg: Config, plan: SlurmPlan) -> Config:
+def this_node_addr() -> str | None:
+    """This node's NodeAddr (the driver runs on node 0); None outside an allocation or when
+    `scontrol` cannot tell."""
+    name = os.environ.get("SLURMD_NODENAME")
+    if not name:
+        return None
+    try:
+        res = subprocess.run(["scontrol", "show", "node", name, "-o"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return node_addr(res.stdout) if res.returncode == 0 else None
+
+
+def cluster_host(cfg: Config, plan: SlurmPlan, addr: str | None) -> Config:
     """The control plane binds loopback by default. In an allocation of several nodes it must bind
-    this node's cluster address (its NodeAddr), and then `controller.auth: auto` turns on CURVE. A
-    host the user set is kept; so is loopback when the nodes are virtual nodes of one machine."""
-    if plan.nodes < 2 or not is_loopback(cfg.controller.host) or "SLURMD_NODENAME" not in os.environ:
+    this node's cluster address (`addr`: its NodeAddr), and then `controller.auth: auto` turns on
+    CURVE. A host the user set is kept; so is loopback when the nodes are virtual nodes of one
+    machine. Derived at every start from the configured host (a requeue may move node 0)."""
+    cfg = cfg.as_configured()  # an address an earlier start derived is never taken for the user's
+    ctl = cfg.controller
+    if plan.nodes < 2 or not is_loopback(ctl.host) or addr is None or is_loopback(addr):
         return cfg
-    res = subprocess.run(["scontrol", "show", "node", os.environ["SLURMD_NODENAME"], "-o"], capture_output=True,
-                         text=True, timeout=60)
-    addr = node_addr(res.stdout) if res.returncode == 0 else None
-    if addr is None or is_loopback(addr):
-        return cfg
-    return cfg.model_copy(update={"controller": cfg.controller.model_copy(update={"host": addr})}, deep=True)
+    ctl = ctl.model_copy(update={"host": addr, "configured_host": ctl.host})
+    return cfg.model_copy(update={"controller": ctl}, deep=True)
 
 
 def slurm_specs(cfg: Config) -> list[RoleSpec]:
@@ -95,11 +112,14 @@ class Driver:
 
     def __init__(self, cfg: Config, run_dir: Path):
         self.cfg, self.plan = effective_config(cfg)
-        self.cfg = cluster_host(self.cfg, self.plan)
+        addr = this_node_addr() if self.plan.nodes > 1 else None
+        self.cfg = cluster_host(self.cfg, self.plan, addr)
         self.run_dir = Path(run_dir)
         self.python = cfg.slurm.python or sys.executable
         self.supervisor = None
-        self.env = step_env()
+        # nodes are other hosts unless Slurm says node 0 is loopback (virtual nodes of one machine);
+        # when scontrol cannot tell, MPI is not pinned to loopback (Open MPI leaves it out itself)
+        self.env = step_env(cross_host=self.plan.nodes > 1 and not (addr and is_loopback(addr)))
 
     def command(self, spec: RoleSpec) -> tuple[list[str], dict]:
         return step_command(self.plan, spec, self.run_dir, self.python), self.env
@@ -110,9 +130,12 @@ class Driver:
             sup.progress.message(f"step {spec.name}: {shlex.join(self.command(spec)[0])}")
 
     def _cleanup_nodes(self, rd: RunDir) -> None:
-        """Remove the start's shared-memory files on every node (roles remove their own; a killed
-        step leaves its files behind, which only a step on that node can delete)."""
-        prog = ["bash", "-c", f"rm -f {rd.shm_files()}"]
+        """Remove the start's shared-memory directory on every node (roles remove their own stores;
+        a killed step leaves its files behind, which only a step on that node can delete). Only a
+        real directory of our user goes (`-O`, not a symbolic link): one planted by someone else is
+        not ours to delete, as in local.cleanup_shm."""
+        d = shlex.quote(str(rd.shm_run_dir))
+        prog = ["bash", "-c", f"if [ -d {d} ] && [ ! -L {d} ] && [ -O {d} ]; then rm -rf -- {d}; fi"]
         each = ["--ntasks-per-node=1", "--exact", "--cpus-per-task=1", "--kill-on-bad-exit=0"]
         if self.plan.hetjob:  # one task on every node of both components
             lay = self.cfg.slurm.layout
@@ -133,7 +156,8 @@ class Driver:
 
     def run(self) -> dict:
         prepare_run_dir(self.run_dir, resume=True, overwrite=False)
-        with CampaignLock(self.run_dir):
+        # a hang-up (and a SIGTERM no one else handles: a hand-submitted script) stops the roles cleanly
+        with launcher_signals(RunDir(self.run_dir).log("launcher")), CampaignLock(self.run_dir):
             summary = run_campaign(self.cfg, self.run_dir, self.command, slurm_specs(self.cfg),
                                    progress=Progress(f"laminar: {self.cfg.name}", stream=sys.stdout),
                                    on_start=self._on_start, on_end=self._cleanup_nodes)

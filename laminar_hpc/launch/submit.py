@@ -6,6 +6,11 @@
 The cluster is never guessed (submitit's AutoExecutor picks Slurm whenever `srun` is on PATH):
 `--cluster` or the config's `cluster:` names it. A Slurm layout is checked against the
 partition (`sinfo`) before anything is submitted.
+
+Every value in a script is quoted (`sbatch_line`, `shlex.quote`), so a partition, run directory or
+override holding spaces, quotes or `$(...)` stays one literal word; control characters (a line
+break would end the `#SBATCH` block) are refused by the config schema and, for the run directory,
+config path and overrides, here.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 from submitit.slurm.slurm import SlurmExecutor
 
 from laminar_hpc.config import Config, load_config, save_config
+from laminar_hpc.config.values import control_char
 from laminar_hpc.launch.plan import LayoutError, SlurmPlan
 from laminar_hpc.launch.prepare import prepare_run_dir
 from laminar_hpc.launch.slurm import effective_config, slurm_specs, step_command
@@ -30,6 +36,21 @@ CLUSTERS = ("slurm", "local", "debug")
 
 class SubmitError(ValueError):
     """Nothing was submitted; the message says why and what to do."""
+
+
+def refuse_control_chars(what: str, text: str) -> None:
+    """A value from the command line (not checked by the config schema) that would break a script."""
+    bad = control_char(str(text))
+    if bad:
+        raise SubmitError(f"{what} {str(text)!r} holds a control character ({bad}); it would break the job script "
+                          "(a line break ends the #SBATCH block): use one without")
+
+
+def sbatch_line(key: str, value=True) -> str:
+    """`#SBATCH --key=value`: the value quoted as sbatch reads it (sbatch takes shell quotes, and an
+    unquoted '#' starts a comment there); True gives a bare flag; '_' in a key becomes '-'."""
+    key = key.replace("_", "-")
+    return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
 
 
 # -- checks against the real cluster ------------------------------------------------------
@@ -93,8 +114,8 @@ class Campaign(Checkpointable):
         from laminar_hpc.launch.local import run_local
         from laminar_hpc.launch.slurm import Driver
         cfg = load_config(RunDir(run_dir).config)
-        if "SLURM_JOB_ID" not in os.environ:
-            return run_local(cfg, Path(run_dir), resume=True)
+        if "SLURM_JOB_ID" not in os.environ:  # not node 0's address of an earlier Slurm start
+            return run_local(cfg.as_configured(), Path(run_dir), resume=True)
         self._driver = Driver(cfg, Path(run_dir))
         return self._driver.run()  # requeues the job itself when the trainer stopped early
 
@@ -117,7 +138,7 @@ class HetSlurmExecutor(SlurmExecutor):
         extra = []
         for comp in self.components:
             extra.append("#SBATCH hetjob")
-            extra += [f"#SBATCH --{k.replace('_', '-')}={v}" for k, v in comp.items() if v is not None]
+            extra += _component_lines(comp)
         # in a het step %j would expand per component; the leader's id keeps one log folder
         lines = [ln.replace("%j", "${SLURM_JOB_ID}") if ln.startswith("srun ") else ln for ln in lines]
         return "\n".join(lines[: last + 1] + extra + lines[last + 1:])
@@ -154,6 +175,7 @@ def submit(cfg: Config, run_dir: Path, cluster: str, *, resume: bool = False) ->
     """Submit the campaign and return the job id at once (for `debug`, after it ran)."""
     if cluster not in CLUSTERS:
         raise SubmitError(f"cluster '{cluster}' is not known; allowed: {', '.join(CLUSTERS)}")
+    refuse_control_chars("--run-dir", run_dir)  # submitit writes it into the script's #SBATCH lines
     plan = None
     if cluster == "slurm":
         plan = check_layout(cfg)
@@ -175,7 +197,9 @@ def render_sbatch(cfg: Config, config_path: str, overrides: list[str], run_dir: 
     cfg, plan = effective_config(cfg)
     s = cfg.slurm
     run_dir = run_dir or f"runs/{cfg.name}"
-    python = s.python or "${LAMINAR_PYTHON:-python3}"
+    for what, text in [("--run-dir", run_dir), ("the config path", config_path)] + [("override", o) for o in overrides]:
+        refuse_control_chars(what, text)
+    python = shlex.quote(s.python) if s.python else "${LAMINAR_PYTHON:-python3}"
     comps = plan.components
     opts = [("job-name", s.job_name or cfg.name), ("partition", s.partition), ("account", s.account),
             ("qos", s.qos), ("time", s.time_min), ("constraint", s.constraint),
@@ -184,16 +208,18 @@ def render_sbatch(cfg: Config, config_path: str, overrides: list[str], run_dir: 
              f"# laminar campaign '{cfg.name}', rendered by: laminar render-sbatch "
              f"{shlex.join([config_path, *overrides])}",
              "#   submit:  sbatch job.sbatch        (RUN_DIR=... sbatch job.sbatch to choose the run directory)",
-             f"#   watch:   laminar status {run_dir}",
+             f"#   watch:   laminar status {shlex.quote(run_dir)}",
              "#   resume:  sbatch the same script with the same RUN_DIR: it continues from the last checkpoint",
              "#", f"# layout: {describe_layout(cfg, plan)}"]
-    lines += [f"#SBATCH --{k}={v}" for k, v in opts if v is not None]
+    lines += [sbatch_line(k, v) for k, v in opts if v is not None]
     lines += _component_lines(comps[0])
-    lines += ["#SBATCH --output=laminar-%j.out", f"#SBATCH --signal=USR2@{s.signal_delay_s}", "#SBATCH --requeue"]
-    lines += [f"#SBATCH --{k}" if v is True else f"#SBATCH --{k}={v}" for k, v in s.additional_parameters.items()]
+    lines += [sbatch_line("output", "laminar-%j.out"), sbatch_line("signal", f"USR2@{s.signal_delay_s}"),
+              sbatch_line("requeue")]
+    lines += [sbatch_line(k, v) for k, v in s.additional_parameters.items()]
     for comp in comps[1:]:
         lines += ["#SBATCH hetjob", *_component_lines(comp)]
-    lines += ["", "set -euo pipefail", f'RUN_DIR="${{RUN_DIR:-{run_dir}}}"', "",
+    # the default run directory as one single-quoted word: nothing in it expands when the job starts
+    lines += ["", "set -euo pipefail", f'[ -n "${{RUN_DIR:-}}" ] || RUN_DIR={shlex.quote(run_dir)}', "",
               "# Open MPI for the relay step (srun --mpi=pmix): ranks may outnumber cores, so yield when idle",
               "export OMPI_MCA_mpi_yield_when_idle=1", "",
               "# The campaign driver starts every role as its own job step and restarts a failed rollout",
@@ -208,7 +234,7 @@ def render_sbatch(cfg: Config, config_path: str, overrides: list[str], run_dir: 
 
 
 def _component_lines(comp: dict) -> list[str]:
-    return [f"#SBATCH --{k.replace('_', '-')}={v}" for k, v in comp.items() if v is not None]
+    return [sbatch_line(k, v) for k, v in comp.items() if v is not None]
 
 
 def describe_layout(cfg: Config, plan: SlurmPlan) -> str:

@@ -28,7 +28,7 @@ from laminar_hpc.policy.supervision import (campaign_over, due, exit_meaning, gr
 from laminar_hpc.rundir import RunDir, atomic_write_json, read_json
 from laminar_hpc.transport.channel import Client, WaitTimeout
 from laminar_hpc.transport.protocol import Message, RoleDown, StopAll
-from laminar_hpc.transport.security import channel_keys
+from laminar_hpc.transport.security import client_keys
 
 POLL_S = 0.25  # how often the supervisor looks at its children and the status file
 
@@ -78,7 +78,7 @@ class Supervisor:
                 raise RoleFailed(f"the controller did not publish {path} within {self.cfg.timeouts.startup_s:.0f}s")
             time.sleep(0.05)  # poll for a file the controller writes
         self.ctrl = Client(read_json(path)["address"], "launcher-0",
-                           keys=channel_keys(self.run_dir, self.cfg.controller))
+                           keys=client_keys(self.run_dir, "launcher", self.cfg.controller))
 
     # -- failures and restarts ----------------------------------------------------------------
     def _role_down(self, name: str, rc: int) -> None:

@@ -60,8 +60,16 @@ class Status(msgspec.Struct, kw_only=True):
     queued: int = 0
     running: int = 0
     published: int = 0
-    dropped_frames: int = 0
+    dropped_frames: int = 0  # malformed frames, refused hellos and frames whose handling failed
     relay_dropped_frames: int = 0
+    # validation where rows and frames enter (controller/validate.py) and leave (protocol.split)
+    handler_errors: int = 0  # frames that decoded but whose handling raised (dropped, in dropped_frames too)
+    prompts_refused: int = 0  # problems whose prompt cannot be generated from: never sent to a rollout
+    refused_problems: list[int] = []  # the last ones refused (problem indexes of the task)
+    trajectories_refused: int = 0  # results with bad tokens / lengths / log-probs or a wrong group: regenerated
+    stream_items_refused: int = 0  # stream chunks with bad tokens or log-probs: ignored
+    oversize_refused: int = 0  # groups or work items too big for one frame: dropped as "oversize"
+    frames_split: int = 0  # messages sent as several frames to stay under controller.max_frame_mb
     repack: dict[str, int] = {}
     rollout_util: dict[int, Utilisation] = {}
     metrics: dict[str, Scalar] = {}  # the trainer's last step
@@ -70,6 +78,7 @@ class Status(msgspec.Struct, kw_only=True):
     roles: dict[str, RoleEntry] = {}
     hung: list[str] = []  # roles silent for longer than timeouts.heartbeat_s
     recovery: dict[str, int | dict[str, Scalar]] = {}
+    wal_error: str | None = None  # the write-ahead log cannot be written (disk full): admission is paused
     # controller_stats.json only
     stop_reason: str | None = None
     ledger: dict[str, int | list[int] | dict[str, int]] | None = None  # GroupLedger.summary()

@@ -4,26 +4,17 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from laminar_hpc.metrics.jsonl import read_objects, read_steps
 from laminar_hpc.metrics.status import read_status
 from laminar_hpc.rundir import RunDir, read_json, read_ledger
 
 
 def read_metrics(run_dir: RunDir | Path) -> list[dict]:
-    """Train-step rows of metrics.jsonl (other events such as warm-up are skipped)."""
-    path = RunDir.of(run_dir).metrics
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-            if "step" in row and "event" not in row:
-                rows.append(row)
-    return rows
+    """Train-step rows of metrics.jsonl, one per step (the last written: a step trained again
+    after a resume counts once), by step; torn lines and other events (warm-up) are skipped."""
+    return read_steps(RunDir.of(run_dir).metrics)
 
 
 def _window_mean(rows: list[dict], key: str, first: bool, frac: float = 0.1) -> float | None:
@@ -41,7 +32,7 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
     trajs = sum(r["trajectories"] for r in rows)
     stalls = [r["publish_stall_s"] for r in rows if r.get("publish_stall_s")]
     stale_sum = sum(r["staleness_mean"] * r["trajectories"] for r in rows)
-    warm = [json.loads(line) for line in _lines(rd.metrics) if '"warmup_done"' in line]
+    warm = [r for r in read_objects(rd.metrics) if r.get("event") == "warmup_done"]
     return {
         "mode": mode,
         "reward_first": _window_mean(rows, "reward_mean", first=True),
@@ -97,6 +88,3 @@ def recovery_summary(rec: dict) -> dict:
     return {"recoveries": per_role, "recovery_s_max": max(worst.values(), default=0.0),
             "recovery_s_max_by_role": worst, "unrecovered": len(rec.get("unrecovered", []))}
 
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.is_file() else []

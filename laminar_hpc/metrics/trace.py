@@ -1,6 +1,7 @@
 """Run traces: every process appends its events to its own HDF5 file in run_dir/trace/.
 
-    trace/<role>.<pid>.h5     one file per process (a restarted role starts a new file)
+    trace/<role>.<pid>.<start>.h5   one file per process, created exclusively (a restarted role, or a
+                                    reused pid, starts a new file; `<role>.<pid>.h5` of older runs is read too)
       events   (t f8, ev u2, off u8, len u4)   time, event id (index into EVENTS), its fields
       payload  u1                              the fields of every event, JSON, back to back
       attrs    role, pid, host, slurm_job_id, slurm_step_id, events (the catalogue), schema
@@ -9,6 +10,11 @@ Files are written in SWMR mode (single writer, many readers): events are buffere
 every `flush_s` (1 s), every 512 events and at exit, so a live run can be read at any moment and
 a crashed one up to its last flush. Payload bytes are flushed before the events that point into
 them, so a reader never follows an event past the end of its payload.
+
+Tracing is best-effort: a full or failing disk never raises out of `emit`, `flush` or `close`
+and never ends the role. A failed write keeps its events buffered (at most MAX_BUFFERED; beyond
+that new events are counted in `dropped`), counts in `write_errors` and is retried at a later
+flush; the rewrite goes to the same offsets, so the file holds each event once.
 
 Timestamps are this process's wall clock (time.time()). Each role also records the offset of
 its clock to the controller's, measured from heartbeat round trips (`heartbeat` events: offset
@@ -26,7 +32,9 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -56,6 +64,8 @@ EVENTS = (
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 ROW = np.dtype([("t", "f8"), ("ev", "u2"), ("off", "u8"), ("len", "u4")])
 _FLUSH_EVENTS = 512
+MAX_BUFFERED = 200_000  # events kept in memory while the disk refuses them (~20 MB)
+_log = logging.getLogger(__name__)
 
 
 class TraceSchemaError(ValueError):
@@ -70,28 +80,63 @@ def _h5py():
 class Tracer:
     def __init__(self, run_dir: Path, name: str, enabled: bool = True, flush_s: float = 1.0):
         self.name, self.enabled, self.flush_s = name, enabled, flush_s
-        self.path = RunDir.of(run_dir).trace_file(name, os.getpid())
+        self.rundir = RunDir.of(run_dir)
+        self.path = self.rundir.trace_file(name, os.getpid(), _start_tag())
         self._rows: list[tuple[float, int, bytes]] = []
         self._last_flush = time.monotonic()
         self._file = self._events = self._payload = None
         self._n = self._nbytes = 0
+        self._closed = False
+        self.write_errors = 0  # failed creates and flushes (a full disk): retried later
+        self.dropped = 0  # events not kept because MAX_BUFFERED were already waiting
+        self.error: str | None = None  # the last failure while it lasts, else None
+        self._retry_at = 0.0
         if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._open()
+            self._try(self._open)
             atexit.register(self.close)
 
     def _open(self) -> None:
         h5py = _h5py()
-        f = h5py.File(self.path, "w", libver="latest")
-        self._events = f.create_dataset("events", shape=(0,), maxshape=(None,), dtype=ROW, chunks=(4096,))
-        self._payload = f.create_dataset("payload", shape=(0,), maxshape=(None,), dtype="u1", chunks=(1 << 16,))
-        attrs = {"role": self.name, "pid": os.getpid(), "host": socket.gethostname(), "schema": SCHEMA,
-                 "events": json.dumps(EVENTS), "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
-                 "slurm_step_id": os.environ.get("SLURM_STEP_ID", "")}
-        for k, v in attrs.items():
-            f.attrs[k] = v
-        f.swmr_mode = True  # from here on readers may open the file; no new objects can be added
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(100):  # "x": never truncate another process's file, whatever the name says
+            try:
+                f = h5py.File(self.path, "x", libver="latest")
+                break
+            except FileExistsError:
+                self.path = self.rundir.trace_file(self.name, os.getpid(), _start_tag())
+        else:
+            raise FileExistsError(f"no free trace file name like {self.path}")
+        try:
+            self._events = f.create_dataset("events", shape=(0,), maxshape=(None,), dtype=ROW, chunks=(4096,))
+            self._payload = f.create_dataset("payload", shape=(0,), maxshape=(None,), dtype="u1", chunks=(1 << 16,))
+            attrs = {"role": self.name, "pid": os.getpid(), "host": socket.gethostname(), "schema": SCHEMA,
+                     "events": json.dumps(EVENTS), "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+                     "slurm_step_id": os.environ.get("SLURM_STEP_ID", "")}
+            for k, v in attrs.items():
+                f.attrs[k] = v
+            f.swmr_mode = True  # from here on readers may open the file; no new objects can be added
+        except BaseException:
+            _quiet(f.close)
+            self.path.unlink(missing_ok=True)  # ours (created exclusively) and unusable: the retry makes another
+            raise
         self._file = f
+
+    def _try(self, step) -> bool:
+        """Run a write step; a failure (full disk: h5py raises OSError or RuntimeError) is counted
+        and retried after `flush_s`, never raised."""
+        try:
+            step()
+        except Exception as err:  # noqa: BLE001 - tracing must never end the role
+            self.write_errors += 1
+            self._retry_at = time.monotonic() + max(self.flush_s, 0.5)
+            if self.error is None:
+                _log.warning("trace %s: write failed (%s); events are kept and retried", self.path, err)
+            self.error = f"{type(err).__name__}: {err}"
+            return False
+        if self.error is not None and self._file is not None and not self._rows:
+            _log.warning("trace %s: writing again (after %d failed attempts)", self.path, self.write_errors)
+            self.error = None
+        return True
 
     def emit(self, event: str, **fields) -> None:
         if not self.enabled:
@@ -99,14 +144,25 @@ class Tracer:
         ev = EVENT_ID.get(event)
         if ev is None:
             raise TraceSchemaError(f"trace event {event!r} is not in the catalogue (laminar_hpc/metrics/trace.py)")
+        if len(self._rows) >= MAX_BUFFERED:
+            self.dropped += 1
+            return
         self._rows.append((time.time(), ev, json.dumps(fields, separators=(",", ":")).encode()))
-        if len(self._rows) >= _FLUSH_EVENTS or time.monotonic() - self._last_flush > self.flush_s:
+        now = time.monotonic()
+        due = len(self._rows) >= _FLUSH_EVENTS or now - self._last_flush > self.flush_s
+        if due and now >= self._retry_at:
             self.flush()
 
     def flush(self) -> None:
+        """Write the buffered events; never raises (see the module doc)."""
         self._last_flush = time.monotonic()
-        if not self._rows or self._file is None:
+        if not self.enabled or self._closed or not self._rows:
             return
+        if self._file is None and not self._try(self._open):
+            return
+        self._try(self._write)
+
+    def _write(self) -> None:
         rows = np.zeros(len(self._rows), dtype=ROW)
         blob = b"".join(r[2] for r in self._rows)
         lens = np.fromiter((len(r[2]) for r in self._rows), dtype=np.uint64, count=len(self._rows))
@@ -114,24 +170,41 @@ class Tracer:
         rows["ev"] = [r[1] for r in self._rows]
         rows["len"] = lens
         rows["off"] = self._nbytes + np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.uint64)
-        self._rows.clear()
-        # the payload first: an event is never visible before the bytes it points to
+        # the payload first: an event is never visible before the bytes it points to. The counters
+        # move only once both are written, so a failed attempt is rewritten at the same offsets.
         self._payload.resize((self._nbytes + len(blob),))
         self._payload[self._nbytes:] = np.frombuffer(blob, dtype=np.uint8)
         self._payload.flush()
-        self._nbytes += len(blob)
         self._events.resize((self._n + len(rows),))
         self._events[self._n:] = rows
         self._events.flush()
+        self._nbytes += len(blob)
         self._n += len(rows)
+        self._rows.clear()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        if self._rows or self.dropped:
+            _log.warning("trace %s: %d events could not be written, %d dropped (%s)", self.path, len(self._rows),
+                         self.dropped, self.error)
         if self._file is not None:
-            try:
-                self.flush()
-            finally:
-                self._file.close()
-                self._file = None
+            f, self._file = self._file, None
+            _quiet(f.close)
+
+
+def _start_tag() -> str:
+    """This file's start (UTC, to the second) and a random part: unique even for a reused pid."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def _quiet(fn) -> None:
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 - closing a file on a full disk: what was flushed stays readable
+        _log.warning("trace: %s", err)
 
 
 # -- reading ------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ at once, without waiting for the next publish.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from laminar_hpc.relay.reshard import Reshard
 from laminar_hpc.rundir import read_json
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.protocol import LogEvent, Publish, Stop, VersionReady
-from laminar_hpc.transport.security import channel_keys
+from laminar_hpc.transport.security import server_keys
 from laminar_hpc.transport.weight_store import WeightStore, checksum
 
 
@@ -86,13 +85,14 @@ class Handoff:
         self.path, self.store, self.inode = path, None, None
 
     def get(self) -> WeightStore | None:
-        try:
-            ino = os.stat(self.path).st_ino
-        except FileNotFoundError:
+        """The newest hand-off store; one that is not ours alone raises SharedMemoryError."""
+        ino = WeightStore.inode_at(self.path)
+        if ino is None:
             return self.store  # the trainer is restarting: what we have is still readable
         if ino != self.inode:
             self.close()
-            self.store, self.inode = WeightStore.open(self.path), ino
+            self.store = WeightStore.open(self.path)
+            self.inode = self.store.inode  # of the file opened (a restarted trainer may have replaced it since)
         return self.store
 
     def close(self) -> None:
@@ -104,8 +104,9 @@ class Handoff:
 def run_master(node: RelayNode, flags: dict) -> None:
     ctx = node.ctx
     old = read_json(ctx.rundir.endpoint("relay_master"))  # a restart keeps its address
-    handoff_srv = Server(ctx.cfg.controller.host, port=int(old["address"].rsplit(":", 1)[1]) if old else None,
-                         keys=channel_keys(ctx.rundir, ctx.cfg.controller))
+    handoff_srv = Server(ctx.cfg.controller.host, int(ctx.cfg.controller.max_frame_mb * 2**20),
+                         port=int(old["address"].rsplit(":", 1)[1]) if old else None,
+                         keys=server_keys(ctx.rundir, "relay", ctx.cfg.controller))  # admits the trainer only
     publish_endpoint(ctx.rundir, "relay_master", handoff_srv.address)
     handoff = Handoff(ctx.rundir.shm_path("handoff"))
     beat = Heartbeat(ctx, background=True)  # a broadcast may outlast the heartbeat timeout

@@ -6,7 +6,9 @@ engine would take (scaled by `emulation.time_scale`) and emits tokens until each
 reaches the length the length distribution drew for it. To keep Python overhead small at 32+
 replicas on two cores, one `step()` advances several decode steps at once: up to
 `emulation.max_macro_steps`, and never past the next sequence to finish, so batch composition
-and timing are those of token-by-token decoding. Imports no torch.
+and timing are those of token-by-token decoding. `refuse` refuses what a real engine would
+(token ids outside the vocabulary, no room to generate) except by length: an emulated response
+may be far longer than the small model's `model.max_seq_len`. Imports no torch.
 
     engine = EmulatedEngine(cfg, seed=0, eos_id=1, vocab_size=100, nbytes=16 << 20)
     engine.load_weights(3, buf, EmulatedWeights(16 << 20))
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from laminar_hpc.emulation.cost import Clock, CostModel, response_length
-from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add
+from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem
 
 
 @dataclass
@@ -73,14 +75,17 @@ class EmulatedEngine:
         return digest
 
     # -- generation -----------------------------------------------------------------------
+    def refuse(self, request: SeqRequest) -> str | None:
+        return request_problem(request, vocab_size=self.vocab_size, max_len=None)
+
     def add(self, requests: list[SeqRequest]) -> list[StepOutput]:
         if not requests:
             return []
         check_add(requests, self.free_slots(), self.version)
         for r in requests:  # all checked before any joins: a refused call changes nothing
-            if len(r.tokens) >= r.max_new_tokens:
-                raise ValueError(f"trajectory {r.traj_id}: {len(r.tokens)} tokens leave no room to generate "
-                                 f"(max_new_tokens={r.max_new_tokens})")
+            why = self.refuse(r)
+            if why is not None:
+                raise ValueError(f"trajectory {r.traj_id}: {why}")
         chain = bool(self.active)  # joining a running batch: no idle gap in between
         tokens = 0
         for r in requests:

@@ -19,7 +19,9 @@ import torch
 from laminar_hpc.model.llama import KVCache, ModelArgs, Transformer
 from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.rollout.base import RolloutEngine, SeqRequest, StepOutput, VersionInFlightError, check_add
+from laminar_hpc.rollout.base import (
+    RolloutEngine, SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem,
+)
 
 __all__ = ["RolloutEngine", "SeqRequest", "StepOutput", "TorchEngine", "VersionInFlightError"]
 
@@ -68,17 +70,22 @@ class TorchEngine:
         return digest
 
     # -- generation -----------------------------------------------------------------------
+    def refuse(self, request: SeqRequest) -> str | None:
+        return request_problem(request, vocab_size=self.args.vocab_size, max_len=self.args.max_seq_len,
+                               len_name="model.max_seq_len")
+
     @torch.inference_mode()
     def add(self, requests: list[SeqRequest]) -> list[StepOutput]:
-        """Prefill new sequences into free slots and sample their next token."""
+        """Prefill new sequences into free slots and sample their next token (a refused request
+        raises ValueError and nothing joins: ask `refuse` first)."""
         if not requests:
             return []
         check_add(requests, self.free_slots(), self.version)
+        for r in requests:
+            why = self.refuse(r)
+            if why is not None:
+                raise ValueError(f"trajectory {r.traj_id}: {why}")
         prefixes = [r.prompt + r.tokens for r in requests]
-        for r, p in zip(requests, prefixes):
-            if len(p) + 1 > self.args.max_seq_len or len(r.tokens) >= r.max_new_tokens:
-                raise ValueError(f"trajectory {r.traj_id}: {len(p)} tokens leave no room to generate "
-                                 f"(model.max_seq_len={self.args.max_seq_len}, max_new_tokens={r.max_new_tokens})")
         width = max(len(p) for p in prefixes)
         first = len(self.active)
         tokens = torch.zeros(len(requests), width, dtype=torch.long)
@@ -124,10 +131,20 @@ class TorchEngine:
         return self.model(tokens, cache=view, positions=positions, key_len=key_len)
 
     def _sample_and_retire(self, logits: torch.Tensor, slots: list[int]) -> list[StepOutput]:
+        # a sequence whose logits are not finite (weights that overflow on its tokens) ends with an
+        # error alone: sampling it would raise for the whole batch (on a GPU, a device-side assert)
+        bad = ~torch.isfinite(logits).all(-1)
+        logits = logits.masked_fill(bad.unsqueeze(-1), 0.0)  # no `if bad.any()`: that would sync a GPU
         toks, logps = sample_tokens(logits, self.temperature, self.top_p, self.generator)
         outs = []
-        for slot, tok, lp in zip(slots, toks.tolist(), logps.tolist()):
+        for slot, tok, lp, nan in zip(slots, toks.tolist(), logps.tolist(), bad.tolist()):
             req = self.active[slot].req
+            if nan:
+                outs.append(StepOutput(req.traj_id, [], [], True, req, error=(
+                    f"non-finite logits at position {len(req.prompt) + len(req.tokens)}")))
+                for buf in (*self.cache.k, *self.cache.v):
+                    buf[slot].zero_()  # masked positions still reach attention's sum: no NaN left behind
+                continue
             req.tokens.append(tok)
             req.logprobs.append(lp)
             done = (tok == self.eos_id or len(req.tokens) >= req.max_new_tokens

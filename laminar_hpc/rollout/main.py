@@ -10,6 +10,14 @@ away (repack: `migrate`) or hand it others of its version; in `partial-rollout` 
 AReaL baseline) it instead interrupts everything at each new version and continues it.
 Reports its batch, KV use and busy/weight-wait time to the controller (`rollout_state`).
 
+Bad data fails one trajectory, never the rollout: work the engine refuses (too long for it,
+token ids outside its vocabulary), a sequence it gives up on (non-finite logits, vLLM's
+per-request errors) and the request an engine call raised for (each retried alone) finish as
+error results (`fail`: finish "error: <why>", no reward, no tokens). The controller restarts
+such a trajectory from its prompt a bounded number of times, then drops its group
+(`invalid_trajectory`); no rollout ever ends on a poison item. That part lives in
+`laminar_hpc.rollout.errors` (`EngineErrors`, which `Rollout` inherits).
+
     python -m laminar_hpc.rollout --run-dir runs/x --rank 0
 """
 from __future__ import annotations
@@ -25,6 +33,7 @@ from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.scheduling import should_refresh
 from laminar_hpc.rollout.base import SeqRequest, StepOutput
+from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineErrors  # noqa: F401 - re-exported
 from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
 from laminar_hpc.tasks import build_task
 from laminar_hpc.tasks.base import Problem
@@ -35,7 +44,7 @@ from laminar_hpc.transport.protocol import (
 )
 
 
-class Rollout:
+class Rollout(EngineErrors):
     def __init__(self, ctx: RoleContext, relay: int):
         self.ctx = ctx
         cfg = ctx.cfg
@@ -44,6 +53,7 @@ class Rollout:
         self.tok = build_tokenizer(cfg.model)
         self.task = build_task(cfg.task, cfg.seed)
         self.engine, self.layout = build_engine(cfg, ctx.rank, self.tok)
+        self.relay = relay  # the relay (on this node) whose store this rollout pulls from
         self.weights = NodeWeights(ctx.rundir.shm_path("relay", relay))
         self.queue: deque[WorkItem] = deque()  # assigned, not yet admitted
         # admitted: each trajectory as it will be sent, less the tokens the engine holds meanwhile
@@ -54,6 +64,8 @@ class Rollout:
         self.last_sample = 0.0  # when a decode step was last sampled for the trace (calibration)
         self.credit_to_return = 0
         self.steps_since_flush = 0
+        self.errors = 0  # trajectories finished as errors (refused or failed in the engine)
+        self.engine_failures = 0  # engine calls that raised since the engine last worked
         self.stopping = False
         # utilisation (wall seconds): generating, and idle or loading because of weights
         self.busy_s = 0.0
@@ -92,7 +104,7 @@ class Rollout:
         self.weight_wait_s += dt
         if self.idle_since is not None:
             self.idle_pull_s += dt  # the idle time around it becomes weight wait once work comes
-        self.ctx.tracer.emit("weights_pulled", version=v, previous=old, pull_s=dt)
+        self.ctx.tracer.emit("weights_pulled", version=v, previous=old, pull_s=dt, relay=self.relay)
         self.ctx.ctrl.send(WeightsLoaded(version=v, pull_s=dt))
 
     # -- control messages -----------------------------------------------------------------
@@ -169,9 +181,7 @@ class Rollout:
                 return True  # loaded; the others are still loading
             self.weight_wait_s = self.pause_wait0 + time.monotonic() - self.pause_t0  # the whole pause, load included
             reqs, self.paused = self.paused, None
-            if reqs:
-                with self.busy():
-                    self.handle(self.engine.add(reqs))
+            self.add(reqs)
         return False
 
     # -- generation -----------------------------------------------------------------------
@@ -205,8 +215,7 @@ class Rollout:
             self.ctx.ctrl.send(MigrateReject(traj_ids=rejected))
             self.credit_to_return += len(rejected)
         if reqs:
-            with self.busy():
-                self.handle(self.engine.add(reqs))
+            self.add(reqs)
             self.kv_peak = self.engine.kv_tokens()
             self.flush_streams()  # the partial-response pool learns at once which version each one runs
 
@@ -218,14 +227,21 @@ class Rollout:
             toks, lps = self.stream_buf.setdefault(o.traj_id, ([], []))
             toks.extend(o.tokens)
             lps.extend(o.logprobs)
-            if o.finished:
+            if o.error is not None:
+                self.fail(o.request, o.error)
+            elif o.finished:
                 self.finish(o.request)
 
     def finish(self, req: SeqRequest) -> None:
+        try:  # a reward function that fails on one response fails that trajectory only
+            text = self.tok.decode([t for t in req.tokens if t != self.tok.eos_id])
+            problem: Problem = self.task.problem(self.running[req.traj_id].problem)
+            reward = float(self.task.reward(text, problem))
+        except Exception as err:  # noqa: BLE001 - the task's code, any error
+            self.fail(req, f"reward failed: {type(err).__name__}: {err}")
+            return
         traj = self._partial(req)
-        text = self.tok.decode([t for t in req.tokens if t != self.tok.eos_id])
-        problem: Problem = self.task.problem(traj.problem)
-        traj.reward = float(self.task.reward(text, problem))
+        traj.reward = reward
         traj.t_end = time.time()
         traj.finish = "eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length"
         if self.mode == "partial-rollout" and traj.version != self.engine.version:
@@ -258,8 +274,10 @@ class Rollout:
         the cost model's time, not the Python around it), else the wall time."""
         own = getattr(self.engine, "busy_wall_s", None)
         t0 = time.monotonic()
-        yield
-        self.busy_s += (self.engine.busy_wall_s - own) if own is not None else time.monotonic() - t0
+        try:
+            yield
+        finally:
+            self.busy_s += (self.engine.busy_wall_s - own) if own is not None else time.monotonic() - t0
 
     def _end_idle(self) -> None:
         """Idle time that ended with new weights and then work counts as waiting for weights
@@ -313,8 +331,7 @@ class Rollout:
             if self.engine.num_active():
                 self._end_idle()
                 batch, kv, t0 = self.engine.num_active(), self.engine.kv_tokens(), time.monotonic()
-                with self.busy():
-                    outs = self.engine.step()
+                outs = self.step()
                 if t0 - self.last_sample >= 0.5:  # decode cost vs batch and KV, for the simulator's calibration
                     self.last_sample = t0
                     self.ctx.tracer.emit("decode_sample", batch=batch, kv=kv, seconds=time.monotonic() - t0,

@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -21,20 +20,24 @@ from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
 
 
 class NodeWeights:
-    """This rollout's view of its relay's weight store (reopened if the relay recreates it)."""
+    """This rollout's view of its relay's weight store (reopened if the relay recreates it). A
+    store or directory that is not ours alone (another user's, open to others, a symbolic link)
+    is never mapped: SharedMemoryError names it, and the rollout fails with that reason."""
 
     def __init__(self, path: Path):
         self.path, self.store, self.inode = path, None, None
 
     def _attach(self) -> bool:
-        try:
-            ino = os.stat(self.path).st_ino
-        except FileNotFoundError:
+        ino = WeightStore.inode_at(self.path)
+        if ino is None:
             return False
         if ino != self.inode:
             if self.store is not None:
                 self.store.close()
-            self.store, self.inode = WeightStore.open(self.path), ino
+                self.store = None
+            store = WeightStore.open(self.path)
+            # the inode of the file actually opened (the relay may have replaced it after inode_at)
+            self.store, self.inode = store, store.inode
         return True
 
     def newest(self) -> int:

@@ -22,6 +22,13 @@ With `enable_sleep_mode` a load is wrapped in sleep(level=2) / wake_up(["weights
 wake_up(["kv_cache"]): the KV cache is released while the weights change. Otherwise the prefix
 cache is reset after a load: cached prefixes of the old version must never be reused.
 
+One request's failure never ends the engine: `refuse` names a request vLLM must not get (a
+token id outside the model's vocabulary: with `skip_tokenizer_init` vLLM does not check it, and
+on the GPU it is an out-of-bounds embedding read), and a request vLLM finishes with
+finish_reason "error" or "abort" that this engine did not ask for, or without any new token
+(a prompt its KV cache can never hold is "ignored", reported as "length"), or whose log-probs
+are missing, comes out of `step` finished with `error` set.
+
 vLLM API facts used, with sources, are listed in docs/gpu.md.
 """
 from __future__ import annotations
@@ -31,7 +38,7 @@ import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add
+from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem
 
 MIN_VLLM = "0.29"  # four-phase weight-transfer API with finish_weight_update(weight_version): see docs/gpu.md
 
@@ -86,14 +93,16 @@ class CudaIpcStager:
 class _Seq:
     req: SeqRequest
     rid: str  # vLLM request id (unique per admission: a trajectory may come back after a migration)
+    start: int  # tokens it had when admitted (a finish without new ones generated nothing)
 
 
 class VllmEngine:
     """Continuous batching on vLLM; one weight version at a time."""
 
     def __init__(self, llm, api, vcfg, *, eos_id: int, max_batch: int, temperature: float, top_p: float,
-                 stager=None):
+                 stager=None, vocab_size: int | None = None):
         self.llm, self.api, self.vcfg = llm, api, vcfg
+        self._vocab = vocab_size  # None: vLLM's model config says, on first use
         self.eos_id, self.max_batch = eos_id, max_batch
         self.temperature, self.top_p = temperature, top_p
         self.stager = stager if stager is not None else CudaIpcStager(list(range(vcfg.tensor_parallel_size)))
@@ -141,6 +150,13 @@ class VllmEngine:
     @property
     def max_model_len(self) -> int:
         return self.llm.llm_engine.model_config.max_model_len
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Rows of the model's embedding: a token id must be below it (None: not known)."""
+        if self._vocab is None:
+            self._vocab = int(self.llm.llm_engine.model_config.get_vocab_size())  # 0 where config.json has none
+        return self._vocab or None
 
     # -- capacity -------------------------------------------------------------------------
     def num_active(self) -> int:
@@ -225,9 +241,14 @@ class VllmEngine:
             self.asleep = False
 
     # -- generation -----------------------------------------------------------------------
+    def refuse(self, request: SeqRequest) -> str | None:
+        return request_problem(request, vocab_size=self.vocab_size, max_len=self.max_model_len,
+                               len_name="max_model_len")
+
     def add(self, requests: list[SeqRequest]) -> list[StepOutput]:
         """Queue sequences; a resumed one re-prefills prompt + tokens and generates only the
-        tokens it has left. Their tokens arrive from `step`."""
+        tokens it has left. Their tokens arrive from `step`. A refused request raises
+        ValueError and none is queued (ask `refuse` first)."""
         if not requests:
             return []
         check_add(requests, self.free_slots(), self.version)
@@ -236,12 +257,11 @@ class VllmEngine:
         limit = self.max_model_len
         plans = []
         for r in requests:  # all checked before any is queued: a refused call changes nothing
+            why = self.refuse(r)
+            if why is not None:
+                raise ValueError(f"trajectory {r.traj_id}: {why}")
             prefix = r.prompt + r.tokens
-            left = min(r.max_new_tokens - len(r.tokens), limit - len(prefix))
-            if left <= 0 or not prefix:
-                raise ValueError(f"trajectory {r.traj_id}: {len(prefix)} tokens leave no room to generate "
-                                 f"(max_model_len={limit}, max_new_tokens={r.max_new_tokens})")
-            plans.append((r, prefix, left))
+            plans.append((r, prefix, min(r.max_new_tokens - len(r.tokens), limit - len(prefix))))
         for r, prefix, left in plans:
             params = self.api.SamplingParams(
                 n=1, temperature=self.temperature, top_p=self.top_p, max_tokens=left,
@@ -250,7 +270,7 @@ class VllmEngine:
                 detokenize=False, output_kind=self.api.RequestOutputKind.DELTA)
             rid = f"{r.traj_id}#{next(self._ids)}"
             self.llm.llm_engine.add_request(rid, self.api.TokensPrompt(prompt_token_ids=prefix), params)
-            self.active[rid] = _Seq(r, rid)
+            self.active[rid] = _Seq(r, rid, len(r.tokens))
         return []
 
     def step(self) -> list[StepOutput]:
@@ -262,15 +282,32 @@ class VllmEngine:
             seq = self.active.get(ro.request_id)
             if seq is None:
                 continue  # aborted meanwhile
-            comp = ro.outputs[0]
-            toks = list(comp.token_ids)
-            lps = _sampled_logprobs(toks, comp.logprobs, ro.request_id)
+            try:
+                comp = ro.outputs[0]
+                toks = list(comp.token_ids)
+                lps = _sampled_logprobs(toks, comp.logprobs, ro.request_id)
+            except (IndexError, RuntimeError, KeyError, TypeError) as err:  # this request's output is unusable
+                outs.append(self._failed(seq, ro.finished, f"vLLM request {ro.request_id}: unusable output ({err})"))
+                continue
+            # finish_reason: None until finished (the stand-in of the tests has none at all)
+            why = _failure(ro.finished, getattr(comp, "finish_reason", None),
+                           len(seq.req.tokens) + len(toks) - seq.start)
+            if why is not None:
+                outs.append(self._failed(seq, ro.finished, f"vLLM request {ro.request_id}: {why}"))
+                continue
             seq.req.tokens.extend(toks)
             seq.req.logprobs.extend(lps)
             if ro.finished:
                 del self.active[ro.request_id]
             outs.append(StepOutput(seq.req.traj_id, toks, lps, ro.finished, seq.req if ro.finished else None))
         return outs
+
+    def _failed(self, seq: _Seq, finished: bool, why: str) -> StepOutput:
+        """Drop one request (vLLM's copy too, if it still runs) and finish it with an error."""
+        del self.active[seq.rid]
+        if not finished:
+            self.llm.llm_engine.abort_request([seq.rid])
+        return StepOutput(seq.req.traj_id, [], [], True, seq.req, error=why)
 
     def abort(self, traj_ids: list[str]) -> list[SeqRequest]:
         """Remove sequences and return them with the tokens streamed so far (tokens the engine
@@ -280,6 +317,16 @@ class VllmEngine:
         if rids:
             self.llm.llm_engine.abort_request(rids)
         return [self.active.pop(rid).req for rid in rids]
+
+
+def _failure(finished: bool, reason: str | None, new_tokens: int) -> str | None:
+    """Why a request vLLM reports on failed, or None. Our own aborts never reach `step`'s
+    outputs (their ids left `active` first), so an "abort" here is vLLM's."""
+    if reason in ("error", "abort"):
+        return f"vLLM finished it with finish_reason={reason!r}"
+    if finished and new_tokens <= 0:
+        return f"vLLM finished it without generating a token (finish_reason={reason!r})"
+    return None
 
 
 def _sampled_logprobs(tokens: list[int], logprobs, rid: str) -> list[float]:

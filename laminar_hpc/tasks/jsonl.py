@@ -6,6 +6,7 @@ line (`on_bad_row: fail`) or are skipped and counted (`on_bad_row: skip`).
 
     src = JsonlTasks("data/gsm8k/train.jsonl", reward="math_verify")
     p = src.problem(0); src.reward("... #### 72", p)
+    src.where(0)                  # -> "data/gsm8k/train.jsonl line 1": the row, for messages about it
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class JsonlTasks:
         self.template = prompt_template
         self.skipped = 0
         self.rows: list[tuple[str, str]] = []
+        self.lines: list[int] = []  # the file line of each row (`where`)
         try:
             with open(self.path, encoding="utf-8", errors="strict") as f:
                 lines = f.readlines()
@@ -66,6 +68,7 @@ class JsonlTasks:
                         raise ValueError(f"missing or non-string field '{key}'")
                 gold = gsm8k_gold(row[answer_field]) if answer_format == "gsm8k" else row[answer_field].strip()
                 self.rows.append((row[prompt_field], gold))
+                self.lines.append(n)
             except ValueError as err:  # json.JSONDecodeError is a ValueError
                 if on_bad_row == "fail":
                     raise DatasetError(f"{self.path} line {n}: {err}; fix the row, or set task.on_bad_row: skip "
@@ -86,6 +89,10 @@ class JsonlTasks:
     def problem(self, index: int) -> Problem:
         prompt, gold = self.rows[index % len(self.rows)]  # epochs wrap around the file
         return Problem(index, self.template.format(prompt=prompt), gold)
+
+    def where(self, index: int) -> str:
+        """Where problem `index` comes from, for a message about that row: '<file> line <n>'."""
+        return f"{self.path} line {self.lines[index % len(self.rows)]}"
 
     def reward(self, response: str, problem: Problem) -> float:
         return self._reward(response, problem)

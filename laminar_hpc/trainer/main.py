@@ -19,7 +19,6 @@ implemented once per `trainer.backend` and chosen once at the start; this loop o
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -28,6 +27,7 @@ import torch
 
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
+from laminar_hpc.metrics.jsonl import JsonlAppender
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.scheduling import too_stale
 from laminar_hpc.tasks import build_task
@@ -65,6 +65,7 @@ class Trainer:
         self.synced = -1  # partial-rollout: newest version every rollout has loaded
         self.checkpointed: set[int] = set()
         self.metrics_path = ctx.rundir.metrics
+        self.metrics_out = JsonlAppender(self.metrics_path)  # best-effort rows (metrics/jsonl.py)
         # the exactly-once ledger: groups trained on, in order (the first `committed_n` are in the
         # newest checkpoint written), and groups dropped for staleness not yet reported
         self.consumed: list[int] = []
@@ -226,8 +227,9 @@ class Trainer:
 
     # -- metrics --------------------------------------------------------------------------
     def _append_metrics(self, row: dict) -> None:
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        # one os.write per complete line, best-effort: a full disk never ends the trainer (the row
+        # waits and is retried with the next one), a torn line never merges with the next row
+        self.metrics_out.append(row)
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:

@@ -7,6 +7,9 @@ the newest whenever it is ready (a slow relay skips versions, never stalls train
 
     pub = Publisher(ctx, backend.weights(), backend.layout); stall_s = pub.publish(version=5)
 
+The `publish` notice goes over a CURVE socket with the trainer's key (transport/security.py):
+the master relay's hand-off server admits only the trainer.
+
 `weights` is read at every publish (`layout.pack`), so the publisher built once publishes the
 weights current at that moment: a live module, or a view that gathers them (Megatron's export,
 which the stall then includes).
@@ -19,15 +22,20 @@ from laminar_hpc.launch.role import RoleContext
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.transport.channel import Client, wait_endpoint
 from laminar_hpc.transport.protocol import Publish, Published
+from laminar_hpc.transport.security import client_keys
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
 
 
 class Publisher:
     def __init__(self, ctx: RoleContext, weights, layout: WeightLayout):
         self.ctx, self.weights, self.layout = ctx, weights, layout
+        # the hand-off authenticates like the control plane: the trainer's key, the relay's server
+        # key (read first: a missing key file fails before anything is created)
+        keys = client_keys(ctx.rundir, "trainer", ctx.cfg.controller, server="relay")
         self.store = WeightStore.create(ctx.rundir.shm_path("handoff"), slots=3, capacity=layout.nbytes)
         addr = wait_endpoint(ctx.run_dir, "relay_master", ctx.cfg.timeouts.startup_s)
-        self.relay = Client(addr, "trainer-0")
+        self.relay = Client(addr, "trainer-0", max_frame_bytes=int(ctx.cfg.controller.max_frame_mb * 2**20),
+                            keys=keys)
         self.digest = digest_to_int(layout.digest)
         self.stalls: list[float] = []
 

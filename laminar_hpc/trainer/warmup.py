@@ -77,12 +77,21 @@ def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int) ->
     # a float32 CPU copy, as a rollout holds the published weights (whatever the trainer's device and dtype)
     policy = Transformer(model.args).requires_grad_(False)
     policy.load_state_dict(model.state_dict())
-    problems = [task.problem(EVAL_OFFSET + i) for i in range(n)]
-    answers = greedy_decode(policy, [encode_prompt(tok, p) for p in problems], tok.eos_id, max_new_tokens)
+    # a row whose prompt leaves no room to answer is skipped, as admission refuses it in RL
+    rows = [(p, encode_prompt(tok, p)) for p in (task.problem(EVAL_OFFSET + i) for i in range(n))]
+    rows = [(p, x) for p, x in rows if fits(x, model.args.max_seq_len)]
+    if not rows:
+        return 0.0
+    answers = greedy_decode(policy, [x for _, x in rows], tok.eos_id, max_new_tokens)
     total = 0.0
-    for p, a in zip(problems, answers):
+    for (p, _), a in zip(rows, answers):
         total += task.reward(tok.decode([t for t in a if t != tok.eos_id]), p)
-    return total / n
+    return total / len(rows)
+
+
+def fits(prompt: list[int], max_seq_len: int) -> bool:
+    """Whether a prompt leaves room for at least one generated token."""
+    return 0 < len(prompt) < max_seq_len
 
 
 def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: int,
@@ -102,8 +111,12 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
         for p in probs:
             prompt = encode_prompt(tok, p)
             answer = tok.encode(noisy(p.answer, w.label_noise, rng))[: max_new_tokens - 1]
-            seqs.append(prompt + answer + [tok.eos_id])
+            if not fits(prompt, model.args.max_seq_len):
+                continue  # a row too long for the model: skipped (RL's admission refuses it too)
+            seqs.append((prompt + answer + [tok.eos_id])[: model.args.max_seq_len])
             starts.append(len(prompt))
+        if not seqs:
+            continue
         width = max(len(s) for s in seqs)
         x = torch.full((len(seqs), width), tok.pad_id, dtype=torch.long)
         mask = torch.zeros(len(seqs), width - 1)

@@ -5,19 +5,37 @@ publishes its address as `run_dir/endpoints/<name>.json`; clients wait for that 
 timeout that names it) and connect a DEALER whose identity is their role name. Frames carry
 the typed messages of transport/protocol.py; malformed ones are logged, counted and dropped.
 
-With `keys` (see transport/security.py) the server is a CURVE server that admits only the run's
-client key, checked by one ZAP handler thread per process; an unkeyed or foreign peer never
-gets a frame through.
+With `keys` (transport/security.py: `server_keys`, `client_keys`) the server is a CURVE server
+that admits only the public keys of the role kinds it serves, checked by one ZAP handler thread
+per process (an unkeyed or foreign peer never gets a frame through), and it authorizes every
+frame (transport/authz.py): the identity must be one of the authenticated kind's, and the
+message type one that kind may send; other frames are dropped and counted (`unauthorized`).
+Without keys (`controller.auth: none`) nothing is checked.
 
-    server = Server("127.0.0.1"); publish_endpoint(run_dir, "controller", server.address)
-    client = Client(wait_endpoint(run_dir, "controller", timeout_s=60), identity="rollout-0")
+    server = Server("127.0.0.1", keys=server_keys(run_dir, "controller", cfg.controller))
+    publish_endpoint(run_dir, "controller", server.address)
+    client = Client(wait_endpoint(run_dir, "controller", timeout_s=60), identity="rollout-0",
+                    keys=client_keys(run_dir, "rollout", cfg.controller))
     client.send(Heartbeat(t=time.time()))
     ident, msg = server.recv(timeout_s=1.0)     # msg: a protocol.Message struct
+
+Bounded buffers. libzmq would buffer a frame of any size, and any number of them, before our
+checks run; so every socket sets MAXMSGSIZE and finite high-water marks (counts of messages):
+- MAXMSGSIZE is twice the frame limit: a frame up to that is received, and one over the limit
+  dropped and counted by `decode` (visible: a sender's bug shows in the counts); a larger one
+  never reaches memory: libzmq cuts the peer's connection (a DEALER then reconnects).
+- A ROUTER (a server) DROPS what it sends to a peer whose queue holds SERVER_HWM messages, so
+  that mark is far above anything a role has pending in a normal run (bounded by its credit:
+  a few hundred at most); only a peer that stopped reading loses messages, instead of the
+  server's memory growing without end. Its receive mark only slows a flooding peer down (libzmq
+  stops reading that connection; nothing is dropped).
+- A DEALER (a client) BLOCKS at its send mark: `Client.send` then waits up to its timeout and
+  raises WaitTimeout naming the server. CLIENT_SNDHWM covers a controller away for minutes
+  (a restart) while a rollout keeps streaming.
 """
 from __future__ import annotations
 
 import errno
-import hmac
 import itertools
 import logging
 import os
@@ -27,10 +45,12 @@ from pathlib import Path
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from laminar_hpc.rundir import RunDir, atomic_write_json, read_json
+from laminar_hpc.transport import authz
 from laminar_hpc.transport.protocol import MAX_FRAME_BYTES, TYPE_NAMES, DecodeError, Message, decode, encode
-from laminar_hpc.transport.security import Keys
+from laminar_hpc.transport.security import ClientKeys, ServerKeys
 
 log = logging.getLogger(__name__)
 
@@ -70,24 +90,34 @@ def wait_endpoint(run_dir: RunDir | Path, name: str, timeout_s: float, not_befor
         delay = min(delay * 2, 0.2)
 
 
-def _socket(kind: int) -> zmq.Socket:
+SERVER_HWM = 10_000  # messages per peer, each way (see the module docstring)
+CLIENT_SNDHWM = 100_000
+CLIENT_RCVHWM = 10_000
+MIN_MAXMSGSIZE = 1 << 20  # the CURVE handshake's own commands count against MAXMSGSIZE too
+
+
+def _socket(kind: int, max_frame_bytes: int, sndhwm: int, rcvhwm: int) -> zmq.Socket:
     sock = zmq.Context.instance().socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)  # never drop control messages under bursts
-    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, max(2 * max_frame_bytes, MIN_MAXMSGSIZE))
     return sock
 
 
-class _ClientKeyCheck:
-    """ZAP credentials provider: each keyed server's domain admits exactly one client key."""
+class _Admission:
+    """ZAP credentials provider: each keyed server's domain admits its clients' public keys; an
+    admitted key's role kind becomes the connection's User-Id (keys are random per run, so one
+    key names one kind in the whole process)."""
 
     def __init__(self):
-        self.allowed: dict[str, bytes] = {}  # zap domain -> the run's client public key (Z85)
+        self.domains: dict[str, dict[bytes, str]] = {}  # zap domain -> client public key (Z85) -> kind
+        self.kinds: dict[bytes, str] = {}
         self.rejected: dict[str, int] = {}
 
     def callback(self, domain: str, key: bytes) -> bool:
-        allowed = self.allowed.get(domain)  # one dict read: safe while a server closes meanwhile
-        if allowed is not None and hmac.compare_digest(allowed, key):
+        clients = self.domains.get(domain)  # one dict read: safe while a server closes meanwhile
+        if clients is not None and key in clients:
             return True
         n = self.rejected[domain] = self.rejected.get(domain, 0) + 1
         if n == 1 or n % 1000 == 0:  # a rogue peer retries every ~100 ms: do not flood the log
@@ -95,26 +125,40 @@ class _ClientKeyCheck:
         return False
 
 
+class _Authenticator(ThreadAuthenticator):
+    """pyzmq's ZAP handler thread, with the role kind as the User-Id of an admitted CURVE peer
+    (its documented hook for a custom user id), readable per frame as `frame.get("User-Id")`."""
+
+    def __init__(self, admission: _Admission):
+        super().__init__(zmq.Context.instance(), log=logging.getLogger(__name__ + ".zap"))
+        self.admission = admission
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.admission.kinds.get(z85.encode(client_public_key), "")
+
+
 _zap_lock = threading.Lock()
-_zap: tuple[int, ThreadAuthenticator, _ClientKeyCheck] | None = None
+_zap: tuple[int, _Authenticator, _Admission] | None = None
 _zap_domains = itertools.count()
 
 
-def _zap_register(client_public: bytes) -> tuple[str, _ClientKeyCheck]:
-    """A fresh ZAP domain admitting only `client_public`, on this process's shared handler."""
+def _zap_register(clients: dict[bytes, str]) -> tuple[str, _Admission]:
+    """A fresh ZAP domain admitting `clients` (public key -> kind), on this process's handler."""
     global _zap
     with _zap_lock:
         if _zap is None or _zap[0] != os.getpid():  # Context.instance() is per process, after fork too
-            auth = ThreadAuthenticator(zmq.Context.instance(), log=logging.getLogger(__name__ + ".zap"))
+            admission = _Admission()
+            auth = _Authenticator(admission)
             auth.start()
-            _zap = (os.getpid(), auth, _ClientKeyCheck())
-        _, auth, check = _zap
+            _zap = (os.getpid(), auth, admission)
+        _, auth, admission = _zap
         domain = f"laminar-{os.getpid()}-{next(_zap_domains)}"
-        check.allowed[domain] = client_public
-        # providers are never removed (close only forgets the key): the handler thread looks
+        admission.kinds.update(clients)
+        admission.domains[domain] = dict(clients)
+        # providers are never removed (close only forgets the keys): the handler thread looks
         # the domain up without a lock
-        auth.configure_curve_callback(domain, credentials_provider=check)
-        return domain, check
+        auth.configure_curve_callback(domain, credentials_provider=admission)
+        return domain, admission
 
 
 def _tcp_host(host: str) -> tuple[str, bool]:
@@ -129,15 +173,16 @@ class Server:
     address, so connected clients reconnect by themselves)."""
 
     def __init__(self, host: str = "127.0.0.1", max_frame_bytes: int = MAX_FRAME_BYTES,
-                 port: int | None = None, keys: Keys | None = None):
-        self.sock = _socket(zmq.ROUTER)
+                 port: int | None = None, keys: ServerKeys | None = None):
+        self.sock = _socket(zmq.ROUTER, max_frame_bytes, SERVER_HWM, SERVER_HWM)
         self._zap_domain, self._zap_check = None, None
+        self.keyed = keys is not None
         try:
             if keys is not None:
-                self._zap_domain, self._zap_check = _zap_register(keys.client_public)
+                self._zap_domain, self._zap_check = _zap_register(keys.clients)
                 self.sock.setsockopt(zmq.ZAP_DOMAIN, self._zap_domain.encode())
                 self.sock.setsockopt(zmq.CURVE_SERVER, 1)
-                self.sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
+                self.sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
             endpoint_host, ipv6 = _tcp_host(host)
             if ipv6:
                 self.sock.setsockopt(zmq.IPV6, 1)
@@ -150,7 +195,8 @@ class Server:
             raise
         self.address = f"tcp://{endpoint_host}:{port}"
         self.max_frame_bytes = max_frame_bytes
-        self.dropped = 0
+        self.dropped = 0  # frames dropped: malformed, or not authorized (those also in `unauthorized`)
+        self.unauthorized = 0
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
 
@@ -171,7 +217,7 @@ class Server:
 
     @property
     def rejected(self) -> int:
-        """Connections refused for presenting a key other than the run's client key."""
+        """Connections refused at the handshake for presenting a key this server does not admit."""
         return self._zap_check.rejected.get(self._zap_domain, 0) if self._zap_check else 0
 
     def recv(self, timeout_s: float) -> tuple[str, Message] | None:
@@ -181,8 +227,10 @@ class Server:
             left = max(0.0, deadline - time.monotonic())
             if not self.poller.poll(int(left * 1000)):
                 return None
-            parts = self.sock.recv_multipart(zmq.NOBLOCK)
-            got = self._decode(parts)
+            if self.keyed:  # frames, not bytes: each carries its connection's User-Id
+                got = self._decode_keyed(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            else:
+                got = self._decode(self.sock.recv_multipart(zmq.NOBLOCK))
             if got is not None:
                 return got
 
@@ -193,9 +241,40 @@ class Server:
                 raise DecodeError(f"expected 2 frames (identity, message), got {len(parts)}")
             return ident, decode(parts[1], self.max_frame_bytes)
         except DecodeError as err:
-            self.dropped += 1
-            log.warning("dropped malformed frame from %r: %s", ident, err)
+            self._malformed(ident, err)
             return None
+
+    def _decode_keyed(self, parts: list[zmq.Frame]) -> tuple[str, Message] | None:
+        """`_decode`, authorized (transport/authz.py): the identity must be the authenticated
+        kind's, the message type one that kind may send."""
+        ident = parts[0].bytes.decode(errors="replace")
+        if len(parts) != 2:
+            self._malformed(ident, f"expected 2 frames (identity, message), got {len(parts)}")
+            return None
+        try:
+            kind = parts[1].get("User-Id")  # the ZAP handler's answer for this connection's key
+        except zmq.ZMQError:  # none set: no kind may be assumed
+            kind = "unknown"
+        why = authz.identity_refusal(kind, ident)
+        if why is None:
+            try:
+                msg = decode(parts[1].buffer, self.max_frame_bytes)
+            except DecodeError as err:
+                self._malformed(ident, err)
+                return None
+            why = authz.type_refusal(kind, ident, type(msg))
+            if why is None:
+                return ident, msg
+        self.dropped += 1
+        self.unauthorized += 1
+        if self.unauthorized <= 10 or self.unauthorized % 1000 == 0:  # a peer may repeat: do not flood the log
+            log.warning("dropped an unauthorized frame from %r (authenticated as %s; %d so far): %s", ident, kind,
+                        self.unauthorized, why)
+        return None
+
+    def _malformed(self, ident: str, err) -> None:
+        self.dropped += 1
+        log.warning("dropped malformed frame from %r: %s", ident, err)
 
     def send(self, identity: str, msg: Message) -> None:
         self.sock.send_multipart([identity.encode(), encode(msg)])
@@ -204,21 +283,22 @@ class Server:
         """Close; `linger_ms` > 0 lets already-queued messages (a final 'stop') go out first."""
         self.sock.close(linger_ms)
         if self._zap_check is not None:
-            self._zap_check.allowed.pop(self._zap_domain, None)
+            self._zap_check.domains.pop(self._zap_domain, None)
 
 
 class Client:
     """DEALER socket connected to a Server, identified by role name."""
 
     def __init__(self, address: str, identity: str, max_frame_bytes: int = MAX_FRAME_BYTES,
-                 keys: Keys | None = None):
-        self.sock = _socket(zmq.DEALER)
+                 keys: ClientKeys | None = None):
+        self.sock = _socket(zmq.DEALER, max_frame_bytes, CLIENT_SNDHWM, CLIENT_RCVHWM)
+        self.keys = keys  # a second socket of the same role (its heartbeat thread) reuses them
         try:
             self.sock.setsockopt(zmq.IDENTITY, identity.encode())
             if keys is not None:
                 self.sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
-                self.sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.client_public)
-                self.sock.setsockopt(zmq.CURVE_SECRETKEY, keys.client_secret)
+                self.sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+                self.sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
             if "://[" in address:
                 self.sock.setsockopt(zmq.IPV6, 1)
             self.sock.connect(address)

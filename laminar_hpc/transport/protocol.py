@@ -5,7 +5,9 @@ enforces the size limit and every field's type in one pass (in C); a frame that 
 raises `DecodeError`, which receivers count and drop: a bad frame never crashes a role.
 Unknown fields are ignored, so a newer sender's extra field does not break an older receiver;
 incompatible changes bump `PROTOCOL_VERSION`, which travels in `Hello` and is checked by the
-controller (`version_mismatch`).
+controller (`version_mismatch`). Senders keep their frames under the receiver's limit with
+`split`: a message with a list of items (SPLITTABLE) over the limit goes as several of the
+same type; an item too big for any frame is handed back, never sent.
 
 The three shapes that travel inside messages are defined once, here, and used by the
 controller's data plane, the rollout, the trainer's batch building and the write-ahead log:
@@ -14,6 +16,7 @@ to generate) and `StreamItem` (tokens streamed into the partial-response pool).
 
     frame = encode(WantWork(credit=8, version=3))
     msg = decode(frame)          # -> WantWork(credit=8, version=3), or DecodeError
+    parts, refused = split(Groups(groups=gs), 64 << 20)   # frames each <= 64 MiB encoded
     match msg:
         case WantWork(credit=c): ...
 """
@@ -279,6 +282,95 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
     # tag string through as UnicodeDecodeError
     except (msgspec.DecodeError, UnicodeDecodeError) as err:
         raise DecodeError(str(err)) from None
+
+
+# -- frames under the size limit, split on the sending side -----------------------------------
+# messages whose one list field may travel over several frames of the same type: each frame
+# then carries some of the items, and the receiver handles them as it handles one
+SPLITTABLE: dict[type[Message], str] = {Groups: "groups", Assign: "work", Stream: "items",
+                                        Migrated: "trajectories"}
+_ARRAY_HEADER_GROWTH = 4  # an empty list's header is 1 byte, a list's at most 5
+
+
+def size_bound(obj) -> int:
+    """An upper bound of len(encode(obj)) from lengths alone (no encoding: a list of n ints or
+    floats counts 9 bytes each, a string 4 per character), for structs, lists, maps and scalars."""
+    if obj is None or isinstance(obj, bool):
+        return 1
+    if isinstance(obj, (int, float)):
+        return 9
+    if isinstance(obj, str):
+        return 5 + 4 * len(obj)
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return 5 + len(obj)
+    if isinstance(obj, (list, tuple)):
+        if not obj:
+            return 1
+        if isinstance(obj[0], (int, float)) and not isinstance(obj[0], bool):
+            return 5 + 9 * len(obj)  # typed token / log-prob lists hold one scalar kind
+        return 5 + sum(size_bound(x) for x in obj)
+    if isinstance(obj, dict):
+        return 5 + sum(size_bound(k) + size_bound(v) for k, v in obj.items())
+    if isinstance(obj, msgspec.Struct):
+        n = 5 + (size_bound(obj.__struct_config__.tag) + 5 if isinstance(obj, Message) else 0)
+        for name in obj.__struct_fields__:
+            n += 5 + len(name) + size_bound(getattr(obj, name))
+        return n
+    raise TypeError(f"size_bound: {type(obj).__name__} is not a protocol value")
+
+
+def encoded_size(obj) -> int:
+    """The exact encoded size of a message or of a shape inside one."""
+    return len(_encoder.encode(obj))
+
+
+def fits(obj, max_bytes: int) -> bool:
+    """Whether `obj` encodes to at most `max_bytes`: from the bound when that settles it, else exactly."""
+    return size_bound(obj) <= max_bytes or encoded_size(obj) <= max_bytes
+
+
+def item_budget(msg: Message, max_bytes: int) -> int:
+    """The bytes one item of a SPLITTABLE message may take in a frame of at most `max_bytes`."""
+    name = SPLITTABLE[type(msg)]
+    envelope = encoded_size(msgspec.structs.replace(msg, **{name: []}))
+    return max_bytes - envelope - _ARRAY_HEADER_GROWTH
+
+
+def split(msg: Message, max_bytes: int) -> tuple[list[Message], list]:
+    """`msg` as frames of at most `max_bytes` each, and what cannot be sent at all.
+
+    A message that fits is returned as is (decided from `size_bound` where it can be, so the
+    common case encodes nothing twice). A SPLITTABLE one that does not is cut into several messages of the same type,
+    its items in order, each under the limit; an item that alone exceeds the limit is returned
+    in the second list (the caller refuses it and says so), never sent. Any other message over
+    the limit comes back whole in the second list.
+
+        parts, refused = split(Groups(groups=gs), 64 << 20)
+        for part in parts: server.send("trainer-0", part)
+    """
+    if fits(msg, max_bytes):
+        return [msg], []
+    name = SPLITTABLE.get(type(msg))
+    if name is None:
+        return [], [msg]
+    budget = item_budget(msg, max_bytes)
+    parts: list[list] = []
+    refused: list = []
+    current: list = []
+    used = 0
+    for item in getattr(msg, name):
+        n = encoded_size(item)  # exact: this is the rare case of a message over the limit
+        if n > budget:
+            refused.append(item)
+            continue
+        if current and used + n > budget:
+            parts.append(current)
+            current, used = [], 0
+        current.append(item)
+        used += n
+    if current:
+        parts.append(current)
+    return [msgspec.structs.replace(msg, **{name: p}) for p in parts], refused
 
 
 def version_mismatch(hello: Hello, ident: str) -> str | None:

@@ -1,30 +1,49 @@
-"""The per-run secret of the control plane: ZeroMQ CURVE keypairs kept in `run_dir/secrets/`.
+"""The control plane's per-run secrets: one ZeroMQ CURVE keypair per party, in `run_dir/secrets/`.
 
-Off a loopback address every connection must prove the run's secret. At run start the launcher
-calls `ensure_keys(run_dir)`, which writes a server and a client keypair (files 0600 in a 0700
-directory; kept as they are on a resumed run). Each role then asks `channel_keys` and hands the
-result to `Server`/`Client`: the server accepts only the run's client key, so a process that
-cannot read the run directory cannot talk to (or impersonate) any role.
+Every socket of the control plane authenticates, on loopback too: a shared login or compute
+node has other users, and loopback is no trust boundary. `controller.auth: auto` (the default)
+and `curve` both mean CURVE; `none` is an explicit opt-out that every process logs a warning
+about.
 
-    keys = ensure_keys(run_dir)                                   # launcher, once
-    keys = channel_keys(run_dir, cfg.controller)                  # each role: Keys, or None
-    server = Server(cfg.controller.host, keys=keys)
+There is one keypair per party, so that a key proves a role KIND (transport/authz.py): the
+controller's server key, and one client key per kind: launcher, trainer, rollout, relay. The
+master relay's hand-off server (the trainer's `publish`) serves with the relay's keypair. Each
+keypair is two files, `curve_<name>.key` (public and secret) and `curve_<name>.pub` (public
+only), 0600 in a 0700 directory. A process reads only its own secret and the public keys it
+needs: a client its kind's secret and the server's public key; a server its secret and the
+public keys of the kinds it admits (authz.ADMITS), each mapped to its kind.
+
+    ensure_keys(run_dir)                                         # the launcher, at every start
+    ctrl = Client(address, "rollout-3", keys=client_keys(run_dir, "rollout", cfg.controller))
+    server = Server(cfg.controller.host, keys=server_keys(run_dir, "controller", cfg.controller))
+    # the weight hand-off: the trainer's client and the master relay's server
+    Client(address, "trainer-0", keys=client_keys(run_dir, "trainer", cfg.controller, server="relay"))
+    Server(cfg.controller.host, keys=server_keys(run_dir, "relay", cfg.controller))
+
+`client_keys`/`server_keys` return None under `auth: none` (sockets then run unkeyed). Keys
+are created once and kept on a resumed run; a run directory from before per-kind keys (only
+`curve_server.key`/`curve_client.key`) gets the missing ones at its next start.
 """
 from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
+from zmq.utils import z85
 
 from laminar_hpc.rundir import RunDir
+from laminar_hpc.transport.authz import ADMITS, KINDS
 
-SERVER_KEY_FILE = "curve_server.key"
-CLIENT_KEY_FILE = "curve_client.key"
+log = logging.getLogger(__name__)
+
+SERVERS = tuple(ADMITS)  # "controller", "relay": whose server keys a client may need
+KEYPAIRS = ("controller", *KINDS)  # the relay's keypair doubles as the hand-off server's
 _Z85_KEY_LEN = 40  # a 32-byte Curve25519 key in Z85
 
 
@@ -33,49 +52,98 @@ class KeyFileError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Keys:
-    """The run's CURVE keys, Z85-encoded bytes as `zmq.curve_keypair()` returns them."""
+class ClientKeys:
+    """What a client socket needs: the server's public key and its own kind's keypair (Z85)."""
     server_public: bytes
-    server_secret: bytes
-    client_public: bytes
-    client_secret: bytes
-
-    def __repr__(self) -> str:  # never print secrets into logs or tracebacks
-        return f"Keys(server_public={self.server_public!r}, client_public={self.client_public!r}, secrets=...)"
+    public: bytes
+    secret: bytes = field(repr=False)  # never printed into logs or tracebacks
 
 
-def ensure_keys(run_dir: Path) -> Keys:
-    """The run's keys, created on first use; existing ones (a resumed run) are kept."""
+@dataclass(frozen=True)
+class ServerKeys:
+    """What a server socket needs: its keypair and the admitted clients' public keys, each
+    mapped to the role kind it proves (Z85 bytes -> 'rollout', ...)."""
+    public: bytes
+    secret: bytes = field(repr=False)
+    clients: dict[bytes, str] = field(default_factory=dict, hash=False)
+
+
+def key_file(run_dir: RunDir | Path, name: str) -> Path:
+    return _secrets_dir(run_dir) / f"curve_{name}.key"
+
+
+def public_file(run_dir: RunDir | Path, name: str) -> Path:
+    return _secrets_dir(run_dir) / f"curve_{name}.pub"
+
+
+def ensure_keys(run_dir: RunDir | Path) -> None:
+    """Create every missing keypair of the run; keep existing ones (a resumed run), tighten their
+    permissions, and rewrite each public file from its key file (the key file is the truth)."""
     sdir = _secrets_dir(run_dir)
     sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(sdir, 0o700)  # mkdir's mode is masked by the umask, and an old dir may be looser
-    for name in (SERVER_KEY_FILE, CLIENT_KEY_FILE):
-        path = sdir / name
+    for name in KEYPAIRS:
+        path = key_file(run_dir, name)
         if path.exists():
             os.chmod(path, 0o600)
         else:
             _create_keypair_file(path)
-    return load_keys(run_dir)
-
-
-def load_keys(run_dir: Path) -> Keys:
-    server_public, server_secret = _read_keypair(_secrets_dir(run_dir) / SERVER_KEY_FILE)
-    client_public, client_secret = _read_keypair(_secrets_dir(run_dir) / CLIENT_KEY_FILE)
-    return Keys(server_public, server_secret, client_public, client_secret)
+        public, _ = _read_keypair(path)
+        pub = public_file(run_dir, name)
+        try:
+            current = pub.read_bytes()
+        except FileNotFoundError:
+            current = None
+        if current != public + b"\n":
+            _write_private(pub, public + b"\n", exclusive=False)
+        else:
+            os.chmod(pub, 0o600)
 
 
 def auth_enabled(controller_cfg) -> bool:
-    """Whether the control plane must authenticate: `curve`, or `auto` off loopback."""
-    if controller_cfg.auth == "curve":
+    """Whether the control plane authenticates: always, unless `controller.auth: none`."""
+    return controller_cfg.auth != "none"
+
+
+def client_keys(run_dir: RunDir | Path, kind: str, controller_cfg=None,
+                server: str = "controller") -> ClientKeys | None:
+    """Keys for a `Client` of role kind `kind` talking to `server` ('controller', or 'relay' for
+    the master relay's hand-off); None under `auth: none` (no `controller_cfg`: keys)."""
+    if kind not in KINDS or server not in SERVERS:
+        raise ValueError(f"no client keys for kind {kind!r} and server {server!r}: kinds are {KINDS}, "
+                         f"servers {SERVERS}")
+    if not _authenticating(controller_cfg):
+        return None
+    public, secret = _read_keypair(key_file(run_dir, kind))
+    return ClientKeys(server_public=_read_public(public_file(run_dir, server)), public=public, secret=secret)
+
+
+def server_keys(run_dir: RunDir | Path, server: str = "controller", controller_cfg=None) -> ServerKeys | None:
+    """Keys for a `Server` ('controller', or 'relay' for the master relay's hand-off): its keypair
+    and the public keys of the kinds it admits; None under `auth: none` (no `controller_cfg`: keys)."""
+    if server not in SERVERS:
+        raise ValueError(f"no server keys for {server!r}: servers are {SERVERS}")
+    if not _authenticating(controller_cfg):
+        return None
+    public, secret = _read_keypair(key_file(run_dir, server))
+    clients = {_read_public(public_file(run_dir, kind)): kind for kind in ADMITS[server]}
+    return ServerKeys(public=public, secret=secret, clients=clients)
+
+
+_warned_open = False
+
+
+def _authenticating(controller_cfg) -> bool:
+    global _warned_open
+    if controller_cfg is None or auth_enabled(controller_cfg):
         return True
-    if controller_cfg.auth == "none":
-        return False
-    return not is_loopback(controller_cfg.host)
-
-
-def channel_keys(run_dir: Path, controller_cfg) -> Keys | None:
-    """Keys for `Server`/`Client` of this run, or None when authentication is off."""
-    return load_keys(run_dir) if auth_enabled(controller_cfg) else None
+    if not _warned_open:  # once per process: every role's log says it
+        _warned_open = True
+        log.warning("controller.auth: none: the control plane on %s accepts any process that can connect "
+                    "(on loopback: every user of this machine), which can stop the campaign or feed it data; "
+                    "remove the setting (auth: auto) to authenticate every connection with the run's keys",
+                    controller_cfg.host)
+    return False
 
 
 def is_loopback(host: str) -> bool:
@@ -99,24 +167,48 @@ def _secrets_dir(run_dir: RunDir | Path) -> Path:
     return RunDir.of(run_dir).secrets_dir
 
 
-def _create_keypair_file(path: Path) -> None:
-    public, secret = zmq.curve_keypair()
-    text = json.dumps({"public": public.decode(), "secret": secret.decode()}) + "\n"
+def _write_private(path: Path, data: bytes, exclusive: bool) -> None:
+    """Write `path` (0600) through a temp file: atomically replaced, or with `exclusive` linked
+    only if absent (a concurrent creator's file wins, so every process reads the same key)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        # link, not rename: if another process created the file meanwhile, its key wins and
-        # both processes read that one, so they never end up holding different keys
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+        else:
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _create_keypair_file(path: Path) -> None:
+    public, secret = zmq.curve_keypair()
+    _write_private(path, (json.dumps({"public": public.decode(), "secret": secret.decode()}) + "\n").encode(),
+                   exclusive=True)
+
+
+def _missing(path: Path) -> KeyFileError:
+    return KeyFileError(f"CURVE key file {path} is missing: the launcher writes it at run start "
+                        f"(laminar_hpc.transport.security.ensure_keys(run_dir)); start this role through the "
+                        f"launcher with the same run directory (controller.auth: none turns authentication "
+                        f"off, for a trusted machine only)")
+
+
+def _unreadable(path: Path) -> KeyFileError:
+    return KeyFileError(f"cannot read CURVE key file {path}: permission denied; run this role as the user "
+                        f"that owns the run directory")
+
+
+def _damaged(path: Path, what: str) -> KeyFileError:
+    return KeyFileError(f"CURVE key file {path} {what}; delete {path.parent} to make new keys at the next "
+                        f"start (every role must then be restarted)")
 
 
 def _read_keypair(path: Path) -> tuple[bytes, bytes]:
@@ -124,21 +216,33 @@ def _read_keypair(path: Path) -> tuple[bytes, bytes]:
         data = json.loads(path.read_text())
         public, secret = data["public"].encode("ascii"), data["secret"].encode("ascii")
     except FileNotFoundError:
-        raise KeyFileError(f"CURVE key file {path} is missing: the launcher writes it at run start "
-                           f"(laminar_hpc.transport.security.ensure_keys(run_dir)); start this role "
-                           f"through the launcher with the same run directory, or set controller.auth: "
-                           f"none for a loopback-only run") from None
+        raise _missing(path) from None
     except PermissionError:
-        raise KeyFileError(f"cannot read CURVE key file {path}: permission denied; run this role as the "
-                           f"user that owns the run directory") from None
+        raise _unreadable(path) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise KeyFileError(f"CURVE key file {path} is unreadable ({type(err).__name__}: {err}); delete "
-                           f"{path.parent} to make new keys (every role must then be restarted)") from None
+        raise _damaged(path, f"is unreadable ({type(err).__name__}: {err})") from None
     try:  # a damaged or hand-edited file: fail here, naming it, not deep inside a socket option
         matches = len(public) == _Z85_KEY_LEN and zmq.curve_public(secret) == public
     except (zmq.ZMQError, ValueError):
         matches = False
     if not matches:
-        raise KeyFileError(f"CURVE key file {path} holds a malformed or mismatched keypair; delete "
-                           f"{path.parent} to make new keys (every role must then be restarted)")
+        raise _damaged(path, "holds a malformed or mismatched keypair")
     return public, secret
+
+
+def _read_public(path: Path) -> bytes:
+    try:
+        public = path.read_bytes().strip()
+    except FileNotFoundError:
+        raise _missing(path) from None
+    except PermissionError:
+        raise _unreadable(path) from None
+    except OSError as err:
+        raise _damaged(path, f"is unreadable ({type(err).__name__}: {err})") from None
+    try:
+        valid = len(public) == _Z85_KEY_LEN and len(z85.decode(public)) == 32
+    except (KeyError, ValueError, TypeError):
+        valid = False
+    if not valid:
+        raise _damaged(path, "does not hold a Z85 public key")
+    return public

@@ -9,15 +9,24 @@ publish never waits for a reader.
 
 Used twice: trainer -> master relay hand-off, and relay -> rollouts on each node.
 
-    store = WeightStore.create("/dev/shm/laminar-x-r0", slots=3, capacity=nbytes)
+A store lives in a private directory (mode 0700, `RunDir.shm_run_dir`): `create` makes it if
+missing and refuses one another user planted, creates its file under a fresh name with
+O_CREAT|O_EXCL|O_NOFOLLOW (never opening a file someone else made) and renames it into place;
+`open` refuses, after opening with O_NOFOLLOW, a directory or file that is not ours alone
+(shm_dir.SharedMemoryError), so a reader never maps a store another user made.
+
+    store = WeightStore.create("/dev/shm/laminar-x/relay0", slots=3, capacity=nbytes)
     slot, buf = store.begin(version=4); buf[:n] = data; store.commit(slot, 4, n, checksum(buf[:n]), digest)
-    reader = WeightStore.open("/dev/shm/laminar-x-r0")
+    reader = WeightStore.open("/dev/shm/laminar-x/relay0")
     info = reader.read(lambda view: layout.unpack(view, model))   # newest version
+    WeightStore.inode_at("/dev/shm/laminar-x/relay0")   # which file is there now (None: none yet)
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +34,8 @@ from typing import Callable
 
 import numpy as np
 import xxhash
+
+from laminar_hpc.transport.shm_dir import SharedMemoryError, check_private, open_private_dir
 
 _MAGIC = 0x4C414D494E415231  # "LAMINAR1"
 _HDR_WORDS = 8  # magic, n_slots, capacity, data_offset, generation, 3 reserved
@@ -64,8 +75,9 @@ class SlotInfo:
 
 
 class WeightStore:
-    def __init__(self, path: Path, mm: mmap.mmap, writable: bool):
+    def __init__(self, path: Path, mm: mmap.mmap, writable: bool, inode: int | None = None):
         self.path, self._mm, self.writable = Path(path), mm, writable
+        self.inode = inode  # of the file mapped (a reader reopens when the path names another)
         hdr = np.frombuffer(mm, dtype=np.int64, count=_HDR_WORDS)
         if int(hdr[0]) != _MAGIC:
             raise ValueError(f"{path} is not a laminar weight store")
@@ -77,20 +89,41 @@ class WeightStore:
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def create(cls, path: str | os.PathLike, slots: int, capacity: int) -> "WeightStore":
-        """Create (or atomically replace) a store; readers of an old file keep their mapping."""
+        """Create (or atomically replace) a store; readers of an old file keep their mapping.
+        The directory of `path` is made private (mode 0700) if missing, and refused
+        (SharedMemoryError) if another user's or open to others: the writer fails with one
+        clear error rather than ever writing where someone else could read or swap."""
         if slots < 2:
             raise ValueError("a weight store needs >= 2 slots so a reader is never lapped by one publish")
         path = Path(path)
         capacity = (capacity + _ALIGN - 1) // _ALIGN * _ALIGN
         data_off = _ALIGN
         size = data_off + slots * capacity
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        dfd = open_private_dir(path.parent, create=True)
         try:
-            os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size)
+            # a fresh name, created here and now: O_EXCL never opens what a killed writer (or anyone) left
+            tmp = f".{path.name}.tmp{os.getpid()}.{os.urandom(6).hex()}"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            mm = None
+            try:
+                os.ftruncate(fd, size)
+                mm = mmap.mmap(fd, size)
+                inode = os.fstat(fd).st_ino
+                cls._init_header(mm, slots, capacity, data_off)
+                os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                os.unlink(tmp, dir_fd=dfd)
+                if mm is not None:
+                    mm.close()
+                raise
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            os.close(dfd)
+        return cls(path, mm, writable=True, inode=inode)
+
+    @staticmethod
+    def _init_header(mm: mmap.mmap, slots: int, capacity: int, data_off: int) -> None:
         hdr = np.frombuffer(mm, dtype=np.int64, count=_HDR_WORDS)
         table = np.frombuffer(mm, dtype=np.int64, count=slots * _SLOT_WORDS, offset=_HDR_WORDS * 8)
         table[:] = 0
@@ -98,17 +131,52 @@ class WeightStore:
         hdr[1:5] = (slots, capacity, data_off, time.time_ns())
         hdr[0] = _MAGIC  # last: a reader that sees the magic sees a complete header
         del hdr, table
-        os.replace(tmp, path)
-        return cls(path, mm, writable=True)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "WeightStore":
-        fd = os.open(path, os.O_RDWR)
+        """Map the store at `path` for reading, after checking on the opened descriptors that its
+        directory and file are ours alone (SharedMemoryError otherwise; FileNotFoundError if absent)."""
+        path = Path(path)
+        dfd = open_private_dir(path.parent)
         try:
+            fd = os.open(path.name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise SharedMemoryError(f"{path}: is a symbolic link, not a weight store; remove it and resume "
+                                        "the run") from None
+            raise
+        finally:
+            os.close(dfd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise SharedMemoryError(f"{path}: is not a regular file, so not a weight store; remove it and "
+                                        "resume the run")
+            check_private(st, path, "weight store")
             mm = mmap.mmap(fd, 0)
         finally:
             os.close(fd)
-        return cls(Path(path), mm, writable=False)
+        return cls(path, mm, writable=False, inode=st.st_ino)
+
+    @staticmethod
+    def inode_at(path: str | os.PathLike) -> int | None:
+        """The inode of the file at `path` now, None while there is none (the writer has not made
+        it yet, or is being restarted). Compare with a reader's `.inode` to see a new store. A
+        directory that is not ours alone raises SharedMemoryError, so a reader waiting for its
+        store fails at once with the reason instead of waiting for a file that never comes."""
+        path = Path(path)
+        try:
+            return os.stat(path).st_ino
+        except (FileNotFoundError, PermissionError):
+            pass  # absent, or a directory we cannot enter: check what stands at the directory's name
+        try:
+            os.close(open_private_dir(path.parent))
+        except FileNotFoundError:
+            return None
+        try:
+            return os.stat(path).st_ino
+        except FileNotFoundError:
+            return None
 
     # -- writer ---------------------------------------------------------------------------
     def begin(self, version: int) -> tuple[int, memoryview]:

@@ -94,6 +94,20 @@ def test_out_of_range_names_key_and_bound(tmp_path, earlier_run, section, key, v
     assert "the default is" in err
 
 
+@pytest.mark.parametrize("text,expect", [
+    ("controller:\n  max_frame_mb: 0.0000001\n", "key 'controller.max_frame_mb': 1e-07 MB is below 1 KiB"),
+    ("relay:\n  chunk_mb: 0.0000001\n", "key 'relay.chunk_mb': 1e-07 MB is below 1 KiB"),
+    ("supervisor:\n  heartbeat_interval_s: 40\n",
+     "supervisor.heartbeat_interval_s=40.0 must be at most half of timeouts.heartbeat_s=30.0"),
+    ("slurm:\n  time_min: 1\n  signal_delay_s: 90\n", "slurm.signal_delay_s=90 must be below slurm.time_min=1"),
+    ('slurm:\n  partition: "debug\\nsrun rm -rf ~"\n', "key 'slurm.partition': holds a control character (U+000A)"),
+])
+def test_values_that_would_break_at_run_time_are_refused_up_front(tmp_path, earlier_run, text, expect):
+    cfg = _write(tmp_path, text)
+    err = _refused(tmp_path, earlier_run, "run", cfg, "--run-dir", str(earlier_run), "--resume")
+    assert f"{cfg}: " in err and expect in err
+
+
 def test_missing_config_file(tmp_path):
     err = _cli(tmp_path, "run", "nowhere.yaml")
     assert "nowhere.yaml: config file not found" in err and "check the path" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -15,23 +16,13 @@ import pytest
 
 from laminar_hpc.metrics.trace import role_events
 
-from helpers import REPO, laminar
+from helpers import REPO, laminar, processes_mentioning
 
 TINY = str(REPO / "configs" / "tiny.yaml")
 pytestmark = pytest.mark.slow
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs whose command line contains `text` (the run directory is unique per test)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return pids
+
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +92,7 @@ def test_no_process_or_shared_memory_left(tiny_run):
     run_dir, _, _ = tiny_run
     assert processes_mentioning(str(run_dir)) == []
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    assert not list(Path("/dev/shm").glob(f"laminar-{run_id}-*"))
+    assert not Path("/dev/shm", f"laminar-{run_id}").exists()
 
 
 def test_resume_continues_steps_and_versions(tiny_run, tmp_path):
@@ -123,8 +114,7 @@ def remove_shm(run_dir: Path) -> None:
     """Shared memory of a run whose launcher a failing test had to kill (it would have removed it)."""
     info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
     if info.get("run_id"):
-        for path in Path("/dev/shm").glob(f"laminar-{info['run_id']}-*"):
-            path.unlink(missing_ok=True)
+        shutil.rmtree(Path("/dev/shm", f"laminar-{info['run_id']}"), ignore_errors=True)
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

@@ -117,3 +117,28 @@ def test_apply_override_alone(dotted, data):
     except ConfigError as err:
         assert len(str(err).splitlines()) == 1
         assert yaml.safe_dump(data) == before  # a refused override changes nothing
+
+
+# -- whatever text a user puts in a script's values, the script runs it as data -----------------
+WORDS = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=16)
+
+
+@settings(deadline=None, max_examples=60,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(partition=WORDS, account=WORDS, comment=WORDS, run_dir=WORDS)
+def test_rendered_scripts_keep_every_value_literal(tmp_path, partition, account, comment, run_dir):
+    from laminar_hpc.launch.submit import SubmitError, render_sbatch
+    from test_render_sbatch import run_script, sbatch_options
+    data = {"name": "fz", "slurm": {"partition": partition, "account": account,
+                                    "additional_parameters": {"comment": comment}}}
+    try:
+        text = render_sbatch(config_from_dict(data, "fuzz.yaml"), "c.yaml", [], run_dir=run_dir)
+    except (ConfigError, SubmitError) as err:
+        assert len(str(err).splitlines()) == 1 and "control character" in str(err)
+        return
+    got = dict(words[0].split("=", 1) for words in sbatch_options(text) if len(words) == 1 and "=" in words[0])
+    assert (got["--partition"], got["--account"], got["--comment"]) == (partition, account, comment)
+    for old in tmp_path.iterdir():  # hypothesis reuses the directory across examples
+        old.unlink()
+    assert run_script(tmp_path, text)[-2:] == ["--run-dir", run_dir]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["argv", "fake-python", "job.sbatch"]  # nothing else ran

@@ -192,3 +192,153 @@ def test_round_trip_keeps_special_floats():
     for t in (math.inf, -math.inf, 0.0, -0.0, 5e-324):
         assert decode(encode(Heartbeat(t=t))) == Heartbeat(t=t)
     assert math.isnan(decode(encode(Heartbeat(t=math.nan))).t)
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) frames under the limit, split on the sending side
+# ---------------------------------------------------------------------------------------------
+SPLIT_CASES = st.one_of(*(strategy(mi.type_info(cls)) for cls in protocol.SPLITTABLE))
+
+
+@FUZZ
+@given(messages())
+def test_size_bound_is_never_below_the_encoded_size(msg):
+    assert protocol.size_bound(msg) >= len(encode(msg))
+
+
+@FUZZ
+@given(SPLIT_CASES, st.integers(16, 4096))
+def test_split_sends_every_item_that_fits_once_in_order_and_under_the_limit(msg, limit):
+    name = protocol.SPLITTABLE[type(msg)]
+    parts, refused = protocol.split(msg, limit)
+    assert all(type(p) is type(msg) and len(encode(p)) <= limit for p in parts)
+    sent = [x for p in parts for x in getattr(p, name)]
+    items = getattr(msg, name)
+    budget = protocol.item_budget(msg, limit)
+    assert sent == [x for x in items if protocol.encoded_size(x) <= budget]
+    assert refused == [x for x in items if protocol.encoded_size(x) > budget]
+    if len(encode(msg)) <= limit:
+        assert parts == [msg]
+
+
+# ---------------------------------------------------------------------------------------------
+# (e) the controller's handlers: any valid frame, from any sender, in any order
+# ---------------------------------------------------------------------------------------------
+SENDERS = ["rollout-0", "rollout-1", "rollout-3", "rollout-9", "trainer-0", "relay-0", "launcher-0", "rogue"]
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(), st.text(max_size=6))
+CRAFTED_MAPS = st.dictionaries(st.sampled_from(["step", "phase", "dropped_frames", "loss"]) | st.text(max_size=4),
+                               SCALARS, max_size=4)
+
+
+def _fuzz_controller(run_dir):
+    import json
+    import logging
+    from pathlib import Path
+
+    from helpers import REPO
+
+    from laminar_hpc.config import load_config
+    from laminar_hpc.controller import main
+    from laminar_hpc.metrics.trace import Tracer
+    from laminar_hpc.transport import security
+
+    class Recording:
+        def __init__(self, *args, **kwargs):
+            self.address, self.dropped, self.sent = "tcp://127.0.0.1:0", 0, []
+            self.max_frame_bytes = args[1] if len(args) > 1 else kwargs.get("max_frame_bytes", protocol.MAX_FRAME_BYTES)
+
+        def send(self, ident, msg):
+            self.sent.append((ident, decode(encode(msg), self.max_frame_bytes)))  # as the receiving role would
+
+        def close(self, linger_ms=0):
+            pass
+
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "fuzz"}))
+    security.ensure_keys(run_dir)
+    cfg = load_config(Path(REPO) / "configs" / "tiny-emulated.yaml", ["controller.max_frame_mb=0.01"])
+    real = main.Server
+    main.Server = Recording
+    try:
+        return main.Controller(run_dir, cfg, logging.getLogger("fuzz-controller"),
+                               Tracer(run_dir, "controller-0", enabled=False))
+    finally:
+        main.Server = real
+
+
+@st.composite
+def _steps(draw, ctl):
+    """One frame: any valid message, or one aimed at the controller's current trajectories with
+    fields (tokens, log-probs, groups, prompts) drawn to be right or wrong."""
+    sender = draw(st.sampled_from(SENDERS))
+    ids = sorted(ctl.dp.partials)
+    kind = draw(st.sampled_from(["any", "crafted_map", "finished", "stream", "migrated"] if ids else
+                                ["any", "crafted_map"]))
+    if kind == "any":
+        return sender, draw(messages())
+    if kind == "crafted_map":
+        return sender, draw(st.sampled_from([lambda m: protocol.TrainStep(metrics=m),
+                                             lambda m: protocol.LogEvent(event=draw(st.sampled_from(
+                                                 ["relay", "phase", "x"])), fields=m)]))(draw(CRAFTED_MAPS))
+    p = ctl.dp.partials[draw(st.sampled_from(ids))]
+    owner = f"rollout-{p.rollout}" if p.rollout is not None else sender
+    sender = draw(st.sampled_from([owner, sender]))
+    n = draw(st.integers(0, 6))
+    tokens = draw(st.lists(st.integers(-3, 104), min_size=n, max_size=n) | st.just([5] * n))
+    logprobs = draw(st.lists(st.floats(), min_size=n, max_size=n) | st.just([-0.5] * n)
+                    | st.lists(st.floats(-5, 0), min_size=0, max_size=n + 1))
+    if kind == "stream":
+        return sender, protocol.Stream(items=[protocol.StreamItem(traj_id=p.traj_id, tokens=tokens, logprobs=logprobs,
+                                                                  version=draw(st.integers(-1, 3)),
+                                                                  offset=len(p.tokens))])
+    traj = protocol.Trajectory(
+        traj_id=p.traj_id, group_id=draw(st.sampled_from([p.group_id, p.group_id + 1])),
+        problem=draw(st.sampled_from([p.problem, p.problem + 1])), version=draw(st.integers(-1, 3)),
+        prompt=draw(st.sampled_from([list(p.prompt), list(p.prompt)[:-1]])), tokens=tokens, logprobs=logprobs,
+        rollout=0, t_start=0.0, reward=draw(st.sampled_from([1.0, 0.0, None, math.nan])), t_end=1.0,
+        finish=draw(st.sampled_from(["eos", "length", "error: engine failed", None])))
+    if kind == "migrated":
+        return sender, protocol.Migrated(dest=draw(st.integers(-1, 5)), trajectories=[traj])
+    return sender, protocol.Finished(trajectory=traj)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_no_valid_frame_breaks_the_controller_or_reaches_the_trainer_unchecked(data):
+    import tempfile
+    from pathlib import Path
+
+    from dataplane_driver import check_ledger
+
+    from laminar_hpc.controller.validate import trajectory_refusal
+    from laminar_hpc.metrics.status import read_status, write_status
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ctl = _fuzz_controller(Path(tmp))
+        try:
+            for r in range(4):  # rollouts with credit, and a trainer asking, so data flows
+                ctl.receive(f"rollout-{r}", protocol.Hello(role="rollout", rank=r, pid=r, protocol=protocol.PROTOCOL_VERSION))
+                ctl.receive(f"rollout-{r}", protocol.WantWork(credit=8, version=0))
+            ctl.receive("trainer-0", protocol.WantGroups(n=100))
+            admitted: dict[int, list[int]] = {}
+            for _ in range(data.draw(st.integers(1, 25))):
+                ctl.schedule()
+                admitted.update({p.group_id: p.prompt for p in ctl.dp.partials.values()})
+                ident, msg = data.draw(_steps(ctl))
+                ctl.receive(ident, msg)
+                assert ctl.frames.handler_errors == 0, f"handling {msg!r} from {ident} raised"
+                check_ledger(ctl.dp)
+            ctl.schedule()
+            write_status(Path(tmp) / "status.json", ctl.status())
+            assert read_status(Path(tmp) / "status.json").epoch == ctl.epoch
+            for to, msg in ctl.server.sent:
+                if isinstance(msg, protocol.Groups):
+                    assert to == "trainer-0"
+                    for g in msg.groups:
+                        for t in g.trajectories:
+                            handed = type("Handed", (), dict(group_id=g.group_id, problem=g.problem,
+                                                              prompt=admitted[g.group_id],
+                                                              max_new_tokens=ctl.cfg.rollout.max_new_tokens))
+                            assert trajectory_refusal(t, handed, ctl.dp.limits, finished=True) is None, t
+                            assert t.reward is not None and math.isfinite(t.reward)
+        finally:
+            ctl.wal.close()

@@ -52,6 +52,7 @@ def setup():
     from laminar_hpc.model.weights import WeightLayout
     from laminar_hpc.rollout.node import build_engine
     from laminar_hpc.transport.weight_store import WeightStore
+    from laminar_hpc.transport.shm_dir import remove_private_dir
     cfg = config_from_dict({"model": {"tokenizer": "hf", "hf_path": MODEL, "max_seq_len": 512},
                             "trainer": {"publish_dtype": "bfloat16"},
                             "rollout": {"backend": "vllm", "max_batch": 16, "temperature": 1e-6,  # vLLM: greedy
@@ -60,7 +61,7 @@ def setup():
     tok = build_tokenizer(cfg.model)
     model = build_model(cfg.model, tok)  # the checkpoint, on the CPU
     layout = WeightLayout.from_model(model, "bfloat16")
-    path = Path("/dev/shm") / f"laminar-gputest-{os.getpid()}"
+    path = Path("/dev/shm") / f"laminar-gputest-{os.getpid()}" / "store"  # a private (0700) directory of ours
     store = WeightStore.create(path, slots=3, capacity=layout.nbytes)
     t0 = time.monotonic()
     engine, engine_layout = build_engine(cfg, rank=0, tok=tok)
@@ -71,6 +72,7 @@ def setup():
                           state=state)
     store.close()
     store.unlink()
+    remove_private_dir(path.parent)
 
 
 def publish_and_pull(s, *, flip_norm: bool = False) -> int:

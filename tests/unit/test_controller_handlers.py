@@ -9,15 +9,15 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from helpers import REPO, result
+from helpers import REPO, FakeServer, result
 
 from laminar_hpc.config import load_config
 from laminar_hpc.controller import main
 from laminar_hpc.metrics.status import Utilisation, read_status, write_status
 from laminar_hpc.metrics.trace import Tracer
-from laminar_hpc.transport import protocol
+from laminar_hpc.transport import protocol, security
 from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, CheckpointSaved, Finished, Group, Groups,
-                                            Heartbeat, Hello, HelloAck, LogEvent, Message, Migrated,
+                                            Heartbeat, Hello, HelloAck, LogEvent, Migrated,
                                             MigrateReject, Published, Resume, RoleDown, RolloutState, Stop, StopAll,
                                             Stream, StreamItem, TrainerDone, TrainStep, Trajectory, UpdateWeights,
                                             VersionReady, WantGroups, WantWork, WeightsLoaded, WeightsSynced,
@@ -26,31 +26,12 @@ from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, Checkpoint
 CONFIG = Path(REPO) / "configs" / "tiny-emulated.yaml"  # 4 rollouts x 8 slots, 4 groups of 4 per step
 
 
-class FakeServer:
-    """The controller's `Server`, in memory. Every message goes through the wire encoding and back,
-    so what is recorded is what a role would receive."""
-
-    def __init__(self, *args, **kwargs):
-        self.address = "tcp://127.0.0.1:0"
-        self.dropped = 0
-        self.sent: list[tuple[str, Message]] = []
-
-    def send(self, ident: str, msg: Message) -> None:
-        self.sent.append((ident, protocol.decode(protocol.encode(msg))))
-
-    def take(self) -> list[tuple[str, Message]]:
-        out, self.sent = self.sent, []
-        return out
-
-    def close(self, linger_ms: int = 0) -> None:
-        pass
-
-
 @pytest.fixture
 def make(tmp_path, monkeypatch):
     """make(mode) -> a Controller on a fresh run directory, its transport a FakeServer."""
     monkeypatch.setattr(main, "Server", FakeServer)
     (tmp_path / "run.json").write_text(json.dumps({"run_id": "r1"}))
+    security.ensure_keys(tmp_path)  # as the launcher does at run start
     built = []
 
     def build(mode: str = "laminar", *overrides: str) -> main.Controller:
@@ -298,3 +279,33 @@ def test_status_and_final_stats_round_trip_through_their_files(make, tmp_path):
     assert final.ledger["groups_admitted"] == 8 and final.ledger["groups_dropped"] == {"staleness": 1}
     write_status(tmp_path / "controller_stats.json", final)
     assert read_status(tmp_path / "controller_stats.json") == final
+
+
+def test_a_full_disk_pauses_admission_and_says_so_until_the_log_is_written_again(make, monkeypatch):
+    """The write-ahead log cannot be written (ENOSPC): the controller admits no new group (what a
+    crash would lose must not grow), says why in status.json, and admits again once space returns."""
+    import errno
+    import os
+
+    from laminar_hpc.controller import wal as wal_module
+    ctl = make()
+    _rollouts_ready(ctl)
+    full = {"on": True}
+    real_write = os.write
+
+    def write(fd, data):
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(wal_module.os, "write", write)
+    ctl.wal.append("test", {})  # something to flush: the disk refuses it
+    assert ctl.wal.flush() is False and ctl.wal.error is not None
+    ctl.schedule()
+    assert ctl.server.take() == [] and ctl.status().groups_pending == 0
+    assert "ENOSPC" in ctl.status().wal_error
+    full["on"] = False
+    assert ctl.wal.flush() is True and ctl.wal.error is None
+    ctl.schedule()
+    assert ctl.status().groups_pending == 8 and ctl.status().wal_error is None
+    assert sum(len(m.work) for _, m in ctl.server.take()) == 32

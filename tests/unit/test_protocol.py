@@ -113,6 +113,18 @@ def test_free_maps_hold_scalars_only():
         decode(raw({"type": "train_step", "metrics": {1: 2.0}}))  # a key that is not a string
 
 
+def test_free_maps_refuse_bytes_and_extension_types():
+    """Before the typed protocol these were stored and broke the status write; now the frame never decodes."""
+    stamp = msgpack.packb({"type": "log_event", "event": "e", "fields": {"t": msgpack.Timestamp(1, 0)}},
+                          use_bin_type=True)
+    for frame in (raw({"type": "log_event", "event": "e", "fields": {"b": b"\x00\xff"}}),
+                  raw({"type": "log_event", "event": "e", "fields": {"x": msgpack.ExtType(7, b"zz")}}),
+                  raw({"type": "train_step", "metrics": {"loss": b"0.5"}}),
+                  raw({"type": "train_step", "metrics": {"step": msgpack.ExtType(1, b"\x01")}}), stamp):
+        with pytest.raises(DecodeError, match=r"got `(bytes|ext)`"):
+            decode(frame)
+
+
 def test_encode_takes_messages_only():
     with pytest.raises(TypeError):
         encode({"type": "heartbeat", "t": 1.0})

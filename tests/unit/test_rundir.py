@@ -171,11 +171,13 @@ def test_shared_memory_names_belong_to_one_start(tmp_path):
     old = RunDir(tmp_path / "run", shm_dir=shm, run_id="old")
     new = RunDir(tmp_path / "run", shm_dir=shm, run_id="new")
     for rd in (old, new):
+        rd.shm_run_dir.mkdir(mode=0o700)
         for path in (rd.shm_path("handoff"), rd.shm_path("relay", 0), rd.shm_path("relay", 11)):
             path.write_bytes(b"x")
-    assert new.shm_path("relay", 11).name == "laminar-new-relay11"
-    assert sorted(glob.glob(new.shm_files())) == sorted(str(new.shm_path(*k)) for k in [("handoff",), ("relay", 0),
-                                                                                           ("relay", 11)])
+    assert new.shm_run_dir == shm / "laminar-new" and new.shm_path("relay", 11) == shm / "laminar-new" / "relay11"
+    # one directory per start holds all of its files (what the launchers' cleanup removes whole)
+    assert sorted(glob.glob(str(new.shm_run_dir / "*"))) == sorted(str(new.shm_path(*k)) for k in [
+        ("handoff",), ("relay", 0), ("relay", 11)])
 
 
 def test_endpoints_and_trace_files_are_found_where_they_are_written(tmp_path):

@@ -29,8 +29,10 @@ def test_two_node_layout_places_roles_and_one_relay_per_node():
     assert all(len(opts) == 1 for opts in plan.steps.values())  # no het components
     relay = plan.steps["relay"][0]
     assert "--mpi=pmix" in relay and "-N2" in relay and "-n2" in relay and "--ntasks-per-node=1" in relay
-    for (opts,) in plan.steps.values():  # every step independent: one can fail without the others
-        assert "--exact" in opts and "--kill-on-bad-exit=0" in opts
+    for name, (opts,) in plan.steps.items():  # every step independent: one can fail without the others
+        assert "--exact" in opts
+        # ...but the relay step is one MPI world: one rank dying ends it, so the tier restarts whole
+        assert ("--kill-on-bad-exit=1" if name == "relay" else "--kill-on-bad-exit=0") in opts, (name, opts)
     # node 0 holds the driver, controller, trainer (2 CPUs by default) and the master relay
     assert plan.components[0]["ntasks_per_node"] == 1 + 1 + 2 + 1
 
@@ -105,14 +107,19 @@ def test_node_addr_parses_scontrol_one_line_output():
     assert node_addr("NodeName=node1 State=IDLE") is None
 
 
-def test_cluster_host_keeps_loopback_on_one_node_and_a_host_the_user_set(monkeypatch):
+def test_cluster_host_keeps_loopback_on_one_node_and_a_host_the_user_set():
     from laminar_hpc.config import config_from_dict
     from laminar_hpc.launch.slurm import cluster_host, effective_config
-    monkeypatch.setenv("SLURMD_NODENAME", "node0")
     cfg, plan = effective_config(config_from_dict({"slurm": {"layout": {"rollout_nodes": 1, "trainer_nodes": 0}}}))
-    assert plan.nodes == 1 and cluster_host(cfg, plan).controller.host == "127.0.0.1"
+    assert plan.nodes == 1 and cluster_host(cfg, plan, "10.1.2.3").controller.host == "127.0.0.1"
     cfg2, plan2 = effective_config(config_from_dict({"controller": {"host": "ib0.node0"}}))
-    assert cluster_host(cfg2, plan2).controller.host == "ib0.node0"
+    assert cluster_host(cfg2, plan2, "10.1.2.3").controller.host == "ib0.node0"
+    # two nodes: node 0's address, marked as derived so that the next start derives it again
+    cfg3, plan3 = effective_config(config_from_dict({}))
+    derived = cluster_host(cfg3, plan3, "10.1.2.3")
+    assert derived.controller.host == "10.1.2.3" and derived.controller.configured_host == "127.0.0.1"
+    assert plan3.nodes == 2 and cluster_host(derived, plan3, "10.4.5.6").controller.host == "10.4.5.6"
+    assert cluster_host(derived, plan3, None).controller.host == "127.0.0.1"
 
 
 def test_megatron_trainer_step_has_one_task_per_rank():

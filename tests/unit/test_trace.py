@@ -11,6 +11,7 @@ import pytest
 
 from laminar_hpc.metrics.trace import (EVENTS, TraceSchemaError, Tracer, clock_offset, read_file, read_run,
                                        role_events)
+from laminar_hpc.rundir import RunDir
 
 
 def test_events_round_trip_with_their_fields_in_order(tmp_path):
@@ -101,3 +102,98 @@ def test_legacy_jsonl_traces_are_still_read(tmp_path):
     run = read_run(tmp_path)
     assert [e["ev"] for e in run.events] == ["group_admitted"] and len(run.problems) == 1
     assert role_events(tmp_path, "controller-0")[0]["group"] == 0
+
+
+# -- names that cannot collide; writes that never end the role ---------------------------------
+
+def test_a_reused_pid_never_truncates_an_earlier_trace(tmp_path):
+    """Two incarnations of a role with the same pid (a pid reused after a restart: here one
+    process) keep two files; the old name `<role>.<pid>.h5` truncated the first."""
+    first = Tracer(tmp_path, "rollout-1")
+    first.emit("traj_finished", traj="0.0", version=1, tokens=3, reward=1.0)
+    first.close()
+    second = Tracer(tmp_path, "rollout-1")
+    second.emit("traj_finished", traj="1.0", version=2, tokens=4, reward=0.0)
+    second.close()
+    assert first.path != second.path
+    assert [e["traj"] for e in role_events(tmp_path, "rollout-1")] == ["0.0", "1.0"]
+    assert first.path.name.startswith(f"rollout-1.{os.getpid()}.") and first.path.suffix == ".h5"
+
+
+def test_a_trace_file_is_created_exclusively_under_a_fresh_name(tmp_path, monkeypatch):
+    import laminar_hpc.metrics.trace as trace_mod
+    tags = iter(["20240101T000000-aaaaaa", "20240101T000000-aaaaaa", "20240101T000000-bbbbbb"])
+    monkeypatch.setattr(trace_mod, "_start_tag", lambda: next(tags))
+    first = Tracer(tmp_path, "trainer-0")
+    first.emit("warmup_done", steps=1)
+    first.close()
+    second = Tracer(tmp_path, "trainer-0")  # its first name is taken: never opened for writing
+    second.close()
+    assert first.path.name.endswith("-aaaaaa.h5") and second.path.name.endswith("-bbbbbb.h5")
+    assert [e["ev"] for e in read_file(first.path)[1]] == ["warmup_done"]
+
+
+def test_old_and_new_trace_names_are_read_together(tmp_path):
+    new = Tracer(tmp_path, "controller-0")
+    new.emit("group_admitted", group=1, n=8)
+    new.close()
+    old = Tracer(tmp_path, "controller-0")
+    old.emit("group_admitted", group=0, n=8)
+    old.close()
+    legacy = old.path.with_name(f"controller-0.{os.getpid()}.h5")  # a run written before unique names
+    old.path.rename(legacy)
+    assert RunDir(tmp_path).trace_files("controller-0") == sorted([legacy, new.path])
+    assert sorted(e["group"] for e in read_run(tmp_path).events) == [0, 1]
+    assert sorted(e["group"] for e in role_events(tmp_path, "controller-0")) == [0, 1]
+    assert role_events(tmp_path, "controller-00") == []
+
+
+def test_a_failing_disk_never_raises_out_of_the_tracer_and_loses_no_event(tmp_path, monkeypatch):
+    """h5py reports a full disk as RuntimeError or OSError: counted, events kept, retried, written
+    once (the real full filesystem: tests/integration/test_full_disk.py)."""
+    tr = Tracer(tmp_path, "rollout-2", flush_s=0.0)
+    tr.emit("traj_started", traj="0.0", version=1)
+    real_write = tr._write
+    failing = {"on": True}
+
+    def disk_full():
+        if failing["on"]:
+            raise RuntimeError("Unable to flush dataset (file write failed: errno = 28, No space left on device)")
+        real_write()
+
+    monkeypatch.setattr(tr, "_write", disk_full)
+    for i in range(1, 600):  # past the 512-event flush, on a full disk
+        tr.emit("traj_started", traj=f"{i}.0", version=1)
+    tr.flush()
+    assert tr.write_errors >= 1 and "No space left" in tr.error
+    failing["on"] = False
+    tr.flush()
+    assert tr.error is None
+    tr.close()
+    info, got = read_file(tr.path)
+    assert info.status == "ok" and [e["traj"] for e in got] == [f"{i}.0" for i in range(600)]
+
+
+def test_a_trace_file_that_cannot_be_created_is_created_later(tmp_path, monkeypatch):
+    import laminar_hpc.metrics.trace as trace_mod
+    real = trace_mod._h5py
+    monkeypatch.setattr(trace_mod, "_h5py", lambda: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    tr = Tracer(tmp_path, "relay-0", flush_s=0.0)  # old code: the role died here
+    tr.emit("relay_ready", version=1)
+    assert tr.write_errors >= 1 and not tr.path.exists()
+    monkeypatch.setattr(trace_mod, "_h5py", real)
+    tr.flush()
+    tr.close()
+    assert [e["ev"] for e in read_file(tr.path)[1]] == ["relay_ready"]
+
+
+def test_the_buffer_of_a_long_full_disk_is_bounded_and_counts_what_it_drops(tmp_path, monkeypatch):
+    import laminar_hpc.metrics.trace as trace_mod
+    monkeypatch.setattr(trace_mod, "MAX_BUFFERED", 10)
+    tr = Tracer(tmp_path, "rollout-0", flush_s=3600)
+    monkeypatch.setattr(tr, "_write", lambda: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    for i in range(15):
+        tr.emit("traj_started", traj=f"{i}.0", version=1)
+    tr.flush()
+    assert len(tr._rows) == 10 and tr.dropped == 5
+    tr.close()  # never raises either

@@ -8,6 +8,7 @@ from helpers import FakeChannel, group, role_context
 
 from laminar_hpc.trainer.main import StopRequested, Trainer
 from laminar_hpc.transport.channel import Server, publish_endpoint
+from laminar_hpc.transport.security import ensure_keys, server_keys
 from laminar_hpc.transport.protocol import (
     CheckpointSaved, Groups, Heartbeat, HelloAck, LogEvent, Publish, Published, Stop, TrainerDone, TrainerSync, TrainStep,
     WantGroups, WeightsSynced,
@@ -99,7 +100,8 @@ def test_a_restarted_controller_gets_the_lineage(make):
 def test_the_loop_trains_publishes_and_reports(make, tmp_path):
     """`run` as the process runs it, for two steps: the first trains groups 0 and 1; then a group of
     version 0 is too stale for version 1 (max_staleness 0): dropped, reported with the next step."""
-    relay = Server("127.0.0.1")
+    ensure_keys(tmp_path)
+    relay = Server("127.0.0.1", keys=server_keys(tmp_path, "relay"))
     publish_endpoint(tmp_path, "relay_master", relay.address)
     try:
         t = make("trainer.total_steps=2", "trainer.max_staleness=0")

@@ -3,6 +3,7 @@ call order of the weight-update API, tensor names and aliasing, token/log-prob m
 re-prefill, sleep/wake around loads, the one-version invariant, and that nothing imports vllm."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.rollout import vllm_engine
 from laminar_hpc.rollout.base import SeqRequest, VersionInFlightError
 from laminar_hpc.rollout.vllm_engine import VllmEngine, meta_layout
-from vllm_standin import RecordingStager, logprob_at, standin_api, token_at
+from vllm_standin import (
+    CompletionOutput, RecordingStager, RequestOutput, StandinEngine, logprob_at, standin_api, token_at,
+)
 
 EOS = 2
 ARGS = ModelArgs(vocab_size=100, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64,
@@ -26,8 +29,9 @@ def make_engine(*, max_batch=4, eos_at=None, tokens_per_step=1, **vcfg):
     api = standin_api()
     llm = api.LLM("m", vocab=ARGS.vocab_size, max_model_len=64, eos_at=eos_at, tokens_per_step=tokens_per_step)
     stager = RecordingStager()
+    # the stand-in's model config has no get_vocab_size (vLLM's has): the vocabulary is given
     engine = VllmEngine(llm, api, VllmCfg(**vcfg), eos_id=EOS, max_batch=max_batch, temperature=1.0, top_p=1.0,
-                        stager=stager)
+                        stager=stager, vocab_size=ARGS.vocab_size)
     return engine, llm, stager
 
 
@@ -221,6 +225,89 @@ def test_add_refuses_sequences_without_room_and_queues_none():
     with pytest.raises(ValueError, match="free slots"):
         engine.add([SeqRequest(str(i), [5], 4) for i in range(5)])
     assert llm.calls == [] and engine.num_active() == 0
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_vllm_sees_them():
+    """vLLM started with skip_tokenizer_init checks no token id: on the GPU a foreign one is an
+    out-of-bounds embedding read. Today the adapter queues it."""
+    engine, llm = loaded()
+    assert engine.refuse(SeqRequest("a", [5, 6], 8)) is None
+    assert engine.refuse(SeqRequest("b", [5, 100], 8)) == "token id 100 outside the vocabulary of 100"
+    assert engine.refuse(SeqRequest("c", [5], 8, tokens=[-2], logprobs=[-1.0])) == \
+        "token id -2 outside the vocabulary of 100"
+    with pytest.raises(ValueError, match="trajectory b: token id 100 outside"):
+        engine.add([SeqRequest("a", [5, 6], 8), SeqRequest("b", [5, 100], 8)])
+    assert llm.calls == [] and engine.num_active() == 0
+    # without a given vocabulary (as from_config builds it), vLLM's model config says
+    api = standin_api()
+    llm = api.LLM("m", max_model_len=64)
+    llm.llm_engine.model_config.get_vocab_size = lambda: 50
+    engine = VllmEngine(llm, api, VllmCfg(), eos_id=EOS, max_batch=2, temperature=1.0, top_p=1.0,
+                        stager=RecordingStager())
+    assert engine.refuse(SeqRequest("d", [49, 50], 8)) == "token id 50 outside the vocabulary of 50"
+
+
+@dataclass
+class ReasonedOutput(CompletionOutput):
+    finish_reason: str | None = None  # vLLM's CompletionOutput has it: None until finished
+
+
+class FaultyStandin(StandinEngine):
+    """The stand-in reporting failures of single requests as vLLM does: `faults` maps a trajectory
+    to (kind, its output number where it happens): "error"/"abort" (vLLM finishes the request
+    with that finish_reason), "ignored" (a prompt the KV cache can never hold: finished at once,
+    no token, finish_reason "length"), "no_logprobs" (an output without log-prob entries)."""
+
+    def __init__(self, calls, faults: dict[str, tuple[str, int]]):
+        super().__init__(calls, vocab=100, max_model_len=64, eos_at={}, tokens_per_step=1)
+        self.faults, self.seen = faults, {}
+
+    def step(self):
+        outs = []
+        for ro in super().step():
+            comp, finished, traj = ro.outputs[0], ro.finished, ro.request_id.split("#")[0]
+            self.seen[traj] = n = self.seen.get(traj, 0) + 1
+            kind, at = self.faults.get(traj, (None, 0))
+            reason = ("stop" if comp.token_ids[-1:] == [EOS] else "length") if finished else None
+            out = ReasonedOutput(comp.token_ids, comp.logprobs, reason)
+            if n == at and kind in ("error", "abort", "ignored"):
+                out, finished = ReasonedOutput([], [], "length" if kind == "ignored" else kind), True
+                self.reqs.pop(ro.request_id, None)  # vLLM freed it
+            elif n == at and kind == "no_logprobs":
+                out = ReasonedOutput(comp.token_ids, None, reason)
+            outs.append(RequestOutput(ro.request_id, [out], finished))
+        return outs
+
+
+def test_one_requests_failure_in_vllm_finishes_that_request_with_an_error():
+    """Today a request vLLM finished with finish_reason "error" or "abort", or without a token,
+    comes back as a normal finish (its few tokens trained on), and one output without log-probs
+    raises out of `step` for the whole batch."""
+    engine, llm = loaded()
+    llm.llm_engine = FaultyStandin(llm.calls, {"err": ("error", 3), "abrt": ("abort", 2), "ign": ("ignored", 1),
+                                               "nolp": ("no_logprobs", 2)})
+    engine.add([SeqRequest(t, [5, 6], 6) for t in ("ok", "err", "abrt", "nolp")])
+    failed, done = {}, {}
+    for _ in range(20):
+        if not engine.num_active():
+            break
+        for o in engine.step():
+            if o.error is not None:
+                assert o.finished and o.request.traj_id == o.traj_id and o.tokens == o.logprobs == []
+                failed[o.traj_id] = o.error
+            elif o.finished:
+                done[o.traj_id] = o.request
+        if "abrt" in failed and "ign" not in failed and "ign" not in engine.active_ids():
+            engine.add([SeqRequest("ign", [7, 8], 6)])  # into the slot the abort freed
+    assert set(done) == {"ok"} and done["ok"].tokens == [token_at("ok", p, 100) for p in range(2, 8)]
+    assert failed["err"].endswith("vLLM finished it with finish_reason='error'")
+    assert failed["abrt"].endswith("vLLM finished it with finish_reason='abort'")
+    assert failed["ign"].endswith("without generating a token (finish_reason='length')")
+    assert "unusable output" in failed["nolp"] and "log-prob entries" in failed["nolp"]
+    # vLLM's own finishes are not aborted again; the one still running there is
+    aborted = [c[1] for c in llm.calls if c[0] == "abort_request"]
+    assert len(aborted) == 1 and aborted[0][0].startswith("nolp#")
+    assert engine.num_active() == 0 and not llm.llm_engine.reqs
 
 
 def test_max_tokens_is_capped_by_the_context():

@@ -4,7 +4,9 @@ in test_ledger.py."""
 from __future__ import annotations
 
 import copy
+import errno
 import logging
+import os
 import random
 
 import msgpack
@@ -273,3 +275,159 @@ def test_snapshot_waits_for_twice_the_last_snapshot(tmp_path):
     wal.flush()
     assert wal.wants_snapshot
     wal.close()
+
+
+# --- 4. a full or failing disk: never raised out of the log, nothing written is lost or damaged ---
+
+class FillingDisk:
+    """The wal module's `os`, on a disk that can fill up: `free` bytes are left (None: plenty);
+    a write past them is cut short and the next one fails with ENOSPC, as a real filesystem
+    does. `fsync_errno` makes fsync fail (EIO: the kernel lost written pages)."""
+
+    def __init__(self):
+        self.free: int | None = None
+        self.fsync_errno: int | None = None
+        self.other_errno: int | None = None
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def write(self, fd, data):
+        if self.other_errno:
+            raise OSError(self.other_errno, os.strerror(self.other_errno))
+        if self.free is None:
+            return os.write(fd, data)
+        if self.free == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = os.write(fd, bytes(data[:self.free]))
+        self.free -= n
+        return n
+
+    def fsync(self, fd):
+        if self.fsync_errno:
+            raise OSError(self.fsync_errno, os.strerror(self.fsync_errno))
+        os.fsync(fd)
+
+
+@pytest.fixture
+def disk(monkeypatch):
+    import laminar_hpc.controller.wal as wal_mod
+    d = FillingDisk()
+    monkeypatch.setattr(wal_mod, "os", d)
+    return d
+
+
+def _note(i: int) -> tuple[str, dict]:
+    return ("note", {"steps": i, "pad": "x" * 20})
+
+
+def test_a_full_disk_keeps_records_in_memory_in_order_and_writes_them_later(tmp_path, disk):
+    root = tmp_path / "wal"
+    wal = WriteAheadLog(root, fsync_s=0.0)
+    wal.retry_s = 0.0  # retry at once
+    wal.start({"x": 1})
+    recs = [_note(i) for i in range(12)]
+    for rec in recs[:3]:
+        wal.append(*rec)
+    wal.flush()
+    disk.free = 7  # the disk fills in the middle of the next record
+    for rec in recs[3:8]:
+        wal.append(*rec)
+    assert wal.flush() is False  # old code: OSError(ENOSPC) out of the controller's loop
+    assert "ENOSPC" in wal.error and str(root) in wal.error
+    for rec in recs[8:]:
+        wal.append(*rec)
+        assert wal.flush() is False
+    # what reached the disk is untouched: a restart now replays the complete records before the cut
+    assert WriteAheadLog(root).recover() == ({"x": 1}, recs[:3])
+    disk.free = None  # space is back: the next flush continues the cut record where it stopped
+    assert wal.flush() and wal.error is None and wal.failures == 5
+    wal.close()
+    assert WriteAheadLog(root).recover() == ({"x": 1}, recs)  # each record once, in order
+
+
+def test_a_snapshot_the_disk_refuses_leaves_the_old_snapshot_and_segment_in_use(tmp_path, disk):
+    root = tmp_path / "wal"
+    wal = WriteAheadLog(root, fsync_s=0.0)
+    wal.retry_s = 0.0  # retry at once
+    wal.start({"v": 0})
+    recs = [_note(i) for i in range(4)]
+    for rec in recs[:2]:
+        wal.append(*rec)
+    wal.flush()
+    before = _files(root)
+    disk.free = 2  # the snapshot needs more
+    assert wal.start({"v": 1}) is False  # the compaction fails: no exception, no half snapshot
+    assert _files(root) == before and wal.error and "snapshot-000001" in wal.error
+    assert wal.wants_snapshot  # asked again (after retry_s)
+    for rec in recs[2:]:
+        wal.append(*rec)
+    assert wal.flush() is False
+    disk.free = None
+    assert wal.flush()
+    assert wal.error is not None  # still owed: the snapshot
+    assert WriteAheadLog(root).recover() == ({"v": 0}, recs)  # the old snapshot + the whole old segment
+    assert wal.start({"v": 1}) and wal.error is None and not wal.wants_snapshot
+    assert _files(root) == ["seg-000001.log", "snapshot-000001.msgpack"]
+    wal.close()
+    assert WriteAheadLog(root).recover() == ({"v": 1}, [])
+
+
+def test_a_snapshot_covers_records_the_full_disk_kept_in_memory(tmp_path, disk):
+    root = tmp_path / "wal"
+    wal = WriteAheadLog(root, fsync_s=0.0)
+    wal.retry_s = 3600.0
+    wal.start({"v": 0})
+    disk.free = 0
+    wal.append(*_note(1))
+    assert wal.flush() is False
+    disk.free = 1 << 20  # room for a snapshot (the controller's state includes the record)
+    assert not wal.wants_snapshot  # the disk refused a moment ago: no rewrite of the whole state in a loop
+    assert wal.start({"v": 1}) and wal.error is None
+    wal.close()
+    assert WriteAheadLog(root).recover() == ({"v": 1}, [])
+
+
+def test_a_failed_fsync_asks_for_a_new_snapshot(tmp_path, disk):
+    root = tmp_path / "wal"
+    wal = WriteAheadLog(root, fsync_s=0.0)
+    wal.retry_s = 0.0  # retry at once
+    wal.start({"v": 0})
+    wal.append(*_note(1))
+    disk.fsync_errno = errno.EIO  # the pages may be gone: the segment can no longer be trusted
+    assert wal.flush() is False and "EIO" in wal.error
+    assert wal.wants_snapshot
+    disk.fsync_errno = None
+    assert wal.flush() and wal.error is not None  # a good fsync now proves nothing about the lost pages
+    assert wal.start({"v": 1}) and wal.error is None
+    wal.close()
+    assert WriteAheadLog(root).recover() == ({"v": 1}, [])
+
+
+def test_a_restart_on_a_full_disk_waits_for_room_for_its_snapshot(tmp_path, disk):
+    root = tmp_path / "wal"
+    wal = WriteAheadLog(root, fsync_s=0.0)
+    wal.start({"v": 0})
+    wal.append(*_note(0))
+    wal.close()
+    disk.free = 0
+    wal2 = WriteAheadLog(root, fsync_s=0.0)
+    wal2.retry_s = 0.0  # retry at once
+    state, records = wal2.recover()
+    assert wal2.start(state) is False  # as Controller.recover calls it: no exception
+    wal2.append(*_note(1))
+    assert wal2.flush() is False and wal2.wants_snapshot
+    assert WriteAheadLog(root).recover() == ({"v": 0}, [_note(0)])
+    disk.free = None
+    assert wal2.start({"v": 1}) and wal2.error is None
+    wal2.close()
+    assert WriteAheadLog(root).recover() == ({"v": 1}, [])
+
+
+def test_errors_that_are_not_a_full_or_failing_disk_still_raise(tmp_path, disk):
+    wal = WriteAheadLog(tmp_path / "wal")
+    wal.start({})
+    wal.append(*_note(0))
+    disk.other_errno = errno.EBADF  # a bug, not the disk: must not be hidden
+    with pytest.raises(OSError):
+        wal.flush()

@@ -1,0 +1,38 @@
+"""The base of every config section and the bounded number types their fields use.
+
+It sits apart from `laminar_hpc.config.schema` so that section groups kept in their own modules
+(`laminar_hpc.config.slurm`) and the schema itself share one base without importing each other.
+Imports neither torch, mpi4py nor vLLM. Use it as
+
+    class MyCfg(Section):
+        count: PosInt = 2
+        multiline: ClassVar[frozenset[str]] = frozenset({"prompt"})  # fields that may hold line breaks
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from laminar_hpc.config.values import control_in
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+Prob = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # fields whose text goes to the model, never to a shell or a file name: line breaks allowed
+    multiline: ClassVar[frozenset[str]] = frozenset()
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_control_characters(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name not in cls.multiline:
+            where = control_in(value)
+            if where:
+                raise ValueError(f"holds {where}; remove it: values end up in sbatch scripts, shell commands "
+                                 "and file names, where such a character can end a line or start a new command")
+        return value

@@ -1,0 +1,134 @@
+"""What the controller accepts: every row and every trajectory checked where it enters.
+
+Pure functions, no state: the data plane (controller/pools.py) calls them before it journals
+anything, so a refused prompt or trajectory never reaches the write-ahead log, a rollout or the
+trainer. Each returns None for an accepted input, else one line saying what is wrong (the
+caller adds who sent it and what happens next).
+
+- A prompt (at admission): not empty, token ids inside the vocabulary, and room for at least
+  one new token within the engines' sequence limit (`model.max_seq_len`, or vLLM's
+  `max_model_len` when smaller): else every rollout it reaches raises on it.
+- Tokens from a rollout (a stream chunk, a finished or handed-back trajectory): ids inside the
+  vocabulary, one finite log-prob per token, no more than the work item's `max_new_tokens`, and
+  prompt + tokens within the sequence limit.
+- A trajectory also belongs where it claims: the group, problem and prompt of the work the
+  controller handed out under its id; a finished one reports no engine error.
+
+    limits = limits_for(cfg, vocab_size=tok.vocab_size)
+    prompt_refusal([1, 5, 9], limits)                    # -> None, or "81 tokens leave no room ..."
+    trajectory_refusal(traj, expected, limits, finished=True)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from laminar_hpc.transport.protocol import Trajectory
+
+FINISH_OK = (None, "eos", "length")  # any other `finish` is an error the rollout reported
+
+
+@dataclass(frozen=True)
+class Limits:
+    """vocab_size: token ids lie in [0, vocab_size); max_seq_len: prompt + response tokens
+    (None: the engines have no such limit, as the emulated one)."""
+    vocab_size: int | None = None
+    max_seq_len: int | None = None
+
+
+def limits_for(cfg, vocab_size: int) -> Limits:
+    """The limits of a config's engines: the emulated backend generates any length; torch (and
+    the trainer's model, whatever generated) holds `model.max_seq_len`; vLLM its `max_model_len`.
+    `vocab_size` is the tokenizer's; a checkpoint (`model.hf_path`) has its own rows, which count."""
+    if cfg.rollout.backend == "emulated":
+        return Limits(vocab_size=vocab_size)
+    if cfg.model.hf_path:  # reads its config.json (and imports torch, as every role of such a run does)
+        from laminar_hpc.model.factory import model_args
+        vocab_size = model_args(cfg.model, vocab_size).vocab_size
+    seq = cfg.model.max_seq_len
+    if cfg.rollout.backend == "vllm" and cfg.rollout.vllm.max_model_len:
+        seq = min(seq, cfg.rollout.vllm.max_model_len)
+    return Limits(vocab_size=vocab_size, max_seq_len=seq)
+
+
+class Expected(Protocol):
+    """What the controller handed out under a trajectory id (a pools.Partial)."""
+    group_id: int
+    problem: int
+    prompt: list[int]
+    max_new_tokens: int
+
+
+def _ids_refusal(ids: list[int], what: str, vocab: int | None) -> str | None:
+    if not ids or vocab is None:
+        return None
+    lo, hi = min(ids), max(ids)  # in C: a long response costs two passes, no Python loop
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        return f"{what} token id {bad} outside the vocabulary [0, {vocab})"
+    return None
+
+
+def prompt_refusal(prompt: list[int], limits: Limits) -> str | None:
+    """Why this prompt cannot be generated from, or None."""
+    if not prompt:
+        return "the prompt has no tokens"
+    if (why := _ids_refusal(prompt, "prompt", limits.vocab_size)) is not None:
+        return why
+    if limits.max_seq_len is not None and len(prompt) + 1 > limits.max_seq_len:
+        return (f"{len(prompt)} prompt tokens leave no room to generate within model.max_seq_len="
+                f"{limits.max_seq_len} (prompt tokens + 1 must fit)")
+    return None
+
+
+def tokens_refusal(tokens: list[int], logprobs: list[float], limits: Limits, *, prompt_len: int, before: int,
+                   max_new_tokens: int) -> str | None:
+    """Why `tokens` (after `before` response tokens already held, behind a prompt of
+    `prompt_len`) cannot be part of a response, or None."""
+    if len(logprobs) != len(tokens):
+        return f"{len(tokens)} tokens but {len(logprobs)} log-probs"
+    if (why := _ids_refusal(tokens, "response", limits.vocab_size)) is not None:
+        return why
+    # one sum in C: NaN and +-inf survive it (a sum of finite log-probs that overflows is garbage too)
+    if logprobs and not math.isfinite(sum(logprobs)):
+        return "a log-prob is not finite"
+    total = before + len(tokens)
+    if total > max_new_tokens:
+        return f"{total} response tokens exceed its max_new_tokens={max_new_tokens}"
+    if limits.max_seq_len is not None and prompt_len + total > limits.max_seq_len:
+        return (f"prompt {prompt_len} + response {total} tokens exceed model.max_seq_len="
+                f"{limits.max_seq_len}")
+    return None
+
+
+def trajectory_refusal(traj: Trajectory, expected: Expected, limits: Limits | None, *,
+                       finished: bool) -> str | None:
+    """Why a trajectory a rollout sent (`finished`, or handed back for repack) cannot be stored
+    under its id, or None. Without `limits` only where it belongs is checked."""
+    if traj.group_id != expected.group_id or traj.problem != expected.problem:
+        return (f"it claims group {traj.group_id} / problem {traj.problem}, but was handed out for group "
+                f"{expected.group_id} / problem {expected.problem}")
+    if limits is None:
+        return None
+    if traj.prompt != expected.prompt:
+        return "its prompt is not the prompt it was handed out with"
+    if traj.version < 0:
+        return f"weight version {traj.version} is negative"
+    if finished and traj.finish not in FINISH_OK:
+        return f"the rollout reported: {' '.join(traj.finish[:300].split())}"
+    return tokens_refusal(traj.tokens, traj.logprobs, limits, prompt_len=len(traj.prompt), before=0,
+                          max_new_tokens=expected.max_new_tokens)
+
+
+def as_int(value) -> int | None:
+    """A scalar from a free-form map (train metrics, log-event fields) as an int, or None when
+    it is not a whole number a frame could carry (msgpack: -2**63 .. 2**64 - 1; a bool is not
+    a number here; a float such as 1e200 is whole but would not fit the write-ahead log)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and -2**63 <= value < 2**64:
+        return value
+    return None
