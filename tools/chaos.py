@@ -234,7 +234,8 @@ def main() -> int:
     finally:
         camp.stop()
     summary = read_json(run_dir / "summary.json")
-    per_kind = {k: [x["recovery_s"] for x in kills if x["kind"] == k] for k in (*KINDS, "node")}
+    kinds = (*KINDS, "node") if args.node_kills else KINDS  # `node` only where node kills were asked for
+    per_kind = {k: [x["recovery_s"] for x in kills if x["kind"] == k] for k in kinds}
     result = {
         "config": args.config, "cluster": args.cluster, "seed": args.seed, "kills_requested": args.kills,
         "run_dir": str(run_dir), **{k: summary.get(k) for k in LEDGER_KEYS},
