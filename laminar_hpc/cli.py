@@ -285,12 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _sigterm_as_interrupt(signum, frame):
-    raise KeyboardInterrupt  # a batch system's SIGTERM stops the roles like Ctrl-C does
-
-
 def main(argv: list[str] | None = None) -> int:
     from laminar_hpc.launch.plan import LayoutError
+    from laminar_hpc.launch.signals import as_interrupt
     from laminar_hpc.launch.submit import SubmitError
     from laminar_hpc.rundir import RunDirError
     argv = sys.argv[1:] if argv is None else argv
@@ -307,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "overrides"):
         args.overrides = [*args.overrides, *rest]
     if args.command == "run":
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        signal.signal(signal.SIGTERM, as_interrupt)  # a batch system's SIGTERM: as Ctrl-C
     try:
         return args.func(args)
     except (ConfigError, RunDirError, SubmitError, LayoutError) as err:

@@ -34,6 +34,7 @@ imports nothing from laminar_hpc, so every layer may use it, and it imports no t
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -41,6 +42,10 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+# the errors of a disk that refuses a write (full, over quota, failing, read-only): a writer that
+# must not end its role on them keeps its data and retries (controller/wal.py, metrics/jsonl.py)
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS})
 
 log = logging.getLogger("laminar_hpc.trainer.checkpoint")  # one logger name for all checkpoint messages
 

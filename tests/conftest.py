@@ -45,3 +45,27 @@ def closing():
     yield keep
     for obj in reversed(made):
         obj.close()
+
+
+@pytest.fixture
+def controller(tmp_path, monkeypatch):
+    """controller(cfg) -> a real Controller on tmp_path as the launcher leaves it (run.json, keys),
+    its transport a helpers.FakeServer; every write-ahead log is closed at the end."""
+    import logging
+
+    from laminar_hpc.controller import main
+    from laminar_hpc.metrics.trace import Tracer
+    from laminar_hpc.transport import security
+    monkeypatch.setattr(main, "Server", helpers.FakeServer)
+    (tmp_path / "run.json").write_text('{"run_id": "r1"}')
+    security.ensure_keys(tmp_path)  # as the launcher does at run start
+    built = []
+
+    def build(cfg):
+        built.append(main.Controller(tmp_path, cfg, logging.getLogger("test-controller"),
+                                     Tracer(tmp_path, "controller-0", enabled=False)))
+        return built[-1]
+
+    yield build
+    for ctl in built:
+        ctl.wal.close()

@@ -176,6 +176,11 @@ def main() -> int:
     run_dir = Path(args.run_dir or f"runs/chaos-{args.seed}").absolute()
     overrides = [f"checkpoint.every_steps={args.checkpoint_every}", f"supervisor.max_role_restarts={args.kills + 1}",
                  "supervisor.restart_backoff_s=0.5", *args.overrides]
+    # a signal stops the campaign we started (the finally below), whether we run in a terminal or
+    # in the background, where SIGINT is ignored
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    t_start = time.time()
     camp = (SlurmCampaign if args.cluster == "slurm" else LocalCampaign)(args, overrides, run_dir)
     rng = random.Random(args.seed)
     kills: list[dict] = []
@@ -184,7 +189,8 @@ def main() -> int:
         while camp.running():  # wait until the campaign trains (after the warm-up)
             st = read_status(run_dir / "status.json")
             total = st.total_steps
-            if st.phase == "rl" and st.step >= 2:
+            # written by this campaign: not a status an earlier run left before --overwrite removes it
+            if st.t >= t_start and st.phase == "rl" and st.step >= 2:
                 break
             time.sleep(0.5)
 

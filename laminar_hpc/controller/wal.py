@@ -41,6 +41,8 @@ from pathlib import Path
 import msgpack
 import msgspec
 
+from laminar_hpc.rundir import DISK_ERRORS
+
 log = logging.getLogger(__name__)
 
 
@@ -49,7 +51,6 @@ class WalError(RuntimeError):
 
 
 # a disk that is full or failing: the log waits in memory and retries; anything else is a bug and raises
-DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS})
 
 
 def _index(path: Path) -> int:

@@ -8,6 +8,7 @@ on a role failure or Ctrl-C every process is stopped by PID. Writes summary.json
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -24,7 +25,7 @@ from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.summary import build_summary
 from laminar_hpc.rundir import RunDir, atomic_write_json
 from laminar_hpc.transport.security import ensure_keys
-from laminar_hpc.transport.shm_dir import remove_private_dir
+from laminar_hpc.transport.shm_dir import open_private_dir, remove_private_dir
 
 __all__ = ["RoleFailed", "run_local", "run_campaign", "role_argv"]
 
@@ -45,7 +46,12 @@ def local_command(cfg: Config, run_dir: Path):
         if launcher is None:
             raise RoleFailed(f"relay.mpi_launcher '{cfg.relay.mpi_launcher}' is not on PATH: install Open MPI "
                              "(Debian: apt-get install openmpi-bin libopenmpi-dev)")
-        return [launcher, "-n", str(cfg.relay.count), "--bind-to", "none", *argv], mpi_env(env)
+        # Open MPI's shared-memory segments go into this start's private directory, which the
+        # launcher removes at the end: a rank killed by SIGKILL would leave them in /dev/shm
+        shm = RunDir(run_dir, shm_dir=cfg.relay.shm_dir).shm_run_dir
+        os.close(open_private_dir(shm, create=True))
+        return ([launcher, "-n", str(cfg.relay.count), "--bind-to", "none", *argv],
+                mpi_env({"OMPI_MCA_btl_vader_backing_directory": str(shm), **env}))  # a user setting wins
     return command
 
 

@@ -43,7 +43,7 @@ def install_stop_handlers(flags: dict = STOP_FLAGS) -> dict:
     return flags
 
 
-def _as_interrupt(signum, frame):
+def as_interrupt(signum, frame):
     raise KeyboardInterrupt  # the launcher stops every role as on Ctrl-C
 
 
@@ -76,7 +76,7 @@ def launcher_signals(log_path: Path | None = None):
     old_hup = signal.signal(signal.SIGHUP, on_hangup)
     old_term = signal.getsignal(signal.SIGTERM)
     if old_term in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _as_interrupt)
+        signal.signal(signal.SIGTERM, as_interrupt)
     try:
         yield
     finally:

@@ -21,8 +21,9 @@ import logging
 import os
 from pathlib import Path
 
+from laminar_hpc.rundir import DISK_ERRORS
+
 _log = logging.getLogger(__name__)
-DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS})
 MAX_PENDING = 10_000  # rows kept while the disk refuses them
 
 

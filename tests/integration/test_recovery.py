@@ -3,6 +3,7 @@ malformed frames sent to live sockets. The run must complete with every prompt g
 most once and none lost, each role must come back on its own, and the reward must still rise."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -39,7 +40,10 @@ def chaos(tmp_path: Path, config: str, kills: int, seed: int, *overrides: str, t
 
 def test_each_role_killed_once_run_completes_exactly_once(tmp_path):
     # 4 kills: the seeded schedule covers rollout, relay, trainer and controller once each
+    vader = set(glob.glob("/dev/shm/vader_segment.*"))  # Open MPI's, of other jobs on this machine
     r = chaos(tmp_path, TINY, 4, 3, "trainer.total_steps=2500")
+    # the killed relay rank's Open MPI segments lived in the start's private directory, removed
+    assert set(glob.glob("/dev/shm/vader_segment.*")) <= vader
     assert r["kills"] == {"rollout": 1, "relay": 1, "trainer": 1, "controller": 1}, r["_stdout"]
     assert r["outcome"] == "completed"
     assert r["groups_lost"] == 0 and r["groups_duplicated"] == 0 and r["groups_unknown"] == 0

@@ -13,15 +13,14 @@ import msgpack
 import msgspec
 import pytest
 import yaml
-from helpers import REPO, FakeServer, result
+from helpers import REPO, result
 
 from laminar_hpc.config import load_config
 from laminar_hpc.controller import main
 from laminar_hpc.controller.pools import MAX_REJECTIONS
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.metrics.status import read_status, write_status
-from laminar_hpc.metrics.trace import Tracer
-from laminar_hpc.transport import protocol, security
+from laminar_hpc.transport import protocol
 from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, Finished, Groups, Heartbeat, Hello, LogEvent,
                                             Migrated, RolloutState, Stream, StreamItem, TrainStep,
                                             WantGroups, WantWork)
@@ -31,21 +30,8 @@ TORCH = Path(REPO) / "configs" / "tiny.yaml"  # model.max_seq_len 32
 
 
 @pytest.fixture
-def make(tmp_path, monkeypatch):
-    monkeypatch.setattr(main, "Server", FakeServer)
-    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r1"}))
-    security.ensure_keys(tmp_path)  # as the launcher does at run start
-    built = []
-
-    def build(config: Path = EMULATED, *overrides: str) -> main.Controller:
-        ctl = main.Controller(tmp_path, load_config(config, list(overrides)), logging.getLogger("test-controller"),
-                              Tracer(tmp_path, "controller-0", enabled=False))
-        built.append(ctl)
-        return ctl
-
-    yield build
-    for ctl in built:
-        ctl.wal.close()
+def make(controller):
+    return lambda config=EMULATED, *overrides: controller(load_config(config, list(overrides)))
 
 
 def _ready(ctl: main.Controller, credit: int = 8) -> dict:

@@ -3,19 +3,17 @@ weight sync, rollout manager) behind a fake transport that records what it sends
 protocol structs through `handle()` and `schedule()` as its loop drives them."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import msgpack
 import pytest
-from helpers import REPO, FakeServer, result
+from helpers import REPO, result
 
 from laminar_hpc.config import load_config
 from laminar_hpc.controller import main
 from laminar_hpc.metrics.status import Utilisation, read_status, write_status
-from laminar_hpc.metrics.trace import Tracer
-from laminar_hpc.transport import protocol, security
+from laminar_hpc.transport import protocol
 from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, CheckpointSaved, Finished, Group, Groups,
                                             Heartbeat, Hello, HelloAck, LogEvent, Migrated,
                                             MigrateReject, Published, Resume, RoleDown, RolloutState, Stop, StopAll,
@@ -27,23 +25,9 @@ CONFIG = Path(REPO) / "configs" / "tiny-emulated.yaml"  # 4 rollouts x 8 slots, 
 
 
 @pytest.fixture
-def make(tmp_path, monkeypatch):
+def make(controller):
     """make(mode) -> a Controller on a fresh run directory, its transport a FakeServer."""
-    monkeypatch.setattr(main, "Server", FakeServer)
-    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r1"}))
-    security.ensure_keys(tmp_path)  # as the launcher does at run start
-    built = []
-
-    def build(mode: str = "laminar", *overrides: str) -> main.Controller:
-        cfg = load_config(CONFIG, [f"mode={mode}", *overrides])
-        ctl = main.Controller(tmp_path, cfg, logging.getLogger("test-controller"),
-                              Tracer(tmp_path, "controller-0", enabled=False))
-        built.append(ctl)
-        return ctl
-
-    yield build
-    for ctl in built:
-        ctl.wal.close()
+    return lambda mode="laminar", *overrides: controller(load_config(CONFIG, [f"mode={mode}", *overrides]))
 
 
 def _hello(ctl: main.Controller, ident: str, pid: int = 100) -> None:
