@@ -25,7 +25,7 @@ from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.summary import build_summary
 from laminar_hpc.rundir import RunDir, atomic_write_json
 from laminar_hpc.transport.security import ensure_keys
-from laminar_hpc.transport.shm_dir import open_private_dir, remove_private_dir
+from laminar_hpc.transport.shm_dir import SharedMemoryError, open_private_dir, remove_private_dir
 
 __all__ = ["RoleFailed", "run_local", "run_campaign", "role_argv"]
 
@@ -49,9 +49,12 @@ def local_command(cfg: Config, run_dir: Path):
         # Open MPI's shared-memory segments go into this start's private directory, which the
         # launcher removes at the end: a rank killed by SIGKILL would leave them in /dev/shm
         shm = RunDir(run_dir, shm_dir=cfg.relay.shm_dir).shm_run_dir
-        os.close(open_private_dir(shm, create=True))
-        return ([launcher, "-n", str(cfg.relay.count), "--bind-to", "none", *argv],
-                mpi_env({"OMPI_MCA_btl_vader_backing_directory": str(shm), **env}))  # a user setting wins
+        try:
+            os.close(open_private_dir(shm, create=True))
+            relay_env = {"OMPI_MCA_btl_vader_backing_directory": str(shm), **env}  # a user setting wins
+        except SharedMemoryError:
+            relay_env = env  # squatted: the relay itself refuses the directory, naming its owner
+        return [launcher, "-n", str(cfg.relay.count), "--bind-to", "none", *argv], mpi_env(relay_env)
     return command
 
 
