@@ -12,6 +12,7 @@
       controller_stats.json  the controller's counters at its end
       recoveries.json        the supervisor's restarts
       checkpoints/step_<N>/  trainer checkpoints (format below)
+      weights/v<N>.bin       partial-rollout over AReaL's update path: the version the trainer sends (raw packed bytes)
       wal/                   the controller's write-ahead log
       secrets/               the control plane's CURVE keys
       megatron/              rendezvous files of the Megatron trainer's ranks
@@ -67,6 +68,23 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: Path, data, mode: int = 0o600) -> None:
+    """`atomic_write_text` for bytes (any buffer): readers see the whole file or none."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -188,6 +206,21 @@ class RunDir:
     @property
     def submitit_dir(self) -> Path:
         return self.path / "submitit"
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.path / "weights"  # partial-rollout over AReaL's update path: the versions sent
+
+    def weights_file(self, version: int) -> Path:
+        return self.weights_dir / f"v{version:08d}.bin"
+
+    def weights_files(self) -> dict[int, Path]:
+        """version -> file of every complete version in `weights_dir` (temporary files excluded)."""
+        out = {}
+        for p in self.weights_dir.glob("v*.bin"):
+            if p.stem[1:].isdigit():
+                out[int(p.stem[1:])] = p
+        return out
 
     # files in the folders
     def endpoint(self, name: str) -> Path:

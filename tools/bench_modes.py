@@ -1,5 +1,6 @@
-"""Run one workload in every mode, side by side: sync, one-step-off, partial-rollout, laminar,
-laminar without repack. One invocation, one table, one JSON.
+"""Run one workload in every mode, side by side: sync, one-step-off, partial-rollout (relay
+update path), partial-rollout-areal (AReaL's default update path: the trainer's NCCL broadcast), laminar, laminar
+without repack. One invocation, one table, one JSON.
 
     python tools/bench_modes.py configs/bench/longtail-math.yaml --json bench.json   # ~15 min on 2 cores
     python tools/bench_modes.py configs/tiny-emulated.yaml --modes sync,laminar --json /tmp/b.json
@@ -13,6 +14,10 @@ throughput (response tokens/s finished by rollouts), rollout utilisation (busy f
 rollout time waiting for weights (per rollout, over the window), staleness mean/max, the
 ratio of trainer throughput to sync, and `emulation_behind_s` (wall time the engines could not
 keep to their cost model because this machine was too slow: near 0 means a faithful run).
+Against the ideal (docs/goodput.md; the cost model's for emulated engines, else the run's peak
+rates): `goodput` (throughput / ideal) and the lost fraction by cause (admission, long tail,
+drain, weights, trainer-bound, failures, dispatch, residual), and `version_lag`/`step_lag`
+(mean, p95) of what the trainer consumed.
 """
 from __future__ import annotations
 
@@ -38,6 +43,9 @@ MODES = {  # name -> overrides
     "partial-rollout": ["mode=partial-rollout"],
     "laminar": ["mode=laminar", "repack.enabled=true"],
     "laminar-norepack": ["mode=laminar", "repack.enabled=false"],
+    # partial-rollout with AReaL's own update path: the trainer writes each version to the parallel
+    # filesystem and every rollout reads it, the trainer blocked meanwhile (issue 15)
+    "partial-rollout-areal": ["mode=partial-rollout", "partial_rollout.update_path=broadcast"],
 }
 BARRIER = {"sync", "one-step-off"}
 
@@ -54,7 +62,24 @@ def at(series: list[tuple[float, float]], t: float) -> float:
     return series[-1][1]
 
 
-def measure(run_dir: Path, skip: int, scale: float) -> dict:
+def goodput(run_dir: Path, rows: list[dict], window: tuple[float, float], throughput: float, cfg,
+            mode: str) -> dict:
+    """Goodput against the ideal (docs/goodput.md): the cost model's for emulated engines (emulated
+    seconds, as `throughput`), else the run's measured peak rates; the lost fraction by cause from
+    the traces; version and step lags."""
+    from laminar_hpc.analysis import load_run
+    from laminar_hpc.analysis.goodput import run_goodput
+    from laminar_hpc.emulation.ideal import ideal_for_config
+    emulated = cfg is not None and cfg.rollout.backend == "emulated" and cfg.task.type == "synthetic"
+    ideal = ideal_for_config(cfg).as_dict() if emulated else None
+    g = run_goodput(load_run(run_dir), rows, max_batch=cfg.rollout.max_batch if cfg else 64, mode=mode,
+                    ideal=ideal, window=window, throughput=None if ideal is None else throughput)
+    return {"ideal": g["ideal"], "goodput": g["goodput"], "version_lag": g["version_lag"], "step_lag": g["step_lag"]}
+
+
+def measure(run_dir: Path, skip: int, scale: float, cfg=None, mode: str | None = None) -> dict:
+    """The figures of one run over its steady window; with `cfg` (the run's config, any mode's) also
+    its goodput, lost fraction by cause and lags."""
     rows = read_metrics(run_dir)
     if len(rows) <= skip:
         raise RuntimeError(f"{run_dir}: {len(rows)} train steps, need more than --skip={skip}")
@@ -74,6 +99,7 @@ def measure(run_dir: Path, skip: int, scale: float) -> dict:
         wait.append((at(w, t_b) - at(w, t_a)) / scale)
         behind += util[-1].get("behind_s", 0.0) if util else 0.0
     stats = read_status(run_dir / "controller_stats.json")
+    extra = goodput(run_dir, rows, (t_a, t_b), trajs / span, cfg, mode or cfg.mode) if cfg is not None else {}
     return {
         "trajectories_per_s": trajs / span,
         "tokens_per_s": sum(r["tokens"] for r in win) / span,
@@ -85,6 +111,7 @@ def measure(run_dir: Path, skip: int, scale: float) -> dict:
         "window_s": span, "window_steps": len(win),
         "trajectories_migrated": stats.repack.get("trajectories_migrated", 0),
         "emulation_behind_s": behind / max(1, len(busy)) + win[-1].get("emulation_behind_s", 0.0),
+        **extra,
     }
 
 
@@ -103,15 +130,10 @@ def run_mode(config: str, mode: str, overrides: list[str], out: Path, steps: int
 
 
 def table(results: dict) -> str:
-    cols = [("mode", "{}"), ("traj/s", "{:.2f}"), ("tok/s", "{:.0f}"), ("gen tok/s", "{:.0f}"),
-            ("util", "{:.1%}"), ("wait w (s)", "{:.1f}"), ("stale", "{:.2f}"), ("max", "{}"), ("x sync", "{:.2f}")]
-    keys = ["trajectories_per_s", "tokens_per_s", "generation_tokens_per_s", "rollout_utilization",
-            "weight_wait_s", "staleness_mean", "staleness_max", "ratio_vs_sync"]
-    lines = [" | ".join(c for c, _ in cols)]
-    for mode, m in results.items():
-        cells = [mode] + [fmt.format(m[k]) if m.get(k) is not None else "-" for (_, fmt), k in zip(cols[1:], keys)]
-        lines.append(" | ".join(cells))
-    return "\n".join(lines)
+    """The modes table (the simulator's, `sim/report.modes_table`: same columns, goodput and the
+    lost fraction by cause included)."""
+    from laminar_hpc.sim.report import modes_table
+    return modes_table(results)
 
 
 def main() -> None:
@@ -140,7 +162,7 @@ def main() -> None:
     for mode in modes:
         n = min(args.barrier_steps, steps) if mode in BARRIER else steps
         run_dir = run_mode(args.config, mode, args.overrides, out, n, args.timeout_min * 60)
-        results[mode] = measure(run_dir, args.skip, scale)
+        results[mode] = measure(run_dir, args.skip, scale, cfg, MODES[mode][0].split("=", 1)[1])
     base = results.get("sync", {}).get("trajectories_per_s")
     for m in results.values():
         m["ratio_vs_sync"] = m["trajectories_per_s"] / base if base else None

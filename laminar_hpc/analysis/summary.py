@@ -32,7 +32,9 @@ from collections import Counter
 from pathlib import Path
 
 from laminar_hpc.analysis.bubbles import concurrency, rollout_figures
+from laminar_hpc.analysis.goodput import run_goodput
 from laminar_hpc.analysis.timeline import Timeline, nearest_rank, spread
+from laminar_hpc.metrics.goodput import CAUSES, LABELS
 from laminar_hpc.metrics.trace import RunTrace
 from laminar_hpc.rundir import RunDir
 
@@ -40,17 +42,28 @@ LONG_TAIL_FRAC = 0.25
 PERCENTILES = (50, 90, 99)
 
 
-def config_max_batch(run_dir: Path) -> int | None:
-    """rollout.max_batch from the run's config.yaml (None when there is none)."""
+def run_config(run_dir: Path) -> dict | None:
+    """The run's config.yaml as plain data (None when there is none or it cannot be read)."""
     path = RunDir.of(run_dir).config
     if not path.is_file():
         return None
     try:
         import yaml
         cfg = yaml.safe_load(path.read_text()) or {}
+        return cfg if isinstance(cfg, dict) else None
+    except Exception:  # noqa: BLE001 - an unreadable config: fall back to what the trace shows
+        return None
+
+
+def config_max_batch(run_dir: Path) -> int | None:
+    """rollout.max_batch from the run's config.yaml (None when there is none)."""
+    cfg = run_config(run_dir)
+    if cfg is None:
+        return None
+    try:
         mb = (cfg.get("rollout") or {}).get("max_batch")
         return int(mb) if mb is not None else 64  # the schema's default
-    except Exception:  # noqa: BLE001 - an unreadable config: fall back to what the trace shows
+    except (TypeError, ValueError, AttributeError):
         return None
 
 
@@ -64,9 +77,10 @@ def stats(values: list[float]) -> dict:
 
 def summarize(run: RunTrace, metrics_rows: list[dict] | None = None, *, buckets: int = 10,
               max_batch: int | None = None, long_tail_frac: float = LONG_TAIL_FRAC,
-              timeline: Timeline | None = None) -> dict:
+              timeline: Timeline | None = None, ideal: dict | None = None) -> dict:
     """Every figure of `laminar trace summary` as a dict (see the module's definitions);
-    `timeline`: Timeline.build(run) if the caller has it already."""
+    `timeline`: Timeline.build(run) if the caller has it already; `ideal`: the ideal to measure
+    goodput against, in trace (wall) seconds (default: measured from the run's peak rates)."""
     tl = timeline or Timeline.build(run)
     if max_batch is None:
         max_batch = config_max_batch(run.run_dir) or max(
@@ -83,6 +97,11 @@ def summarize(run: RunTrace, metrics_rows: list[dict] | None = None, *, buckets:
     d["staleness"] = _staleness(metrics_rows or [])
     d["lengths"] = _lengths(tl)
     d["sync"] = _sync(tl)
+    mode = str((run_config(run.run_dir) or {}).get("mode") or "laminar")
+    try:
+        d["goodput"] = run_goodput(run, metrics_rows or [], max_batch=max_batch, mode=mode, tl=tl, ideal=ideal)
+    except Exception as err:  # noqa: BLE001 - a run the goodput analysis cannot read: the rest still prints
+        d["goodput"] = {"error": f"{type(err).__name__}: {err}"}
     d["recoveries"] = [{"role": o.subject, "code": o.code, "down_s": o.down - tl.t0,
                         "up_s": None if o.up is None else o.up - tl.t0, "recovery_s": o.recovery_s, "source": o.source}
                        for o in tl.outages]
@@ -313,6 +332,7 @@ def format_summary(d: dict) -> str:
     out += table(["measure", "n", "p50", "p90", "p99", "max"],
                  [[name, s["n"], fmt(s["p50"], "ms"), fmt(s["p90"], "ms"), fmt(s["p99"], "ms"), fmt(s["max"], "ms")]
                   for name, s in srows])
+    out += format_goodput(d.get("goodput"))
     rec = d["recoveries"]
     src = sorted({r["source"] for r in rec})
     out += ["", f"recoveries: {len(rec)}" + (f" (from {', '.join(src)})" if src else " (no failure in the trace)")]
@@ -320,3 +340,38 @@ def format_summary(d: dict) -> str:
                  [[r["role"], fmt(r["code"]), r["down_s"], r["up_s"] if r["up_s"] is not None else "not recovered",
                    r["recovery_s"]] for r in rec])
     return "\n".join(out)
+
+
+WHAT = {"admission": "nothing admitted waits; the trainer waits for data (staleness bound)",
+        "long_tail": "barrier mode: the batch's last trajectories run elsewhere",
+        "drain": "laminar: running an old version, refusing new work until it drains",
+        "weights": "loading, paused for a global update, or idle awaiting a version",
+        "trainer_bound": "nothing admitted waits; the trainer trains or publishes",
+        "failures": "replica down", "dispatch": "work admitted but not started yet",
+        "residual": "lost minus the causes: re-prefill, prefill batching, lengths, window edges"}
+
+
+def format_goodput(g: dict | None) -> list[str]:
+    """The goodput section of the summary (docs/goodput.md)."""
+    if not g:
+        return []
+    if "error" in g:
+        return ["", f"goodput: not computed ({g['error']})"]
+    ideal, gp = g.get("ideal"), g.get("goodput")
+    vl, sl = g["version_lag"], g["step_lag"]
+    lags = (f"version lag mean {fmt(vl['mean'])} p95 {fmt(vl['p95'])}; "
+            f"step lag mean {fmt(sl['mean'])} p95 {fmt(sl['p95'])}")
+    if ideal is None or gp is None:
+        why = "no decode samples, finished trajectories or train steps" if ideal is None else "fewer than 2 train steps"
+        return ["", f"goodput: no ideal to measure against ({why}); {lags}"]
+    src = ideal.get("source", "")
+    out = ["", f"goodput: {fmt(gp['goodput'], '%')} of the ideal {fmt(ideal['trajectories_per_s'])} traj/s "
+               f"({ideal['bound']}-bound, {src}: generation {fmt(ideal['generation_trajectories_per_s'])}, "
+               f"training {fmt(ideal['training_trajectories_per_s'])} traj/s); {lags}"]
+    if gp.get("by_cause") is None:
+        return out
+    rows = [[LABELS[c], fmt(gp["by_cause"][c], "%"), WHAT[c]] for c in CAUSES]
+    rows.append([LABELS["residual"], fmt(gp["residual"], "%"), WHAT["residual"]])
+    out.append(f"  lost {fmt(gp['lost'], '%')} of the ideal, by cause (share of the ideal):")
+    out += table(["cause", "lost", "what it measures"], rows, "lrl")
+    return out

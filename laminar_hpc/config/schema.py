@@ -14,6 +14,7 @@ The `Section` base and number types live in `laminar_hpc.config.section`, the `s
 """
 from __future__ import annotations
 
+import math
 from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import Field, model_validator
@@ -24,7 +25,8 @@ from laminar_hpc.config.values import SizeMb
 
 __all__ = [  # re-exported names included: `from laminar_hpc.config.schema import X` works for each
     "BuiltinTaskCfg", "CheckpointCfg", "Config", "ControllerCfg", "EmulationCfg", "JsonlTaskCfg", "LengthsCfg",
-    "MegatronCfg", "ModelCfg", "NonNegInt", "PosFloat", "PosInt", "Prob", "RelayCfg", "RepackCfg", "RolloutBackend",
+    "MegatronCfg", "ModelCfg", "NonNegInt", "PartialRolloutCfg", "PosFloat", "PosInt", "Prob", "RelayCfg", "RepackCfg",
+    "RolloutBackend",
     "RolloutCfg", "Section", "SlurmCfg", "SlurmLayoutCfg", "StepResources", "SupervisorCfg", "SyntheticTaskCfg",
     "TaskCfg", "TimeoutsCfg", "TraceCfg", "TrainerBackend", "TrainerCfg", "VllmCfg", "WarmupCfg",
 ]
@@ -227,9 +229,46 @@ class RepackCfg(Section):
     """Dynamic repack of long-tail trajectories (laminar mode; see laminar_hpc/policy/repack.py)."""
     enabled: bool = True
     interval_s: PosFloat = 5.0  # also right after each publish; emulated seconds under emulation
-    fall_ratio: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9  # KV below this x its plateau: falling
+    fall_ratio: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9  # KV below this x its plateau: falling (best-fit)
+    # consolidate: pack each superseded version onto as few replicas as its sequences and KV need
+    # (policy/consolidate.py); best-fit: move a falling replica whole into the fullest that fits
+    # (policy/repack.py)
+    policy: Literal["best-fit", "consolidate"] = "best-fit"
     kv_capacity_tokens: PosInt | None = None  # C_max per replica; default: the engine's KV cache size
     state_interval_s: PosFloat = 0.1  # how often a rollout reports its batch and KV (wall seconds)
+
+
+class PartialRolloutCfg(Section):
+    """How partial-rollout's global update moves each version to every rollout. relay: this
+    project's relay tier. broadcast, filesystem: as AReaL (github.com/inclusionAI/AReaL,
+    areal/engine/fsdp_engine.py): the trainer pauses every rollout, sends the version itself (one
+    NCCL group of its rank 0 and every rollout GPU, buckets of 1024 MB sent one after another: its
+    default `weight_update_mode: xccl`; or a save to shared storage that the rollouts load) and is
+    blocked until every rollout has loaded it. The costs are what the simulator and emulated runs spend."""
+    update_path: Literal["relay", "broadcast", "filesystem"] = "relay"
+    # the trainer's sending link: one NDR InfiniBand port (400 Gb/s = 50 GB/s line rate), 80% achieved (assumed)
+    broadcast_gbps: PosFloat = 40.0
+    # per receiving rank, per bucket (pipeline fill): one 512 KiB NCCL slice (NCCL_BUFFSIZE 4 MiB / 8
+    # steps, NCCL's defaults) at broadcast_gbps plus ~5 us of link latency (assumed)
+    broadcast_hop_us: Annotated[float, Field(ge=0.0)] = 18.0
+    broadcast_bucket_mb: SizeMb = 1024.0  # AReaL's WeightUpdateMeta.weight_chunked_mem_mb default
+    # parallel filesystem (assumed, a mid-size all-flash one): one writer process, the aggregate read
+    # bandwidth all readers share, one reader's (client's) own limit
+    filesystem_write_gbps: PosFloat = 5.0
+    filesystem_read_gbps: PosFloat = 100.0
+    filesystem_client_gbps: PosFloat = 10.0
+
+    def broadcast_s(self, nbytes: float, receivers: int) -> float:
+        """Chunk-pipelined (NCCL ring): one pass over the trainer's link plus the fill, per bucket."""
+        buckets = max(1, math.ceil(nbytes / (self.broadcast_bucket_mb * 2**20)))
+        return nbytes / (self.broadcast_gbps * 1e9) + buckets * max(0, receivers) * self.broadcast_hop_us * 1e-6
+
+    def filesystem_write_s(self, nbytes: float) -> float:
+        return nbytes / (min(self.filesystem_write_gbps, self.filesystem_client_gbps) * 1e9)
+
+    def filesystem_read_s(self, nbytes: float, readers: int) -> float:
+        """All read at once: each at its client's speed, or an equal share of the aggregate if lower."""
+        return nbytes / (min(self.filesystem_client_gbps, self.filesystem_read_gbps / max(1, readers)) * 1e9)
 
 
 class LengthsCfg(Section):
@@ -311,6 +350,7 @@ class Config(Section):
     relay: RelayCfg = Field(default_factory=RelayCfg)
     controller: ControllerCfg = Field(default_factory=ControllerCfg)
     repack: RepackCfg = Field(default_factory=RepackCfg)
+    partial_rollout: PartialRolloutCfg = Field(default_factory=PartialRolloutCfg)
     emulation: EmulationCfg = Field(default_factory=EmulationCfg)
     trace: TraceCfg = Field(default_factory=TraceCfg)
     checkpoint: CheckpointCfg = Field(default_factory=CheckpointCfg)
@@ -335,6 +375,18 @@ class Config(Section):
         if (self.trainer.backend == "emulated") != (self.rollout.backend == "emulated"):
             raise ValueError(f"trainer.backend={self.trainer.backend!r} and rollout.backend={self.rollout.backend!r}: "
                              "either both are 'emulated' or neither is (they exchange weights of one layout)")
+        return self
+
+    @model_validator(mode="after")
+    def _update_path(self) -> "Config":
+        path, dtype = self.partial_rollout.update_path, self.rollout.weight_dtype
+        if path != "relay" and self.mode != "partial-rollout":
+            raise ValueError(f"partial_rollout.update_path={path!r} applies to mode 'partial-rollout' only (mode="
+                             f"{self.mode!r}): set partial_rollout.update_path=relay or mode=partial-rollout")
+        if path != "relay" and dtype not in (None, self.trainer.publish_dtype):  # no relay reshards it
+            raise ValueError(f"partial_rollout.update_path={path!r} sends trainer.publish_dtype="
+                             f"{self.trainer.publish_dtype!r} weights, not rollout.weight_dtype={dtype!r}: "
+                             "unset rollout.weight_dtype or use update_path=relay")
         return self
 
     @model_validator(mode="after")

@@ -96,7 +96,8 @@ class Controller(MessageHandlers):
         scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" else 1.0
         interval = cfg.repack.interval_s * scale
         self.rm = RolloutManager(
-            max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, interval_s=interval,
+            max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,
+            interval_s=interval,
             kv_capacity=kv_capacity(cfg), expiry_s=move_expiry_s(interval), send=self.send, emit=tracer.emit,
             now=time.monotonic())
         self.repack_on = cfg.mode == "laminar" and cfg.repack.enabled

@@ -3,7 +3,8 @@
 - Credit: a rollout asks for work with the slots it has free; the queue is split over the
   rollouts by credit (`policy.scheduling.assign_work`).
 - Repack (laminar): every `interval_s`, and right after each publish, long-tail trajectories
-  are consolidated onto fewer replicas of their version (`policy.repack.plan_repack`). A
+  are consolidated onto fewer replicas of their version (`policy.consolidate.plan_consolidation`,
+  or with `policy="best-fit"` `policy.repack.plan_repack`). A
   replica with a move in flight is left out of the next rounds until the move is answered
   (`migrated`) or, the message or its source lost, `expiry_s` passed; until its next report,
   the source counts as empty and the destination as fuller.
@@ -35,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterator
 
-from laminar_hpc.policy import recovery, repack, scheduling
+from laminar_hpc.policy import consolidate, recovery, repack, scheduling
 from laminar_hpc.policy.repack import ReplicaState
 from laminar_hpc.transport.protocol import Assign, Message, Migrate
 
@@ -61,8 +62,12 @@ def kv_capacity(cfg) -> int:
 
 class RolloutManager:
     def __init__(self, *, max_batch: int, kv_capacity: int, fall_ratio: float, interval_s: float,
-                 expiry_s: float, send: Send, emit: Callable[..., None] = _no_trace, now: float = 0.0):
+                 expiry_s: float, send: Send, emit: Callable[..., None] = _no_trace, now: float = 0.0,
+                 policy: str = "best-fit"):
+        if policy not in ("best-fit", "consolidate"):
+            raise ValueError(f"repack policy {policy!r}: use 'consolidate' or 'best-fit'")
         self.max_batch, self.kv_capacity, self.fall_ratio = max_batch, kv_capacity, fall_ratio
+        self.policy = policy
         self.interval_s, self.expiry_s = interval_s, expiry_s
         self.send, self.emit = send, emit
         self.credits: dict[int, int] = {}  # rank -> trajectories it can still take (0 is left out)
@@ -133,18 +138,26 @@ class RolloutManager:
             return
         self.repack_due, self.last_repack = False, now
         states = [ReplicaState(*r) for k, r in sorted(self.replicas.items()) if k not in self.moving]
-        moves = repack.plan_repack(states, kv_capacity=self.kv_capacity, max_batch=self.max_batch,
-                                   fall_ratio=self.fall_ratio)
+        if self.policy == "consolidate":
+            moves = consolidate.plan_consolidation(states, kv_capacity=self.kv_capacity, max_batch=self.max_batch)
+        else:
+            moves = repack.plan_repack(states, kv_capacity=self.kv_capacity, max_batch=self.max_batch,
+                                       fall_ratio=self.fall_ratio)
         self.repack_stats["rounds"] += 1
         for m in moves:
             self.send(f"rollout-{m.source}", Migrate(traj_ids=list(m.traj_ids), dest=m.dest))
             self.moving[m.source] = self.moving[m.dest] = now
             self.next_expiry = min(self.next_expiry, now + self.expiry_s)
-            # until the next report, the source counts as empty and the destination as fuller
+            # until the next report, the source counts as emptier and the destination as fuller (a
+            # source may send its trajectories to several destinations: each move carries its share)
             src, dst = ReplicaState(*self.replicas[m.source]), ReplicaState(*self.replicas[m.dest])
-            self.replicas[m.dest] = (dst.rank, dst.version, dst.waiting + src.running, dst.running,
-                                     dst.kv_tokens + src.kv_tokens, dst.kv_peak, dst.traj_ids)
-            self.replicas[m.source] = (src.rank, src.version, 0, 0, 0, 0, ())
+            moved = set(m.traj_ids)
+            left = tuple(t for t in src.traj_ids if t not in moved)
+            self.replicas[m.dest] = (dst.rank, dst.version, dst.waiting + len(m.traj_ids), dst.running,
+                                     dst.kv_tokens + m.kv_tokens, dst.kv_peak, dst.traj_ids)
+            self.replicas[m.source] = (src.rank, src.version, src.waiting, len(left),
+                                       max(0, src.kv_tokens - m.kv_tokens) if left else 0, src.kv_peak if left else 0,
+                                       left)
         if moves:
             self.repack_stats["moves"] += len(moves)
             self.emit("repack", moves=[[m.source, m.dest, m.version, len(m.traj_ids)] for m in moves])

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fit the cost model, lengths and sync costs to this run's traces (or to every run under it)")
     ap.add_argument("--json", metavar="OUT", help="write the results here")
     ap.add_argument("--modes", default=None, help="comma-separated subset of sync,one-step-off,partial-rollout,"
-                                                  "laminar,laminar-norepack (default: all)")
+                                                  "partial-rollout-areal,laminar,laminar-norepack (default: all)")
     ap.add_argument("--steps", type=int, default=None, help="train steps per asynchronous mode (default: config)")
     ap.add_argument("--barrier-steps", type=int, default=4,
                     help="train steps for sync and one-step-off (default 4, as tools/bench_modes.py)")

@@ -16,6 +16,7 @@ import numpy as np
 
 from laminar_hpc.sim.controller import SimController
 from laminar_hpc.sim.engine import EventQueue
+from laminar_hpc.sim.observe import Observer
 from laminar_hpc.sim.params import ClusterSpec, SimParams
 from laminar_hpc.sim.pool import Pool
 from laminar_hpc.sim.rollout import SimRollout
@@ -170,14 +171,32 @@ def measure(sim: Simulation, skip: int) -> dict:
         "failures": dict(sim.failures),
         "recovered": dict(placed),
         "sim_time_s": sim.q.now, "sim_events": sim.q.events,
+        **_goodput(sim, trajs / span, t_a, b["wall"], skip),
     }
 
 
+def _goodput(sim: Simulation, throughput: float, t_a: float, t_b: float, skip: int) -> dict:
+    """The ideal and the goodput (docs/goodput.md); the lost fraction by cause and the lags when an
+    `observe.Observer` watched the run (`sim.observer`)."""
+    from laminar_hpc.metrics.goodput import attribute, lag_stats
+    from laminar_hpc.sim.observe import sim_ideal
+    obs = getattr(sim, "observer", None)
+    ideal = obs.ideal if obs is not None else sim_ideal(sim)
+    win = obs.window(t_a, t_b, skip) if obs is not None else {}
+    g = attribute(throughput, ideal, win.get("lost_s"), win.get("capacity_s"))
+    out = {"ideal": ideal, "goodput": g}
+    if obs is not None:
+        out["version_lag"] = lag_stats(win["version_lags"])
+        out["step_lag"] = lag_stats(win["step_lags"])
+    return out
+
+
 def simulate(cfg, params: SimParams, spec: ClusterSpec | None = None, *, steps: int | None = None, skip: int = 1,
-             max_sim_s: float = 1e9) -> dict:
+             max_sim_s: float = 1e9, dt: float | None = None) -> dict:
     """Simulate `cfg` (its mode, repack switch and sizes) with `params`; returns the figures."""
     t0 = time.perf_counter()
     sim = Simulation(cfg, params, spec, steps)
+    Observer(sim, dt)  # reads state only: goodput by cause and the lags (sim/observe.py)
     sim.run(max_sim_s)
     res = measure(sim, skip)
     res["sim_wall_s"] = time.perf_counter() - t0

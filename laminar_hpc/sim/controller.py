@@ -33,7 +33,8 @@ class SimController:
                                send=self.send, emit=self._trace)
         self.repack_on = cfg.mode == "laminar" and cfg.repack.enabled
         self.rm = RolloutManager(  # the simulator's clock is emulated seconds: the config's own intervals
-            max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, interval_s=cfg.repack.interval_s,
+            max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,
+            interval_s=cfg.repack.interval_s,
             kv_capacity=kv_capacity(cfg), expiry_s=self.p.moving_expiry_s, send=self.send)
         self.trainer_credit = 0
         self.steps_trained = 0

@@ -93,6 +93,35 @@ class Lengths:
         return min(self.hi, self.cfg.median * math.exp(s * s / 2))
 
 
+def areal_update(cfg, spec: ClusterSpec, relay_pull_s: float, real_copy_s: float) -> dict | None:
+    """partial-rollout's global update over AReaL's path (config `partial_rollout`), None on the relay
+    path. The trainer sends `nominal_weight_gb` itself and is blocked for it; the relays carry nothing.
+
+    broadcast (a collective: rollouts join it as they pause): the trainer is blocked `broadcast_s` over
+    its link; every rollout GPU receives for the same time from when it joins, then the engine loads.
+    filesystem: the trainer writes the version (`filesystem_write_s`), then every replica reads it at
+    once (`filesystem_read_s`, sharing the filesystem's aggregate bandwidth), then the engine loads.
+    `relay_pull_s` (the engine's load, plus the real bytes' copy of an emulated run) ends both, as in
+    the relay path; an emulated run also writes and reads its real bytes (`real_copy_s` each, wall)."""
+    pr = cfg.partial_rollout
+    if cfg.mode != "partial-rollout" or pr.update_path == "relay":
+        return None
+    nbytes = cfg.emulation.nominal_weight_gb * 1e9
+    if pr.update_path == "broadcast":
+        share = pr.broadcast_s(nbytes, cfg.rollout.count * spec.rollout_tp)
+        send, ready = real_copy_s + share, real_copy_s
+        how = (f"trainer broadcast of nominal_weight_gb at {pr.broadcast_gbps} GB/s + {pr.broadcast_hop_us} us per "
+               f"receiving GPU per {pr.broadcast_bucket_mb:g} MB bucket, blocked; rollouts receive as long")
+    else:
+        share = pr.filesystem_read_s(nbytes, cfg.rollout.count)
+        send = ready = real_copy_s + pr.filesystem_write_s(nbytes)
+        how = (f"trainer writes nominal_weight_gb at min({pr.filesystem_write_gbps}, {pr.filesystem_client_gbps}) "
+               f"GB/s, blocked; each replica reads it at min({pr.filesystem_client_gbps}, {pr.filesystem_read_gbps} / "
+               f"{cfg.rollout.count}) GB/s")
+    return {"path": pr.update_path, "send_s": send, "ready_s": ready, "pull_s": share + relay_pull_s,
+            "source": how + ", then the engine's load as on the relay path"}
+
+
 @dataclass
 class SimParams:
     emu: object  # an emulation section (EmulationCfg): the cost model's coefficients
@@ -115,6 +144,12 @@ class SimParams:
     length_mode: str = "exact"
     empirical_lengths: list[int] | None = None
     relay_ready_measured: dict | None = None  # calibrated publish -> readable, per relay rank (replaces the formula)
+    # partial-rollout's update path (config partial_rollout.update_path; `areal_update` below). Not relay:
+    # the trainer is blocked `update_send_s` sending each version, rollouts may load it `update_ready_s`
+    # after the update starts, and a load (`pull_s`) is their share of the transfer plus the engine's load
+    update_path: str = "relay"
+    update_send_s: float = 0.0
+    update_ready_s: float = 0.0
     failures: FailureSpec = field(default_factory=FailureSpec)
     sources: dict = field(default_factory=dict)  # parameter -> where its value came from
 
@@ -144,6 +179,12 @@ class SimParams:
                               f"{spec.checksum_gbps} GB/s checksum (wall), plus emulation's nominal load time")
         copy_s = moved / (spec.host_copy_gbps * 1e9) * wall_b
         master_s = copy_s + moved / (spec.checksum_gbps * 1e9) * wall_b
+        update = areal_update(cfg, spec, pull, 0.0 if spec.bcast_gbps else moved / (spec.host_copy_gbps * 1e9) * wall)
+        if update is not None:
+            pull = update["pull_s"]
+            src["update path"] = update["source"]
+            if spec.bcast_gbps:  # AReaL hands nothing to a relay tier (the runtime's real-byte hand-off is kept)
+                copy_s = 0.0
         p = cls(emu=e, cost=cost, time_scale=scale, prompt_tokens=prompt,
                 pull_s=pull, publish_stall_s=copy_s, relay_master_s=master_s, bcast_bytes=moved, bcast_bw=bw,
                 chunk_bytes=cfg.relay.chunk_mb * 2**20,
@@ -151,8 +192,9 @@ class SimParams:
                 ctl_per_traj_s=spec.ctl_per_traj_us * 1e-6 * wall,
                 idle_poll_s=spec.idle_poll_ms * 1e-3 * wall, state_interval_s=cfg.repack.state_interval_s * wall,
                 moving_expiry_s=move_expiry_s(cfg.repack.interval_s, second=wall), relay_count=cfg.relay.count,
-                length_mode=length_mode,
-                failures=spec.failures, sources=src)
+                length_mode=length_mode, failures=spec.failures, sources=src,
+                **({} if update is None else {"update_path": update["path"], "update_send_s": update["send_s"],
+                                              "update_ready_s": update["ready_s"]}))
         return p
 
     def with_emulation(self, **changes) -> "SimParams":
@@ -182,7 +224,8 @@ class SimParams:
                 "lengths": {"median": e.lengths.median, "p99_over_median": e.lengths.p99_over_median,
                             "max_tokens": e.lengths.max_tokens, "mode": self.length_mode,
                             "empirical": self.empirical_lengths is not None},
-                "pull_s": self.pull_s, "publish_stall_s": self.publish_stall_s,
+                "pull_s": self.pull_s, "publish_stall_s": self.publish_stall_s, "update_path": self.update_path,
+                "update_send_s": self.update_send_s, "update_ready_s": self.update_ready_s,
                 "relay_ready_s": [round(self.bcast_ready_s(h), 6) for h in range(min(4, self.relay_count))],
                 "msg_latency_s": self.msg_latency_s,
                 "time_scale": self.time_scale, "sources": self.sources}

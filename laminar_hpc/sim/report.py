@@ -4,7 +4,8 @@ JSON (`--json OUT`):
 
     {"config", "preset": {...#@sim knobs}, "params": {cost model, sync costs, sources},
      "calibration": {"run_dirs", "fitted", "sources"} | null,
-     "modes": {mode: {"trajectories_per_s", "ratio_vs_sync", "tokens_per_s", ...}},
+     "modes": {mode: {"trajectories_per_s", "ratio_vs_sync", "tokens_per_s", ...,
+                      "ideal": {...}, "goodput": {"goodput", "lost", "by_cause", "residual"}}},
      "scaling": {"gpus": [...], "points": [{"gpus", "rollout_replicas", "trainer_gpus",
                  "modes": {mode: {"trajectories_per_s", "ratio_vs_sync", ...}}}]} | null,
      "compare": {mode: {"measured", "simulated", "error", "ratio_error"}} | null}
@@ -14,21 +15,56 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from laminar_hpc.metrics.goodput import cause_cells, cause_header
+
 COLS = [("mode", "{}", None), ("traj/s", "{:.2f}", "trajectories_per_s"), ("tok/s", "{:.0f}", "tokens_per_s"),
         ("gen tok/s", "{:.0f}", "generation_tokens_per_s"), ("util", "{:.1%}", "rollout_utilization"),
         ("wait w (s)", "{:.1f}", "weight_wait_s"), ("stale", "{:.2f}", "staleness_mean"),
-        ("max", "{}", "staleness_max"), ("x sync", "{:.2f}", "ratio_vs_sync")]
+        ("max", "{}", "staleness_max"), ("x sync", "{:.2f}", "ratio_vs_sync"), ("goodput", "{:.1%}", None)]
 
 
 def _cell(fmt: str, v) -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def _goodput(r: dict):
+    return (r.get("goodput") or {}).get("goodput")
+
+
+def ideal_line(ideal: dict | None) -> str:
+    """One line: the ideal and which capacity bounds it (docs/goodput.md)."""
+    if not ideal:
+        return ""
+    kv = f", KV-bound batch {ideal['batch']:.1f} of {ideal['max_batch']}" if ideal.get("kv_bound") else ""
+    src = ideal.get("source", "cost model")
+    return (f"ideal ({src}): {ideal['trajectories_per_s']:.2f} traj/s, {ideal['bound']}-bound "
+            f"(generation {ideal['generation_trajectories_per_s']:.2f} traj/s at batch {ideal['batch']:g}{kv}, "
+            f"{ideal['generation_tokens_per_s']:.0f} tok/s; "
+            f"training {ideal['training_trajectories_per_s']:.2f} traj/s)")
+
+
+def goodput_table(results: dict) -> str:
+    """Per mode: goodput and the lost fraction of the ideal by cause, in % of the ideal; the causes
+    and the residual sum to the lost fraction ("" when no mode has an attribution)."""
+    if not any((r.get("goodput") or {}).get("by_cause") for r in results.values()):
+        return ""
+    lines = [" | ".join(["mode", "goodput", "lost", *cause_header()]) + "   (% of the ideal)"]
+    for mode, r in results.items():
+        g = r.get("goodput") or {}
+        lines.append(" | ".join([mode, _cell("{:.1%}", g.get("goodput")), _cell("{:.1%}", g.get("lost")),
+                                 *cause_cells(g)]))
+    return "\n".join(lines)
+
+
 def modes_table(results: dict) -> str:
+    """The modes table, the ideal and, when the runs were observed, the lost fraction by cause."""
     lines = [" | ".join(c for c, _, _ in COLS)]
     for mode, r in results.items():
-        lines.append(" | ".join([mode] + [_cell(fmt, r.get(k)) for _, fmt, k in COLS[1:]]))
-    return "\n".join(lines)
+        cells = [_cell(fmt, r.get(k)) for _, fmt, k in COLS[1:-1]] + [_cell(COLS[-1][1], _goodput(r))]
+        lines.append(" | ".join([mode] + cells))
+    ideal = next((r["ideal"] for r in results.values() if r.get("ideal")), None)
+    extra = [x for x in (ideal_line(ideal), goodput_table(results)) if x]
+    return "\n".join(lines + extra)
 
 
 def compare(results: dict, measured_doc: dict) -> dict:
@@ -63,12 +99,15 @@ def scaling_table(curve: dict) -> str:
     if not pts:
         return ""
     modes = list(pts[0]["modes"])
-    lines = ["GPUs (rollout+trainer) | replicas | " + " | ".join(f"{m} traj/s (x sync)" for m in modes)]
+    good = any(_goodput(r) is not None for p in pts for r in p["modes"].values())  # when the points keep it
+    what = "(x sync, goodput)" if good else "(x sync)"
+    lines = ["GPUs (rollout+trainer) | replicas | " + " | ".join(f"{m} traj/s {what}" for m in modes)]
     for p in pts:
         cells = [f"{p['gpus']} ({p['rollout_gpus']}+{p['trainer_gpus']})", str(p["rollout_replicas"])]
         for m in modes:
             r = p["modes"][m]
-            cells.append(f"{r['trajectories_per_s']:.1f} ({_cell('{:.2f}', r['ratio_vs_sync'])})")
+            gp = f", {_cell('{:.0%}', _goodput(r))}" if good else ""
+            cells.append(f"{r['trajectories_per_s']:.1f} ({_cell('{:.2f}', r['ratio_vs_sync'])}{gp})")
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 

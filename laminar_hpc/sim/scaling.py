@@ -1,7 +1,8 @@
 """Every mode on one cluster, and the same across cluster sizes (the scaling curve).
 
-The modes are those of tools/bench_modes.py: sync, one-step-off, partial-rollout, laminar and
-laminar without repack; `ratio_vs_sync` is each mode's trainer throughput over sync's.
+The modes are those of tools/bench_modes.py: sync, one-step-off, partial-rollout (over the relay
+tier), partial-rollout-areal (over AReaL's own update path, below), laminar and laminar without
+repack; `ratio_vs_sync` is each mode's trainer throughput over sync's.
 
     res = run_modes(cfg, spec, steps=10, barrier_steps=4)             # {mode: figures}
     curve = scaling_curve(cfg, spec, gpus=[64, 128, 256, 512, 1024], steps=20)
@@ -15,20 +16,36 @@ from laminar_hpc.sim.cluster import simulate
 from laminar_hpc.sim.params import ClusterSpec, SimParams
 from laminar_hpc.sim.presets import base_gpus, scale_cluster
 
-MODES = {  # name -> (mode, repack.enabled), as tools/bench_modes.py
-    "sync": ("sync", False),
-    "one-step-off": ("one-step-off", False),
-    "partial-rollout": ("partial-rollout", False),
-    "laminar": ("laminar", True),
-    "laminar-norepack": ("laminar", False),
+# AReaL's default update path: `weight_update_mode` defaults to "xccl" (areal/api/cli_args.py, checked
+# at github.com/inclusionAI/AReaL 4aef98d, May 2026): FSDP rank 0 pauses every inference server
+# (`pause_generation`; in-flight requests are aborted and resent with their tokens so far, so the
+# server re-prefills them on a flushed KV cache), NCCL-broadcasts the full tensors in 1024 MB buckets
+# to a group of itself and every inference GPU, and resumes them, blocked throughout
+# (areal/engine/fsdp_engine.py `_update_weights_from_distributed`; rl_trainer.py calls it between
+# steps). "disk" (the filesystem path) saves an HF checkpoint that the servers load, also blocked.
+AREAL_UPDATE_PATH = "broadcast"
+
+MODES = {  # name -> (mode, repack.enabled, partial_rollout.update_path), as tools/bench_modes.py
+    "sync": ("sync", False, "relay"),
+    "one-step-off": ("one-step-off", False, "relay"),
+    "partial-rollout": ("partial-rollout", False, "relay"),
+    "partial-rollout-areal": ("partial-rollout", False, "areal"),  # the config's AReaL path, else AReaL's default
+    "laminar": ("laminar", True, "relay"),
+    "laminar-norepack": ("laminar", False, "relay"),
 }
 BARRIER = {"sync", "one-step-off"}
 EXACT_LIMIT = 200_000  # `auto` lengths: the runtime's own draws (~25 us each) up to this many trajectories
 
 
 def mode_config(cfg, name: str):
-    mode, repack = MODES[name]
-    return cfg.model_copy(update={"mode": mode, "repack": cfg.repack.model_copy(update={"enabled": repack})})
+    """`cfg` in mode `name`. partial-rollout-areal takes the config's non-relay update path (e.g.
+    `partial_rollout.update_path=filesystem`), else AReaL's default; every other mode the relay."""
+    mode, repack, path = MODES[name]
+    if path == "areal":
+        path = cfg.partial_rollout.update_path if cfg.partial_rollout.update_path != "relay" else AREAL_UPDATE_PATH
+    pr = cfg.partial_rollout.model_copy(update={"update_path": path})
+    return cfg.model_copy(update={"mode": mode, "repack": cfg.repack.model_copy(update={"enabled": repack}),
+                                  "partial_rollout": pr})
 
 
 def length_mode(requested: str, cfg, steps: int) -> str:

@@ -6,6 +6,13 @@ with `policy.scheduling.too_stale` when it takes them, trains as soon as it hold
 `groups_per_step` groups for `train_per_token * (prompt + response tokens)`, publishes (the
 hand-off stall), waits for the global update in partial-rollout mode, and goes on.
 
+partial-rollout over AReaL's update path (`partial_rollout.update_path` broadcast or filesystem,
+`params.areal_update`): the publish starts the global update (every rollout pauses), the trainer
+is blocked sending the version itself (`update_send_s`) and then waits for `weights_synced` as
+on the relay path; rollouts may load it `update_ready_s` after the start, each load costing its
+share of the transfer (`pull_s`). The relays carry nothing. Each step's row holds `update_s`:
+publish to `weights_synced`, time the trainer could not train.
+
 Relays (`relay/main.py`): the master takes the newest published version, copies and checksums
 it, and chain-broadcasts it; relay rank k holds it `bcast_ready_s(k)` after the broadcast
 started. A master that is still broadcasting skips to the newest version afterwards.
@@ -23,6 +30,7 @@ class SimTrainer:
         self.max_staleness = cfg.trainer.max_staleness
         self.publish_every = cfg.trainer.publish_every
         self.partial = cfg.mode == "partial-rollout"
+        self.areal = self.partial and sim.params.update_path != "relay"  # the trainer sends each version itself
         self.total = total_steps
         self.prompt = sim.params.prompt_tokens
         self.groups: list = []
@@ -36,6 +44,7 @@ class SimTrainer:
         self.rows: list[dict] = []
         self.t_collect = 0.0
         self.batch: list = []
+        self.t_trained = 0.0
         self.epoch = 0
         self.done = False
 
@@ -99,6 +108,7 @@ class SimTrainer:
             return
         self.step += 1
         self.version += 1
+        self.t_trained = self.q.now
         if self.step % self.publish_every == 0:
             self.state = "publish"
             self.q.after(self.p.publish_stall_s, self._published, self.epoch)
@@ -109,6 +119,10 @@ class SimTrainer:
         if epoch != self.epoch:
             return
         self._publish(self.version)
+        if self.areal:  # blocked sending it, then as on the relay path
+            self.state = "send"
+            self.q.after(self.p.update_send_s, self._sent, self.epoch)
+            return
         if self.partial:
             self.state = "sync"
             self._take()
@@ -116,9 +130,27 @@ class SimTrainer:
                 return
         self._after_step()
 
+    def _sent(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            return
+        self.state = "sync"
+        self._take()
+        if self.synced >= self.version:
+            self._after_step()
+
     def _publish(self, version: int) -> None:
-        self.ctl.published_version(version)
-        self.sim.relays.publish(version)
+        self.ctl.published_version(version)  # partial-rollout: the global update starts (rollouts pause)
+        if self.areal:
+            self.q.after(self.p.update_ready_s, self._readable, version)
+        else:
+            self.sim.relays.publish(version)
+
+    def _readable(self, version: int) -> None:
+        """AReaL's path: every rollout may load `version` now (it joins the broadcast, or the file
+        is written). `relay_version` is what a simulated rollout may load, whatever carries it."""
+        for hop, held in enumerate(self.sim.relay_version):
+            if version > held:
+                self.sim.relay_ready(hop, version)
 
     def _after_step(self) -> None:
         now = self.q.now
@@ -127,6 +159,7 @@ class SimTrainer:
         st = self.stal
         self.rows.append({"step": self.step, "version": self.version, "trajectories": len(st), "tokens": self.tokens,
                           "train_s": self.train_s, "wait_s": self.wait_s, "wall": now,
+                          "update_s": now - self.t_trained,
                           "staleness_mean": sum(st) / len(st), "staleness_max": max(st),
                           **self.sim.counters()})
         self.ctl.train_step(self.step)
@@ -143,7 +176,7 @@ class SimTrainer:
         checkpoint after every step, so no newer version was published than it holds) and
         re-publishes that version, as `trainer/main.py` does at start."""
         self.epoch += 1
-        self.finished_step = self.state == "sync"  # trained and published: only the global update was left
+        self.finished_step = self.state in ("send", "sync")  # trained and published: only the global update was left
         if self.state in ("train", "publish"):
             self.groups = self.batch + self.groups
             if self.state == "publish":

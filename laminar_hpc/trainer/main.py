@@ -11,6 +11,11 @@ resumes from its newest good checkpoint, re-publishes those weights under a vers
 newer than any published before (rollouts take it at once: no resume deadlock), and sends
 the controller its ledger, which gives back every group it lost and none it kept.
 
+partial-rollout over AReaL's update path (`partial_rollout.update_path` broadcast or filesystem):
+each publish starts the global update, then the trainer sends the version itself, blocked
+(`send_version`: a file in the run directory that every rollout loads), and waits until every
+rollout holds it.
+
 The model, its optimizer and their checkpoints sit behind one interface (trainer/backend.py),
 implemented once per `trainer.backend` and chosen once at the start; this loop only calls it.
 
@@ -225,6 +230,30 @@ class Trainer:
                 self._take(msg)
         return time.monotonic() - t0
 
+    def send_version(self, pub: Publisher, version: int) -> float:
+        """partial-rollout over AReaL's update path: the trainer itself sends `version` to every
+        rollout and is blocked meanwhile; returns that time. The bytes go to
+        `run_dir/weights/v<N>.bin` (atomic), which the rollouts load instead of their relay store.
+        filesystem: that write is the parallel filesystem's (an emulated trainer also spends the
+        modelled write of nominal_weight_gb first). broadcast: a stand-in (no NCCL here): the file
+        carries the bytes and an emulated trainer is blocked for the modelled broadcast, which every
+        rollout also spends as it receives (`PartialRolloutCfg`). Older versions' files go."""
+        cfg, rd = self.ctx.cfg, self.ctx.rundir
+        pr, nominal = cfg.partial_rollout, cfg.emulation.nominal_weight_gb * 1e9
+        clock = getattr(self.backend, "clock", None)  # an emulated backend spends the cost model's time
+        t0 = time.monotonic()
+        if clock is not None and pr.update_path == "filesystem":
+            clock.spend(pr.filesystem_write_s(nominal))
+        nbytes = pub.write_file(version, rd.weights_file(version))
+        if clock is not None and pr.update_path == "broadcast":
+            clock.spend(pr.broadcast_s(nominal, cfg.rollout.count))
+        for v, path in rd.weights_files().items():
+            if v < version:  # every rollout loaded it (or a newer one will replace it on a restarted rollout)
+                path.unlink(missing_ok=True)
+        send_s = time.monotonic() - t0
+        self.ctx.log.debug("sent version %d (%d bytes, %s): %.3fs", version, nbytes, pr.update_path, send_s)
+        return send_s  # in the step's metrics row: update_send_s
+
     # -- metrics --------------------------------------------------------------------------
     def _append_metrics(self, row: dict) -> None:
         # one os.write per complete line, best-effort: a full disk never ends the trainer (the row
@@ -243,8 +272,11 @@ class Trainer:
         if self.step == 0 and not list_checkpoints(self.ckpt_root):
             self.checkpoint(wait=True)  # the warmed-up policy: a resume never repeats the warm-up
         pub = Publisher(ctx, self.backend.weights(), self.backend.layout)
+        areal = cfg.mode == "partial-rollout" and cfg.partial_rollout.update_path != "relay"
         try:
             pub.publish(self.version)  # the rollouts' first weights (or the resumed version)
+            if areal:  # a global update this publish starts (after a trainer restart) loads it from there
+                self.send_version(pub, self.version)
             self.sync_controller()
             t_start = time.monotonic()
             while self.step < cfg.trainer.total_steps and not flags.get("stop"):
@@ -258,11 +290,12 @@ class Trainer:
                 self.consumed_set.update(ids)
                 train_s = time.monotonic() - t0
                 stall = pub.publish(self.version) if self.step % cfg.trainer.publish_every == 0 else 0.0
+                send_s = self.send_version(pub, self.version) if stall and areal else 0.0
                 if stall and cfg.mode == "partial-rollout":
-                    stall += self.wait_synced(self.version, beat)
+                    stall += send_s + self.wait_synced(self.version, beat)
                 ctx.ctrl.send(WantGroups(n=len(groups)))
                 m.update(step=self.step, version=self.version, wait_s=wait_s, train_s=train_s,
-                         publish_stall_s=stall, dropped_groups=self.dropped_groups,
+                         publish_stall_s=stall, update_send_s=send_s, dropped_groups=self.dropped_groups,
                          t=time.monotonic() - t_start, wall=time.time())
                 self._append_metrics(m)
                 ctx.tracer.emit("train_step", step=self.step, version=self.version, train_s=train_s,
@@ -279,6 +312,8 @@ class Trainer:
             ctx.log.info("asked to stop (%s) at step %d", why, self.step)
         finally:
             pub.close()
+            for path in ctx.rundir.weights_files().values():  # every rollout loaded it; a new trainer sends anew
+                path.unlink(missing_ok=True)
         if self.step < cfg.trainer.total_steps:
             if self.step not in self.checkpointed:
                 self.checkpoint(wait=True)

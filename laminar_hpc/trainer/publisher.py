@@ -13,6 +13,10 @@ the master relay's hand-off server admits only the trainer.
 `weights` is read at every publish (`layout.pack`), so the publisher built once publishes the
 weights current at that moment: a live module, or a view that gathers them (Megatron's export,
 which the stall then includes).
+
+partial-rollout over AReaL's update path (`partial_rollout.update_path` not relay): after the
+hand-off, `write_file` writes the same packed bytes to the version's file in the run directory,
+which the rollouts load instead of their relay store (trainer/main.py `Trainer.send_version`).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.transport.channel import Client, wait_endpoint
 from laminar_hpc.transport.protocol import Publish, Published
 from laminar_hpc.transport.security import client_keys
+from laminar_hpc.rundir import atomic_write_bytes
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
 
 
@@ -38,6 +43,7 @@ class Publisher:
                             keys=keys)
         self.digest = digest_to_int(layout.digest)
         self.stalls: list[float] = []
+        self.packed: tuple[int, memoryview] | None = None  # the last version handed off, in its slot
 
     def publish(self, version: int) -> float:
         """Hand version `version` to the master relay; returns the time training was blocked."""
@@ -45,6 +51,7 @@ class Publisher:
         slot, buf = self.store.begin(version)
         self.layout.pack(self.weights, buf)
         self.store.commit(slot, version, self.layout.nbytes, 0, self.digest)  # master checksums
+        self.packed = (version, buf)  # the slot is rewritten only by a later begin()
         self.relay.send(Publish(version=version, slot=slot, nbytes=self.layout.nbytes, layout=self.layout.digest,
                                 t=time.time()))
         stall = time.perf_counter() - t0
@@ -54,7 +61,16 @@ class Publisher:
             self.ctx.ctrl.send(Published(version=version, stall_s=stall))
         return stall
 
+    def write_file(self, version: int, path) -> int:
+        """Write the packed bytes of `version` (the last one published) to `path`, atomically
+        (readers see the whole version or no file); returns the bytes written."""
+        if self.packed is None or self.packed[0] != version:
+            raise RuntimeError(f"version {version} is not the last one published: publish it first")
+        atomic_write_bytes(path, self.packed[1][:self.layout.nbytes])
+        return self.layout.nbytes
+
     def close(self) -> None:
+        self.packed = None  # its view into the store goes before the store's map
         self.relay.close(linger_ms=500)
         self.store.close()
         self.store.unlink()

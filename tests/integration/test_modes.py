@@ -93,6 +93,14 @@ def test_each_mode_runs_on_emulated_engines(tmp_path, mode):
     assert len(util) == (6 if mode == "laminar" else 4) and all(u["busy_s"] > 0 for u in util.values())
 
 
+def test_laminar_consolidation_repack_runs_on_emulated_engines(tmp_path):
+    # the other repack policy: superseded versions packed onto the replicas they need, a source
+    # split over several destinations (real moves, versions kept, ledger clean: check_mode)
+    s = run(EMULATED, tmp_path / "consolidate", "laminar", "trainer.total_steps=10", "repack.policy=consolidate",
+            "rollout.count=6", "controller.max_ahead_steps=2")
+    check_mode(tmp_path / "consolidate", "laminar", s, steps=10, trajs_per_step=4 * 4, long_tails=True)
+
+
 @pytest.mark.parametrize("mode", ["sync", "one-step-off", "partial-rollout", "laminar"])
 def test_each_mode_runs_with_the_torch_engine(tmp_path, mode):
     # the quickstart task and model, shortened (its answers are a few tokens long: too short for

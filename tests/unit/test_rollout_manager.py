@@ -3,6 +3,7 @@ with a recording `send`: credit and assignment, repack move bookkeeping and expi
 placement of detached trajectories."""
 from __future__ import annotations
 
+import pytest
 from helpers import Outbox, data_plane, result
 
 from laminar_hpc.controller.rollout_manager import RolloutManager, move_expiry_s
@@ -72,6 +73,24 @@ def test_repack_round_sends_the_move_and_counts_until_the_next_report():
     rm.repack_due = True
     rm.repack(INTERVAL + 0.5)
     assert out.take() == [] and rm.repack_stats["rounds"] == 2 and not rm.repack_due
+
+
+def test_consolidation_splits_a_source_and_books_each_share():
+    rm, out, _ = _rm(now=0.0, policy="consolidate")
+    rm.report((0, 1, 0, 6, 300, 300, tuple(f"0.{i}" for i in range(6))))
+    rm.report((1, 1, 0, 6, 300, 300, tuple(f"1.{i}" for i in range(6))))
+    rm.report((2, 1, 0, 4, 200, 400, ("2.0", "2.1", "2.2", "2.3")))
+    rm.report((3, 2, 0, 1, 10, 10, ("3.0",)))  # version 2 exists: version 1 is superseded
+    rm.repack(INTERVAL)
+    assert out.take() == [("rollout-2", Migrate(traj_ids=["2.0", "2.1"], dest=0)),
+                          ("rollout-2", Migrate(traj_ids=["2.2", "2.3"], dest=1))]
+    assert rm.replicas[2] == (2, 1, 0, 0, 0, 0, ())  # both shares gone: empty until its next report
+    assert rm.replicas[0][2:5] == (2, 6, 400) and rm.replicas[1][2:5] == (2, 6, 400)
+
+
+def test_an_unknown_repack_policy_is_refused():
+    with pytest.raises(ValueError, match="repack policy 'fastest'"):
+        _rm(policy="fastest")
 
 
 def test_migrated_hands_the_work_to_the_destination_first():

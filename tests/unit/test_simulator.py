@@ -12,7 +12,7 @@ import pytest
 
 from laminar_hpc.config import load_config, save_config
 from laminar_hpc.controller.rollout_manager import RolloutManager
-from laminar_hpc.policy import recovery, repack, scheduling
+from laminar_hpc.policy import consolidate, recovery, repack, scheduling
 from laminar_hpc.sim import ClusterSpec, SimParams, run_modes, simulate
 from laminar_hpc.sim.calibrate import (apply_calibration, calibrate, calibrated_config, complete_group_lengths,
                                         fit_decode, fit_lengths)
@@ -75,22 +75,27 @@ def _count(monkeypatch, module, name):
     return calls
 
 
-def test_simulator_calls_the_runtime_policy_functions(monkeypatch):
-    plan = _count(monkeypatch, repack, "plan_repack")
+@pytest.mark.parametrize("policy, module, name", [("consolidate", consolidate, "plan_consolidation"),
+                                                   ("best-fit", repack, "plan_repack")])
+def test_simulator_calls_the_runtime_policy_functions(monkeypatch, policy, module, name):
+    plan = _count(monkeypatch, module, name)
     admission = _count(monkeypatch, scheduling, "admission")
     refresh = _count(monkeypatch, scheduling, "should_refresh")
     stale = _count(monkeypatch, scheduling, "too_stale")
-    _sim(LONGTAIL, SMALL + ["trainer.max_staleness=4"], mode="laminar", steps=4)
+    _sim(LONGTAIL, SMALL + ["trainer.max_staleness=4", f"repack.policy={policy}"], mode="laminar", steps=4)
     assert plan and admission and refresh and stale
 
 
-def test_repack_moves_come_from_plan_repack(monkeypatch):
-    monkeypatch.setattr(repack, "plan_repack", lambda *a, **k: [])  # a policy that never moves anything
-    res = _sim(LONGTAIL, SMALL, mode="laminar", steps=4)
+@pytest.mark.parametrize("policy, module, name", [("consolidate", consolidate, "plan_consolidation"),
+                                                   ("best-fit", repack, "plan_repack")])
+def test_repack_moves_come_from_the_configured_policy(monkeypatch, policy, module, name):
+    over = SMALL + [f"repack.policy={policy}"]
+    monkeypatch.setattr(module, name, lambda *a, **k: [])  # a policy that never moves anything
+    res = _sim(LONGTAIL, over, mode="laminar", steps=4)
     assert res["trajectories_migrated"] == 0 and res["repack_moves"] == 0
-    assert _sim(LONGTAIL, SMALL, mode="laminar", steps=4)["trajectories_migrated"] == 0  # still patched
+    assert _sim(LONGTAIL, over, mode="laminar", steps=4)["trajectories_migrated"] == 0  # still patched
     monkeypatch.undo()
-    assert _sim(LONGTAIL, SMALL, mode="laminar", steps=4)["trajectories_migrated"] > 0
+    assert _sim(LONGTAIL, over, mode="laminar", steps=4)["trajectories_migrated"] > 0
 
 
 def test_barrier_modes_use_barrier_admission(monkeypatch):
@@ -253,7 +258,8 @@ def test_cli_json_has_modes_ratios_and_the_scaling_curve(tmp_path, capsys):
                      "--scaling", "8,16", "--scaling-steps", "3"])
     assert code == 0
     doc = json.loads(out.read_text())
-    assert set(doc["modes"]) == {"sync", "one-step-off", "partial-rollout", "laminar", "laminar-norepack"}
+    assert set(doc["modes"]) == {"sync", "one-step-off", "partial-rollout", "partial-rollout-areal", "laminar",
+                                 "laminar-norepack"}
     for r in doc["modes"].values():
         assert r["trajectories_per_s"] > 0 and r["ratio_vs_sync"] > 0
     assert doc["modes"]["sync"]["ratio_vs_sync"] == 1.0

@@ -1,0 +1,165 @@
+"""The ideal of an emulated workload: the highest trainer throughput any schedule could reach,
+from the cost model (`emulation/cost.py`) and the response lengths (docs/goodput.md).
+
+    ideal = ideal_for_config(cfg)                     # an emulated config, a preset or a scaled one
+    ideal.trajectories_per_s, ideal.bound             # e.g. 35.8, "training"
+    ideal_for_config(cfg, cost=params.cost, prompt_tokens=params.prompt_tokens,
+                     lengths=params.empirical_lengths)   # what the simulator assumed
+
+Generation: every replica decodes a full batch B' = min(rollout.max_batch, C / KV) for ever, C =
+repack.kv_capacity_tokens (unset: KV never binds) and KV the time-average KV of a running
+sequence. A trajectory of L response tokens takes one prefill of its prompt (which samples its
+first token, batched B' at a time) and L - 1 decode steps, so per replica
+
+    traj/s = 1 / ((E[L] - 1) * T(B') / B' + prefill_per_token * prompt + prefill_base / B')
+    T(b)   = decode_base + decode_per_seq * b + decode_per_kv_token * b * KV
+    KV     = prompt + 1 + E[M (M - 1)] / (2 E[M]),  M = L - 1    (= prompt + E[L^2] / 2E[L], to a token)
+
+(the slot a sequence holds is held for M steps, and a long sequence holds it longer: the
+length-biased average of its growing KV). Training: train_per_token * (prompt + E[L]) per
+trajectory. The ideal is the lower of the two. E[.] is exact over the capped, rounded log-normal
+that `cost.response_length` draws from (summed over every length it can return), or the sample
+moments of measured lengths. rollout_tp (GPUs per replica) does not enter: the cost model is
+per replica. The publish hand-off and weight loads are left out: the ideal pays nothing for
+weights.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from laminar_hpc.emulation.cost import CostModel, lognormal_sigma
+
+
+@dataclass(frozen=True)
+class LengthMoments:
+    """E[L] and E[L^2] of the response length L (tokens, the first one included)."""
+    mean: float
+    mean_sq: float
+
+    @property
+    def decode_steps(self) -> float:
+        """E[M], M = L - 1: the prefill samples a trajectory's first token."""
+        return max(0.0, self.mean - 1.0)
+
+    @property
+    def kv_growth(self) -> float:
+        """Tokens a running sequence has added to its KV since its first step, time-averaged over
+        the steps it runs: E[M (M - 1)] / (2 E[M]) (0 when nothing is decoded)."""
+        m1 = self.decode_steps
+        if m1 <= 0:
+            return 0.0
+        m2 = self.mean_sq - 2 * self.mean + 1  # E[(L - 1)^2]
+        return (m2 - m1) / (2 * m1)
+
+
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+@lru_cache(maxsize=64)
+def capped_lognormal_moments(median: float, p99_over_median: float, min_tokens: int, max_tokens: int,
+                             cap: int) -> LengthMoments:
+    """Exact moments of min(cap, max_tokens, max(min_tokens, round(median * exp(sigma Z)))), Z
+    standard normal: the lengths `emulation.cost.response_length` draws. p99_over_median <= 1
+    means no spread (every length is the rounded median)."""
+    hi = int(min(cap, max_tokens))
+    lo = int(min(max(1, min_tokens), hi))
+    if p99_over_median <= 1.0 or median <= 0:
+        k = float(min(hi, max(lo, round(median))))
+        return LengthMoments(k, k * k)
+    sigma = lognormal_sigma(p99_over_median)
+
+    def cdf(x: float) -> float:  # P(raw < x)
+        return 0.0 if x <= 0 else _phi(math.log(x / median) / sigma)
+    mean = mean_sq = 0.0
+    below = 0.0  # P(round(raw) <= k - 1) = P(raw < k - 0.5)
+    for k in range(lo, hi):
+        upto = cdf(k + 0.5)
+        p = upto - (below if k > lo else 0.0)  # L = lo takes every draw that rounds to lo or less
+        mean += k * p
+        mean_sq += k * k * p
+        below = upto
+    p_hi = 1.0 - (below if hi > lo else 0.0)
+    mean += hi * p_hi
+    mean_sq += hi * hi * p_hi
+    return LengthMoments(mean, mean_sq)
+
+
+def sample_moments(lengths) -> LengthMoments:
+    xs = [float(x) for x in lengths]
+    if not xs:
+        raise ValueError("no lengths to take moments of")
+    return LengthMoments(sum(xs) / len(xs), sum(x * x for x in xs) / len(xs))
+
+
+def config_moments(cfg) -> LengthMoments:
+    lg = cfg.emulation.lengths
+    return capped_lognormal_moments(float(lg.median), float(lg.p99_over_median), int(lg.min_tokens),
+                                    int(lg.max_tokens), int(cfg.rollout.max_new_tokens))
+
+
+@dataclass(frozen=True)
+class Ideal:
+    """The ideal and how it was reached. Times are the cost model's (emulated) seconds."""
+    trajectories_per_s: float
+    bound: str  # "generation" or "training": the lower capacity
+    generation_trajectories_per_s: float
+    training_trajectories_per_s: float
+    generation_tokens_per_s: float  # response tokens/s at the generation capacity
+    replicas: int
+    batch: float  # B': the decode batch per replica
+    max_batch: int
+    kv_bound: bool  # B' < max_batch: B sequences of the average KV do not fit in C
+    kv_per_seq: float  # the time-average KV tokens of a running sequence
+    step_base_s: float  # a decode step at batch b costs step_base_s + step_per_seq_s * b
+    step_per_seq_s: float
+    prefill_s_per_traj: float
+    train_s_per_traj: float
+    mean_response: float
+    prompt_tokens: int
+    source: str = "cost model"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def ideal(cost: CostModel, moments: LengthMoments, *, prompt_tokens: int, replicas: int, max_batch: int,
+          kv_capacity: int | None = None) -> Ideal:
+    """The ideal of `replicas` replicas of `max_batch` slots under `cost` (see the module doc)."""
+    if replicas < 1 or max_batch < 1:
+        raise ValueError(f"replicas={replicas} and max_batch={max_batch} must be at least 1")
+    kv = prompt_tokens + 1 + moments.kv_growth
+    batch = float(max_batch)
+    if kv_capacity and kv_capacity < batch * kv:
+        batch = kv_capacity / kv  # a replica holds C / KV sequences on average
+    base = cost.decode_steps_s(0, 0, 1)  # the cost model's own terms: T(b) is linear in b at KV b * kv
+    per_seq = cost.decode_steps_s(1, kv, 1) - base  # one more sequence: its own term and its KV
+    step = base + per_seq * batch
+    prefill = cost.prefill_s(prompt_tokens * max_batch) / max_batch  # B admissions prefilled at once
+    per_traj = moments.decode_steps * step / batch + prefill
+    gen = replicas / per_traj if per_traj > 0 else math.inf
+    train_s = cost.train_s(prompt_tokens + moments.mean)
+    train = 1.0 / train_s if train_s > 0 else math.inf
+    best = min(gen, train)
+    return Ideal(trajectories_per_s=best, bound="generation" if gen <= train else "training",
+                 generation_trajectories_per_s=gen, training_trajectories_per_s=train,
+                 generation_tokens_per_s=gen * moments.mean, replicas=replicas, batch=batch, max_batch=max_batch,
+                 kv_bound=batch < max_batch, kv_per_seq=kv, step_base_s=base, step_per_seq_s=per_seq,
+                 prefill_s_per_traj=prefill, train_s_per_traj=train_s, mean_response=moments.mean,
+                 prompt_tokens=prompt_tokens)
+
+
+def ideal_for_config(cfg, *, cost: CostModel | None = None, prompt_tokens: int | None = None,
+                     lengths=None) -> Ideal:
+    """The ideal of a config's emulated workload. `cost`, `prompt_tokens` and measured `lengths`
+    replace the config's (a calibrated simulation); a non-synthetic task needs `prompt_tokens`."""
+    if prompt_tokens is None:
+        if cfg.task.type != "synthetic":
+            raise ValueError(f"task.type={cfg.task.type!r}: pass prompt_tokens (only a synthetic task fixes it)")
+        prompt_tokens = cfg.task.prompt_tokens
+    moments = sample_moments(lengths) if lengths else config_moments(cfg)
+    return ideal(cost or CostModel(cfg.emulation), moments, prompt_tokens=int(prompt_tokens),
+                 replicas=cfg.rollout.count, max_batch=cfg.rollout.max_batch,
+                 kv_capacity=cfg.repack.kv_capacity_tokens)

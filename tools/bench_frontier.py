@@ -1,0 +1,276 @@
+"""The throughput-staleness frontier: the asynchronous modes at a list of staleness settings on one
+workload, in the simulator (seconds) and/or the runtime (real processes, minutes per point),
+printed and plotted against the version lag and the step lag, with the ideal beside them.
+
+    python tools/bench_frontier.py configs/bench/longtail-math.yaml --steps 30 --json frontier.json
+    python tools/bench_frontier.py configs/presets/7b-h100.yaml --gpus 1024 --steps 20 --json f1024.json
+    python tools/bench_frontier.py configs/tiny-emulated.yaml --run both --steps 5 --json /tmp/f.json
+    python tools/bench_frontier.py CONFIG --sweep controller.max_ahead_steps=2,4 --sweep repack.interval_s=2,5 --cross
+
+--sweep KEY=V1,V2,...: one setting per value (default controller.max_ahead_steps=1,2,3,4,6);
+several --sweep are zipped (equal lengths), or crossed with --cross. --modes: any of
+tools/bench_modes.py's (default partial-rollout,partial-rollout-areal,laminar). --run sim (the
+default; `laminar_hpc.sim` with an Observer: ~1-2 s per point on the reference workload),
+runtime (`bench_modes.run_mode` + `measure`: the reference workload takes ~3-4 min per point
+and mode on 2 cores, so a default sweep is ~1 h) or both. --gpus scales the cluster (sim only,
+`sim.presets.scale_cluster`).
+
+Per setting and mode: trainer throughput (traj/s, emulated seconds for emulated engines), its
+fraction of the ideal (goodput, docs/goodput.md) and the lost fraction by cause; version lag
+(trainer version - trajectory version, per trajectory trained: mean, p95) and step lag (train
+steps completed between a group's admission and its delivery to the trainer: mean, p95).
+JSON: {"config", "overrides", "sweep": {"keys", "points"}, "modes", "run", "steps", "ideal",
+"results": [{"where", "point", "label", "mode", "trajectories_per_s", "goodput", "version_lag",
+"step_lag", ...every figure of the mode}], "plot", "wall_s"}. The plot (PNG, matplotlib): traj/s
+against the mean version lag and the mean step lag (whiskers to the p95), one line per mode, the
+ideal as a horizontal line, goodput on the right axis.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+
+import bench_modes  # noqa: E402
+from laminar_hpc.config import ConfigError, load_config  # noqa: E402
+from laminar_hpc.metrics.goodput import cause_cells, cause_header  # noqa: E402
+
+DEFAULT_SWEEP = "controller.max_ahead_steps=1,2,3,4,6"
+DEFAULT_MODES = "partial-rollout,partial-rollout-areal,laminar"
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_sweep(items: list[str], cross: bool = False) -> list[dict[str, str]]:
+    """`KEY=V1,V2,...` items -> the settings, each {key: value text}: zipped (equal lengths) or
+    crossed (every combination, the first key slowest)."""
+    keys, values = [], []
+    for item in items:
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        vals = [v.strip() for v in text.split(",") if v.strip()]
+        if not eq or not key or not vals:
+            raise UsageError(f"--sweep {item!r}: expected KEY=V1,V2,... (e.g. controller.max_ahead_steps=1,2,4)")
+        if key in keys:
+            raise UsageError(f"--sweep: {key} is swept twice")
+        keys.append(key)
+        values.append(vals)
+    if not keys:
+        raise UsageError("--sweep: nothing to sweep")
+    if cross:
+        combos = itertools.product(*values)
+    else:
+        if len({len(v) for v in values}) > 1:
+            sizes = ", ".join(f"{k} ({len(v)})" for k, v in zip(keys, values))
+            raise UsageError(f"--sweep: zipped sweeps need as many values each, got {sizes}; or pass --cross")
+        combos = zip(*values)
+    return [dict(zip(keys, combo)) for combo in combos]
+
+
+def label(point: dict[str, str]) -> str:
+    return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items())
+
+
+def overrides_of(point: dict[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in point.items()]
+
+
+# -- one point ---------------------------------------------------------------------------------
+def simulate_point(config: str, overrides: list[str], mode: str, *, steps: int, skip: int, gpus: int | None,
+                   lengths: str) -> dict:
+    """One mode at one setting in the simulator, observed (goodput by cause, lags)."""
+    from laminar_hpc.sim.observe import run_observed
+    from laminar_hpc.sim.params import SimParams
+    from laminar_hpc.sim.presets import read_spec, scale_cluster
+    from laminar_hpc.sim.scaling import MODES as SIM_MODES
+    from laminar_hpc.sim.scaling import length_mode, mode_config
+    spec = read_spec(config)
+    if mode in SIM_MODES:  # the simulator's own mode definitions (sim/scaling.py)
+        cfg = mode_config(load_config(config, overrides), mode)
+    else:
+        cfg = load_config(config, bench_modes.MODES[mode] + overrides)
+    if gpus:
+        cfg, spec = scale_cluster(cfg, spec, gpus)
+    params = SimParams.from_config(cfg, spec, length_mode=length_mode(lengths, cfg, steps))
+    return run_observed(cfg, params, spec, steps=steps, skip=skip)
+
+
+def runtime_point(config: str, overrides: list[str], mode: str, *, steps: int, skip: int, out: Path,
+                  timeout_s: float) -> dict:
+    """One mode at one setting as real processes (bench_modes.run_mode), measured as bench_modes does."""
+    cfg = load_config(config, bench_modes.MODES[mode] + overrides)
+    scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" and cfg.emulation.time_scale > 0 else 1.0
+    run_dir = bench_modes.run_mode(config, mode, overrides, out, steps, timeout_s)
+    return bench_modes.measure(run_dir, skip, scale, cfg, cfg.mode)
+
+
+def row_of(where: str, point: dict, mode: str, res: dict) -> dict:
+    g = res.get("goodput") or {}
+    return {"where": where, "point": point, "label": label(point), "mode": mode,
+            "trajectories_per_s": res["trajectories_per_s"], "goodput": g.get("goodput"),
+            "version_lag": res.get("version_lag"), "step_lag": res.get("step_lag"), "figures": res}
+
+
+# -- output -------------------------------------------------------------------------------------
+def _f(x, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def table(rows: list[dict]) -> str:
+    head = ["where", "setting", "mode", "traj/s", "goodput", "vlag mean", "vlag p95", "slag mean", "slag p95",
+            *cause_header()]
+    lines = [" | ".join(head) + "   (causes: % of the ideal)"]
+    for r in rows:
+        v, s = r["version_lag"] or {}, r["step_lag"] or {}
+        lines.append(" | ".join([r["where"], r["label"], r["mode"], _f(r["trajectories_per_s"]),
+                                 _f(r["goodput"], "{:.1%}"), _f(v.get("mean")), _f(v.get("p95"), "{:g}"),
+                                 _f(s.get("mean")), _f(s.get("p95"), "{:g}"),
+                                 *cause_cells(r["figures"].get("goodput"))]))
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], ideal: float | None, path: str | Path, title: str) -> str:
+    """traj/s against mean version lag and mean step lag (whiskers to p95); returns one line."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: frontier plot skipped (pip install matplotlib)"
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    series: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        series.setdefault((r["mode"], r["where"]), []).append(r)
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {m: cycle[i % len(cycle)] for i, m in enumerate(dict.fromkeys(r["mode"] for r in rows))}
+    for ax, lag, name in ((axes[0], "version_lag", "version lag (trainer - trajectory version)"),
+                          (axes[1], "step_lag", "step lag (train steps from admission to delivery)")):
+        for (mode, where), rs in series.items():
+            pts = [(r[lag]["mean"], r[lag]["p95"], r["trajectories_per_s"], r["label"]) for r in rs
+                   if r[lag] and r[lag].get("mean") is not None]
+            if not pts:
+                continue
+            xs, p95, ys, labels = zip(*pts)
+            ax.errorbar(xs, ys, xerr=[[0] * len(xs), [max(0.0, p - x) for x, p in zip(xs, p95)]],
+                        marker="o" if where == "sim" else "s", capsize=3, elinewidth=0.8, color=color[mode],
+                        linestyle="-" if where == "sim" else "--", label=f"{mode} ({where})")
+            for x, y, lab in zip(xs, ys, labels):
+                ax.annotate(lab.split("=")[-1] if "," not in lab else lab, (x, y), textcoords="offset points",
+                            xytext=(4, 4), fontsize=7, color=color[mode])
+        if ideal:
+            ax.axhline(ideal, color="black", linestyle=":", label=f"ideal {ideal:.1f} traj/s")
+        ax.set_xlabel(name + "; mean, whisker to p95")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("trainer throughput (trajectories / s)")
+    if ideal:
+        top = max([ideal] + [r["trajectories_per_s"] for r in rows]) * 1.08
+        for ax in axes:
+            ax.set_ylim(0, top)
+        right = axes[1].twinx()
+        right.set_ylim(0, top / ideal)
+        right.set_ylabel("goodput (throughput / ideal)")
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"frontier plot written to {path}"
+
+
+# -- main -----------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every point")
+    ap.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
+                    help=f"settings to sweep (default {DEFAULT_SWEEP}); repeat to zip, with --cross to cross")
+    ap.add_argument("--cross", action="store_true", help="every combination of the --sweep values")
+    ap.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, of {','.join(bench_modes.MODES)}")
+    ap.add_argument("--run", choices=["sim", "runtime", "both"], default="sim", help="where (default sim)")
+    ap.add_argument("--steps", type=int, default=None, help="train steps per point (default: config)")
+    ap.add_argument("--skip", type=int, default=1, help="train steps left out of the window at the start")
+    ap.add_argument("--gpus", type=int, default=None, help="simulate the cluster scaled to this many GPUs")
+    ap.add_argument("--lengths", choices=["auto", "exact", "fast"], default="auto", help="simulator lengths")
+    ap.add_argument("--json", metavar="OUT", help="write the results here")
+    ap.add_argument("--plot", metavar="PNG", help="the plot (default with --json: next to it, .png)")
+    ap.add_argument("--out", default="runs/frontier", help="runtime: parent of the run directories")
+    ap.add_argument("--timeout-min", type=float, default=30.0, help="runtime: per run")
+    return ap
+
+
+def run(args) -> int:
+    points = parse_sweep(args.sweep or [DEFAULT_SWEEP], args.cross)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in bench_modes.MODES]
+    if unknown:
+        raise UsageError(f"--modes: unknown mode {unknown[0]!r}; allowed: {', '.join(bench_modes.MODES)}")
+    cfg = load_config(args.config, args.overrides)  # fails early, one line, on a bad config or override
+    steps = args.steps or cfg.trainer.total_steps
+    if steps <= args.skip or args.skip < 0:
+        raise UsageError(f"--steps {steps} must be above --skip {args.skip} (>= 0)")
+    if args.gpus and args.run != "sim":
+        raise UsageError("--gpus scales a simulated cluster: use it with --run sim")
+    wheres = ["sim", "runtime"] if args.run == "both" else [args.run]
+    t0 = time.monotonic()
+    rows: list[dict] = []
+    for point in points:
+        ovr = args.overrides + overrides_of(point)
+        for where in wheres:
+            for mode in modes:
+                try:
+                    if where == "sim":
+                        res = simulate_point(args.config, ovr, mode, steps=steps, skip=args.skip, gpus=args.gpus,
+                                             lengths=args.lengths)
+                    else:
+                        res = runtime_point(args.config, ovr, mode, steps=steps, skip=args.skip,
+                                            out=Path(args.out) / label(point).replace(",", "_"),
+                                            timeout_s=args.timeout_min * 60)
+                except (ConfigError, RuntimeError) as err:  # a mode this checkout lacks keys for, a stuck cluster
+                    print(f"[{where} {label(point)} {mode}] skipped: {' '.join(str(err).splitlines())}", flush=True)
+                    continue
+                rows.append(row_of(where, point, mode, res))
+                r = rows[-1]
+                print(f"[{where} {r['label']} {mode}] {r['trajectories_per_s']:.2f} traj/s, goodput "
+                      f"{_f(r['goodput'], '{:.1%}')}", file=sys.stderr, flush=True)
+    ideal = next((r["figures"]["ideal"] for r in rows if r["figures"].get("ideal")), None)
+    print(table(rows))
+    if ideal:
+        from laminar_hpc.sim.report import ideal_line
+        print(ideal_line(ideal))
+    plot_path = args.plot or (str(Path(args.json).with_suffix(".png")) if args.json else None)
+    note = None
+    if plot_path and rows:
+        note = plot(rows, ideal["trajectories_per_s"] if ideal else None, plot_path,
+                    f"{cfg.name}: throughput against staleness" + (f" ({args.gpus} GPUs)" if args.gpus else ""))
+        print(note)
+    if args.json:
+        doc = {"config": args.config, "overrides": args.overrides, "sweep": {"keys": list(points[0]), "points": points,
+                                                                              "cross": args.cross},
+               "modes": modes, "run": args.run, "steps": steps, "skip": args.skip, "gpus": args.gpus, "ideal": ideal,
+               "results": rows, "plot": note, "wall_s": time.monotonic() - t0}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=float))
+        print(f"results in {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(build_parser().parse_intermixed_args(argv))
+    except (UsageError, ConfigError) as err:
+        print(f"bench_frontier: error: {' '.join(str(err).splitlines())}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
