@@ -61,19 +61,9 @@ class RunDirError(RuntimeError):
 
 def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
     """Write via a temporary file and rename: readers see the old or the new file, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    if not isinstance(text, str):
+        raise TypeError(f"atomic_write_text writes str, not {type(text).__name__}")
+    atomic_write_bytes(path, text.encode(), mode)
 
 
 def atomic_write_bytes(path: Path, data, mode: int = 0o600) -> None:
