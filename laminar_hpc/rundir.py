@@ -212,6 +212,11 @@ class RunDir:
                 out[int(p.stem[1:])] = p
         return out
 
+    def clear_weights(self) -> None:
+        """Remove every version sent (a whole model each) and any half-written one; the folder stays."""
+        for p in self.weights_dir.glob("*v*.bin*"):
+            p.unlink(missing_ok=True)
+
     # files in the folders
     def endpoint(self, name: str) -> Path:
         return self.endpoints_dir / f"{name}.json"

@@ -385,6 +385,13 @@ def role_context(role: str, rank: int, run_dir: Path, config: str = "configs/tin
                        logging.getLogger(name))
 
 
+def close_rollout(r) -> None:
+    """What a test's `Rollout` holds open: its tracer and its mapping of the relay's weight store."""
+    r.ctx.tracer.close()
+    if r.weights.store is not None:
+        r.weights.store.close()
+
+
 def sentinel_run(tmp_path):
     """A run directory holding one file with a known mtime: a refused command must leave both as they are."""
     run = tmp_path / "run"

@@ -88,20 +88,16 @@ def overrides_of(point: dict[str, str]) -> list[str]:
 def simulate_point(config: str, overrides: list[str], mode: str, *, steps: int, skip: int, gpus: int | None,
                    lengths: str) -> dict:
     """One mode at one setting in the simulator, observed (goodput by cause, lags)."""
-    from laminar_hpc.sim.observe import run_observed
+    from laminar_hpc.sim.cluster import simulate
     from laminar_hpc.sim.params import SimParams
     from laminar_hpc.sim.presets import read_spec, scale_cluster
-    from laminar_hpc.sim.scaling import MODES as SIM_MODES
     from laminar_hpc.sim.scaling import length_mode, mode_config
     spec = read_spec(config)
-    if mode in SIM_MODES:  # the simulator's own mode definitions (sim/scaling.py)
-        cfg = mode_config(load_config(config, overrides), mode)
-    else:
-        cfg = load_config(config, bench_modes.MODES[mode] + overrides)
+    cfg = mode_config(load_config(config, overrides), mode)  # the simulator's own mode definitions
     if gpus:
         cfg, spec = scale_cluster(cfg, spec, gpus)
     params = SimParams.from_config(cfg, spec, length_mode=length_mode(lengths, cfg, steps))
-    return run_observed(cfg, params, spec, steps=steps, skip=skip)
+    return simulate(cfg, params, spec, steps=steps, skip=skip)
 
 
 def runtime_point(config: str, overrides: list[str], mode: str, *, steps: int, skip: int, out: Path,

@@ -36,6 +36,7 @@ from laminar_hpc.config import load_config  # noqa: E402
 from laminar_hpc.metrics.status import read_status  # noqa: E402
 from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
 from laminar_hpc.metrics.trace import read_trace, role_events  # noqa: E402
+from laminar_hpc.sim.scaling import AREAL_UPDATE_PATH  # noqa: E402
 
 MODES = {  # name -> overrides
     "sync": ["mode=sync"],
@@ -43,9 +44,9 @@ MODES = {  # name -> overrides
     "partial-rollout": ["mode=partial-rollout"],
     "laminar": ["mode=laminar", "repack.enabled=true"],
     "laminar-norepack": ["mode=laminar", "repack.enabled=false"],
-    # partial-rollout with AReaL's own update path: the trainer writes each version to the parallel
-    # filesystem and every rollout reads it, the trainer blocked meanwhile (issue 15)
-    "partial-rollout-areal": ["mode=partial-rollout", "partial_rollout.update_path=broadcast"],
+    # partial-rollout with AReaL's default update path (sim/scaling.py AREAL_UPDATE_PATH: the trainer
+    # broadcasts each version to every rollout, blocked meanwhile; issue 15)
+    "partial-rollout-areal": ["mode=partial-rollout", f"partial_rollout.update_path={AREAL_UPDATE_PATH}"],
 }
 BARRIER = {"sync", "one-step-off"}
 

@@ -16,6 +16,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from laminar_hpc.metrics.goodput import nearest_rank  # noqa: F401 - also imported from here
 from laminar_hpc.metrics.trace import RunTrace, read_run
 from laminar_hpc.rundir import RunDir
 
@@ -50,15 +51,6 @@ def role_sort_key(role: str) -> tuple:
     order = {"launcher": 0, "controller": 1, "trainer": 2, "relay": 3, "rollout": 4}
     kind = role.rsplit("-", 1)[0]
     return order.get(kind, 9), kind, rank_of(role)
-
-
-def nearest_rank(values: list[float], p: float) -> float | None:
-    """The p-th percentile by nearest rank: the smallest value with at least p% of the values at
-    or below it (always one of the values: exact figures for tests and for integer lengths)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    return xs[max(0, math.ceil(p / 100.0 * len(xs)) - 1)]
 
 
 def spread(edges: list[float], a: float, b: float, value: float, out: list[float]) -> None:

@@ -94,6 +94,7 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
         killed = sup.stop()
         progress.close()
         cleanup_shm(rd)
+        rd.clear_weights()  # versions sent over AReaL's path: a killed trainer leaves its last one
         if on_end:
             on_end(rd)
         summary = build_summary(rd, mode=cfg.mode, wall_s=time.monotonic() - t0)

@@ -14,9 +14,10 @@ import time
 
 import numpy as np
 
+from laminar_hpc.metrics.goodput import attribute, lag_stats
 from laminar_hpc.sim.controller import SimController
 from laminar_hpc.sim.engine import EventQueue
-from laminar_hpc.sim.observe import Observer
+from laminar_hpc.sim.observe import Observer, sim_ideal
 from laminar_hpc.sim.params import ClusterSpec, SimParams
 from laminar_hpc.sim.pool import Pool
 from laminar_hpc.sim.rollout import SimRollout
@@ -178,8 +179,6 @@ def measure(sim: Simulation, skip: int) -> dict:
 def _goodput(sim: Simulation, throughput: float, t_a: float, t_b: float, skip: int) -> dict:
     """The ideal and the goodput (docs/goodput.md); the lost fraction by cause and the lags when an
     `observe.Observer` watched the run (`sim.observer`)."""
-    from laminar_hpc.metrics.goodput import attribute, lag_stats
-    from laminar_hpc.sim.observe import sim_ideal
     obs = getattr(sim, "observer", None)
     ideal = obs.ideal if obs is not None else sim_ideal(sim)
     win = obs.window(t_a, t_b, skip) if obs is not None else {}

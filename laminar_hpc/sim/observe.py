@@ -163,10 +163,3 @@ class Observer:
         steps = [lag for t, lag in self.step_lags if t_a < t <= t_b]
         versions = [x for step, lags in self.version_lags if step > skip_step for x in lags]
         return {"lost_s": lost, "capacity_s": capacity, "step_lags": steps, "version_lags": versions}
-
-
-def run_observed(cfg, params, spec=None, *, steps: int | None = None, skip: int = 1, dt: float | None = None,
-                 max_sim_s: float = 1e9) -> dict:
-    """`sim.simulate`, which attaches an Observer: the figures plus the goodput attribution and the lags."""
-    from laminar_hpc.sim.cluster import simulate
-    return simulate(cfg, params, spec, steps=steps, skip=skip, dt=dt, max_sim_s=max_sim_s)

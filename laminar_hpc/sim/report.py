@@ -99,15 +99,12 @@ def scaling_table(curve: dict) -> str:
     if not pts:
         return ""
     modes = list(pts[0]["modes"])
-    good = any(_goodput(r) is not None for p in pts for r in p["modes"].values())  # when the points keep it
-    what = "(x sync, goodput)" if good else "(x sync)"
-    lines = ["GPUs (rollout+trainer) | replicas | " + " | ".join(f"{m} traj/s {what}" for m in modes)]
+    lines = ["GPUs (rollout+trainer) | replicas | " + " | ".join(f"{m} traj/s (x sync)" for m in modes)]
     for p in pts:
         cells = [f"{p['gpus']} ({p['rollout_gpus']}+{p['trainer_gpus']})", str(p["rollout_replicas"])]
         for m in modes:
             r = p["modes"][m]
-            gp = f", {_cell('{:.0%}', _goodput(r))}" if good else ""
-            cells.append(f"{r['trajectories_per_s']:.1f} ({_cell('{:.2f}', r['ratio_vs_sync'])}{gp})")
+            cells.append(f"{r['trajectories_per_s']:.1f} ({_cell('{:.2f}', r['ratio_vs_sync'])})")
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 

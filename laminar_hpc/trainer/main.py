@@ -312,8 +312,7 @@ class Trainer:
             ctx.log.info("asked to stop (%s) at step %d", why, self.step)
         finally:
             pub.close()
-            for path in ctx.rundir.weights_files().values():  # every rollout loaded it; a new trainer sends anew
-                path.unlink(missing_ok=True)
+            ctx.rundir.clear_weights()  # every rollout loaded it; a new trainer sends anew
         if self.step < cfg.trainer.total_steps:
             if self.step not in self.checkpointed:
                 self.checkpoint(wait=True)

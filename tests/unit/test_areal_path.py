@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import REPO, FakeChannel, group, role_context, work_item
+from helpers import REPO, FakeChannel, close_rollout, group, role_context, work_item
 
 from laminar_hpc.config import ConfigError, config_from_dict, load_config
 from laminar_hpc.config.schema import Config, PartialRolloutCfg
@@ -276,9 +276,7 @@ def rollout(tmp_path):
 
     yield build
     for r in made:
-        r.ctx.tracer.close()
-        if r.weights.store is not None:
-            r.weights.store.close()
+        close_rollout(r)
     for store in stores:
         store.close()
     stores.clear()
@@ -340,3 +338,16 @@ def test_rollout_takes_a_newer_sent_version_and_refuses_a_wrong_size(rollout):
     with pytest.raises(RuntimeError, match=r"v00000005\.bin: .* bytes, the weight layout has"):
         r.global_update(newest=0)
     assert math.isfinite(r.weight_wait_s)
+
+
+def test_clear_weights_removes_every_version_and_half_written_file_only(tmp_path):
+    from laminar_hpc.rundir import RunDir
+    rd = RunDir(tmp_path)
+    atomic_write_bytes(rd.weights_file(3), b"v3")
+    atomic_write_bytes(rd.weights_file(4), b"v4")
+    (rd.weights_dir / f".{rd.weights_file(5).name}.tmp4242").write_bytes(b"half")  # a killed writer's
+    (rd.weights_dir / "notes.txt").write_text("not ours")
+    assert sorted(rd.weights_files()) == [3, 4]
+    rd.clear_weights()
+    assert sorted(p.name for p in rd.weights_dir.iterdir()) == ["notes.txt"]
+    rd.clear_weights()  # again: nothing to do, no error

@@ -18,7 +18,7 @@ from laminar_hpc.emulation.ideal import (LengthMoments, capped_lognormal_moments
 from laminar_hpc.metrics.goodput import attribute, hist_stats, lag_stats, lost_capacity
 from laminar_hpc.metrics.trace import RunTrace
 from laminar_hpc.sim import SimParams, simulate
-from laminar_hpc.sim.observe import run_observed
+from laminar_hpc.sim.cluster import simulate
 from laminar_hpc.sim.presets import load_preset, scale_cluster
 from laminar_hpc.sim.report import modes_table
 from laminar_hpc.sim.scaling import mode_config
@@ -106,6 +106,17 @@ def test_scaled_presets_keep_the_per_replica_formula():
     assert b.generation_trajectories_per_s == pytest.approx(a.generation_trajectories_per_s * big.rollout.count
                                                             / cfg.rollout.count)
     assert b.kv_per_seq == a.kv_per_seq and b.step_base_s == a.step_base_s
+
+
+@pytest.mark.parametrize("name", ["7b", "32b", "72b"])
+def test_presets_are_balanced_as_their_headers_say(name):
+    # each preset's header: training a step takes about as long as generating it (21-27 s); a
+    # trainer cost in the wrong unit (ns for us) made the simulated trainer ~1,000x too fast
+    cfg, _ = load_preset(os.path.join(REPO, "configs", "presets", f"{name}-h100.yaml"))
+    i = ideal_for_config(cfg)
+    assert 0.5 < i.training_trajectories_per_s / i.generation_trajectories_per_s < 2.0
+    step = cfg.trainer.groups_per_step * cfg.trainer.group_size
+    assert 15 < step / i.training_trajectories_per_s < 35  # seconds to train one step
 
 
 # -- goodput on numbers ----------------------------------------------------------------------------
@@ -212,7 +223,7 @@ def test_measured_ideal_from_peak_rates(tmp_path):
 # -- goodput of a simulation ------------------------------------------------------------------------------
 def _observed(mode: str, steps: int = 5):
     cfg = mode_config(load_config(TINY), mode)
-    return cfg, run_observed(cfg, SimParams.from_config(cfg), steps=steps)
+    return cfg, simulate(cfg, SimParams.from_config(cfg), steps=steps)
 
 
 @pytest.mark.parametrize("mode", ["laminar", "partial-rollout", "sync"])

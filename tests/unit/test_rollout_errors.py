@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from helpers import FakeChannel, role_context, work_item
+from helpers import FakeChannel, close_rollout, role_context, work_item
 
 from laminar_hpc.model.llama import ModelArgs, Transformer
 from laminar_hpc.model.weights import WeightLayout
@@ -55,9 +55,7 @@ def make(tmp_path):
     build.publish = publish
     yield build
     for r in made:
-        r.ctx.tracer.close()
-        if r.weights.store is not None:
-            r.weights.store.close()
+        close_rollout(r)
     for s in stores:
         s.close()
 

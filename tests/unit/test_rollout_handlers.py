@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import FakeChannel, role_context, work_item
+from helpers import FakeChannel, close_rollout, role_context, work_item
 
 from laminar_hpc.rollout.main import Rollout
 from laminar_hpc.transport.protocol import (
@@ -34,9 +34,7 @@ def make(tmp_path):
 
     yield build
     for r in made:
-        r.ctx.tracer.close()
-        if r.weights.store is not None:
-            r.weights.store.close()
+        close_rollout(r)
         store = _relay_stores.pop(r.weights.path, None)
         if store is not None:
             store.close()
