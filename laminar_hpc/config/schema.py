@@ -10,7 +10,8 @@ Only fields a section lists in `multiline` (text for the model, e.g. a prompt te
 Checks across fields (`_*` model validators) name both fields and what to change.
 
 The `Section` base and number types live in `laminar_hpc.config.section`, the `slurm:` section in
-`laminar_hpc.config.slurm`; both are re-exported here, so every name imports from this module.
+`laminar_hpc.config.slurm`, the `trainer:` section in `laminar_hpc.config.trainer`; all are
+re-exported here, so every name imports from this module.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pydantic import Field, model_validator
 
 from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
 from laminar_hpc.config.slurm import SlurmCfg, SlurmLayoutCfg, StepResources
+from laminar_hpc.config.trainer import MegatronCfg, TrainerBackend, TrainerCfg
 from laminar_hpc.config.values import SizeMb
 
 __all__ = [  # re-exported names included: `from laminar_hpc.config.schema import X` works for each
@@ -123,19 +125,6 @@ class WarmupCfg(Section):
     eval_size: PosInt = 128
 
 
-class MegatronCfg(Section):
-    """Megatron-core trainer backend (`trainer.backend: megatron`, extra `megatron`). The trainer
-    runs tensor * pipeline * data ranks (rank 0 talks to the run, the others follow it)."""
-    tensor_parallel: PosInt = 1
-    pipeline_parallel: PosInt = 1
-    data_parallel: PosInt = 1
-    micro_batch_size: PosInt = 4
-    distributed_optimizer: bool = True
-    sequence_parallel: bool = False
-    bf16: bool = False
-    dist_backend: Literal["nccl", "gloo"] = "nccl"
-
-
 class VllmCfg(Section):
     """vLLM rollout backend (`rollout.backend: vllm`, extra `vllm`, GPU nodes only)."""
     tensor_parallel_size: PosInt = 1
@@ -152,30 +141,7 @@ class VllmCfg(Section):
     staging_mb: PosFloat = 1024.0
 
 
-TrainerBackend = Literal["torch", "emulated", "megatron"]
 RolloutBackend = Literal["torch", "emulated", "vllm"]
-
-
-class TrainerCfg(Section):
-    backend: TrainerBackend = "torch"
-    device: str = "cpu"
-    total_steps: PosInt = 300
-    groups_per_step: PosInt = 16
-    group_size: Annotated[int, Field(ge=2)] = 8
-    lr: PosFloat = 1e-3
-    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: decays to lr * lr_min_ratio at total_steps
-    lr_min_ratio: Prob = 0.1
-    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
-    grad_clip: PosFloat = 1.0
-    rho: PosFloat = 2.0  # AIPO truncation of pi/mu
-    clip_eps: PosFloat | None = None  # PPO clipping against the behaviour policy
-    kl_coef: Annotated[float, Field(ge=0.0)] = 0.0
-    max_staleness: NonNegInt | None = None  # drop (and count) older trajectories
-    publish_every: PosInt = 1
-    publish_dtype: Literal["float32", "bfloat16"] = "float32"
-    init_checkpoint: str | None = None
-    torch_threads: PosInt = 1
-    megatron: MegatronCfg = Field(default_factory=MegatronCfg)
 
 
 class RolloutCfg(Section):
@@ -186,6 +152,7 @@ class RolloutCfg(Section):
     max_new_tokens: PosInt = 24
     temperature: PosFloat = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: NonNegInt = 0  # 0: off. mu and the trainer's pi are log-probs under the distribution sampled from
     stream_every_tokens: PosInt = 8
     # re-check each pulled version's checksum (hashed during the copy: ~1.8x a bare copy). Off by
     # default: every relay verifies a version before it becomes readable, and the store's seqlock
