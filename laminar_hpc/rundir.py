@@ -198,6 +198,10 @@ class RunDir:
         return self.path / "submitit"
 
     @property
+    def lineage(self) -> Path:
+        return self.path / "lineage.json"  # every trainer start: version -> step (policy/lineage.py)
+
+    @property
     def weights_dir(self) -> Path:
         return self.path / "weights"  # partial-rollout over AReaL's update path: the versions sent
 

@@ -27,12 +27,13 @@ Percentiles are nearest-rank (always an observed value).
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from pathlib import Path
 
 from laminar_hpc.analysis.bubbles import concurrency, rollout_figures
 from laminar_hpc.analysis.goodput import run_goodput
+from laminar_hpc.analysis.offpolicy import lag_hist, offpolicy_health, render_offpolicy
+from laminar_hpc.analysis.text import bar, fmt, table
 from laminar_hpc.analysis.timeline import Timeline, nearest_rank, spread
 from laminar_hpc.metrics.goodput import CAUSES, LABELS
 from laminar_hpc.metrics.trace import RunTrace
@@ -94,7 +95,8 @@ def summarize(run: RunTrace, metrics_rows: list[dict] | None = None, *, buckets:
     d["rollouts"], d["bubbles"] = rollout_figures(tl, start, end, max_batch, long_tail_frac)
     d["utilisation"] = d["bubbles"].pop("utilisation")
     d["trainer"] = _trainer(tl, metrics_rows or [])
-    d["staleness"] = _staleness(metrics_rows or [])
+    d["staleness"] = lag_hist(metrics_rows or [])  # version lag (as summary.json has it)
+    d["offpolicy"] = offpolicy_health(metrics_rows or [])
     d["lengths"] = _lengths(tl)
     d["sync"] = _sync(tl)
     mode = str((run_config(run.run_dir) or {}).get("mode") or "laminar")
@@ -153,30 +155,6 @@ def _trainer(tl: Timeline, rows: list[dict]) -> dict:
             "publishes": len(tl.publishes)}
 
 
-def _staleness_key(k) -> int | None:
-    m = re.search(r"-?\d+", str(k))  # "3", 3, or an older run's "tensor(3)"
-    return int(m.group()) if m else None
-
-
-def _staleness(rows: list[dict]) -> dict:
-    """Staleness (trainer version - trajectory version) of the trajectories trained on, from
-    metrics.jsonl's per-step staleness_hist; a step trained again after a trainer restart
-    counts once (its last row: what the final model was trained on)."""
-    last = {}
-    for r in rows:
-        last[r.get("step")] = r
-    hist: Counter = Counter()
-    for r in last.values():
-        for k, n in (r.get("staleness_hist") or {}).items():
-            s = _staleness_key(k)
-            if s is not None:
-                hist[s] += int(n)
-    total = sum(hist.values())
-    return {"hist": dict(sorted(hist.items())), "trajectories": total, "steps": len(last),
-            "mean": sum(k * n for k, n in hist.items()) / total if total else None,
-            "max": max(hist) if hist else None, "source": "metrics.jsonl" if rows else None}
-
-
 def _lengths(tl: Timeline, bins: int = 10) -> dict:
     toks = [int(e["tokens"]) for e in tl.finished if e.get("tokens") is not None]
     out = {**stats(toks), "hist": []}
@@ -214,59 +192,7 @@ def _sync(tl: Timeline) -> dict:
             "pull_s": stats([p["pull_s"] for p in tl.pulls]), "publish_to_pull_s": stats(to_use)}
 
 
-# -- text ----------------------------------------------------------------------------------------
-def fmt(x, unit: str = "") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return str(x)
-    if isinstance(x, int):
-        return f"{x:,}"
-    if unit == "%":
-        return f"{100 * x:.1f}%"
-    if unit == "ms":
-        return f"{1000 * x:.1f}"
-    a = abs(x)
-    if a >= 1000:
-        return f"{x:,.0f}"
-    if a >= 10:
-        return f"{x:.1f}"
-    if a >= 0.01 or a == 0:
-        return f"{x:.2f}" if a >= 1 else f"{x:.3f}"
-    return f"{x:.2e}"
-
-
-def table(headers: list[str], rows: list[list], align: str = "", indent: str = "  ") -> list[str]:
-    """Plain-text columns; `align` has one l/r per column (default: the first left, the rest right)."""
-    align = align or "l" + "r" * (len(headers) - 1)
-    cells = [[str(h) for h in headers]] + [[c if isinstance(c, str) else fmt(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = []
-    for j, r in enumerate(cells):
-        parts = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align)]
-        lines.append(indent + "  ".join(parts).rstrip())
-        if j == 0:
-            lines.append(indent + "  ".join("-" * w for w in widths))
-    return lines
-
-
-def group_hist(hist: dict[int, int], rows: int = 20) -> list[tuple[int, int, int]]:
-    """(lo, hi, count) rows of an integer histogram: one per value, or ranges of equal width
-    when the values span more than `rows` (empty ranges are left out)."""
-    if not hist:
-        return []
-    lo, hi = min(hist), max(hist)
-    if hi - lo < rows:
-        return [(k, k, n) for k, n in sorted(hist.items())]
-    width = math.ceil((hi - lo + 1) / rows)
-    acc: Counter = Counter()
-    for k, n in hist.items():
-        acc[(k - lo) // width] += n
-    return [(lo + i * width, lo + (i + 1) * width - 1, acc[i]) for i in sorted(acc)]
-
-
-def _bar(n: float, top: float, width: int = 30) -> str:
-    return "#" * int(round(width * n / top)) if top else ""
+# -- text: fmt, table, group_hist, bar in analysis/text.py (re-exported here) ------------------
 
 
 def format_summary(d: dict) -> str:
@@ -309,19 +235,12 @@ def format_summary(d: dict) -> str:
     out += ["", f"trainer: {tr['steps']} steps (last {fmt(tr['last_step'])}), training {fmt(tr['train_s'])}s, "
                 f"waiting for data {fmt(tr['wait_s'])}s (rollout-bound), publish stall {fmt(tr['publish_stall_s'])}s, "
                 f"{tr['publishes']} publishes"]
-    st = d["staleness"]
-    out += ["", f"staleness of trained trajectories ({st['source'] or 'no metrics.jsonl'}; mean {fmt(st['mean'])}, "
-                f"max {fmt(st['max'])})"]
-    groups = group_hist(st["hist"])
-    top = max((n for _, _, n in groups), default=0)
-    out += table(["staleness", "trajectories", "share", ""],
-                 [[str(lo) if lo == hi else f"{lo}-{hi}", n, fmt(n / st["trajectories"], "%"), _bar(n, top)]
-                  for lo, hi, n in groups], "rrrl")
+    out += render_offpolicy(d["offpolicy"])  # staleness (version and step lag), IS ratios, drops
     ln = d["lengths"]
     out += ["", f"response lengths (tokens; {ln['n']:,} trajectories): p50 {fmt(ln['p50'])}  p90 {fmt(ln['p90'])}  "
                 f"p99 {fmt(ln['p99'])}  max {fmt(ln['max'])}  mean {fmt(ln['mean'])}"]
     top = max((h["count"] for h in ln["hist"]), default=0)
-    out += table(["tokens", "trajectories", ""], [[f"{h['lo']}-{h['hi']}", h["count"], _bar(h["count"], top)]
+    out += table(["tokens", "trajectories", ""], [[f"{h['lo']}-{h['hi']}", h["count"], bar(h["count"], top)]
                                                    for h in ln["hist"]], "rrl")
     sy = d["sync"]
     out += ["", "weight sync latency (milliseconds)"]

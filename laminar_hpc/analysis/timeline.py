@@ -10,7 +10,6 @@ Every event type is optional: what an older or still running run lacks is simply
 from __future__ import annotations
 
 import json
-import math
 import re
 from bisect import bisect_left
 from dataclasses import dataclass, field

@@ -72,7 +72,13 @@ class Progress:
             t.add_row("step", f"{st.step} / {_total(st)}")
             t.add_row("reward (batch mean)", _fmt(m.get("reward_mean")))
             t.add_row("trajectories/s", _fmt(st.trajectories_per_s, ".1f"))
-            t.add_row("staleness mean / max", f"{_fmt(m.get('staleness_mean'), '.2f')} / {m.get('staleness_max', '-')}")
+            t.add_row("staleness mean / max", f"{_fmt(m.get('staleness_mean'), '.2f')} / {m.get('staleness_max', '-')}"
+                      f" versions, {_fmt(m.get('step_lag_mean'), '.2f')} / {m.get('step_lag_max', '-')} steps")
+            t.add_row("pi/mu mean / max", f"{_fmt(m.get('is_ratio_mean'))} / {_fmt(m.get('is_ratio_max'))}")
+            t.add_row("truncated / masked / clipped", " / ".join(
+                _fmt(m.get(k), ".1%") for k in ("truncated_frac", "masked_frac", "clipped_frac")))
+            t.add_row("KL(mu||pi) / entropy", f"{_fmt(m.get('kl_mu_pi'), '.4f')} / {_fmt(m.get('entropy'))}")
+            t.add_row("groups dropped (too stale)", str(m.get("dropped_groups", 0)))
             t.add_row("versions in flight", str(st.versions_in_flight))
             t.add_row("trainer version", str(st.trainer_version))
             t.add_row("relay versions", str(st.relay_versions))

@@ -60,6 +60,8 @@ EVENTS = (
     # failures and recovery
     "controller_recovered", "controller_restarted", "rollout_resynced", "trainer_synced", "role_died",
     "role_restarted", "role_recovered", "role_hung",
+    # appended (an event's id is its position): a trainer start's place in the run's lineage
+    "lineage",
 )
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 ROW = np.dtype([("t", "f8"), ("ev", "u2"), ("off", "u8"), ("len", "u4")])

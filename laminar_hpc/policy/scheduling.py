@@ -8,16 +8,26 @@ from __future__ import annotations
 
 def groups_to_admit(*, groups_started: int, steps_trained: int, groups_per_step: int,
                     max_ahead_steps: int, queued_trajs: int, group_size: int,
-                    max_queued_trajs: int) -> int:
+                    max_queued_trajs: int, max_staleness: int | None = None) -> int:
     """How many new prompt groups the prompt pool may release now.
 
     Generation may run at most `max_ahead_steps` train steps ahead of the trainer (this bounds
     staleness without dropping work), and the queue of not-yet-started trajectories is kept
-    short so that freshly admitted prompts start on the newest weights.
+    short so that freshly admitted prompts start on the newest weights. Under the trainer's
+    staleness bound, no further ahead than it: a group admitted k steps ahead is trained at
+    least k steps after the newest weights, and one that would exceed the bound is only work
+    thrown away (`ahead_steps`).
     """
-    budget = (steps_trained + 1 + max_ahead_steps) * groups_per_step - groups_started
+    ahead = ahead_steps(max_ahead_steps, max_staleness)
+    budget = (steps_trained + 1 + ahead) * groups_per_step - groups_started
     room = (max_queued_trajs - queued_trajs) // group_size
     return max(0, min(budget, room))
+
+
+def ahead_steps(max_ahead_steps: int, max_staleness: int | None) -> int:
+    """How many train steps ahead of the trainer admission may run: `controller.max_ahead_steps`,
+    capped by `trainer.max_staleness` when it is set."""
+    return max_ahead_steps if max_staleness is None else min(max_ahead_steps, max_staleness)
 
 
 def assign_work(queued: int, credits: dict[int, int]) -> dict[int, int]:
@@ -41,11 +51,22 @@ def staleness(trainer_version: int, traj_version: int) -> int:
     return trainer_version - traj_version
 
 
-def too_stale(trainer_version: int, traj_versions: list[int], max_staleness: int | None) -> bool:
-    """A group is dropped when any of its trajectories is older than `max_staleness` versions."""
+def too_stale(lags: list[int], max_staleness: int | None) -> bool:
+    """A group is dropped when any of its trajectories lags the trainer by more than
+    `max_staleness` train steps (`lags`: each member's step lag, policy/lineage.py)."""
     if max_staleness is None:
         return False
-    return any(staleness(trainer_version, v) > max_staleness for v in traj_versions)
+    return any(lag > max_staleness for lag in lags)
+
+
+def training_order(lags: list[int], max_staleness: int | None) -> list[int]:
+    """The order in which held groups (each one's largest member lag, in arrival order) enter
+    train steps. Under a staleness bound the oldest go first, so that a group close to the bound
+    is trained before it expires; without one, arrival order."""
+    order = list(range(len(lags)))
+    if max_staleness is None:
+        return order
+    return sorted(order, key=lambda i: -lags[i])  # stable: arrival order among equals
 
 
 def should_refresh(current_version: int, newest_available: int, active: int) -> tuple[bool, bool]:
@@ -81,7 +102,7 @@ def barrier_version(mode: str, *, groups_started: int, groups_per_step: int, ver
 
 def admission(mode: str, *, groups_started: int, steps_trained: int, groups_per_step: int, max_ahead_steps: int,
               queued_trajs: int, group_size: int, max_queued_trajs: int, in_flight: int,
-              rollout_versions: list[int], version_base: int) -> int:
+              rollout_versions: list[int], version_base: int, max_staleness: int | None = None) -> int:
     """Groups the prompt pool releases now, for any mode. laminar and partial-rollout admit
     continuously, bounded by `max_ahead_steps` (for partial-rollout this is AReaL's staleness
     bound eta); sync and one-step-off admit whole batches at a barrier."""
@@ -90,4 +111,5 @@ def admission(mode: str, *, groups_started: int, steps_trained: int, groups_per_
                              in_flight=in_flight, rollout_versions=rollout_versions, version_base=version_base)
     return groups_to_admit(groups_started=groups_started, steps_trained=steps_trained,
                            groups_per_step=groups_per_step, max_ahead_steps=max_ahead_steps,
-                           queued_trajs=queued_trajs, group_size=group_size, max_queued_trajs=max_queued_trajs)
+                           queued_trajs=queued_trajs, group_size=group_size, max_queued_trajs=max_queued_trajs,
+                           max_staleness=max_staleness)

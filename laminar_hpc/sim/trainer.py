@@ -2,8 +2,8 @@
 
 Trainer (`trainer/main.py` with `trainer/emulated.py`): asks for groups with credit (2 x
 groups_per_step at start, then what each step used), drops groups older than `max_staleness`
-with `policy.scheduling.too_stale` when it takes them, trains as soon as it holds
-`groups_per_step` groups for `train_per_token * (prompt + response tokens)`, publishes (the
+with `policy.scheduling.too_stale` when it takes them and again when a step begins, trains as
+soon as it holds `groups_per_step` groups (in `policy.scheduling.training_order`) for `train_per_token * (prompt + response tokens)`, publishes (the
 hand-off stall), waits for the global update in partial-rollout mode, and goes on.
 
 partial-rollout over AReaL's update path (`partial_rollout.update_path` broadcast or filesystem,
@@ -73,15 +73,18 @@ class SimTrainer:
             self._after_step()
 
     def _take(self) -> None:
-        for groups in self.inbox:
-            for g in groups:
-                if scheduling.too_stale(self.version, [t.version for t in g], self.max_staleness):
-                    self.dropped += 1
-                    self.stale.append(g)
-                    self.ctl.want_groups(1)  # replace it
-                    continue
-                self.groups.append(g)
+        held, self.groups = self.groups + [g for groups in self.inbox for g in groups], []
+        for g in held:  # the simulated trainer does not restart: version lag is step lag
+            if scheduling.too_stale(self._lags(g), self.max_staleness):
+                self.dropped += 1
+                self.stale.append(g)
+                self.ctl.want_groups(1)  # replace it
+                continue
+            self.groups.append(g)
         self.inbox = []
+
+    def _lags(self, g: list) -> list[int]:
+        return [self.version - t.version for t in g]
 
     def _collect(self) -> None:
         self.state = "collect"
@@ -92,7 +95,9 @@ class SimTrainer:
     def _try_train(self) -> None:
         if len(self.groups) < self.need or self.done:
             return
-        self.batch, self.groups = self.groups[:self.need], self.groups[self.need:]
+        order = scheduling.training_order([max(self._lags(g)) for g in self.groups], self.max_staleness)
+        self.batch = [self.groups[i] for i in order[:self.need]]
+        self.groups = [self.groups[i] for i in sorted(order[self.need:])]
         trajs = [t for g in self.batch for t in g]
         tokens = sum(t.tokens for t in trajs)
         dt = self.p.cost.train_s(tokens + self.prompt * len(trajs))

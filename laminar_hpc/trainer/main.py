@@ -2,8 +2,10 @@
 
 No barrier but its own mini-batch: the trainer asks the controller for groups (credit), trains
 as soon as `groups_per_step` usable groups are in hand, hands the new version to the master
-relay (one memcpy) and goes straight on. Staleness (trainer version - generating version) is
-recorded per trajectory; groups older than `max_staleness` are dropped and counted.
+relay (one memcpy) and goes straight on. Staleness is recorded per trajectory as
+version lag and as step lag (train steps between the weights that generated it and the
+trainer's, across restarts: policy/lineage.py); a group enters a train step only if no member's
+step lag exceeds `max_staleness` at that moment, else it is dropped and counted.
 
 Its ledger (the groups its weights were trained on, in order) is part of every checkpoint,
 written in the background (training blocks only for the host copy). A restarted trainer
@@ -34,11 +36,13 @@ from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
 from laminar_hpc.metrics.jsonl import JsonlAppender
 from laminar_hpc.model.factory import build_tokenizer
-from laminar_hpc.policy.scheduling import too_stale
+from laminar_hpc.policy.lineage import Segment
+from laminar_hpc.policy.scheduling import too_stale, training_order
 from laminar_hpc.tasks import build_task
 from laminar_hpc.trainer.backend import TrainBackend, build_backend
 from laminar_hpc.trainer.checkpoint import list_checkpoints
 from laminar_hpc.trainer.publisher import Publisher
+from laminar_hpc.trainer.staleness import TRACED, group_lags, lag_metrics, start_lineage
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import (
@@ -79,6 +83,7 @@ class Trainer:
         self.stale: list[int] = []
         self.already: list[int] = []  # re-delivered groups this lineage trained on: reported, not retrained
         self.ckpt_pending: dict[int, int] = {}  # checkpoint step -> ledger length it holds
+        self.lineage: list[Segment] = []  # every trainer start of this run (policy/lineage.py)
 
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
     def initialise(self) -> None:
@@ -101,7 +106,7 @@ class Trainer:
             ctx.log.info("resumed from %s (step %d, version %d, %d groups in its ledger)", meta["path"], self.step,
                          self.version, self.committed_n)
             ctx.tracer.emit("resumed", step=self.step, version=self.version, path=meta["path"],
-                            ledger=self.committed_n)
+                            ledger=self.committed_n, resumed_version=meta["version"])
         elif cfg.trainer.init_checkpoint:
             self.backend.load_initial(cfg.trainer.init_checkpoint)
             ctx.log.info("initial weights from %s", cfg.trainer.init_checkpoint)
@@ -112,6 +117,11 @@ class Trainer:
                              res["greedy_reward"], res["seconds"])
                 ctx.tracer.emit("warmup_done", **res)
                 self._append_metrics({"event": "warmup_done", **res})
+        # before the first publish: from here on version self.version holds step self.step
+        self.lineage = start_lineage(ctx.rundir.lineage, version=self.version, step=self.step,
+                                     resumed_version=None if meta is None else meta["version"])
+        ctx.tracer.emit("lineage", version=self.version, step=self.step, starts=len(self.lineage),
+                        resumed_version=None if meta is None else meta["version"])
         self._phase("rl")
 
     def _warmup(self, model: torch.nn.Module) -> dict:
@@ -166,6 +176,7 @@ class Trainer:
         need = cfg.trainer.groups_per_step
         t0 = time.monotonic()
         deadline = t0 + cfg.timeouts.trajectories_s
+        self._expire()  # groups held since an earlier step are checked again at this version
         while len(self.groups) < need:
             if self.flags.get("stop"):
                 raise StopRequested(self.flags.get("signal", "stop"))
@@ -177,7 +188,9 @@ class Trainer:
                                       f"(have {len(self.groups)}): are rollouts generating?")
                 continue
             self._take(msg)
-        batch, self.groups = self.groups[:need], self.groups[need:]
+        order = training_order([max(group_lags(self.lineage, self.version, g)[1]) for g in self.groups], cfg.trainer.max_staleness)
+        batch = [self.groups[i] for i in order[:need]]
+        self.groups = [self.groups[i] for i in sorted(order[need:])]
         return batch, time.monotonic() - t0
 
     def _take(self, msg: Message) -> None:
@@ -204,15 +217,24 @@ class Trainer:
                 self.ctx.ctrl.send(WantGroups(n=1))
                 continue
             held.add(g.group_id)
-            versions = [t.version for t in g.trajectories]
-            if too_stale(self.version, versions, self.ctx.cfg.trainer.max_staleness):
-                self.dropped_groups += 1
-                self.stale.append(g.group_id)
-                self.ctx.tracer.emit("group_dropped", group=g.group_id, reason="staleness",
-                                     versions=sorted(set(versions)))
-                self.ctx.ctrl.send(WantGroups(n=1))  # replace it
-                continue
-            self.groups.append(g)
+            if not self._drop_if_stale(g):
+                self.groups.append(g)
+
+    def _expire(self) -> None:
+        """Drop (and count) held groups that became too stale since they arrived."""
+        self.groups = [g for g in self.groups if not self._drop_if_stale(g)]
+
+    def _drop_if_stale(self, g: Group) -> bool:
+        """Drop `g` if a member's step lag exceeds trainer.max_staleness now: counted, reported
+        to the controller with the step's ledger, and replaced by a new request."""
+        if not too_stale(group_lags(self.lineage, self.version, g)[1], self.ctx.cfg.trainer.max_staleness):
+            return False
+        self.dropped_groups += 1
+        self.stale.append(g.group_id)
+        self.ctx.tracer.emit("group_dropped", group=g.group_id, reason="staleness",
+                             versions=sorted({t.version for t in g.trajectories}), step_lag=max(group_lags(self.lineage, self.version, g)[1]))
+        self.ctx.ctrl.send(WantGroups(n=1))  # replace it
+        return True
 
     def wait_synced(self, version: int, beat: Heartbeat) -> float:
         """partial-rollout (as AReaL): training waits until every rollout has loaded `version`."""
@@ -281,8 +303,10 @@ class Trainer:
             t_start = time.monotonic()
             while self.step < cfg.trainer.total_steps and not flags.get("stop"):
                 groups, wait_s = self.collect(beat)
+                lags = lag_metrics([group_lags(self.lineage, self.version, g) for g in groups])  # at the version the step trains on
                 t0 = time.monotonic()
                 m = self.backend.train_step(groups, step=self.step, version=self.version)
+                m.update(lags)
                 self.step += 1
                 self.version += 1
                 ids = [g.group_id for g in groups]
@@ -299,9 +323,9 @@ class Trainer:
                          t=time.monotonic() - t_start, wall=time.time())
                 self._append_metrics(m)
                 ctx.tracer.emit("train_step", step=self.step, version=self.version, train_s=train_s,
-                                wait_s=wait_s, tokens=m["tokens"], loss=m["loss"],
-                                staleness_mean=m["staleness_mean"], reward=m["reward_mean"])
-                ctx.ctrl.send(TrainStep(metrics={k: v for k, v in m.items() if k != "staleness_hist"},
+                                wait_s=wait_s, tokens=m["tokens"], loss=m["loss"], reward=m["reward_mean"],
+                                **{k: m[k] for k in TRACED if k in m})
+                ctx.ctrl.send(TrainStep(metrics={k: v for k, v in m.items() if not k.endswith("_hist")},
                                         groups=ids + self.already, stale=self.stale))
                 self.stale, self.already = [], []
                 last = self.step == cfg.trainer.total_steps

@@ -13,7 +13,7 @@ from helpers import data_plane, problem, result, tokenize
 
 from laminar_hpc.transport.protocol import Group, StreamItem, WorkItem
 from laminar_hpc.policy.scheduling import (assign_work, groups_to_admit, should_refresh, staleness,
-                                           too_stale)
+                                           too_stale, training_order)
 
 
 # ------------------------------------------------------------------------------------------
@@ -352,13 +352,27 @@ def test_staleness():
 
 
 def test_too_stale():
-    assert too_stale(10, [0, 1, 2], None) is False  # no limit: never dropped
-    assert too_stale(5, [5, 4, 3], 2) is False  # staleness 2 is allowed
-    assert too_stale(5, [5, 4, 2], 2) is True  # any member older than the limit drops the group
-    assert too_stale(5, [2, 5, 5], 2) is True
-    assert too_stale(5, [5], 0) is False
-    assert too_stale(5, [4], 0) is True
-    assert too_stale(5, [], 0) is False
+    assert too_stale([10, 9, 8], None) is False  # no limit: never dropped
+    assert too_stale([0, 1, 2], 2) is False  # a lag of 2 is allowed
+    assert too_stale([0, 1, 3], 2) is True  # any member beyond the limit drops the group
+    assert too_stale([3, 0, 0], 2) is True
+    assert too_stale([0], 0) is False
+    assert too_stale([1], 0) is True
+    assert too_stale([], 0) is False
+
+
+def test_training_order_trains_the_oldest_first_under_a_bound():
+    assert training_order([0, 2, 1, 2], 3) == [1, 3, 2, 0]  # oldest first, arrival order among equals
+    assert training_order([0, 2, 1, 2], None) == [0, 1, 2, 3]  # no bound: arrival order
+
+
+def test_admission_never_runs_further_ahead_than_the_staleness_bound():
+    kw = dict(groups_started=0, steps_trained=0, groups_per_step=4, max_ahead_steps=4, queued_trajs=0,
+              group_size=2, max_queued_trajs=1000)
+    assert groups_to_admit(**kw) == 20  # (0 + 1 + 4) steps of 4 groups
+    assert groups_to_admit(**kw, max_staleness=1) == 8  # (0 + 1 + 1) steps
+    assert groups_to_admit(**kw, max_staleness=0) == 4  # on-policy: this step's batch only
+    assert groups_to_admit(**kw, max_staleness=9) == 20  # a looser bound changes nothing
 
 
 @pytest.mark.parametrize("current,newest,active,expected", [

@@ -132,3 +132,44 @@ def test_the_loop_trains_publishes_and_reports(make, tmp_path):
         assert all(isinstance(msg, Publish) and msg.layout == t.backend.layout.digest for _, msg in got)
     finally:
         relay.close()
+
+
+def test_the_bound_is_checked_when_a_group_enters_a_step_not_when_it_arrives(make):
+    """The issue's reproduction: max_staleness 1, two groups of version 4 arrive while the trainer
+    is at version 5. The first trains at staleness 1; the second, held for the next step (version
+    6, staleness 2), is dropped and counted instead of trained."""
+    t = make("trainer.max_staleness=1", "trainer.groups_per_step=1")
+    t.version = 5
+    ctrl(t).inbox.append(Groups(groups=[group(0, version=4), group(1, version=4)]))
+    batch, _ = t.collect(t.beat)
+    assert [g.group_id for g in batch] == [0] and [g.group_id for g in t.groups] == [1]
+    t.version = 6  # the step trained
+    ctrl(t).inbox.append(Groups(groups=[group(2, version=6)]))
+    batch, _ = t.collect(t.beat)
+    assert [g.group_id for g in batch] == [2]
+    assert t.stale == [1] and t.dropped_groups == 1 and t.groups == []
+
+
+def test_under_a_bound_the_oldest_held_groups_train_first(make):
+    t = make("trainer.max_staleness=3", "trainer.groups_per_step=2")
+    t.version = 5
+    ctrl(t).inbox.append(Groups(groups=[group(0, version=5), group(1, version=3), group(2, version=4)]))
+    batch, _ = t.collect(t.beat)
+    assert [g.group_id for g in batch] == [1, 2] and [g.group_id for g in t.groups] == [0]
+
+
+def test_staleness_after_a_restart_is_training_distance(make, tmp_path):
+    """Start 0 published up to version 9 and died; this start resumed from step 6 (version 6) and
+    publishes as version 10. A trajectory of version 10 holds step 6's weights; one of version 8
+    comes from the lost lineage (2 steps past the fork). With max_staleness 2 at version 12
+    (step 8): version 10 is kept (step lag 2); version 8 is dropped (step lag 4, version lag 4);
+    version 6 (the resumed weights themselves: version lag 6, step lag 2) is kept."""
+    from laminar_hpc.policy.lineage import Segment
+    from laminar_hpc.trainer.staleness import start_lineage
+    t = make("trainer.max_staleness=2", "trainer.groups_per_step=2")
+    start_lineage(t.ctx.rundir.lineage, version=0, step=0, resumed_version=None)
+    t.lineage = start_lineage(t.ctx.rundir.lineage, version=10, step=6, resumed_version=6)
+    assert t.lineage == [Segment(0, 0, None), Segment(10, 6, 6)]
+    t.version, t.step = 12, 8
+    t._take(Groups(groups=[group(0, version=10), group(1, version=8), group(2, version=6)]))
+    assert [g.group_id for g in t.groups] == [0, 2] and t.stale == [1]
