@@ -65,6 +65,12 @@ def test_each_role_killed_once_run_completes_exactly_once(tmp_path):
     publishes = [e["version"] for e in trainer if e["ev"] == "publish"]
     assert resumed and publishes == sorted(publishes)  # version numbers never go back
     assert len(set(publishes)) == len(publishes)
+    # each start is in the run's lineage: the restart's first version holds its checkpoint's step
+    lineage = json.loads((Path(run) / "lineage.json").read_text())
+    # (a killed role's last trace events may be lost with it: the lineage file is the record)
+    assert lineage[0] == {"first_version": 0, "first_step": 0, "parent_version": None} and len(lineage) >= 2
+    assert {(e["version"], e["step"]) for e in resumed} <= {(s["first_version"], s["first_step"]) for s in lineage[1:]}
+    assert all(s["parent_version"] is not None for s in lineage[1:])
 
 
 def test_chaos_on_the_quickstart_reward_still_rises(tmp_path):
