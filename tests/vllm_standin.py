@@ -27,7 +27,17 @@ class RequestOutputKind(enum.Enum):
 
 
 class SamplingParams:
+    """Records its kwargs; refuses what vLLM's SamplingParams refuses among the fields the adapter
+    sets (vllm/sampling_params.py: top_k 0 or -1 is off, top_p in (0, 1], temperature >= 0)."""
+
     def __init__(self, **kwargs):
+        top_k, top_p, temp = kwargs.get("top_k", 0), kwargs.get("top_p", 1.0), kwargs.get("temperature", 1.0)
+        if not isinstance(top_k, int) or top_k < -1:
+            raise ValueError(f"top_k must be 0 (disable), or at least 1, got {top_k}.")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+        if temp < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {temp}.")
         self.kwargs = kwargs
         self.__dict__.update(kwargs)
 
@@ -85,6 +95,7 @@ class StandinEngine:
         self.calls, self.vocab, self.eos_at, self.tokens_per_step = calls, vocab, eos_at, tokens_per_step
         self.model_config = SimpleNamespace(max_model_len=max_model_len)
         self.reqs: dict[str, _Req] = {}
+        self.params: dict[str, SamplingParams] = {}  # request id -> the SamplingParams it was added with
 
     def add_request(self, request_id: str, prompt: dict, params: SamplingParams) -> None:
         ids = list(prompt["prompt_token_ids"])
@@ -92,6 +103,7 @@ class StandinEngine:
         if request_id in self.reqs:
             raise ValueError(f"request id {request_id} is already running")
         self.reqs[request_id] = _Req(request_id, request_id.split("#")[0], ids, len(ids), params)
+        self.params[request_id] = params
 
     def abort_request(self, request_ids) -> None:
         ids = list(request_ids)

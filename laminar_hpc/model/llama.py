@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from laminar_hpc.model.sampling import processed_logprobs
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -214,8 +216,10 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(target) under softmax(logits / temperature); logits [..., V], targets [...]."""
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, *,
+                   top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """log p(target) under softmax(logits / temperature) restricted to top-k then top-p and
+    renormalised (`model.sampling.processed_logprobs`: the distribution the rollouts sample
+    from); logits [..., V], targets [...]. With top_k 0 and top_p 1, the full tempered softmax."""
+    return processed_logprobs(logits, targets, temperature=temperature, top_k=top_k, top_p=top_p)
 

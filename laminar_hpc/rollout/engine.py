@@ -4,7 +4,7 @@ It holds ONE weight version at a time and generates with continuous batching: ne
 join between decode steps, finished ones leave, and weights can only be swapped when no
 sequence is in flight, so every trajectory is produced by exactly one version.
 
-    engine = TorchEngine(model_args, tokenizer, max_batch=32, temperature=1.0, seed=0)
+    engine = TorchEngine(model_args, eos_id, max_batch=32, temperature=1.0, top_p=0.9, top_k=50, seed=0)
     engine.load_weights(version=3, buf=weights, layout=layout)
     engine.add([SeqRequest("t1", prompt_ids, max_new_tokens=20)])
     while engine.num_active():
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from laminar_hpc.model.llama import KVCache, ModelArgs, Transformer
-from laminar_hpc.model.sampling import sample_tokens
+from laminar_hpc.model.sampling import check_sampling, sample_tokens
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.rollout.base import (
     RolloutEngine, SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem,
@@ -36,9 +36,12 @@ class TorchEngine:
     """Continuous-batching generation with a slot-based KV cache, on CPU or GPU."""
 
     def __init__(self, args: ModelArgs, eos_id: int, *, max_batch: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0, device: str = "cpu"):
+                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, device: str = "cpu"):
         self.args, self.eos_id = args, eos_id
-        self.max_batch, self.temperature, self.top_p = max_batch, temperature, top_p
+        # rollout.temperature / top_p / top_k: each token's log-prob is recorded under the
+        # distribution it was drawn from (model.sampling), the one the trainer scores with
+        check_sampling(temperature, top_k, top_p)
+        self.max_batch, self.temperature, self.top_p, self.top_k = max_batch, temperature, top_p, top_k
         self.device = torch.device(device)
         self.model = Transformer(args).to(self.device).eval().requires_grad_(False)
         self.cache = KVCache(args, max_batch, device=self.device)
@@ -135,7 +138,7 @@ class TorchEngine:
         # error alone: sampling it would raise for the whole batch (on a GPU, a device-side assert)
         bad = ~torch.isfinite(logits).all(-1)
         logits = logits.masked_fill(bad.unsqueeze(-1), 0.0)  # no `if bad.any()`: that would sync a GPU
-        toks, logps = sample_tokens(logits, self.temperature, self.top_p, self.generator)
+        toks, logps = sample_tokens(logits, self.temperature, self.top_p, self.generator, top_k=self.top_k)
         outs = []
         for slot, tok, lp, nan in zip(slots, toks.tolist(), logps.tolist(), bad.tolist()):
             req = self.active[slot].req

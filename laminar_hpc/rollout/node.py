@@ -95,6 +95,6 @@ def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
     from laminar_hpc.rollout.engine import TorchEngine
     torch.set_num_threads(cfg.rollout.torch_threads)
     engine = TorchEngine(model_args(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
-                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=seed,
-                         device=cfg.rollout.device)
+                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                         seed=seed, device=cfg.rollout.device)
     return engine, WeightLayout.from_model(engine.model, rollout_dtype(cfg))

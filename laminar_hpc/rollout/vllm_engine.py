@@ -41,6 +41,10 @@ from types import SimpleNamespace
 from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem
 
 MIN_VLLM = "0.29"  # four-phase weight-transfer API with finish_weight_update(weight_version): see docs/gpu.md
+# the sampled token's log-prob after temperature, top-k and top-p (renormalised over what they
+# keep): mu under the distribution sampled from, as the torch engine records it (model/sampling.py
+# names the vLLM source of these semantics)
+LOGPROBS_MODE = "processed_logprobs"
 
 
 def load_vllm_api() -> SimpleNamespace:
@@ -100,11 +104,11 @@ class VllmEngine:
     """Continuous batching on vLLM; one weight version at a time."""
 
     def __init__(self, llm, api, vcfg, *, eos_id: int, max_batch: int, temperature: float, top_p: float,
-                 stager=None, vocab_size: int | None = None):
+                 top_k: int = 0, stager=None, vocab_size: int | None = None):
         self.llm, self.api, self.vcfg = llm, api, vcfg
         self._vocab = vocab_size  # None: vLLM's model config says, on first use
         self.eos_id, self.max_batch = eos_id, max_batch
-        self.temperature, self.top_p = temperature, top_p
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.stager = stager if stager is not None else CudaIpcStager(list(range(vcfg.tensor_parallel_size)))
         self.active: dict[str, _Seq] = {}  # vLLM request id -> sequence, in admission order
         self.version = -1
@@ -142,10 +146,10 @@ class VllmEngine:
                       enforce_eager=v.enforce_eager, enable_sleep_mode=v.enable_sleep_mode,
                       max_model_len=v.max_model_len or cfg.model.max_seq_len, max_num_seqs=cfg.rollout.max_batch,
                       seed=seed, load_format="dummy",
-                      # log-probs after temperature/top-p, as the torch engine records them
-                      logprobs_mode="processed_logprobs", **kwargs)
+                      logprobs_mode=LOGPROBS_MODE, **kwargs)
         return cls(llm, api, v, eos_id=eos_id, max_batch=cfg.rollout.max_batch,
-                   temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, stager=stager)
+                   temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                   stager=stager)
 
     @property
     def max_model_len(self) -> int:
@@ -263,15 +267,20 @@ class VllmEngine:
             prefix = r.prompt + r.tokens
             plans.append((r, prefix, min(r.max_new_tokens - len(r.tokens), limit - len(prefix))))
         for r, prefix, left in plans:
-            params = self.api.SamplingParams(
-                n=1, temperature=self.temperature, top_p=self.top_p, max_tokens=left,
-                logprobs=0,  # the sampled token's log-prob only
-                stop_token_ids=[self.eos_id],  # no tokenizer in the engine: EOS is named here
-                detokenize=False, output_kind=self.api.RequestOutputKind.DELTA)
+            params = self.api.SamplingParams(**self.sampling_kwargs(left))
             rid = f"{r.traj_id}#{next(self._ids)}"
             self.llm.llm_engine.add_request(rid, self.api.TokensPrompt(prompt_token_ids=prefix), params)
             self.active[rid] = _Seq(r, rid, len(r.tokens))
         return []
+
+    def sampling_kwargs(self, max_tokens: int) -> dict:
+        """The SamplingParams of a request that may generate `max_tokens` more tokens."""
+        return dict(n=1, temperature=self.temperature, top_p=self.top_p,
+                    top_k=self.top_k,  # 0: off, in rollout.top_k and in vLLM >= 0.29 alike (older ones wanted -1)
+                    max_tokens=max_tokens,
+                    logprobs=0,  # the sampled token's log-prob only
+                    stop_token_ids=[self.eos_id],  # no tokenizer in the engine: EOS is named here
+                    detokenize=False, output_kind=self.api.RequestOutputKind.DELTA)
 
     def step(self) -> list[StepOutput]:
         """One engine step: every sequence's new tokens since the last step (DELTA outputs)."""

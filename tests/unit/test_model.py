@@ -1,9 +1,8 @@
-"""Model, sampling, weight layout, tokenizer and the continuous-batching rollout engine.
+"""Model, weight layout, tokenizer and the continuous-batching rollout engine (sampling: test_sampling.py).
 
 Engine outputs are checked against plain full forwards of the same weights (no KV cache), so a
 cache/slot/padding bug shows up as a log-prob or token mismatch.
 """
-import math
 import string
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from laminar_hpc.model.llama import ModelArgs, Transformer, token_logprobs
-from laminar_hpc.model.sampling import sample_tokens
+from laminar_hpc.model.sampling import processed_logprobs
 from laminar_hpc.model.tokenizer import CharTokenizer
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.transport.weight_store import checksum as store_checksum
@@ -40,10 +39,10 @@ def _pack(model: Transformer, dtype="float32"):
     return layout, buf
 
 
-def _engine(model, *, eos_id, max_batch, temperature, seed=0, top_p=1.0, version=1):
+def _engine(model, *, eos_id, max_batch, temperature, seed=0, top_p=1.0, top_k=0, version=1):
     layout, buf = _pack(model)
     eng = TorchEngine(model.args, eos_id, max_batch=max_batch, temperature=temperature,
-                      top_p=top_p, seed=seed)
+                      top_p=top_p, top_k=top_k, seed=seed)
     eng.load_weights(version, memoryview(buf), layout)
     return eng
 
@@ -257,6 +256,26 @@ def test_readd_with_sampling_gives_consistent_logprobs():
     torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (0, 0.6), (8, 0.7)])
+def test_engine_logprobs_are_under_the_truncated_distribution(top_k, top_p):
+    """rollout.top_k / top_p reach the sampler: every token lies in the kept set of a plain full
+    forward, and its recorded log-prob is that forward's processed log-prob (renormalised)."""
+    model = _random_model(seed=5)
+    eng = _engine(model, eos_id=NO_EOS, max_batch=3, temperature=0.9, top_p=top_p, top_k=top_k, seed=4)
+    reqs = [SeqRequest(f"k{i}", p, max_new_tokens=8) for i, p in enumerate(_prompts(3, seed=3))]
+    finished, _ = _drive(eng, reqs)
+    for r in reqs:
+        out = finished[r.traj_id]
+        seq = torch.tensor([out.prompt + out.tokens])
+        with torch.no_grad():
+            pi = processed_logprobs(model(seq[:, :-1]), seq[:, 1:], temperature=0.9, top_k=top_k, top_p=top_p)
+        pi = pi[0, len(out.prompt) - 1:]
+        assert torch.isfinite(pi).all()  # no sampled token outside the kept set
+        torch.testing.assert_close(torch.tensor(out.logprobs), pi, atol=1e-4, rtol=0)
+        full = _full_logprobs(model, out.prompt, out.tokens, temperature=0.9)
+        assert (pi - torch.tensor(full)).abs().max() > 1e-2  # not the untruncated softmax's
+
+
 # ----------------------------------------------------------------------------------------------
 # version atomicity
 # ----------------------------------------------------------------------------------------------
@@ -417,65 +436,6 @@ def test_attention_bias_model_engine_matches_full_forward():
         out = finished[r.traj_id]
         ref = _full_logprobs(model, out.prompt, out.tokens)
         torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref), atol=1e-4, rtol=0)
-
-
-# ----------------------------------------------------------------------------------------------
-# sampling
-# ----------------------------------------------------------------------------------------------
-
-def test_top_p_keeps_only_dominant_token():
-    probs = torch.tensor([0.02, 0.9, 0.03, 0.05])
-    logits = probs.log().expand(4000, -1).contiguous()
-    g = torch.Generator().manual_seed(0)
-    toks, lps = sample_tokens(logits, 1.0, 0.5, g)
-    assert torch.all(toks == 1)
-    # the log-prob is under the full (not renormalised) distribution
-    torch.testing.assert_close(lps, torch.full((4000,), math.log(0.9)), atol=1e-5, rtol=0)
-
-
-def test_top_p_keeps_smallest_prefix_reaching_mass():
-    probs = torch.tensor([0.25, 0.40, 0.05, 0.30])
-    logits = probs.log().expand(4000, -1).contiguous()
-    g = torch.Generator().manual_seed(1)
-    toks, _ = sample_tokens(logits, 1.0, 0.65, g)  # 0.40 + 0.30 = 0.70 >= 0.65
-    assert set(toks.tolist()) == {1, 3}
-    frac1 = (toks == 1).float().mean().item()
-    assert abs(frac1 - 0.4 / 0.7) < 0.04
-
-
-def test_full_top_p_frequencies_approach_softmax():
-    logits = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5])
-    T = 1.5
-    n = 20000
-    g = torch.Generator().manual_seed(2)
-    toks, lps = sample_tokens(logits.expand(n, -1).contiguous(), T, 1.0, g)
-    z = [math.exp(x / T) for x in logits.tolist()]
-    p = [v / sum(z) for v in z]
-    counts = torch.bincount(toks, minlength=5).float() / n
-    for i in range(5):
-        assert abs(counts[i].item() - p[i]) < 0.015, (i, counts[i].item(), p[i])
-    expected = torch.tensor([math.log(p[t]) for t in toks.tolist()])
-    torch.testing.assert_close(lps, expected, atol=1e-5, rtol=0)
-
-
-def test_sample_logprob_matches_tempered_log_softmax_per_row():
-    g = torch.Generator().manual_seed(3)
-    logits = torch.randn(64, VOCAB, generator=g) * 3
-    for T, top_p in ((0.7, 1.0), (1.3, 0.8)):
-        toks, lps = sample_tokens(logits, T, top_p, g)
-        for i in range(64):
-            row = [x / T for x in logits[i].tolist()]
-            mx = max(row)
-            lse = mx + math.log(sum(math.exp(x - mx) for x in row))
-            assert lps[i].item() == pytest.approx(row[toks[i].item()] - lse, abs=1e-4)
-
-
-def test_greedy_sampling_returns_argmax_and_untempered_logprob():
-    g = torch.Generator().manual_seed(4)
-    logits = torch.randn(8, VOCAB, generator=g)
-    toks, lps = sample_tokens(logits, 0.0, 0.9, g)
-    assert torch.equal(toks, logits.argmax(-1))
-    torch.testing.assert_close(lps, F.log_softmax(logits, -1).max(-1).values)
 
 
 # ----------------------------------------------------------------------------------------------

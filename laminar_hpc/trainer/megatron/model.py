@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from laminar_hpc.model.llama import ModelArgs
+from laminar_hpc.model.sampling import processed_logprobs, truncates
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:
@@ -102,8 +103,16 @@ def mask_padded_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def sharded_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                           temperature: float) -> torch.Tensor:
-    """log p(target) under softmax(logits / T) from vocab-sharded logits (as `llama.token_logprobs`)."""
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+                           temperature: float, *, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """log p(target) from vocab-sharded logits [..., V_pad / tp], as `llama.token_logprobs`: under
+    softmax(logits / T), restricted to top-k then top-p and renormalised when either is on.
+
+    Top-k and top-p rank the whole vocabulary, so then the shards are all-gathered (backward: each
+    rank keeps its slice of the gradient) and `model.sampling.processed_logprobs` runs on the full
+    logits, identically on every tensor-parallel rank. Off, the sharded cross-entropy needs no gather."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region, vocab_parallel_cross_entropy
+    if temperature > 0 and truncates(vocab_size, top_k, top_p):
+        full = gather_from_tensor_model_parallel_region(logits)[..., :vocab_size]  # padding columns are last
+        return processed_logprobs(full, targets, temperature=temperature, top_k=top_k, top_p=top_p)
     scaled = mask_padded_vocab(logits.float() / temperature, vocab_size)
     return -vocab_parallel_cross_entropy(scaled, targets)
