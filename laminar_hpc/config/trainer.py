@@ -3,7 +3,7 @@
 Kept out of `laminar_hpc.config.schema` (which re-exports every name here) to keep each file
 short. Imports neither torch, mpi4py nor vLLM. The corrections, aggregations and advantage
 normalisations are defined, with their sources, in docs/corrections.md and implemented in
-`laminar_hpc/trainer/loss.py`.
+`laminar_hpc/trainer/loss.py` and `laminar_hpc/trainer/corrections.py`.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ TrainerBackend = Literal["torch", "emulated", "megatron"]
 #   tis-seq    sequence-level truncated IS, w = min(prod_t pi/mu, rho) on every token
 #   mis-token  masked IS per token: tokens whose pi/mu leaves [mask_low, rho] count for nothing
 #   mis-seq    masked IS per sequence (the ratio of the whole sequence)
-#   decoupled  AReaL's decoupled PPO: clip against a proximal policy, weight by prox/mu
+#   decoupled  AReaL's decoupled PPO: clip against a proximal policy, weight by prox/mu (above rho: masked)
 #   none       plain PPO clip against mu, no truncation (for ablations)
 Correction = Literal["aipo", "tis-seq", "mis-token", "mis-seq", "decoupled", "none"]
 # token-mean: over all response tokens of the batch; seq-mean-token-mean: each sequence's token
@@ -55,9 +55,13 @@ class TrainerCfg(Section):
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
     grad_clip: PosFloat = 1.0
     correction: Correction = "aipo"
-    rho: PosFloat = 2.0  # truncation cap of pi/mu (aipo, tis-seq, decoupled's prox/mu); masked IS's upper bound
+    # truncation cap of pi/mu (aipo, tis-seq); masked IS's upper bound; decoupled: tokens whose
+    # pi_prox/mu exceeds it are masked (AReaL's behav_imp_weight_cap)
+    rho: PosFloat = 2.0
     mask_low: PosFloat = 0.5  # masked IS (mis-*): the lower bound of pi/mu
-    clip_eps: PosFloat | None = None  # PPO clip: against mu (aipo, none) or the proximal policy (decoupled)
+    # PPO clip: against mu (none; an optional trust-region mask for aipo, tis-seq, mis-*) or the
+    # proximal policy (decoupled)
+    clip_eps: PosFloat | None = None
     # optimizer steps per batch (PPO mini-batches); decoupled's proximal policy is the policy
     # before the first of them
     minibatches: PosInt = 1

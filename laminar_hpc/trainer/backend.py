@@ -121,9 +121,13 @@ def lr_at(step: int, cfg) -> float:
 
 def train_on_batch(step_fn: Callable[..., dict], groups: list[Group], *, step: int, version: int, cfg,
                    pad_id: int) -> dict:
-    """The torch and Megatron train step: pad the groups into a Batch, run
-    `step_fn(batch, lr=, temperature=)` (the loss metrics), add the lr and the data's figures."""
-    b = build_batch(groups, pad_id)
+    """The torch and Megatron train step: pad the groups into a Batch (advantages normalised by
+    `trainer.adv_norm`; the rollout's top-k / top-p and max_new_tokens ride with it, so every rank
+    scores pi under the distribution mu was sampled from), run `step_fn(batch, lr=, temperature=)`
+    (the loss metrics), add the lr and the data's figures."""
+    ro = cfg.rollout
+    b = build_batch(groups, pad_id, adv_norm=cfg.trainer.adv_norm, top_k=ro.top_k, top_p=ro.top_p,
+                    norm_tokens=ro.max_new_tokens)
     lr = lr_at(step, cfg.trainer)
     m = step_fn(b, lr=lr, temperature=cfg.rollout.temperature)
     return {**m, "lr": lr, **batch_metrics(b, version)}

@@ -1,4 +1,5 @@
-"""Trainer role: consume complete GRPO groups as they arrive, train with AIPO, publish.
+"""Trainer role: consume complete GRPO groups as they arrive, train with the configured
+off-policy correction (trainer/corrections.py), publish.
 
 No barrier but its own mini-batch: the trainer asks the controller for groups (credit), trains
 as soon as `groups_per_step` usable groups are in hand, hands the new version to the master

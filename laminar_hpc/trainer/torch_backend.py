@@ -1,7 +1,11 @@
 """The single-process trainer backend (`trainer.backend: torch`): our Transformer + torch AdamW.
 
-The AIPO step on a padded batch (trainer/loss.py), optionally with a KL term to the policy RL
-started from; checkpoints through AsyncCheckpointer (trainer/backend.py's ModuleBackend).
+One train step on a padded batch: cut into `trainer.minibatches` mini-batches of whole groups,
+one optimizer step each, with the policy loss of trainer/loss.py (the off-policy correction
+`trainer.correction`, aggregation `trainer.loss_agg`, optionally a KL term to the policy RL
+started from). pi is scored under the distribution the rollouts sampled from (temperature, then
+rollout.top_k, then rollout.top_p, renormalised: `model.sampling.processed_logprobs`), so that
+on-policy pi/mu is exactly 1. Checkpoints through AsyncCheckpointer (trainer/backend.py).
 
     backend = TorchBackend(cfg, tok, run_dir / "checkpoints")
     metrics = backend.train_step(groups, step=0, version=0)
@@ -17,10 +21,11 @@ import torch
 
 from laminar_hpc.model.factory import build_model
 from laminar_hpc.model.llama import Transformer, token_logprobs
+from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, truncates
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.trainer.backend import ModuleBackend, train_on_batch
-from laminar_hpc.trainer.batch import Batch
-from laminar_hpc.trainer.loss import aipo_loss
+from laminar_hpc.trainer.batch import Batch, minibatches
+from laminar_hpc.trainer.loss import LossOutput, merge, policy_loss
 from laminar_hpc.transport.protocol import Group
 
 
@@ -41,21 +46,61 @@ class TorchBackend(ModuleBackend):
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False)
         return train_on_batch(self._step, groups, step=step, version=version, cfg=self.cfg, pad_id=self.pad_id)
 
+    def _pi(self, logits: torch.Tensor, b: Batch, temperature: float) -> torch.Tensor:
+        """log pi(target) under the rollout's processed distribution; -inf outside its kept set."""
+        return processed_logprobs(logits, b.targets.to(logits.device), temperature=temperature, top_k=b.top_k,
+                                  top_p=b.top_p)
+
     def _step(self, b: Batch, *, lr: float, temperature: float) -> dict:
         cfg = self.cfg.trainer
         dev = cfg.device
-        logp = token_logprobs(self.model(b.inputs.to(dev)), b.targets.to(dev), temperature)
-        ref = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref = token_logprobs(self.ref_model(b.inputs.to(dev)), b.targets.to(dev), temperature)
-        out = aipo_loss(logp, b.behaviour_logp.to(dev), b.advantages.to(dev), b.mask.to(dev),
-                        rho=cfg.rho, clip_eps=cfg.clip_eps, ref_logp=ref, kl_coef=cfg.kl_coef)
         for group in self.opt.param_groups:
             group["lr"] = lr
-        self.opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.opt.step()
-        return {"loss": out.loss.item(), "is_weight_mean": out.is_weight_mean, "truncated_frac": out.truncated_frac,
-                "clipped_frac": out.clipped_frac, "kl": out.kl, "grad_norm": float(grad_norm)}
+        parts = minibatches(b, cfg.minibatches)
+        prox: list[torch.Tensor | None] = [None] * len(parts)
+        if cfg.correction == "decoupled" and len(parts) > 1:
+            # the proximal policy is the policy before the step's first optimizer step: scored once,
+            # here. With one mini-batch it is the policy that scores it (loss.policy_loss uses pi).
+            with torch.no_grad():
+                prox = [self._pi(self.model(mb.inputs.to(dev)), mb, temperature) for mb in parts]
+        outs: list[LossOutput] = []
+        norms: list[float] = []
+        entropy = 0.0
+        for mb, prox_logp in zip(parts, prox):
+            out, ent = self._minibatch(mb, temperature, prox_logp)
+            self.opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)))
+            self.opt.step()
+            outs.append(out)
+            entropy += ent
+        # several mini-batches: the token-level figures are means over all the step's response
+        # tokens (loss.merge), loss and grad_norm the plain means over its mini-batches
+        m = merge(outs)
+        m["entropy"] = entropy / max(1.0, float(b.mask.sum()))
+        m["grad_norm"] = sum(norms) / len(norms)
+        return m
+
+    def _minibatch(self, mb: Batch, temperature: float, prox_logp: torch.Tensor | None) -> tuple[LossOutput, float]:
+        """The loss of one mini-batch and the sum of its response tokens' entropies."""
+        cfg = self.cfg.trainer
+        dev = cfg.device
+        inputs, targets, mask = mb.inputs.to(dev), mb.targets.to(dev), mb.mask.to(dev)
+        logits = self.model(inputs)
+        logp = self._pi(logits, mb, temperature)
+        ref = kl_logp = None
+        if self.ref_model is not None:
+            # the KL term compares the models (full tempered softmax), not the samplers: under
+            # top-k / top-p a target outside the reference's kept set would make it infinite
+            with torch.no_grad():
+                ref = token_logprobs(self.ref_model(inputs), targets, temperature)
+            kl_logp = token_logprobs(logits, targets, temperature) if truncates(logits.shape[-1], mb.top_k,
+                                                                                mb.top_p) else logp
+        out = policy_loss(logp, mb.behaviour_logp.to(dev), mb.advantages.to(dev), mask, correction=cfg.correction,
+                          rho=cfg.rho, mask_low=cfg.mask_low, clip_eps=cfg.clip_eps, prox_logp=prox_logp,
+                          ref_logp=ref, kl_logp=kl_logp, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg,
+                          norm_tokens=mb.norm_tokens)
+        with torch.no_grad():
+            ent = processed_entropy(logits.detach()[mask > 0], temperature=temperature, top_k=mb.top_k,
+                                    top_p=mb.top_p)
+        return out, float(ent.sum())

@@ -1,4 +1,5 @@
-"""GRPO advantages, the AIPO loss (truncated IS weights, PPO clipping, k3 KL) and batch building.
+"""GRPO advantages (each `trainer.adv_norm`), the AIPO loss (truncated IS weights, PPO clipping,
+k3 KL), batch building and mini-batches. The other corrections and aggregations: test_corrections.py.
 
 Every expected value is computed independently with explicit Python loops over tokens.
 """
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from laminar_hpc.trainer.batch import build_batch
+from laminar_hpc.trainer.batch import build_batch, group_bounds, minibatches
 from laminar_hpc.trainer.loss import aipo_loss, group_advantages
 from laminar_hpc.transport.protocol import Group, Trajectory
 
@@ -44,6 +45,45 @@ def test_group_advantages_uses_population_std_not_sample_std():
     adv = group_advantages(rewards)
     # population std of {0, 1} is 0.5 -> advantages -1, +1 (sample std would give +-0.707)
     torch.testing.assert_close(adv, torch.tensor([[-1.0, 1.0]]), atol=1e-5, rtol=0)
+
+
+def _ref_adv(row, norm, eps=1e-6):
+    n = len(row)
+    mean = sum(row) / n
+    if all(r == row[0] for r in row):
+        return [0.0] * n
+    if norm == "none":
+        return [r - mean for r in row]
+    var = sum((r - mean) ** 2 for r in row) / (n - 1 if norm == "sample-std" else n)
+    return [(r - mean) / (math.sqrt(var) + eps) for r in row]
+
+
+@pytest.mark.parametrize("norm", ["population-std", "sample-std", "none"])
+def test_group_advantages_each_normalisation_matches_loops(norm):
+    g = torch.Generator().manual_seed(4)
+    rewards = torch.rand(6, 5, generator=g, dtype=torch.float64)
+    rewards[2] = 0.3  # an equal group
+    adv = group_advantages(rewards, norm)
+    assert adv.dtype == torch.float64
+    expected = torch.tensor([_ref_adv(r, norm) for r in rewards.tolist()], dtype=torch.float64)
+    torch.testing.assert_close(adv, expected, rtol=1e-12, atol=1e-12)
+    assert torch.all(adv[2] == 0)
+    with pytest.raises(ValueError, match="trainer.adv_norm"):
+        group_advantages(rewards, "max")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_equal_fractional_rewards_get_exactly_zero(dtype):
+    """Fails before issue 16: 12 x 0.97 in float32 gave -0.15 each (the mean rounds away from the
+    members and the std is ~1e-8: (r - mean) / (std + eps) is large)."""
+    for norm in ("population-std", "sample-std", "none"):
+        adv = group_advantages(torch.full((3, 12), 0.97, dtype=dtype), norm)
+        assert adv.dtype == dtype
+        assert torch.all(adv == 0), (norm, adv)
+    # through build_batch, from Python floats
+    groups = [Group(group_id=0, problem=0, trajectories=[
+        _traj(f"c{i}", [5, 6], [7, 8], 0.97, 0, i) for i in range(12)])]
+    assert torch.all(build_batch(groups).advantages == 0)
 
 
 def test_group_advantages_constant_group_gets_zero():
@@ -344,3 +384,38 @@ def test_build_batch_feeds_aipo_loss():
     assert out.truncated_frac == 0.0
     expected = -batch.advantages * batch.mask / batch.n_tokens
     torch.testing.assert_close(logp.grad, expected.expand_as(logp))
+
+
+def test_build_batch_adv_norm_and_sampling_settings():
+    groups = _groups()
+    b = build_batch(groups, adv_norm="none", top_k=7, top_p=0.8, norm_tokens=24)
+    rewards = [[t.reward for t in g.trajectories] for g in groups]
+    expected = [a for row in rewards for a in _ref_adv(row, "none")]
+    torch.testing.assert_close(b.advantages.squeeze(1), torch.tensor(expected), atol=1e-7, rtol=0)
+    assert (b.top_k, b.top_p, b.norm_tokens, b.n_groups) == (7, 0.8, 24, 2)
+
+
+def test_minibatches_hold_whole_groups_with_the_whole_batch_advantages():
+    size = 3
+    groups = [Group(group_id=g, problem=g, trajectories=[
+        _traj(f"{g}-{k}", [5 + g], [10 + k] * (1 + k), float(k == g % size) + 0.1 * g, g, 10 * g + k)
+        for k in range(size)]) for g in range(5)]
+    b = build_batch(groups, top_k=3)
+    parts = minibatches(b, 2)
+    assert [p.n_groups for p in parts] == [3, 2]  # the first runs take the remainder
+    assert sum(len(p.rewards) for p in parts) == len(b.rewards)
+    row = 0
+    for p in parts:
+        n = len(p.rewards)
+        for name in ("inputs", "targets", "mask", "behaviour_logp", "advantages", "rewards", "versions"):
+            assert torch.equal(getattr(p, name), getattr(b, name)[row:row + n]), name
+        # every group is whole: its rows share the version and the prompt
+        for g in range(p.n_groups):
+            assert len(set(p.versions[g * size:(g + 1) * size].tolist())) == 1
+        assert p.top_k == 3
+        row += n
+    assert minibatches(b, 1)[0].n_groups == 5
+    assert group_bounds(5, 5) == [(i, i + 1) for i in range(5)]
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="trainer.minibatches"):
+            group_bounds(5, bad)

@@ -1,11 +1,15 @@
-"""One Megatron training rank: model shard, distributed optimizer, AIPO train step, export, checkpoints.
+"""One Megatron training rank: model shard, distributed optimizer, policy-loss train step, export, checkpoints.
 
 Every rank of the trainer's world builds one `MegatronEngine` and calls the same methods in the
 same order (they are collectives). The batch is the same `trainer.batch.Batch` on every rank;
 each data-parallel rank trains on its share of the rows, in micro-batches of
 `trainer.megatron.micro_batch_size`, through Megatron's pipeline schedule. The loss is
-`trainer.loss.aipo_loss` on per-token log-probabilities, normalised by the response tokens of
-the whole batch, so TP/PP/DP and micro-batching change nothing but rounding.
+`trainer.loss.policy_loss` (the correction `trainer.correction`, aggregation `trainer.loss_agg`)
+on per-token log-probabilities under the rollout's processed distribution (temperature, top-k,
+top-p: the batch carries them), each token weighted by the aggregation coefficients of the whole
+batch (`loss.agg_coef`), so TP/PP/DP and micro-batching change nothing but rounding. One
+optimizer step per batch: `trainer.minibatches` > 1 is refused at the start (and with it
+decoupled's proximal policy is the policy that scores the batch, as in the torch backend).
 
     torch.distributed.init_process_group(...)
     eng = MegatronEngine(args, cfg.trainer, hf_state, seed=cfg.seed)
@@ -21,8 +25,9 @@ import torch
 import torch.distributed as dist
 
 from laminar_hpc.model.llama import ModelArgs
+from laminar_hpc.model.sampling import processed_entropy
 from laminar_hpc.trainer.batch import Batch
-from laminar_hpc.trainer.loss import aipo_loss
+from laminar_hpc.trainer.loss import SUMS, LossOutput, agg_coef, policy_loss
 from laminar_hpc.trainer.megatron.convert import export_hf, load_hf
 from laminar_hpc.trainer.megatron.model import build_gpt, check_shape, init_parallel, sharded_token_logprobs
 
@@ -30,7 +35,9 @@ from laminar_hpc.trainer.megatron.model import build_gpt, check_shape, init_para
 # gather); loadable under another data-parallel size, not another TP/PP. megatron-core 0.16's
 # default ("fully_sharded_model_space") builds flattened-range tensors its own saver refuses.
 OPTIM_SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
-_STATS = ("loss", "is_weight_mean", "truncated_frac", "clipped_frac")
+# what each micro-batch reports (summed over micro-batches and ranks): its piece of the loss, the
+# token sums behind the diagnostics (loss.LossOutput), the response tokens' entropy
+_STATS = ("loss", *SUMS, "entropy")
 
 
 def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -49,6 +56,9 @@ class MegatronEngine:
 
         if trainer_cfg.kl_coef > 0:
             raise ValueError("trainer.kl_coef > 0 is not supported with trainer.backend: megatron")
+        if trainer_cfg.minibatches > 1:
+            raise ValueError(f"trainer.minibatches {trainer_cfg.minibatches} is not supported with trainer.backend: "
+                             "megatron (one optimizer step per batch): set trainer.minibatches: 1")
         self.args, self.cfg, self.mcfg = args, trainer_cfg, trainer_cfg.megatron
         self.on_gpu = torch.cuda.is_available() and self.mcfg.dist_backend == "nccl"
         # a CPU (gloo) group for metrics and Python objects (the PP export), whatever the backend
@@ -94,7 +104,8 @@ class MegatronEngine:
         rows = per * self.dp
         full = {"inputs": _pad(b.inputs, rows, width), "targets": _pad(b.targets, rows, width),
                 "mask": _pad(b.mask, rows, width), "behaviour_logp": _pad(b.behaviour_logp, rows, width),
-                "advantages": _pad(b.advantages, rows, 1)}
+                "advantages": _pad(b.advantages, rows, 1),
+                "coef": _pad(agg_coef(b.mask, self.cfg.loss_agg, b.norm_tokens), rows, width)}
         lo = ps.get_data_parallel_rank() * per
         dev = self.device
         out = []
@@ -108,21 +119,19 @@ class MegatronEngine:
         from megatron.core.pipeline_parallel import get_forward_backward_func
         cfg = self.cfg
         micro, n_micro, width = self._microbatches(b)
-        ntok = max(1.0, float(b.mask.sum()))
-        # the schedule divides each micro-batch loss by n_micro and DDP averages over dp: scale
-        # back so the gradient is that of sum(per-token loss) / tokens of the whole batch
-        scale = n_micro * self.dp / ntok
+        # each micro-batch's loss is already its share of the whole batch's (coef); the schedule
+        # divides it by n_micro and DDP averages over dp: scale back
+        scale = n_micro * self.dp
         positions = torch.arange(width, device=self.device).expand(self.mcfg.micro_batch_size, width)
 
         def loss_func(mb: dict, logits: torch.Tensor):
-            logp = sharded_token_logprobs(logits, mb["targets"], self.args.vocab_size, temperature)
-            out = aipo_loss(logp, mb["behaviour_logp"], mb["advantages"], mb["mask"], rho=cfg.rho,
-                            clip_eps=cfg.clip_eps)
-            n = mb["mask"].sum().clamp(min=1.0)
-            total = out.loss * n  # aipo_loss is this micro-batch's token mean
-            stats = torch.stack([total.detach(), *(torch.as_tensor(getattr(out, k), dtype=torch.float32) * n
-                                                   for k in _STATS[1:])])
-            return total * scale, {"stats": stats.float().cpu()}
+            logp = sharded_token_logprobs(logits, mb["targets"], self.args.vocab_size, temperature,
+                                          top_k=b.top_k, top_p=b.top_p)
+            out = policy_loss(logp, mb["behaviour_logp"], mb["advantages"], mb["mask"], correction=cfg.correction,
+                              rho=cfg.rho, mask_low=cfg.mask_low, clip_eps=cfg.clip_eps, coef=mb["coef"])
+            ent = self._entropy_sum(logits, mb["mask"], temperature, b.top_k, b.top_p)
+            stats = torch.stack([out.loss.detach().float(), *(out.sums[k].float() for k in SUMS), ent])
+            return out.loss * scale, {"stats": stats.cpu(), "max": out.is_ratio_max.float().cpu()}
 
         def forward_step(it, model):
             mb = next(it)
@@ -140,13 +149,32 @@ class MegatronEngine:
         if not ok:
             raise RuntimeError("Megatron optimizer step was skipped (non-finite gradients)")
         # the loss lives on the last pipeline stage (every DP rank has its share, TP ranks repeat it)
-        stats = torch.zeros(len(_STATS))
+        stats, rmax = torch.zeros(len(_STATS)), torch.zeros(())
         if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
             stats = sum((r["stats"] for r in reduced), stats)
+            rmax = max((r["max"] for r in reduced), default=rmax)
         dist.all_reduce(stats, group=self.group)
-        m = {k: float(v) / ntok for k, v in zip(_STATS, stats)}
-        m.update(kl=0.0, grad_norm=float(grad_norm if grad_norm is not None else 0.0))
+        dist.all_reduce(rmax, op=dist.ReduceOp.MAX, group=self.group)  # ratios are >= 0: 0 is neutral
+        total = dict(zip(_STATS, stats))
+        m = LossOutput(total["loss"], {k: total[k] for k in SUMS}, rmax).metrics()
+        m.update(loss=float(total["loss"]), entropy=float(total["entropy"]) / max(1.0, float(total["tokens"])),
+                 grad_norm=float(grad_norm if grad_norm is not None else 0.0))
         return m
+
+    def _entropy_sum(self, logits: torch.Tensor, mask: torch.Tensor, temperature: float, top_k: int,
+                     top_p: float) -> torch.Tensor:
+        """Sum of the processed distribution's entropy over the response tokens of a micro-batch
+        (no gradient). Top-k / top-p rank the whole vocabulary: the response positions' shards are
+        gathered over tensor-parallel ranks (every TP rank runs this, as it runs the loss)."""
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+        with torch.no_grad():
+            sel = logits.detach()[mask > 0]
+            if sel.shape[0] == 0:  # a padding micro-batch (the same on every TP rank: none gathers)
+                return torch.zeros((), device=logits.device)
+            if self.mcfg.tensor_parallel > 1:
+                sel = gather_from_tensor_model_parallel_region(sel)
+            sel = sel[..., :self.args.vocab_size]  # Megatron's padding columns are the last ones
+            return processed_entropy(sel, temperature=temperature, top_k=top_k, top_p=top_p).sum().float()
 
     # -- weights out ----------------------------------------------------------------------------
     def export_hf(self) -> dict[str, torch.Tensor] | None:
