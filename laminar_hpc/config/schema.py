@@ -26,6 +26,7 @@ from laminar_hpc.config.trainer import MegatronCfg, TrainerBackend, TrainerCfg
 from laminar_hpc.config.values import SizeMb
 
 __all__ = [  # re-exported names included: `from laminar_hpc.config.schema import X` works for each
+    "ArithTaskCfg",
     "BuiltinTaskCfg", "CheckpointCfg", "Config", "ControllerCfg", "EmulationCfg", "JsonlTaskCfg", "LengthsCfg",
     "MegatronCfg", "ModelCfg", "NonNegInt", "PartialRolloutCfg", "PosFloat", "PosInt", "Prob", "RelayCfg", "RepackCfg",
     "RolloutBackend",
@@ -96,9 +97,28 @@ class JsonlTaskCfg(Section):
     prompt_field: str = "question"
     answer_field: str = "answer"
     answer_format: Literal["gsm8k", "plain"] = "gsm8k"  # gsm8k: the gold answer follows '#### '
-    reward: Literal["math_verify", "exact"] = "math_verify"
+    reward: Literal["math_verify", "exact", "final_number"] = "math_verify"  # tasks/rewards.py
     prompt_template: str = "{prompt}\nAnswer: "
     on_bad_row: Literal["fail", "skip"] = "fail"
+    # true: the filled-in prompt_template is the user message, rendered with the tokenizer's own chat
+    # template (model.tokenizer: hf) instead of being the model's text as written
+    chat_template: bool = False
+    system_prompt: str | None = None  # the chat's system message (chat_template only); null: none
+
+
+class ArithTaskCfg(Section):
+    """Generated arithmetic asked in words, answered with one number (tasks/arith.py): 'What is
+    7 + 12? Answer with just the number.'; reward 1 when the response's last number is the value."""
+    multiline: ClassVar[frozenset[str]] = frozenset({"instruction", "system_prompt"})
+    type: Literal["arith"] = "arith"
+    ops: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
+    operands: Annotated[int, Field(ge=2, le=4)] = 2
+    max_value: PosInt = 20  # operands are drawn from 0..max_value
+    instruction: str = "Answer with just the number."  # appended to each question
+    # true: the question is a user message rendered with the tokenizer's own chat template
+    # (model.tokenizer: hf); false: the question as plain text (e.g. the char tokenizer)
+    chat_template: bool = True
+    system_prompt: str | None = None  # the chat's system message; null: none (the template may add its default)
 
 
 class SyntheticTaskCfg(Section):
@@ -107,7 +127,7 @@ class SyntheticTaskCfg(Section):
     prompt_tokens: PosInt = 512
 
 
-TaskCfg = Annotated[Union[BuiltinTaskCfg, JsonlTaskCfg, SyntheticTaskCfg], Field(discriminator="type")]
+TaskCfg = Annotated[Union[BuiltinTaskCfg, JsonlTaskCfg, ArithTaskCfg, SyntheticTaskCfg], Field(discriminator="type")]
 
 
 class WarmupCfg(Section):
@@ -342,6 +362,14 @@ class Config(Section):
         if (self.trainer.backend == "emulated") != (self.rollout.backend == "emulated"):
             raise ValueError(f"trainer.backend={self.trainer.backend!r} and rollout.backend={self.rollout.backend!r}: "
                              "either both are 'emulated' or neither is (they exchange weights of one layout)")
+        return self
+
+    @model_validator(mode="after")
+    def _chat_template(self) -> "Config":
+        # a chat task is rendered with the tokenizer's own template: only HF tokenizers have one
+        if getattr(self.task, "chat_template", False) and self.model.tokenizer != "hf":
+            raise ValueError(f"task.chat_template is true but model.tokenizer={self.model.tokenizer!r} has no chat "
+                             "template: set task.chat_template: false or model.tokenizer: hf")
         return self
 
     @model_validator(mode="after")

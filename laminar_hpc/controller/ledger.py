@@ -18,7 +18,7 @@ method writes one record, then applies it with the private `_op` that `DataPlane
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -55,6 +55,7 @@ class GroupLedger:
         self.trained_at: dict[int, int] = {}  # trained, not yet in a checkpoint: group -> step
         self.committed: set[int] = set()
         self.dropped: dict[int, str] = {}  # group -> reason
+        self._dropped_n: Counter = Counter()  # reason -> groups (a cache of `dropped`)
         self.groups_consumed = 0  # delivered to the trainer (also counts re-deliveries)
 
     # -- generating (called by the pools, inside their own records) ------------------------
@@ -169,6 +170,13 @@ class GroupLedger:
         self._forget(g.traj_ids)  # samples still generating are forgotten; their results are ignored
         self.trained_at.pop(gid, None)
         self.dropped[gid] = reason
+        self._dropped_n[reason] += 1
+
+    def dropped_for(self, reason: str) -> int:
+        """Groups dropped for `reason` so far (admission replaces those dropped as too stale)."""
+        if sum(self._dropped_n.values()) != len(self.dropped):  # `dropped` was restored from a snapshot
+            self._dropped_n = Counter(self.dropped.values())
+        return self._dropped_n[reason]
 
     def trainer_sync(self, consumed: list[int], committed_n: int, held: list[int]) -> list[int]:
         """Reconcile with a trainer that (re)started or reconnected: `consumed` is its lineage

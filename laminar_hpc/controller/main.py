@@ -158,7 +158,8 @@ class Controller(MessageHandlers):
                       queued_trajs=len(self.dp.queue), group_size=cfg.trainer.group_size,
                       max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch, in_flight=len(self.dp.partials),
                       rollout_versions=self.sync.versions, version_base=self.sync.version_base,
-                      max_staleness=cfg.trainer.max_staleness)
+                      max_staleness=cfg.trainer.max_staleness,
+                      groups_dropped_stale=self.dp.ledger.dropped_for("staleness"))
         self.sync.tick(groups_started=self.dp.groups_started, in_flight=len(self.dp.partials), now=time.monotonic())
         if n and self.wal.error is not None:
             # the log cannot reach the disk (full, quota): admitting would grow what a crash loses;

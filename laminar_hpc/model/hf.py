@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from laminar_hpc.model.llama import ModelArgs
+from laminar_hpc.model.tokenizer import hf_chat_prompt
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 PACKAGE_PREFIX = "package:"
@@ -223,6 +224,10 @@ class HFTokenizer:
             raise HFCheckpointError(f"{path}: no usable tokenizer ({' '.join(str(err).split())[:200]}); "
                                     "set model.hf_tokenizer to a directory or .gguf that has one") from None
         return cls(tok, str(path))
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """`messages` in the checkpoint's own chat template, up to where the assistant's answer starts."""
+        return hf_chat_prompt(self.hf, messages, self.source)
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))

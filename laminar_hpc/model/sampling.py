@@ -34,6 +34,11 @@ import torch.nn.functional as F
 _ROWS_PER_SORT = 256  # the kept-set mask is found this many rows at a time: a sort holds values + int64 indices
 
 
+# vLLM samples greedily below this temperature (vllm/v1/sample/sampler.py): the same here, so mu
+# agrees between engines, and logits / T cannot overflow
+GREEDY_BELOW = 1e-5
+
+
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """ValueError naming the setting that is out of range."""
     if top_k < 0:
@@ -99,7 +104,7 @@ def processed_logits(logits: torch.Tensor, *, temperature: float, top_k: int = 0
     log-probs). Differentiable through the kept entries; the kept set itself is a constant."""
     check_sampling(temperature, top_k, top_p)
     x = logits.float()
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         return x
     x = x / temperature
     vocab = x.shape[-1]
@@ -122,7 +127,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
     """logits [B, V] -> (tokens [B], mu [B]): a draw from the processed distribution and its
     log-probability under it. Temperature <= 0: the arg-max and its untempered log-prob."""
     logp = _processed_log_softmax(logits, temperature, top_k, top_p)
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         tokens = logits.float().argmax(-1)
     else:
         tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)

@@ -65,6 +65,8 @@ def _ancestry(segments: list[Segment], index: int, step: int) -> list[tuple[int,
     path = [(index, step)]
     while segments[index].parent_version is not None:
         parent = segments[index].parent_version
+        if parent < segments[0].first_version:  # from before the recorded lineage: its root
+            break
         index = segment_of(segments, parent, before=index)
         s = segments[index]
         path.append((index, s.first_step + parent - s.first_version))
@@ -74,8 +76,8 @@ def _ancestry(segments: list[Segment], index: int, step: int) -> list[tuple[int,
 def step_lag(segments: list[Segment], current_version: int, traj_version: int) -> int:
     """Train steps between the weights of `traj_version` and those of `current_version`, through
     their last shared step. Equals the version lag when no restart lies between them."""
-    if not segments:
-        return current_version - traj_version
+    if not segments or traj_version < segments[0].first_version:
+        return current_version - traj_version  # no record of its start: the version distance
     cur = _ancestry(segments, segment_of(segments, current_version), step_of(segments, current_version))
     on_path = dict(cur)  # segment -> the last of its steps the current weights descend from
     path_t = _ancestry(segments, segment_of(segments, traj_version), step_of(segments, traj_version))

@@ -14,8 +14,8 @@ def groups_to_admit(*, groups_started: int, steps_trained: int, groups_per_step:
     Generation may run at most `max_ahead_steps` train steps ahead of the trainer (this bounds
     staleness without dropping work), and the queue of not-yet-started trajectories is kept
     short so that freshly admitted prompts start on the newest weights. Under the trainer's
-    staleness bound, no further ahead than it: a group admitted k steps ahead is trained at
-    least k steps after the newest weights, and one that would exceed the bound is only work
+    staleness bound, no further ahead than half of it: a group admitted k steps ahead is trained
+    at least k steps after the newest weights, and one that would exceed the bound is only work
     thrown away (`ahead_steps`).
     """
     ahead = ahead_steps(max_ahead_steps, max_staleness)
@@ -26,8 +26,13 @@ def groups_to_admit(*, groups_started: int, steps_trained: int, groups_per_step:
 
 def ahead_steps(max_ahead_steps: int, max_staleness: int | None) -> int:
     """How many train steps ahead of the trainer admission may run: `controller.max_ahead_steps`,
-    capped by `trainer.max_staleness` when it is set."""
-    return max_ahead_steps if max_staleness is None else min(max_ahead_steps, max_staleness)
+    and under `trainer.max_staleness` no more than half the bound. A group lasts as long as its
+    longest member, so groups admitted at the edge of the window finish late; the other half of
+    the bound is their slack. Measured in the simulator on the reference workload at a quarter of
+    its size (30 steps; tests/unit/test_simulator.py): admitting up to the bound drops 13-17% of
+    the groups generated at bounds 1-4, half of it 0-0.6% (trained trajectories/s 0.45-0.86x
+    of the former; the table is in docs/learning.md)."""
+    return max_ahead_steps if max_staleness is None else min(max_ahead_steps, max_staleness // 2)
 
 
 def assign_work(queued: int, credits: dict[int, int]) -> dict[int, int]:
@@ -102,14 +107,17 @@ def barrier_version(mode: str, *, groups_started: int, groups_per_step: int, ver
 
 def admission(mode: str, *, groups_started: int, steps_trained: int, groups_per_step: int, max_ahead_steps: int,
               queued_trajs: int, group_size: int, max_queued_trajs: int, in_flight: int,
-              rollout_versions: list[int], version_base: int, max_staleness: int | None = None) -> int:
+              rollout_versions: list[int], version_base: int, max_staleness: int | None = None,
+              groups_dropped_stale: int = 0) -> int:
     """Groups the prompt pool releases now, for any mode. laminar and partial-rollout admit
     continuously, bounded by `max_ahead_steps` (for partial-rollout this is AReaL's staleness
-    bound eta); sync and one-step-off admit whole batches at a barrier."""
+    bound eta); sync and one-step-off admit whole batches at a barrier. A group the trainer
+    dropped as too stale (`groups_dropped_stale` so far) is replaced: it no longer counts against
+    the continuous modes' window, which would otherwise shrink by one group with every drop."""
     if mode in BARRIER_LAG:
         return barrier_admit(mode=mode, groups_started=groups_started, groups_per_step=groups_per_step,
                              in_flight=in_flight, rollout_versions=rollout_versions, version_base=version_base)
-    return groups_to_admit(groups_started=groups_started, steps_trained=steps_trained,
+    return groups_to_admit(groups_started=groups_started - groups_dropped_stale, steps_trained=steps_trained,
                            groups_per_step=groups_per_step, max_ahead_steps=max_ahead_steps,
                            queued_trajs=queued_trajs, group_size=group_size, max_queued_trajs=max_queued_trajs,
                            max_staleness=max_staleness)

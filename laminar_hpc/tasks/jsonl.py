@@ -7,6 +7,10 @@ line (`on_bad_row: fail`) or are skipped and counted (`on_bad_row: skip`).
     src = JsonlTasks("data/gsm8k/train.jsonl", reward="math_verify")
     p = src.problem(0); src.reward("... #### 72", p)
     src.where(0)                  # -> "data/gsm8k/train.jsonl line 1": the row, for messages about it
+
+With `chat=True` the filled-in `prompt_template` is the user message of a chat (with
+`system_prompt`, if given, as the system message), which `tasks.encode_prompt` renders with the
+tokenizer's own chat template instead of a hand-written one.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ def gsm8k_gold(answer: str) -> str:
 class JsonlTasks:
     def __init__(self, path: str, *, prompt_field: str = "question", answer_field: str = "answer",
                  answer_format: str = "gsm8k", reward: str = "math_verify",
-                 prompt_template: str = "{prompt}\nAnswer: ", on_bad_row: str = "fail"):
+                 prompt_template: str = "{prompt}\nAnswer: ", on_bad_row: str = "fail", chat: bool = False,
+                 system_prompt: str | None = None):
         self.path = Path(path)
         self.name = f"jsonl:{self.path.name}"
         if not self.path.is_file():
@@ -46,6 +51,7 @@ class JsonlTasks:
             raise DatasetError(f"task.prompt_template {prompt_template!r} is not usable ({type(err).__name__}: "
                                f"{err}); use {{prompt}} for the prompt and {{{{ }}}} for literal braces") from None
         self.template = prompt_template
+        self.chat, self.system_prompt = chat, system_prompt
         self.skipped = 0
         self.rows: list[tuple[str, str]] = []
         self.lines: list[int] = []  # the file line of each row (`where`)
@@ -88,7 +94,8 @@ class JsonlTasks:
 
     def problem(self, index: int) -> Problem:
         prompt, gold = self.rows[index % len(self.rows)]  # epochs wrap around the file
-        return Problem(index, self.template.format(prompt=prompt), gold)
+        return Problem(index, self.template.format(prompt=prompt), gold, chat=self.chat,
+                       system=self.system_prompt if self.chat else None)
 
     def where(self, index: int) -> str:
         """Where problem `index` comes from, for a message about that row: '<file> line <n>'."""

@@ -28,7 +28,11 @@ TRACED = ("staleness_mean", "staleness_max", "step_lag_mean", "step_lag_max", "s
 def start_lineage(path: Path, *, version: int, step: int, resumed_version: int | None) -> list[Segment]:
     """Append this trainer start to the run's lineage file (atomically) and return the lineage."""
     rows = read_json(path, default=None) or []
-    lineage = [Segment.from_json(r) for r in rows] + [Segment(version, step, resumed_version)]
+    lineage = [Segment.from_json(r) for r in rows]
+    if not lineage and resumed_version is not None:
+        # a run from before lineages were recorded: its versions so far are taken as one start
+        lineage = [Segment(resumed_version - step, 0, None)]
+    lineage.append(Segment(version, step, resumed_version))
     atomic_write_json(path, [s.to_json() for s in lineage])
     return lineage
 

@@ -13,7 +13,7 @@ from helpers import data_plane, problem, result, tokenize
 
 from laminar_hpc.transport.protocol import Group, StreamItem, WorkItem
 from laminar_hpc.policy.scheduling import (assign_work, groups_to_admit, should_refresh, staleness,
-                                           too_stale, training_order)
+                                           too_stale, training_order, admission)
 
 
 # ------------------------------------------------------------------------------------------
@@ -366,13 +366,21 @@ def test_training_order_trains_the_oldest_first_under_a_bound():
     assert training_order([0, 2, 1, 2], None) == [0, 1, 2, 3]  # no bound: arrival order
 
 
-def test_admission_never_runs_further_ahead_than_the_staleness_bound():
+def test_admission_runs_at_most_half_the_staleness_bound_ahead():
     kw = dict(groups_started=0, steps_trained=0, groups_per_step=4, max_ahead_steps=4, queued_trajs=0,
               group_size=2, max_queued_trajs=1000)
     assert groups_to_admit(**kw) == 20  # (0 + 1 + 4) steps of 4 groups
-    assert groups_to_admit(**kw, max_staleness=1) == 8  # (0 + 1 + 1) steps
-    assert groups_to_admit(**kw, max_staleness=0) == 4  # on-policy: this step's batch only
+    assert groups_to_admit(**kw, max_staleness=4) == 12  # (0 + 1 + 2) steps: half the bound is slack
+    assert groups_to_admit(**kw, max_staleness=1) == 4  # this step's batch only
+    assert groups_to_admit(**kw, max_staleness=0) == 4  # on-policy
     assert groups_to_admit(**kw, max_staleness=9) == 20  # a looser bound changes nothing
+
+
+def test_groups_dropped_as_too_stale_are_replaced_not_charged_to_the_window():
+    kw = dict(mode="laminar", steps_trained=2, groups_per_step=4, max_ahead_steps=1, queued_trajs=0,
+              group_size=2, max_queued_trajs=1000, in_flight=0, rollout_versions=[2], version_base=0)
+    assert admission(groups_started=16, **kw) == 0  # (2 + 1 + 1) x 4 started: the window is full
+    assert admission(groups_started=16, groups_dropped_stale=3, **kw) == 3  # three of them were dropped
 
 
 @pytest.mark.parametrize("current,newest,active,expected", [

@@ -90,3 +90,14 @@ def test_step_lag_matches_a_walk_of_the_weight_tree(restarts, data):
 def test_a_version_before_the_run_is_refused():
     with pytest.raises(ValueError, match="precedes"):
         step_of([Segment(5, 5, None)], 3)
+
+
+def test_a_run_resumed_without_a_lineage_file_gets_one_and_keeps_training(tmp_path):
+    """A run directory from before lineage.json (or one that lost it): the resumed trainer takes
+    its versions so far as one start, and any older version falls back to the version distance."""
+    from laminar_hpc.trainer.staleness import start_lineage
+    segs = start_lineage(tmp_path / "lineage.json", version=10, step=6, resumed_version=6)
+    assert segs == [Segment(0, 0, None), Segment(10, 6, 6)]
+    assert step_lag(segs, 12, 8) == 4 and step_lag(segs, 12, 11) == 1
+    assert step_lag([Segment(10, 6, 6)], 12, 11) == 1  # a lineage that starts past its parent
+    assert step_lag([Segment(10, 6, 6)], 12, 3) == 9  # older than any record: version lag
