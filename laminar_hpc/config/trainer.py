@@ -69,7 +69,7 @@ class TrainerCfg(Section):
     adv_norm: AdvantageNorm = "population-std"
     kl_coef: Annotated[float, Field(ge=0.0)] = 0.0
     # a group enters a train step only if every member's step lag (train steps between the weights
-    # that generated it and the trainer's, across restarts: trainer/lineage.py) is at most this;
+    # that generated it and the trainer's, across restarts: policy/lineage.py) is at most this;
     # older groups are dropped and counted. Admission keeps generation within it.
     max_staleness: NonNegInt | None = None
     publish_every: PosInt = 1

@@ -44,6 +44,9 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
         "versions_published": ctl.published,
         "max_staleness": max((r["staleness_max"] for r in rows), default=0),
         "mean_staleness": stale_sum / trajs if trajs else 0.0,
+        # the bound (trainer.max_staleness) is on step lag: it differs from the version lag above
+        # only across a trainer restart
+        "max_step_lag": max((r.get("step_lag_max", r["staleness_max"]) for r in rows), default=0),
         "max_versions_in_flight": ctl.max_versions_in_flight,
         "actor_stall_s_mean": sum(stalls) / len(stalls) if stalls else 0.0,
         "trainer_wait_s_total": sum(r["wait_s"] for r in rows),

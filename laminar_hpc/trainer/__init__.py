@@ -1,1 +1,1 @@
-"""Trainer role: GRPO/AIPO training, warm-up, checkpoints, weight publishing."""
+"""Trainer role: GRPO with a choice of off-policy corrections, warm-up, checkpoints, weight publishing."""

@@ -1,7 +1,7 @@
 """Megatron-core trainer backend (`trainer.backend: megatron`, extra `megatron`).
 
 Imported only when that backend is chosen. `model` builds the GPTModel, `convert` maps weights
-between our HF names and Megatron's shards, `engine` is one training rank (AIPO step, distributed
+between our HF names and Megatron's shards, `engine` is one training rank (the policy-loss step, distributed
 optimizer, export, dist_checkpointing), `runner` runs the ranks, `backend` is rank 0's side: the
 trainer role's TrainBackend (trainer/backend.py), whose every call is a command to all ranks.
 
