@@ -46,13 +46,14 @@ def lag_hist(rows: list[dict], key: str = "staleness_hist") -> dict:
     """Histogram, mean and max of a per-step lag histogram (`staleness_hist`: version lag,
     `step_lag_hist`: step lag) over the trajectories trained on."""
     hist: Counter = Counter()
-    for r in last_rows(rows):
+    steps = last_rows(rows)
+    for r in steps:
         for k, n in (r.get(key) or {}).items():
             s = _lag_key(k)
             if s is not None:
                 hist[s] += int(n)
     total = sum(hist.values())
-    return {"hist": dict(sorted(hist.items())), "trajectories": total, "steps": len(last_rows(rows)),
+    return {"hist": dict(sorted(hist.items())), "trajectories": total, "steps": len(steps),
             "mean": sum(k * n for k, n in hist.items()) / total if total else None,
             "max": max(hist) if hist else None, "source": "metrics.jsonl" if rows else None}
 

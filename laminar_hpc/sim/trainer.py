@@ -73,7 +73,12 @@ class SimTrainer:
             self._after_step()
 
     def _take(self) -> None:
-        held, self.groups = self.groups + [g for groups in self.inbox for g in groups], []
+        arrived = [g for groups in self.inbox for g in groups]
+        if self.max_staleness is None:  # nothing to drop: no lags to compute on this hot path
+            self.groups += arrived
+            self.inbox = []
+            return
+        held, self.groups = self.groups + arrived, []
         for g in held:  # the simulated trainer does not restart: version lag is step lag
             if scheduling.too_stale(self._lags(g), self.max_staleness):
                 self.dropped += 1
@@ -95,7 +100,8 @@ class SimTrainer:
     def _try_train(self) -> None:
         if len(self.groups) < self.need or self.done:
             return
-        order = scheduling.training_order([max(self._lags(g)) for g in self.groups], self.max_staleness)
+        lags = [max(self._lags(g)) for g in self.groups] if self.max_staleness is not None else [0] * len(self.groups)
+        order = scheduling.training_order(lags, self.max_staleness)
         self.batch = [self.groups[i] for i in order[:self.need]]
         self.groups = [self.groups[i] for i in sorted(order[self.need:])]
         trajs = [t for g in self.batch for t in g]

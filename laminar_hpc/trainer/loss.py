@@ -83,23 +83,6 @@ class LossOutput:
         out["is_ratio_max"] = float(self.is_ratio_max)
         return out
 
-    # the names the step's metrics always had
-    @property
-    def is_weight_mean(self) -> float:
-        return self.metrics()["is_weight_mean"]
-
-    @property
-    def truncated_frac(self) -> float:
-        return self.metrics()["truncated_frac"]
-
-    @property
-    def clipped_frac(self) -> float:
-        return self.metrics()["clipped_frac"]
-
-    @property
-    def kl(self) -> float:
-        return self.metrics()["kl"]
-
 
 def merge(outs: list[LossOutput]) -> dict[str, float]:
     """The metrics of several mini-batches of one step: token sums added before dividing (so each

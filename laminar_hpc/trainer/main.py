@@ -189,7 +189,9 @@ class Trainer:
                                       f"(have {len(self.groups)}): are rollouts generating?")
                 continue
             self._take(msg)
-        order = training_order([max(group_lags(self.lineage, self.version, g)[1]) for g in self.groups], cfg.trainer.max_staleness)
+        bound = cfg.trainer.max_staleness  # without one, arrival order: no lags to compute
+        oldest = [self._max_lag(g) for g in self.groups] if bound is not None else [0] * len(self.groups)
+        order = training_order(oldest, bound)
         batch = [self.groups[i] for i in order[:need]]
         self.groups = [self.groups[i] for i in sorted(order[need:])]
         return batch, time.monotonic() - t0
@@ -228,14 +230,22 @@ class Trainer:
     def _drop_if_stale(self, g: Group) -> bool:
         """Drop `g` if a member's step lag exceeds trainer.max_staleness now: counted, reported
         to the controller with the step's ledger, and replaced by a new request."""
-        if not too_stale(group_lags(self.lineage, self.version, g)[1], self.ctx.cfg.trainer.max_staleness):
+        bound = self.ctx.cfg.trainer.max_staleness
+        if bound is None:
+            return False
+        lag = self._max_lag(g)
+        if not too_stale([lag], bound):
             return False
         self.dropped_groups += 1
         self.stale.append(g.group_id)
         self.ctx.tracer.emit("group_dropped", group=g.group_id, reason="staleness",
-                             versions=sorted({t.version for t in g.trajectories}), step_lag=max(group_lags(self.lineage, self.version, g)[1]))
+                             versions=sorted({t.version for t in g.trajectories}), step_lag=lag)
         self.ctx.ctrl.send(WantGroups(n=1))  # replace it
         return True
+
+    def _max_lag(self, g: Group) -> int:
+        """The step lag of `g`'s oldest member behind the current weights."""
+        return max(group_lags(self.lineage, self.version, g)[1], default=0)
 
     def wait_synced(self, version: int, beat: Heartbeat) -> float:
         """partial-rollout (as AReaL): training waits until every rollout has loaded `version`."""
@@ -304,7 +314,8 @@ class Trainer:
             t_start = time.monotonic()
             while self.step < cfg.trainer.total_steps and not flags.get("stop"):
                 groups, wait_s = self.collect(beat)
-                lags = lag_metrics([group_lags(self.lineage, self.version, g) for g in groups])  # at the version the step trains on
+                # at the version the step trains on
+                lags = lag_metrics([group_lags(self.lineage, self.version, g) for g in groups])
                 t0 = time.monotonic()
                 m = self.backend.train_step(groups, step=self.step, version=self.version)
                 m.update(lags)

@@ -229,7 +229,7 @@ def test_kl_term_and_merge():
     out, grad = run(logp, mu, adv, mask, rho=1.4, ref_logp=ref, kl_coef=0.3)
     assert out.loss.item() == pytest.approx(want, rel=1e-9)
     torch.testing.assert_close(grad, torch.tensor(want_grad, dtype=torch.float64), rtol=1e-9, atol=1e-13)
-    assert out.kl == pytest.approx(want_m["kl"], rel=1e-9) and out.kl > 0
+    assert out.metrics()["kl"] == pytest.approx(want_m["kl"], rel=1e-9) and out.metrics()["kl"] > 0
     # mini-batches: token sums added before dividing, so two halves give the whole's figures
     halves = [policy_loss(logp[s], mu[s], adv[s], mask[s], rho=1.4) for s in (slice(0, 4), slice(4, 8))]
     whole = policy_loss(logp, mu, adv, mask, rho=1.4).metrics()

@@ -164,10 +164,10 @@ def test_aipo_loss_and_gradient_match_loop_reference():
     assert out.loss.ndim == 0
     assert out.loss.item() == pytest.approx(ref["loss"], rel=1e-9, abs=1e-12)
     torch.testing.assert_close(grad, torch.tensor(ref["grad"], dtype=torch.float64), rtol=1e-9, atol=1e-12)
-    assert out.truncated_frac == pytest.approx(ref["truncated_frac"])
-    assert out.is_weight_mean == pytest.approx(ref["is_weight_mean"], rel=1e-9)
-    assert out.clipped_frac == 0.0
-    assert out.kl == 0.0
+    assert out.metrics()["truncated_frac"] == pytest.approx(ref["truncated_frac"])
+    assert out.metrics()["is_weight_mean"] == pytest.approx(ref["is_weight_mean"], rel=1e-9)
+    assert out.metrics()["clipped_frac"] == 0.0
+    assert out.metrics()["kl"] == 0.0
 
 
 def test_aipo_gradient_is_zero_on_unmasked_tokens_and_weight_is_constant():
@@ -229,8 +229,8 @@ def test_ppo_clipping_zeroes_gradient_of_tokens_outside_trust_region():
     assert torch.all(grad_noclip[inside] != 0)
 
     ref = _ref_aipo(logp.tolist(), behaviour.tolist(), adv.tolist(), mask.tolist(), rho, clip_eps=eps)
-    assert out.clipped_frac == pytest.approx(ref["clipped_frac"])
-    assert out.clipped_frac == pytest.approx(float(outside.sum() / mask.sum()))
+    assert out.metrics()["clipped_frac"] == pytest.approx(ref["clipped_frac"])
+    assert out.metrics()["clipped_frac"] == pytest.approx(float(outside.sum() / mask.sum()))
     assert out.loss.item() == pytest.approx(ref["loss"], rel=1e-9, abs=1e-12)
     torch.testing.assert_close(grad, torch.tensor(ref["grad"], dtype=torch.float64), rtol=1e-9, atol=1e-12)
 
@@ -249,7 +249,7 @@ def test_ppo_clipping_handcrafted_tokens():
                      (1, 1): -1.5 * -1.0 / 6, (1, 2): -0.9 * -1.0 / 6}
     for (b, t), g in expected_kept.items():
         assert grad[b, t].item() == pytest.approx(g, rel=1e-9)
-    assert out.clipped_frac == pytest.approx(2 / 6)
+    assert out.metrics()["clipped_frac"] == pytest.approx(2 / 6)
 
 
 def test_kl_term_matches_k3_reference():
@@ -261,7 +261,7 @@ def test_kl_term_matches_k3_reference():
                     ref_logp=ref_logp.tolist(), kl_coef=kl_coef)
     out, grad = _run(logp, behaviour, adv, mask, rho=rho, ref_logp=ref_logp, kl_coef=kl_coef)
     assert ref["kl"] > 0
-    assert out.kl == pytest.approx(ref["kl"], rel=1e-9)
+    assert out.metrics()["kl"] == pytest.approx(ref["kl"], rel=1e-9)
     assert out.loss.item() == pytest.approx(ref["loss"], rel=1e-9, abs=1e-12)
     torch.testing.assert_close(grad, torch.tensor(ref["grad"], dtype=torch.float64), rtol=1e-9, atol=1e-12)
     # the loss is exactly the policy-gradient loss plus kl_coef * mean k3
@@ -273,10 +273,10 @@ def test_kl_is_zero_when_ref_equals_policy_and_ignored_without_coef():
     logp, behaviour, adv, mask = _case(seed=6)
     same = aipo_loss(logp, behaviour, adv, mask, rho=1.2, ref_logp=logp.clone(), kl_coef=0.5)
     base = aipo_loss(logp, behaviour, adv, mask, rho=1.2)
-    assert same.kl == pytest.approx(0.0, abs=1e-12)
+    assert same.metrics()["kl"] == pytest.approx(0.0, abs=1e-12)
     assert same.loss.item() == pytest.approx(base.loss.item(), rel=1e-12)
     off = aipo_loss(logp, behaviour, adv, mask, rho=1.2, ref_logp=logp - 1.0, kl_coef=0.0)
-    assert off.kl == 0.0
+    assert off.metrics()["kl"] == 0.0
     assert off.loss.item() == pytest.approx(base.loss.item(), rel=1e-12)
 
 
@@ -380,8 +380,8 @@ def test_build_batch_feeds_aipo_loss():
     logp = batch.behaviour_logp.clone().requires_grad_(True)
     out = aipo_loss(logp, batch.behaviour_logp, batch.advantages, batch.mask, rho=2.0)
     out.loss.backward()
-    assert out.is_weight_mean == pytest.approx(1.0)
-    assert out.truncated_frac == 0.0
+    assert out.metrics()["is_weight_mean"] == pytest.approx(1.0)
+    assert out.metrics()["truncated_frac"] == 0.0
     expected = -batch.advantages * batch.mask / batch.n_tokens
     torch.testing.assert_close(logp.grad, expected.expand_as(logp))
 
