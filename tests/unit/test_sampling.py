@@ -230,3 +230,14 @@ def test_the_rollouts_torch_engine_samples_with_the_configured_top_k_and_top_p()
     cfg = load_config(f"{REPO}/configs/tiny.yaml", ["rollout.top_k=5", "rollout.top_p=0.9", "rollout.temperature=0.7"])
     engine, _ = build_engine(cfg, 0, build_tokenizer(cfg.model))
     assert (engine.top_k, engine.top_p, engine.temperature) == (5, 0.9, 0.7)
+
+
+def test_a_temperature_below_vllms_greedy_threshold_samples_greedily_as_vllm_does():
+    """vLLM samples greedily below temperature 1e-5 and reports the untempered log-probs; dividing
+    by 1e-6 instead made every mu 0 (and could overflow)."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, 50, generator=g)
+    toks, mu = sample_tokens(logits, 1e-6, 1.0, g)
+    assert torch.equal(toks, logits.argmax(-1))
+    assert torch.allclose(mu, torch.log_softmax(logits, -1).gather(-1, toks[:, None]).squeeze(-1))
+    assert (mu < 0).all()
