@@ -12,12 +12,15 @@
     laminar trace compare RUN_A RUN_B                          # the summary figures side by side
     laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT] # every mode and scaling curves, simulated
     laminar export-hf RUN_DIR [--step N | --live] [-o OUT_DIR] [--dtype D]   # a weight version as an HF dir
+    laminar eval RUN_DIR_OR_HF_DIR --config CONFIG [--step N] [--samples N] [--json OUT]   # the validation split
 """
 from __future__ import annotations
 
 import argparse
 import errno
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,13 +29,8 @@ from laminar_hpc.config import ConfigError, load_config
 
 
 def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
-    from laminar_hpc.tasks import build_task
-    from laminar_hpc.tasks.jsonl import DatasetError
     cfg = load_config(args.config, args.overrides)
-    try:
-        build_task(cfg.task, cfg.seed)  # a missing or malformed dataset fails here, before anything starts
-    except DatasetError as err:
-        raise ConfigError(f"{err} (task in {args.config})") from None
+    check_task(cfg, args.config)
     if cfg.model.hf_path or cfg.model.hf_tokenizer:  # so does a missing or unsupported checkpoint
         from laminar_hpc.model.hf import HFCheckpointError, preflight
         try:
@@ -40,6 +38,37 @@ def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
         except HFCheckpointError as err:
             raise ConfigError(f"model.hf_path: {err} (in {args.config})") from None
     return cfg
+
+
+def check_task(cfg, source: str) -> None:
+    """Before anything starts: the dataset loads (a missing or malformed file, a bad row), the
+    reward functions import and a reward that returns no number is refused (tasks/rewards.py
+    check_reward), a chat task renders with the tokenizer's chat template; a validation split
+    that overlaps the training rows is a warning with the count."""
+    from laminar_hpc.tasks import build_task, encode_prompt
+    from laminar_hpc.tasks.dataset import DatasetError
+    from laminar_hpc.tasks.rewards import RewardError, Scorer, check_reward
+    try:
+        task = build_task(cfg.task, cfg.seed)
+    except DatasetError as err:
+        raise ConfigError(f"{err} (task in {source})") from None
+    overlap = getattr(task, "overlap", 0)
+    if overlap:
+        print(f"laminar: warning: {overlap} training rows of {cfg.task.path} also appear in the validation split "
+              f"{cfg.task.validation_path}: evaluation scores on them measure memory, not generalisation",
+              file=sys.stderr)
+    try:
+        scorer = Scorer(cfg.task.reward)
+        if cfg.task.reward.url is None:  # a remote verifier is not called before the run
+            check_reward(scorer, task.problem(0))
+    except RewardError as err:
+        raise ConfigError(f"{_one_line(err)} (in {source})") from None
+    if getattr(cfg.task, "chat_template", False):
+        from laminar_hpc.model.factory import build_tokenizer
+        try:
+            encode_prompt(build_tokenizer(cfg.model), task.problem(0))
+        except ValueError as err:
+            raise ConfigError(f"task.chat_template: {_one_line(err)} (in {source})") from None
 
 
 def _check_resume(cfg, run_dir: Path) -> None:
@@ -179,6 +208,17 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    """`laminar eval`: its own process (rollout/evaluate.py), as every part that runs a model."""
+    argv = [sys.executable, "-m", "laminar_hpc.rollout.evaluate", args.target, "--config", args.config]
+    for flag, value in (("--step", args.step), ("--samples", args.samples), ("--pass-k", args.pass_k),
+                        ("--json", args.json)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return subprocess.call([*argv, *args.overrides], env={**os.environ, "HF_HUB_OFFLINE": os.environ.get(
+        "HF_HUB_OFFLINE", "1")})
+
+
 def _export_hf(args: argparse.Namespace) -> int:
     """`laminar export-hf`: a checkpoint (or, with --live, the newest published version) of a run
     as a directory transformers loads (laminar_hpc/model/export.py)."""
@@ -280,6 +320,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("-o", "--output", help="directory to create (default RUN_DIR/hf/<step or version>)")
     ex.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="tensor dtype (default model.dtype)")
     ex.set_defaults(func=_export_hf)
+    ev = sub.add_parser("eval", help="generate and score the task's validation split with a run's checkpoint "
+                                     "or a Hugging Face directory")
+    ev.add_argument("target", help="a run directory or a Hugging Face directory")
+    ev.add_argument("--config", required=True, help="YAML config: the task, eval and rollout settings")
+    ev.add_argument("--step", type=int, help="the checkpoint of this train step (default: the newest that verifies)")
+    ev.add_argument("--samples", type=int, help="samples per problem (default eval.samples; 1: greedy)")
+    ev.add_argument("--pass-k", type=int, help="pass@k reported besides pass@1 (default eval.pass_k)")
+    ev.add_argument("--json", help="write the figures here")
+    ev.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.max_problems=50")
+    ev.set_defaults(func=_eval)
     sub.add_parser("simulate", help="discrete-event simulation of a whole cluster, every mode, scaling curves "
                    "(laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT]; see laminar simulate -h)")
     return ap

@@ -386,8 +386,10 @@ def role_context(role: str, rank: int, run_dir: Path, config: str = "configs/tin
 
 
 def close_rollout(r) -> None:
-    """What a test's `Rollout` holds open: its tracer and its mapping of the relay's weight store."""
+    """What a test's `Rollout` holds open: its tracer, its reward pool and its mapping of the relay's
+    weight store."""
     r.ctx.tracer.close()
+    r.scoring.close()
     if r.weights.store is not None:
         r.weights.store.close()
 

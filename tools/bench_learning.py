@@ -82,7 +82,8 @@ def greedy_accuracy(cfg, problems: list, *, run_dir: Path | None = None, state_p
     import torch
 
     from laminar_hpc.model.factory import build_model, build_tokenizer
-    from laminar_hpc.tasks import build_task, encode_prompt
+    from laminar_hpc.tasks import encode_prompt, score_all
+    from laminar_hpc.tasks.base import Response
     from laminar_hpc.trainer.checkpoint import load_latest
     from laminar_hpc.trainer.warmup import fits, greedy_decode
     tok = build_tokenizer(cfg.model)
@@ -95,10 +96,10 @@ def greedy_accuracy(cfg, problems: list, *, run_dir: Path | None = None, state_p
         step = meta["step"]
     else:
         model.load_state_dict(torch.load(state_path, map_location="cpu"))
-    task = build_task(cfg.task, cfg.seed)
     rows = [(p, x) for p, x in ((p, encode_prompt(tok, p)) for p in problems) if fits(x, cfg.model.max_seq_len)]
     answers = greedy_decode(model.eval(), [x for _, x in rows], tok.eos_id, cfg.rollout.max_new_tokens)
-    right = sum(task.reward(tok.decode([t for t in a if t != tok.eos_id]), p) for (p, _), a in zip(rows, answers))
+    right = sum(o.reward for o in score_all(cfg.task.reward, [
+        (p, Response(tok.decode([t for t in a if t != tok.eos_id]), tuple(a))) for (p, _), a in zip(rows, answers)]))
     return {"accuracy": right / len(rows) if rows else None, "n": len(rows), "step": step}
 
 
@@ -130,7 +131,7 @@ def shared_warmup(config: str, overrides: list[str], seed: int, out: Path) -> di
     tok = build_tokenizer(cfg.model)
     model = build_model(cfg.model, tok, cfg.trainer.device)
     res = run_warmup(model, build_task(cfg.task, cfg.seed), tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
-                     report=lambda r: None)
+                     report=lambda r: None, reward=cfg.task.reward)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), path)
     meta = {**res, "seed": seed, "path": str(path.resolve()), "problems": res["steps"] * cfg.warmup.batch_size}

@@ -29,6 +29,7 @@ from laminar_hpc.rollout.engine import TorchEngine  # noqa: E402
 from laminar_hpc.rundir import RunDir  # noqa: E402
 from laminar_hpc.tasks import encode_prompt  # noqa: E402
 from laminar_hpc.tasks.arith import ArithTasks  # noqa: E402
+from laminar_hpc.tasks.base import Response  # noqa: E402
 from laminar_hpc.tasks.rewards import final_number  # noqa: E402
 
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         outs = generate(engine, [p for p in ids for _ in range(reps)], cfg.rollout.max_new_tokens)
         texts = [tok.decode([x for x in o if x != tok.eos_id]) for o in outs]
         probs = [p for p in problems for _ in range(reps)]
-        acc = sum(final_number(t, p) for t, p in zip(texts, probs)) / len(texts)
+        acc = sum(final_number(p, Response(t)) for t, p in zip(texts, probs)) / len(texts)
         name = "greedy" if temp == 0 else f"sampled_t{temp:g}"
         figures[name] = acc
         figures[f"{name}_examples"] = [[p.prompt, t] for p, t in zip(probs[::reps][:4], texts[::reps][:4])]

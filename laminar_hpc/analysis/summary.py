@@ -33,6 +33,7 @@ from pathlib import Path
 from laminar_hpc.analysis.bubbles import concurrency, rollout_figures
 from laminar_hpc.analysis.goodput import run_goodput
 from laminar_hpc.analysis.offpolicy import lag_hist, offpolicy_health, render_offpolicy
+from laminar_hpc.analysis.rewards import render_task, task_figures
 from laminar_hpc.analysis.text import bar, fmt, table
 from laminar_hpc.analysis.timeline import Timeline, nearest_rank, spread
 from laminar_hpc.metrics.goodput import CAUSES, LABELS
@@ -98,6 +99,7 @@ def summarize(run: RunTrace, metrics_rows: list[dict] | None = None, *, buckets:
     d["staleness"] = lag_hist(metrics_rows or [])  # version lag (as summary.json has it)
     d["offpolicy"] = offpolicy_health(metrics_rows or [])
     d["lengths"] = _lengths(tl)
+    d["task"] = task_figures(run.events)  # evaluation rounds, failed reward calls
     d["sync"] = _sync(tl)
     mode = str((run_config(run.run_dir) or {}).get("mode") or "laminar")
     try:
@@ -236,6 +238,7 @@ def format_summary(d: dict) -> str:
                 f"waiting for data {fmt(tr['wait_s'])}s (rollout-bound), publish stall {fmt(tr['publish_stall_s'])}s, "
                 f"{tr['publishes']} publishes"]
     out += render_offpolicy(d["offpolicy"])  # staleness (version and step lag), IS ratios, drops
+    out += render_task(d.get("task") or {"eval": [], "reward_failed": {}})
     ln = d["lengths"]
     out += ["", f"response lengths (tokens; {ln['n']:,} trajectories): p50 {fmt(ln['p50'])}  p90 {fmt(ln['p90'])}  "
                 f"p99 {fmt(ln['p99'])}  max {fmt(ln['max'])}  mean {fmt(ln['mean'])}"]

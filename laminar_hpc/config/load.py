@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from laminar_hpc.config.schema import ArithTaskCfg, BuiltinTaskCfg, Config, JsonlTaskCfg, SyntheticTaskCfg
+from laminar_hpc.config.schema import Config
+from laminar_hpc.config.task import TASK_TYPES
 from laminar_hpc.rundir import atomic_write_text
 
 
@@ -58,7 +59,7 @@ def apply_override(data: dict, dotted: str, source: str = "command line") -> Non
     node[parts[-1]] = _parse_value(text)
 
 
-_TASK_TYPES = {"builtin": BuiltinTaskCfg, "jsonl": JsonlTaskCfg, "arith": ArithTaskCfg, "synthetic": SyntheticTaskCfg}
+_TASK_TYPES = TASK_TYPES
 
 
 def _section_at(path: list[str], task_type: str) -> type[BaseModel] | None:

@@ -10,26 +10,31 @@ Only fields a section lists in `multiline` (text for the model, e.g. a prompt te
 Checks across fields (`_*` model validators) name both fields and what to change.
 
 The `Section` base and number types live in `laminar_hpc.config.section`, the `slurm:` section in
-`laminar_hpc.config.slurm`, the `trainer:` section in `laminar_hpc.config.trainer`; all are
+`laminar_hpc.config.slurm`, the `trainer:` section in `laminar_hpc.config.trainer`, the `task:` and
+`eval:` sections in `laminar_hpc.config.task`; all are
 re-exported here, so every name imports from this module.
 """
 from __future__ import annotations
 
 import math
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
 from laminar_hpc.config.slurm import SlurmCfg, SlurmLayoutCfg, StepResources
+from laminar_hpc.config.task import (
+    ArithTaskCfg, BuiltinTaskCfg, DatasetTaskCfg, EvalCfg, JsonlTaskCfg, RewardCfg, SyntheticTaskCfg, TaskCfg,
+)
 from laminar_hpc.config.trainer import MegatronCfg, TrainerBackend, TrainerCfg
 from laminar_hpc.config.values import SizeMb
 
 __all__ = [  # re-exported names included: `from laminar_hpc.config.schema import X` works for each
     "ArithTaskCfg",
-    "BuiltinTaskCfg", "CheckpointCfg", "Config", "ControllerCfg", "EmulationCfg", "JsonlTaskCfg", "LengthsCfg",
+    "BuiltinTaskCfg", "CheckpointCfg", "Config", "ControllerCfg", "DatasetTaskCfg", "EmulationCfg", "EvalCfg",
+    "JsonlTaskCfg", "LengthsCfg",
     "MegatronCfg", "ModelCfg", "NonNegInt", "PartialRolloutCfg", "PosFloat", "PosInt", "Prob", "RelayCfg", "RepackCfg",
-    "RolloutBackend",
+    "RewardCfg", "RolloutBackend",
     "RolloutCfg", "Section", "SlurmCfg", "SlurmLayoutCfg", "StepResources", "SupervisorCfg", "SyntheticTaskCfg",
     "TaskCfg", "TimeoutsCfg", "TraceCfg", "TrainerBackend", "TrainerCfg", "VllmCfg", "WarmupCfg",
 ]
@@ -70,64 +75,6 @@ class ModelCfg(Section):
         if self.tokenizer == "hf" and not (self.hf_path or self.hf_tokenizer):
             raise ValueError("tokenizer: hf needs model.hf_path (or model.hf_tokenizer) to read the tokenizer from")
         return self
-
-
-class BuiltinTaskCfg(Section):
-    type: Literal["builtin"] = "builtin"
-    kinds: list[Literal["reverse", "sort", "add", "repeat"]] = Field(default_factory=lambda: ["reverse"], min_length=1)
-    weights: list[PosFloat] | None = None
-    min_len: PosInt = 2
-    max_len: PosInt = 8
-    tail_alpha: Annotated[float, Field(ge=0.0)] = 1.0
-
-    @model_validator(mode="after")
-    def _lens(self) -> "BuiltinTaskCfg":
-        if self.max_len < self.min_len:
-            raise ValueError(f"max_len={self.max_len} must be >= min_len={self.min_len}")
-        if self.weights is not None and len(self.weights) != len(self.kinds):
-            raise ValueError(f"weights has {len(self.weights)} entries for {len(self.kinds)} kinds")
-        return self
-
-
-class JsonlTaskCfg(Section):
-    """A JSONL dataset, one problem per line (GSM8K format by default)."""
-    multiline: ClassVar[frozenset[str]] = frozenset({"prompt_template"})
-    type: Literal["jsonl"] = "jsonl"
-    path: str
-    prompt_field: str = "question"
-    answer_field: str = "answer"
-    answer_format: Literal["gsm8k", "plain"] = "gsm8k"  # gsm8k: the gold answer follows '#### '
-    reward: Literal["math_verify", "exact", "final_number"] = "math_verify"  # tasks/rewards.py
-    prompt_template: str = "{prompt}\nAnswer: "
-    on_bad_row: Literal["fail", "skip"] = "fail"
-    # true: the filled-in prompt_template is the user message, rendered with the tokenizer's own chat
-    # template (model.tokenizer: hf) instead of being the model's text as written
-    chat_template: bool = False
-    system_prompt: str | None = None  # the chat's system message (chat_template only); null: none
-
-
-class ArithTaskCfg(Section):
-    """Generated arithmetic asked in words, answered with one number (tasks/arith.py): 'What is
-    7 + 12? Answer with just the number.'; reward 1 when the response's last number is the value."""
-    multiline: ClassVar[frozenset[str]] = frozenset({"instruction", "system_prompt"})
-    type: Literal["arith"] = "arith"
-    ops: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
-    operands: Annotated[int, Field(ge=2, le=4)] = 2
-    max_value: PosInt = 20  # operands are drawn from 0..max_value
-    instruction: str = "Answer with just the number."  # appended to each question
-    # true: the question is a user message rendered with the tokenizer's own chat template
-    # (model.tokenizer: hf); false: the question as plain text (e.g. the char tokenizer)
-    chat_template: bool = True
-    system_prompt: str | None = None  # the chat's system message; null: none (the template may add its default)
-
-
-class SyntheticTaskCfg(Section):
-    """Fixed-length prompts and a coin-flip reward: for emulated engines, which read no tokens."""
-    type: Literal["synthetic"] = "synthetic"
-    prompt_tokens: PosInt = 512
-
-
-TaskCfg = Annotated[Union[BuiltinTaskCfg, JsonlTaskCfg, ArithTaskCfg, SyntheticTaskCfg], Field(discriminator="type")]
 
 
 class WarmupCfg(Section):
@@ -331,6 +278,7 @@ class Config(Section):
     cluster: Literal["slurm", "local", "debug"] | None = None  # for `laminar submit`; never guessed
     model: ModelCfg = Field(default_factory=ModelCfg)
     task: TaskCfg = Field(default_factory=BuiltinTaskCfg)
+    eval: EvalCfg = Field(default_factory=EvalCfg)
     warmup: WarmupCfg = Field(default_factory=WarmupCfg)
     trainer: TrainerCfg = Field(default_factory=TrainerCfg)
     rollout: RolloutCfg = Field(default_factory=RolloutCfg)

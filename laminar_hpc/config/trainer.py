@@ -72,6 +72,10 @@ class TrainerCfg(Section):
     # that generated it and the trainer's, across restarts: policy/lineage.py) is at most this;
     # older groups are dropped and counted. Admission keeps generation within it.
     max_staleness: NonNegInt | None = None
+    # dynamic sampling (as DAPO): a group whose rewards are all equal has no learning signal
+    # (every advantage is 0). drop: the controller drops it ("no_signal" in the ledger) and admits
+    # another prompt in its place, so a train step's batch stays full; keep: trained as it is
+    dynamic_sampling: Literal["keep", "drop"] = "keep"
     publish_every: PosInt = 1
     publish_dtype: Literal["float32", "bfloat16"] = "float32"
     init_checkpoint: str | None = None

@@ -45,6 +45,8 @@ class MessageHandlers:
                 self.dp.stream_items(items, rollout=rank)
                 if any(it.version not in self.versions_seen for it in items):
                     self._track_versions()  # only a version not running before can raise the count
+            case Finished(trajectory=traj) if rollout and traj.eval_round is not None:
+                self.evaluation.finished(traj, rank)  # evaluation work: never in the data plane
             case Finished(trajectory=traj) if rollout:
                 self.finished(traj, now, rank)
             case WantWork(credit=credit, version=version) if rollout:
@@ -124,6 +126,7 @@ class MessageHandlers:
         self.send(ident, Heartbeat(t=now, epoch=self.epoch))
         if role == "rollout":
             self.rm.reset_credit(rank)  # a (re)started rollout holds nothing and asks afresh
+            self.evaluation.rollout_lost(rank)
             self.recovery.place(self.dp.requeue_rollout(rank), exclude=rank)
         elif role == "trainer":
             self.send(ident, HelloAck(run_id=self.run_id, max_version=self.dp.meta.get("max_version", -1)))
@@ -184,6 +187,7 @@ class MessageHandlers:
         self.roles.down(name)
         if role == "rollout" and rank_s.isdigit():
             self.recovery.rollout_down(name, int(rank_s), code)
+            self.evaluation.rollout_lost(int(rank_s))
         elif role == "trainer":
             self.trainer_credit = 0  # the restarted trainer re-sends its lineage (trainer_sync)
         elif name == "relay":

@@ -22,6 +22,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from laminar_hpc.policy.scheduling import no_signal
 from laminar_hpc.transport.protocol import Group, Trajectory
 
 GENERATING, READY, DELIVERED, TRAINED = "generating", "ready", "delivered", "trained"
@@ -47,8 +48,11 @@ class GroupLedger:
     OPS = frozenset({"deliver", "trained", "commit", "drop", "trainer_sync"})  # its journal records
 
     def __init__(self, journal: Callable[..., None], forget: Callable[[list[str]], None],
-                 regenerate: Callable[[GroupRecord], None]):
+                 regenerate: Callable[[GroupRecord], None], drop_no_signal: bool = False):
         self._log, self._forget, self._regenerate_trajs = journal, forget, regenerate
+        # dynamic sampling (trainer.dynamic_sampling: drop): a complete group whose rewards are all
+        # equal is dropped ("no_signal") inside its `finish` record, so a replay drops it again
+        self.drop_no_signal = drop_no_signal
         self.next_group = 0  # the next group id (= groups admitted)
         self.groups: dict[int, GroupRecord] = {}  # every group not yet committed or dropped
         self.ready: deque[int] = deque()  # complete groups (experience buffer)
@@ -76,6 +80,9 @@ class GroupLedger:
             self._drop_group(group.group_id, "bad_reward")
             return None
         if len(group.finished) == len(group.traj_ids):
+            if self.drop_no_signal and no_signal([t.reward for t in group.finished.values()]):
+                self._drop_group(group.group_id, "no_signal")  # admission replaces it
+                return None
             group.state, group.lost = READY, False
             self.ready.append(group.group_id)
             return group.group_id
@@ -173,10 +180,14 @@ class GroupLedger:
         self._dropped_n[reason] += 1
 
     def dropped_for(self, reason: str) -> int:
-        """Groups dropped for `reason` so far (admission replaces those dropped as too stale)."""
+        """Groups dropped for `reason` so far (admission replaces those dropped as too stale or
+        for having no learning signal)."""
+        return self.dropped_by_reason().get(reason, 0)
+
+    def dropped_by_reason(self) -> dict[str, int]:
         if sum(self._dropped_n.values()) != len(self.dropped):  # `dropped` was restored from a snapshot
             self._dropped_n = Counter(self.dropped.values())
-        return self._dropped_n[reason]
+        return dict(self._dropped_n)
 
     def trainer_sync(self, consumed: list[int], committed_n: int, held: list[int]) -> list[int]:
         """Reconcile with a trainer that (re)started or reconnected: `consumed` is its lineage

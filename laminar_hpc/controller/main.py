@@ -37,6 +37,7 @@ import uuid
 import msgspec
 
 from laminar_hpc.config import load_config
+from laminar_hpc.controller.evaluation import Evaluation
 from laminar_hpc.controller.frames import Frames
 from laminar_hpc.controller.handlers import MessageHandlers
 from laminar_hpc.controller.pools import DataPlane
@@ -49,12 +50,13 @@ from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.launch.role import node_name, setup_logging
 from laminar_hpc.launch.runlock import RoleLock
 from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.metrics.jsonl import JsonlAppender, read_objects
 from laminar_hpc.metrics.status import ControllerInfo, Status, Utilisation, write_status
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir, read_json
-from laminar_hpc.tasks import build_task, encode_prompt
+from laminar_hpc.tasks import build_task, encode_prompt, validation_problems
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.protocol import Assign, Groups, Message, Stop
 from laminar_hpc.transport.security import server_keys
@@ -72,13 +74,15 @@ class Controller(MessageHandlers):
         self.rd = rd = RunDir.of(run_dir)
         self.run_dir, self.cfg, self.log, self.tracer = rd.path, cfg, log, tracer
         task = build_task(cfg.task, cfg.seed)
+        self.task_rows = len(task) if cfg.task.type in ("dataset", "jsonl") else None  # epochs of a dataset
         tok = build_tokenizer(cfg.model)
         self.epoch = uuid.uuid4().hex[:12]  # roles that see a new epoch re-send their state
         self.t_start = time.time()
         self.wal = WriteAheadLog(rd.wal_dir, fsync_s=cfg.controller.wal_fsync_s,
                                  snapshot_bytes=int(cfg.controller.wal_snapshot_mb * 2**20))
         self.dp = DataPlane(task.problem, lambda p: encode_prompt(tok, p), cfg.trainer.group_size,
-                            cfg.rollout.max_new_tokens, limits=limits_for(cfg, tok.vocab_size))
+                            cfg.rollout.max_new_tokens, limits=limits_for(cfg, tok.vocab_size),
+                            drop_no_signal=cfg.trainer.dynamic_sampling == "drop")
         # what it sends is split under the limit its peers receive with (launch/role.py: the same setting)
         self.frames = Frames(log, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20), task=task)
         self.recovered = recover(self.wal, self.dp, log, tracer)
@@ -122,6 +126,13 @@ class Controller(MessageHandlers):
         self.t0 = time.time()
         self.run_id = rd.run_id
         self.wal_refusing = False  # new admissions refused while the write-ahead log cannot be written
+        # evaluation on the validation split beside training (controller/evaluation.py); rounds this
+        # run already wrote to metrics.jsonl are not run again after a restart
+        done = {r["eval_step"] for r in read_objects(rd.metrics) if isinstance(r.get("eval_step"), int)}
+        problems = validation_problems(task, cfg) if cfg.eval.every_steps else []
+        self.evaluation = Evaluation(cfg, problems, lambda p: encode_prompt(tok, p), emit=tracer.emit,
+                                     write=JsonlAppender(rd.metrics).append, log=log, done_steps=done,
+                                     epoch=self.epoch)
 
     def send(self, ident: str, msg: Message) -> None:
         """Every message the controller sends goes through here (its components get this as their
@@ -159,7 +170,7 @@ class Controller(MessageHandlers):
                       max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch, in_flight=len(self.dp.partials),
                       rollout_versions=self.sync.versions, version_base=self.sync.version_base,
                       max_staleness=cfg.trainer.max_staleness,
-                      groups_dropped_stale=self.dp.ledger.dropped_for("staleness"))
+                      groups_replaced=self.dp.ledger.dropped_for("staleness") + self.dp.ledger.dropped_for("no_signal"))
         self.sync.tick(groups_started=self.dp.groups_started, in_flight=len(self.dp.partials), now=time.monotonic())
         if n and self.wal.error is not None:
             # the log cannot reach the disk (full, quota): admitting would grow what a crash loses;
@@ -180,6 +191,12 @@ class Controller(MessageHandlers):
             if self.dp.groups_started == 0 and refused >= ALL_REFUSED_STOP and self.stop_reason is None:
                 self.stop_reason = (f"the first {refused} prompts of the task were all refused at admission (see the "
                                     f"log): fix the task's rows or raise model.max_seq_len")
+        ev = self.evaluation
+        if ev.enabled:  # evaluation first, within its share of each rollout's slots
+            ev.tick(self.steps_trained, self.dp.meta.get("max_version", -1))
+            for rank, work in list(ev.assign(self.rm.credits, self.sync.held())):
+                self.rm.credit(rank, -len(work))
+                self.send(f"rollout-{rank}", Assign(work=work))
         for rank, work in self.rm.assign(self.dp):
             self.send(f"rollout-{rank}", Assign(work=work))
         if self.repack_on:
@@ -210,15 +227,17 @@ class Controller(MessageHandlers):
             trajectories_finished=dp.trajectories_finished, tokens_generated=dp.tokens_generated,
             groups_consumed=lg.groups_consumed, groups_pending=lg.groups_pending,
             groups_committed=len(lg.committed), groups_dropped=len(lg.dropped),
+            groups_dropped_by=lg.dropped_by_reason(),
             queued=len(dp.queue), running=len(dp.partials) - len(dp.queue), published=self.published,
             dropped_frames=self.server.dropped + self.refused + self.frames.handler_errors,
             relay_dropped_frames=self.relay_dropped, handler_errors=self.frames.handler_errors,
-            prompts_refused=dp.refused["prompts"], refused_problems=list(dp.refused_problems),
+            prompts_refused=dp.refused["prompts"], prompts_too_long=dp.refused.get("prompts_too_long", 0),
+            prompt_cursor=dp.cursor, epochs=dp.cursor / self.task_rows if self.task_rows else None, refused_problems=list(dp.refused_problems),
             trajectories_refused=dp.refused["trajectories"], stream_items_refused=dp.refused["stream_items"],
             oversize_refused=self.frames.oversize, frames_split=self.frames.frames_split,
             repack=dict(self.rm.repack_stats),
             rollout_util={k: Utilisation(busy_s=b, weight_wait_s=w) for k, (b, w) in sorted(self.util.items())},
-            metrics=dict(self.metrics),
+            metrics=dict(self.metrics), eval=self.evaluation.last_row,
             # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`
             epoch=self.epoch, controller=ControllerInfo(pid=os.getpid(), t_start=self.t_start, ready_t=self.ready_t),
             roles=self.roles.table(), hung=self.roles.hung(now) if now > self.backlog_until else [],

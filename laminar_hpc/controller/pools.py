@@ -88,18 +88,21 @@ class DataPlane(PartialMoves):
 
     def __init__(self, problems: Callable[[int], object], tokenize: Callable[[object], list[int]],
                  group_size: int, max_new_tokens: int, start_cursor: int = 0,
-                 journal: Callable[[str, dict], None] | None = None, limits: Limits | None = None):
+                 journal: Callable[[str, dict], None] | None = None, limits: Limits | None = None,
+                 drop_no_signal: bool = False):
         self.problems, self.tokenize = problems, tokenize
         self.group_size, self.max_new_tokens = group_size, max_new_tokens
         self.journal = journal
         self.limits = limits  # None: only where a result belongs is checked (token contents are not)
+        # (+ "prompts_too_long" once one is: snapshots written before it existed compare equal)
         self.refused = {"prompts": 0, "trajectories": 0, "stream_items": 0}
         self.refused_problems: deque[int] = deque(maxlen=REFUSED_PROBLEMS_KEPT)
         self.refusals: list[tuple[str, object, str]] = []  # (kind, subject, what happened): for the caller's log
         self.cursor = start_cursor  # next problem index of the prompt pool
         self.queue: deque[str] = deque()  # trajectories waiting for a rollout
         self.partials: dict[str, Partial] = {}  # queued or running (partial-response pool)
-        self.ledger = GroupLedger(self._log, forget=self._forget, regenerate=self._regenerate)
+        self.ledger = GroupLedger(self._log, forget=self._forget, regenerate=self._regenerate,
+                                  drop_no_signal=drop_no_signal)
         self.meta: dict[str, int] = {}  # controller facts that must survive it (newest version, ...)
         self.groups_started = 0
         self.trajectories_finished = 0
@@ -166,6 +169,8 @@ class DataPlane(PartialMoves):
     def _refuse_prompt(self, problem: int, reason: str) -> None:
         self.cursor = max(self.cursor, problem + 1)
         self.refused["prompts"] += 1
+        if validate.TOO_LONG in reason:  # filtered by task.max_prompt_tokens, as configured
+            self.refused["prompts_too_long"] = self.refused.get("prompts_too_long", 0) + 1
         self.refused_problems.append(problem)
 
     def _admit(self, n: int, prompts: dict[int, list[int]] | None = None) -> None:

@@ -26,7 +26,8 @@ from typing import Protocol
 
 from laminar_hpc.transport.protocol import Trajectory
 
-FINISH_OK = (None, "eos", "length")  # any other `finish` is an error the rollout reported
+FINISH_OK = (None, "eos", "length")
+TOO_LONG = "task.max_prompt_tokens"  # named in the refusal of a prompt over it (counted apart: prompts_too_long)  # any other `finish` is an error the rollout reported
 
 
 @dataclass(frozen=True)
@@ -35,21 +36,23 @@ class Limits:
     (None: the engines have no such limit, as the emulated one)."""
     vocab_size: int | None = None
     max_seq_len: int | None = None
+    max_prompt_tokens: int | None = None  # task.max_prompt_tokens: longer prompts are filtered (counted)
 
 
 def limits_for(cfg, vocab_size: int) -> Limits:
     """The limits of a config's engines: the emulated backend generates any length; torch (and
     the trainer's model, whatever generated) holds `model.max_seq_len`; vLLM its `max_model_len`.
     `vocab_size` is the tokenizer's; a checkpoint (`model.hf_path`) has its own rows, which count."""
+    longest = getattr(cfg.task, "max_prompt_tokens", None)
     if cfg.rollout.backend == "emulated":
-        return Limits(vocab_size=vocab_size)
+        return Limits(vocab_size=vocab_size, max_prompt_tokens=longest)
     if cfg.model.hf_path:  # reads its config.json (and imports torch, as every role of such a run does)
         from laminar_hpc.model.factory import model_args
         vocab_size = model_args(cfg.model, vocab_size).vocab_size
     seq = cfg.model.max_seq_len
     if cfg.rollout.backend == "vllm" and cfg.rollout.vllm.max_model_len:
         seq = min(seq, cfg.rollout.vllm.max_model_len)
-    return Limits(vocab_size=vocab_size, max_seq_len=seq)
+    return Limits(vocab_size=vocab_size, max_seq_len=seq, max_prompt_tokens=longest)
 
 
 class Expected(Protocol):
@@ -76,6 +79,8 @@ def prompt_refusal(prompt: list[int], limits: Limits) -> str | None:
         return "the prompt has no tokens"
     if (why := _ids_refusal(prompt, "prompt", limits.vocab_size)) is not None:
         return why
+    if limits.max_prompt_tokens is not None and len(prompt) > limits.max_prompt_tokens:
+        return f"{len(prompt)} prompt tokens exceed {TOO_LONG}={limits.max_prompt_tokens} (filtered)"
     if limits.max_seq_len is not None and len(prompt) + 1 > limits.max_seq_len:
         return (f"{len(prompt)} prompt tokens leave no room to generate within model.max_seq_len="
                 f"{limits.max_seq_len} (prompt tokens + 1 must fit)")

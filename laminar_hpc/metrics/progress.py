@@ -23,11 +23,26 @@ def status_line(st: Status) -> str:
     if st.phase == "warmup":
         return (f"warm-up step {m.get('warmup.step', 0)} greedy reward {_fmt(m.get('warmup.greedy_reward'))} "
                 f"elapsed {st.elapsed_s:.0f}s")
-    return (f"step {st.step}/{_total(st)} reward {_fmt(m.get('reward_mean'))} "
+    return (f"step {st.step}/{_total(st)} reward {_fmt(m.get('reward_mean'))}{eval_text(st)} "
             f"traj/s {_fmt(st.trajectories_per_s, '.1f')} "
             f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max', '-')} "
             f"versions in flight {st.versions_in_flight} trainer v{st.trainer_version} "
             f"elapsed {st.elapsed_s:.0f}s")
+
+
+def eval_text(st: Status) -> str:
+    """' eval 0.412 (v10)': the last evaluation round's score and version, or ''."""
+    ev = st.eval
+    return "" if not ev else f" eval {_fmt(ev.get('eval_reward'))} (v{ev.get('eval_version')})"
+
+
+def reward_rows(m: dict) -> list[tuple[str, str]]:
+    """The reward's components and the rewards scored 0 because the call failed, by reason."""
+    rows = [(f"reward: {k[7:]}", _fmt(v)) for k, v in sorted(m.items()) if k.startswith("reward.")]
+    failed = {k[14:]: v for k, v in m.items() if k.startswith("reward_failed.")}
+    if m.get("reward_failed"):
+        rows.append(("rewards failed (scored 0)", f"{m['reward_failed']} ({', '.join(f'{k} {v}' for k, v in sorted(failed.items()))})"))
+    return rows
 
 
 class Progress:
@@ -71,6 +86,12 @@ class Progress:
         else:
             t.add_row("step", f"{st.step} / {_total(st)}")
             t.add_row("reward (batch mean)", _fmt(m.get("reward_mean")))
+            for name, value in reward_rows(m):
+                t.add_row(name, value)
+            if st.eval:
+                e = st.eval
+                t.add_row("eval (validation)", f"reward {_fmt(e.get('eval_reward'))}, pass@1 {_fmt(e.get('eval_pass@1'))} "
+                          f"at v{e.get('eval_version')} (step {e.get('eval_step')})")
             t.add_row("trajectories/s", _fmt(st.trajectories_per_s, ".1f"))
             t.add_row("staleness mean / max", f"{_fmt(m.get('staleness_mean'), '.2f')} / {m.get('staleness_max', '-')}"
                       f" versions, {_fmt(m.get('step_lag_mean'), '.2f')} / {m.get('step_lag_max', '-')} steps")
@@ -78,7 +99,8 @@ class Progress:
             t.add_row("truncated / masked / clipped", " / ".join(
                 _fmt(m.get(k), ".1%") for k in ("truncated_frac", "masked_frac", "clipped_frac")))
             t.add_row("KL(mu||pi) / entropy", f"{_fmt(m.get('kl_mu_pi'), '.4f')} / {_fmt(m.get('entropy'))}")
-            t.add_row("groups dropped (too stale)", str(m.get("dropped_groups", 0)))
+            t.add_row("groups dropped (too stale / no signal)",
+                      f"{m.get('dropped_groups', 0)} / {st.groups_dropped_by.get('no_signal', 0)}")
             t.add_row("versions in flight", str(st.versions_in_flight))
             t.add_row("trainer version", str(st.trainer_version))
             t.add_row("relay versions", str(st.relay_versions))

@@ -73,6 +73,11 @@ class Status(msgspec.Struct, kw_only=True):
     repack: dict[str, int] = {}
     rollout_util: dict[int, Utilisation] = {}
     metrics: dict[str, Scalar] = {}  # the trainer's last step
+    prompts_too_long: int = 0  # of prompts_refused: over task.max_prompt_tokens
+    prompt_cursor: int = 0  # problems drawn from the task so far (admitted or refused)
+    epochs: float | None = None  # prompt_cursor / the dataset's training rows (None: a generated task)
+    groups_dropped_by: dict[str, int] = {}  # reason -> groups (staleness, no_signal, bad_reward, ...)
+    eval: dict[str, Scalar] | None = None  # the last evaluation round's row (controller/evaluation.py)
     epoch: str | None = None  # a new one means the controller restarted
     controller: ControllerInfo = msgspec.field(default_factory=ControllerInfo)
     roles: dict[str, RoleEntry] = {}

@@ -32,7 +32,8 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
     trajs = sum(r["trajectories"] for r in rows)
     stalls = [r["publish_stall_s"] for r in rows if r.get("publish_stall_s")]
     stale_sum = sum(r["staleness_mean"] * r["trajectories"] for r in rows)
-    warm = [r for r in read_objects(rd.metrics) if r.get("event") == "warmup_done"]
+    objects = read_objects(rd.metrics)
+    warm = [r for r in objects if r.get("event") == "warmup_done"]
     return {
         "mode": mode,
         "reward_first": _window_mean(rows, "reward_mean", first=True),
@@ -52,12 +53,32 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
         "trainer_wait_s_total": sum(r["wait_s"] for r in rows),
         "groups_dropped_staleness": rows[-1]["dropped_groups"] if rows else 0,
         "warmup": warm[-1] if warm else None,
+        **eval_summary(objects),
+        "prompts_refused": ctl.prompts_refused,
+        "prompts_too_long": ctl.prompts_too_long,
+        "epochs": ctl.epochs,
         "dropped_frames": ctl.dropped_frames,  # malformed frames at the controller's socket
         "relay_dropped_frames": ctl.relay_dropped_frames,  # ... at the master relay's
         "wall_s": wall_s,
         **ledger_summary(ctl.ledger, read_ledger(rd.checkpoints_dir)),
         **recovery_summary(read_json(rd.recoveries, {}) or {}),
     }
+
+
+EVAL_KEYS = ("eval_reward", "eval_pass@1", "eval_version", "eval_step", "eval_problems", "eval_samples", "eval_errors")
+
+
+def eval_summary(objects: list[dict]) -> dict:
+    """eval_first / eval_best / eval_last: the evaluation rounds on the validation split
+    (controller/evaluation.py), each with the version and step it was measured at; the best by
+    mean reward (the first of equals). None when the run evaluated nothing."""
+    rows = sorted((r for r in objects if isinstance(r.get("eval_step"), int)), key=lambda r: r["eval_step"])
+    if not rows:
+        return {"eval_first": None, "eval_best": None, "eval_last": None}
+    pick = [{k[5:]: r[k] for k in (*EVAL_KEYS, *(k for k in r if k.startswith("eval_pass@"))) if k in r}
+            for r in rows]
+    best = max(range(len(rows)), key=lambda i: (rows[i]["eval_reward"], -i))
+    return {"eval_first": pick[0], "eval_best": pick[best], "eval_last": pick[-1], "eval_rounds": len(rows)}
 
 
 def ledger_summary(ctl: dict | None, trainer: dict | None) -> dict:

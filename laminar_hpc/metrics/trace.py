@@ -62,6 +62,8 @@ EVENTS = (
     "role_restarted", "role_recovered", "role_hung",
     # appended (an event's id is its position): a trainer start's place in the run's lineage
     "lineage",
+    # a reward call that failed (scored 0 by rule, with its reason); an evaluation round's start and result
+    "reward_failed", "eval_started", "eval",
 )
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 ROW = np.dtype([("t", "f8"), ("ev", "u2"), ("off", "u8"), ("len", "u4")])

@@ -74,6 +74,12 @@ def training_order(lags: list[int], max_staleness: int | None) -> list[int]:
     return sorted(order, key=lambda i: -lags[i])  # stable: arrival order among equals
 
 
+def no_signal(rewards: list[float]) -> bool:
+    """A GRPO group whose rewards are all equal: every advantage is 0, so it teaches nothing
+    (dynamic sampling, as DAPO, drops it: `trainer.dynamic_sampling: drop`)."""
+    return len(rewards) > 1 and all(r == rewards[0] for r in rewards)
+
+
 def should_refresh(current_version: int, newest_available: int, active: int) -> tuple[bool, bool]:
     """(drain, pull) for a rollout: stop admitting new trajectories as soon as a newer version
     exists; pull it once no trajectory of the current version is in flight."""
@@ -108,16 +114,17 @@ def barrier_version(mode: str, *, groups_started: int, groups_per_step: int, ver
 def admission(mode: str, *, groups_started: int, steps_trained: int, groups_per_step: int, max_ahead_steps: int,
               queued_trajs: int, group_size: int, max_queued_trajs: int, in_flight: int,
               rollout_versions: list[int], version_base: int, max_staleness: int | None = None,
-              groups_dropped_stale: int = 0) -> int:
+              groups_replaced: int = 0) -> int:
     """Groups the prompt pool releases now, for any mode. laminar and partial-rollout admit
     continuously, bounded by `max_ahead_steps` (for partial-rollout this is AReaL's staleness
     bound eta); sync and one-step-off admit whole batches at a barrier. A group the trainer
-    dropped as too stale (`groups_dropped_stale` so far) is replaced: it no longer counts against
-    the continuous modes' window, which would otherwise shrink by one group with every drop."""
+    dropped as too stale, or one dynamic sampling dropped for having no learning signal
+    (`groups_replaced` so far, both), is replaced: it no longer counts against the continuous
+    modes' window, which would otherwise shrink by one group with every drop."""
     if mode in BARRIER_LAG:
         return barrier_admit(mode=mode, groups_started=groups_started, groups_per_step=groups_per_step,
                              in_flight=in_flight, rollout_versions=rollout_versions, version_base=version_base)
-    return groups_to_admit(groups_started=groups_started - groups_dropped_stale, steps_trained=steps_trained,
+    return groups_to_admit(groups_started=groups_started - groups_replaced, steps_trained=steps_trained,
                            groups_per_step=groups_per_step, max_ahead_steps=max_ahead_steps,
                            queued_trajs=queued_trajs, group_size=group_size, max_queued_trajs=max_queued_trajs,
                            max_staleness=max_staleness)

@@ -26,6 +26,7 @@ class SeqRequest:
     max_new_tokens: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    greedy: bool = False  # evaluation: the most likely token at each step, not a sample
 
 
 @dataclass

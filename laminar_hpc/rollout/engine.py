@@ -139,6 +139,9 @@ class TorchEngine:
         bad = ~torch.isfinite(logits).all(-1)
         logits = logits.masked_fill(bad.unsqueeze(-1), 0.0)  # no `if bad.any()`: that would sync a GPU
         toks, logps = sample_tokens(logits, self.temperature, self.top_p, self.generator, top_k=self.top_k)
+        greedy = [self.active[s].req.greedy for s in slots]
+        if any(greedy):  # evaluation requests take the most likely token (their log-probs are not trained on)
+            toks = torch.where(torch.tensor(greedy, device=toks.device), logits.argmax(-1), toks)
         outs = []
         for slot, tok, lp, nan in zip(slots, toks.tolist(), logps.tolist(), bad.tolist()):
             req = self.active[slot].req

@@ -2,7 +2,8 @@
 
 Loop: take assigned work into a local queue; admit it into the engine while no newer weight
 version is waiting; one decode step; stream tokens to the partial-response pool; send each
-finished trajectory (with its reward) on its own. As soon as the node's relay holds a newer
+finished trajectory on its own, once the reward pool has scored it (rollout/scoring.py: user
+reward code never runs in the decode loop). As soon as the node's relay holds a newer
 version the rollout stops admitting, lets its in-flight trajectories finish on the version
 they started with, pulls the new version from shared memory and goes on: it never waits for
 other rollouts or for the trainer. The rollout manager may take its long-tail trajectories
@@ -35,8 +36,8 @@ from laminar_hpc.policy.scheduling import should_refresh
 from laminar_hpc.rollout.base import SeqRequest, StepOutput
 from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineErrors  # noqa: F401 - re-exported
 from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
+from laminar_hpc.rollout.scoring import Scoring
 from laminar_hpc.tasks import build_task
-from laminar_hpc.tasks.base import Problem
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import (
     Assign, Finished, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, Stream,
@@ -53,6 +54,8 @@ class Rollout(EngineErrors):
         self.tok = build_tokenizer(cfg.model)
         self.task = build_task(cfg.task, cfg.seed)
         self.engine, self.layout = build_engine(cfg, ctx.rank, self.tok)
+        self.scoring = Scoring(cfg, self.task, self.tok, ctx.tracer, ctx.log)
+        self.eval_ids: set[str] = set()  # evaluation work running here (not streamed, not repacked)
         self.relay = relay  # the relay (on this node) whose store this rollout pulls from
         self.weights = NodeWeights(ctx.rundir.shm_path("relay", relay))
         self.queue: deque[WorkItem] = deque()  # assigned, not yet admitted
@@ -137,7 +140,7 @@ class Rollout(EngineErrors):
     def resync(self) -> None:
         """Tell a restarted controller what this replica holds and how many slots are free."""
         self.flush_streams()
-        held = [*self.running, *(w.traj_id for w in self.queue)]
+        held = [*self.running, *(w.traj_id for w in self.queue), *self.scoring.pending_ids()]
         free = max(0, self.engine.max_batch - len(held))
         self.ctx.ctrl.send(Resync(held=held, free=free, version=self.engine.version, pid=os.getpid()))
         self.credit_to_return = 0  # `free` replaces every credit the old controller knew of
@@ -149,6 +152,7 @@ class Rollout(EngineErrors):
         self.stream_buf.pop(req.traj_id, None)  # the trajectory carries every token
         self.streamed.pop(req.traj_id, None)
         self.first_token.discard(req.traj_id)
+        self.eval_ids.discard(req.traj_id)
         traj.tokens, traj.logprobs = req.tokens, req.logprobs
         return traj
 
@@ -240,13 +244,15 @@ class Rollout(EngineErrors):
             version = self.engine.version if pinned is None else pinned
             self.running[w.traj_id] = Trajectory(
                 traj_id=w.traj_id, group_id=w.group_id, problem=w.problem, version=version, prompt=w.prompt,
-                tokens=[], logprobs=[], rollout=self.ctx.rank, t_start=time.time())
+                tokens=[], logprobs=[], rollout=self.ctx.rank, t_start=time.time(), eval_round=w.eval_round)
+            if w.eval_round is not None:
+                self.eval_ids.add(w.traj_id)
             resumed = w.tokens or []
             self.streamed[w.traj_id] = len(resumed)
             self.ctx.tracer.emit("traj_started", traj=w.traj_id, version=version, prompt_tokens=len(w.prompt),
                                  resumed_tokens=len(resumed))
             reqs.append(SeqRequest(w.traj_id, list(w.prompt), w.max_new_tokens, list(resumed),
-                                   list(w.logprobs or [])))
+                                   list(w.logprobs or []), greedy=bool(w.greedy)))
         self.queue.extendleft(reversed(keep))
         if rejected:
             self.ctx.ctrl.send(MigrateReject(traj_ids=rejected))
@@ -261,32 +267,34 @@ class Rollout(EngineErrors):
             if o.tokens and o.traj_id not in self.first_token:
                 self.first_token.add(o.traj_id)
                 self.ctx.tracer.emit("traj_first_token", traj=o.traj_id)
-            toks, lps = self.stream_buf.setdefault(o.traj_id, ([], []))
-            toks.extend(o.tokens)
-            lps.extend(o.logprobs)
+            if o.traj_id not in self.eval_ids:  # evaluation work is not streamed: nothing resumes it
+                toks, lps = self.stream_buf.setdefault(o.traj_id, ([], []))
+                toks.extend(o.tokens)
+                lps.extend(o.logprobs)
             if o.error is not None:
                 self.fail(o.request, o.error)
             elif o.finished:
                 self.finish(o.request)
 
     def finish(self, req: SeqRequest) -> None:
-        try:  # a reward function that fails on one response fails that trajectory only
-            text = self.tok.decode([t for t in req.tokens if t != self.tok.eos_id])
-            problem: Problem = self.task.problem(self.running[req.traj_id].problem)
-            reward = float(self.task.reward(text, problem))
+        """A sequence ended: its slot is free at once; its reward is computed beside the decode
+        loop (`send_scored` sends it when it is back)."""
+        try:  # a row the task cannot produce fails that trajectory only
+            self.scoring.problem(self.running[req.traj_id])
         except Exception as err:  # noqa: BLE001 - the task's code, any error
-            self.fail(req, f"reward failed: {type(err).__name__}: {err}")
+            self.fail(req, f"its problem cannot be read: {type(err).__name__}: {err}")
             return
         traj = self._partial(req)
-        traj.reward = reward
-        traj.t_end = time.time()
-        traj.finish = "eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length"
         if self.mode == "partial-rollout" and traj.version != self.engine.version:
             traj.version_last = self.engine.version
-        self.ctx.ctrl.send(Finished(trajectory=traj))
-        self.ctx.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, t_start=traj.t_start,
-                             t_end=traj.t_end, tokens=len(req.tokens), reward=traj.reward)
+        self.scoring.submit(traj, "eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length")
         self.credit_to_return += 1
+
+    def send_scored(self) -> None:
+        for traj in self.scoring.ready():
+            self.ctx.ctrl.send(Finished(trajectory=traj))
+            self.ctx.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, t_start=traj.t_start,
+                                 t_end=traj.t_end, tokens=len(traj.tokens), reward=traj.reward)
 
     def flush_streams(self) -> None:
         items = []
@@ -333,8 +341,11 @@ class Rollout(EngineErrors):
         # waiting = what this replica could start now: while it drains for newer weights, new
         # work waits for the next version, not in its batch's queue (only pinned migrations do)
         waiting = self._pinned() if self.draining else len(self.queue)
+        # evaluation work is left out: the rollout manager moves only the data plane's trajectories
+        ids = [t for t in self.engine.active_ids() if t not in self.eval_ids] if self.eval_ids \
+            else self.engine.active_ids()
         self.ctx.ctrl.send(RolloutState(version=self.engine.version, waiting=waiting, running=self.engine.num_active(),
-                                        kv_tokens=kv, kv_peak=self.kv_peak, traj_ids=self.engine.active_ids(),
+                                        kv_tokens=kv, kv_peak=self.kv_peak, traj_ids=ids,
                                         busy_s=self.busy_s, weight_wait_s=self.weight_wait_s))
 
     def run(self, flags: dict) -> None:
@@ -382,10 +393,11 @@ class Rollout(EngineErrors):
                 self.flush_streams()
                 if self.idle_since is None:
                     self.idle_since = time.monotonic()
-                if not self.queue:  # idle: wait for work without spinning
-                    msg = self.ctx.ctrl.recv(timeout_s=0.02)
+                if not self.queue:  # idle: wait for work (or rewards) without spinning
+                    msg = self.ctx.ctrl.recv(timeout_s=0.005 if self.scoring.waiting else 0.02)
                     if msg is not None:
                         self._apply(msg)
+            self.send_scored()
             self.report_state()
             if time.monotonic() - last_util >= 1.0:
                 last_util = time.monotonic()
@@ -406,7 +418,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         relay = find_local_relay(ctx) if args.relay == "auto" else int(args.relay)
         ctx.log.info("pulling weights from relay %d", relay)
-        Rollout(ctx, relay).run(flags)
+        rollout = Rollout(ctx, relay)
+        try:
+            rollout.run(flags)
+        finally:
+            rollout.scoring.close()  # the reward pool's workers
     finally:
         ctx.tracer.flush()
         ctx.ctrl.close(linger_ms=1000)

@@ -267,15 +267,16 @@ class VllmEngine:
             prefix = r.prompt + r.tokens
             plans.append((r, prefix, min(r.max_new_tokens - len(r.tokens), limit - len(prefix))))
         for r, prefix, left in plans:
-            params = self.api.SamplingParams(**self.sampling_kwargs(left))
+            params = self.api.SamplingParams(**self.sampling_kwargs(left, greedy=r.greedy))
             rid = f"{r.traj_id}#{next(self._ids)}"
             self.llm.llm_engine.add_request(rid, self.api.TokensPrompt(prompt_token_ids=prefix), params)
             self.active[rid] = _Seq(r, rid, len(r.tokens))
         return []
 
-    def sampling_kwargs(self, max_tokens: int) -> dict:
-        """The SamplingParams of a request that may generate `max_tokens` more tokens."""
-        return dict(n=1, temperature=self.temperature, top_p=self.top_p,
+    def sampling_kwargs(self, max_tokens: int, greedy: bool = False) -> dict:
+        """The SamplingParams of a request that may generate `max_tokens` more tokens (`greedy`:
+        evaluation, temperature 0)."""
+        return dict(n=1, temperature=0.0 if greedy else self.temperature, top_p=self.top_p,
                     top_k=self.top_k,  # 0: off, in rollout.top_k and in vLLM >= 0.29 alike (older ones wanted -1)
                     max_tokens=max_tokens,
                     logprobs=0,  # the sampled token's log-prob only

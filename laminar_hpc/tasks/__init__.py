@@ -1,7 +1,10 @@
 """Tasks: deterministic problem sources and their verifiable rewards."""
 from __future__ import annotations
 
-from laminar_hpc.tasks.base import Problem, TaskSource
+import dataclasses
+import time
+
+from laminar_hpc.tasks.base import Problem, Response, TaskSource
 
 
 def build_task(cfg, seed: int) -> TaskSource:
@@ -16,16 +19,57 @@ def build_task(cfg, seed: int) -> TaskSource:
         from laminar_hpc.tasks.arith import ArithTasks
         return ArithTasks(seed, ops=list(cfg.ops), operands=cfg.operands, max_value=cfg.max_value,
                           instruction=cfg.instruction, system_prompt=cfg.system_prompt, chat=cfg.chat_template)
-    from laminar_hpc.tasks.jsonl import JsonlTasks
-    # chat_template / system_prompt: read with defaults, so a config section without them still builds
-    return JsonlTasks(cfg.path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
-                      answer_format=cfg.answer_format, reward=cfg.reward,
-                      prompt_template=cfg.prompt_template, on_bad_row=cfg.on_bad_row,
-                      chat=getattr(cfg, "chat_template", False), system_prompt=getattr(cfg, "system_prompt", None))
+    from laminar_hpc.tasks.dataset import DatasetTasks
+    return DatasetTasks.from_config(cfg, seed)
+
+
+# evaluation problems of generated tasks come from this index on: training never reaches it
+# (2**44, above the warm-up's 2**40 and arith's held-out 2**43 ranges)
+VALIDATION_OFFSET = 1 << 44
+GENERATED_VALIDATION = 128  # problems in a generated task's validation split (eval.max_problems: fewer)
+
+
+def validation_problems(task: TaskSource, cfg) -> list[Problem]:
+    """The validation split evaluation runs on (controller/evaluation.py, `laminar eval`), its
+    problem i at position i: a dataset's split (task.validation_path or validation_fraction),
+    or for a generated task problems from an index range training never reaches. At most
+    `eval.max_problems`."""
+    limit = cfg.eval.max_problems
+    split = getattr(task, "validation", None)
+    if split is not None:
+        problems = list(split())
+        return problems[:limit] if limit is not None else problems
+    n = GENERATED_VALIDATION if limit is None else limit
+    return [dataclasses.replace(task.problem(VALIDATION_OFFSET + i), index=i) for i in range(n)]
+
+
+def score_all(reward_cfg, items: list[tuple[Problem, Response]]) -> list:
+    """Score many responses in a reward pool (tasks/reward_pool.py: each call under its timeout)
+    and wait for all of them: the warm-up's evaluation and `laminar eval`. Returns their
+    RewardOutcomes in order. (The rollouts score one response at a time: rollout/scoring.py.)"""
+    from laminar_hpc.tasks.reward_pool import START_TIMEOUT_S, RewardPool
+    from laminar_hpc.tasks.rewards import call_budget_s
+    # every call ends within its budget once a worker takes it; calls wait for workers in turn
+    budget = call_budget_s(reward_cfg) * (len(items) // reward_cfg.workers + 2) + START_TIMEOUT_S
+    deadline = time.monotonic() + budget
+    got: dict[str, object] = {}
+    with RewardPool(reward_cfg) as pool:
+        for i, (problem, response) in enumerate(items):
+            pool.submit(str(i), problem, response)
+        while len(got) < len(items):
+            got.update(pool.collect())
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {budget:.0f}s for {len(items) - len(got)} of {len(items)} rewards "
+                                   "from the reward pool (task.reward.timeout_s bounds each call)")
+            time.sleep(0.005)  # the pool's results are polled: its calls never block the caller
+    return [got[str(i)] for i in range(len(items))]
 
 
 def chat_messages(problem: Problem) -> list[dict[str, str]]:
-    """A chat problem as the messages a chat template takes: [system,] user."""
+    """A chat problem as the messages a chat template takes: a row's own conversation, else
+    [system,] user."""
+    if problem.messages is not None:
+        return [dict(m) for m in problem.messages]
     system = [{"role": "system", "content": problem.system}] if problem.system is not None else []
     return system + [{"role": "user", "content": problem.prompt}]
 
@@ -52,4 +96,5 @@ def encode_prompt(tokenizer, problem: Problem) -> list[int]:
     return bos + tokenizer.encode(problem.prompt)
 
 
-__all__ = ["Problem", "TaskSource", "build_task", "chat_messages", "encode_prompt", "render_chat"]
+__all__ = ["Problem", "TaskSource", "build_task", "chat_messages", "encode_prompt", "render_chat",
+           "score_all", "validation_problems"]

@@ -15,7 +15,7 @@ and "19" both score, "The answer is 18." does not. Problems are chat messages
 
     src = ArithTasks(seed=0, ops=["+", "-"], operands=2, max_value=20)
     p = src.problem(7)            # the same Problem for the same seed and index, everywhere
-    src.reward("7 + 12 = 19", p)  # 1.0 when 19 is p.answer
+    final_number(p, Response("7 + 12 = 19"))  # 1.0 when 19 is p.answer (task.reward's default)
     src.held_out(3)               # problem 3 of a disjoint index range (evaluation)
 """
 from __future__ import annotations
@@ -24,7 +24,6 @@ import random
 import sys
 
 from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.rewards import final_number
 
 OPS = ("+", "-", "*")
 INSTRUCTION = "Answer with just the number."
@@ -94,6 +93,3 @@ class ArithTasks:
         still repeat training's: with small numbers there are few distinct ones (187 at
         max_value 10), so tools/eval_arith.py draws them with larger operands and keeps the unseen."""
         return self.problem(HELD_OUT_OFFSET + i)
-
-    def reward(self, response: str, problem: Problem) -> float:
-        return final_number(response, problem)

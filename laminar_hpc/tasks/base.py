@@ -1,26 +1,46 @@
-"""What a task is: an indexable, deterministic source of problems plus a reward function.
+"""What a task is: an indexable, deterministic source of problems, scored by a reward function.
 
 The controller draws problem `i` by index, so the prompt cursor is one integer that a
-checkpoint or write-ahead log can restore exactly. A problem's prompt is either the text the
-model reads (`chat` false) or the user message of a chat (`chat` true, with an optional system
-message), which `tasks.encode_prompt` renders with the tokenizer's own chat template.
+checkpoint or write-ahead log can restore exactly. A problem is either the text the model
+reads (`chat` false), or a chat: a user message (`prompt`, with an optional `system` message)
+or a whole conversation (`messages`), which `tasks.encode_prompt` renders with the tokenizer's
+own chat template.
+
+A reward function (tasks/rewards.py; built-in or the user's `module:function`) is called as
+
+    fn(problem: Problem, response: Response) -> float | dict[str, float]
+
+`problem` holds the prompt or messages, the gold `answer` and the row's other fields (`fields`);
+`response` the generated text and token ids. A dict is a reward of named components, combined
+with `task.reward.weights` and logged each step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Union
 
 
 @dataclass(frozen=True)
 class Problem:
     index: int
-    prompt: str
+    prompt: str  # the text the model reads, or the chat's user message ("" for a `messages` row)
     answer: str  # gold answer the reward function checks against
-    chat: bool = False  # prompt is a user message, rendered with the tokenizer's chat template
+    chat: bool = False  # rendered with the tokenizer's chat template
     system: str | None = None  # the chat's system message; None: none (the template may add its default)
+    # a chat row's conversation as given: [{"role": ..., "content": ...}, ...] (`system` already in it)
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)  # the row's other fields, for the reward
 
 
-RewardFn = Callable[[str, Problem], float]
+@dataclass(frozen=True)
+class Response:
+    text: str  # the decoded response, without the end-of-sequence token
+    token_ids: tuple[int, ...] = ()  # the generated ids, as sampled (EOS included when it ended so)
+    finish: str = "eos"  # "eos" | "length"
+
+
+RewardValue = Union[float, Mapping[str, float]]
+RewardFn = Callable[[Problem, Response], RewardValue]
 
 
 class TaskSource(Protocol):
@@ -29,5 +49,3 @@ class TaskSource(Protocol):
     def __len__(self) -> int: ...
 
     def problem(self, index: int) -> Problem: ...
-
-    def reward(self, response: str, problem: Problem) -> float: ...

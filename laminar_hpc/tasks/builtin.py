@@ -12,7 +12,7 @@ and a few are long: the long tail that makes synchronous RL wait.
 
     src = BuiltinTasks(kinds=["reverse", "add"], seed=0, min_len=2, max_len=12, tail_alpha=1.5)
     p = src.problem(7)            # the same Problem for the same seed and index, everywhere
-    src.reward("31284", p)        # 1.0 on an exact match, else 0.0
+    # scored by task.reward (default `exact`: the stripped response equals the answer; tasks/rewards.py)
 """
 from __future__ import annotations
 
@@ -60,6 +60,3 @@ class BuiltinTasks:
         reps = rng.randint(2, 3)
         chunk = digits[: max(1, n // reps)]
         return Problem(index, f"rep{reps}:{chunk}=", chunk * reps)
-
-    def reward(self, response: str, problem: Problem) -> float:
-        return 1.0 if response.strip() == problem.answer else 0.0

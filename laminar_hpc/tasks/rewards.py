@@ -1,33 +1,107 @@
-"""Reward functions: (response text, problem) -> reward in [0, 1].
+"""Reward functions (built-in or the user's own) and the Scorer that calls and checks them.
 
-`exact`: the stripped response equals the gold answer. `math_verify`: the final answer in the
-response is mathematically equal to the gold one (Hugging Face's math-verify parses numbers,
-fractions and LaTeX; imported only when chosen). `final_number`: the last number written in the
-response equals the gold number ("7 + 12 = 19" and "19." score for 19; nothing is imported).
+A reward function has the signature of tasks/base.py's RewardFn and returns a float or a dict of
+named floats:
+
+    def score(problem: Problem, response: Response) -> float | dict[str, float]:
+        return {"format": 1.0 if "####" in response.text else 0.0, "correct": ...}
+
+`task.reward.fn` names one: a built-in (`exact`, `math_verify`, `final_number`, `coin_flip`),
+`package.module:function` (imported) or `path/to/file.py:function` (loaded from the file, relative
+to the directory `laminar` runs in; its directory need not be a package, but what the file imports
+must be importable: a sibling module needs PYTHONPATH). Or a map of component name -> function.
+
+    scorer = Scorer(RewardCfg(fn={"format": "my_rewards.py:fmt", "correct": "math_verify"},
+                              weights={"format": 0.2}))
+    out = scorer.score(problem, Response("... #### 72"))
+    out.reward, out.components, out.error      # 1.2, {"format": 1.0, "correct": 1.0}, None
+
+Components: with one function, a float is the reward (no components) and a dict's keys are the
+components. With a map, each function's name is its component, and a dict it returns is flattened
+as "name.key". The reward is the sum of the components times their weights (`weights[name.key]`,
+else `weights[name]`, else 1). With `url`, a remote verifier (tasks/remote.py) is the one function
+and `fn` is ignored.
+
+A call that raises or returns anything but finite numbers in `range` does not raise here: the
+outcome has reward 0, no components, `error` (one of REASONS) and a one-line `detail`.
+`Scorer.score` runs in the caller's thread without a timeout; tasks/reward_pool.py runs it off
+the decode loop under `timeout_s`.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import numbers
+import os
 import re
+import sys
+import threading
+import traceback
+import zlib
+from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Mapping
 
-from laminar_hpc.tasks.base import Problem, RewardFn
+from laminar_hpc.tasks.base import Problem, Response, RewardFn
+
+# why a reward scored 0; counted per step. exception: the function raised. timeout: it ran past
+# timeout_s. not_finite: NaN or inf. out_of_range: outside task.reward.range. bad_type: not a
+# number or a dict of numbers. remote: the verifier was unreachable or answered garbage after its
+# retries. pool: the pool itself failed (a worker process died, no worker left).
+REASONS = ("exception", "timeout", "not_finite", "out_of_range", "bad_type", "remote", "pool")
+
+
+class RewardError(ValueError):
+    """A reward that cannot be used; the message names the config key, the spec and what to do."""
+
+
+class RemoteError(Exception):
+    """The remote verifier failed after its retries (tasks/remote.py); scored as error "remote"."""
+
+
+@dataclass(frozen=True)
+class RewardOutcome:
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+    error: str | None = None  # None, or one of REASONS (then reward is 0.0 and components empty)
+    detail: str = ""  # the error in one readable line
+
+    @classmethod
+    def failed(cls, error: str, detail: str) -> "RewardOutcome":
+        assert error in REASONS, error
+        return cls(0.0, {}, error, detail)
+
+
+# ------------------------------------------------------------------------------------------
+# built-ins
+# ------------------------------------------------------------------------------------------
 
 # a number as written in an answer: optional sign, digits with optional thousands commas, decimals
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
 
 
-def exact_match(response: str, problem: Problem) -> float:
-    return 1.0 if response.strip() == problem.answer.strip() else 0.0
+def exact(problem: Problem, response: Response) -> float:
+    """1 when the stripped response is the stripped gold answer."""
+    return 1.0 if response.text.strip() == problem.answer.strip() else 0.0
 
 
-def math_verify_reward(response: str, problem: Problem) -> float:
+def math_verify(problem: Problem, response: Response) -> float:
+    """1 when the response's final answer equals the gold one mathematically (Hugging Face's
+    math-verify: numbers, fractions, LaTeX). A GSM8K-style response's answer follows its last '####'."""
     from math_verify import parse, verify
-    if "####" in response:  # GSM8K-style responses put the final answer last
-        response = response.rsplit("####", 1)[1]
-    try:
-        return 1.0 if verify(parse(problem.answer), parse(response)) else 0.0
-    except Exception:  # an unparsable response earns nothing; it must not stop the rollout
-        return 0.0
+    text = response.text
+    if "####" in text:
+        text = text.rsplit("####", 1)[1]
+    # math-verify times itself out with SIGALRM, which only the main thread may set; elsewhere
+    # (the reward pool's threads) it runs untimed and the pool's timeout bounds it instead
+    limit = 5 if threading.current_thread() is threading.main_thread() else None
+    gold, answer = parse(problem.answer, parsing_timeout=limit), parse(text, parsing_timeout=limit)
+    return 1.0 if verify(gold, answer, timeout_seconds=limit) else 0.0
 
 
 def last_number(text: str) -> Fraction | None:
@@ -36,18 +110,258 @@ def last_number(text: str) -> Fraction | None:
     return Fraction(found[-1].replace(",", "")) if found else None
 
 
-def final_number(response: str, problem: Problem) -> float:
+def final_number(problem: Problem, response: Response) -> float:
+    """1 when the last number in the response is the gold number ("7 + 12 = 19" scores for 19)."""
     gold = last_number(problem.answer)
     if gold is None:  # a task bug, not a wrong answer: say which problem
         raise ValueError(f"problem {problem.index}: gold answer {problem.answer!r} holds no number")
-    return 1.0 if last_number(response) == gold else 0.0
+    return 1.0 if last_number(response.text) == gold else 0.0
 
 
-REWARDS: dict[str, RewardFn] = {"exact": exact_match, "math_verify": math_verify_reward,
-                                "final_number": final_number}
+def coin_flip(problem: Problem, response: Response) -> float:
+    """0 or 1, decided by the response's text (CRC-32): the synthetic task's reward, for emulated
+    engines, so that GRPO groups have variance."""
+    return float(zlib.crc32(response.text.encode()) % 2)
 
 
-def build_reward(name: str) -> RewardFn:
-    if name not in REWARDS:
-        raise ValueError(f"reward '{name}' is not known; allowed: {', '.join(REWARDS)}")
-    return REWARDS[name]
+BUILTINS: dict[str, RewardFn] = {"exact": exact, "math_verify": math_verify, "final_number": final_number,
+                                 "coin_flip": coin_flip}
+REWARDS = BUILTINS  # the name before user rewards
+
+
+# ------------------------------------------------------------------------------------------
+# loading `task.reward.fn`
+# ------------------------------------------------------------------------------------------
+
+_FORMS = "'package.module:function', 'path/to/file.py:function' or one of " + ", ".join(BUILTINS)
+_file_modules: dict[Path, ModuleType] = {}  # one module per file, however many functions name it
+_load_lock = threading.Lock()
+
+
+def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, *, key: str = "task.reward") -> RewardFn:
+    """The function `spec` names: a built-in, 'package.module:function' or 'path/to/file.py:function'
+    (relative to `base_dir`, default the current directory). Raises RewardError, one line naming
+    `key`, the spec and what to do."""
+    if spec in BUILTINS:
+        return BUILTINS[spec]
+    head = f"{key} {spec!r}"
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise RewardError(f"{head}: not a reward; write {_FORMS}")
+    if target.endswith(".py") or "/" in target or os.sep in target:
+        where = target
+        with _load_lock:
+            module = _load_file(head, target, base_dir)
+    else:
+        where = f"module {target}"
+        module = _import_module(head, target)
+    fn: Any = module
+    for part in attr.split("."):  # "Class.method" names a static or class method
+        fn = getattr(fn, part, _MISSING)
+        if fn is _MISSING:
+            raise RewardError(f"{head}: {where} defines no {attr!r}; define def {attr}(problem, response) there "
+                              "or fix the name after ':'")
+    if not callable(fn):
+        raise RewardError(f"{head}: {attr!r} in {where} is a {type(fn).__name__}, not a function; name a "
+                          "function(problem, response)")
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        raise RewardError(f"{head}: {attr}{inspect.signature(fn)} cannot be called as {attr}(problem, response); "
+                          "a reward takes the problem and the response") from None
+    except ValueError:  # no signature to read (a C function): it will say so when called
+        pass
+    return fn
+
+
+_MISSING = object()
+
+
+def _load_file(head: str, target: str, base_dir: str | os.PathLike | None) -> ModuleType:
+    path = Path(target).expanduser()
+    if not path.is_absolute():
+        path = Path(base_dir if base_dir is not None else os.getcwd()) / path
+    path = path.resolve()
+    if path in _file_modules:
+        return _file_modules[path]
+    if not path.is_file():
+        raise RewardError(f"{head}: file {path} not found; give a path relative to the directory laminar runs in "
+                          f"({base_dir if base_dir is not None else os.getcwd()}) or an absolute one")
+    # a unique module name per file (two files may share a stem), registered in sys.modules
+    # before it runs so that dataclasses and pickling inside the file find their module
+    stem = re.sub(r"\W", "_", path.stem)
+    name = f"laminar_reward_{stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise RewardError(f"{head}: {path} cannot be loaded as Python; name a .py file")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except (Exception, SystemExit) as err:
+        del sys.modules[name]
+        raise RewardError(f"{head}: importing {path} failed ({_describe(err, str(path))}); fix the file") from None
+    _file_modules[path] = module
+    return module
+
+
+def _import_module(head: str, target: str) -> ModuleType:
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as err:
+        if err.name and (target == err.name or target.startswith(err.name + ".")):
+            raise RewardError(f"{head}: module {target!r} not found on the Python path; install it, add its "
+                              "directory to PYTHONPATH, or give a file: 'path/to/file.py:function'") from None
+        raise RewardError(f"{head}: importing {target} failed ({_describe(err)}); install what it imports") from None
+    except (Exception, SystemExit) as err:
+        raise RewardError(f"{head}: importing {target} failed ({_describe(err)}); fix the module") from None
+
+
+def _describe(err: BaseException, file: str | None = None) -> str:
+    """'Type: message (at file.py:line)', the innermost frame in `file` (else the innermost)."""
+    text = f"{type(err).__name__}: {err}".strip().rstrip(":")
+    if isinstance(err, SyntaxError) and err.lineno:
+        return f"{text} (line {err.lineno})" if f"line {err.lineno}" not in text else text
+    frames = traceback.extract_tb(err.__traceback__)
+    mine = [f for f in frames if file is None or f.filename == file] or frames
+    if mine:
+        text += f" (at {Path(mine[-1].filename).name}:{mine[-1].lineno})"
+    return _one_line(text)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _show(value: Any) -> str:
+    return _one_line(repr(value), 60)
+
+
+# ------------------------------------------------------------------------------------------
+# the Scorer
+# ------------------------------------------------------------------------------------------
+
+def call_budget_s(cfg) -> float:
+    """How long one scoring call may take before the pool gives up on it: `timeout_s`; for a
+    remote verifier, whose `timeout_s` bounds each attempt, all attempts and their backoffs."""
+    if cfg.url is None:
+        return cfg.timeout_s
+    attempts = cfg.retries + 1
+    return attempts * cfg.timeout_s + cfg.backoff_s * (2 ** cfg.retries - 1) + 1.0
+
+
+def describe_reward(cfg) -> str:
+    """A RewardCfg's function(s), for messages: 'my_rewards.py:score', 'format=r.py:fmt, correct=exact'."""
+    if cfg.url is not None:
+        return f"the remote verifier {cfg.url}"
+    return cfg.fn if isinstance(cfg.fn, str) else ", ".join(f"{k}={v}" for k, v in cfg.fn.items())
+
+
+class _Invalid(Exception):
+    def __init__(self, error: str, detail: str):
+        super().__init__(detail)
+        self.error, self.detail = error, detail
+
+
+class Scorer:
+    """Calls a RewardCfg's function(s) and checks what they return (see the module docstring).
+    Every function is loaded at construction, so a bad spec fails at startup (RewardError).
+    Thread-safe when the user's functions are."""
+
+    def __init__(self, cfg, *, base_dir: str | os.PathLike | None = None):
+        self.cfg = cfg
+        self.low, self.high = cfg.range
+        self.weights: dict[str, float] = dict(cfg.weights)
+        self.budget_s = call_budget_s(cfg)
+        self.single = cfg.url is not None or isinstance(cfg.fn, str)
+        self._fns: dict[str, RewardFn] = {}
+        self._names: dict[str, str] = {}  # how a detail names each function
+        self._remote = None
+        if cfg.url is not None:
+            from laminar_hpc.tasks.remote import RemoteVerifier
+            self._remote = RemoteVerifier(cfg)
+            self._fns["reward"], self._names["reward"] = self._remote, f"the remote verifier {cfg.url}"
+        elif isinstance(cfg.fn, str):
+            self._fns["reward"], self._names["reward"] = load_reward_fn(cfg.fn, base_dir), cfg.fn
+        else:
+            for name, spec in cfg.fn.items():
+                self._fns[name] = load_reward_fn(spec, base_dir, key=f"task.reward.fn.{name}")
+                self._names[name] = f"component {name!r} ({spec})"
+            unknown = [w for w in self.weights if w not in cfg.fn and w.split(".", 1)[0] not in cfg.fn]
+            if unknown:
+                raise RewardError(f"task.reward.weights names {', '.join(map(repr, unknown))}, not a component of "
+                                  f"task.reward.fn ({', '.join(cfg.fn)}); weigh those, or 'name.key' for a "
+                                  "component that returns a dict")
+
+    def describe(self) -> str:
+        return describe_reward(self.cfg)
+
+    def score(self, problem: Problem, response: Response) -> RewardOutcome:
+        components: dict[str, float] = {}
+        plain: float | None = None
+        for name, fn in self._fns.items():
+            where = self._names[name]
+            try:
+                value = fn(problem, response)
+            except RemoteError as err:
+                return RewardOutcome.failed("remote", _one_line(str(err)))
+            except (Exception, SystemExit) as err:  # the user's code: any error scores 0, with its reason
+                return RewardOutcome.failed("exception", f"{where} raised {_describe(err)}")
+            try:
+                if isinstance(value, Mapping):
+                    prefix = "" if self.single else f"{name}."
+                    components.update({prefix + k: v for k, v in self._check_map(where, value).items()})
+                elif self.single:
+                    plain = self._check_number(where, value, None)
+                else:
+                    components[name] = self._check_number(where, value, None)
+            except _Invalid as bad:
+                return RewardOutcome.failed(bad.error, bad.detail)
+        if plain is not None:
+            return RewardOutcome(plain)
+        total = sum(self.weights.get(k, self.weights.get(k.split(".", 1)[0], 1.0)) * v for k, v in components.items())
+        return RewardOutcome(float(total), components)
+
+    def _check_map(self, where: str, value: Mapping) -> dict[str, float]:
+        if not value:
+            raise _Invalid("bad_type", f"{where} returned an empty dict; return a float or a dict of named floats")
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or not k:
+                raise _Invalid("bad_type", f"{where} returned a dict with key {_show(k)}; name components with "
+                                           "non-empty strings")
+            out[k] = self._check_number(where, v, k)
+        return out
+
+    def _check_number(self, where: str, value: Any, key: str | None) -> float:
+        what = f"{where} returned" + ("" if key is None else f" for {key!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise _Invalid("bad_type", f"{what} {type(value).__name__} ({_show(value)}); return a float or a dict "
+                                       "of floats")
+        number = float(value)
+        if not math.isfinite(number):
+            raise _Invalid("not_finite", f"{what} {number}; return a finite number")
+        if not self.low <= number <= self.high:
+            raise _Invalid("out_of_range", f"{what} {number:g}, outside task.reward.range [{self.low:g}, "
+                                           f"{self.high:g}]; widen the range or fix the function")
+        return number
+
+    def close(self) -> None:
+        if self._remote is not None:
+            self._remote.close()
+
+
+def check_reward(scorer: Scorer, problem: Problem) -> None:
+    """The startup check: score `problem` with an empty response; a function that returns the
+    wrong type (a string, a list) is a programming error, refused before the run starts. Any
+    other outcome, a failed one included (an empty response may well make a reward raise), passes."""
+    out = scorer.score(problem, Response(""))
+    if out.error == "bad_type":
+        raise RewardError(f"task.reward: {out.detail} (checked at startup on problem {problem.index} with an "
+                          "empty response)")
+
+
+def build_reward(spec: str) -> RewardFn:
+    """The function a `task.reward.fn` string names (load_reward_fn, relative to the current directory)."""
+    return load_reward_fn(spec)

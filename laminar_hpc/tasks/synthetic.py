@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import string
-import zlib
 
 from laminar_hpc.tasks.base import Problem
 
@@ -29,6 +28,3 @@ class SyntheticTasks:
         rng = random.Random(self.seed * 1_000_003 + index)
         text = "".join(rng.choices(string.ascii_lowercase, k=max(0, self.prompt_tokens - 1)))
         return Problem(index, text, "")
-
-    def reward(self, response: str, problem: Problem) -> float:
-        return float(zlib.crc32(response.encode()) % 2)

@@ -43,6 +43,7 @@ from laminar_hpc.tasks import build_task
 from laminar_hpc.trainer.backend import TrainBackend, build_backend
 from laminar_hpc.trainer.checkpoint import list_checkpoints
 from laminar_hpc.trainer.publisher import Publisher
+from laminar_hpc.trainer.reward_stats import reward_metrics
 from laminar_hpc.trainer.staleness import TRACED, group_lags, lag_metrics, start_lineage
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
@@ -131,7 +132,8 @@ class Trainer:
         self._phase("warmup")
         task = build_task(cfg.task, cfg.seed)
         return run_warmup(model, task, self.tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
-                          report=self._warmup_report, should_stop=lambda: bool(self.flags.get("stop")))
+                          report=self._warmup_report, should_stop=lambda: bool(self.flags.get("stop")),
+                          reward=cfg.task.reward)
 
     def _warmup_report(self, r: dict) -> None:
         self.ctx.log.info("warm-up step %d loss %.3f greedy reward %.3f", r["step"], r["loss"], r["greedy_reward"])
@@ -319,6 +321,7 @@ class Trainer:
                 t0 = time.monotonic()
                 m = self.backend.train_step(groups, step=self.step, version=self.version)
                 m.update(lags)
+                m.update(reward_metrics(groups))
                 self.step += 1
                 self.version += 1
                 ids = [g.group_id for g in groups]
@@ -336,7 +339,8 @@ class Trainer:
                 self._append_metrics(m)
                 ctx.tracer.emit("train_step", step=self.step, version=self.version, train_s=train_s,
                                 wait_s=wait_s, tokens=m["tokens"], loss=m["loss"], reward=m["reward_mean"],
-                                **{k: m[k] for k in TRACED if k in m})
+                                **{k: m[k] for k in TRACED if k in m},
+                                **{k: v for k, v in m.items() if k.startswith("reward_failed")})
                 ctx.ctrl.send(TrainStep(metrics={k: v for k, v in m.items() if not k.endswith("_hist")},
                                         groups=ids + self.already, stale=self.stale))
                 self.stale, self.already = [], []

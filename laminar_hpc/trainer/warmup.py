@@ -20,7 +20,8 @@ import torch
 
 from laminar_hpc.model.llama import KVCache, Transformer, token_logprobs
 from laminar_hpc.model.sampling import sample_tokens
-from laminar_hpc.tasks import encode_prompt
+from laminar_hpc.tasks import encode_prompt, score_all
+from laminar_hpc.tasks.base import Response
 
 WARMUP_OFFSET = 1 << 40  # problem indices used by warm-up: disjoint from RL's (which start at 0)
 EVAL_OFFSET = 1 << 41
@@ -72,8 +73,9 @@ def greedy_decode(model: Transformer, prompts: list[list[int]], eos_id: int, max
         filled = [f + 1 for f in filled]
 
 
-def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int) -> float:
-    """Mean reward of greedy answers to `n` held-out problems."""
+def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, reward) -> float:
+    """Mean reward of greedy answers to `n` held-out problems, scored by `reward` (task.reward) in
+    a reward pool, as the rollouts score."""
     # a float32 CPU copy, as a rollout holds the published weights (whatever the trainer's device and dtype)
     policy = Transformer(model.args).requires_grad_(False)
     policy.load_state_dict(model.state_dict())
@@ -83,10 +85,9 @@ def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int) ->
     if not rows:
         return 0.0
     answers = greedy_decode(policy, [x for _, x in rows], tok.eos_id, max_new_tokens)
-    total = 0.0
-    for (p, _), a in zip(rows, answers):
-        total += task.reward(tok.decode([t for t in a if t != tok.eos_id]), p)
-    return total / len(rows)
+    outcomes = score_all(reward, [(p, Response(tok.decode([t for t in a if t != tok.eos_id]), tuple(a)))
+                                  for (p, _), a in zip(rows, answers)])
+    return sum(o.reward for o in outcomes) / len(rows)
 
 
 def fits(prompt: list[int], max_seq_len: int) -> bool:
@@ -95,7 +96,7 @@ def fits(prompt: list[int], max_seq_len: int) -> bool:
 
 
 def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: int,
-               report: Callable[[dict], None], should_stop: Callable[[], bool] = lambda: False) -> dict:
+               report: Callable[[dict], None], should_stop: Callable[[], bool] = lambda: False, *, reward) -> dict:
     """Returns {'steps', 'greedy_reward', 'seconds'}; `report` gets one dict per evaluation.
     Ends early (incomplete) when `should_stop()` turns true."""
     w = cfg
@@ -129,7 +130,7 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
         loss.backward()
         opt.step()
         if step % w.eval_every == 0 or step == w.max_steps:
-            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens)
+            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward)
             report({"step": step, "loss": loss.item(), "greedy_reward": score,
                     "seconds": time.monotonic() - t0})
             if score >= w.target_greedy_reward:

@@ -57,6 +57,11 @@ class Trajectory(_Item):
     t_end: float | None = None
     finish: str | None = None  # "eos" | "length" | an error reason
     version_last: int | None = None  # partial-rollout only: the version of its last tokens
+    # the reward's named components (task.reward: a dict, or a map of functions), for the step's metrics
+    reward_parts: dict[str, float] | None = None
+    # why the reward is 0 by rule, not by the answer (tasks/rewards.py reason codes: "timeout", ...)
+    reward_error: str | None = None
+    eval_round: int | None = None  # evaluation work (controller/evaluation.py): never in the ledger
 
 
 class WorkItem(_Item):
@@ -69,6 +74,8 @@ class WorkItem(_Item):
     tokens: list[int] | None = None
     logprobs: list[float] | None = None
     version: int | None = None
+    eval_round: int | None = None  # evaluation work: `problem` indexes the validation split
+    greedy: bool | None = None  # decode greedily (evaluation), not at rollout.temperature
 
 
 class StreamItem(_Item):

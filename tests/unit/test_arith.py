@@ -9,8 +9,9 @@ import pytest
 
 from laminar_hpc.tasks import build_task
 from laminar_hpc.tasks.arith import HELD_OUT_OFFSET, ArithTasks, evaluate
-from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.rewards import REWARDS, build_reward, final_number, last_number
+from laminar_hpc.tasks.base import Problem, Response
+from laminar_hpc.config import config_from_dict
+from laminar_hpc.tasks.rewards import REWARDS, Scorer, build_reward, final_number, last_number
 
 QUESTION = re.compile(r"What is (\d+(?: [-+*] \d+)+)\? Answer with just the number\.")
 
@@ -88,23 +89,25 @@ def test_bad_settings_name_the_field(kwargs, field):
     ("The answer is 18.", 0.0), ("19 + 1 = 20", 0.0), ("", 0.0), ("nineteen", 0.0), ("-19", 0.0), ("119", 0.0),
 ])
 def test_final_number_rewards_the_last_number(response, reward):
-    assert final_number(response, Problem(0, "q", "19")) == reward
+    assert final_number(Problem(0, "q", "19"), Response(response)) == reward
 
 
 def test_final_number_reads_signs_decimals_and_thousands():
     assert last_number("it is -4") == -4 and last_number("1,024 apples") == 1024
     assert last_number("0.5 or 2.25") == last_number("2.250") and last_number("no digits") is None
-    assert final_number("10 - 14 = -4", Problem(0, "q", "-4")) == 1.0
+    assert final_number(Problem(0, "q", "-4"), Response("10 - 14 = -4")) == 1.0
     with pytest.raises(ValueError, match="problem 3"):  # a task bug says which problem
-        final_number("4", Problem(3, "q", "four"))
+        final_number(Problem(3, "q", "four"), Response("4"))
 
 
 def test_final_number_is_a_named_reward_and_the_task_uses_it():
     assert build_reward("final_number") is final_number and "final_number" in REWARDS
-    src = ArithTasks(seed=2)
-    p = src.problem(0)
-    assert src.reward(f"{_expr(p)} = {p.answer}", p) == 1.0
-    assert src.reward(f"{_expr(p)} = {int(p.answer) + 1}", p) == 0.0
+    cfg = config_from_dict({"task": {"type": "arith", "chat_template": False}})
+    assert cfg.task.reward.fn == "final_number"  # the arithmetic task's default reward
+    scorer = Scorer(cfg.task.reward)
+    p = ArithTasks(seed=2).problem(0)
+    assert scorer.score(p, Response(f"{_expr(p)} = {p.answer}")).reward == 1.0
+    assert scorer.score(p, Response(f"{_expr(p)} = {int(p.answer) + 1}")).reward == 0.0
 
 
 def test_build_task_arith_section():

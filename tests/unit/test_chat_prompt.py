@@ -11,7 +11,7 @@ from laminar_hpc.model.tokenizer import CharTokenizer, hf_chat_prompt
 from laminar_hpc.tasks import chat_messages, encode_prompt, render_chat
 from laminar_hpc.tasks.arith import ArithTasks
 from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.jsonl import JsonlTasks
+from laminar_hpc.tasks.dataset import DatasetTasks
 
 
 class FakeHF:
@@ -90,12 +90,12 @@ def test_hf_chat_prompt_checks_messages_and_result():
 def test_jsonl_chat_fills_the_template_as_the_user_message(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"question": "2+3?", "answer": "... #### 5"}) + "\n", encoding="utf-8")
-    src = JsonlTasks(str(path), prompt_template="{prompt}\nEnd with '#### <answer>'.", chat=True,
-                     system_prompt="Be brief.")
+    src = DatasetTasks(str(path), prompt_template="{prompt}\nEnd with '#### <answer>'.", chat_template=True,
+                       system_prompt="Be brief.")
     p = src.problem(0)
     assert p.chat and p.system == "Be brief." and p.prompt == "2+3?\nEnd with '#### <answer>'."
     assert encode_prompt(HFWrapped(FakeHF()), p) == HFWrapped(FakeHF()).encode(
         "<system>Be brief.</><user>2+3?\nEnd with '#### <answer>'.</><assistant>")
     # without chat the system prompt is ignored and the prompt is the model's text
-    q = JsonlTasks(str(path), system_prompt="Be brief.").problem(0)
+    q = DatasetTasks(str(path), system_prompt="Be brief.").problem(0)
     assert not q.chat and q.system is None and q.prompt == "2+3?\nAnswer: "

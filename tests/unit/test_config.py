@@ -49,6 +49,8 @@ def test_every_shipped_config_loads(path):
         if isinstance(written, dict):
             for key, value in written.items():
                 assert_subset(value, held[key], f"{where}.{key}")
+        elif isinstance(held, dict) and "fn" in held:  # task.reward: "x.py:f" is short for {fn: "x.py:f"}
+            assert held["fn"] == written, where
         else:
             assert held == written, where
 

@@ -283,24 +283,25 @@ def test_a_request_an_engine_step_raises_for_fails_alone_and_a_broken_engine_end
     assert r.errors == 1 and len(r.ctx.ctrl.sent) == sent
 
 
-def test_a_reward_function_that_raises_fails_that_trajectory_only(make):
-    """The task's reward code failing on one response (a user's function meeting text it did not
-    expect). Today the exception ends the rollout."""
-    r = make(EMULATED)
+def test_a_reward_function_that_raises_scores_that_trajectory_0_with_the_reason(make, tmp_path):
+    """The user's reward code failing on one response (a function meeting text it did not
+    expect): that trajectory keeps its tokens and scores 0 with the reason, counted and traced;
+    the rollout goes on. (Before the reward pool the exception ended the rollout; then it failed
+    the trajectory as an error result, its tokens lost.)"""
+    code = tmp_path / "picky.py"
+    code.write_text("def score(problem, response):\n"
+                    "    if problem.index == 7:\n"
+                    "        raise KeyError('no answer found in the response')\n"
+                    "    return 1.0\n")
+    r = make((EMULATED[0], (*EMULATED[1], f"task.reward.fn={code}:score")))
     make.publish(r)
-    reward = r.task.reward
-
-    def picky(text: str, problem) -> float:
-        if problem.index == 7:
-            raise KeyError("no answer found in the response")
-        return reward(text, problem)
-
-    r.task.reward = picky
     work = [work_item(i, group=g, prompt=(5, 6), max_new_tokens=64) for g in (6, 7, 8) for i in range(2)]
     done = serve(r, work)  # work_item: problem = group
     for w in work:
+        t = done[w.traj_id]
+        assert_good(t, r.tok.eos_id)
         if w.group_id == 7:
-            assert_error(done[w.traj_id], "reward failed: KeyError", "no answer found")
+            assert t.reward == 0.0 and t.reward_error == "exception"
         else:
-            assert_good(done[w.traj_id], r.tok.eos_id)
-    assert r.errors == 2
+            assert t.reward == 1.0 and t.reward_error is None
+    assert r.errors == 0 and r.scoring.failures == 2

@@ -4,6 +4,8 @@ encode/decode) and hands it the controller's messages. Weights come from a real 
 where the node's relay would keep them."""
 from __future__ import annotations
 
+import time
+
 import os
 
 import pytest
@@ -66,12 +68,23 @@ def tell(r: Rollout, *msgs) -> None:
 
 
 def generate(r: Rollout, steps: int | None = None) -> None:
-    """Decode steps as the loop runs them (all until the engine is empty, or `steps`)."""
+    """Decode steps as the loop runs them (all until the engine is empty, or `steps`), then the
+    finished ones sent once the reward pool scored them (rollout/scoring.py)."""
     n = 0
     while r.engine.num_active() and (steps is None or n < steps):
         r.handle(r.engine.step())
         r.flush_streams()
         n += 1
+    scored(r)
+
+
+def scored(r: Rollout, timeout_s: float = 60.0) -> None:
+    """Send every finished trajectory whose reward the pool is computing, once it is back."""
+    deadline = time.monotonic() + timeout_s
+    while r.scoring.waiting:
+        r.send_scored()
+        assert time.monotonic() < deadline, f"rewards of {sorted(r.scoring.waiting)} did not come back from the pool"
+        time.sleep(0.002)  # polling the pool's results
 
 
 def streamed(r: Rollout, traj_id: str) -> tuple[int, list[int]]:

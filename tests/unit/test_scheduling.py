@@ -140,7 +140,7 @@ def test_groups_dropped_as_too_stale_are_replaced_not_charged_to_the_window():
     kw = dict(mode="laminar", steps_trained=2, groups_per_step=4, max_ahead_steps=1, queued_trajs=0,
               group_size=2, max_queued_trajs=1000, in_flight=0, rollout_versions=[2], version_base=0)
     assert admission(groups_started=16, **kw) == 0  # (2 + 1 + 1) x 4 started: the window is full
-    assert admission(groups_started=16, groups_dropped_stale=3, **kw) == 3  # three of them were dropped
+    assert admission(groups_started=16, groups_replaced=3, **kw) == 3  # three of them were dropped
 
 
 @pytest.mark.parametrize("current,newest,active,expected", [

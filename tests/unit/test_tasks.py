@@ -1,4 +1,5 @@
-"""Task sources: built-in generated tasks, JSONL datasets (GSM8K), rewards and build_task."""
+"""Task sources: built-in generated tasks, GSM8K through the dataset loader, build_task (the loader's
+own cases: test_dataset.py)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,9 @@ import pytest
 from laminar_hpc.config import config_from_dict
 from laminar_hpc.tasks import build_task
 from laminar_hpc.tasks.builtin import KINDS, BuiltinTasks
-from laminar_hpc.tasks.jsonl import DatasetError, JsonlTasks
+from laminar_hpc.tasks.base import Response
+from laminar_hpc.tasks.dataset import DatasetError, DatasetTasks
+from laminar_hpc.tasks.rewards import Scorer
 
 from helpers import SHARED_GSM8K
 
@@ -133,19 +136,23 @@ def test_builtin_tail_alpha_zero_is_not_long_tailed():
     assert counts[12] > 0.5 * counts[2]
 
 
-def test_builtin_reward_exact_match_with_whitespace():
+def test_builtin_tasks_are_scored_by_exact_match_with_whitespace():
     src = BuiltinTasks(ALL_KINDS, seed=9, min_len=2, max_len=8, tail_alpha=1.0)
+    scorer = Scorer(config_from_dict({}).task.reward)  # the built-in tasks' default reward
+
+    def reward(text, p):
+        return scorer.score(p, Response(text)).reward
     for i in range(40):
         p = src.problem(i)
-        assert src.reward(p.answer, p) == 1.0
-        assert src.reward(f"  {p.answer}\n", p) == 1.0
-        assert src.reward(f"\t{p.answer} ", p) == 1.0
-        assert src.reward(p.answer + "0", p) == 0.0
-        assert src.reward(p.answer[:-1], p) == 0.0
-        assert src.reward("", p) == 0.0
-        assert src.reward(f"{p.answer[0]} {p.answer[1:]}", p) == (1.0 if len(p.answer) == 1 else 0.0)
+        assert reward(p.answer, p) == 1.0
+        assert reward(f"  {p.answer}\n", p) == 1.0
+        assert reward(f"\t{p.answer} ", p) == 1.0
+        assert reward(p.answer + "0", p) == 0.0
+        assert reward(p.answer[:-1], p) == 0.0
+        assert reward("", p) == 0.0
+        assert reward(f"{p.answer[0]} {p.answer[1:]}", p) == (1.0 if len(p.answer) == 1 else 0.0)
         wrong = str((int(p.answer) + 1))
-        assert src.reward(wrong, p) == 0.0
+        assert reward(wrong, p) == 0.0
 
 
 @pytest.mark.parametrize("kinds", [["nope"], ["reverse", "multiply"], []])
@@ -179,44 +186,28 @@ def _gold_from_raw(answer: str) -> str:
 @pytest.mark.parametrize("split,rows", [("train", 7473), ("test", 1319)])
 def test_gsm8k_loads_all_rows(split, rows):
     path = _gsm8k(split)
-    src = JsonlTasks(path, reward="math_verify")
+    src = DatasetTasks(path, shuffle=False)
     assert len(src) == rows
     assert src.skipped == 0
-    assert src.name == f"jsonl:{split}.jsonl"
+    assert src.name == f"dataset:{split}.jsonl"
     with open(path, encoding="utf-8") as f:
         raw = [json.loads(line) for line in f if line.strip()]
     assert len(raw) == rows
-    # problems follow the file order and the prompt template; indices wrap around epochs
+    # unshuffled, problems follow the file order and the prompt template; indices wrap around epochs
     for i in (0, 1, rows - 1):
         p = src.problem(i)
         assert p.prompt == f"{raw[i]['question']}\nAnswer: "
         assert p.answer == _gold_from_raw(raw[i]["answer"])
+        assert src.where(i) == f"{path} line {i + 1}"
     assert src.problem(rows).prompt == src.problem(0).prompt
     assert src.problem(rows).index == rows
-
-
-def test_gsm8k_math_verify_rewards_gold_and_rejects_wrong():
-    path = _gsm8k("train")
-    src = JsonlTasks(path, reward="math_verify")
-    with open(path, encoding="utf-8") as f:
-        raw = [json.loads(next(f)) for _ in range(30)]
-    for i, row in enumerate(raw):
-        p = src.problem(i)
-        gold = _gold_from_raw(row["answer"])
-        assert p.answer == gold
-        assert src.reward(gold, p) == 1.0, (i, gold)
-        assert src.reward(row["answer"], p) == 1.0, (i, gold)  # the dataset's own solution text
-        assert src.reward(f"Let me think step by step.\nThe total is {gold}.\n#### {gold}", p) == 1.0, (i, gold)
-        wrong = str(int(gold) + 1) if re.fullmatch(r"-?\d+", gold) else str(float(gold) + 1)
-        assert src.reward(wrong, p) == 0.0, (i, gold)
-        assert src.reward(f"Working...\n#### {wrong}", p) == 0.0, (i, gold)
-        # an earlier '####' with the gold answer does not count: the last one is the final answer
-        assert src.reward(f"#### {gold}\nno wait\n#### {wrong}", p) == 0.0, (i, gold)
-        assert src.reward("I do not know", p) == 0.0
+    # shuffled (the default), every row once per epoch
+    shuffled = DatasetTasks(path, seed=0)
+    assert sorted(shuffled.problem(i).answer for i in range(rows)) == sorted(_gold_from_raw(r["answer"]) for r in raw)
 
 
 # ------------------------------------------------------------------------------------------
-# malformed datasets
+# malformed datasets (more in test_dataset.py)
 # ------------------------------------------------------------------------------------------
 
 def _row(q: str, a: str) -> str:
@@ -229,7 +220,7 @@ GOOD = [_row("1+1?", "it is 2\n#### 2"), _row("2+3?", "five\n#### 5"), _row("10*
 def test_missing_file_names_the_path(tmp_path):
     missing = tmp_path / "nowhere" / "train.jsonl"
     with pytest.raises(DatasetError) as err:
-        JsonlTasks(str(missing))
+        DatasetTasks(str(missing))
     assert str(missing) in str(err.value)
 
 
@@ -237,7 +228,8 @@ BAD_ROWS = {
     "not_json": "{this is not json\n",
     "not_object": "[1, 2, 3]\n",
     "missing_answer": json.dumps({"question": "q?"}) + "\n",
-    "non_string_answer": json.dumps({"question": "q?", "answer": 4}) + "\n",
+    "non_string_answer": json.dumps({"question": "q?", "answer": [4]}) + "\n",
+    "number_answer_without_hashes": json.dumps({"question": "q?", "answer": 4}) + "\n",  # answer_format: gsm8k
     "missing_question": json.dumps({"answer": "#### 4"}) + "\n",
     "no_hashes": _row("q?", "the answer is 4"),
 }
@@ -249,7 +241,7 @@ def test_bad_row_fail_names_file_and_line(tmp_path, kind):
     # line 1, 2 good, line 3 blank (still a physical line), line 4 bad, line 5 good
     path.write_text(GOOD[0] + GOOD[1] + "\n" + BAD_ROWS[kind] + GOOD[2], encoding="utf-8")
     with pytest.raises(DatasetError) as err:
-        JsonlTasks(str(path), on_bad_row="fail")
+        DatasetTasks(str(path), on_bad_row="fail")
     msg = str(err.value)
     assert str(path) in msg
     assert re.search(r"\bline 4\b", msg), msg
@@ -261,7 +253,7 @@ def test_bad_row_skip_keeps_good_rows_and_counts(tmp_path, kind):
     path = tmp_path / f"{kind}.jsonl"
     path.write_text(BAD_ROWS[kind] + GOOD[0] + BAD_ROWS[kind] + GOOD[1] + GOOD[2] + BAD_ROWS[kind],
                     encoding="utf-8")
-    src = JsonlTasks(str(path), on_bad_row="skip", reward="exact")
+    src = DatasetTasks(str(path), on_bad_row="skip", shuffle=False)
     assert src.skipped == 3
     assert len(src) == 3
     assert [src.problem(i).answer for i in range(3)] == ["2", "5", "1000"]
@@ -272,7 +264,7 @@ def test_all_rows_bad_errors_even_with_skip(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text("".join(BAD_ROWS.values()), encoding="utf-8")
     with pytest.raises(DatasetError) as err:
-        JsonlTasks(str(path), on_bad_row="skip")
+        DatasetTasks(str(path), on_bad_row="skip")
     assert str(path) in str(err.value)
 
 
@@ -281,7 +273,7 @@ def test_empty_file_errors(tmp_path, content):
     path = tmp_path / "empty.jsonl"
     path.write_text(content, encoding="utf-8")
     with pytest.raises(DatasetError) as err:
-        JsonlTasks(str(path))
+        DatasetTasks(str(path))
     assert str(path) in str(err.value)
 
 
@@ -289,27 +281,23 @@ def test_non_utf8_file_errors(tmp_path):
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(GOOD[0].encode() + b'{"question": "caf\xe9", "answer": "#### 1"}\n')
     with pytest.raises(DatasetError) as err:
-        JsonlTasks(str(path))
+        DatasetTasks(str(path))
     assert str(path) in str(err.value)
 
 
-def test_plain_format_custom_fields_and_exact_reward(tmp_path):
+def test_plain_format_and_custom_fields(tmp_path):
     path = tmp_path / "plain.jsonl"
     path.write_text(json.dumps({"q": "capital of France?", "a": " Paris "}) + "\n", encoding="utf-8")
-    src = JsonlTasks(str(path), prompt_field="q", answer_field="a", answer_format="plain",
-                     reward="exact", prompt_template="Q: {prompt}\nA:")
+    src = DatasetTasks(str(path), prompt_field="q", answer_field="a", answer_format="plain",
+                       prompt_template="Q: {prompt}\nA:")
     p = src.problem(0)
     assert p.prompt == "Q: capital of France?\nA:"
     assert p.answer == "Paris"
-    assert src.reward(" Paris\n", p) == 1.0
-    assert src.reward("paris", p) == 0.0
 
 
-def test_unknown_reward_raises(tmp_path):
-    path = tmp_path / "ok.jsonl"
-    path.write_text(GOOD[0], encoding="utf-8")
-    with pytest.raises(ValueError, match="reward"):
-        JsonlTasks(str(path), reward="vibes")
+def test_the_old_name_still_imports():
+    from laminar_hpc.tasks import jsonl
+    assert jsonl.JsonlTasks is DatasetTasks and jsonl.DatasetError is DatasetError
 
 
 # ------------------------------------------------------------------------------------------
@@ -329,18 +317,19 @@ def test_build_task_builtin_from_config():
     assert [other.problem(i) for i in range(30)] != [src.problem(i) for i in range(30)]
 
 
-def test_build_task_jsonl_from_config(tmp_path):
+@pytest.mark.parametrize("task_type", ["dataset", "jsonl"])
+def test_build_task_dataset_from_config(tmp_path, task_type):
     path = tmp_path / "d.jsonl"
     path.write_text("oops\n" + "".join(GOOD), encoding="utf-8")
-    cfg = config_from_dict({"task": {"type": "jsonl", "path": str(path), "reward": "exact",
-                                     "on_bad_row": "skip", "prompt_template": ">> {prompt}"}})
+    cfg = config_from_dict({"task": {"type": task_type, "path": str(path), "on_bad_row": "skip",
+                                     "prompt_template": ">> {prompt}"}})
     src = build_task(cfg.task, seed=0)
-    assert isinstance(src, JsonlTasks)
+    assert isinstance(src, DatasetTasks)
     assert len(src) == 3 and src.skipped == 1
-    p = src.problem(1)
-    assert p.prompt == ">> 2+3?" and p.answer == "5"
-    assert src.reward("5 ", p) == 1.0 and src.reward("5.0", p) == 0.0  # exact, not math_verify
+    assert [src.problem(i) for i in range(6)] == [DatasetTasks.from_config(cfg.task, 0).problem(i) for i in range(6)]
+    assert sorted((src.problem(i).prompt, src.problem(i).answer) for i in range(3)) == [
+        (">> 1+1?", "2"), (">> 10*10?", "1000"), (">> 2+3?", "5")]
 
-    cfg_fail = config_from_dict({"task": {"type": "jsonl", "path": str(path)}})
+    cfg_fail = config_from_dict({"task": {"type": task_type, "path": str(path)}})
     with pytest.raises(DatasetError, match="line 1"):
         build_task(cfg_fail.task, seed=0)

@@ -1,0 +1,177 @@
+"""The `task:` section (what problems the run trains on and how answers are scored) and the
+`eval:` section (evaluation on the validation split while training). Imports neither torch,
+mpi4py nor vLLM; re-exported by `laminar_hpc.config.schema`.
+
+    task:
+      type: dataset                         # JSONL or Parquet rows (tasks/dataset.py)
+      path: data/train.parquet
+      validation_fraction: 0.05             # or validation_path: data/test.jsonl
+      chat_template: true                   # rendered with the model's own chat template
+      reward: my_rewards.py:score           # or package.module:function, or a built-in name
+    eval:
+      every_steps: 10
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import Field, model_validator
+
+from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Section
+
+BUILTIN_REWARDS = ("exact", "math_verify", "final_number", "coin_flip")  # tasks/rewards.py
+
+
+class RewardCfg(Section):
+    """How a response is scored (tasks/rewards.py). `task.reward: "x.py:score"` is short for
+    `task.reward: {fn: "x.py:score"}`.
+
+    `fn` is a built-in (exact, math_verify, final_number, coin_flip), `package.module:function`
+    or `path/to/file.py:function` (relative to the directory `laminar` runs in), or a map of
+    component name -> such a function. A function returns a float or a dict of named floats;
+    each value must lie in `range`, and the reward is the sum of the components times their
+    `weights` (a component without a weight weighs 1). With `url` the response goes to a remote
+    verifier instead (an HTTP POST; tasks/remote.py). Calls run in a pool beside the decode loop
+    (`pool`, `workers`), each under `timeout_s`; one that fails, times out or returns a value
+    that is not a finite number in `range` scores 0, and the reason is counted each step."""
+    fn: Union[str, dict[str, str]] = "exact"
+    url: str | None = None  # remote verifier: POST {problem, response}, answer a number or a map of them
+    weights: dict[str, float] = Field(default_factory=dict)
+    range: tuple[float, float] = (0.0, 1.0)
+    pool: Literal["thread", "process"] = "thread"  # process: a call past its timeout is killed with its worker
+    workers: PosInt = 4
+    timeout_s: PosFloat = 10.0
+    retries: NonNegInt = 2  # remote verifier: attempts after the first, on connection errors and 5xx
+    backoff_s: PosFloat = 0.2  # remote verifier: the first retry's wait, doubled after each
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"fn": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _checks(self) -> "RewardCfg":
+        lo, hi = self.range
+        if not lo < hi:
+            raise ValueError(f"range {list(self.range)}: the low end must be below the high end")
+        fns = self.fn if isinstance(self.fn, dict) else {"reward": self.fn}
+        if not fns:
+            raise ValueError("fn: the map of components is empty; name at least one reward function")
+        for name, spec in fns.items():
+            if not spec or (":" not in spec and spec not in BUILTIN_REWARDS):
+                raise ValueError(f"fn {spec!r}{'' if name == 'reward' else f' (component {name!r})'}: write "
+                                 f"'package.module:function', 'path/to/file.py:function' or one of "
+                                 f"{', '.join(BUILTIN_REWARDS)}")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r}: a remote verifier is an http:// or https:// URL")
+        return self
+
+
+def _reward(fn: str):
+    return Field(default_factory=lambda: RewardCfg(fn=fn))
+
+
+class BuiltinTaskCfg(Section):
+    type: Literal["builtin"] = "builtin"
+    kinds: list[Literal["reverse", "sort", "add", "repeat"]] = Field(default_factory=lambda: ["reverse"], min_length=1)
+    weights: list[PosFloat] | None = None
+    min_len: PosInt = 2
+    max_len: PosInt = 8
+    tail_alpha: Annotated[float, Field(ge=0.0)] = 1.0
+    reward: RewardCfg = _reward("exact")
+
+    @model_validator(mode="after")
+    def _lens(self) -> "BuiltinTaskCfg":
+        if self.max_len < self.min_len:
+            raise ValueError(f"max_len={self.max_len} must be >= min_len={self.min_len}")
+        if self.weights is not None and len(self.weights) != len(self.kinds):
+            raise ValueError(f"weights has {len(self.weights)} entries for {len(self.kinds)} kinds")
+        return self
+
+
+class DatasetTaskCfg(Section):
+    """Rows of a JSONL or Parquet file (tasks/dataset.py); `type: jsonl` is the same section.
+
+    A row holds a prompt (`prompt_field`, filled into `prompt_template`) or a chat
+    (`messages_field`: a list of {role, content}), and the gold answer (`answer_field`). Its other
+    fields reach the reward function (`Problem.fields`). With `chat_template` the prompt (as the
+    user message, after `system_prompt`) or the messages are rendered with the tokenizer's own
+    chat template. Rows are shuffled by seed, a new order each epoch."""
+    multiline: ClassVar[frozenset[str]] = frozenset({"prompt_template", "system_prompt"})
+    type: Literal["dataset", "jsonl"] = "dataset"
+    path: str  # the training rows: *.jsonl or *.parquet
+    format: Literal["auto", "jsonl", "parquet"] = "auto"  # auto: by the file's suffix
+    validation_path: str | None = None  # the validation split's own file
+    validation_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # else: held out of `path` by seed
+    prompt_field: str = "question"
+    messages_field: str = "messages"  # a row holding this field is a chat (needs chat_template)
+    answer_field: str = "answer"
+    answer_format: Literal["gsm8k", "plain"] = "gsm8k"  # gsm8k: the gold answer follows '#### '
+    prompt_template: str = "{prompt}\nAnswer: "
+    # true: rendered with the tokenizer's own chat template (model.tokenizer: hf) instead of being
+    # the model's text as written
+    chat_template: bool = False
+    system_prompt: str | None = None  # the chat's system message (chat_template only); null: none
+    max_prompt_tokens: PosInt | None = None  # longer prompts are skipped at admission and counted
+    shuffle: bool = True
+    on_bad_row: Literal["fail", "skip"] = "fail"  # a row without a mapped field: stop, or skip and count
+    reward: RewardCfg = _reward("math_verify")
+
+    @model_validator(mode="after")
+    def _split(self) -> "DatasetTaskCfg":
+        if self.validation_path is not None and self.validation_fraction > 0:
+            raise ValueError(f"validation_path and validation_fraction={self.validation_fraction} both name a "
+                             "validation split: set one of them")
+        return self
+
+
+JsonlTaskCfg = DatasetTaskCfg  # the name before Parquet
+
+
+class ArithTaskCfg(Section):
+    """Generated arithmetic asked in words, answered with one number (tasks/arith.py): 'What is
+    7 + 12? Answer with just the number.'; reward 1 when the response's last number is the value."""
+    multiline: ClassVar[frozenset[str]] = frozenset({"instruction", "system_prompt"})
+    type: Literal["arith"] = "arith"
+    ops: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
+    operands: Annotated[int, Field(ge=2, le=4)] = 2
+    max_value: PosInt = 20  # operands are drawn from 0..max_value
+    instruction: str = "Answer with just the number."  # appended to each question
+    # true: the question is a user message rendered with the tokenizer's own chat template
+    # (model.tokenizer: hf); false: the question as plain text (e.g. the char tokenizer)
+    chat_template: bool = True
+    system_prompt: str | None = None  # the chat's system message; null: none (the template may add its default)
+    reward: RewardCfg = _reward("final_number")
+
+
+class SyntheticTaskCfg(Section):
+    """Fixed-length prompts and a coin-flip reward: for emulated engines, which read no tokens."""
+    type: Literal["synthetic"] = "synthetic"
+    prompt_tokens: PosInt = 512
+    reward: RewardCfg = _reward("coin_flip")
+
+
+TaskCfg = Annotated[Union[BuiltinTaskCfg, DatasetTaskCfg, ArithTaskCfg, SyntheticTaskCfg],
+                    Field(discriminator="type")]
+TASK_TYPES = {"builtin": BuiltinTaskCfg, "dataset": DatasetTaskCfg, "jsonl": DatasetTaskCfg,
+              "arith": ArithTaskCfg, "synthetic": SyntheticTaskCfg}
+
+
+class EvalCfg(Section):
+    """Evaluation on the task's validation split while training (controller/evaluation.py).
+    Every `every_steps` train steps the rollouts generate it at the newest version, beside the
+    training work, in at most `capacity_fraction` of each rollout's slots; the score goes to
+    metrics.jsonl, the traces, the live display and summary.json. `laminar eval` runs it alone."""
+    every_steps: NonNegInt = 0  # 0: no evaluation while training
+    at_start: bool = True  # with every_steps: also evaluate the first version (summary.json's eval_first)
+    samples: PosInt = 1  # per problem; 1: greedy, more: sampled at rollout.temperature (pass@k)
+    pass_k: PosInt = 1  # pass@k is reported for k = 1 and pass_k (at most `samples`)
+    max_problems: PosInt | None = None  # the validation split's first problems only
+    capacity_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.25
+    success_threshold: float = 1.0  # a sample counts as solved (pass@k) at this reward or above
+
+    @model_validator(mode="after")
+    def _k(self) -> "EvalCfg":
+        if self.pass_k > self.samples:
+            raise ValueError(f"pass_k={self.pass_k} needs at least as many samples (samples={self.samples})")
+        return self

@@ -1,0 +1,130 @@
+"""`laminar eval`: the validation split of a config's task, generated and scored on its own, for
+a run's checkpoint or a Hugging Face directory (what evaluation while training measures, with
+the same problems, engine, chat template and reward pool: controller/evaluation.py).
+
+    laminar eval runs/my-run --config configs/quickstart.yaml            # the newest checkpoint
+    laminar eval runs/my-run --config CONFIG --step 40 --samples 4 --pass-k 4
+    laminar eval path/to/hf_dir --config CONFIG --json eval.json         # an exported or downloaded model
+    python -m laminar_hpc.rollout.evaluate TARGET --config CONFIG         # what `laminar eval` runs
+
+TARGET is a run directory (its config.yaml's model shape; --config gives the task, eval and
+rollout settings) or a Hugging Face directory (config.json + safetensors; it replaces
+model.hf_path). Prints one line of figures and writes them as JSON with --json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def load_policy(cfg, target: Path, step: int | None):
+    """(model with the target's weights, tokenizer, model config, label)."""
+    from laminar_hpc.model.export import checkpoint_version
+    from laminar_hpc.model.factory import build_model, build_tokenizer
+    from laminar_hpc.rundir import RunDir
+    if (target / "config.json").is_file():  # a Hugging Face directory
+        model_cfg = cfg.model.model_copy(update={"hf_path": str(target), "tokenizer": cfg.model.tokenizer})
+        tok = build_tokenizer(model_cfg)
+        return build_model(model_cfg, tok), tok, model_cfg, f"hf:{target}"
+    if not (target / "config.yaml").is_file():
+        raise SystemExit(f"laminar eval: {target} is neither a run directory (config.yaml) nor a Hugging Face "
+                         "directory (config.json); name one of them")
+    model, tok, model_cfg, label = checkpoint_version(cfg, RunDir(target), step)
+    return model, tok, model_cfg, label
+
+
+def generate(engine, prompts: list[list[int]], max_new: int, greedy: bool) -> list[tuple[list[int], str]]:
+    """Every prompt's (response tokens, finish) with continuous batching."""
+    from laminar_hpc.rollout.base import SeqRequest
+    reqs = [SeqRequest(str(i), p, max_new, greedy=greedy) for i, p in enumerate(prompts)]
+    out: dict[str, tuple[list[int], str]] = {}
+    pending = list(reqs)
+    while pending or engine.num_active():
+        k = engine.free_slots()
+        if pending and k:
+            batch, pending = pending[:k], pending[k:]
+            ok = [r for r in batch if engine.refuse(r) is None]
+            for r in batch:
+                if r not in ok:  # a prompt the engine cannot take: no response, scored by the reward as empty
+                    out[r.traj_id] = ([], "error")
+            step = engine.add(ok)
+        else:
+            step = engine.step()
+        for o in step:
+            if o.finished:
+                toks = o.request.tokens if o.request is not None else []
+                out[o.traj_id] = (toks, "error" if o.error else ("eos" if toks and toks[-1] == engine.eos_id
+                                                                 else "length"))
+    return [out[str(i)] for i in range(len(prompts))]
+
+
+def evaluate(cfg, model, tok, *, samples: int, pass_k: int, label: str) -> dict:
+    import torch
+
+    from laminar_hpc.metrics.evaluation import eval_scores
+    from laminar_hpc.model.factory import model_args
+    from laminar_hpc.rollout.engine import TorchEngine
+    from laminar_hpc.tasks import build_task, encode_prompt, score_all, validation_problems
+    from laminar_hpc.tasks.base import Response
+    t0 = time.monotonic()
+    torch.set_num_threads(cfg.rollout.torch_threads)
+    problems = validation_problems(build_task(cfg.task, cfg.seed), cfg)
+    if not problems:
+        raise SystemExit("laminar eval: the task has no validation split; set task.validation_path or "
+                         "task.validation_fraction")
+    engine = TorchEngine(model_args(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
+                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                         seed=cfg.seed, device=cfg.rollout.device)
+    engine.model.load_state_dict(model.state_dict())
+    engine.version = 0
+    prompts = [encode_prompt(tok, p) for p in problems for _ in range(samples)]
+    outs = generate(engine, prompts, cfg.rollout.max_new_tokens, greedy=samples == 1)
+    outcomes = score_all(cfg.task.reward, [
+        (problems[i // samples], Response(tok.decode([t for t in toks if t != tok.eos_id]), tuple(toks), finish))
+        for i, (toks, finish) in enumerate(outs)])
+    rewards: dict[int, list[float]] = {}
+    failed: dict[str, int] = {}
+    for i, o in enumerate(outcomes):
+        rewards.setdefault(i // samples, []).append(float(o.reward))
+        if o.error is not None:
+            failed[o.error] = failed.get(o.error, 0) + 1
+    row = eval_scores(rewards, pass_k=pass_k, threshold=cfg.eval.success_threshold)
+    return {"target": label, **row, "eval_errors": sum(failed.values()), "reward_failed": failed,
+            "greedy": samples == 1, "eval_s": time.monotonic() - t0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="laminar eval", description=__doc__.splitlines()[0])
+    ap.add_argument("target", help="a run directory or a Hugging Face directory")
+    ap.add_argument("--config", required=True, help="the task, eval and rollout settings")
+    ap.add_argument("--step", type=int, help="a run's checkpoint of this step (default: the newest that verifies)")
+    ap.add_argument("--samples", type=int, help="per problem (default: eval.samples; 1: greedy)")
+    ap.add_argument("--pass-k", type=int, help="default: eval.pass_k")
+    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("overrides", nargs="*", help="key.path=value")
+    args = ap.parse_args(argv)
+    from laminar_hpc.config import ConfigError, load_config
+    from laminar_hpc.rundir import CheckpointError
+    try:
+        cfg = load_config(args.config, args.overrides)
+        samples = args.samples or cfg.eval.samples
+        pass_k = args.pass_k or min(cfg.eval.pass_k, samples)
+        if pass_k > samples:
+            raise ConfigError(f"--pass-k {pass_k} needs at least as many --samples (got {samples})")
+        model, tok, model_cfg, label = load_policy(cfg, Path(args.target), args.step)
+        cfg = cfg.model_copy(update={"model": model_cfg})
+        figures = evaluate(cfg, model, tok, samples=samples, pass_k=pass_k, label=label)
+    except (ConfigError, CheckpointError, ValueError) as err:
+        print(f"laminar eval: error: {err}", file=sys.stderr)
+        return 2
+    print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

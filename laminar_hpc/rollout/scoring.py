@@ -1,0 +1,85 @@
+"""Finished trajectories on their way out of a rollout: scored beside the decode loop, then sent.
+
+A reward function is the user's code (tasks/rewards.py): it may be slow, hang, raise or return
+garbage. So the decode loop never calls it: `submit` hands the response to the reward pool
+(tasks/reward_pool.py: threads or processes, each call under `task.reward.timeout_s`) and goes
+on decoding; `ready` returns the trajectories whose reward came back, with the reward, its
+components and, when the call failed, the reason (reward 0, `reward_error`), which is traced
+and logged (once per reason and minute) here and counted in the trainer's step metrics.
+
+Evaluation work (controller/evaluation.py) is scored the same way against the validation split.
+
+    scoring = Scoring(cfg, task, tok, tracer, log)
+    scoring.submit(traj, finish="eos")     # traj.tokens hold the response
+    for traj in scoring.ready(): send(Finished(trajectory=traj))
+"""
+from __future__ import annotations
+
+import time
+
+from laminar_hpc.tasks.reward_pool import RewardPool
+from laminar_hpc.tasks import validation_problems
+from laminar_hpc.tasks.base import Problem, Response
+from laminar_hpc.transport.protocol import Trajectory
+
+LOG_EVERY_S = 60.0  # a failing reward is logged at most this often per reason (every failure is traced)
+
+
+class Scoring:
+    def __init__(self, cfg, task, tok, tracer, log):
+        self.cfg, self.task, self.tok, self.tracer, self.log = cfg, task, tok, tracer, log
+        self.pool = RewardPool(cfg.task.reward)
+        self.waiting: dict[str, Trajectory] = {}  # submitted, reward not back yet
+        self._validation: list[Problem] | None = None
+        self._logged: dict[str, float] = {}  # reason -> when last logged
+        self.failures = 0
+
+    def problem(self, traj: Trajectory) -> Problem:
+        """The problem a trajectory answers: the task's (training) or the validation split's."""
+        if traj.eval_round is None:
+            return self.task.problem(traj.problem)
+        if self._validation is None:
+            self._validation = validation_problems(self.task, self.cfg)
+        return self._validation[traj.problem]
+
+    def submit(self, traj: Trajectory, finish: str) -> None:
+        """Score `traj` (its tokens are the response) in the pool. Raises only for a problem the
+        task cannot produce (the caller fails that trajectory)."""
+        problem = self.problem(traj)
+        eos = self.tok.eos_id
+        text = self.tok.decode([t for t in traj.tokens if t != eos])
+        traj.finish = finish
+        self.waiting[traj.traj_id] = traj
+        self.pool.submit(traj.traj_id, problem, Response(text=text, token_ids=tuple(traj.tokens), finish=finish))
+
+    def ready(self) -> list[Trajectory]:
+        """Trajectories whose reward came back since the last call, reward set."""
+        out = []
+        for key, outcome in self.pool.collect():
+            traj = self.waiting.pop(key, None)
+            if traj is None:
+                continue
+            traj.reward = float(outcome.reward)
+            if outcome.components:
+                traj.reward_parts = {k: float(v) for k, v in outcome.components.items()}
+            if outcome.error is not None:
+                traj.reward_error = outcome.error
+                self._failed(traj, outcome.error, outcome.detail)
+            traj.t_end = time.time()
+            out.append(traj)
+        return out
+
+    def _failed(self, traj: Trajectory, reason: str, detail: str) -> None:
+        self.failures += 1
+        self.tracer.emit("reward_failed", traj=traj.traj_id, reason=reason, detail=detail[:300])
+        now = time.monotonic()
+        if now - self._logged.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._logged[reason] = now
+            self.log.warning("reward of %s scored 0 (%s): %s (logged once a minute per reason; every one is "
+                             "traced as reward_failed and counted in the step metrics)", traj.traj_id, reason, detail)
+
+    def pending_ids(self) -> list[str]:
+        return list(self.waiting)
+
+    def close(self) -> None:
+        self.pool.close()
