@@ -210,12 +210,13 @@ def _trace(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     """`laminar eval`: its own process (rollout/evaluate.py), as every part that runs a model."""
-    argv = [sys.executable, "-m", "laminar_hpc.rollout.evaluate", args.target, "--config", args.config]
+    # the overrides right after the target: argparse takes positionals only before the options
+    argv = [sys.executable, "-m", "laminar_hpc.rollout.evaluate", args.target, *args.overrides, "--config", args.config]
     for flag, value in (("--step", args.step), ("--samples", args.samples), ("--pass-k", args.pass_k),
                         ("--json", args.json)):
         if value is not None:
             argv += [flag, str(value)]
-    return subprocess.call([*argv, *args.overrides], env={**os.environ, "HF_HUB_OFFLINE": os.environ.get(
+    return subprocess.call(argv, env={**os.environ, "HF_HUB_OFFLINE": os.environ.get(
         "HF_HUB_OFFLINE", "1")})
 
 

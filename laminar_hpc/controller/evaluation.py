@@ -13,7 +13,8 @@ Evaluation work never enters the data plane, its ledger or the write-ahead log: 
 plain `WorkItem`s marked with `eval_round`, and their results are routed here. A rollout that
 dies hands its items back to the queue; a round in flight when the controller restarts is lost
 (the rollouts' late results are ignored) and the next due round runs. One round at a time: a
-round due while another runs starts when that one ends, at the then newest step.
+round due while another runs starts when that one ends, at the then newest step. When the
+trainer is done, a last round measures its final version (`final`), in every slot.
 
     ev = Evaluation(cfg, problems, tokenize, emit=tracer.emit, write=metrics_out.append)
     ev.tick(steps_trained=10, newest_version=10)            # starts a due round
@@ -77,6 +78,8 @@ class Evaluation:
         self.per_rollout: Counter = Counter()
         self.ignored = 0  # results of rounds this controller does not know (before a restart)
         self.last_row: dict | None = None
+        self.max_batch = cfg.rollout.max_batch
+        self.finishing = False  # the trainer is done: the last round may use every slot
 
     @property
     def enabled(self) -> bool:
@@ -100,6 +103,16 @@ class Evaluation:
         if step is not None:
             self.start(step, newest_version)
 
+    def final(self, steps_trained: int, version: int) -> bool:
+        """The trainer finished: evaluate its last step (if not done yet). True while that (or a
+        running) round still needs the rollouts; the caller stops once it is False."""
+        if not self.enabled:
+            return False
+        self.finishing = True
+        if self.current is None and steps_trained not in self.done_steps and version >= 0:
+            self.start(steps_trained, version)
+        return self.current is not None
+
     def start(self, step: int, version: int) -> None:
         if self._prompts is None:
             self._prompts = [self.tokenize(p) for p in self.problems]
@@ -121,7 +134,8 @@ class Evaluation:
         if not self.queue or self.current is None:
             return
         for rank in sorted(credits):
-            room = min(credits[rank], self.share - self.per_rollout[rank])
+            share = self.max_batch if self.finishing else self.share
+            room = min(credits[rank], share - self.per_rollout[rank])
             if room <= 0 or versions.get(rank, -1) < self.current.version:
                 continue
             work = [self.queue.popleft() for _ in range(min(room, len(self.queue)))]

@@ -93,7 +93,8 @@ class MessageHandlers:
                     if key in self.metrics or len(self.metrics) < MAX_EVENT_METRICS:
                         self.metrics[key] = v
             case TrainerDone(steps=steps) if trainer:
-                self.stop_reason = f"trainer finished {steps} steps"
+                # the last evaluation round (if any) runs first: `Controller.schedule` stops after it
+                self.trainer_done = (f"trainer finished {steps} steps", time.monotonic())
             case Hello():
                 self.hello(ident, role, rank, msg, now)
             case Resync() if rollout:

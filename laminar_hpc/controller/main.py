@@ -123,6 +123,7 @@ class Controller(MessageHandlers):
         self.versions_stale = False  # a trajectory finished since that count
         self.finish_times: list[float] = []
         self.stop_reason: str | None = None
+        self.trainer_done: tuple[str, float] | None = None  # (why, when): stop once the last evaluation is in
         self.t0 = time.time()
         self.run_id = rd.run_id
         self.wal_refusing = False  # new admissions refused while the write-ahead log cannot be written
@@ -172,6 +173,9 @@ class Controller(MessageHandlers):
                       max_staleness=cfg.trainer.max_staleness,
                       groups_replaced=self.dp.ledger.dropped_for("staleness") + self.dp.ledger.dropped_for("no_signal"))
         self.sync.tick(groups_started=self.dp.groups_started, in_flight=len(self.dp.partials), now=time.monotonic())
+        if self.trainer_done is not None:
+            n = 0  # nothing more will be trained
+            self.finish_evaluation()
         if n and self.wal.error is not None:
             # the log cannot reach the disk (full, quota): admitting would grow what a crash loses;
             # work already admitted goes on, and admission resumes once a flush succeeds
@@ -211,6 +215,22 @@ class Controller(MessageHandlers):
             for g in groups:
                 self.tracer.emit("group_consumed", group=g.group_id,
                                  versions=sorted({t.version for t in g.trajectories}))
+
+    def finish_evaluation(self) -> None:
+        """The trainer is done: stop, after a last evaluation round of its final version (rollouts
+        of the barrier modes load versions only for a next batch: the newest they hold), within
+        timeouts.trajectories_s."""
+        why, since = self.trainer_done
+        held = self.sync.held().values()
+        newest = self.dp.meta.get("max_version", -1)
+        barrier = self.cfg.mode in ("sync", "one-step-off")
+        version = min(newest, max(held, default=newest)) if barrier else newest
+        if not self.evaluation.final(self.steps_trained, version):
+            self.stop_reason = why
+        elif time.monotonic() - since > self.cfg.timeouts.trajectories_s:
+            self.log.warning("the final evaluation round did not complete within timeouts.trajectories_s=%.0fs; "
+                             "stopping without it", self.cfg.timeouts.trajectories_s)
+            self.stop_reason = f"{why} (final evaluation incomplete)"
 
     # -- persistence and status -----------------------------------------------------------
     def status(self) -> Status:

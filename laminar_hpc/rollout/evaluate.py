@@ -105,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pass-k", type=int, help="default: eval.pass_k")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("overrides", nargs="*", help="key.path=value")
-    args = ap.parse_args(argv)
+    args, rest = ap.parse_known_args(argv)  # overrides may also come after the options
+    bad = [r for r in rest if r.startswith("-") or "=" not in r]
+    if bad:
+        ap.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = [*args.overrides, *rest]
     from laminar_hpc.config import ConfigError, load_config
     from laminar_hpc.rundir import CheckpointError
     try:

@@ -172,6 +172,46 @@ def test_unusable_prompt_template(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def _plain_rows(tmp_path, name: str = "rows.jsonl", n: int = 3) -> str:
+    (tmp_path / name).write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n"
+                                         for i in range(n)))
+    return name
+
+
+def test_a_file_that_is_not_parquet(tmp_path, earlier_run):
+    (tmp_path / "rows.parquet").write_text('{"question": "q", "answer": "1"}\n')
+    cfg = _write(tmp_path, "task:\n  type: dataset\n  path: rows.parquet\n")
+    err = _refused(tmp_path, earlier_run, "run", cfg, "--run-dir", str(earlier_run), "--resume")
+    assert "rows.parquet: not a Parquet file" in err
+
+
+@pytest.mark.parametrize("code,spec,says", [
+    (None, "absent.py:score", "not found"),
+    ("import not_a_module_anywhere\n", "r.py:score", "not_a_module_anywhere"),
+    ("score = 3\n", "r.py:score", "not a function"),
+    ("def other(problem, response):\n    return 1.0\n", "r.py:score", "score"),
+    ("def score(problem, response):\n    return 'yes'\n", "r.py:score", "str"),
+])
+def test_a_reward_that_cannot_be_used_is_refused_before_the_run(tmp_path, earlier_run, code, spec, says):
+    if code is not None:
+        (tmp_path / "r.py").write_text(code)
+    data = _plain_rows(tmp_path)
+    cfg = _write(tmp_path, f"task:\n  type: dataset\n  path: {data}\n  answer_format: plain\n  reward: {spec}\n")
+    err = _refused(tmp_path, earlier_run, "run", cfg, "--run-dir", str(earlier_run), "--resume")
+    assert "task.reward" in err and spec.split(":")[0] in err and says in err, err
+
+
+def test_a_validation_file_that_overlaps_training_is_a_warning_with_the_count(tmp_path):
+    train, val = _plain_rows(tmp_path, "train.jsonl", 5), _plain_rows(tmp_path, "val.jsonl", 2)
+    cfg = _write(tmp_path, f"task:\n  type: dataset\n  path: {train}\n  validation_path: {val}\n"
+                           "  answer_format: plain\n")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("not a run")  # then refused: nothing runs
+    res = laminar("run", cfg, "--run-dir", "taken", cwd=tmp_path, timeout=60)
+    assert res.returncode != 0 and "taken" in res.stderr
+    assert "laminar: warning: 2 training rows of train.jsonl also appear in the validation split" in res.stderr
+
+
 # -- run directories --------------------------------------------------------------------------
 
 def test_resume_with_a_different_model_shape(tmp_path, earlier_run):

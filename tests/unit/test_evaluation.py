@@ -142,3 +142,17 @@ def test_eval_config_checks_pass_k_against_samples():
     from laminar_hpc.config import ConfigError
     with pytest.raises(ConfigError, match="pass_k"):
         config_from_dict({"eval": {"samples": 2, "pass_k": 4}})
+
+
+def test_when_the_trainer_is_done_a_last_round_measures_its_final_version_in_every_slot():
+    e, rows, _ = _evaluation(n_problems=6, capacity_fraction=0.25, at_start=False)  # share 2 of 8
+    e.done_steps = {5}
+    assert e.final(steps_trained=7, version=7)  # step 7 was never evaluated: a last round
+    assert e.current.step == 7 and e.current.version == 7
+    [(_, work)] = list(e.assign({0: 8}, {0: 7}))
+    assert len(work) == 6  # training is over: evaluation may use every slot
+    for w in work:
+        e.finished(_result(w, 1.0, version=7), 0)
+    assert rows[-1]["eval_step"] == 7 and not e.final(steps_trained=7, version=7)  # done: the caller stops
+    off, _, _ = _evaluation(every_steps=0)
+    assert not off.final(steps_trained=7, version=7)
