@@ -54,9 +54,12 @@ def check_task(cfg, source: str) -> None:
         raise ConfigError(f"{err} (task in {source})") from None
     overlap = getattr(task, "overlap", 0)
     if overlap:
+        split = cfg.task.validation_path or f"(validation_fraction {cfg.task.validation_fraction})"
         print(f"laminar: warning: {overlap} training rows of {cfg.task.path} also appear in the validation split "
-              f"{cfg.task.validation_path}: evaluation scores on them measure memory, not generalisation",
-              file=sys.stderr)
+              f"{split}: evaluation scores on them measure memory, not generalisation", file=sys.stderr)
+    if cfg.eval.every_steps and hasattr(task, "validation") and not task.validation():
+        raise ConfigError(f"eval.every_steps={cfg.eval.every_steps} but the dataset has no validation split: set "
+                          f"task.validation_path or task.validation_fraction, or eval.every_steps: 0 (in {source})")
     try:
         scorer = Scorer(cfg.task.reward)
         if cfg.task.reward.url is None:  # a remote verifier is not called before the run

@@ -313,6 +313,15 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _dynamic_sampling(self) -> "Config":
+        # a dropped group is replaced by continuous admission; a barrier batch has a fixed size
+        if self.trainer.dynamic_sampling == "drop" and self.mode in ("sync", "one-step-off"):
+            raise ValueError(f"trainer.dynamic_sampling=drop needs mode laminar or partial-rollout (mode={self.mode!r} "
+                             "admits fixed batches, which a dropped group would leave short): set "
+                             "trainer.dynamic_sampling: keep or change the mode")
+        return self
+
+    @model_validator(mode="after")
     def _chat_template(self) -> "Config":
         # a chat task is rendered with the tokenizer's own template: only HF tokenizers have one
         if getattr(self.task, "chat_template", False) and self.model.tokenizer != "hf":

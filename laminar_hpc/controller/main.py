@@ -198,7 +198,9 @@ class Controller(MessageHandlers):
         ev = self.evaluation
         if ev.enabled:  # evaluation first, within its share of each rollout's slots
             ev.tick(self.steps_trained, self.dp.meta.get("max_version", -1))
-            for rank, work in list(ev.assign(self.rm.credits, self.sync.held())):
+            # a barrier-mode rollout told to load a version loads it once idle: no evaluation meanwhile
+            held = {r: v for r, v in self.sync.held().items() if self.sync.update_sent.get(r, -1) <= v}
+            for rank, work in list(ev.assign(self.rm.credits, held)):
                 self.rm.credit(rank, -len(work))
                 self.send(f"rollout-{rank}", Assign(work=work))
         for rank, work in self.rm.assign(self.dp):

@@ -180,8 +180,12 @@ class Supervisor:
                 self._check_recoveries()
             self.progress.update(self.status)
             if finishing_since is not None:
+                # with evaluation the controller runs a last round after the trainer (within
+                # timeouts.trajectories_s: controller/main.py finish_evaluation) and then stops the roles
+                wait_s = self.cfg.timeouts.shutdown_s + (self.cfg.timeouts.trajectories_s
+                                                         if self.cfg.eval.every_steps else 0.0)
                 if campaign_over(any_alive=bool(self.procs.alive()), finishing_s=time.monotonic() - finishing_since,
-                                 shutdown_s=self.cfg.timeouts.shutdown_s):
+                                 shutdown_s=wait_s):
                     return outcome
             time.sleep(POLL_S)
 

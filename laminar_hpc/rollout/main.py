@@ -140,8 +140,9 @@ class Rollout(EngineErrors):
     def resync(self) -> None:
         """Tell a restarted controller what this replica holds and how many slots are free."""
         self.flush_streams()
-        held = [*self.running, *(w.traj_id for w in self.queue), *self.scoring.pending_ids()]
-        free = max(0, self.engine.max_batch - len(held))
+        held = [*self.running, *(w.traj_id for w in self.queue)]
+        free = max(0, self.engine.max_batch - len(held))  # one waiting for its reward gave its slot back already
+        held += self.scoring.pending_ids()  # still this rollout's: its result comes from here
         self.ctx.ctrl.send(Resync(held=held, free=free, version=self.engine.version, pid=os.getpid()))
         self.credit_to_return = 0  # `free` replaces every credit the old controller knew of
 

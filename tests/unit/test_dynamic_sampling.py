@@ -93,3 +93,11 @@ def test_reward_metrics_per_component_and_failure_reason():
     assert m["reward.format"] == 1.0 and m["reward.correct"] == pytest.approx(0.4)
     assert m["reward_failed"] == 3 and m["reward_failed.timeout"] == 2 and m["reward_failed.exception"] == 1
     assert reward_metrics([group(2)]) == {"reward_failed": 0}
+
+
+@pytest.mark.parametrize("mode", ["sync", "one-step-off"])
+def test_dynamic_sampling_drop_is_refused_with_fixed_batches(mode):
+    from laminar_hpc.config import ConfigError, config_from_dict
+    with pytest.raises(ConfigError, match="dynamic_sampling=drop needs mode laminar or partial-rollout"):
+        config_from_dict({"mode": mode, "trainer": {"dynamic_sampling": "drop"}})
+    assert config_from_dict({"mode": mode}).trainer.dynamic_sampling == "keep"

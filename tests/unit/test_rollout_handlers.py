@@ -191,6 +191,28 @@ def test_a_restarted_controller_gets_what_this_replica_holds(make):
     assert (msg.free, msg.version, msg.pid) == (r.engine.max_batch - 4, 0, os.getpid())
 
 
+def test_a_trajectory_waiting_for_its_reward_is_held_but_its_slot_is_free(make, tmp_path):
+    """Its slot went back when the sequence finished: a resync that counted it as taken would
+    lose that slot for the rest of the run (found in review)."""
+    gate = tmp_path / "open"
+    code = tmp_path / "gated.py"
+    code.write_text("import os, time\n"
+                    f"def score(problem, response):\n    while not os.path.exists({str(gate)!r}):\n"
+                    "        time.sleep(0.01)\n    return 1.0\n")
+    r = started(make(f"task.reward.fn={code}:score", "rollout.max_new_tokens=2"))
+    tell(r, Assign(work=[work_item(0, max_new_tokens=2)]))
+    r.admit(draining=False)
+    while r.engine.num_active():
+        r.handle(r.engine.step())
+    assert list(r.scoring.waiting) == ["0.0"] and not r.running  # finished, its reward still being computed
+    tell(r, Heartbeat(t=1.0, epoch="first"), Heartbeat(t=2.0, epoch="second"))
+    (msg,) = ctrl(r).of(Resync)
+    assert msg.held == ["0.0"] and msg.free == r.engine.max_batch
+    gate.write_text("")
+    scored(r)
+    assert [m.trajectory.traj_id for m in ctrl(r).of(Finished)] == ["0.0"]
+
+
 def test_partial_rollout_continues_interrupted_trajectories_on_the_new_version(make):
     r = started(make("mode=partial-rollout", *LONG))
     tell(r, Assign(work=[work_item(0)]))
