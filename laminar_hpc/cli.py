@@ -211,16 +211,11 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval(args: argparse.Namespace) -> int:
-    """`laminar eval`: its own process (rollout/evaluate.py), as every part that runs a model."""
-    # the overrides right after the target: argparse takes positionals only before the options
-    argv = [sys.executable, "-m", "laminar_hpc.rollout.evaluate", args.target, *args.overrides, "--config", args.config]
-    for flag, value in (("--step", args.step), ("--samples", args.samples), ("--pass-k", args.pass_k),
-                        ("--json", args.json)):
-        if value is not None:
-            argv += [flag, str(value)]
-    return subprocess.call(argv, env={**os.environ, "HF_HUB_OFFLINE": os.environ.get(
-        "HF_HUB_OFFLINE", "1")})
+def _eval(argv: list[str]) -> int:
+    """`laminar eval`: its own process (rollout/evaluate.py, which parses the arguments), as every
+    part that runs a model."""
+    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+    return subprocess.call([sys.executable, "-m", "laminar_hpc.rollout.evaluate", *argv], env=env)
 
 
 def _export_hf(args: argparse.Namespace) -> int:
@@ -324,16 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("-o", "--output", help="directory to create (default RUN_DIR/hf/<step or version>)")
     ex.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="tensor dtype (default model.dtype)")
     ex.set_defaults(func=_export_hf)
-    ev = sub.add_parser("eval", help="generate and score the task's validation split with a run's checkpoint "
-                                     "or a Hugging Face directory")
-    ev.add_argument("target", help="a run directory or a Hugging Face directory")
-    ev.add_argument("--config", required=True, help="YAML config: the task, eval and rollout settings")
-    ev.add_argument("--step", type=int, help="the checkpoint of this train step (default: the newest that verifies)")
-    ev.add_argument("--samples", type=int, help="samples per problem (default eval.samples; 1: greedy)")
-    ev.add_argument("--pass-k", type=int, help="pass@k reported besides pass@1 (default eval.pass_k)")
-    ev.add_argument("--json", help="write the figures here")
-    ev.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.max_problems=50")
-    ev.set_defaults(func=_eval)
+    sub.add_parser("eval", help="generate and score the task's validation split with a run's checkpoint or a "
+                   "Hugging Face directory (laminar eval TARGET --config CONFIG; see laminar eval -h)")
     sub.add_parser("simulate", help="discrete-event simulation of a whole cluster, every mode, scaling curves "
                    "(laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT]; see laminar simulate -h)")
     return ap
@@ -348,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:  # its own parser (laminar_hpc/sim/cli.py): no torch, no run directory
         from laminar_hpc.sim.cli import main as simulate
         return simulate(argv[1:])
+    if argv[:1] == ["eval"]:  # its own parser too (laminar_hpc/rollout/evaluate.py), in its own process
+        return _eval(argv[1:])
     parser = build_parser()
     # dotted overrides may come before or after options: collect what argparse left over
     args, rest = parser.parse_known_args(argv)

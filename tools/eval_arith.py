@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from laminar_hpc.config import load_config  # noqa: E402
 from laminar_hpc.model.factory import build_tokenizer  # noqa: E402
 from laminar_hpc.model.hf import hf_model_args, load_hf_weights, resolve_hf_path  # noqa: E402
-from laminar_hpc.rollout.base import SeqRequest  # noqa: E402
 from laminar_hpc.rollout.engine import TorchEngine  # noqa: E402
+from laminar_hpc.rollout.evaluate import generate  # noqa: E402
 from laminar_hpc.rundir import RunDir  # noqa: E402
 from laminar_hpc.tasks import encode_prompt  # noqa: E402
 from laminar_hpc.tasks.arith import ArithTasks  # noqa: E402
@@ -45,21 +45,6 @@ def unseen_problems(cfg, n: int, max_value: int) -> list:
         if max(int(x) for x in re.findall(r"\d+", p.prompt.split("?")[0])) > t.max_value:
             out.append(p)
     return out
-
-
-def generate(engine: TorchEngine, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-    reqs = [SeqRequest(str(i), p, max_new) for i, p in enumerate(prompts)]
-    out: dict[str, list[int]] = {r.traj_id: [] for r in reqs}
-    pending = list(reqs)
-    while pending or engine.num_active():
-        k = engine.free_slots()
-        if pending and k:
-            step, pending = engine.add(pending[:k]), pending[k:]
-        else:
-            step = engine.step()
-        for o in step:
-            out[o.traj_id] += o.tokens
-    return [out[str(i)] for i in range(len(prompts))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         if state is not None:
             engine.model.load_state_dict(state)
         engine.version = 0
-        outs = generate(engine, [p for p in ids for _ in range(reps)], cfg.rollout.max_new_tokens)
+        outs = [toks for toks, _ in generate(engine, [p for p in ids for _ in range(reps)],
+                                             cfg.rollout.max_new_tokens, greedy=temp == 0)]
         texts = [tok.decode([x for x in o if x != tok.eos_id]) for o in outs]
         probs = [p for p in problems for _ in range(reps)]
         acc = sum(final_number(p, Response(t)) for t, p in zip(texts, probs)) / len(texts)

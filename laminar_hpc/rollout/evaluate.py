@@ -46,9 +46,11 @@ def generate(engine, prompts: list[list[int]], max_new: int, greedy: bool) -> li
         k = engine.free_slots()
         if pending and k:
             batch, pending = pending[:k], pending[k:]
-            ok = [r for r in batch if engine.refuse(r) is None]
+            ok = []
             for r in batch:
-                if r not in ok:  # a prompt the engine cannot take: no response, scored by the reward as empty
+                if engine.refuse(r) is None:
+                    ok.append(r)
+                else:  # a prompt the engine cannot take: no response, scored by the reward as empty
                     out[r.traj_id] = ([], "error")
             step = engine.add(ok)
         else:
@@ -97,6 +99,7 @@ def evaluate(cfg, model, tok, *, samples: int, pass_k: int, label: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the one parser of `laminar eval` (cli.py hands it every argument)
     ap = argparse.ArgumentParser(prog="laminar eval", description=__doc__.splitlines()[0])
     ap.add_argument("target", help="a run directory or a Hugging Face directory")
     ap.add_argument("--config", required=True, help="the task, eval and rollout settings")

@@ -48,7 +48,7 @@ class Scoring:
         problem = self.problem(traj)
         eos = self.tok.eos_id
         text = self.tok.decode([t for t in traj.tokens if t != eos])
-        traj.finish = finish
+        traj.finish, traj.t_end = finish, time.time()  # generation ended now (the trace's span), scored later
         self.waiting[traj.traj_id] = traj
         self.pool.submit(traj.traj_id, problem, Response(text=text, token_ids=tuple(traj.tokens), finish=finish))
 
@@ -65,7 +65,6 @@ class Scoring:
             if outcome.error is not None:
                 traj.reward_error = outcome.error
                 self._failed(traj, outcome.error, outcome.detail)
-            traj.t_end = time.time()
             out.append(traj)
         return out
 
