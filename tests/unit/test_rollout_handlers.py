@@ -208,9 +208,11 @@ def test_a_trajectory_waiting_for_its_reward_is_held_but_its_slot_is_free(make, 
     tell(r, Heartbeat(t=1.0, epoch="first"), Heartbeat(t=2.0, epoch="second"))
     (msg,) = ctrl(r).of(Resync)
     assert msg.held == ["0.0"] and msg.free == r.engine.max_batch
+    opened = time.time()
     gate.write_text("")
     scored(r)
     assert [m.trajectory.traj_id for m in ctrl(r).of(Finished)] == ["0.0"]
+    assert ctrl(r).of(Finished)[0].trajectory.t_end < opened  # when generation ended, not when it was scored
 
 
 def test_partial_rollout_continues_interrupted_trajectories_on_the_new_version(make):
