@@ -290,12 +290,13 @@ class Rollout(EngineErrors):
             traj.version_last = self.engine.version
         self.scoring.submit(traj, "eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length")
         self.credit_to_return += 1
+        # traced when generation ends, on the version it ran on (its reward: the controller's traj_finished)
+        self.ctx.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, t_start=traj.t_start,
+                             t_end=traj.t_end, tokens=len(traj.tokens))
 
     def send_scored(self) -> None:
         for traj in self.scoring.ready():
             self.ctx.ctrl.send(Finished(trajectory=traj))
-            self.ctx.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, t_start=traj.t_start,
-                                 t_end=traj.t_end, tokens=len(traj.tokens), reward=traj.reward)
 
     def flush_streams(self) -> None:
         items = []
