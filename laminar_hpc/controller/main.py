@@ -165,13 +165,18 @@ class Controller(MessageHandlers):
     # -- scheduling -----------------------------------------------------------------------
     def schedule(self) -> None:
         cfg = self.cfg
+        lg = self.dp.ledger
+        replaced = lg.dropped_for("staleness") + lg.dropped_for("no_signal")
+        # groups the trainer will still train: its steps' worth, plus one for each group dropped for
+        # another reason (a bad reward, refused too often, oversize), which admission does not replace
+        wanted = cfg.trainer.total_steps * cfg.trainer.groups_per_step + len(lg.dropped) - replaced
         n = admission(cfg.mode, groups_started=self.dp.groups_started, steps_trained=self.steps_trained,
                       groups_per_step=cfg.trainer.groups_per_step, max_ahead_steps=cfg.controller.max_ahead_steps,
                       queued_trajs=len(self.dp.queue), group_size=cfg.trainer.group_size,
                       max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch, in_flight=len(self.dp.partials),
                       rollout_versions=self.sync.versions, version_base=self.sync.version_base,
                       max_staleness=cfg.trainer.max_staleness,
-                      groups_replaced=self.dp.ledger.dropped_for("staleness") + self.dp.ledger.dropped_for("no_signal"))
+                      groups_replaced=replaced, groups_wanted=wanted)
         self.sync.tick(groups_started=self.dp.groups_started, in_flight=len(self.dp.partials), now=time.monotonic())
         if self.trainer_done is not None:
             n = 0  # nothing more will be trained

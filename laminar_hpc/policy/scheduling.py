@@ -114,16 +114,22 @@ def barrier_version(mode: str, *, groups_started: int, groups_per_step: int, ver
 def admission(mode: str, *, groups_started: int, steps_trained: int, groups_per_step: int, max_ahead_steps: int,
               queued_trajs: int, group_size: int, max_queued_trajs: int, in_flight: int,
               rollout_versions: list[int], version_base: int, max_staleness: int | None = None,
-              groups_replaced: int = 0) -> int:
+              groups_replaced: int = 0, groups_wanted: int | None = None) -> int:
     """Groups the prompt pool releases now, for any mode. laminar and partial-rollout admit
     continuously, bounded by `max_ahead_steps` (for partial-rollout this is AReaL's staleness
     bound eta); sync and one-step-off admit whole batches at a barrier. A group the trainer
     dropped as too stale, or one dynamic sampling dropped for having no learning signal
     (`groups_replaced` so far, both), is replaced: it no longer counts against the continuous
-    modes' window, which would otherwise shrink by one group with every drop."""
+    modes' window, which would otherwise shrink by one group with every drop. A barrier mode admits
+    no batch past what the trainer will train (`groups_wanted`: trainer.total_steps x
+    groups_per_step, against the groups admitted and not replaced): such a batch is never trained.
+    The continuous modes keep their window to the end: the last steps take the groups that finish
+    first, so a full window keeps their long tail short."""
     if mode in BARRIER_LAG:
-        return barrier_admit(mode=mode, groups_started=groups_started, groups_per_step=groups_per_step,
-                             in_flight=in_flight, rollout_versions=rollout_versions, version_base=version_base)
+        left = None if groups_wanted is None else groups_wanted - (groups_started - groups_replaced)
+        n = barrier_admit(mode=mode, groups_started=groups_started, groups_per_step=groups_per_step,
+                          in_flight=in_flight, rollout_versions=rollout_versions, version_base=version_base)
+        return n if left is None or n <= left else 0
     return groups_to_admit(groups_started=groups_started - groups_replaced, steps_trained=steps_trained,
                            groups_per_step=groups_per_step, max_ahead_steps=max_ahead_steps,
                            queued_trajs=queued_trajs, group_size=group_size, max_queued_trajs=max_queued_trajs,

@@ -116,7 +116,8 @@ class SimController:
             queued_trajs=len(pool.queue), group_size=cfg.trainer.group_size,
             max_queued_trajs=self.n * cfg.rollout.max_batch, in_flight=in_flight,
             rollout_versions=self.sync.versions, version_base=self.sync.version_base,
-            max_staleness=cfg.trainer.max_staleness, groups_replaced=self.sim.trainer.dropped)
+            max_staleness=cfg.trainer.max_staleness, groups_replaced=self.sim.trainer.dropped,
+            groups_wanted=cfg.trainer.total_steps * cfg.trainer.groups_per_step)
         self.sync.tick(groups_started=pool.groups_started, in_flight=in_flight, now=now)
         t = now  # the controller's clock through this round: admitting and assigning take time
         if n:

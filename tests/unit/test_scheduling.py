@@ -173,3 +173,18 @@ def test_refresh_cycle():
     assert decisions == [(3, True, False), (2, True, False), (1, True, False), (0, True, True)]
     assert current == 1
     assert should_refresh(current, newest, 0) == (False, False)
+
+
+def test_admission_stops_at_the_groups_the_trainer_will_train():
+    """A sync run of 6 steps admitted a 7th batch when the rollouts loaded version 6 before the
+    trainer said it was done (test_modes' one-batch-per-version check failed on it)."""
+    kw = dict(groups_per_step=4, max_ahead_steps=2, queued_trajs=0, group_size=2, max_queued_trajs=100,
+              in_flight=0, version_base=0)
+    assert admission("sync", groups_started=24, steps_trained=6, rollout_versions=[6, 6], **kw) == 4
+    assert admission("sync", groups_started=24, steps_trained=6, rollout_versions=[6, 6], groups_wanted=24, **kw) == 0
+    assert admission("sync", groups_started=20, steps_trained=5, rollout_versions=[5, 5], groups_wanted=24, **kw) == 4
+    assert admission("sync", groups_started=21, steps_trained=5, rollout_versions=[5, 5], groups_wanted=24,
+                     **kw) == 0  # a whole batch no longer fits
+    cont = dict(kw, rollout_versions=[0])  # the continuous modes keep their window to the end
+    assert admission("laminar", groups_started=10, steps_trained=1, groups_wanted=12, **cont) == \
+        admission("laminar", groups_started=10, steps_trained=1, **cont) == 6
