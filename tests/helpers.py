@@ -390,6 +390,7 @@ def close_rollout(r) -> None:
     weight store."""
     r.ctx.tracer.close()
     r.scoring.close()
+    r.episodes.close()
     if r.weights.store is not None:
         r.weights.store.close()
 

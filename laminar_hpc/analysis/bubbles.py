@@ -1,8 +1,14 @@
-"""Where the rollouts' time went: busy, long tail, waiting for weights, trainer-bound, failures
-(the definitions are in laminar_hpc/analysis/summary.py's docstring).
+"""Where the rollouts' time went: busy, long tail, waiting for tools, waiting for weights,
+trainer-bound, failures (the definitions are in laminar_hpc/analysis/summary.py's docstring).
 
     per_replica, totals = rollout_figures(Timeline.build(run), start, end, max_batch=64, frac=0.25)
     stretches = replica_stretches(tl, "rollout-0", few=16)   # {"long_tail": [(a, b)...], "trainer_bound": ...}
+
+A replica's measured time is cut by the sequences its engine runs: the trajectories in flight
+less the episodes waiting for a tool (those left the decode batch). Each instant goes to exactly
+one stretch: full (more than `few` running), long tail (1..few running), tools (none running, an
+episode waiting for a tool), and, with nothing in flight at all, loading / awaiting weights or
+trainer-bound. A run without tool events has no tool waits: running = in flight.
 """
 from __future__ import annotations
 
@@ -27,10 +33,26 @@ def concurrency(spans) -> list[tuple[float, int]]:
     return out
 
 
-def _segments(steps: list[tuple[float, int]], windows: list[tuple[float, float]], pred) -> list[tuple[float, float]]:
-    """The stretches within `windows` during which the in-flight count satisfies pred(n)."""
+def with_tool_waits(steps: list[tuple[float, int]], waits: list[tuple[float, int]]) -> list[tuple[float, tuple]]:
+    """Merge the in-flight step function with the tool-wait one: (time, (in flight, waiting for a
+    tool)) from then on; at equal times the later event of each counts."""
+    times = sorted({t for t, _ in steps} | {t for t, _ in waits})
+    out, i, j, n, w = [], 0, 0, 0, 0
+    for t in times:
+        while i < len(steps) and steps[i][0] <= t:
+            n, i = steps[i][1], i + 1
+        while j < len(waits) and waits[j][0] <= t:
+            w, j = waits[j][1], j + 1
+        out.append((t, (n, w)))
+    return out
+
+
+def _segments(steps: list[tuple[float, object]], windows: list[tuple[float, float]], pred,
+              before: object = 0) -> list[tuple[float, float]]:
+    """The stretches within `windows` during which the step function's value satisfies pred(value)
+    (`before`: its value before the first step)."""
     out = []
-    bounds = [(float("-inf"), 0)] + steps
+    bounds = [(float("-inf"), before)] + steps
     for i, (t, n) in enumerate(bounds):
         if not pred(n):
             continue
@@ -73,18 +95,26 @@ def _idle_pieces(tl: Timeline, role: str, idle: list[tuple[float, float]]) -> li
 
 
 def replica_stretches(tl: Timeline, role: str, few: int) -> dict[str, list[tuple[float, float]]]:
-    """Where a replica's measured time went: stretches of long tail (1..few in flight), loading,
-    awaiting and trainer_bound (nothing in flight), within its measured windows."""
+    """Where a replica's measured time went, within its measured windows: stretches of full (more
+    than `few` running), long tail (1..few running), tools (none running, an episode waiting for
+    a tool), loading, awaiting and trainer_bound (nothing in flight); they partition the windows."""
     incs = tl.util.get(role, [])
     spans = tl.spans.get(role, [])
     if incs:
         windows = [(inc[0].t, inc[-1].t) for inc in incs]
     else:  # no util samples (an older or very young run): spans only
         windows = [(min(s.start for s in spans), max(s.end for s in spans))] if spans else []
-    steps = concurrency(spans)
-    out = {"windows": windows, "long_tail": _segments(steps, windows, lambda n: 1 <= n <= few),
+    steps = with_tool_waits(concurrency(spans), tl.tool_waits.get(role, []))
+
+    def running(v: tuple) -> int:
+        return v[0] - v[1]  # in flight, less the episodes out of the batch waiting for a tool
+
+    out = {"windows": windows, "full": _segments(steps, windows, lambda v: running(v) > few, (0, 0)),
+           "long_tail": _segments(steps, windows, lambda v: 1 <= running(v) <= few, (0, 0)),
+           "tools": _segments(steps, windows, lambda v: running(v) <= 0 and v[1] >= 1, (0, 0)),
            "loading": [], "awaiting": [], "trainer_bound": []}
-    for a, b, cause in _idle_pieces(tl, role, _segments(steps, windows, lambda n: n <= 0)):
+    idle = _segments(steps, windows, lambda v: running(v) <= 0 and v[1] <= 0, (0, 0))
+    for a, b, cause in _idle_pieces(tl, role, idle):
         out[cause].append((a, b))
     return out
 
@@ -120,13 +150,14 @@ def rollout_figures(tl: Timeline, start: float, end: float, max_batch: int, frac
         st = replica_stretches(tl, role, few)
         idle = {k: sum(b - a for a, b in st[k]) for k in ("loading", "awaiting", "trainer_bound")}
         long_tail = sum(b - a for a, b in st["long_tail"])
+        tools = {"tool_wait_s": sum(b - a for a, b in st["tools"])} if tl.has_tools else {}
         down = sum(_clip(o.down, o.up if o.up is not None else end, start, end) for o in tl.outages
                    if o.subject == role)
         done = [s for s in spans if s.kind == "done"]
         per[role] = {"wall_s": wall, "busy_s": busy, "util": busy / wall if wall else None,
                      "weight_wait_s": idle["loading"] + idle["awaiting"], "weights_loading_s": idle["loading"],
                      "weights_awaiting_s": idle["awaiting"], "weight_wait_counter_s": wait,
-                     "long_tail_s": long_tail, "trainer_bound_s": idle["trainer_bound"], "failure_s": down,
+                     "long_tail_s": long_tail, **tools, "trainer_bound_s": idle["trainer_bound"], "failure_s": down,
                      "trajectories": len(done), "tokens": sum(s.tokens or 0 for s in done),
                      "incarnations": max(1, len(incs)) if (incs or spans) else 0}
     walls = [r["wall_s"] for r in per.values() if r["wall_s"] is not None]
@@ -147,4 +178,6 @@ def rollout_figures(tl: Timeline, start: float, end: float, max_batch: int, frac
         "degraded_s": degraded,
         "long_tail_max_running": few,
     }
+    if tl.has_tools:
+        bubbles["tool_wait_s"] = sum(r["tool_wait_s"] for r in per.values())
     return per, bubbles

@@ -22,6 +22,7 @@ def figures(d: dict) -> list[tuple[str, object, str]]:
            ("bubble: weights awaiting (s)", b["weights_awaiting_s"], ""),
            ("rollouts' weight_wait_s counter (s)", b["weight_wait_counter_s"], ""),
            ("bubble: long tail (s)", b["long_tail_s"], ""),
+           *([("bubble: waiting for tools (s)", b["tool_wait_s"], "")] if "tool_wait_s" in b else []),
            ("bubble: trainer-bound (s)", b["trainer_bound_s"], ""), ("bubble: failures (s)", b["failure_s"], ""),
            ("degraded wall time (s)", b["degraded_s"], ""),
            ("train steps", tr["steps"], ""), ("trainer training (s)", tr["train_s"], ""),
@@ -34,6 +35,12 @@ def figures(d: dict) -> list[tuple[str, object, str]]:
     for key, name in (("since_publish_s", "publish -> relay ready"), ("pull_s", "rollout pull"),
                       ("publish_to_pull_s", "publish -> rollout pulled")):
         out += [(f"{name} p{p} (ms)", sy[key][f"p{p}"], "ms") for p in PERCENTILES]
+    tools = d.get("tools")  # a run with tool events only
+    if tools:
+        out += [("tool calls", tools["calls"], ""), ("tool calls per episode", tools["episodes"]["calls_mean"], "")]
+        out += [(f"tool latency {k} (s)", tools["latency_s"][k], "") for k in ("p50", "p90", "p99", "max")]
+        out += [(f"tool calls {k}: share", n / tools["calls"] if tools["calls"] else None, "%")
+                for k, n in tools["outcomes"].items() if k != "ok"]
     rec = [r["recovery_s"] for r in d["recoveries"] if r["recovery_s"] is not None]
     out += [("failures", len(d["recoveries"]), ""), ("recovery max (s)", max(rec, default=None), ""),
             ("recovery mean (s)", sum(rec) / len(rec) if rec else None, "")]

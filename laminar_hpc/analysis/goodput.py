@@ -12,8 +12,11 @@ upper bound); training = trajectories per second of training time over every ste
 metrics.jsonl; the lower of the two.
 
 Each replica's measured time is cut where anything that classifies it changes, and each piece's
-lost capacity (`metrics.goodput.lost_capacity` of the trajectories in flight) goes to the first
-cause that holds, as in the simulator (`sim/observe.py`): failures (it is down), weights (loading,
+lost capacity (`metrics.goodput.lost_capacity` of the sequences its engine runs: the trajectories
+in flight less the episodes waiting for a tool) goes to the first cause that holds, as in the
+simulator (`sim/observe.py`): failures (it is down), tools (a run with tool events only: it runs
+nothing while an episode waits for a tool; `lost_s["tools"]` and `by_cause["tools"]`, which
+metrics.goodput.CAUSES does not list), weights (loading,
 paused for a partial-rollout update, or running nothing while a version it is to load is out:
 laminar, any newer one; the barrier modes, the one it pulls next once nothing is in flight
 anywhere), drain (laminar: running while a newer version is out), dispatch (work admitted but not
@@ -23,6 +26,7 @@ publishes). The controller's queue is the trajectories of admitted groups not ye
 """
 from __future__ import annotations
 
+import math
 import statistics
 from bisect import bisect_left
 from collections import Counter
@@ -153,6 +157,8 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
     (the replicas' measured seconds in it)."""
     a, b = window
     lost = dict.fromkeys(CAUSES, 0.0)
+    if tl.has_tools:
+        lost["tools"] = 0.0
     capacity = 0.0
     barrier, laminar = mode in BARRIER, mode == "laminar"
     pubs = sorted((p["t"], p["version"]) for p in tl.publishes if p["version"] is not None)
@@ -198,8 +204,10 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
             pauses.append((t, synced[i] if i < len(synced) else (mine[j][0] if j < len(mine) else b)))
         down = [(o.down, o.up if o.up is not None else b) for o in tl.outages if o.subject == role]
         steps = conc[role]
+        tool_waits = tl.tool_waits.get(role, [])
         cuts = sorted({x for x in [*cuts_global, *[t for t, _ in steps], *[y for iv in loading + pauses + down
-                                                                           for y in iv], *[t for t, _, _ in mine]]
+                                                                           for y in iv], *[t for t, _, _ in mine],
+                                   *[t for t, _ in tool_waits]]
                        if a < x < b} | {x for iv in measured for x in iv})
         edges = np.array(cuts)
         lo, hi = edges[:-1], edges[1:]
@@ -207,6 +215,9 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
         dt = hi - lo
         keep = _inside(measured, mid)
         n = _step([t for t, _ in steps], [v for _, v in steps], mid, 0.0)
+        w = (_step([t for t, _ in tool_waits], [v for _, v in tool_waits], mid, 0.0) if tool_waits
+             else np.zeros(len(mid)))
+        n = np.maximum(0.0, n - w)  # what the engine runs: an episode waiting for a tool left the batch
         held = _step([t for t, _, _ in mine], [v for _, v, _ in mine], mid, -1.0)
         new = _step(newest[0], newest[1], mid, -1.0)
         f = table[np.clip(n, 0, top).astype(int)]
@@ -220,14 +231,15 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
             nv = np.array([v for _, v, _ in mine] + [-1])[nxt]
             out_t = np.array([pub_first.get(v, np.inf) for v in nv])
             weights |= idle & (nv > held) & (out_t <= mid) & (_step(any_t, any_v, mid, 0.0) <= 0)
-        order = [("failures", _inside(down, mid)), ("weights", weights),
+        order = [("failures", _inside(down, mid)), *([("tools", idle & (w >= 1))] if "tools" in lost else []),
+                 ("weights", weights),
                  ("drain", (~idle & (held < new)) if laminar else np.zeros(len(mid), dtype=bool)),
                  ("dispatch", _step(q_t, q_v, mid, 0.0) > 0),
                  ("long_tail" if barrier else "admission", _inside(waits, mid)),
                  ("trainer_bound", np.ones(len(mid), dtype=bool))]
         for i, (_, hit) in enumerate(order):
             cause = np.where((cause < 0) & hit, i, cause)
-        full = np.array([name in ("failures", "weights") for name, _ in order])[cause]
+        full = np.array([name in ("failures", "weights", "tools") for name, _ in order])[cause]
         share = np.where(full, 1.0, f) * dt * keep
         for i, (name, _) in enumerate(order):
             lost[name] += float(share[cause == i].sum())
@@ -290,5 +302,21 @@ def run_goodput(run: RunTrace, rows: list[dict], *, max_batch: int, mode: str, t
         return out
     lost, capacity = trace_lost(run, tl, rows, ideal, mode, window)
     out["goodput"] = attribute(throughput, ideal, lost, capacity)
+    if "tools" in lost:
+        _attribute_tools(out["goodput"], ideal, lost["tools"], capacity)
     out["lost_s"] = lost
     return out
+
+
+def _attribute_tools(g: dict, ideal: dict, tools_s: float, capacity: float) -> None:
+    """Move the time lost to tool waits out of the residual into `by_cause["tools"]`, by
+    attribute's rule for a cause other than trainer_bound (share of the capacity over u*)."""
+    if g.get("by_cause") is None:
+        return
+    # u* (the share of generation capacity the ideal needs), as attribute() computes it
+    best = float(ideal["trajectories_per_s"])
+    gen = float(ideal.get("generation_trajectories_per_s") or best)
+    need = min(1.0, best / gen) if gen > 0 and math.isfinite(gen) else 1.0
+    share = tools_s / capacity / need
+    g["by_cause"]["tools"] = share
+    g["residual"] -= share

@@ -7,12 +7,15 @@ https://ui.perfetto.dev or chrome://tracing.
   rollouts), named by "M" process_name/thread_name metadata events; a "failures" process
   holds one thread per role that failed, with its down time (death -> recovered) as a span;
 - "X" complete events: trajectory generation on each rollout (one thread per batch slot, so
-  concurrent trajectories do not overlap on a thread), weight pulls, train steps and the
-  trainer's waits for data, checkpoints, relay broadcasts;
+  concurrent trajectories do not overlap on a thread), tool calls of multi-turn episodes
+  (category "tool", named by the tool, on "tools" threads of the rollout: one per lane, so
+  concurrent calls do not overlap either), weight pulls, train steps and the trainer's waits
+  for data, checkpoints, relay broadcasts;
 - "i" instant events: publishes, failures and recoveries, migrations, repacks (scope "p",
   failures "g");
 - "C" counter events: each rollout's utilisation (busy and weight-wait share between two
-  `util` samples) and the trajectories it was running.
+  `util` samples), the trajectories it was running and (with tools) its episodes waiting for
+  a tool.
 Timestamps are microseconds since the run's first event (the controller's clock).
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import heapq
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from laminar_hpc.analysis.timeline import Timeline, role_sort_key
 from laminar_hpc.metrics.trace import RunTrace
@@ -30,6 +34,12 @@ INSTANT_EVENTS = FAILURE_EVENTS | {
     "trainer_synced", "migrated", "migrated_out", "migration_restarted", "placed", "repack", "resumed",
     "interrupted", "group_dropped", "warmup_done"}
 WEIGHTS_TID, SLOT_TID0 = 1, 10
+TOOLS_TID0, TOOLS_SORT = 1_000_000, 5  # tool lanes: tids past any batch slot, listed before the slots
+
+
+class _Interval(NamedTuple):
+    start: float
+    end: float
 
 
 def assign_lanes(spans: list) -> list[int]:
@@ -60,6 +70,7 @@ def export_perfetto(run: RunTrace) -> dict:
     meta: list[dict] = []
     evs: list[dict] = []
     threads: set[tuple[int, int, str]] = set()
+    sort_index: dict[tuple[int, int], int] = {}  # threads not sorted by their tid
 
     def thread(p: int, tid: int, name: str) -> int:
         threads.add((p, tid, name))
@@ -95,6 +106,16 @@ def export_perfetto(run: RunTrace) -> dict:
                 if s.running is not None:
                     evs.append({"name": "running", "ph": "C", "ts": us(s.t), "pid": pid[r], "tid": 0,
                                 "args": {"trajectories": s.running}})
+        calls = sorted((c for c in tl.tool_calls if c["role"] == r), key=lambda c: c["start"])
+        for c, lane in zip(calls, assign_lanes([_Interval(c["start"], c["t"]) for c in calls])):
+            tid = thread(pid[r], TOOLS_TID0 + lane, "tools" if lane == 0 else f"tools {lane}")
+            sort_index[(pid[r], tid)] = TOOLS_SORT
+            span(c["name"], "tool", pid[r], tid, c["start"], c["t"],
+                 {"traj": c["traj"], "outcome": c["outcome"], "obs_tokens": c["obs_tokens"],
+                  "latency_s": c["latency_s"]})
+        for t, n in tl.tool_waits.get(r, []):
+            evs.append({"name": "tools waiting", "ph": "C", "ts": us(t), "pid": pid[r], "tid": 0,
+                        "args": {"episodes": n}})
     for p in tl.pulls:
         tid = thread(pid[p["role"]], WEIGHTS_TID, "weights")
         span(f"pull v{p['version']}", "weights", pid[p["role"]], tid, p["t"] - float(p["pull_s"] or 0.0), p["t"],
@@ -146,7 +167,7 @@ def export_perfetto(run: RunTrace) -> dict:
     for p, tid, name in sorted(threads):
         meta.append({"name": "thread_name", "ph": "M", "ts": 0, "pid": p, "tid": tid, "args": {"name": name}})
         meta.append({"name": "thread_sort_index", "ph": "M", "ts": 0, "pid": p, "tid": tid,
-                     "args": {"sort_index": tid}})
+                     "args": {"sort_index": sort_index.get((p, tid), tid)}})
     evs.sort(key=lambda e: e["ts"])
     return {"traceEvents": meta + evs, "displayTimeUnit": "ms",
             "otherData": {"run_dir": str(run.run_dir), "run_start_unix_s": t0, "problems": list(run.problems)}}

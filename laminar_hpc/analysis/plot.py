@@ -174,7 +174,8 @@ def _utilisation(ax, tl: Timeline, x_start: float, x_end: float, few: int) -> No
         _empty(ax, "no `util` events or trajectories in this trace")
         return
     edges = [x_start + (x_end - x_start) * i / UTIL_BUCKETS + tl.t0 for i in range(UTIL_BUCKETS + 1)]
-    acc = {k: [0.0] * UTIL_BUCKETS for k in ("busy", "wall", "awaiting", "loading", "trainer_bound", "long_tail")}
+    acc = {k: [0.0] * UTIL_BUCKETS for k in ("busy", "wall", "awaiting", "loading", "trainer_bound", "long_tail",
+                                             "tools")}
     for r in tl.rollouts:
         xs, ys = [], []
         for inc in tl.util.get(r, []):
@@ -206,7 +207,10 @@ def _utilisation(ax, tl: Timeline, x_start: float, x_end: float, few: int) -> No
         weights = [a + b for a, b in zip(share("awaiting"), share("loading"))]
         ax.step(mids, weights, where="mid", color="tab:orange", lw=1.4, label="idle, waiting for weights")
         ax.step(mids, share("long_tail"), where="mid", color="tab:red", lw=1.0, ls="--",
-                label=f"long tail (1..{few} in flight)")
+                label=f"long tail (1..{few} {'running' if tl.has_tools else 'in flight'})")
+        if tl.has_tools:
+            ax.step(mids, share("tools"), where="mid", color="tab:purple", lw=1.4,
+                    label="idle, episodes waiting for tools")
     else:
         _empty(ax, "no `util` events in this trace")
     ax.legend(loc="upper right", fontsize=8, framealpha=0.85)

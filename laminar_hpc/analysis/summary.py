@@ -15,13 +15,23 @@ idle by its trajectory spans (traj_started/traj_finished, the controller's `migr
   weight_wait_s counter is shown too; it also counts idle time that merely ended with a pull,
   which is trainer-bound time when the new version had not been published yet.
 - long tail: time a replica had between 1 and max(1, floor(25% of rollout.max_batch))
-  trajectories in flight: its batch mostly empty while the last, longest trajectories finish.
+  sequences running: its batch mostly empty while the last, longest trajectories finish.
+  Running: the trajectories in flight less the episodes waiting for a tool (multi-turn
+  episodes leave the decode batch while their tool call runs; `tool_wait` events).
+- waiting for tools (runs with tool events only): the engine ran nothing (none running) while
+  at least one of its episodes waited for a tool. It takes that time whatever else holds
+  (a pull, a newer version), so the idle causes below split only time with nothing in flight.
 - trainer-bound: idle (nothing in flight) while holding the newest version. The controller
   hands work to a replica with free slots whenever admission allows, so it means admission
   was blocked (max_ahead_steps: the trainer is behind) or the queue ran dry; the controller's
   queue is not traced, so it also counts hand-out delays and the end of the run.
 - failures: time a rollout was down (death -> recovered, clipped to the window); `degraded`:
   wall time during which any role (trainer, relay, controller too) was down.
+Within a replica's measured windows every instant is in exactly one of: more sequences running
+than the long tail's bound, long tail, waiting for tools, loading, awaiting, trainer-bound
+(bubbles.replica_stretches).
+Tool calls (analysis/tools.py, runs with tool events only): calls, per episode, outcomes,
+latency and observation tokens, by tool name.
 Percentiles are nearest-rank (always an observed value).
 """
 from __future__ import annotations
@@ -36,6 +46,7 @@ from laminar_hpc.analysis.offpolicy import lag_hist, offpolicy_health, render_of
 from laminar_hpc.analysis.rewards import render_task, task_figures
 from laminar_hpc.analysis.text import bar, fmt, table
 from laminar_hpc.analysis.timeline import Timeline, nearest_rank, spread
+from laminar_hpc.analysis.tools import render_tools, tool_figures
 from laminar_hpc.metrics.goodput import CAUSES, LABELS
 from laminar_hpc.metrics.trace import RunTrace
 from laminar_hpc.rundir import RunDir
@@ -101,6 +112,8 @@ def summarize(run: RunTrace, metrics_rows: list[dict] | None = None, *, buckets:
     d["lengths"] = _lengths(tl)
     d["task"] = task_figures(run.events)  # evaluation rounds, failed reward calls
     d["sync"] = _sync(tl)
+    if tl.has_tools:  # a run without tool events keeps its figures as they were
+        d["tools"] = tool_figures(tl)
     mode = str((run_config(run.run_dir) or {}).get("mode") or "laminar")
     try:
         d["goodput"] = run_goodput(run, metrics_rows or [], max_batch=max_batch, mode=mode, tl=tl, ideal=ideal)
@@ -212,12 +225,14 @@ def format_summary(d: dict) -> str:
                  [[str(i), b["start_s"], b["end_s"], b["trajectories"], b["traj_per_s"], b["tokens"],
                    b["tokens_per_s"], fmt(b["util"], "%")] for i, b in enumerate(d["throughput"])])
     out += ["", f"rollout utilisation and bubbles (seconds; overall utilisation {fmt(d['utilisation'], '%')})"]
-    rows = [[r, x["wall_s"], x["busy_s"], fmt(x["util"], "%"), x["weight_wait_s"], x["weight_wait_counter_s"],
-             x["long_tail_s"], x["trainer_bound_s"], x["failure_s"], x["trajectories"], x["tokens"]]
-            for r, x in d["rollouts"].items()]
-    out += table(["replica", "wall_s", "busy_s", "util", "weights_s", "(counter)", "long_tail_s", "trainer_bound_s",
-                  "failed_s", "trajs", "tokens"], rows)
     b = d["bubbles"]
+    tools = "tool_wait_s" in b
+    rows = [[r, x["wall_s"], x["busy_s"], fmt(x["util"], "%"), x["weight_wait_s"], x["weight_wait_counter_s"],
+             x["long_tail_s"], *([x["tool_wait_s"]] if tools else []), x["trainer_bound_s"], x["failure_s"],
+             x["trajectories"], x["tokens"]]
+            for r, x in d["rollouts"].items()]
+    out += table(["replica", "wall_s", "busy_s", "util", "weights_s", "(counter)", "long_tail_s",
+                  *(["tools_s"] if tools else []), "trainer_bound_s", "failed_s", "trajs", "tokens"], rows)
     cap = b["capacity_s"]
     share = (lambda x: fmt(x / cap, "%")) if cap else (lambda x: "-")
     out += ["", "bubbles by cause (replica-seconds; share of the measured rollout time)"]
@@ -226,13 +241,17 @@ def format_summary(d: dict) -> str:
         ["weights: awaiting", b["weights_awaiting_s"], share(b["weights_awaiting_s"]),
          "idle, a newer version exists than the one held"],
         ["long tail", b["long_tail_s"], share(b["long_tail_s"]),
-         f"1..{b['long_tail_max_running']} of max_batch {d['max_batch']} trajectories in flight"],
+         f"1..{b['long_tail_max_running']} of max_batch {d['max_batch']} "
+         + ("sequences running" if tools else "trajectories in flight")],
+        *([["waiting for tools", b["tool_wait_s"], share(b["tool_wait_s"]),
+            "none running, an episode waiting for a tool"]] if tools else []),
         ["trainer-bound", b["trainer_bound_s"], share(b["trainer_bound_s"]),
          "idle holding the newest version: admission blocked, no work"],
         ["failures", b["failure_s"], share(b["failure_s"]), "rollout down: death -> recovered"],
         ["degraded (wall)", b["degraded_s"], "", "wall time with any role down"]], "lrrl")
     out.append(f"  (the rollouts' own weight_wait_s counter: {fmt(b['weight_wait_counter_s'])}s, "
                f"{share(b['weight_wait_counter_s'])}; it also counts idle time that ended with a pull)")
+    out += render_tools(d.get("tools"))
     tr = d["trainer"]
     out += ["", f"trainer: {tr['steps']} steps (last {fmt(tr['last_step'])}), training {fmt(tr['train_s'])}s, "
                 f"waiting for data {fmt(tr['wait_s'])}s (rollout-bound), publish stall {fmt(tr['publish_stall_s'])}s, "
@@ -270,6 +289,7 @@ WHAT = {"admission": "nothing admitted waits; the trainer waits for data (stalen
         "weights": "loading, paused for a global update, or idle awaiting a version",
         "trainer_bound": "nothing admitted waits; the trainer trains or publishes",
         "failures": "replica down", "dispatch": "work admitted but not started yet",
+        "tools": "running nothing while an episode waits for a tool",
         "residual": "lost minus the causes: re-prefill, prefill batching, lengths, window edges"}
 
 
@@ -293,6 +313,8 @@ def format_goodput(g: dict | None) -> list[str]:
     if gp.get("by_cause") is None:
         return out
     rows = [[LABELS[c], fmt(gp["by_cause"][c], "%"), WHAT[c]] for c in CAUSES]
+    if "tools" in gp["by_cause"]:  # a run with tool events (not a cause of metrics.goodput.CAUSES)
+        rows.append(["tools", fmt(gp["by_cause"]["tools"], "%"), WHAT["tools"]])
     rows.append([LABELS["residual"], fmt(gp["residual"], "%"), WHAT["residual"]])
     out.append(f"  lost {fmt(gp['lost'], '%')} of the ideal, by cause (share of the ideal):")
     out += table(["cause", "lost", "what it measures"], rows, "lrl")

@@ -1,5 +1,6 @@
 """A run's trace turned into timelines: trajectory spans per rollout, utilisation samples, weight
-pulls, migrations, publishes, relay broadcasts, train steps and outages (failure -> recovery).
+pulls, migrations, publishes, relay broadcasts, train steps, outages (failure -> recovery) and,
+for multi-turn episodes, tool calls and how many episodes of each rollout waited for a tool.
 
     run = load_run(run_dir)           # read_run, but an event's own `role` field is kept as `subject`
     tl = Timeline.build(run)
@@ -116,6 +117,15 @@ class Timeline:
     train_steps: list[dict] = field(default_factory=list)
     finished: list[dict] = field(default_factory=list)  # traj_finished events counted (rollouts', else controller's)
     outages: list[Outage] = field(default_factory=list)
+    # tool calls of multi-turn episodes: {role, start, t (its end), traj, name, latency_s, outcome, obs_tokens}
+    tool_calls: list[dict] = field(default_factory=list)
+    # role -> (t, episodes waiting for a tool from then on), a step function; 0 from a death on
+    tool_waits: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+
+    @property
+    def has_tools(self) -> bool:
+        """Whether the rollouts traced tool use (the tool figures are shown only then)."""
+        return bool(self.tool_calls) or any(self.tool_waits.values())
 
     @property
     def gen_start(self) -> float:
@@ -144,6 +154,17 @@ class Timeline:
                         tl.spans[role].append(Span(role, t_s, last_t.get(role, t), v, None, traj, "lost"))
                     open_[role] = {}
                     tl.util[role].append([])
+                    waits = tl.tool_waits.get(role)
+                    if waits and waits[-1][1]:  # its episodes' tool calls died with it too
+                        waits.append((max(waits[-1][0], last_t.get(role, t)), 0))
+                elif ev == "tool_wait":
+                    tl.tool_waits.setdefault(role, []).append((t, max(0, int(e.get("waiting") or 0))))
+                elif ev == "tool_call":
+                    # from its duration, not t_start: t_start is on the rollout's clock, `t` on the controller's
+                    lat = max(0.0, float(e.get("latency_s") or 0.0))
+                    tl.tool_calls.append({"role": role, "start": t - lat, "t": t, "traj": str(e.get("traj")),
+                                          "name": str(e.get("name")), "latency_s": e.get("latency_s"),
+                                          "outcome": e.get("outcome"), "obs_tokens": e.get("obs_tokens")})
                 elif ev == "traj_started":
                     open_[role][str(e.get("traj"))] = (t, e.get("version"))
                 elif ev == "traj_finished":

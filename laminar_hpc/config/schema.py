@@ -21,6 +21,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from laminar_hpc.config.env import EnvCfg, SandboxCfg  # noqa: F401 - re-exported
+from laminar_hpc.config.emulation import (
+    ComponentCfg, EmpiricalCfg, EmulationCfg, LatencyCfg, LengthsCfg, ObservationCfg, ToolsCfg,
+)
 from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
 from laminar_hpc.config.slurm import SlurmCfg, SlurmLayoutCfg, StepResources
 from laminar_hpc.config.task import (
@@ -31,6 +35,7 @@ from laminar_hpc.config.values import SizeMb
 
 __all__ = [  # re-exported names included: `from laminar_hpc.config.schema import X` works for each
     "ArithTaskCfg",
+    "ComponentCfg", "EmpiricalCfg", "LatencyCfg", "ObservationCfg", "ToolsCfg",
     "BuiltinTaskCfg", "CheckpointCfg", "Config", "ControllerCfg", "DatasetTaskCfg", "EmulationCfg", "EvalCfg",
     "JsonlTaskCfg", "LengthsCfg",
     "MegatronCfg", "ModelCfg", "NonNegInt", "PartialRolloutCfg", "PosFloat", "PosInt", "Prob", "RelayCfg", "RepackCfg",
@@ -205,38 +210,6 @@ class PartialRolloutCfg(Section):
         return nbytes / (min(self.filesystem_client_gbps, self.filesystem_read_gbps / max(1, readers)) * 1e9)
 
 
-class LengthsCfg(Section):
-    """Response lengths of emulated rollouts: log-normal, capped."""
-    median: PosFloat = 1024
-    p99_over_median: Annotated[float, Field(gt=1.0)] = 10.0
-    min_tokens: PosInt = 1
-    max_tokens: PosInt = 16384
-
-    @model_validator(mode="after")
-    def _bounds(self) -> "LengthsCfg":
-        if self.max_tokens < self.min_tokens:
-            raise ValueError(f"max_tokens={self.max_tokens} must be >= min_tokens={self.min_tokens}; "
-                             "raise max_tokens or lower min_tokens")
-        return self
-
-
-class EmulationCfg(Section):
-    """Cost model of emulated engines (laminar_hpc/emulation/cost.py); emulated seconds.
-    Defaults stand for a 7B model in bf16 on one H100 per replica (decode memory-bound)."""
-    time_scale: Annotated[float, Field(ge=0.0)] = 1.0  # wall seconds per emulated second
-    weight_mb: SizeMb = 16.0  # real bytes published, broadcast and pulled per version
-    nominal_weight_gb: Annotated[float, Field(ge=0.0)] = 15.2  # the model they stand for (7B bf16)
-    pull_gbps: Annotated[float, Field(ge=0.0)] = 25.0  # relay shared memory -> GPU; 0: no load time
-    prefill_base_ms: Annotated[float, Field(ge=0.0)] = 5.0
-    prefill_per_token_us: Annotated[float, Field(ge=0.0)] = 20.0
-    decode_base_ms: Annotated[float, Field(ge=0.0)] = 10.0
-    decode_per_seq_us: Annotated[float, Field(ge=0.0)] = 100.0
-    decode_per_kv_token_ns: Annotated[float, Field(ge=0.0)] = 50.0
-    train_per_token_us: Annotated[float, Field(ge=0.0)] = 12.9
-    max_macro_steps: PosInt = 128  # decode steps one engine call may advance (never past a finish)
-    lengths: LengthsCfg = Field(default_factory=LengthsCfg)
-
-
 class TraceCfg(Section):
     """Per-process event traces in run_dir/trace/ (HDF5; laminar_hpc/metrics/trace.py)."""
     enabled: bool = True
@@ -279,6 +252,7 @@ class Config(Section):
     model: ModelCfg = Field(default_factory=ModelCfg)
     task: TaskCfg = Field(default_factory=BuiltinTaskCfg)
     eval: EvalCfg = Field(default_factory=EvalCfg)
+    env: EnvCfg = Field(default_factory=EnvCfg)
     warmup: WarmupCfg = Field(default_factory=WarmupCfg)
     trainer: TrainerCfg = Field(default_factory=TrainerCfg)
     rollout: RolloutCfg = Field(default_factory=RolloutCfg)
@@ -323,6 +297,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _chat_template(self) -> "Config":
+        if self.task.type == "tool_calc" and not self.env.enabled:
+            raise ValueError("task.type tool_calc is solved with a tool: set env.tools, e.g. {calc: calculator}")
         # a chat task is rendered with the tokenizer's own template: only HF tokenizers have one
         if getattr(self.task, "chat_template", False) and self.model.tokenizer != "hf":
             raise ValueError(f"task.chat_template is true but model.tokenizer={self.model.tokenizer!r} has no chat "

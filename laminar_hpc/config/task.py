@@ -151,10 +151,26 @@ class SyntheticTaskCfg(Section):
     reward: RewardCfg = _reward("coin_flip")
 
 
-TaskCfg = Annotated[Union[BuiltinTaskCfg, DatasetTaskCfg, ArithTaskCfg, SyntheticTaskCfg],
+class ToolCalcTaskCfg(Section):
+    """Multiplication a small model cannot do alone, so it must call the calculator
+    (tasks/toolcalc.py): 'mul:4821*93=' -> a `calc` tool call -> its result as the answer.
+    Needs `env.tools: {calc: calculator}`."""
+    type: Literal["tool_calc"] = "tool_calc"
+    min_digits: PosInt = 2  # of each operand
+    max_digits: PosInt = 4
+    reward: RewardCfg = _reward("exact")
+
+    @model_validator(mode="after")
+    def _digits(self) -> "ToolCalcTaskCfg":
+        if self.max_digits < self.min_digits:
+            raise ValueError(f"max_digits={self.max_digits} must be >= min_digits={self.min_digits}")
+        return self
+
+
+TaskCfg = Annotated[Union[BuiltinTaskCfg, DatasetTaskCfg, ArithTaskCfg, SyntheticTaskCfg, ToolCalcTaskCfg],
                     Field(discriminator="type")]
 TASK_TYPES = {"builtin": BuiltinTaskCfg, "dataset": DatasetTaskCfg, "jsonl": DatasetTaskCfg,
-              "arith": ArithTaskCfg, "synthetic": SyntheticTaskCfg}
+              "arith": ArithTaskCfg, "synthetic": SyntheticTaskCfg, "tool_calc": ToolCalcTaskCfg}
 
 
 class EvalCfg(Section):

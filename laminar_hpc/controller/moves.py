@@ -100,6 +100,8 @@ class PartialMoves:
     def _migrate(self, traj: Trajectory, dest: int, t: float = 0.0) -> WorkItem:
         p = self.partials[traj.traj_id]
         p.tokens, p.logprobs, p.version = list(traj.tokens), list(traj.logprobs), traj.version
+        p.mask = list(traj.mask) if traj.mask is not None else None
+        p.tool_calls, p.tool_errors = traj.tool_calls, traj.tool_errors
         p.gap = False
         p.rollout, p.t_assigned = dest, t
         return p.work()

@@ -73,12 +73,17 @@ class Partial:
     t_assigned: float | None = None
     gap: bool = False  # a stream chunk was lost: its tokens cannot be continued elsewhere
     rejected: int = 0  # results refused so far (controller/validate.py)
+    # an episode's loss mask over `tokens` (None: all the model's) and its tool counts so far
+    mask: list[int] | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
 
     def work(self) -> WorkItem:
         w = WorkItem(traj_id=self.traj_id, group_id=self.group_id, problem=self.problem, prompt=self.prompt,
                      max_new_tokens=self.max_new_tokens)
-        if self.tokens:  # resumed elsewhere: keeps its tokens, log-probs and version
+        if self.tokens:  # resumed elsewhere: keeps its tokens, log-probs, version and episode state
             w.tokens, w.logprobs, w.version = self.tokens, self.logprobs, self.version
+            w.mask, w.tool_calls, w.tool_errors = self.mask, self.tool_calls, self.tool_errors
         return w
 
 
@@ -230,7 +235,7 @@ class DataPlane(PartialMoves):
         p = self.partials[it.traj_id]
         before = len(p.tokens) if it.offset is None else min(max(0, it.offset), len(p.tokens))
         why = validate.tokens_refusal(it.tokens, it.logprobs, self.limits, prompt_len=len(p.prompt), before=before,
-                                      max_new_tokens=p.max_new_tokens)
+                                      max_new_tokens=p.max_new_tokens) or validate.mask_refusal(it.mask, len(it.tokens))
         if why is None:
             return True
         self.refused["stream_items"] += 1  # not journalled: nothing changed (a restart forgets these counts)
@@ -249,6 +254,11 @@ class DataPlane(PartialMoves):
                 continue  # off < len: a chunk we already hold, re-sent
             if p.version is None:
                 p.version = it.version
+            if it.mask is not None or p.mask is not None:  # an episode's observation tokens: mask 0
+                p.mask = (p.mask if p.mask is not None else [1] * len(p.tokens)) + \
+                    (list(it.mask) if it.mask is not None else [1] * len(it.tokens))
+            if it.tool_calls is not None:
+                p.tool_calls, p.tool_errors = it.tool_calls, it.tool_errors or 0
             p.tokens.extend(it.tokens)
             p.logprobs.extend(it.logprobs)
 
@@ -301,7 +311,7 @@ class DataPlane(PartialMoves):
     @staticmethod
     def _reset(p: Partial) -> None:
         p.rollout, p.version, p.t_assigned, p.gap = None, None, None, False
-        p.tokens, p.logprobs = [], []
+        p.tokens, p.logprobs, p.mask, p.tool_calls, p.tool_errors = [], [], None, 0, 0
 
     def _forget(self, traj_ids: list[str]) -> None:
         """The ledger dropped or kept their group: stop generating these (late results are ignored)."""

@@ -123,7 +123,18 @@ def trajectory_refusal(traj: Trajectory, expected: Expected, limits: Limits | No
     if finished and traj.finish not in FINISH_OK:
         return f"the rollout reported: {' '.join(traj.finish[:300].split())}"
     return tokens_refusal(traj.tokens, traj.logprobs, limits, prompt_len=len(traj.prompt), before=0,
-                          max_new_tokens=expected.max_new_tokens)
+                          max_new_tokens=expected.max_new_tokens) or mask_refusal(traj.mask, len(traj.tokens))
+
+
+def mask_refusal(mask: list[int] | None, n_tokens: int) -> str | None:
+    """Why an episode's loss mask cannot go with `n_tokens` tokens, or None."""
+    if mask is None:
+        return None
+    if len(mask) != n_tokens:
+        return f"a loss mask of {len(mask)} entries for {n_tokens} tokens"
+    if any(m not in (0, 1) for m in mask):
+        return "a loss mask entry other than 0 or 1"
+    return None
 
 
 def as_int(value) -> int | None:

@@ -13,6 +13,7 @@ Decode is memory-bound: a step costs about the same for 1 or 32 sequences (the b
 which is why a replica left with a few long-tail trajectories wastes most of its capacity.
 Response lengths are log-normal with a given median and p99/median ratio, capped, and a
 deterministic function of (seed, trajectory id): a migrated trajectory keeps its length.
+Mixtures, empirical lists and tool-use episodes are `workload.py`'s.
 
     cost = CostModel(cfg.emulation)
     cost.decode_steps_s(batch=32, kv=40_000, steps=128)   # emulated seconds for 128 steps
@@ -25,6 +26,8 @@ import time
 import zlib
 
 import numpy as np
+
+from laminar_hpc.emulation.workload import workload_for
 
 Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
@@ -80,7 +83,11 @@ def lognormal_sigma(p99_over_median: float) -> float:
 
 
 def response_length(lengths, *, seed: int, traj_id: str, cap: int) -> int:
-    """Length of a trajectory's response (tokens, EOS included), drawn once per trajectory id."""
+    """Length of a trajectory's response (tokens, EOS included), drawn once per trajectory id.
+    A mixture or an empirical list draws through `workload.Workload` (a plain log-normal draws
+    here, exactly as it always has)."""
+    if getattr(lengths, "mixture", None) is not None or getattr(lengths, "empirical", None) is not None:
+        return workload_for(lengths).length(seed=seed, traj_id=traj_id, cap=cap)
     rng = np.random.default_rng([seed, zlib.crc32(traj_id.encode())])
     raw = lengths.median * math.exp(lognormal_sigma(lengths.p99_over_median) * rng.standard_normal())
     return int(min(cap, lengths.max_tokens, max(lengths.min_tokens, round(raw))))

@@ -1,13 +1,21 @@
 """`summary.json`: the figures a run is judged by, computed from what the roles wrote.
 
     summary = build_summary(run_dir, mode="laminar", wall_s=412.0)
+    tool_summary(events)     # the tool-use figures of rollout trace events ({} without tool events)
+
+A run whose rollouts traced tool calls (`tool_call`, `tool_wait`) also gets `tool_calls`,
+`tool_calls_per_episode`, `tool_latency_s` and `tool_outcomes` (see tool_summary); a run without
+them gets none of these keys.
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
+from laminar_hpc.metrics.goodput import nearest_rank
 from laminar_hpc.metrics.jsonl import read_objects, read_steps
 from laminar_hpc.metrics.status import read_status
+from laminar_hpc.metrics.trace import read_file
 from laminar_hpc.rundir import RunDir, read_json, read_ledger
 
 
@@ -62,7 +70,59 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
         "wall_s": wall_s,
         **ledger_summary(ctl.ledger, read_ledger(rd.checkpoints_dir)),
         **recovery_summary(read_json(rd.recoveries, {}) or {}),
+        **tool_summary(rollout_events(rd)),
     }
+
+
+# -- tool calls (multi-turn episodes) ------------------------------------------------------------
+TOOL_OUTCOMES = ("ok", "error", "timeout", "refused")
+TOOL_EVENTS = ("tool_call", "tool_wait")
+
+
+def rollout_events(rd: RunDir) -> list[dict]:
+    """Every event of every rollout incarnation, each file on its own clock (the figures taken
+    from them are counts and durations, so no alignment is needed); damaged files give what
+    they hold before the damage."""
+    out: list[dict] = []
+    for path in rd.trace_files():
+        if path.name.startswith("rollout-"):
+            out.extend(read_file(path)[1])
+    return out
+
+
+def tool_call_figures(calls: list[dict]) -> dict:
+    """Figures of `tool_call` events: calls, latency {p50, p90, p99, max} (seconds, nearest rank),
+    outcomes {ok, error, timeout, refused, and any other seen: count}, observation tokens."""
+    lat = [float(c["latency_s"]) for c in calls if c.get("latency_s") is not None]
+    outcomes = Counter(str(c.get("outcome")) for c in calls)
+    obs = [int(c.get("obs_tokens") or 0) for c in calls]
+    return {"calls": len(calls),
+            "latency_s": {"p50": nearest_rank(lat, 50), "p90": nearest_rank(lat, 90),
+                          "p99": nearest_rank(lat, 99), "max": max(lat) if lat else None},
+            "outcomes": {**dict.fromkeys(TOOL_OUTCOMES, 0), **outcomes},
+            "obs_tokens": sum(obs), "obs_tokens_max": max(obs, default=None)}
+
+
+def episode_figures(finished: list[dict]) -> dict:
+    """Per finished episode (a `traj_finished` with `tool_calls`; plain trajectories have none):
+    how many, tool calls mean and max, tool errors in all."""
+    calls = [int(e["tool_calls"]) for e in finished if e.get("tool_calls") is not None]
+    return {"episodes": len(calls), "calls_mean": sum(calls) / len(calls) if calls else None,
+            "calls_max": max(calls, default=None),
+            "errors": sum(int(e.get("tool_errors") or 0) for e in finished if e.get("tool_calls") is not None)}
+
+
+def tool_summary(events: list[dict]) -> dict:
+    """summary.json's tool figures from rollout events: `tool_calls` (completed calls: a call cut
+    short by a dying rollout is never traced), `tool_calls_per_episode` (mean over the finished
+    episodes), `tool_latency_s` {p50, p90, p99, max}, `tool_outcomes` {outcome: count}. {} when
+    the events hold no tool event, so a run without tools keeps its summary as it was."""
+    if not any(e.get("ev") in TOOL_EVENTS for e in events):
+        return {}
+    calls = tool_call_figures([e for e in events if e.get("ev") == "tool_call"])
+    episodes = episode_figures([e for e in events if e.get("ev") == "traj_finished"])
+    return {"tool_calls": calls["calls"], "tool_calls_per_episode": episodes["calls_mean"],
+            "tool_latency_s": calls["latency_s"], "tool_outcomes": calls["outcomes"]}
 
 
 EVAL_KEYS = ("eval_reward", "eval_pass@1", "eval_version", "eval_step", "eval_problems", "eval_samples", "eval_errors")

@@ -64,6 +64,8 @@ EVENTS = (
     "lineage",
     # a reward call that failed (scored 0 by rule, with its reason); an evaluation round's start and result
     "reward_failed", "eval_started", "eval",
+    # multi-turn episodes: a tool call that came back, episodes waiting for tools, a pending call run again
+    "tool_call", "tool_wait", "tool_rerun",
 )
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 ROW = np.dtype([("t", "f8"), ("ev", "u2"), ("off", "u8"), ("len", "u4")])

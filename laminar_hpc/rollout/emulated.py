@@ -10,6 +10,14 @@ and timing are those of token-by-token decoding. `refuse` refuses what a real en
 (token ids outside the vocabulary, no room to generate) except by length: an emulated response
 may be far longer than the small model's `model.max_seq_len`. Imports no torch.
 
+Tool-use episodes (`emulation.lengths` declares tools; emulation/workload.py): a sequence
+finishes at the next model-turn end of its episode plan, its last token `TOOL_ID` at a turn that
+calls a tool and EOS at the last turn (a macro step never passes a turn end). The rollout runs
+the call (`emulation/episodes.EmulatedToolEnv`), appends the observation and adds the sequence
+again: it pays the prefill of prompt + every token so far, as any resumed sequence, and goes on
+to its next turn end. The plan is a function of (run seed, trajectory id, max_new_tokens), so a
+moved episode keeps it.
+
     engine = EmulatedEngine(cfg, seed=0, eos_id=1, vocab_size=100, nbytes=16 << 20)
     engine.load_weights(3, buf, EmulatedWeights(16 << 20))
     engine.add([SeqRequest("0.1", prompt, max_new_tokens=16384)])
@@ -21,14 +29,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from laminar_hpc.emulation.cost import Clock, CostModel, response_length
+from laminar_hpc.emulation.cost import Clock, CostModel
+from laminar_hpc.emulation.episodes import FIRST_ORDINARY_ID, TOOL_ID
+from laminar_hpc.emulation.workload import workload_for
 from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem
 
 
 @dataclass
 class _Seq:
     req: SeqRequest
-    target: int  # response length it will reach (EOS included)
+    target: int  # length it will reach in this run: its response's end (EOS) or a tool turn's end (TOOL)
+    tool: bool = False  # the target ends a turn that calls a tool
 
 
 class EmulatedEngine:
@@ -37,6 +48,9 @@ class EmulatedEngine:
         self.emu, self.seed, self.eos_id, self.vocab_size = emu, seed, eos_id, vocab_size
         # lengths are drawn from the RUN's seed, so a migrated trajectory keeps its length on any replica
         self.length_seed = seed if length_seed is None else length_seed
+        self.workload = workload_for(emu.lengths, read_events=_read_events)
+        if self.workload.episodes and eos_id == TOOL_ID:
+            raise ValueError(f"eos_id {eos_id} is the emulated TOOL id: emulated episodes need another tokenizer")
         self.max_batch = max_batch
         self.cost = CostModel(emu)
         self.clock = Clock(emu.time_scale)
@@ -89,8 +103,7 @@ class EmulatedEngine:
         chain = bool(self.active)  # joining a running batch: no idle gap in between
         tokens = 0
         for r in requests:
-            target = response_length(self.emu.lengths, seed=self.length_seed, traj_id=r.traj_id, cap=r.max_new_tokens)
-            self.active.append(_Seq(r, max(target, len(r.tokens) + 1)))
+            self.active.append(self._seq(r))
             tokens += len(r.prompt) + len(r.tokens)
         t = self.cost.prefill_s(tokens)
         self.clock.spend(t, chain=chain)
@@ -114,9 +127,17 @@ class EmulatedEngine:
         return out
 
     # -- internals ------------------------------------------------------------------------
+    def _seq(self, r: SeqRequest) -> _Seq:
+        wl, n = self.workload, len(r.tokens)
+        if not wl.episodes:
+            return _Seq(r, max(wl.length(seed=self.length_seed, traj_id=r.traj_id, cap=r.max_new_tokens), n + 1))
+        plan = wl.plan(seed=self.length_seed, traj_id=r.traj_id, cap=r.max_new_tokens)
+        turn, end = plan.next_end(n)
+        return _Seq(r, end, plan.is_call(turn))
+
     def _emit(self, seqs: list[_Seq], steps: int) -> list[StepOutput]:
         # ids past the specials (pad, bos, eos, unk): a response ends only where its drawn length says
-        toks = self.rng.integers(4, self.vocab_size, size=(len(seqs), steps)).tolist()
+        toks = self.rng.integers(FIRST_ORDINARY_ID, self.vocab_size, size=(len(seqs), steps)).tolist()
         lps = (-self.rng.exponential(1.0, size=(len(seqs), steps))).tolist()
         outs, done = [], set()
         for s, t, lp in zip(seqs, toks, lps):
@@ -124,7 +145,7 @@ class EmulatedEngine:
             t, lp = t[:n], lp[:n]
             finished = len(s.req.tokens) + n >= s.target
             if finished:
-                t[-1] = self.eos_id
+                t[-1] = TOOL_ID if s.tool else self.eos_id
                 done.add(id(s))
             s.req.tokens.extend(t)
             s.req.logprobs.extend(lp)
@@ -132,3 +153,9 @@ class EmulatedEngine:
         if done:
             self.active = [s for s in self.active if id(s) not in done]
         return outs
+
+
+def _read_events(run_dir):
+    """A run's trace events (an `emulation.lengths` empirical source of kind `trace`)."""
+    from laminar_hpc.metrics.trace import read_run
+    return read_run(run_dir).events

@@ -82,6 +82,7 @@ class EngineErrors:
         """Finish a trajectory that cannot be generated as an error result (see the module doc)."""
         traj = self._partial(req)
         traj.tokens, traj.logprobs, traj.reward, traj.t_end = [], [], None, time.time()
+        traj.mask = None  # an episode restarts from its prompt
         traj.finish = f"error: {reason}"[:500]  # a reason quoting a huge request stays one line
         self.errors += 1
         self.ctx.log.warning("trajectory %s failed: %s", req.traj_id, traj.finish)

@@ -34,6 +34,7 @@ from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.scheduling import should_refresh
 from laminar_hpc.rollout.base import SeqRequest, StepOutput
+from laminar_hpc.rollout.episodes import Episodes
 from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineErrors  # noqa: F401 - re-exported
 from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
 from laminar_hpc.rollout.scoring import Scoring
@@ -55,6 +56,12 @@ class Rollout(EngineErrors):
         self.task = build_task(cfg.task, cfg.seed)
         self.engine, self.layout = build_engine(cfg, ctx.rank, self.tok)
         self.scoring = Scoring(cfg, self.task, self.tok, ctx.tracer, ctx.log)
+        # multi-turn episodes (tool calls beside the decode loop); an episode waiting for its
+        # tools leaves the batch, so a rollout holds `capacity` trajectories for `max_batch` slots
+        self.episodes = Episodes(cfg, self.tok, ctx.tracer,
+                                 max_len=cfg.model.max_seq_len if cfg.rollout.backend == "torch" else None)
+        extra = cfg.env.extra_episodes if cfg.env.extra_episodes is not None else self.engine.max_batch
+        self.capacity = self.engine.max_batch + (extra if self.episodes.enabled else 0)
         self.eval_ids: set[str] = set()  # evaluation work running here (not streamed, not repacked)
         self.relay = relay  # the relay (on this node) whose store this rollout pulls from
         self.weights = NodeWeights(ctx.rundir.shm_path("relay", relay))
@@ -141,7 +148,7 @@ class Rollout(EngineErrors):
         """Tell a restarted controller what this replica holds and how many slots are free."""
         self.flush_streams()
         held = [*self.running, *(w.traj_id for w in self.queue)]
-        free = max(0, self.engine.max_batch - len(held))  # one waiting for its reward gave its slot back already
+        free = max(0, self.capacity - len(held))  # one waiting for its reward gave its slot back already
         held += self.scoring.pending_ids()  # still this rollout's: its result comes from here
         self.ctx.ctrl.send(Resync(held=held, free=free, version=self.engine.version, pid=os.getpid()))
         self.credit_to_return = 0  # `free` replaces every credit the old controller knew of
@@ -155,12 +162,16 @@ class Rollout(EngineErrors):
         self.first_token.discard(req.traj_id)
         self.eval_ids.discard(req.traj_id)
         traj.tokens, traj.logprobs = req.tokens, req.logprobs
+        if self.episodes.enabled:  # the loss mask and tool counts travel with the tokens
+            for k, v in self.episodes.fields(req.traj_id, len(req.tokens)).items():
+                setattr(traj, k, v)
+            self.episodes.forget(req.traj_id)
         return traj
 
     def migrate(self, traj_ids: list[str], dest: int) -> None:
         """Hand running trajectories to replica `dest` (those that finished meanwhile are not
         in the engine any more: their results went out already)."""
-        reqs = self.engine.abort(traj_ids)
+        reqs = self.engine.abort(traj_ids) + self.episodes.take(traj_ids)  # tools running: re-run there
         if reqs:
             self.ctx.ctrl.send(Migrated(dest=dest, trajectories=[self._partial(r) for r in reqs]))
             self.credit_to_return += len(reqs)
@@ -232,7 +243,8 @@ class Rollout(EngineErrors):
         return sum(1 for w in self.queue if w.version == self.engine.version)
 
     def admit(self, draining: bool) -> None:
-        reqs, rejected, keep = [], [], deque()
+        # episodes back from their tools go first: their version is this one and they hold credit
+        reqs, rejected, keep = self.episodes.take_returned(self.engine.free_slots()), [], deque()
         while self.queue and len(reqs) < self.engine.free_slots():
             w = self.queue.popleft()
             pinned = w.version
@@ -252,8 +264,11 @@ class Rollout(EngineErrors):
             self.streamed[w.traj_id] = len(resumed)
             self.ctx.tracer.emit("traj_started", traj=w.traj_id, version=version, prompt_tokens=len(w.prompt),
                                  resumed_tokens=len(resumed))
-            reqs.append(SeqRequest(w.traj_id, list(w.prompt), w.max_new_tokens, list(resumed),
-                                   list(w.logprobs or []), greedy=bool(w.greedy)))
+            req = SeqRequest(w.traj_id, list(w.prompt), w.max_new_tokens, list(resumed),
+                             list(w.logprobs or []), greedy=bool(w.greedy))
+            if self.episodes.enabled and self._start_episode(w, req):
+                continue  # resumed with a call that never returned: its tools run first
+            reqs.append(req)
         self.queue.extendleft(reversed(keep))
         if rejected:
             self.ctx.ctrl.send(MigrateReject(traj_ids=rejected))
@@ -262,6 +277,26 @@ class Rollout(EngineErrors):
             self.add(reqs)
             self.kv_peak = self.engine.kv_tokens()
             self.flush_streams()  # the partial-response pool learns at once which version each one runs
+
+    def _start_episode(self, w: WorkItem, req: SeqRequest) -> bool:
+        """Register an episode; True when it was parked for a pending call (or failed)."""
+        try:
+            problem = self.scoring.problem(self.running[w.traj_id])
+        except Exception as err:  # noqa: BLE001 - the task's code, any error
+            self.fail(req, f"its problem cannot be read: {type(err).__name__}: {err}")
+            return True
+        return self.episodes.start(self.running[w.traj_id], req, problem, w.mask, w.tool_calls, w.tool_errors)
+
+    def episode_returns(self) -> None:
+        """Tool results back: the observation tokens join the stream (mask 0); an episode with no
+        room left for them ends."""
+        for req, obs in self.episodes.collect():
+            if req.traj_id not in self.eval_ids:
+                toks, lps = self.stream_buf.setdefault(req.traj_id, ([], []))
+                toks.extend(obs)
+                lps.extend([0.0] * len(obs))
+        for req in self.episodes.take_finished_early():
+            self.finish(req, "length", turn_over=True)
 
     def handle(self, outs: list[StepOutput]) -> None:
         for o in outs:
@@ -276,10 +311,17 @@ class Rollout(EngineErrors):
                 self.fail(o.request, o.error)
             elif o.finished:
                 self.finish(o.request)
+        if self.episodes.enabled:  # turns that wrote their call leave the batch for their tools
+            for req in self.engine.abort(self.episodes.stops(outs)):
+                self.finish(req, "eos")
 
-    def finish(self, req: SeqRequest) -> None:
+    def finish(self, req: SeqRequest, kind: str | None = None, turn_over: bool = False) -> None:
         """A sequence ended: its slot is free at once; its reward is computed beside the decode
-        loop (`send_scored` sends it when it is back)."""
+        loop (`send_scored` sends it when it is back). An episode's turn that made tool calls
+        goes to its tools instead (`episodes.turn_ended`)."""
+        kind = kind or ("eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length")
+        if self.episodes.enabled and not turn_over and self.episodes.turn_ended(req, kind):
+            return
         try:  # a row the task cannot produce fails that trajectory only
             self.scoring.problem(self.running[req.traj_id])
         except Exception as err:  # noqa: BLE001 - the task's code, any error
@@ -288,11 +330,12 @@ class Rollout(EngineErrors):
         traj = self._partial(req)
         if self.mode == "partial-rollout" and traj.version != self.engine.version:
             traj.version_last = self.engine.version
-        self.scoring.submit(traj, "eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length")
+        self.scoring.submit(traj, kind)
         self.credit_to_return += 1
         # traced when generation ends, on the version it ran on (its reward: the controller's traj_finished)
+        tools = {"tool_calls": traj.tool_calls, "tool_errors": traj.tool_errors} if self.episodes.enabled else {}
         self.ctx.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, t_start=traj.t_start,
-                             t_end=traj.t_end, tokens=len(traj.tokens))
+                             t_end=traj.t_end, tokens=len(traj.tokens), **tools)
 
     def send_scored(self) -> None:
         for traj in self.scoring.ready():
@@ -302,8 +345,13 @@ class Rollout(EngineErrors):
         items = []
         for t, (toks, lps) in self.stream_buf.items():
             if toks:
-                items.append(StreamItem(traj_id=t, tokens=toks, logprobs=lps, version=self.engine.version,
-                                        offset=self.streamed.get(t, 0)))
+                offset = self.streamed.get(t, 0)
+                item = StreamItem(traj_id=t, tokens=toks, logprobs=lps, version=self.engine.version, offset=offset)
+                if self.episodes.enabled:
+                    ep = self.episodes.fields(t, offset + len(toks))
+                    item.mask = self.episodes.chunk_mask(t, offset, len(toks))
+                    item.tool_calls, item.tool_errors = ep.get("tool_calls"), ep.get("tool_errors")
+                items.append(item)
                 self.streamed[t] = self.streamed.get(t, 0) + len(toks)
         if items:
             self.ctx.ctrl.send(Stream(items=items))
@@ -344,8 +392,7 @@ class Rollout(EngineErrors):
         # work waits for the next version, not in its batch's queue (only pinned migrations do)
         waiting = self._pinned() if self.draining else len(self.queue)
         # evaluation work is left out: the rollout manager moves only the data plane's trajectories
-        ids = [t for t in self.engine.active_ids() if t not in self.eval_ids] if self.eval_ids \
-            else self.engine.active_ids()
+        ids = [t for t in [*self.engine.active_ids(), *self.episodes.held_ids()] if t not in self.eval_ids]
         self.ctx.ctrl.send(RolloutState(version=self.engine.version, waiting=waiting, running=self.engine.num_active(),
                                         kv_tokens=kv, kv_peak=self.kv_peak, traj_ids=ids,
                                         busy_s=self.busy_s, weight_wait_s=self.weight_wait_s))
@@ -353,12 +400,15 @@ class Rollout(EngineErrors):
     def run(self, flags: dict) -> None:
         beat = self.beat
         self.wait_first_version(flags, beat)
-        self.credit_to_return = self.engine.max_batch
+        self.credit_to_return = self.capacity
         every = self.ctx.cfg.rollout.stream_every_tokens
         last_util = 0.0
         while not flags.get("stop") and not self._drain_control():
             beat.tick()
             newest = self.weights.newest()
+            if self.episodes.enabled:
+                self.episode_returns()
+            out_of_engine = self.episodes.out_of_engine()  # episodes of this version waiting for tools or a slot
             drain = False
             if self.mode == "partial-rollout":
                 if self.global_update(newest):
@@ -368,10 +418,11 @@ class Rollout(EngineErrors):
                     continue
             elif self.barrier:  # load only when told, between batches: all replicas update together
                 if self.target_version > self.engine.version and newest >= self.target_version \
-                        and not self.engine.num_active() and not self.queue:
+                        and not self.engine.num_active() and not self.queue and not out_of_engine:
                     self.pull()
             else:
-                drain, pull = should_refresh(self.engine.version, newest, self.engine.num_active() + self._pinned())
+                drain, pull = should_refresh(self.engine.version, newest,
+                                             self.engine.num_active() + self._pinned() + out_of_engine)
                 if pull:
                     self.pull()
                     drain = False
@@ -395,8 +446,9 @@ class Rollout(EngineErrors):
                 self.flush_streams()
                 if self.idle_since is None:
                     self.idle_since = time.monotonic()
-                if not self.queue:  # idle: wait for work (or rewards) without spinning
-                    msg = self.ctx.ctrl.recv(timeout_s=0.005 if self.scoring.waiting else 0.02)
+                if not self.queue:  # idle: wait for work (or rewards, or tools) without spinning
+                    polling = self.scoring.waiting or out_of_engine
+                    msg = self.ctx.ctrl.recv(timeout_s=0.005 if polling else 0.02)
                     if msg is not None:
                         self._apply(msg)
             self.send_scored()
@@ -425,6 +477,7 @@ def main(argv: list[str] | None = None) -> None:
             rollout.run(flags)
         finally:
             rollout.scoring.close()  # the reward pool's workers
+            rollout.episodes.close()  # the tool loop (running tool processes are killed)
     finally:
         ctx.tracer.flush()
         ctx.ctrl.close(linger_ms=1000)

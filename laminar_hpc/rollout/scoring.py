@@ -20,6 +20,7 @@ import time
 from laminar_hpc.tasks.reward_pool import RewardPool
 from laminar_hpc.tasks import validation_problems
 from laminar_hpc.tasks.base import Problem, Response
+from laminar_hpc.tasks.episode import last_turn, transcript
 from laminar_hpc.transport.protocol import Trajectory
 
 LOG_EVERY_S = 60.0  # a failing reward is logged at most this often per reason (every failure is traced)
@@ -47,10 +48,17 @@ class Scoring:
         task cannot produce (the caller fails that trajectory)."""
         problem = self.problem(traj)
         eos = self.tok.eos_id
-        text = self.tok.decode([t for t in traj.tokens if t != eos])
+        messages = None
+        if traj.mask is not None:  # an episode: the answer is its last turn, the transcript comes along
+            a, b = last_turn(traj.tokens, traj.mask)
+            text = self.tok.decode([t for t in traj.tokens[a:b] if t != eos])
+            messages = tuple(transcript(self.tok, traj.tokens, traj.mask))
+        else:
+            text = self.tok.decode([t for t in traj.tokens if t != eos])
         traj.finish, traj.t_end = finish, time.time()  # generation ended now (the trace's span), scored later
         self.waiting[traj.traj_id] = traj
-        self.pool.submit(traj.traj_id, problem, Response(text=text, token_ids=tuple(traj.tokens), finish=finish))
+        self.pool.submit(traj.traj_id, problem, Response(text=text, token_ids=tuple(traj.tokens), finish=finish,
+                                                         messages=messages, tool_calls=traj.tool_calls))
 
     def ready(self) -> list[Trajectory]:
         """Trajectories whose reward came back since the last call, reward set."""

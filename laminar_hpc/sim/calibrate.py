@@ -12,12 +12,15 @@ everything is in emulated seconds; a real run has time_scale 1):
   squares of seconds = steps * (base + per_seq * batch) + per_kv * kv_sum, kv_sum = steps * kv +
   batch * steps * (steps - 1) / 2 (the CostModel's own form), coefficients kept >= 0. Without
   such events the config's coefficients stay.
-- response lengths, from the rollouts' `traj_finished` tokens: a log-normal with the measured
+- response lengths, from the rollouts' `traj_finished` tokens (emulation.workload.complete_group_lengths,
+  which an `empirical: {trace: RUN_DIR}` lengths source reads too): a log-normal with the measured
   median, sigma from the median and 90th percentile (robust to the length cap), and the longest
   seen as max_tokens; the sorted sample is kept for `--lengths empirical`. Only complete groups
   count: the groups admitted before the first one with a trajectory still unfinished when the
   run ended. The finished trajectories of a run under-represent long ones (they are the ones
   still running at the end), which made a simulation ~5% faster than the run it came from.
+  A config with tool-use episodes keeps its own workload (a trajectory's tokens hold its
+  observations too); `--lengths empirical` still resamples the measured lengths.
 - sync costs: weight load (`weights_pulled` pull_s), publish stall (`publish` stall_s), publish
   -> readable at each relay (`relay_ready` since_publish_s), one-way message latency (half the
   `heartbeat` round trip, 10th percentile: a role reads the answer only between its own steps).
@@ -33,6 +36,7 @@ import numpy as np
 
 from laminar_hpc.config import load_config
 from laminar_hpc.emulation.cost import Z99
+from laminar_hpc.emulation.workload import complete_group_lengths, has_tools
 from laminar_hpc.metrics.summary import read_metrics
 from laminar_hpc.metrics.trace import read_run
 from laminar_hpc.sim.params import SimParams
@@ -90,26 +94,6 @@ def fit_lengths(tokens: list[int]) -> dict:
     sigma = max(1e-6, math.log(max(q90, med * (1 + 1e-6)) / med) / Z90)
     return {"median": med, "p99_over_median": max(1.0001, math.exp(Z99 * sigma)),
             "min_tokens": int(a.min()), "max_tokens": int(a.max())}
-
-
-def complete_group_lengths(finished: dict[str, int], admitted: list[tuple[float, int, int]]) -> list[int]:
-    """Lengths of the trajectories of the groups admitted before the first group with a trajectory
-    that never finished (trajectory ids are `<group>.<index>`). Without admission events (older
-    traces), every finished trajectory."""
-    if not admitted:
-        return list(finished.values())
-    by_group: dict[int, list[int]] = {}
-    for tid, n in finished.items():
-        g, _, _ = tid.partition(".")
-        if g.isdigit():
-            by_group.setdefault(int(g), []).append(n)
-    out = []
-    for _, g, n in sorted(admitted):
-        got = by_group.get(g, [])
-        if len(got) < n:
-            break
-        out.extend(got)
-    return out
 
 
 def _median(xs: list[float]) -> float | None:
@@ -187,8 +171,10 @@ def calibrated_config(cfg, cal: Calibration):
     f = cal.fitted
     emu = {k: f[k] for k in ("decode_base_ms", "decode_per_seq_us", "decode_per_kv_token_ns", "train_per_token_us")
            if k in f}
-    if "lengths" in f:
-        emu["lengths"] = cfg.emulation.lengths.model_copy(update=f["lengths"])
+    if "lengths" in f and not has_tools(cfg.emulation.lengths):
+        # the fitted log-normal replaces the configured distribution (a mixture or a list included);
+        # episodes keep their workload: a trace's lengths hold observations, not the model's turns
+        emu["lengths"] = type(cfg.emulation.lengths)(**f["lengths"])
     if not emu:
         return cfg
     return cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update=emu)})

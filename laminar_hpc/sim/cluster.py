@@ -6,7 +6,8 @@ event queue, for one mode, and the figures `tools/bench_modes.py` measures on a 
 
 Figures are taken like bench_modes does: over a steady window from the end of train step
 `skip` to the last step (trajectories and tokens the trainer consumed, tokens the rollouts
-generated, rollout busy fraction, weight wait per rollout, staleness).
+generated, rollout busy fraction, weight wait per rollout, staleness; with tool-use episodes the
+tool calls and the time episodes waited for them).
 """
 from __future__ import annotations
 
@@ -72,7 +73,9 @@ class Simulation:
         return {"gen_tokens": self.pool.tokens_generated, "gen_trajs": self.pool.trajectories_finished,
                 "busy_s": sum(r.busy_s for r in self.rollouts), "weight_wait_s": sum(r.wait_s for r in self.rollouts),
                 "seq_steps": sum(r.seq_steps for r in self.rollouts),
-                "decode_steps": sum(r.decode_steps for r in self.rollouts)}
+                "decode_steps": sum(r.decode_steps for r in self.rollouts),
+                "tool_wait_s": sum(r.tool_wait_s for r in self.rollouts),
+                "tool_calls": sum(r.tool_calls for r in self.rollouts)}
 
     # -- failures -------------------------------------------------------------------------
     def _arm_failures(self) -> None:
@@ -153,7 +156,9 @@ def measure(sim: Simulation, skip: int) -> dict:
     win = rows[skip:]
     trajs = sum(r["trajectories"] for r in win)
     n = len(sim.rollouts)
-    base = a or {"gen_tokens": 0, "busy_s": 0.0, "weight_wait_s": 0.0, "seq_steps": 0, "decode_steps": 0}
+    base = a or {"gen_tokens": 0, "busy_s": 0.0, "weight_wait_s": 0.0, "seq_steps": 0, "decode_steps": 0,
+                 "tool_wait_s": 0.0, "tool_calls": 0}
+    calls = b["tool_calls"] - base["tool_calls"]
     st, placed = sim.ctl.rm.repack_stats, sim.ctl.rm.placed
     return {
         "trajectories_per_s": trajs / span,
@@ -162,6 +167,12 @@ def measure(sim: Simulation, skip: int) -> dict:
         "rollout_utilization": min(1.0, (b["busy_s"] - base["busy_s"]) / (n * span)),
         "weight_wait_s": (b["weight_wait_s"] - base["weight_wait_s"]) / n,
         "decode_batch_mean": (b["seq_steps"] - base["seq_steps"]) / max(1, b["decode_steps"] - base["decode_steps"]),
+        # tool-use episodes: calls that came back in the window and the latencies they waited (summed
+        # over episodes, so overlapping waits add up), and over the whole run
+        "tool_calls": calls, "tool_wait_s": b["tool_wait_s"] - base["tool_wait_s"],
+        "tool_wait_per_call_s": (b["tool_wait_s"] - base["tool_wait_s"]) / calls if calls else None,
+        "tool_calls_total": sum(r.tool_calls for r in sim.rollouts),
+        "tool_wait_s_total": sum(r.tool_wait_s for r in sim.rollouts),
         "staleness_mean": sum(r["staleness_mean"] * r["trajectories"] for r in win) / max(1, trajs),
         "staleness_max": max(r["staleness_max"] for r in win),
         "window_s": span, "window_steps": len(win),

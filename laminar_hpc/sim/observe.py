@@ -12,7 +12,8 @@ is charged to the first cause that holds, in this order:
     failures       the replica is down
     weights        paused for a partial-rollout global update, or running nothing while it loads or
                    awaits a version it is to load (laminar: its relay holds a newer one; the
-                   baselines: the controller told it to update); in partial-rollout also the
+                   baselines: the controller told it to update) and no episode of its version
+                   waits for a tool (then: drain); in partial-rollout also the
                    re-prefill of the paused trajectories after the update (the prefill of their
                    prompt and tokens so far, timed by the cost model as the replica runs it)
     drain          laminar: a newer version is out and the replica refuses new work until its
@@ -96,14 +97,16 @@ class Observer:
         if self.partial:  # the re-prefill of the trajectories a global update paused is part of its cost
             for r in sim.rollouts:
                 if hasattr(r, "_add"):
-                    r._add = self._reprefill(r._add, sim.params)
+                    r._add = self._reprefill(r, r._add, sim.params)
 
-    def _reprefill(self, add, params):
+    def _reprefill(self, rollout, add, params):
         """Wrap a replica's prefill: the marginal prefill time of work that carries tokens (resumed
         after a pause) is charged to `weights` at the next sample (the replica decodes nothing meanwhile)."""
         cost, prompt = params.cost, params.prompt_tokens
 
         def added(reqs, t):
+            if not getattr(rollout, "resuming", True):  # e.g. episodes back from their tools: not the update's
+                return add(reqs, t)
             fresh = sum(prompt for r in reqs if not r.tokens)
             again = sum(prompt + r.tokens for r in reqs if r.tokens)
             if again:
@@ -129,8 +132,8 @@ class Observer:
             n = len(r.act)
             # loading or awaiting a version it will load: laminar pulls as soon as it runs nothing,
             # the baselines when the controller tells them (`target`)
-            if r.paused is not None or (n == 0 and (r.version < sim.relay_version[r.relay] if self.laminar
-                                                    else r.target > r.version)):
+            if r.paused is not None or (n == 0 and not getattr(r, "tools", None) and (
+                    r.version < sim.relay_version[r.relay] if self.laminar else r.target > r.version)):
                 acc[INDEX["weights"]] += 1.0
                 continue
             f = loss[n if n < top else top]

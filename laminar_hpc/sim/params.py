@@ -6,20 +6,22 @@ emulated engines sleep by, so a simulation of an emulated run uses exactly those
 Calibration (calibrate.py) replaces the numbers a run's traces measured.
 
 Times are emulated seconds. The engines' formulas are not copied here: `cost` is the runtime's
-own `emulation.cost.CostModel`, and exact response lengths come from its `response_length`.
+own `emulation.cost.CostModel`, and exact response lengths and episode plans come from its
+workload (`emulation.workload`: `response_length` for a plain log-normal).
 
     params = SimParams.from_config(cfg, ClusterSpec())
     params.cost.decode_steps_s(batch=32, kv=40_000, steps=64)
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from laminar_hpc.controller.rollout_manager import move_expiry_s
-from laminar_hpc.emulation.cost import CostModel, lognormal_sigma, response_length
+from laminar_hpc.emulation.cost import CostModel
+from laminar_hpc.emulation.ideal import workload_moments
+from laminar_hpc.emulation.workload import EpisodePlan, workload_for
 
 
 @dataclass
@@ -66,31 +68,42 @@ class ClusterSpec:
 
 
 class Lengths:
-    """Response lengths per trajectory id. `exact`: the runtime's own `response_length` (the very
-    lengths an emulated run with this seed draws: ~25 us each); `fast`: the same log-normal and
-    clipping, drawn vectorised from one seeded generator; `empirical`: resampled from measured
-    lengths (calibration)."""
+    """Response lengths and episode plans per trajectory id (emulation/workload.py). `exact`: the
+    runtime's own draws (the very lengths an emulated run with this seed draws: ~25 us each);
+    `fast`: the same distribution drawn vectorised from one seeded generator; `empirical`:
+    resampled from measured lengths (calibration). Tool-use episodes always take the runtime's
+    own plans (`plans`), whatever the mode."""
 
     def __init__(self, lengths, *, seed: int, cap: int, mode: str = "exact", empirical: list[int] | None = None):
         self.cfg, self.seed, self.cap, self.mode = lengths, seed, cap, mode
         self.empirical = np.asarray(sorted(empirical), dtype=np.int64) if empirical else None
         self.rng = np.random.default_rng([seed, 0x51A])
         self.hi = int(min(cap, lengths.max_tokens))
+        self.workload = workload_for(lengths, read_events=read_events)
+        self.episodes = self.workload.episodes and self.empirical is None
 
     def draw(self, traj_ids: list[str]) -> list[int]:
         if self.empirical is not None:
             return np.minimum(self.rng.choice(self.empirical, size=len(traj_ids)), self.hi).tolist()
         if self.mode == "exact":
-            return [response_length(self.cfg, seed=self.seed, traj_id=t, cap=self.cap) for t in traj_ids]
-        z = self.rng.standard_normal(len(traj_ids))
-        raw = self.cfg.median * np.exp(lognormal_sigma(self.cfg.p99_over_median) * z)
-        return np.clip(np.round(raw), self.cfg.min_tokens, self.hi).astype(np.int64).tolist()
+            wl = self.workload
+            return [wl.length(seed=self.seed, traj_id=t, cap=self.cap) for t in traj_ids]
+        return self.workload.draw_fast(self.rng, len(traj_ids), self.cap).tolist()
+
+    def plans(self, traj_ids: list[str]) -> list[EpisodePlan]:
+        wl = self.workload
+        return [wl.plan(seed=self.seed, traj_id=t, cap=self.cap) for t in traj_ids]
 
     def mean(self) -> float:
         if self.empirical is not None:
             return float(self.empirical.mean())
-        s = lognormal_sigma(self.cfg.p99_over_median)
-        return min(self.hi, self.cfg.median * math.exp(s * s / 2))
+        return workload_moments(self.workload, self.cap).mean
+
+
+def read_events(run_dir) -> list:
+    """A run's trace events (an empirical lengths source of kind `trace`)."""
+    from laminar_hpc.metrics.trace import read_run
+    return read_run(run_dir).events
 
 
 def areal_update(cfg, spec: ClusterSpec, relay_pull_s: float, real_copy_s: float) -> dict | None:
@@ -162,8 +175,11 @@ class SimParams:
         wall = 1.0 / scale  # one wall second of real overhead, in emulated seconds
         cost = CostModel(e)
         prompt = cfg.task.prompt_tokens if cfg.task.type == "synthetic" else spec.prompt_tokens
+        wl = workload_for(e.lengths, read_events=read_events)
+        kind = "mixture" if wl.mixture else ("empirical" if wl.components[0].values is not None else "log-normal")
         src = {"cost model": "config emulation.* (the emulated engines' own coefficients)",
-               "lengths": f"config emulation.lengths (log-normal, {length_mode} draws)"}
+               "lengths": f"config emulation.lengths ({kind}, {length_mode} draws"
+                          + (", tool-use episodes: the runtime's own plans)" if wl.episodes else ")")}
         if spec.bcast_gbps:  # a cluster: the model's bytes, at its links' speeds
             moved, wall_b = e.nominal_weight_gb * 1e9, 1.0
             bw = spec.bcast_gbps * 1e9
@@ -223,7 +239,8 @@ class SimParams:
                 "prefill_per_token_us": e.prefill_per_token_us, "train_per_token_us": e.train_per_token_us,
                 "lengths": {"median": e.lengths.median, "p99_over_median": e.lengths.p99_over_median,
                             "max_tokens": e.lengths.max_tokens, "mode": self.length_mode,
-                            "empirical": self.empirical_lengths is not None},
+                            "empirical": self.empirical_lengths is not None,
+                            "workload": workload_for(e.lengths, read_events=read_events).describe()},
                 "pull_s": self.pull_s, "publish_stall_s": self.publish_stall_s, "update_path": self.update_path,
                 "update_send_s": self.update_send_s, "update_ready_s": self.update_ready_s,
                 "relay_ready_s": [round(self.bcast_ready_s(h), 6) for h in range(min(4, self.relay_count))],

@@ -16,11 +16,19 @@ class Traj:
     `tokens` is what it had generated when its replica last stopped it (the replica's engine
     derives the live count from its heap `entry`); `version` is the weight version that generates
     it (None until it starts); `pinned` marks work that carries tokens and a version (migrated or
-    recovered: it must continue on a replica holding that version)."""
-    __slots__ = ("tid", "gid", "target", "tokens", "version", "rollout", "entry", "pinned", "queued", "done")
+    recovered: it must continue on a replica holding that version).
 
-    def __init__(self, tid: str, gid: int, target: int):
+    A tool-use episode has its `plan` (emulation/workload.EpisodePlan): `turn` is the model turn
+    it generates or is next to generate, `bound` the length at which that turn ends (the
+    response's end, `target`, without a plan). An episode whose `tokens` stand at the end of a
+    turn that calls a tool has that call pending (its observation is not appended yet)."""
+    __slots__ = ("tid", "gid", "target", "tokens", "version", "rollout", "entry", "pinned", "queued", "done",
+                 "plan", "turn", "bound")
+
+    def __init__(self, tid: str, gid: int, target: int, plan=None):
         self.tid, self.gid, self.target = tid, gid, target
+        self.plan, self.turn = plan, 0
+        self.bound = target if plan is None else plan.ends[0]
         self.tokens = 0
         self.version = None
         self.rollout = None
@@ -28,6 +36,19 @@ class Traj:
         self.pinned = False
         self.queued = True
         self.done = False
+
+    @property
+    def pending_call(self) -> bool:
+        """Its last model turn called a tool whose observation has not come back."""
+        p = self.plan
+        return p is not None and p.is_call(self.turn) and self.tokens == p.ends[self.turn]
+
+    def observed(self) -> None:
+        """The pending call's observation is appended: the next model turn starts."""
+        p = self.plan
+        self.tokens += p.observations[self.turn]
+        self.turn += 1
+        self.bound = p.ends[self.turn]
 
     @property
     def traj_id(self) -> str:  # the name the rollout manager reads (controller/rollout_manager.py)
@@ -48,10 +69,14 @@ class Pool:
     def admit(self, n: int) -> None:
         g0 = self.groups_started
         ids = [f"{g}.{j}" for g in range(g0, g0 + n) for j in range(self.group_size)]
-        targets = self.lengths.draw(ids)
+        if getattr(self.lengths, "episodes", False):  # tool-use episodes: the runtime's own plans
+            plans = self.lengths.plans(ids)
+            targets = [p.total for p in plans]
+        else:
+            plans, targets = None, self.lengths.draw(ids)
         k = 0
         for g in range(g0, g0 + n):
-            trajs = [Traj(ids[k + j], g, targets[k + j]) for j in range(self.group_size)]
+            trajs = [Traj(ids[k + j], g, targets[k + j], plans and plans[k + j]) for j in range(self.group_size)]
             k += self.group_size
             self.groups[g] = [0, trajs]
             for t in trajs:
@@ -93,6 +118,8 @@ class Pool:
         if t is None or t.done or t.queued:
             return False
         t.tokens, t.version, t.rollout, t.pinned = 0, None, None, False
+        t.turn = 0
+        t.bound = t.target if t.plan is None else t.plan.ends[0]
         t.queued = True
         self.queue.appendleft(t)
         return True

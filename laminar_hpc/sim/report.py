@@ -63,8 +63,15 @@ def modes_table(results: dict) -> str:
         cells = [_cell(fmt, r.get(k)) for _, fmt, k in COLS[1:-1]] + [_cell(COLS[-1][1], _goodput(r))]
         lines.append(" | ".join([mode] + cells))
     ideal = next((r["ideal"] for r in results.values() if r.get("ideal")), None)
-    extra = [x for x in (ideal_line(ideal), goodput_table(results)) if x]
+    extra = [x for x in (tools_line(results), ideal_line(ideal), goodput_table(results)) if x]
     return "\n".join(lines + extra)
+
+
+def tools_line(results: dict) -> str:
+    """Tool-use episodes: per mode, the calls in the window and their mean wait ("" without any)."""
+    cells = [f"{mode} {r['tool_calls']} calls, {r['tool_wait_per_call_s']:.2f} s each"
+             for mode, r in results.items() if r.get("tool_calls")]
+    return "tool waits (window, emulated s): " + "; ".join(cells) if cells else ""
 
 
 def compare(results: dict, measured_doc: dict) -> dict:

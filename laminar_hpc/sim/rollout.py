@@ -12,6 +12,15 @@ relay gets a new version.
 
 The engine keeps a decode-step counter S; a running trajectory finishes at step `end_at`, so a
 macro-step is O(log B) whatever the batch, and KV usage is updated in closed form.
+
+Tool-use episodes (`emulation.lengths` declares tools; the runtime's own plans): a sequence
+leaves the batch at the end of each turn that calls a tool, waits the call's latency off the
+engine, gets its observation appended and re-enters (before new work) with a prefill of
+prompt + all its tokens, as the emulated engine charges a re-added sequence; it keeps its
+version. The replica holds up to max_batch + env.extra_episodes episodes (its credit; None: as
+many extra as max_batch) and counts those waiting for tools as in flight: it does not load a
+version while they wait. Only sequences in the engine are reported to repack and can be moved;
+a dead replica's waiting episodes continue elsewhere with their call pending (it runs again).
 """
 from __future__ import annotations
 
@@ -34,6 +43,10 @@ class SimRollout:
         self.barrier = cfg.mode in scheduling.BARRIER_LAG
         self.partial = cfg.mode == "partial-rollout"
         self.max_batch = cfg.rollout.max_batch
+        self.episodes = getattr(sim.pool.lengths, "episodes", False)
+        env = getattr(cfg, "env", None)
+        extra = getattr(env, "extra_episodes", None)
+        self.hold = self.max_batch + ((self.max_batch if extra is None else extra) if self.episodes else 0)
         self.max_macro = cfg.emulation.max_macro_steps
         self.prompt = sim.params.prompt_tokens
         self.cost = sim.params.cost
@@ -44,6 +57,7 @@ class SimRollout:
         self.busy_s = 0.0
         self.seq_steps = self.decode_steps = 0  # mean decode batch = seq_steps / decode_steps
         self.wait_s = 0.0
+        self.tool_wait_s, self.tool_calls = 0.0, 0  # tool calls that came back here, and their latencies
         self._serial = 0
         self._reset()
 
@@ -54,12 +68,15 @@ class SimRollout:
         self.S = 0  # decode steps done
         self.kv = 0
         self.queue: deque[Traj] = deque()  # assigned, not admitted
+        self.tools: dict[str, Traj] = {}  # episodes waiting for a tool call
+        self.back: deque[Traj] = deque()  # episodes whose call came back: they re-enter first
         self.inbox: deque = deque()  # (arrival time, message)
         self.credit = 0
         self.draining = False
         self.target = -1
         self.resume = -1
         self.paused: list[Traj] | None = None
+        self.resuming = False
         self.pause_t0 = self.pause_wait0 = 0.0
         self.kv_peak = 0
         self.last_state = -1e30
@@ -125,12 +142,14 @@ class SimRollout:
                 return
             drain = False
         elif self.barrier:
-            if self.target > self.version and newest >= self.target and not self.act and not self.queue:
+            if (self.target > self.version and newest >= self.target and not self.act and not self.queue
+                    and not self.tools and not self.back):
                 self._pull(newest, CONTINUE)
                 return
             drain = False
         else:
-            drain, pull = scheduling.should_refresh(self.version, newest, len(self.act) + self._pinned())
+            held = len(self.act) + self._pinned() + len(self.tools) + len(self.back)  # episodes at tools count
+            drain, pull = scheduling.should_refresh(self.version, newest, held)
             if pull:
                 self._pull(newest, CONTINUE)
                 return
@@ -138,7 +157,7 @@ class SimRollout:
 
     def _proceed(self, drain: bool, t: float) -> None:
         self.draining = drain
-        if self.queue:
+        if self.queue or self.back:
             t = self._admit(drain, t)
         if self.credit and not drain:
             self.ctl.want_work(self.rank, self.credit, self.version)
@@ -170,6 +189,7 @@ class SimRollout:
         self.S += self.pending
         S = self.S
         self.kv += len(act) * self.pending
+        now = self.q.now
         while heap and heap[0][0] <= S:
             entry = heapq.heappop(heap)
             t = entry[2]
@@ -177,10 +197,9 @@ class SimRollout:
                 continue
             t.entry = None
             del act[t.tid]
-            t.tokens = t.target
-            self.kv -= self.prompt + t.target
-            self.ctl.finished(t)
-            self.credit += 1
+            t.tokens = t.bound
+            self.kv -= self.prompt + t.bound
+            self._turn_end(t, now)
         if self.kv > self.kv_peak:
             self.kv_peak = self.kv
         if self.report_on:
@@ -214,7 +233,9 @@ class SimRollout:
     def _admit(self, drain: bool, t: float) -> float:
         free = self.max_batch - len(self.act)
         reqs, rejected, keep = [], [], []
-        queue, v = self.queue, self.version
+        queue, v, back = self.queue, self.version, self.back
+        while back and len(reqs) < free:  # episodes back from their tools hold this replica's version
+            reqs.append(back.popleft())
         while queue and len(reqs) < free:
             w = queue.popleft()
             if w.pinned and w.version != v and not self.partial:
@@ -225,6 +246,9 @@ class SimRollout:
                 continue
             if not w.pinned:
                 w.version = v
+            if w.pending_call:  # moved while its tool ran: the call runs again here, off the engine
+                self._tool_start(w, t)
+                continue
             reqs.append(w)
         if keep:
             queue.extendleft(reversed(keep))
@@ -240,22 +264,47 @@ class SimRollout:
         prompt = self.prompt
         dt = self.cost.prefill_s(sum(prompt + r.tokens for r in reqs))
         self.busy_s += dt
-        S = self.S
+        S, end = self.S, t + dt
         for r in reqs:
             k = r.tokens + 1  # prefill samples each one's next token
             r.tokens = k
-            if k >= r.target:
-                r.target = k
-                self.ctl.finished(r)
-                self.credit += 1
+            if k >= r.bound:
+                if r.plan is None:
+                    r.target = r.bound = k
+                r.tokens = r.bound
+                self._turn_end(r, end)
                 continue
             self._serial += 1
-            entry = (S + r.target - k, self._serial, r)
+            entry = (S + r.bound - k, self._serial, r)
             r.entry = entry
             heapq.heappush(self.heap, entry)
             self.act[r.tid] = r
             self.kv += prompt + k
-        return t + dt
+        return end
+
+    def _turn_end(self, t: Traj, now: float) -> None:
+        """A sequence reached the end of its turn: a tool call (it waits off the engine) or the end."""
+        if t.plan is not None and t.plan.is_call(t.turn):
+            self._tool_start(t, now)
+            return
+        self.ctl.finished(t)
+        self.credit += 1
+
+    def _tool_start(self, t: Traj, now: float) -> None:
+        self.tools[t.tid] = t
+        self.q.at(now + t.plan.latencies_s[t.turn], self._tool_back, (self.epoch, t))
+
+    def _tool_back(self, arg) -> None:
+        epoch, t = arg
+        if epoch != self.epoch or self.tools.get(t.tid) is not t:
+            return  # the replica died meanwhile: the call runs again where the episode went
+        del self.tools[t.tid]
+        self.tool_wait_s += t.plan.latencies_s[t.turn]
+        self.tool_calls += 1
+        t.observed()
+        self.back.append(t)
+        if self.idle:
+            self._wake(self.q.now)
 
     def _abort(self, ids) -> list[Traj]:
         out = []
@@ -263,8 +312,8 @@ class SimRollout:
         for tid in ids:
             t = act.pop(tid, None)
             if t is None:
-                continue  # finished meanwhile
-            t.tokens = t.target - (t.entry[0] - S)
+                continue  # finished meanwhile (or waiting for a tool: only the engine's sequences move)
+            t.tokens = t.bound - (t.entry[0] - S)
             t.entry = None
             self.kv -= self.prompt + t.tokens
             out.append(t)
@@ -282,7 +331,7 @@ class SimRollout:
         self.last_state = t
         if self.kv > self.kv_peak:
             self.kv_peak = self.kv
-        waiting = self._pinned() if self.draining else len(self.queue)
+        waiting = (self._pinned() if self.draining else len(self.queue)) + len(self.back) + len(self.tools)
         # ReplicaState's fields (the manager builds the states when it plans a round)
         self.replica_states[self.rank] = (self.rank, self.version, waiting, len(self.act), self.kv, self.kv_peak,
                                           tuple(self.act))
@@ -304,7 +353,7 @@ class SimRollout:
         self.version = version
         self.ctl.weights_loaded(self.rank, version)
         if then == FIRST:
-            self.credit = self.max_batch
+            self.credit = self.hold
             self.iterate(epoch)
         elif then == CONTINUE:
             self._proceed(False, self.q.now)
@@ -329,7 +378,10 @@ class SimRollout:
             self.wait_s = self.pause_wait0 + now - self.pause_t0  # the whole pause, load included
             reqs, self.paused = self.paused, None
             if reqs:
-                self._proceed(False, self._add(reqs, now))
+                self.resuming = True  # (sim/observe.py charges this prefill to the update)
+                t = self._add(reqs, now)
+                self.resuming = False
+                self._proceed(False, t)
                 return True
         return False
 
@@ -339,7 +391,7 @@ class SimRollout:
         it had streamed, i.e. up to its last finished macro-step)."""
         S = self.S
         for t in self.act.values():
-            t.tokens = t.target - (t.entry[0] - S)
+            t.tokens = t.bound - (t.entry[0] - S)
             t.entry = None
         self.alive = False
         self.epoch += 1

@@ -19,6 +19,9 @@ def build_task(cfg, seed: int) -> TaskSource:
         from laminar_hpc.tasks.arith import ArithTasks
         return ArithTasks(seed, ops=list(cfg.ops), operands=cfg.operands, max_value=cfg.max_value,
                           instruction=cfg.instruction, system_prompt=cfg.system_prompt, chat=cfg.chat_template)
+    if cfg.type == "tool_calc":
+        from laminar_hpc.tasks.toolcalc import ToolCalcTasks
+        return ToolCalcTasks(seed, cfg.min_digits, cfg.max_digits)
     from laminar_hpc.tasks.dataset import DatasetTasks
     return DatasetTasks.from_config(cfg, seed)
 

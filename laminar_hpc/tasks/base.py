@@ -37,6 +37,10 @@ class Response:
     text: str  # the decoded response, without the end-of-sequence token
     token_ids: tuple[int, ...] = ()  # the generated ids, as sampled (EOS included when it ended so)
     finish: str = "eos"  # "eos" | "length"
+    # a multi-turn episode (tasks/episode.py): `text` is its last turn; the whole transcript
+    # (assistant turns and tool observations, after the problem's prompt) and its tool calls
+    messages: tuple[Mapping[str, str], ...] | None = None
+    tool_calls: int = 0
 
 
 RewardValue = Union[float, Mapping[str, float]]

@@ -134,7 +134,9 @@ def train_on_batch(step_fn: Callable[..., dict], groups: list[Group], *, step: i
 
 
 def batch_metrics(b: Batch, version: int) -> dict:
-    """Per-step figures of the data itself (rewards, sizes, staleness), whatever the backend."""
+    """Per-step figures of the data itself (rewards, sizes, staleness), whatever the backend.
+    `tokens` counts the tokens trained: the model's (Batch.n_tokens), an episode's environment
+    tokens not included (reward_stats.episode_metrics reports their share)."""
     stale = (version - b.versions).float()
     return {"reward_mean": float(b.rewards.mean()),
             "reward_std": float(b.rewards.std()) if len(b.rewards) > 1 else 0.0,

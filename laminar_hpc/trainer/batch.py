@@ -4,6 +4,13 @@ Sequence i is prompt + response; position t of the target tensors predicts token
 response tokens sit at target positions [len(prompt) - 1, len(prompt) - 1 + len(response)).
 Rows are grouped: group g holds rows [g * N, (g + 1) * N) for groups of N.
 
+`Batch.mask` is 1 on the tokens the loss is over: the model's own tokens. A multi-turn episode's
+response interleaves them with tokens the environment inserted (tool observations,
+`Trajectory.mask` 0): those are inputs the model reads but did not sample, so their mask is 0 like
+the prompt's, and everything downstream (loss, importance weights and sequence ratios, KL,
+aggregation constants, entropy, token counts) reads only the mask. Their behaviour log-prob (a
+0.0 placeholder) is set to 0 here whatever the rollout sent.
+
     b = build_batch(groups, pad_id, adv_norm="population-std", top_k=50, top_p=0.9, norm_tokens=256)
     for mb in minibatches(b, 4): ...                     # whole groups, advantages of the whole batch
 """
@@ -14,14 +21,14 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from laminar_hpc.trainer.loss import group_advantages
-from laminar_hpc.transport.protocol import Group
+from laminar_hpc.transport.protocol import Group, Trajectory
 
 
 @dataclass
 class Batch:
     inputs: torch.Tensor  # [B, T-1]
     targets: torch.Tensor  # [B, T-1]
-    mask: torch.Tensor  # [B, T-1] 1 on response tokens
+    mask: torch.Tensor  # [B, T-1] 1 on the model's response tokens (0: prompt, padding, environment tokens)
     behaviour_logp: torch.Tensor  # [B, T-1]
     advantages: torch.Tensor  # [B, 1]
     rewards: torch.Tensor  # [B]
@@ -36,6 +43,7 @@ class Batch:
 
     @property
     def n_tokens(self) -> int:
+        """Tokens trained: the model's response tokens (an episode's environment tokens excluded)."""
         return int(self.mask.sum())
 
     def rows(self, lo: int, hi: int, n_groups: int) -> "Batch":
@@ -65,8 +73,29 @@ def minibatches(b: Batch, parts: int) -> list[Batch]:
     return [b.rows(lo * size, hi * size, hi - lo) for lo, hi in group_bounds(b.n_groups, parts)]
 
 
+def loss_mask(t: Trajectory) -> list[int]:
+    """1 per response token the model generated, 0 per environment token (`Trajectory.mask`;
+    None: every token is the model's). A mask of the wrong length or with other values is refused:
+    it would silently train on what the environment wrote, or skip what the model did."""
+    if t.mask is None:
+        return [1] * len(t.tokens)
+    if len(t.mask) != len(t.tokens):
+        raise ValueError(f"trajectory {t.traj_id}: {len(t.tokens)} tokens but a mask of {len(t.mask)}")
+    if any(m not in (0, 1) for m in t.mask):
+        raise ValueError(f"trajectory {t.traj_id}: mask values must be 0 or 1")
+    return list(t.mask)
+
+
+def model_tokens(t: Trajectory) -> int:
+    """How many of the trajectory's response tokens the model generated (those trained on)."""
+    return len(t.tokens) if t.mask is None else sum(1 for m in t.mask if m)
+
+
 def build_batch(groups: list[Group], pad_id: int = 0, *, adv_norm: str = "population-std", top_k: int = 0,
                 top_p: float = 1.0, norm_tokens: int | None = None) -> Batch:
+    """Pad `groups` (all of one size) into a Batch; advantages per trajectory, from its reward
+    alone, normalised within its group (`loss.group_advantages`): an episode's mask changes
+    which of its tokens carry the advantage, never the advantage."""
     trajs = [t for g in groups for t in g.trajectories]
     rewards = [[float(t.reward) for t in g.trajectories] for g in groups]
     sizes = {len(r) for r in rewards}
@@ -85,8 +114,9 @@ def build_batch(groups: list[Group], pad_id: int = 0, *, adv_norm: str = "popula
         p, r = len(t.prompt), len(t.tokens)
         if len(t.logprobs) != r:
             raise ValueError(f"trajectory {t.traj_id}: {r} tokens but {len(t.logprobs)} log-probs")
-        mask[i, p - 1:p - 1 + r] = 1.0
-        blp[i, p - 1:p - 1 + r] = torch.tensor(t.logprobs, dtype=torch.float32)
+        m = torch.tensor(loss_mask(t), dtype=torch.float32)
+        mask[i, p - 1:p - 1 + r] = m
+        blp[i, p - 1:p - 1 + r] = torch.where(m > 0, torch.tensor(t.logprobs, dtype=torch.float32), 0.0)
     return Batch(full[:, :-1], full[:, 1:], mask, blp, adv,
                  torch.tensor([float(t.reward) for t in trajs]),
                  torch.tensor([t.version for t in trajs]), n_groups=len(groups), top_k=top_k, top_p=top_p,

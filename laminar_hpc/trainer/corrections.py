@@ -9,10 +9,13 @@ Sources and formulas: docs/corrections.md. Aggregation and the KL term live in t
     tok = prepare(logp, behaviour_logp, advantages, mask)
     terms = CORRECTIONS["aipo"](tok, rho=2.0, mask_low=0.5, clip_eps=None, prox_logp=None)
 
-Masked positions (prompt, padding) and tokens outside pi's support (log pi = -inf: outside the
-top-k / top-p set) are replaced by finite constants with `torch.where` before any arithmetic, so
-NaN or inf there can reach neither the loss nor the gradient (a product `x * 0` would: NaN * 0 is
-NaN, and so is its gradient).
+Masked positions (prompt, padding, and a multi-turn episode's environment tokens: mask 0, see
+trainer/batch.py) and tokens outside pi's support (log pi = -inf: outside the top-k / top-p set)
+are replaced by finite constants with `torch.where` before any arithmetic, so NaN or inf there
+can reach neither the loss nor the gradient (a product `x * 0` would: NaN * 0 is NaN, and so is
+its gradient). A sequence's ratio is the product over its mask-1 tokens only: an environment
+token was not sampled from mu (its log-prob is a placeholder), and one outside pi's support
+(likely: the model would rarely write a tool's output) must not zero its sequence.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ SAFE_LOG_RATIO = 20.0
 @dataclass
 class Tokens:
     """The loss inputs with every position that takes no part replaced by a finite constant."""
-    resp: torch.Tensor  # bool [B, T]: response tokens (the mask)
+    resp: torch.Tensor  # bool [B, T]: the model's response tokens (the mask; not environment tokens)
     valid: torch.Tensor  # bool [B, T]: response tokens inside pi's support
     lp: torch.Tensor  # log pi, 0 off `valid` (the gradient reaches logp through it)
     mu: torch.Tensor  # log mu, 0 off `valid`
@@ -43,7 +46,8 @@ class Tokens:
         return torch.where(self.valid, self.log_ratio.exp(), 0.0)
 
     def seq_log_ratio(self) -> torch.Tensor:
-        """[B, 1] log of the sequence's ratio prod_t pi/mu; -inf when a token is outside pi's support."""
+        """[B, 1] log of the sequence's ratio prod_t pi/mu over its mask-1 tokens; -inf when one of
+        them is outside pi's support (mask-0 positions count in neither)."""
         s = self.log_ratio.sum(-1, keepdim=True)
         return torch.where((self.resp & ~self.valid).any(-1, keepdim=True), float("-inf"), s)
 

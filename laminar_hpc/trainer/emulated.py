@@ -21,6 +21,7 @@ import torch
 from laminar_hpc.emulation.cost import Clock, CostModel
 from laminar_hpc.emulation.weights import EmulatedWeights
 from laminar_hpc.trainer.backend import ModuleBackend
+from laminar_hpc.trainer.batch import model_tokens
 from laminar_hpc.transport.protocol import Group
 
 
@@ -38,6 +39,8 @@ class EmulatedPolicy(torch.nn.Module):
 def emulated_train_step(policy: EmulatedPolicy, groups: list[Group], *, version: int, cost: CostModel,
                         clock: Clock) -> dict:
     trajs = [t for g in groups for t in g.trajectories]
+    # the forward pass reads every token (an episode's environment tokens too); the loss, and the
+    # `tokens` figure, count the model's only (as the torch backend's Batch.n_tokens)
     response = sum(len(t.tokens) for t in trajs)
     clock.spend(cost.train_s(response + sum(len(t.prompt) for t in trajs)))
     with torch.no_grad():
@@ -51,7 +54,7 @@ def emulated_train_step(policy: EmulatedPolicy, groups: list[Group], *, version:
     return {"loss": 0.0, "reward_mean": statistics.fmean(rewards),
             "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0, "lr": 0.0,
             "is_weight_mean": 1.0, "truncated_frac": 0.0, "clipped_frac": 0.0, "kl": 0.0, "grad_norm": 0.0,
-            "trajectories": len(trajs), "tokens": response,
+            "trajectories": len(trajs), "tokens": sum(model_tokens(t) for t in trajs),
             "staleness_mean": statistics.fmean(stale), "staleness_max": max(stale), "staleness_hist": hist,
             "emulation_behind_s": clock.behind_s}
 

@@ -6,7 +6,9 @@ trainer/corrections.py; their sources and formulas in docs/corrections.md. The l
     loss = sum_{b,t} coef[b,t] * (term[b,t] + kl_coef * k3[b,t])
 
 where `coef` (`agg_coef`) is the aggregation (`trainer.loss_agg`) and depends on the mask alone,
-so a batch cut into micro-batches (Megatron) or scored in pieces sums to the same loss.
+so a batch cut into micro-batches (Megatron) or scored in pieces sums to the same loss. The mask
+is 1 on the model's tokens only (trainer/batch.py): a multi-turn episode's environment tokens are
+in no term, no importance ratio, no normaliser and no diagnostic, like the prompt.
 
     adv = group_advantages(rewards, "population-std")          # [G, N]
     out = policy_loss(logp, mu, adv_per_row, mask, correction="aipo", rho=2.0)
@@ -46,7 +48,8 @@ def agg_coef(mask: torch.Tensor, agg: str = "token-mean", norm_tokens: int | Non
     """[B, T] coefficients c with loss = sum c * per-token loss (`trainer.loss_agg`):
     token-mean: 1 / (response tokens of the batch); seq-mean-token-mean: 1 / (tokens of the
     sequence * sequences); seq-mean-token-sum-norm (Dr. GRPO): 1 / (norm_tokens * sequences).
-    Sequences are the rows with a response token (padding rows count for nothing)."""
+    Sequences are the rows with a response token (padding rows count for nothing). "Tokens" are
+    the mask's: the model's tokens, an episode's environment tokens not counted."""
     m = (mask > 0).to(dtype or (mask.dtype if mask.is_floating_point() else torch.float32))
     if agg == "token-mean":
         return m / m.sum().clamp(min=1.0)
@@ -78,7 +81,8 @@ class LossOutput:
     is_ratio_max: torch.Tensor
 
     def metrics(self) -> dict[str, float]:
-        """Means over the response tokens (kl_mu_pi: over those inside pi's support), and the max ratio."""
+        """Means over the response tokens the model generated (kl_mu_pi: over those inside pi's
+        support; an episode's environment tokens, whose mu is a placeholder, in none), and the max ratio."""
         out = {k: float(self.sums[n]) / max(1.0, float(self.sums[d])) for k, (n, d) in _MEANS.items()}
         out["is_ratio_max"] = float(self.is_ratio_max)
         return out

@@ -133,7 +133,7 @@ class Trainer:
         task = build_task(cfg.task, cfg.seed)
         return run_warmup(model, task, self.tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
                           report=self._warmup_report, should_stop=lambda: bool(self.flags.get("stop")),
-                          reward=cfg.task.reward)
+                          reward=cfg.task.reward, env=cfg.env)
 
     def _warmup_report(self, r: dict) -> None:
         self.ctx.log.info("warm-up step %d loss %.3f greedy reward %.3f", r["step"], r["loss"], r["greedy_reward"])

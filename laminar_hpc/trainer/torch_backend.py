@@ -75,14 +75,15 @@ class TorchBackend(ModuleBackend):
             outs.append(out)
             entropy += ent
         # several mini-batches: the token-level figures are means over all the step's response
-        # tokens (loss.merge), loss and grad_norm the plain means over its mini-batches
+        # tokens (loss.merge), loss and grad_norm the plain means over its mini-batches. "Response
+        # tokens" are the mask's, here and in the entropy: the model's, not an episode's tool output
         m = merge(outs)
         m["entropy"] = entropy / max(1.0, float(b.mask.sum()))
         m["grad_norm"] = sum(norms) / len(norms)
         return m
 
     def _minibatch(self, mb: Batch, temperature: float, prox_logp: torch.Tensor | None) -> tuple[LossOutput, float]:
-        """The loss of one mini-batch and the sum of its response tokens' entropies."""
+        """The loss of one mini-batch and the sum of its (model-generated) response tokens' entropies."""
         cfg = self.cfg.trainer
         dev = cfg.device
         inputs, targets, mask = mb.inputs.to(dev), mb.targets.to(dev), mb.mask.to(dev)

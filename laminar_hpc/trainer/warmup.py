@@ -22,6 +22,7 @@ from laminar_hpc.model.llama import KVCache, Transformer, token_logprobs
 from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.tasks import encode_prompt, score_all
 from laminar_hpc.tasks.base import Response
+from laminar_hpc.trainer.warmup_episodes import demo_sequence, greedy_episodes
 
 WARMUP_OFFSET = 1 << 40  # problem indices used by warm-up: disjoint from RL's (which start at 0)
 EVAL_OFFSET = 1 << 41
@@ -73,12 +74,20 @@ def greedy_decode(model: Transformer, prompts: list[list[int]], eos_id: int, max
         filled = [f + 1 for f in filled]
 
 
-def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, reward) -> float:
+def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, reward, env=None) -> float:
     """Mean reward of greedy answers to `n` held-out problems, scored by `reward` (task.reward) in
-    a reward pool, as the rollouts score."""
+    a reward pool, as the rollouts score (`env`: a tool task's episodes, trainer/warmup_episodes.py)."""
     # a float32 CPU copy, as a rollout holds the published weights (whatever the trainer's device and dtype)
     policy = Transformer(model.args).requires_grad_(False)
     policy.load_state_dict(model.state_dict())
+    if env is not None and env.enabled:
+        def decode(prompts: list[list[int]], rooms: list[int]) -> list[list[int]]:
+            outs = greedy_decode(policy, prompts, tok.eos_id, max(rooms))
+            return [o[:r] for o, r in zip(outs, rooms)]
+        problems = [task.problem(EVAL_OFFSET + i) for i in range(n)]
+        rewards = greedy_episodes(policy, task, tok, problems, env, max_new_tokens=max_new_tokens, reward=reward,
+                                  decode=decode)
+        return sum(rewards) / max(1, len(rewards))
     # a row whose prompt leaves no room to answer is skipped, as admission refuses it in RL
     rows = [(p, encode_prompt(tok, p)) for p in (task.problem(EVAL_OFFSET + i) for i in range(n))]
     rows = [(p, x) for p, x in rows if fits(x, model.args.max_seq_len)]
@@ -96,7 +105,8 @@ def fits(prompt: list[int], max_seq_len: int) -> bool:
 
 
 def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: int,
-               report: Callable[[dict], None], should_stop: Callable[[], bool] = lambda: False, *, reward) -> dict:
+               report: Callable[[dict], None], should_stop: Callable[[], bool] = lambda: False, *, reward,
+               env=None) -> dict:
     """Returns {'steps', 'greedy_reward', 'seconds'}; `report` gets one dict per evaluation.
     Ends early (incomplete) when `should_stop()` turns true."""
     w = cfg
@@ -104,12 +114,20 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
     rng = random.Random(seed)
     t0 = time.monotonic()
     score, step = 0.0, 0
+    demos = env is not None and env.enabled and hasattr(task, "demonstration")
     for step in range(1, w.max_steps + 1):
         if should_stop():
             break
         probs = [task.problem(WARMUP_OFFSET + (step - 1) * w.batch_size + i) for i in range(w.batch_size)]
-        seqs, starts = [], []
+        seqs, starts, masks = [], [], []
         for p in probs:
+            if demos:  # a tool task: whole episodes, the model's turns learned (observations are context)
+                seq, m, p0 = demo_sequence(task, tok, p, noise=w.label_noise, rng=rng, max_len=model.args.max_seq_len)
+                if p0 < model.args.max_seq_len:
+                    seqs.append(seq)
+                    starts.append(p0)
+                    masks.append(m)
+                continue
             prompt = encode_prompt(tok, p)
             answer = tok.encode(noisy(p.answer, w.label_noise, rng))[: max_new_tokens - 1]
             if not fits(prompt, model.args.max_seq_len):
@@ -123,14 +141,17 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
         mask = torch.zeros(len(seqs), width - 1)
         for i, (s, p0) in enumerate(zip(seqs, starts)):
             x[i, :len(s)] = torch.tensor(s)
-            mask[i, p0 - 1:len(s) - 1] = 1.0
+            if masks:  # target position t predicts token t+1
+                mask[i, :len(s) - 1] = torch.tensor(masks[i][1:], dtype=mask.dtype)
+            else:
+                mask[i, p0 - 1:len(s) - 1] = 1.0
         logp = token_logprobs(model(x[:, :-1]), x[:, 1:])
         loss = -(logp * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if step % w.eval_every == 0 or step == w.max_steps:
-            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward)
+            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward, env)
             report({"step": step, "loss": loss.item(), "greedy_reward": score,
                     "seconds": time.monotonic() - t0})
             if score >= w.target_greedy_reward:

@@ -62,6 +62,12 @@ class Trajectory(_Item):
     # why the reward is 0 by rule, not by the answer (tasks/rewards.py reason codes: "timeout", ...)
     reward_error: str | None = None
     eval_round: int | None = None  # evaluation work (controller/evaluation.py): never in the ledger
+    # multi-turn episodes (tasks/episode.py): 1 per token the model generated, 0 per token the
+    # environment inserted (tool observations); None: every token is the model's. The trainer's
+    # loss, importance weights, KL and advantages count mask-1 tokens only.
+    mask: list[int] | None = None
+    tool_calls: int = 0  # tool calls the episode made (each counted once, even when re-run after a move)
+    tool_errors: int = 0  # of which returned an error or timed out (the model saw it as its observation)
 
 
 class WorkItem(_Item):
@@ -76,6 +82,9 @@ class WorkItem(_Item):
     version: int | None = None
     eval_round: int | None = None  # evaluation work: `problem` indexes the validation split
     greedy: bool | None = None  # decode greedily (evaluation), not at rollout.temperature
+    mask: list[int] | None = None  # a resumed episode's loss mask over `tokens` (Trajectory.mask)
+    tool_calls: int = 0  # a resumed episode's tool calls so far
+    tool_errors: int = 0
 
 
 class StreamItem(_Item):
@@ -86,6 +95,9 @@ class StreamItem(_Item):
     logprobs: list[float]
     version: int
     offset: int | None = None
+    mask: list[int] | None = None  # episodes: this chunk's loss mask (None: all the model's)
+    tool_calls: int | None = None  # episodes: the counts so far, so a resume elsewhere keeps them
+    tool_errors: int | None = None
 
 
 class Group(_Item):

@@ -1,8 +1,9 @@
 """The Megatron engine's policy loss under issue 16's settings against the torch computation on the
 CPU (gloo, TP2 in 2 processes, tests/megatron_shim.py): a correction other than AIPO (decoupled
 PPO), Dr. GRPO's constant-normaliser aggregation (coefficients of the whole batch across
-micro-batches), pi under top-k / top-p (vocab shards gathered) and the off-policy health metrics.
-The model, batch and comparisons are test_megatron.py's."""
+micro-batches), pi under top-k / top-p (vocab shards gathered) and the off-policy health metrics,
+on multi-turn episodes: the mask has holes (environment tokens, behaviour log-prob 0.0) inside
+the responses. The model, batch and comparisons are test_megatron.py's."""
 from __future__ import annotations
 
 import os
@@ -32,6 +33,12 @@ def setup():
         lp = processed_logprobs(model(b1.inputs), b1.targets, temperature=TEMP, top_k=TOP_K, top_p=TOP_P)
     noise = 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(5))
     b1.behaviour_logp = torch.where(torch.isfinite(lp), lp + noise, b1.behaviour_logp) * b1.mask
+    # episodes: every third response token of each row, from its second, was the environment's
+    # (what build_batch makes of Trajectory.mask: mask 0, behaviour log-prob 0)
+    for i in range(b1.mask.shape[0]):
+        pos = (b1.mask[i] > 0).nonzero().flatten()
+        b1.mask[i, pos[1::3]] = 0.0
+    b1.behaviour_logp = b1.behaviour_logp * b1.mask
     return args, tcfg, model, b1
 
 
@@ -84,6 +91,8 @@ def test_megatron_decoupled_top_k_dr_grpo_matches_torch(tmp_path):
     want = out.metrics()
     assert 0 < want["masked_frac"] < 1 and want["is_ratio_max"] > 1  # the case exercises the correction
     assert float(torch.isinf(logp[b.mask > 0]).sum()) > 0  # and tokens outside the top-k / top-p set
+    on = b.mask > 0
+    assert bool(((on[:, 1:] & ~on[:, :-1]).sum(-1) > 1).all())  # every response has environment holes
     assert abs(m["loss"] - out.loss.item()) < 1e-5
     assert abs(m["grad_norm"] - norm) / norm < 1e-4
     for k, v in want.items():

@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"rundir"},
     "transport": {"config", "rundir"},
     "model": {"config", "rundir", "transport"},
-    "emulation": {"config", "transport"},
+    "emulation": {"config", "tasks", "transport"},
     "metrics": {"config", "rundir", "transport"},
     "analysis": {"config", "metrics", "rundir"},
     "launch": {"config", "metrics", "policy", "rundir", "transport"},

@@ -7,7 +7,9 @@ each data-parallel rank trains on its share of the rows, in micro-batches of
 `trainer.loss.policy_loss` (the correction `trainer.correction`, aggregation `trainer.loss_agg`)
 on per-token log-probabilities under the rollout's processed distribution (temperature, top-k,
 top-p: the batch carries them), each token weighted by the aggregation coefficients of the whole
-batch (`loss.agg_coef`), so TP/PP/DP and micro-batching change nothing but rounding. One
+batch (`loss.agg_coef`), so TP/PP/DP and micro-batching change nothing but rounding. The batch's
+mask is 1 on the model's tokens only (trainer/batch.py): a multi-turn episode's environment tokens
+are padded, split and weighted like the prompt, in the loss, the coefficients and the entropy. One
 optimizer step per batch: `trainer.minibatches` > 1 is refused at the start (and with it
 decoupled's proximal policy is the policy that scores the batch, as in the torch backend).
 

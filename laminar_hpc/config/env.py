@@ -1,0 +1,64 @@
+"""The `env:` section: multi-turn episodes with tool calls (tasks/episode.py, rollout/episodes.py).
+Imports neither torch, mpi4py nor vLLM; re-exported by `laminar_hpc.config.schema`.
+
+    env:
+      tools: {calc: calculator, run: python, search: "my_tools.py:search"}
+      max_turns: 4                 # model turns per episode
+      tool_timeout_s: 10           # per call; a call past it is the observation "timed out"
+      python: {cpu_s: 2, mem_mb: 256, wall_s: 5}
+
+`tools` maps the name the model calls to a built-in (calculator, python) or to user code
+(`package.module:function`, `path/to/file.py:function`; plain or async, returns text). With
+`environment: "module:Class"` (a `tasks.episode.Environment`) the episode is the user's own.
+No `tools` and no `environment`: single-turn trajectories, as before.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from laminar_hpc.config.section import PosFloat, PosInt, Section
+
+BUILTIN_TOOLS = ("calculator", "python")
+
+
+class SandboxCfg(Section):
+    """Limits of the built-in `python` tool (tasks/sandbox.py): a subprocess without network."""
+    cpu_s: PosFloat = 2.0
+    mem_mb: PosInt = 256
+    wall_s: PosFloat = 5.0
+
+
+class EnvCfg(Section):
+    environment: str | None = None  # "module:Class" or "file.py:Class"; None: tools only
+    tools: dict[str, str] = Field(default_factory=dict)
+    args: dict[str, Any] = Field(default_factory=dict)  # given to the environment (EnvContext.args)
+    # the tool-call format: hermes (`<tool_call>{json}</tool_call>`), or "module:Class" with the
+    # methods of tasks.episode.HermesFormat (stopped, turn_calls, observation_text)
+    format: str = "hermes"
+    max_turns: PosInt = 4  # model turns per episode: the last one's calls are not run
+    max_tool_calls: PosInt = 8  # per episode, over all its turns
+    tool_timeout_s: PosFloat = 10.0
+    max_concurrent: PosInt = 64  # tool calls running at once on one rollout
+    # episodes a rollout holds beyond its decode batch (while tools run they leave the batch,
+    # and these fill it); None: as many as rollout.max_batch
+    extra_episodes: int | None = Field(default=None, ge=0)
+    observation_max_chars: PosInt = 1000  # a longer tool result is cut, with a marker
+    python: SandboxCfg = Field(default_factory=SandboxCfg)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tools) or self.environment is not None
+
+    @model_validator(mode="after")
+    def _specs(self) -> "EnvCfg":
+        for name, spec in self.tools.items():
+            if not name or not spec or (":" not in spec and spec not in BUILTIN_TOOLS):
+                raise ValueError(f"tools.{name}: {spec!r} is neither a built-in tool ({', '.join(BUILTIN_TOOLS)}) "
+                                 "nor 'package.module:function' / 'path/to/file.py:function'")
+        if self.format != "hermes" and ":" not in self.format:
+            raise ValueError(f"format {self.format!r}: write hermes, or 'package.module:Class' / 'path/to/file.py:Class'")
+        if self.environment is not None and ":" not in self.environment:
+            raise ValueError(f"environment {self.environment!r}: write 'package.module:Class' or 'path/to/file.py:Class'")
+        return self

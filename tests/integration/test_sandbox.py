@@ -1,0 +1,262 @@
+"""The Python sandbox (tasks/sandbox.py) with real child processes: no network, the limits end
+runaway code with the right outcome, output is bounded, nothing of the caller leaks in, nothing
+of the child is left behind (processes, descriptors, its directory), and cancellation is safe."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+
+import pytest
+
+from laminar_hpc.tasks import sandbox
+from laminar_hpc.tasks.sandbox import SandboxLimits, run_python, run_python_sync
+
+FAST = SandboxLimits(cpu_s=1, wall_s=3)
+ISOLATIONS = ("netns+audit", "audit")
+
+
+def _children() -> set[int]:
+    """Pids whose parent is this process (zombies included: they count as left behind)."""
+    kids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # the name in (...) may hold spaces
+        except OSError:
+            continue  # exited while we looked
+        if int(fields[1]) == os.getpid():
+            kids.add(int(entry))
+    return kids
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(tmp_path, monkeypatch):
+    """Every test: the sandboxes' directories go under tmp_path/sandboxes (so the test sees them
+    removed), and afterwards no child process and no extra descriptor remains."""
+    base = tmp_path / "sandboxes"
+    base.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    kids, fds = _children(), set(os.listdir("/proc/self/fd"))
+    yield base
+    assert _children() - kids == set(), "a sandbox child process was left behind"
+    assert set(os.listdir("/proc/self/fd")) - fds == set(), "a descriptor was left open"
+    assert list(base.iterdir()) == [], "a sandbox directory was left behind"
+
+
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")  # a zombie still has its /proc entry
+
+
+def test_a_plain_run():
+    r = run_python_sync("print(sum(range(10)))\nimport sys\nprint('to stderr', file=sys.stderr)", FAST)
+    assert (r.text, r.outcome, r.exit_code) == ("45\nto stderr\n", "ok", 0)
+    assert r.isolation in ISOLATIONS
+
+
+def test_the_standard_library_works_without_site_packages():
+    code = ("import dataclasses, fractions, json, math, re, statistics, threading\n"
+            "@dataclasses.dataclass\nclass P:\n    x: int\n"
+            "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+            "print(P(2), fractions.Fraction(1, 3), statistics.mean([1, 2]), json.dumps({'a': math.pi}))")
+    r = run_python_sync(code, FAST)
+    assert r.outcome == "ok", r.text
+    assert r.text == "thread\nP(x=2) 1/3 1.5 {\"a\": 3.141592653589793}\n"
+    r = run_python_sync("import numpy", FAST)
+    assert r.outcome == "error" and "ModuleNotFoundError" in r.text  # -S: no site-packages
+
+
+def test_no_network_connection_reaches_a_listener_of_the_caller():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = ("import socket\n"
+                "try:\n"
+                f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                "    print('connected')\n"
+                "except OSError as e:\n"
+                "    print('refused:', e)\n")
+        r = run_python_sync(code, FAST)
+        assert r.outcome == "ok" and "connected" not in r.text
+        assert r.text.startswith("refused: sandbox: network access is disabled"), r.text
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # no connection ever arrived
+
+
+def test_the_network_namespace_has_no_way_out():
+    r = run_python_sync("import os\nprint(os.readlink('/proc/self/ns/net'))\nprint(open('/proc/self/net/dev').read())",
+                        FAST)
+    assert r.outcome == "ok", r.text
+    if r.isolation != "netns+audit":
+        pytest.skip("no network namespace on this machine (neither root nor user namespaces)")
+    assert r.text.splitlines()[0] != os.readlink("/proc/self/ns/net")
+    interfaces = [line.split(":")[0].strip() for line in r.text.splitlines()[3:] if ":" in line]
+    assert interfaces == ["lo"]  # and that one is down: nothing to route through
+
+
+@pytest.mark.parametrize("methods,isolation", [(("userns",), "netns+audit"), ((), "audit")])
+def test_each_isolation_path(monkeypatch, methods, isolation):
+    """The user-namespace way (the one unprivileged callers get) and no namespace at all: the
+    hook still refuses sockets, and files can still be written in the working directory."""
+    monkeypatch.setattr(sandbox, "_NETNS_METHODS", methods)
+    code = ("import socket, os\nopen('f.txt', 'w').write('x')\nprint(os.listdir('.'))\n"
+            "try:\n    socket.socket()\nexcept PermissionError as e:\n    print(e)\n")
+    r = run_python_sync(code, FAST)
+    if isolation == "netns+audit" and r.isolation == "audit":
+        pytest.skip("user namespaces are not available here")
+    assert (r.outcome, r.isolation) == ("ok", isolation), r.text
+    assert r.text == "['f.txt']\nsandbox: network access is disabled in the sandbox (socket.__new__)\n"
+
+
+def test_a_runaway_loop_ends_at_the_cpu_limit_and_the_child_is_gone():
+    limits = SandboxLimits(cpu_s=1, wall_s=30)  # the wall limit far away: the CPU limit must end it
+    r = run_python_sync("import os\nprint(os.getpid())\nwhile True:\n    pass", limits)
+    assert r.outcome == "cpu_limit", r.text
+    assert r.exit_code in (-24, -9)  # SIGXCPU, or SIGKILL at the hard limit
+    assert r.text.endswith("[sandbox: CPU time limit of 1s reached; the process was killed]")
+    assert _gone(int(r.text.split()[0]))
+
+
+def test_a_sleeping_child_ends_at_the_wall_limit_and_its_group_is_killed():
+    r = run_python_sync("import os, time\nprint(os.getpid())\ntime.sleep(60)", SandboxLimits(cpu_s=1, wall_s=2))
+    assert (r.outcome, r.exit_code) == ("timeout", -9), r.text
+    assert r.text.endswith("[sandbox: wall-clock limit of 2s reached; the process was killed]")
+    assert _gone(int(r.text.split()[0]))
+
+
+@pytest.mark.parametrize("code", ["x = bytearray(10**10)",
+                                  "x = []\nwhile True:\n    x.append(bytearray(10**6))"])
+def test_a_memory_bomb_ends_with_memory_and_the_caller_is_fine(code):
+    r = run_python_sync(code, SandboxLimits(cpu_s=2, mem_mb=128, wall_s=10))
+    assert (r.outcome, r.exit_code) == ("memory", sandbox._MEMORY_EXIT), r.text
+    assert "MemoryError" in r.text and r.text.endswith("[sandbox: memory limit of 128 MiB reached]")
+    assert run_python_sync("print('still fine')", FAST).text == "still fine\n"
+
+
+def test_a_megabyte_of_output_is_truncated_to_the_limit_keeping_head_and_tail():
+    r = run_python_sync("print('a' * 500_000 + 'b' * 500_000)", FAST)
+    assert r.outcome == "ok" and len(r.text) <= 2000
+    head, marker, tail = r.text.partition("\n... [output truncated: ")
+    assert marker and head == "a" * len(head) and len(head) > 900
+    omitted, _, tail = tail.partition(" chars omitted] ...\n")
+    assert tail == "b" * (len(tail) - 1) + "\n" and len(tail) > 900
+    assert len(head) + int(omitted) + len(tail) == 1_000_001  # everything accounted for
+    r = run_python_sync("for i in range(20000):\n    print(i)", SandboxLimits(cpu_s=2, wall_s=10, max_output_chars=300))
+    assert r.text.startswith("0\n1\n2\n") and r.text.endswith("19998\n19999\n") and len(r.text) <= 300
+
+
+def test_errors_show_the_users_traceback_only():
+    r = run_python_sync("def f(:\n    pass", FAST)
+    assert (r.outcome, r.exit_code) == ("error", 1)
+    assert 'File "main.py", line 1' in r.text and "SyntaxError: invalid syntax" in r.text
+    r = run_python_sync("def f():\n    return 1 / 0\n\nf()", FAST)
+    assert r.outcome == "error" and r.text.endswith("ZeroDivisionError: division by zero\n")
+    assert "return 1 / 0" in r.text and "sandbox.py" not in r.text  # the source line, not our frames
+    r = run_python_sync("import sys\nprint('partial')\nsys.exit(3)", FAST)
+    assert (r.outcome, r.exit_code) == ("error", 3)
+    assert r.text == "partial\n[sandbox: the process exited with code 3]"
+
+
+def test_processes_ctypes_and_limit_changes_are_refused():
+    attempts = ["import subprocess", "import os; os.system('true')", "import os; os.fork()",
+                "import os; os.execv('/bin/true', ['true'])", "import os; os.posix_spawn('/bin/true', ['true'], {})",
+                "import os, signal; os.kill(1, signal.SIGTERM)", "import ctypes; ctypes.CDLL(None)",
+                "import resource; resource.setrlimit(resource.RLIMIT_CPU, (100, 100))", "import _posixsubprocess",
+                "import gc; gc.get_objects()", "import os; os.symlink('/etc', 'etc')"]
+    code = "results = []\n"
+    for attempt in attempts:
+        code += f"try:\n    {attempt}\n    print('ALLOWED', {attempt!r})\nexcept PermissionError as e:\n    print(e)\n"
+    r = run_python_sync(code, FAST)
+    assert r.outcome == "ok" and "ALLOWED" not in r.text, r.text
+    lines = r.text.splitlines()
+    assert len(lines) == len(attempts) and all(line.startswith("sandbox: ") for line in lines), r.text
+    assert "starting processes is not allowed (os.fork)" in lines[2]
+
+
+def test_the_callers_environment_is_not_visible(monkeypatch):
+    monkeypatch.setenv("LAMINAR_TEST_SECRET", "s3cret-token-123")
+    r = run_python_sync("import os\nprint(sorted(os.environ))\nprint(os.environ.get('LAMINAR_TEST_SECRET'))", FAST)
+    names, value = r.text.splitlines()
+    assert value == "None" and "s3cret" not in r.text
+    assert set(eval(names)) <= {"PATH", "HOME", "TMPDIR", "LC_CTYPE"}  # noqa: S307 - our own printed list
+
+
+def test_writes_stay_in_the_working_directory_which_is_removed(tmp_path, nothing_left_behind):
+    outside = tmp_path / "outside.txt"
+    keep = tmp_path / "keep.txt"
+    keep.write_text("mine")
+    code = ("import os, tempfile\n"
+            "print(os.getcwd())\n"
+            "open('inside.txt', 'w').write('ok')\n"
+            "os.mkdir('sub'); open('sub/deeper.txt', 'w').write('ok'); os.chmod('sub', 0)\n"
+            "fd, name = tempfile.mkstemp(); os.close(fd); print(os.path.dirname(name) == os.getcwd())\n"
+            f"for attempt in (lambda: open({str(outside)!r}, 'w'), lambda: os.remove({str(keep)!r}),\n"
+            "                lambda: open('../escape.txt', 'a'), lambda: os.rename('inside.txt', '/tmp/x'),\n"
+            f"                lambda: os.open('dirfd.txt', os.O_WRONLY | os.O_CREAT, dir_fd=os.open({str(tmp_path)!r}, 0))):\n"
+            "    try:\n        attempt()\n        print('ALLOWED')\n"
+            "    except PermissionError as e:\n        print(e)\n")
+    r = run_python_sync(code, FAST)
+    assert r.outcome == "ok", r.text
+    lines = r.text.splitlines()
+    workdir = lines[0]
+    assert os.path.dirname(workdir) == str(nothing_left_behind) and lines[1] == "True"
+    assert all(line.startswith("sandbox: writing outside the working directory") for line in lines[2:6]), r.text
+    assert lines[6:] == ["sandbox: os.open for writing needs an absolute path"]  # its dir_fd is not audited
+    assert not os.path.exists(workdir)  # removed, the unreadable folder included
+    assert not outside.exists() and keep.read_text() == "mine" and not (tmp_path / "dirfd.txt").exists()
+    assert not (nothing_left_behind / "escape.txt").exists()
+
+
+def test_several_sandboxes_at_once():
+    async def main():
+        codes = [f"print({i} * 1000 + sum(range(1000)))" for i in range(4)]
+        return await asyncio.gather(*(run_python(c, FAST) for c in codes))
+    results = asyncio.run(main())
+    assert [r.outcome for r in results] == ["ok"] * 4
+    assert [r.text for r in results] == [f"{i * 1000 + 499500}\n" for i in range(4)]
+
+
+def test_cancellation_kills_and_reaps_the_child_and_removes_its_directory(nothing_left_behind):
+    before = _children()
+
+    async def main() -> set[int]:
+        task = asyncio.create_task(run_python("import time\ntime.sleep(60)", SandboxLimits(wall_s=30)))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while not (_children() - before and list(nothing_left_behind.iterdir())):
+            assert loop.time() < deadline, "the sandbox never started"
+            assert not task.done(), task
+            await asyncio.sleep(0.01)  # polling for the child to exist, bounded by the deadline
+        started = _children() - before
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return started
+
+    started = asyncio.run(main())
+    assert started and all(_gone(pid) for pid in started)
+    assert list(nothing_left_behind.iterdir()) == []
+
+
+def test_a_callers_timeout_around_run_python_leaves_nothing():
+    async def main():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(run_python("while True:\n    pass", SandboxLimits(cpu_s=30, wall_s=30)), 0.5)
+    asyncio.run(main())  # the fixture checks: no child, no descriptor, no directory
+
+
+def test_limits_are_validated_and_sync_refuses_a_running_loop():
+    with pytest.raises(ValueError):
+        SandboxLimits(mem_mb=8)
+    with pytest.raises(ValueError):
+        SandboxLimits(wall_s=0)
+
+    async def inside():
+        with pytest.raises(RuntimeError, match="await run_python"):
+            run_python_sync("print(1)")
+    asyncio.run(inside())

@@ -1,0 +1,128 @@
+"""Multi-turn episodes on a rollout, in-process, on the torch engine with a random model: a turn
+that calls a tool leaves the decode batch while the others keep decoding, comes back with its
+observation (loss mask 0, log-prob 0) prefilled, and a moved episode takes its pending call
+with it. The format (tests/data/episode_tools.py) makes every token a turn that calls `echo`."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import close_rollout, role_context, work_item
+
+from laminar_hpc.rollout.main import Rollout
+from laminar_hpc.transport.protocol import Assign, Finished, Migrate, Migrated, Stream
+
+TOOLS = Path(__file__).resolve().parents[1] / "data" / "episode_tools.py"
+OVERRIDES = (f"env.format={TOOLS}:EveryToken", f"env.environment={TOOLS}:Gated", f"env.tools.echo={TOOLS}:echo",
+             "env.max_turns=3", "rollout.max_new_tokens=100", "model.max_seq_len=128", "rollout.verify_checksum=false")
+
+
+def _module(r: Rollout):
+    """The tools file as the rollout loaded it (its own module name): the gate is there."""
+    gated = r.episodes.env_cls.__mro__[1]  # env.tools are added in a subclass of env.environment
+    assert gated.__name__ == "Gated"
+    return sys.modules[gated.__module__]
+
+
+@pytest.fixture
+def make(tmp_path):
+    made = []
+
+    def build(rank: int = 0) -> Rollout:
+        from test_rollout_handlers import publish
+        r = Rollout(role_context("rollout", rank, tmp_path / f"r{rank}", config="configs/tiny.yaml",
+                                 overrides=OVERRIDES), relay=0)
+        made.append(r)
+        publish(r, 0)
+        r.wait_first_version({}, r.beat)
+        return r
+
+    yield build
+    for r in made:
+        _module(r).OPEN.set()
+        close_rollout(r)
+    from test_rollout_handlers import _relay_stores
+    for r in made:
+        store = _relay_stores.pop(r.weights.path, None)
+        if store is not None:
+            store.close()
+
+
+def step_until(r: Rollout, done, timeout_s: float = 30.0) -> None:
+    """Run the rollout loop's parts (tool results in, admission, one decode step, streaming,
+    scored results out) until `done()`."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "the episodes did not get there in time"
+        r.episode_returns()
+        r.admit(draining=False)
+        if r.engine.num_active():
+            r.handle(r.step())
+        r.flush_streams()
+        r.send_scored()
+        time.sleep(0.001)  # polling the tool loop and the reward pool
+
+
+def finished(r: Rollout) -> dict:
+    return {m.trajectory.traj_id: m.trajectory for m in r.ctx.ctrl.of(Finished)}
+
+
+def test_a_waiting_episode_leaves_the_batch_and_the_others_finish_with_their_masks(make):
+    r = make()
+    gate = _module(r)
+    gate.GATED.clear()
+    gate.GATED.add("0.0")
+    gate.OPEN.clear()
+    r.ctx.ctrl.inbox.append(Assign(work=[work_item(0, prompt=(5, 6, 7)), work_item(1, prompt=(5, 6, 7))]))
+    r._drain_control()
+    step_until(r, lambda: "0.1" in finished(r))
+    # 0.1 ran its three turns while 0.0 waited for its tool outside the engine
+    assert "0.0" not in finished(r) and r.episodes.out_of_engine() == 1 and r.engine.num_active() == 0
+    t = finished(r)["0.1"]
+    obs = [r.tok.encode("<tool_response>r1</tool_response>")] * 2
+    assert t.tool_calls == 2 and t.tool_errors == 0
+    assert t.mask == [1] + [0] * len(obs[0]) + [1] + [0] * len(obs[1]) + [1]
+    assert t.tokens[1:1 + len(obs[0])] == obs[0] and t.tokens[2 + len(obs[0]):2 + 2 * len(obs[0])] == obs[1]
+    assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.mask) if m == 0)
+    assert all(lp < 0.0 for lp, m in zip(t.logprobs, t.mask) if m == 1)
+    # the stream carried the same tokens and mask chunk by chunk (what the partial pool resumes from)
+    toks, mask = [], []
+    for msg in r.ctx.ctrl.of(Stream):
+        for it in msg.items:
+            if it.traj_id == "0.1":
+                assert it.offset == len(toks)
+                toks += it.tokens
+                mask += it.mask if it.mask is not None else [1] * len(it.tokens)
+    assert toks == t.tokens[:len(toks)] and mask == t.mask[:len(toks)]
+    gate.OPEN.set()
+    step_until(r, lambda: "0.0" in finished(r))
+    assert finished(r)["0.0"].tool_calls == 2 and r.episodes.out_of_engine() == 0
+
+
+def test_an_episode_moved_while_its_tool_runs_takes_the_pending_call_along(make):
+    src, dest = make(0), make(1)
+    gate = _module(src)
+    gate.GATED.clear()
+    gate.GATED.add("0.0")
+    gate.OPEN.clear()
+    src.ctx.ctrl.inbox.append(Assign(work=[work_item(0, prompt=(5, 6, 7))]))
+    src._drain_control()
+    step_until(src, lambda: src.episodes.out_of_engine() == 1)
+    src.ctx.ctrl.inbox.append(Migrate(traj_ids=["0.0"], dest=1))
+    src._drain_control()
+    (moved,) = src.ctx.ctrl.of(Migrated)[-1].trajectories
+    assert moved.traj_id == "0.0" and len(moved.tokens) == 1 and src.episodes.out_of_engine() == 0
+    assert moved.mask is None and moved.tool_calls == 0  # one model token: its call has no observation yet
+    gate.GATED.clear()
+    w = work_item(0, prompt=(5, 6, 7), tokens=moved.tokens, logprobs=moved.logprobs, version=0,
+                  mask=moved.mask, tool_calls=moved.tool_calls)
+    dest.ctx.ctrl.inbox.append(Assign(work=[w]))
+    dest._drain_control()
+    step_until(dest, lambda: "0.0" in finished(dest))
+    t = finished(dest)["0.0"]
+    assert t.tokens[0] == moved.tokens[0] and t.tool_calls == 2 and t.mask.count(1) == 3  # the call ran again there
+    from laminar_hpc.metrics.trace import role_events
+    dest.ctx.tracer.flush()
+    assert [e["calls"] for e in role_events(dest.ctx.run_dir, "rollout-1") if e["ev"] == "tool_rerun"] == [1]
