@@ -319,7 +319,9 @@ class Rollout(EngineErrors):
         """A sequence ended: its slot is free at once; its reward is computed beside the decode
         loop (`send_scored` sends it when it is back). An episode's turn that made tool calls
         goes to its tools instead (`episodes.turn_ended`)."""
-        kind = kind or ("eos" if req.tokens and req.tokens[-1] == self.tok.eos_id else "length")
+        # a turn the engine ended at its call (an emulated TOOL token) ended as an EOS would
+        kind = kind or ("eos" if req.tokens and (req.tokens[-1] == self.tok.eos_id or (
+            self.episodes.enabled and self.episodes.fmt.stopped(self.tok, req.tokens[-16:]))) else "length")
         if self.episodes.enabled and not turn_over and self.episodes.turn_ended(req, kind):
             return
         try:  # a row the task cannot produce fails that trajectory only

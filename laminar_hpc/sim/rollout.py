@@ -19,8 +19,8 @@ engine, gets its observation appended and re-enters (before new work) with a pre
 prompt + all its tokens, as the emulated engine charges a re-added sequence; it keeps its
 version. The replica holds up to max_batch + env.extra_episodes episodes (its credit; None: as
 many extra as max_batch) and counts those waiting for tools as in flight: it does not load a
-version while they wait. Only sequences in the engine are reported to repack and can be moved;
-a dead replica's waiting episodes continue elsewhere with their call pending (it runs again).
+version while they wait. As in `rollout/main.py`, repack sees and moves them too (a moved or a
+dead replica's episode whose call had not come back runs that call again where it resumes).
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ class SimRollout:
                 case Resume(version=version):
                     self.resume = max(self.resume, version)
                 case Migrate(traj_ids=traj_ids, dest=dest):
-                    reqs = self._abort(traj_ids)
+                    reqs = self._abort(traj_ids) + self._take_held(traj_ids)
                     if reqs:
                         self.ctl.migrated(self.rank, dest, reqs)
                         self.credit += len(reqs)
@@ -312,12 +312,23 @@ class SimRollout:
         for tid in ids:
             t = act.pop(tid, None)
             if t is None:
-                continue  # finished meanwhile (or waiting for a tool: only the engine's sequences move)
+                continue  # finished meanwhile (or out of the engine: `_take_held`)
             t.tokens = t.bound - (t.entry[0] - S)
             t.entry = None
             self.kv -= self.prompt + t.tokens
             out.append(t)
         return out
+
+    def _take_held(self, ids) -> list[Traj]:
+        """Episodes out of the engine leaving with a repack move: waiting for a tool (the call is
+        cancelled: it runs again where they go) or back from one."""
+        if not (self.tools or self.back):
+            return []
+        wanted = set(ids)
+        moved = [t for t in self.back if t.tid in wanted]
+        if moved:
+            self.back = deque(t for t in self.back if t.tid not in wanted)
+        return [self.tools.pop(tid) for tid in ids if tid in self.tools] + moved
 
     def _end_idle(self, t: float) -> None:
         """Idle time that ended with new weights counts as waiting for them (rollout/main.py)."""
@@ -331,10 +342,10 @@ class SimRollout:
         self.last_state = t
         if self.kv > self.kv_peak:
             self.kv_peak = self.kv
-        waiting = (self._pinned() if self.draining else len(self.queue)) + len(self.back) + len(self.tools)
+        waiting = self._pinned() if self.draining else len(self.queue)
+        ids = tuple(self.act) if not (self.tools or self.back) else (*self.act, *self.tools, *(t.tid for t in self.back))
         # ReplicaState's fields (the manager builds the states when it plans a round)
-        self.replica_states[self.rank] = (self.rank, self.version, waiting, len(self.act), self.kv, self.kv_peak,
-                                          tuple(self.act))
+        self.replica_states[self.rank] = (self.rank, self.version, waiting, len(self.act), self.kv, self.kv_peak, ids)
         return True
 
     # -- weights ----------------------------------------------------------------------------

@@ -126,3 +126,34 @@ def test_an_episode_moved_while_its_tool_runs_takes_the_pending_call_along(make)
     from laminar_hpc.metrics.trace import role_events
     dest.ctx.tracer.flush()
     assert [e["calls"] for e in role_events(dest.ctx.run_dir, "rollout-1") if e["ev"] == "tool_rerun"] == [1]
+
+
+def test_emulated_episodes_make_the_calls_of_their_plan(tmp_path):
+    """The emulated engine ends a tool turn with its TOOL token (not an EOS): the rollout runs
+    the call, so each episode finishes with exactly its plan's calls and tokens."""
+    from test_rollout_handlers import _relay_stores, publish
+
+    from laminar_hpc.emulation.episodes import episode_plan
+    over = ("emulation.lengths.median=null", "emulation.lengths.p99_over_median=null",
+            "emulation.lengths.mixture.agent.weight=1", "emulation.lengths.mixture.agent.median=40",
+            "emulation.lengths.mixture.agent.p99_over_median=1.5", "emulation.lengths.mixture.agent.tools.calls=[2,3]",
+            "emulation.lengths.mixture.agent.tools.latency.median_s=0.01",
+            "emulation.lengths.mixture.agent.tools.latency.p99_s=0.02",
+            "emulation.lengths.mixture.agent.tools.observation.median=8",
+            "emulation.lengths.mixture.agent.tools.observation.p99_over_median=1.5", "env.max_turns=8")
+    r = Rollout(role_context("rollout", 0, tmp_path, overrides=over), relay=0)
+    try:
+        publish(r, 0)
+        r.wait_first_version({}, r.beat)
+        r.ctx.ctrl.inbox.append(Assign(work=[work_item(i) for i in range(4)]))
+        r._drain_control()
+        step_until(r, lambda: len(finished(r)) == 4)
+        for t in finished(r).values():
+            plan = episode_plan(r.ctx.cfg.emulation, seed=r.ctx.cfg.seed, traj_id=t.traj_id, cap=512)
+            assert t.tool_calls == len(plan.latencies_s) >= 2 and t.finish == "eos"
+            assert t.mask is not None and t.mask.count(0) == sum(plan.observations)
+    finally:
+        close_rollout(r)
+        store = _relay_stores.pop(r.weights.path, None)
+        if store is not None:
+            store.close()

@@ -350,6 +350,27 @@ def test_simulated_episodes_are_conserved_and_wait_their_plans_latencies(mode):
     assert res["tool_wait_per_call_s"] > 0
 
 
+def test_repack_moves_episodes_waiting_for_tools_and_their_calls_run_again(monkeypatch):
+    """As rollout/main.py: repack sees the episodes out of the engine and may move them; one whose
+    call had not come back has it pending and runs it again at its destination."""
+    from laminar_hpc.sim import rollout as sim_rollout
+    moved = []
+    take = sim_rollout.SimRollout._take_held
+
+    def spy(self, ids):
+        out = take(self, ids)
+        moved.extend((t, t.pending_call) for t in out)
+        return out
+    monkeypatch.setattr(sim_rollout.SimRollout, "_take_held", spy)
+    sim, admitted, finished = _simulate(steps=6)
+    assert any(pending for _, pending in moved) and sim.ctl.rm.repack_stats["moves"] > 0
+    done = {t.tid for t in finished}
+    assert done | set(sim.pool.partials) == {t.tid for t in admitted} and len(done) == len(finished)
+    assert all(t.tokens == t.plan.total and t.turn == t.plan.calls for t in finished)
+    assert measure(sim, 1)["tool_wait_s_total"] == pytest.approx(
+        sum(sum(t.plan.latencies_s[:t.turn]) for t in admitted), rel=1e-9)
+
+
 def test_simulated_episodes_survive_rollout_failures():
     spec = ClusterSpec(failures=FailureSpec(rollout_mtbf_s=120.0, rollout_recovery_s=10.0))
     sim, admitted, finished = _simulate(spec=spec, steps=5)
