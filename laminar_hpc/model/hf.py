@@ -229,6 +229,18 @@ class HFTokenizer:
         """`messages` in the checkpoint's own chat template, up to where the assistant's answer starts."""
         return hf_chat_prompt(self.hf, messages, self.source)
 
+    def chat_render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """Any conversation (tool messages included) as the template writes it: multi-turn
+        episodes find the text of a tool turn from it (tasks/episode.py: chat_tool_turn)."""
+        if not getattr(self.hf, "chat_template", None):
+            raise ValueError(f"{self.source}: the tokenizer has no chat template to render tool messages with")
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    @property
+    def eos_text(self) -> str:
+        """The end-of-sequence token as the template writes it (e.g. '<|im_end|>')."""
+        return str(self.hf.convert_ids_to_tokens(self.eos_id))
+
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
 

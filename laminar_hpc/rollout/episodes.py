@@ -62,6 +62,7 @@ class Episodes:
         self.parked: dict[str, SeqRequest] = {}
         self.returned: list[SeqRequest] = []
         self.finished_early: list[SeqRequest] = []  # no room for the observation: the episode ends
+        self.failed: list[tuple[SeqRequest, str]] = []  # the environment's code raised for these
         self.runner: ToolRunner | None = None
         if parts is not None:
             self.fmt, self.env_cls, self.args = parts
@@ -141,7 +142,11 @@ class Episodes:
             if req is None or ep is None:
                 continue
             eos = bool(req.tokens) and req.tokens[-1] == self.tok.eos_id
-            obs = observation_ids(self.fmt, self.tok, [r for r, _, _ in results], ended_with_eos=eos)
+            try:
+                obs = observation_ids(self.fmt, self.tok, [r for r, _, _ in results], ended_with_eos=eos)
+            except Exception as err:  # noqa: BLE001 - a format or template that cannot render: this episode fails
+                self.failed.append((req, f"environment: observation: {type(err).__name__}: {err}"))
+                continue
             for res, t_start, latency in results:
                 ep.tool_calls += 1
                 ep.tool_errors += res.outcome != "ok"
@@ -162,6 +167,10 @@ class Episodes:
         if done:
             self._trace_waiting()
         return back
+
+    def take_failed(self) -> list[tuple[SeqRequest, str]]:
+        out, self.failed = self.failed, []
+        return out
 
     def take_finished_early(self) -> list[SeqRequest]:
         out, self.finished_early = self.finished_early, []

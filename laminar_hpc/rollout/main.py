@@ -58,8 +58,8 @@ class Rollout(EngineErrors):
         self.scoring = Scoring(cfg, self.task, self.tok, ctx.tracer, ctx.log)
         # multi-turn episodes (tool calls beside the decode loop); an episode waiting for its
         # tools leaves the batch, so a rollout holds `capacity` trajectories for `max_batch` slots
-        self.episodes = Episodes(cfg, self.tok, ctx.tracer,
-                                 max_len=cfg.model.max_seq_len if cfg.rollout.backend == "torch" else None)
+        max_len = cfg.model.max_seq_len if cfg.rollout.backend == "torch" else getattr(self.engine, "max_model_len", None)
+        self.episodes = Episodes(cfg, self.tok, ctx.tracer, max_len=max_len)
         extra = cfg.env.extra_episodes if cfg.env.extra_episodes is not None else self.engine.max_batch
         self.capacity = self.engine.max_batch + (extra if self.episodes.enabled else 0)
         self.eval_ids: set[str] = set()  # evaluation work running here (not streamed, not repacked)
@@ -285,7 +285,12 @@ class Rollout(EngineErrors):
         except Exception as err:  # noqa: BLE001 - the task's code, any error
             self.fail(req, f"its problem cannot be read: {type(err).__name__}: {err}")
             return True
-        return self.episodes.start(self.running[w.traj_id], req, problem, w.mask, w.tool_calls, w.tool_errors)
+        try:
+            return self.episodes.start(self.running[w.traj_id], req, problem, w.mask, w.tool_calls, w.tool_errors)
+        except Exception as err:  # noqa: BLE001 - the user's environment or format: fails this episode only
+            self.episodes.forget(w.traj_id)
+            self.fail(req, f"environment: {type(err).__name__}: {err}")
+            return True
 
     def episode_returns(self) -> None:
         """Tool results back: the observation tokens join the stream (mask 0); an episode with no
@@ -297,6 +302,8 @@ class Rollout(EngineErrors):
                 lps.extend([0.0] * len(obs))
         for req in self.episodes.take_finished_early():
             self.finish(req, "length", turn_over=True)
+        for req, why in self.episodes.take_failed():
+            self.fail(req, why)
 
     def handle(self, outs: list[StepOutput]) -> None:
         for o in outs:
@@ -322,8 +329,13 @@ class Rollout(EngineErrors):
         # a turn the engine ended at its call (an emulated TOOL token) ended as an EOS would
         kind = kind or ("eos" if req.tokens and (req.tokens[-1] == self.tok.eos_id or (
             self.episodes.enabled and self.episodes.fmt.stopped(self.tok, req.tokens[-16:]))) else "length")
-        if self.episodes.enabled and not turn_over and self.episodes.turn_ended(req, kind):
-            return
+        if self.episodes.enabled and not turn_over:
+            try:
+                if self.episodes.turn_ended(req, kind):
+                    return
+            except Exception as err:  # noqa: BLE001 - the user's environment or format: fails this episode only
+                self.fail(req, f"environment: {type(err).__name__}: {err}")
+                return
         try:  # a row the task cannot produce fails that trajectory only
             self.scoring.problem(self.running[req.traj_id])
         except Exception as err:  # noqa: BLE001 - the task's code, any error
@@ -448,7 +460,7 @@ class Rollout(EngineErrors):
                 self.flush_streams()
                 if self.idle_since is None:
                     self.idle_since = time.monotonic()
-                if not self.queue:  # idle: wait for work (or rewards, or tools) without spinning
+                if not self.queue or out_of_engine:  # idle: wait for work (or rewards, or tools) without spinning
                     polling = self.scoring.waiting or out_of_engine
                     msg = self.ctx.ctrl.recv(timeout_s=0.005 if polling else 0.02)
                     if msg is not None:

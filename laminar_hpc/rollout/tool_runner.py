@@ -77,8 +77,30 @@ class ToolRunner:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _turn(self, traj_id: str, env: Environment, calls: list[ToolCall]) -> None:
-        results = await asyncio.gather(*(self._one(env, c) for c in calls))
+        results = await asyncio.gather(*(self._safe(env, c) for c in calls))
         self._done.put((traj_id, list(results)))
+
+    @staticmethod
+    async def _guarded(env: Environment, call: ToolCall):
+        """`env.call`, with SystemExit and KeyboardInterrupt turned into errors inside its task:
+        asyncio re-raises those out of the event loop, which would end the tool thread."""
+        try:
+            return await env.call(call)
+        except (asyncio.CancelledError, Exception):
+            raise
+        except BaseException as err:  # noqa: BLE001 - user code calling sys.exit()
+            raise RuntimeError(f"{type(err).__name__}: {err}") from None
+
+    async def _safe(self, env: Environment, call: ToolCall) -> tuple[ToolResult, float, float]:
+        """`_one`, whatever escapes it (a tool's SystemExit, a result whose text is not text)
+        becoming an error observation: a turn's result always comes back."""
+        t_start = time.time()
+        try:
+            return await self._one(env, call)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:  # noqa: BLE001 - user code: SystemExit, KeyboardInterrupt included
+            return ToolResult(f"error: {call.name}: {type(err).__name__}: {err}", "error", name=call.name), t_start, 0.0
 
     async def _one(self, env: Environment, call: ToolCall) -> tuple[ToolResult, float, float]:
         t_start, t0 = time.time(), time.monotonic()
@@ -86,7 +108,7 @@ class ToolRunner:
             return ToolResult(call.error, "error", name=call.name or "?"), t_start, 0.0
         async with self._sem:
             try:
-                out = await asyncio.wait_for(env.call(call), self.timeout_s)
+                out = await asyncio.wait_for(self._guarded(env, call), self.timeout_s)
                 res = out if isinstance(out, ToolResult) else ToolResult(str(out), "ok")
             except asyncio.TimeoutError:
                 res = ToolResult(f"error: {call.name} timed out after {self.timeout_s:g}s", "timeout")
@@ -97,6 +119,7 @@ class ToolRunner:
                 why = str(err) if type(err).__name__ == "ToolError" else f"{type(err).__name__}: {err}"
                 res = ToolResult(f"error: {why}", "error")
         res.name = res.name or call.name
+        res.text = res.text if isinstance(res.text, str) else str(res.text)
         if res.token_ids is None and len(res.text) > self.max_chars:
             res.text = res.text[:self.max_chars] + f"... [truncated {len(res.text) - self.max_chars} chars]"
         return res, t_start, time.monotonic() - t0

@@ -112,8 +112,10 @@ async def in_daemon_thread(fn: Callable[..., Any], **kwargs: Any) -> Any:
     def run() -> None:
         try:
             value, err = fn(**kwargs), None
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting call
+        except Exception as e:  # noqa: BLE001 - handed to the awaiting call
             value, err = None, e
+        except BaseException as e:  # noqa: BLE001 - sys.exit() in a tool: an error, never the loop's end
+            value, err = None, RuntimeError(f"{type(e).__name__}: {e}")
         try:
             loop.call_soon_threadsafe(settle, value, err)
         except RuntimeError:  # the loop closed meanwhile

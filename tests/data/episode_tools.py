@@ -37,3 +37,15 @@ class Gated(Environment):
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, OPEN.wait, 30)
         return await super().call(call)
+
+
+class Broken(Environment):
+    """User code that raises: in the constructor for trajectories '*.1', in `done` for the others."""
+
+    def __init__(self, problem, ctx):
+        if ctx.traj_id.endswith(".1"):
+            raise ValueError("no such row")
+        super().__init__(problem, ctx)
+
+    def done(self, turn_text, calls):
+        raise KeyError("done")

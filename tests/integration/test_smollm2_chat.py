@@ -56,3 +56,16 @@ def test_the_config_leaves_room_for_every_answer(tok):
     src = build_task(cfg.task, cfg.seed)
     longest = max(len(encode_prompt(tok, src.problem(i))) for i in range(500))
     assert longest + cfg.rollout.max_new_tokens <= cfg.model.max_seq_len, longest
+
+
+def test_a_tool_observation_continues_the_conversation_as_smollm2s_template_writes_it(tok):
+    from laminar_hpc.tasks.episode import HermesFormat, ToolResult, observation_ids
+    user = [{"role": "user", "content": "What is 12*34?"}]
+    call = '<tool_call>{"name":"calc","arguments":{"x":"12*34"}}</tool_call>'
+    # what the model wrote: its call and its end-of-turn token; then the observation the rollout appends
+    model = tok.encode(call) + [tok.eos_id]
+    obs = observation_ids(HermesFormat(), tok, [ToolResult("408")], ended_with_eos=True)
+    episode = tok.encode(tok.chat_prompt(user)) + model + obs
+    reference = _reference_ids(tok, user + [{"role": "assistant", "content": call}, {"role": "tool", "content": "408"}])
+    assert episode == reference
+    assert tok.eos_text == "<|im_end|>"

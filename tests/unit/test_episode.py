@@ -108,7 +108,20 @@ class Slow(Environment):
     def hang():
         threading.Event().wait(30)
 
-    tools = {"wait": wait, "fast": fast, "boom": boom, "hang": hang}
+    @staticmethod
+    def leave():
+        raise SystemExit(3)
+
+    @staticmethod
+    async def leave_async():
+        raise SystemExit(4)
+
+    @staticmethod
+    def not_text():
+        return ToolResult(12345)
+
+    tools = {"wait": wait, "fast": fast, "boom": boom, "hang": hang, "leave": leave, "leave_async": leave_async,
+             "not_text": not_text}
 
 
 def _collect(runner, n, timeout_s=10.0):
@@ -142,6 +155,14 @@ def test_the_runner_runs_episodes_concurrently_and_every_failure_becomes_an_obse
         runner.submit("hung", env, [ToolCall("hang", {})])
         (res, _, latency), = _collect(runner, 1)["hung"]
         assert res.outcome == "timeout" and "timed out after 0.5s" in res.text and latency >= 0.5
+        # user code that calls sys.exit() or returns no text: error observations, and the loop lives on
+        runner.submit("exits", env, [ToolCall("leave"), ToolCall("leave_async"), ToolCall("not_text")])
+        exits = _collect(runner, 1)["exits"]
+        assert [(r.outcome, r.text) for r, _, _ in exits] == [
+            ("error", "error: RuntimeError: SystemExit: 3"), ("error", "error: RuntimeError: SystemExit: 4"),
+            ("ok", "12345")]
+        runner.submit("after", env, [ToolCall("fast", {"x": 5})])
+        assert _collect(runner, 1)["after"][0][0].text == "fast 5"
         runner.submit("gone", env, [ToolCall("fast", {"x": 3})])
         assert runner.cancel("gone") and runner.pending() == 0
         assert not [t for t, _ in runner.finished() if t == "gone"]  # a cancelled episode never comes back

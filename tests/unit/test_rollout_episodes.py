@@ -157,3 +157,24 @@ def test_emulated_episodes_make_the_calls_of_their_plan(tmp_path):
         store = _relay_stores.pop(r.weights.path, None)
         if store is not None:
             store.close()
+
+
+def test_an_environment_that_raises_fails_its_episode_and_the_rollout_goes_on(tmp_path):
+    from test_rollout_handlers import _relay_stores, publish
+    over = tuple(o.replace(":Gated", ":Broken") for o in OVERRIDES)
+    r = Rollout(role_context("rollout", 0, tmp_path, config="configs/tiny.yaml", overrides=over), relay=0)
+    try:
+        publish(r, 0)
+        r.wait_first_version({}, r.beat)
+        r.ctx.ctrl.inbox.append(Assign(work=[work_item(0, prompt=(5, 6, 7)), work_item(1, prompt=(5, 6, 7))]))
+        r._drain_control()
+        step_until(r, lambda: len(finished(r)) == 2)
+        got = {t: f.finish for t, f in finished(r).items()}
+        assert got == {"0.1": "error: environment: ValueError: no such row",
+                       "0.0": "error: environment: KeyError: 'done'"}
+        assert not r.episodes.state and not r.running and r.errors == 2
+    finally:
+        close_rollout(r)
+        store = _relay_stores.pop(r.weights.path, None)
+        if store is not None:
+            store.close()
