@@ -93,6 +93,9 @@ class WarmupCfg(Section):
     lr: PosFloat = 3e-3
     label_noise: Prob = 0.3
     target_greedy_reward: Prob = 0.8
+    # steps before the target may end it: a skill that appears at once (copying: greedy 0 -> 1 in a
+    # few steps) still needs steps to make sampled answers mostly right
+    min_steps: NonNegInt = 0
     eval_every: PosInt = 10
     eval_size: PosInt = 128
 

@@ -153,17 +153,19 @@ class SyntheticTaskCfg(Section):
 
 class ToolCalcTaskCfg(Section):
     """Multiplication a small model cannot do alone, so it must call the calculator
-    (tasks/toolcalc.py): 'mul:4821*93=' -> a `calc` tool call -> its result as the answer.
+    (tasks/toolcalc.py): 'mul:4821*9307=' -> a `calc` tool call -> its result as the answer.
+    Operands are drawn from [min_operand, max_operand]; the default keeps every operand at 4
+    digits and every product at 8, so a small model copies at fixed offsets.
     Needs `env.tools: {calc: calculator}`."""
     type: Literal["tool_calc"] = "tool_calc"
-    min_digits: PosInt = 2  # of each operand
-    max_digits: PosInt = 4
+    min_operand: PosInt = 3163  # 3163**2 > 10**7: with 4-digit operands every product has 8 digits
+    max_operand: PosInt = 9999
     reward: RewardCfg = _reward("exact")
 
     @model_validator(mode="after")
-    def _digits(self) -> "ToolCalcTaskCfg":
-        if self.max_digits < self.min_digits:
-            raise ValueError(f"max_digits={self.max_digits} must be >= min_digits={self.min_digits}")
+    def _operands(self) -> "ToolCalcTaskCfg":
+        if self.max_operand < self.min_operand:
+            raise ValueError(f"max_operand={self.max_operand} must be >= min_operand={self.min_operand}")
         return self
 
 

@@ -71,6 +71,7 @@ def evaluate(cfg, model, tok, *, samples: int, pass_k: int, label: str) -> dict:
     from laminar_hpc.rollout.engine import TorchEngine
     from laminar_hpc.tasks import build_task, encode_prompt, score_all, validation_problems
     from laminar_hpc.tasks.base import Response
+    from laminar_hpc.tasks.rewards import RewardOutcome
     t0 = time.monotonic()
     torch.set_num_threads(cfg.rollout.torch_threads)
     problems = validation_problems(build_task(cfg.task, cfg.seed), cfg)
@@ -82,11 +83,21 @@ def evaluate(cfg, model, tok, *, samples: int, pass_k: int, label: str) -> dict:
                          seed=cfg.seed, device=cfg.rollout.device)
     engine.model.load_state_dict(model.state_dict())
     engine.version = 0
-    prompts = [encode_prompt(tok, p) for p in problems for _ in range(samples)]
-    outs = generate(engine, prompts, cfg.rollout.max_new_tokens, greedy=samples == 1)
-    outcomes = score_all(cfg.task.reward, [
-        (problems[i // samples], Response(tok.decode([t for t in toks if t != tok.eos_id]), tuple(toks), finish))
-        for i, (toks, finish) in enumerate(outs)])
+    if cfg.env.enabled:  # a tool task: whole episodes, the calls run between turns (tasks/episode_play.py)
+        from laminar_hpc.tasks.episode_play import play_episodes
+
+        def decode(prefixes: list[list[int]], rooms: list[int]) -> list[list[int]]:
+            return [toks[:r] for (toks, _), r in zip(generate(engine, prefixes, max(rooms), greedy=samples == 1), rooms)]
+        scores = play_episodes(tok, [p for p in problems for _ in range(samples)], cfg.env,
+                               max_new_tokens=cfg.rollout.max_new_tokens, max_len=cfg.model.max_seq_len,
+                               reward=cfg.task.reward, decode=decode)
+        outcomes = [RewardOutcome(reward=x) for x in scores]
+    else:
+        prompts = [encode_prompt(tok, p) for p in problems for _ in range(samples)]
+        outs = generate(engine, prompts, cfg.rollout.max_new_tokens, greedy=samples == 1)
+        outcomes = score_all(cfg.task.reward, [
+            (problems[i // samples], Response(tok.decode([t for t in toks if t != tok.eos_id]), tuple(toks), finish))
+            for i, (toks, finish) in enumerate(outs)])
     rewards: dict[int, list[float]] = {}
     failed: dict[str, int] = {}
     for i, o in enumerate(outcomes):

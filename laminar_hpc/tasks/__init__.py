@@ -21,7 +21,7 @@ def build_task(cfg, seed: int) -> TaskSource:
                           instruction=cfg.instruction, system_prompt=cfg.system_prompt, chat=cfg.chat_template)
     if cfg.type == "tool_calc":
         from laminar_hpc.tasks.toolcalc import ToolCalcTasks
-        return ToolCalcTasks(seed, cfg.min_digits, cfg.max_digits)
+        return ToolCalcTasks(seed, cfg.min_operand, cfg.max_operand)
     from laminar_hpc.tasks.dataset import DatasetTasks
     return DatasetTasks.from_config(cfg, seed)
 

@@ -192,8 +192,9 @@ def observation_ids(fmt, tok, results: list[ToolResult], *, ended_with_eos: bool
     if all(r.token_ids is not None for r in results):
         return [t for r in results for t in r.token_ids]
     chat = getattr(tok, "chat_render", None)
-    if chat is None:
-        return tok.encode(fmt.observation_text(results))
+    if chat is None:  # the turn ends with the end-of-turn token, written by the model or here (mask 0):
+        # a turn stopped at its call reads the same as one that ended itself, as in the warm-up's demonstrations
+        return ([] if ended_with_eos else [tok.eos_id]) + tok.encode(fmt.observation_text(results))
     return tok.encode(chat_tool_turn(chat, results, eos_text=tok.eos_text if ended_with_eos else ""))
 
 

@@ -1,14 +1,17 @@
-"""A task a small model cannot solve without a tool: multiply two numbers of 2 to 4 digits.
+"""A task a small model cannot solve without a tool: multiply two 4-digit numbers.
 
-The model reads `mul:4821*93=`, calls the calculator in the Hermes format, reads the result and
-writes it as its answer (reward `exact`). A 0.5M-parameter model cannot multiply, but it can
-learn to copy the operands into the call and the observation into the answer: the supervised
-warm-up (trainer/warmup.py) teaches that format from `demonstration`, and RL makes it reliable.
+The model reads `mul:4821*9307=`, calls the calculator in the Hermes format, reads the result
+and writes it as its answer (reward `exact`). A 0.5M-parameter model cannot multiply, but it
+can learn to copy the operands into the call and the observation into the answer: the
+supervised warm-up (trainer/warmup.py) teaches that from `demonstration`, and RL makes it
+reliable. Operands default to [3163, 9999], so every operand has 4 digits and every product 8:
+each copy is at a fixed distance, which a 2-layer model learns (with 2-4 digit operands the
+distance varies and it did not learn to copy within the warm-up: session note of issue 18).
 
-    src = ToolCalcTasks(seed=0, min_digits=2, max_digits=4)
-    p = src.problem(7)                     # Problem(7, "mul:4821*93=", "448353")
-    demonstration(p)   # [(True, '<tool_call>{"name":"calc","arguments":{"x":"4821*93"}}</tool_call>'),
-                       #  (False, '<tool_response>448353</tool_response>'), (True, '448353')]
+    src = ToolCalcTasks(seed=0)
+    p = src.problem(7)                     # Problem(7, "mul:4821*9307=", "44869047")
+    demonstration(p)   # [(True, '<tool_call>{"name":"calc","arguments":{"x":"4821*9307"}}</tool_call>'),
+                       #  (False, '<tool_response>44869047</tool_response>'), (True, '44869047')]
 """
 from __future__ import annotations
 
@@ -22,17 +25,16 @@ TOOL = "calc"
 
 
 class ToolCalcTasks:
-    def __init__(self, seed: int, min_digits: int = 2, max_digits: int = 4):
-        self.name = f"tool_calc:{min_digits}-{max_digits}"
-        self.seed, self.min_digits, self.max_digits = seed, min_digits, max_digits
+    def __init__(self, seed: int, min_operand: int = 3163, max_operand: int = 9999):
+        self.name = f"tool_calc:{min_operand}-{max_operand}"
+        self.seed, self.lo, self.hi = seed, min_operand, max_operand
 
     def __len__(self) -> int:
         return sys.maxsize
 
     def problem(self, index: int) -> Problem:
         rng = random.Random(f"toolcalc:{self.seed}:{index}")
-        a, b = (rng.randint(10 ** (n - 1), 10 ** n - 1)
-                for n in (rng.randint(self.min_digits, self.max_digits) for _ in range(2)))
+        a, b = rng.randint(self.lo, self.hi), rng.randint(self.lo, self.hi)
         return Problem(index, f"mul:{a}*{b}=", str(a * b), fields={"expression": f"{a}*{b}"})
 
     def demonstration(self, problem: Problem) -> list[tuple[bool, str]]:

@@ -154,6 +154,6 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
             score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward, env)
             report({"step": step, "loss": loss.item(), "greedy_reward": score,
                     "seconds": time.monotonic() - t0})
-            if score >= w.target_greedy_reward:
+            if score >= w.target_greedy_reward and step >= w.min_steps:
                 break
     return {"steps": step, "greedy_reward": score, "seconds": time.monotonic() - t0}

@@ -62,6 +62,10 @@ def test_segments_turns_and_pending_calls_come_from_tokens_and_mask_alone():
 def test_observation_without_a_chat_template_is_the_format_text_and_emulated_tokens_pass_through():
     ids = observation_ids(FMT, TOK, [ToolResult("6"), ToolResult("x", "error")], ended_with_eos=True)
     assert TOK.decode(ids) == "<tool_response>6</tool_response><tool_response>x</tool_response>"
+    assert TOK.eos_id not in ids
+    # a turn stopped at its call gets the end-of-turn token the model did not write: the same context
+    stopped = observation_ids(FMT, TOK, [ToolResult("6"), ToolResult("x", "error")], ended_with_eos=False)
+    assert stopped == [TOK.eos_id] + ids
     assert observation_ids(FMT, TOK, [ToolResult("", token_ids=[7, 8]), ToolResult("", token_ids=[9])],
                            ended_with_eos=False) == [7, 8, 9]
 

@@ -12,6 +12,7 @@ import pytest
 from helpers import close_rollout, role_context, work_item
 
 from laminar_hpc.rollout.main import Rollout
+from laminar_hpc.tasks.episode import segments
 from laminar_hpc.transport.protocol import Assign, Finished, Migrate, Migrated, Stream
 
 TOOLS = Path(__file__).resolve().parents[1] / "data" / "episode_tools.py"
@@ -81,10 +82,16 @@ def test_a_waiting_episode_leaves_the_batch_and_the_others_finish_with_their_mas
     # 0.1 ran its three turns while 0.0 waited for its tool outside the engine
     assert "0.0" not in finished(r) and r.episodes.out_of_engine() == 1 and r.engine.num_active() == 0
     t = finished(r)["0.1"]
-    obs = [r.tok.encode("<tool_response>r1</tool_response>")] * 2
     assert t.tool_calls == 2 and t.tool_errors == 0
-    assert t.mask == [1] + [0] * len(obs[0]) + [1] + [0] * len(obs[1]) + [1]
-    assert t.tokens[1:1 + len(obs[0])] == obs[0] and t.tokens[2 + len(obs[0]):2 + 2 * len(obs[0])] == obs[1]
+    # turn, observation, turn, observation, turn; an observation after a turn stopped at its call
+    # starts with the end-of-turn token the model did not write
+    segs = segments(len(t.tokens), t.mask)
+    assert [mine for mine, _, _ in segs] == [True, False, True, False, True]
+    assert [b - a for mine, a, b in segs if mine] == [1, 1, 1]
+    text = r.tok.encode("<tool_response>r1</tool_response>")
+    for _, a, b in (s for s in segs if not s[0]):
+        eos = [] if t.tokens[a - 1] == r.tok.eos_id else [r.tok.eos_id]
+        assert t.tokens[a:b] == eos + text
     assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.mask) if m == 0)
     assert all(lp < 0.0 for lp, m in zip(t.logprobs, t.mask) if m == 1)
     # the stream carried the same tokens and mask chunk by chunk (what the partial pool resumes from)
