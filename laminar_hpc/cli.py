@@ -92,6 +92,15 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
             "mean_staleness", "max_staleness", "actor_stall_s_mean", "wall_s")
     print("summary: " + " ".join(f"{k}={summary[k]:.3f}" if isinstance(summary[k], float) else f"{k}={summary[k]}"
                                  for k in keys))
+    for name in ("eval_first", "eval_last"):
+        ev = summary.get(name)
+        if isinstance(ev, dict):
+            print(f"{name}: reward={ev.get('reward', 0.0):.3f} at version {ev.get('version')} (step {ev.get('step')})")
+    if summary.get("tool_calls"):  # a tool task: its calls per episode and their latency
+        lat = summary.get("tool_latency_s") or {}
+        print(f"tools: calls={summary['tool_calls']} per_episode={summary.get('tool_calls_per_episode', 0.0):.2f} "
+              f"latency_p50={lat.get('p50', 0.0):.4f}s p99={lat.get('p99', 0.0):.4f}s "
+              f"outcomes={summary.get('tool_outcomes')}")
     print(f"run directory: {run_dir}")
 
 
