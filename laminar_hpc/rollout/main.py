@@ -37,6 +37,7 @@ from laminar_hpc.rollout.base import SeqRequest, StepOutput
 from laminar_hpc.rollout.episodes import Episodes
 from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineErrors  # noqa: F401 - re-exported
 from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
+from laminar_hpc.rollout.partial_updates import PartialRolloutUpdates
 from laminar_hpc.rollout.scoring import Scoring
 from laminar_hpc.tasks import build_task
 from laminar_hpc.transport.channel import WaitTimeout
@@ -46,7 +47,7 @@ from laminar_hpc.transport.protocol import (
 )
 
 
-class Rollout(EngineErrors):
+class Rollout(EngineErrors, PartialRolloutUpdates):
     def __init__(self, ctx: RoleContext, relay: int):
         self.ctx = ctx
         cfg = ctx.cfg
@@ -177,65 +178,6 @@ class Rollout(EngineErrors):
             self.credit_to_return += len(reqs)
         self.ctx.tracer.emit("migrated_out", dest=dest, trajectories=len(reqs), asked=len(traj_ids),
                              traj_ids=[r.traj_id for r in reqs])
-
-    def global_update(self, newest: int) -> bool:
-        """partial-rollout (as AReaL): a publish pauses every replica. Each stops its sequences,
-        loads the new version and waits until ALL replicas have it (the controller's `resume`),
-        then continues the same sequences with the new weights (re-prefilled; their first
-        version stays their `version`). Returns True while this replica is paused."""
-        if self.target_version > self.engine.version:
-            if self.paused is None:
-                self.paused = self.engine.abort(self.engine.active_ids())
-                self.flush_streams()
-                self.ctx.tracer.emit("interrupted", trajectories=len(self.paused), version=self.engine.version)
-                self.pause_t0, self.pause_wait0 = time.monotonic(), self.weight_wait_s
-            if self.ctx.cfg.partial_rollout.update_path != "relay":
-                self.load_sent_version(self.target_version)
-            elif newest >= self.target_version:
-                self.pull()
-            return True
-        if self.paused is not None:
-            if self.resume_version < self.engine.version:
-                return True  # loaded; the others are still loading
-            self.weight_wait_s = self.pause_wait0 + time.monotonic() - self.pause_t0  # the whole pause, load included
-            reqs, self.paused = self.paused, None
-            self.add(reqs)
-        return False
-
-    def load_sent_version(self, version: int) -> None:
-        """partial-rollout over AReaL's update path: load `version` (or a newer one, sent by a
-        restarted trainer) from the file the trainer sent (`Trainer.send_version`), once it is
-        there, not from the relay store. An emulated engine also spends its share of the modelled
-        transfer (`PartialRolloutCfg`): receiving the broadcast, or reading with every replica at once."""
-        cfg = self.ctx.cfg
-        pr, files = cfg.partial_rollout, self.ctx.rundir.weights_files()
-        ready = [v for v in files if v >= version]
-        if not ready:
-            return  # not sent yet: the loop asks again
-        v = max(ready)
-        t0 = time.monotonic()
-        buf = bytearray(self.layout.nbytes)
-        try:
-            with open(files[v], "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                n = f.readinto(buf)
-        except FileNotFoundError:
-            return  # replaced by a newer version meanwhile: the loop finds that one
-        if size != self.layout.nbytes or n != size:
-            raise RuntimeError(f"{files[v]}: {size} bytes, the weight layout has {self.layout.nbytes} "
-                               "(trainer and rollout model configs disagree)")
-        clock = getattr(self.engine, "clock", None)
-        if clock is not None:
-            nominal = cfg.emulation.nominal_weight_gb * 1e9
-            clock.spend(pr.broadcast_s(nominal, cfg.rollout.count) if pr.update_path == "broadcast"
-                        else pr.filesystem_read_s(nominal, cfg.rollout.count))
-        old = self.engine.version
-        self.engine.load_weights(v, memoryview(buf), self.layout, checksum=False)
-        self.engine.version = v
-        dt = time.monotonic() - t0
-        self.weight_wait_s += dt
-        self.ctx.tracer.emit("weights_pulled", version=v, previous=old, pull_s=dt, relay=-1, path=pr.update_path)
-        self.ctx.ctrl.send(WeightsLoaded(version=v, pull_s=dt))
 
     # -- generation -----------------------------------------------------------------------
     def _pinned(self) -> int:

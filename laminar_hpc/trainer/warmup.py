@@ -22,14 +22,10 @@ from laminar_hpc.model.llama import KVCache, Transformer, token_logprobs
 from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.tasks import encode_prompt, score_all
 from laminar_hpc.tasks.base import Response
-from laminar_hpc.trainer.warmup_episodes import demo_sequence, greedy_episodes
+from laminar_hpc.trainer.warmup_episodes import demo_sequence, greedy_episodes, noisy_digits
 
 WARMUP_OFFSET = 1 << 40  # problem indices used by warm-up: disjoint from RL's (which start at 0)
 EVAL_OFFSET = 1 << 41
-
-
-def noisy(answer: str, p: float, rng: random.Random) -> str:
-    return "".join(rng.choice("0123456789") if c.isdigit() and rng.random() < p else c for c in answer)
 
 
 @torch.inference_mode()
@@ -129,7 +125,7 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
                     masks.append(m)
                 continue
             prompt = encode_prompt(tok, p)
-            answer = tok.encode(noisy(p.answer, w.label_noise, rng))[: max_new_tokens - 1]
+            answer = tok.encode(noisy_digits(p.answer, w.label_noise, rng))[: max_new_tokens - 1]
             if not fits(prompt, model.args.max_seq_len):
                 continue  # a row too long for the model: skipped (RL's admission refuses it too)
             seqs.append((prompt + answer + [tok.eos_id])[: model.args.max_seq_len])
