@@ -75,9 +75,13 @@ def check_task(cfg, source: str) -> None:
 
 
 def _check_resume(cfg, run_dir: Path) -> None:
-    """Pre-flight of a resume: a model that differs from the checkpoint's fails here, in one
-    line, before any process starts or anything in the run directory is rewritten."""
+    """Pre-flight of a resume: a model that differs from the checkpoint's, or checkpoints whose
+    controller log is gone, fail here in one line, before any process starts or anything in the
+    run directory is rewritten."""
     from laminar_hpc.launch.prepare import check_resume_model
+    from laminar_hpc.rundir import RunDir, log_lost_under_checkpoints
+    if why := log_lost_under_checkpoints(RunDir(run_dir)):
+        raise ConfigError(why)
     if cfg.trainer.backend == "emulated":
         return  # an emulated trainer checkpoints emulation.weight_mb bytes: the model section is not its shape
     check_resume_model(run_dir, cfg.model.model_dump())

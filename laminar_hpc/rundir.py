@@ -373,6 +373,25 @@ def newest_verified(root: Path) -> tuple[Path, dict] | None:
     return None
 
 
+def log_lost_under_checkpoints(rd: "RunDir") -> str | None:
+    """One line when the run's checkpoints hold trained groups but the controller's write-ahead
+    log is gone (deleted, or moved aside): a data plane started afresh would give new groups the
+    ids, and prompts, the trainer's ledger already holds (exactly-once lost, problems trained
+    again); None otherwise. Checked before a resume starts anything and by the controller."""
+    wal = rd.wal_dir
+    if any(wal.glob("snapshot-*.msgpack")) or any(wal.glob("seg-*.log")):
+        return None
+    found = newest_verified(rd.checkpoints_dir)
+    consumed = (found[1]["ledger"].get("consumed") or []) if found is not None else []
+    if not consumed:
+        return None
+    return (f"{rd.path}: the controller's write-ahead log ({wal}) is missing or empty, but checkpoint "
+            f"{found[0].name} holds {len(consumed)} trained groups; starting the data plane afresh would reuse "
+            f"their group ids and prompts. Restore {wal} from a copy, or start a new run directory from the "
+            f"weights: --run-dir NEW trainer.init_checkpoint={found[0] / TENSOR_FILES[0]} (Megatron: "
+            f"laminar export-hf it and set model.hf_path)")
+
+
 def read_ledger(root: Path) -> dict | None:
     """The ledger of the checkpoint a resume would load (the newest that verifies): the empty
     ledger for a checkpoint written without one, None when no checkpoint verifies."""

@@ -12,6 +12,8 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from collections import deque
@@ -436,3 +438,18 @@ def processes_mentioning(text: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+
+def kill_run_leftovers(run_dir: Path) -> None:
+    """After a test's campaign failed or its launcher was killed: SIGKILL every process that
+    names its run directory (by PID), and remove the shared memory its launcher left."""
+    for pid in processes_mentioning(str(run_dir)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    if info.get("run_id"):
+        for path in Path("/dev/shm").glob(f"laminar-{info['run_id']}*"):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)

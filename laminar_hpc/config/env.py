@@ -37,6 +37,10 @@ class EnvCfg(Section):
     # the tool-call format: hermes (`<tool_call>{json}</tool_call>`), or "module:Class" with the
     # methods of tasks.episode.HermesFormat (stopped, turn_calls, observation_text)
     format: str = "hermes"
+    # true: a turn leaves the decode batch as soon as it has written a call (its tool starts at
+    # once; one call a turn); false: the turn runs to its end-of-turn token and every call it wrote
+    # runs, together (parallel calls, as Qwen writes several blocks in one message)
+    stop_at_call: bool = True
     max_turns: PosInt = 4  # model turns per episode: the last one's calls are not run
     max_tool_calls: PosInt = 8  # per episode, over all its turns
     tool_timeout_s: PosFloat = 10.0

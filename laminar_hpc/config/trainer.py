@@ -76,6 +76,10 @@ class TrainerCfg(Section):
     # (every advantage is 0). drop: the controller drops it ("no_signal" in the ledger) and admits
     # another prompt in its place, so a train step's batch stays full; keep: trained as it is
     dynamic_sampling: Literal["keep", "drop"] = "keep"
+    # drop's guard: after this many batches' worth of no-signal groups dropped in a row, they are
+    # kept and trained (the run goes on, its steps showing the rewards and their failures); as
+    # verl's max_num_gen_batches, which raises instead. null: drop without limit
+    dynamic_sampling_max_batches: PosInt | None = 10
     publish_every: PosInt = 1
     publish_dtype: Literal["float32", "bfloat16"] = "float32"
     init_checkpoint: str | None = None

@@ -22,7 +22,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from laminar_hpc.policy.scheduling import no_signal
+from laminar_hpc.policy.scheduling import keep_no_signal, no_signal
 from laminar_hpc.transport.protocol import Group, Trajectory
 
 GENERATING, READY, DELIVERED, TRAINED = "generating", "ready", "delivered", "trained"
@@ -48,11 +48,20 @@ class GroupLedger:
     OPS = frozenset({"deliver", "trained", "commit", "drop", "trainer_sync"})  # its journal records
 
     def __init__(self, journal: Callable[..., None], forget: Callable[[list[str]], None],
-                 regenerate: Callable[[GroupRecord], None], drop_no_signal: bool = False):
+                 regenerate: Callable[[GroupRecord], None], drop_no_signal: bool = False,
+                 max_no_signal_run: int | None = None):
         self._log, self._forget, self._regenerate_trajs = journal, forget, regenerate
         # dynamic sampling (trainer.dynamic_sampling: drop): a complete group whose rewards are all
-        # equal is dropped ("no_signal") inside its `finish` record, so a replay drops it again
-        self.drop_no_signal = drop_no_signal
+        # equal is dropped ("no_signal") inside its `finish` record, so a replay drops it again.
+        # After `max_no_signal_run` such drops in a row (no group with a signal between them:
+        # a reward that always fails, a task far too hard) they are kept and trained instead,
+        # so the run goes on and its step metrics show why (policy.scheduling.keep_no_signal)
+        self.drop_no_signal, self.max_no_signal_run = drop_no_signal, max_no_signal_run
+        self.no_signal_run = 0  # no-signal groups dropped since the last complete group with a signal
+        self.no_signal_kept = 0  # kept past the cap
+        # groups dropped since the trainer was last told, by reason, and the failed rewards in them
+        # (`take_drop_counts`: the trainer reports them in its next step's metrics)
+        self.drop_counts: Counter = Counter()
         self.next_group = 0  # the next group id (= groups admitted)
         self.groups: dict[int, GroupRecord] = {}  # every group not yet committed or dropped
         self.ready: deque[int] = deque()  # complete groups (experience buffer)
@@ -81,8 +90,14 @@ class GroupLedger:
             return None
         if len(group.finished) == len(group.traj_ids):
             if self.drop_no_signal and no_signal([t.reward for t in group.finished.values()]):
-                self._drop_group(group.group_id, "no_signal")  # admission replaces it
-                return None
+                if not keep_no_signal(self.no_signal_run, self.max_no_signal_run):
+                    self.no_signal_run += 1
+                    self._drop_group(group.group_id, "no_signal")  # admission replaces it
+                    return None
+                self.no_signal_kept += 1
+                self.drop_counts["no_signal_kept"] += 1
+            else:
+                self.no_signal_run = 0
             group.state, group.lost = READY, False
             self.ready.append(group.group_id)
             return group.group_id
@@ -178,6 +193,18 @@ class GroupLedger:
         self.trained_at.pop(gid, None)
         self.dropped[gid] = reason
         self._dropped_n[reason] += 1
+        if reason != "staleness":  # the trainer's own drop: in its rows already (dropped_groups)
+            self.drop_counts[f"groups_dropped.{reason}"] += 1
+            self.drop_counts.update(f"reward_failed_dropped.{t.reward_error}"
+                                    for t in g.finished.values() if t.reward_error)
+
+    def take_drop_counts(self) -> dict[str, int]:
+        """Groups the controller dropped since the last call (`groups_dropped.<reason>`; not those
+        the trainer dropped as too stale), the failed rewards in them (`reward_failed_dropped.
+        <reason>`) and no-signal groups kept past the cap (`no_signal_kept`): the trainer's next
+        step row reports them."""
+        out, self.drop_counts = dict(self.drop_counts), Counter()
+        return out
 
     def dropped_for(self, reason: str) -> int:
         """Groups dropped for `reason` so far (admission replaces those dropped as too stale or
@@ -241,4 +268,5 @@ class GroupLedger:
             by_reason[r] = by_reason.get(r, 0) + 1
         return {"groups_admitted": self.next_group, "groups_committed": len(self.committed),
                 "groups_dropped": by_reason, "dropped_ids": sorted(self.dropped),
-                "pending_ids": sorted(self.groups), "committed_ids": sorted(self.committed)}
+                "pending_ids": sorted(self.groups), "committed_ids": sorted(self.committed),
+                "no_signal_kept": self.no_signal_kept}

@@ -29,6 +29,7 @@ trained twice.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import time
@@ -58,7 +59,7 @@ from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir, read_json
 from laminar_hpc.tasks import build_task, encode_prompt, validation_problems
 from laminar_hpc.transport.channel import Server, publish_endpoint
-from laminar_hpc.transport.protocol import Assign, Groups, Message, Stop
+from laminar_hpc.transport.protocol import Assign, Drops, Groups, Message, Stop
 from laminar_hpc.transport.security import server_keys
 
 
@@ -82,10 +83,16 @@ class Controller(MessageHandlers):
                                  snapshot_bytes=int(cfg.controller.wal_snapshot_mb * 2**20))
         self.dp = DataPlane(task.problem, lambda p: encode_prompt(tok, p), cfg.trainer.group_size,
                             cfg.rollout.max_new_tokens, limits=limits_for(cfg, tok.vocab_size),
-                            drop_no_signal=cfg.trainer.dynamic_sampling == "drop")
+                            drop_no_signal=cfg.trainer.dynamic_sampling == "drop",
+                            max_no_signal_run=None if (b := cfg.trainer.dynamic_sampling_max_batches) is None
+                            else b * cfg.trainer.groups_per_step)
         # what it sends is split under the limit its peers receive with (launch/role.py: the same setting)
         self.frames = Frames(log, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20), task=task)
-        self.recovered = recover(self.wal, self.dp, log, tracer)
+        self.recovered = recover(self.wal, self.dp, log, tracer, rd)
+        # drops replayed from the log: reported before the restart, all but those after its last
+        # delivery (step metrics only; the ledger itself is exact)
+        self.dp.ledger.take_drop_counts()
+        self.no_signal_warned = -math.inf
         self.dp.journal = self.wal.append
         # a restarted controller keeps its address: the roles' sockets reconnect by themselves
         old = read_json(rd.endpoint("controller"))
@@ -218,10 +225,27 @@ class Controller(MessageHandlers):
             groups = self.dp.ledger.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)
             if groups:
+                if drops := self.dp.ledger.take_drop_counts():  # for the trainer's next step row
+                    self._log_drops(drops)
+                    self.send("trainer-0", Drops(counts=drops))
                 self.send("trainer-0", Groups(groups=groups))  # several frames when over the limit (`send`)
             for g in groups:
                 self.tracer.emit("group_consumed", group=g.group_id,
                                  versions=sorted({t.version for t in g.trajectories}))
+
+    def _log_drops(self, drops: dict[str, int]) -> None:
+        """Say it, once a minute, when dynamic sampling keeps no-signal groups past its cap (every
+        group has equal rewards: the reward or the task is wrong). Each drop is traced where it
+        happens (`group_dropped`, controller/handlers.py)."""
+        now = time.monotonic()
+        if drops.get("no_signal_kept") and now - self.no_signal_warned >= 60.0:
+            self.no_signal_warned = now
+            failed = {k.partition(".")[2]: v for k, v in drops.items() if k.startswith("reward_failed_dropped.")}
+            self.log.warning("dynamic sampling: %d groups in a row had equal rewards "
+                             "(trainer.dynamic_sampling_max_batches=%s batches): keeping them so that training "
+                             "goes on. Check the reward%s", self.dp.ledger.max_no_signal_run,
+                             self.cfg.trainer.dynamic_sampling_max_batches,
+                             f" (failed rewards in the dropped groups: {failed})" if failed else "")
 
     def finish_evaluation(self) -> None:
         """The trainer is done: stop, after a last evaluation round of its final version (rollouts

@@ -94,7 +94,7 @@ class DataPlane(PartialMoves):
     def __init__(self, problems: Callable[[int], object], tokenize: Callable[[object], list[int]],
                  group_size: int, max_new_tokens: int, start_cursor: int = 0,
                  journal: Callable[[str, dict], None] | None = None, limits: Limits | None = None,
-                 drop_no_signal: bool = False):
+                 drop_no_signal: bool = False, max_no_signal_run: int | None = None):
         self.problems, self.tokenize = problems, tokenize
         self.group_size, self.max_new_tokens = group_size, max_new_tokens
         self.journal = journal
@@ -107,7 +107,7 @@ class DataPlane(PartialMoves):
         self.queue: deque[str] = deque()  # trajectories waiting for a rollout
         self.partials: dict[str, Partial] = {}  # queued or running (partial-response pool)
         self.ledger = GroupLedger(self._log, forget=self._forget, regenerate=self._regenerate,
-                                  drop_no_signal=drop_no_signal)
+                                  drop_no_signal=drop_no_signal, max_no_signal_run=max_no_signal_run)
         self.meta: dict[str, int] = {}  # controller facts that must survive it (newest version, ...)
         self.groups_started = 0
         self.trajectories_finished = 0
@@ -353,7 +353,10 @@ class DataPlane(PartialMoves):
                 "dropped": [[g, r] for g, r in lg.dropped.items()], "meta": self.meta,
                 "counters": [self.groups_started, lg.groups_consumed, self.trajectories_finished,
                              self.tokens_generated],
-                "refused": dict(self.refused), "refused_problems": list(self.refused_problems)}
+                "refused": dict(self.refused), "refused_problems": list(self.refused_problems),
+                # dynamic sampling's decision in force for the records after this snapshot (a resume
+                # may change the config: replay must decide as they were decided)
+                "no_signal": [lg.no_signal_run, lg.no_signal_kept, lg.drop_no_signal, lg.max_no_signal_run]}
 
     def load_state_dict(self, s: dict) -> None:
         lg = self.ledger
@@ -371,6 +374,9 @@ class DataPlane(PartialMoves):
         self.meta = dict(s["meta"])
         (self.groups_started, lg.groups_consumed, self.trajectories_finished,
          self.tokens_generated) = s["counters"]
+        ns = s.get("no_signal")  # absent in snapshots written before dynamic sampling's guard
+        if ns is not None:
+            lg.no_signal_run, lg.no_signal_kept, lg.drop_no_signal, lg.max_no_signal_run = ns
         self.refused.update(s.get("refused", {}))  # absent in snapshots written before validation
         self.refused_problems.clear()
         self.refused_problems.extend(s.get("refused_problems", []))

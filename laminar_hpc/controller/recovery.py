@@ -16,19 +16,27 @@ import time
 from laminar_hpc.controller.pools import DataPlane, Partial
 from laminar_hpc.controller.roles import RoleTable
 from laminar_hpc.controller.rollout_manager import RolloutManager
-from laminar_hpc.controller.wal import WriteAheadLog
+from laminar_hpc.controller.wal import WalError, WriteAheadLog
 from laminar_hpc.controller.weight_sync import WeightSync
+from laminar_hpc.rundir import RunDir, log_lost_under_checkpoints
 from laminar_hpc.transport.protocol import TrainerSync
 
 
-def recover(wal: WriteAheadLog, dp: DataPlane, log, tracer) -> dict:
-    """Rebuild the data plane from the write-ahead log; start a fresh segment after it."""
+def recover(wal: WriteAheadLog, dp: DataPlane, log, tracer, rd: RunDir) -> dict:
+    """Rebuild the data plane from the write-ahead log; start a fresh segment after it. A run
+    whose checkpoints hold trained groups cannot start from an empty log (`rundir.
+    log_lost_under_checkpoints`): that raises WalError."""
     t0 = time.monotonic()
     state, records = wal.recover()
+    if state is None and not records and (why := log_lost_under_checkpoints(rd)):
+        raise WalError(why)
+    lg = dp.ledger
+    rule = lg.drop_no_signal, lg.max_no_signal_run  # this start's config
     if state is not None:
-        dp.load_state_dict(state)
+        dp.load_state_dict(state)  # with the rule its records were decided by
     for op, args in records:
         dp.replay(op, args)
+    lg.drop_no_signal, lg.max_no_signal_run = rule  # from here on, the config's
     wal.start(dp.state_dict())
     info = {"snapshot": state is not None, "records": len(records), "replay_s": time.monotonic() - t0,
             "groups_pending": dp.ledger.groups_pending, "cursor": dp.cursor}

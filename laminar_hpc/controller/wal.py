@@ -90,7 +90,9 @@ class WriteAheadLog:
         if state is None and any(_index(p) > 0 for p in self.root.glob("seg-*.log")):
             # the records start after a snapshot that is gone: replaying them alone would build a wrong state
             raise WalError(f"write-ahead log {self.root} cannot be recovered: no readable snapshot for its segments "
-                           f"(see the errors above); move the directory aside to start the data plane afresh")
+                           f"(see the errors above); move the directory aside to start the data plane afresh "
+                           f"(if the run's checkpoints hold trained groups, in a new run directory: "
+                           f"--run-dir NEW trainer.init_checkpoint=<its newest checkpoint>/model.pt)")
         records: list[tuple[str, dict]] = []
         for seg in sorted(self.root.glob("seg-*.log"), key=_index):
             if _index(seg) < start:

@@ -36,6 +36,14 @@ def eval_text(st: Status) -> str:
     return "" if not ev else f" eval {_fmt(ev.get('eval_reward'))} (v{ev.get('eval_version')})"
 
 
+def eval_cell(e: dict) -> str:
+    """'reward 0.412, pass@1 0.400, pass@4 0.650 at v10 (step 10)': the last round's figures (pass@k
+    for every k it measured, by k), for the live table."""
+    ks = sorted(int(k[10:]) for k in e if k.startswith("eval_pass@") and k[10:].isdigit())
+    passes = "".join(f", pass@{k} {_fmt(e.get(f'eval_pass@{k}'))}" for k in ks)
+    return f"reward {_fmt(e.get('eval_reward'))}{passes} at v{e.get('eval_version')} (step {e.get('eval_step')})"
+
+
 def reward_rows(m: dict) -> list[tuple[str, str]]:
     """The reward's components and the rewards scored 0 because the call failed, by reason."""
     rows = [(f"reward: {k[7:]}", _fmt(v)) for k, v in sorted(m.items()) if k.startswith("reward.")]
@@ -89,9 +97,7 @@ class Progress:
             for name, value in reward_rows(m):
                 t.add_row(name, value)
             if st.eval:
-                e = st.eval
-                t.add_row("eval (validation)", f"reward {_fmt(e.get('eval_reward'))}, pass@1 {_fmt(e.get('eval_pass@1'))} "
-                          f"at v{e.get('eval_version')} (step {e.get('eval_step')})")
+                t.add_row("eval (validation)", eval_cell(st.eval))
             t.add_row("trajectories/s", _fmt(st.trajectories_per_s, ".1f"))
             t.add_row("staleness mean / max", f"{_fmt(m.get('staleness_mean'), '.2f')} / {m.get('staleness_max', '-')}"
                       f" versions, {_fmt(m.get('step_lag_mean'), '.2f')} / {m.get('step_lag_max', '-')} steps")

@@ -159,6 +159,7 @@ def ledger_summary(ctl: dict | None, trainer: dict | None) -> dict:
         "groups_lost": len(admitted - consumed - dropped - pending),
         "groups_duplicated": len(lineage) - len(consumed) + len(consumed & dropped),
         "groups_unknown": len((consumed | dropped | pending) - admitted),
+        "groups_no_signal_kept": ctl.get("no_signal_kept", 0),  # dynamic sampling's guard (docs/tasks.md)
     }
 
 

@@ -80,6 +80,15 @@ def no_signal(rewards: list[float]) -> bool:
     return len(rewards) > 1 and all(r == rewards[0] for r in rewards)
 
 
+def keep_no_signal(dropped_in_a_row: int, max_in_a_row: int | None) -> bool:
+    """Dynamic sampling's guard: after `max_in_a_row` no-signal groups dropped in a row (None: no
+    limit), the next ones are kept and trained. Dropping and replacing without end would stall
+    the run with no train step to show why (a reward that always fails, a task far too hard);
+    kept, they add nothing to the gradient but the steps go on and report their rewards and
+    failures. verl's DAPO recipe has the same guard (`max_num_gen_batches`) but raises instead."""
+    return max_in_a_row is not None and dropped_in_a_row >= max_in_a_row
+
+
 def should_refresh(current_version: int, newest_available: int, active: int) -> tuple[bool, bool]:
     """(drain, pull) for a rollout: stop admitting new trajectories as soon as a newer version
     exists; pull it once no trajectory of the current version is in flight."""

@@ -101,17 +101,18 @@ class RolloutEngine(Protocol):
         """Load a version; with `checksum`, returns the checksum of `buf` (hashed while copying)."""
 
 
-def run_alone(engine: RolloutEngine, reqs: list[SeqRequest]):
+def run_alone(engine: RolloutEngine, reqs: list[SeqRequest], stopped=lambda req: False):
     """After an engine call raised for `reqs` (none of them in the engine any more): admit each
     alone for a prefill and one step, which repeats the failed computation, so the request at
-    fault raises again. Returns (the outputs, in which some may have finished; [(request, its
-    error)] for those that raised alone; those still running, taken back out of the engine to
-    be added together)."""
+    fault raises again; not the step when the prefill's token already ended its turn
+    (`stopped(req)`: an episode's turn that wrote its call must not be decoded past it).
+    Returns (the outputs, in which some may have finished; [(request, its error)] for those that
+    raised alone; those still running, taken back out of the engine to be added together)."""
     outs, culprits, survivors = [], [], []
     for r in reqs:
         try:
             mine = engine.add([r])
-            if engine.num_active():
+            if engine.num_active() and not stopped(r):
                 mine += engine.step()
         except Exception as err:  # noqa: BLE001 - whatever the engine raises, it raised for this one
             engine.abort([r.traj_id])

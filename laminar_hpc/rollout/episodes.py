@@ -61,9 +61,12 @@ class Episodes:
         self.state: dict[str, Episode] = {}
         self.parked: dict[str, SeqRequest] = {}
         self.returned: list[SeqRequest] = []
-        self.finished_early: list[SeqRequest] = []  # no room for the observation: the episode ends
+        # episodes that end without a model turn: no room for the observation ("length"), or
+        # resumed at a call that a limit refuses ("eos"): (request, how its last turn ended)
+        self.ended: list[tuple[SeqRequest, str]] = []
         self.failed: list[tuple[SeqRequest, str]] = []  # the environment's code raised for these
         self.runner: ToolRunner | None = None
+        self.stop_at_call = cfg.env.stop_at_call
         if parts is not None:
             self.fmt, self.env_cls, self.args = parts
             env = cfg.env
@@ -89,14 +92,21 @@ class Episodes:
         if req.tokens:
             env.restore(transcript(self.tok, req.tokens, ep.mask))
             calls = pending_calls(self.fmt, self.tok, req.tokens, ep.mask)
-            if calls:
+            if calls:  # its turn ended with calls: the same limits as when a turn ends here
+                calls = self._due(req, ep, calls)
+                if not calls:
+                    self.ended.append((req, "eos"))
+                    return True
                 self._park(req, ep, calls, rerun=True)
                 return True
         return False
 
     def stops(self, outs) -> list[str]:
-        """Sequences whose turn just wrote a complete call (not finished by the engine)."""
+        """Sequences whose turn just wrote a complete call (not finished by the engine); none
+        with `env.stop_at_call: false` (turns end at their end-of-turn token, all calls written)."""
         out = []
+        if not self.stop_at_call:
+            return out
         for o in outs:
             ep = self.state.get(o.traj_id)
             if ep is None or o.finished or not o.tokens:
@@ -112,15 +122,23 @@ class Episodes:
         ep = self.state.get(req.traj_id)
         if ep is None:
             return False
-        mask = ep.full_mask(len(req.tokens))
+        a, b = last_turn(req.tokens, ep.full_mask(len(req.tokens)))
+        calls = self._due(req, ep, self.fmt.turn_calls(self.tok, req.tokens[a:b]) if finish != "length" else [])
+        if not calls:
+            return False
+        self._park(req, ep, calls)
+        return True
+
+    def _due(self, req: SeqRequest, ep: Episode, calls) -> list:
+        """The calls of a model turn that run ([]: the episode is over): none when the turn made
+        none, the environment says it is done, or a turn or call limit is reached; at most the
+        calls left under `max_tool_calls`."""
+        mask, env = ep.full_mask(len(req.tokens)), self.cfg.env
         a, b = last_turn(req.tokens, mask)
-        calls = self.fmt.turn_calls(self.tok, req.tokens[a:b]) if finish != "length" else []
-        env = self.cfg.env
         if (not calls or ep.env.done(self.tok.decode(req.tokens[a:b]), calls)
                 or model_turns(mask, len(req.tokens)) >= env.max_turns or ep.tool_calls >= env.max_tool_calls):
-            return False
-        self._park(req, ep, calls[:env.max_tool_calls - ep.tool_calls])
-        return True
+            return []
+        return calls[:env.max_tool_calls - ep.tool_calls]
 
     def _park(self, req: SeqRequest, ep: Episode, calls, rerun: bool = False) -> None:
         ep.mask = ep.full_mask(len(req.tokens))
@@ -133,7 +151,7 @@ class Episodes:
     def collect(self) -> list[tuple[SeqRequest, list[int]]]:
         """Episodes whose tools came back, with the observation tokens appended to each: ready
         to be added to the engine (in `returned`, which the rollout admits first). Those without
-        room for the observation and one more token end (`take_finished_early`, "length")."""
+        room for the observation and one more token end (`take_ended`, "length")."""
         if self.runner is None:
             return []
         done, back = self.runner.finished(), []
@@ -156,7 +174,7 @@ class Episodes:
             if self.max_len is not None:
                 room = min(room, self.max_len - len(req.prompt) - len(req.tokens))
             if len(obs) + 1 > room:
-                self.finished_early.append(req)
+                self.ended.append((req, "length"))
                 continue
             req.tokens.extend(obs)
             req.logprobs.extend([0.0] * len(obs))
@@ -172,8 +190,8 @@ class Episodes:
         out, self.failed = self.failed, []
         return out
 
-    def take_finished_early(self) -> list[SeqRequest]:
-        out, self.finished_early = self.finished_early, []
+    def take_ended(self) -> list[tuple[SeqRequest, str]]:
+        out, self.ended = self.ended, []
         return out
 
     def take_returned(self, n: int) -> list[SeqRequest]:

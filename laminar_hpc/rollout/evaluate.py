@@ -9,7 +9,8 @@ the same problems, engine, chat template and reward pool: controller/evaluation.
 
 TARGET is a run directory (its config.yaml's model shape; --config gives the task, eval and
 rollout settings) or a Hugging Face directory (config.json + safetensors; it replaces
-model.hf_path). Prints one line of figures and writes them as JSON with --json.
+model.hf_path, and --step does not apply). Prints one line of figures and writes them as JSON
+with --json.
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def load_policy(cfg, target: Path, step: int | None):
     from laminar_hpc.model.factory import build_model, build_tokenizer
     from laminar_hpc.rundir import RunDir
     if (target / "config.json").is_file():  # a Hugging Face directory
+        if step is not None:  # it holds one version: ignoring --step would evaluate another than asked
+            from laminar_hpc.config import ConfigError
+            raise ConfigError(f"--step {step} names a run's checkpoint, but {target} is a Hugging Face directory "
+                              "(one version); leave --step out")
         model_cfg = cfg.model.model_copy(update={"hf_path": str(target), "tokenizer": cfg.model.tokenizer})
         tok = build_tokenizer(model_cfg)
         return build_model(model_cfg, tok), tok, model_cfg, f"hf:{target}"

@@ -34,6 +34,7 @@ from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.scheduling import should_refresh
 from laminar_hpc.rollout.base import SeqRequest, StepOutput
+from laminar_hpc.rollout.episode_turns import EpisodeTurns
 from laminar_hpc.rollout.episodes import Episodes
 from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineErrors  # noqa: F401 - re-exported
 from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
@@ -47,7 +48,7 @@ from laminar_hpc.transport.protocol import (
 )
 
 
-class Rollout(EngineErrors, PartialRolloutUpdates):
+class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
     def __init__(self, ctx: RoleContext, relay: int):
         self.ctx = ctx
         cfg = ctx.cfg
@@ -220,34 +221,9 @@ class Rollout(EngineErrors, PartialRolloutUpdates):
             self.kv_peak = self.engine.kv_tokens()
             self.flush_streams()  # the partial-response pool learns at once which version each one runs
 
-    def _start_episode(self, w: WorkItem, req: SeqRequest) -> bool:
-        """Register an episode; True when it was parked for a pending call (or failed)."""
-        try:
-            problem = self.scoring.problem(self.running[w.traj_id])
-        except Exception as err:  # noqa: BLE001 - the task's code, any error
-            self.fail(req, f"its problem cannot be read: {type(err).__name__}: {err}")
-            return True
-        try:
-            return self.episodes.start(self.running[w.traj_id], req, problem, w.mask, w.tool_calls, w.tool_errors)
-        except Exception as err:  # noqa: BLE001 - the user's environment or format: fails this episode only
-            self.episodes.forget(w.traj_id)
-            self.fail(req, f"environment: {type(err).__name__}: {err}")
-            return True
-
-    def episode_returns(self) -> None:
-        """Tool results back: the observation tokens join the stream (mask 0); an episode with no
-        room left for them ends."""
-        for req, obs in self.episodes.collect():
-            if req.traj_id not in self.eval_ids:
-                toks, lps = self.stream_buf.setdefault(req.traj_id, ([], []))
-                toks.extend(obs)
-                lps.extend([0.0] * len(obs))
-        for req in self.episodes.take_finished_early():
-            self.finish(req, "length", turn_over=True)
-        for req, why in self.episodes.take_failed():
-            self.fail(req, why)
-
-    def handle(self, outs: list[StepOutput]) -> None:
+    def handle(self, outs: list[StepOutput], outside: list[SeqRequest] = ()) -> set[str]:
+        """Outputs of an engine call: stream them, finish what finished. Returns the episodes
+        whose turn stopped at its call (gone to their tools)."""
         for o in outs:
             if o.tokens and o.traj_id not in self.first_token:
                 self.first_token.add(o.traj_id)
@@ -260,9 +236,7 @@ class Rollout(EngineErrors, PartialRolloutUpdates):
                 self.fail(o.request, o.error)
             elif o.finished:
                 self.finish(o.request)
-        if self.episodes.enabled:  # turns that wrote their call leave the batch for their tools
-            for req in self.engine.abort(self.episodes.stops(outs)):
-                self.finish(req, "eos")
+        return self.to_tools(outs, outside) if self.episodes.enabled else set()
 
     def finish(self, req: SeqRequest, kind: str | None = None, turn_over: bool = False) -> None:
         """A sequence ended: its slot is free at once; its reward is computed beside the decode
@@ -270,7 +244,8 @@ class Rollout(EngineErrors, PartialRolloutUpdates):
         goes to its tools instead (`episodes.turn_ended`)."""
         # a turn the engine ended at its call (an emulated TOOL token) ended as an EOS would
         kind = kind or ("eos" if req.tokens and (req.tokens[-1] == self.tok.eos_id or (
-            self.episodes.enabled and self.episodes.fmt.stopped(self.tok, req.tokens[-16:]))) else "length")
+            self.episodes.enabled and self.episodes.stop_at_call
+            and self.episodes.fmt.stopped(self.tok, req.tokens[-16:]))) else "length")
         if self.episodes.enabled and not turn_over:
             try:
                 if self.episodes.turn_ended(req, kind):

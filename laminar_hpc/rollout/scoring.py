@@ -7,7 +7,9 @@ on decoding; `ready` returns the trajectories whose reward came back, with the r
 components and, when the call failed, the reason (reward 0, `reward_error`), which is traced
 and logged (once per reason and minute) here and counted in the trainer's step metrics.
 
-Evaluation work (controller/evaluation.py) is scored the same way against the validation split.
+Evaluation work (controller/evaluation.py) is scored the same way against the validation split;
+its failures are traced with `eval=True` (training work's with `eval=False`), so that analysis
+can count them apart.
 
     scoring = Scoring(cfg, task, tok, tracer, log)
     scoring.submit(traj, finish="eos")     # traj.tokens hold the response
@@ -78,7 +80,9 @@ class Scoring:
 
     def _failed(self, traj: Trajectory, reason: str, detail: str) -> None:
         self.failures += 1
-        self.tracer.emit("reward_failed", traj=traj.traj_id, reason=reason, detail=detail[:300])
+        # `eval`: evaluation work's failures, which analysis counts apart from the training ones
+        self.tracer.emit("reward_failed", traj=traj.traj_id, reason=reason, detail=detail[:300],
+                         eval=traj.eval_round is not None)
         now = time.monotonic()
         if now - self._logged.get(reason, -LOG_EVERY_S) >= LOG_EVERY_S:
             self._logged[reason] = now

@@ -14,6 +14,7 @@ timeout (a thread cannot be killed; the built-in python tool is a process and is
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
@@ -30,30 +31,36 @@ class ToolRunner:
         self.loop = asyncio.new_event_loop()
         self._sem = asyncio.Semaphore(max_concurrent)
         self._done: queue.SimpleQueue = queue.SimpleQueue()
-        self._futures: dict[str, Future] = {}
+        # traj_id -> (ticket, future): a result counts only for the submission it answers, so a
+        # cancelled turn's late result never answers a later turn of an episode that came back
+        self._futures: dict[str, tuple[int, Future]] = {}
+        self._tickets = itertools.count()
         self._thread = threading.Thread(target=self.loop.run_forever, name="tool-loop", daemon=True)
         self._thread.start()
 
     def submit(self, traj_id: str, env: Environment, calls: list[ToolCall]) -> None:
-        self._futures[traj_id] = asyncio.run_coroutine_threadsafe(self._turn(traj_id, env, calls), self.loop)
+        ticket = next(self._tickets)
+        fut = asyncio.run_coroutine_threadsafe(self._turn(traj_id, ticket, env, calls), self.loop)
+        self._futures[traj_id] = (ticket, fut)
 
     def finished(self) -> list[tuple[str, list[tuple[ToolResult, float, float]]]]:
         """Episodes whose calls all came back since the last call (cancelled ones never do)."""
         out = []
         while True:
             try:
-                traj_id, results = self._done.get_nowait()
+                traj_id, ticket, results = self._done.get_nowait()
             except queue.Empty:
                 return out
-            if self._futures.pop(traj_id, None) is not None:
+            if self._futures.get(traj_id, (None,))[0] == ticket:
+                del self._futures[traj_id]
                 out.append((traj_id, results))
 
     def cancel(self, traj_id: str) -> bool:
         """Forget an episode's calls (it moved away): their results are dropped."""
-        fut = self._futures.pop(traj_id, None)
-        if fut is not None:
-            fut.cancel()
-        return fut is not None
+        entry = self._futures.pop(traj_id, None)
+        if entry is not None:
+            entry[1].cancel()
+        return entry is not None
 
     def pending(self) -> int:
         return len(self._futures)
@@ -76,9 +83,9 @@ class ToolRunner:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _turn(self, traj_id: str, env: Environment, calls: list[ToolCall]) -> None:
+    async def _turn(self, traj_id: str, ticket: int, env: Environment, calls: list[ToolCall]) -> None:
         results = await asyncio.gather(*(self._safe(env, c) for c in calls))
-        self._done.put((traj_id, list(results)))
+        self._done.put((traj_id, ticket, list(results)))
 
     @staticmethod
     async def _guarded(env: Environment, call: ToolCall):

@@ -54,6 +54,7 @@ from laminar_hpc.tasks.rewards import RewardOutcome, Scorer, call_budget_s, desc
 
 START_TIMEOUT_S = 120.0  # a worker process's start: spawn, imports, loading the reward functions
 CLOSE_GRACE_S = 1.0  # close(): how long idle worker processes get to exit before they are killed
+SCAN_EVERY_S = 0.05  # how often the thread pool looks for calls past their budget (timeouts are this late at most)
 
 
 @dataclass(eq=False)
@@ -132,6 +133,7 @@ class _ThreadImpl:
         self._done: queue.SimpleQueue[tuple[_Call, RewardOutcome]] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards the calls' started/finished/abandoned and the counts
         self._running: dict[int, _Call] = {}  # submitted and not yet delivered or timed out
+        self._next_scan = 0.0  # when `collect` looks for timed-out calls next
         self._live = 0  # threads not stuck in an abandoned call
         self._stuck = 0
         self._replaced = 0
@@ -179,6 +181,11 @@ class _ThreadImpl:
             del self._running[call.id]
             out.append((call, outcome))
         now = time.monotonic()
+        # the scan for calls past their budget looks at every pending call: not at every collect
+        # (the rollout collects after each decode step) but every SCAN_EVERY_S at most
+        if now < self._next_scan:
+            return out
+        self._next_scan = now + min(SCAN_EVERY_S, self.budget_s / 4)
         with self._lock:
             for call in list(self._running.values()):
                 if call.finished or call.started is None or now - call.started <= self.budget_s:

@@ -30,6 +30,7 @@ import argparse
 import shutil
 import sys
 import time
+from collections import Counter
 
 import torch
 
@@ -48,7 +49,7 @@ from laminar_hpc.trainer.staleness import TRACED, group_lags, lag_metrics, start
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import (
-    CheckpointSaved, Group, Groups, HelloAck, LogEvent, Message, Stop, TrainerDone, TrainerSync, TrainStep,
+    CheckpointSaved, Drops, Group, Groups, HelloAck, LogEvent, Message, Stop, TrainerDone, TrainerSync, TrainStep,
     WantGroups, WeightsSynced,
 )
 
@@ -72,6 +73,7 @@ class Trainer:
         self.step = 0
         self.version = 0
         self.dropped_groups = 0
+        self.drop_counts: Counter = Counter()  # the controller's drops since the last step (`Drops`)
         self.groups: list[Group] = []
         self.synced = -1  # partial-rollout: newest version every rollout has loaded
         self.checkpointed: set[int] = set()
@@ -211,6 +213,8 @@ class Trainer:
                 self.synced = max(self.synced, v)
             case Groups(groups=groups):
                 self._intake(groups)
+            case Drops(counts=counts):  # what the controller dropped: in the next step's row
+                self.drop_counts.update(counts)
 
     def _intake(self, groups: list[Group]) -> None:
         held = {g.group_id for g in self.groups}
@@ -322,6 +326,8 @@ class Trainer:
                 m = self.backend.train_step(groups, step=self.step, version=self.version)
                 m.update(lags)
                 m.update(reward_metrics(groups))
+                m.update(sorted(self.drop_counts.items()))
+                self.drop_counts.clear()
                 self.step += 1
                 self.version += 1
                 ids = [g.group_id for g in groups]

@@ -62,7 +62,7 @@ SENDERS: dict[str, frozenset[str]] = {
     "version_ready": frozenset({"relay"}),
     "role_down": frozenset({"launcher"}),
     "stop_all": frozenset({"launcher"}),
-    **{t: frozenset() for t in ("assign", "migrate", "update_weights", "resume", "weights_synced", "groups",
+    **{t: frozenset() for t in ("assign", "migrate", "update_weights", "resume", "weights_synced", "groups", "drops",
                                "hello_ack", "stop")},
 }
 HEARTBEAT_ONLY = ".hb"  # the identity suffix of a role's heartbeat-thread socket

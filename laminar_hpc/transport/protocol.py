@@ -27,7 +27,7 @@ from typing import Union
 import msgspec
 
 MAX_FRAME_BYTES = 64 << 20
-PROTOCOL_VERSION = 2  # 1: the untyped dict protocol (no `protocol` in hello)
+PROTOCOL_VERSION = 3  # 1: the untyped dict protocol (no `protocol` in hello); 3: `Drops`
 
 # values of the free-form maps (train metrics, log-event fields): scalars only, so that a frame
 # that decodes can always be written to status.json
@@ -201,6 +201,14 @@ class Resume(Message, tag="resume"):
 # -- controller -> trainer -------------------------------------------------------------------
 class WeightsSynced(Message, tag="weights_synced"):
     version: int  # partial-rollout: the global weight update is complete
+
+
+class Drops(Message, tag="drops"):
+    """Sent before a delivery: groups the controller dropped since the last one
+    (`groups_dropped.<reason>`), the failed rewards in them (`reward_failed_dropped.<reason>`) and
+    no-signal groups kept past dynamic sampling's cap (`no_signal_kept`), for the trainer's next
+    step row."""
+    counts: dict[str, int]
 
 
 class Groups(Message, tag="groups"):

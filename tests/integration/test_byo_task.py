@@ -37,6 +37,11 @@ def test_the_example_trains_and_evaluates_on_its_validation_file(caesar_run):
     steps = [r for r in read_objects(caesar_run / "metrics.jsonl") if isinstance(r.get("step"), int)
              and "event" not in r]
     assert all("reward.format" in r and "reward.correct" in r and r["reward_failed"] == 0 for r in steps)
+    # dynamic sampling dropped groups with equal rewards and admitted others: every step full, and
+    # the steps' rows report the drops the controller made before them
+    assert s["groups_dropped"].get("no_signal", 0) > 0
+    assert all(r["trajectories"] == r0["trajectories"] for r0 in steps[:1] for r in steps)
+    assert 0 < sum(r.get("groups_dropped.no_signal", 0) for r in steps) <= s["groups_dropped"]["no_signal"]
     for r in steps:  # the total is the weighted sum of the components' means
         assert r["reward_mean"] == pytest.approx(0.2 * r["reward.format"] + 0.8 * r["reward.correct"], abs=1e-5)
     # evaluation work never enters the training ledger: every group the controller admitted is a

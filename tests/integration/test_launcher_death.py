@@ -8,7 +8,6 @@ import fcntl
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 
 from laminar_hpc.launch.prepare import CampaignLock, lock_holder
 
-from helpers import REPO, processes_mentioning
+from helpers import REPO, kill_run_leftovers, processes_mentioning
 
 TINY = str(REPO / "configs" / "tiny.yaml")
 pytestmark = pytest.mark.slow
@@ -87,15 +86,7 @@ def cleanup(proc: subprocess.Popen, run_dir: Path) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait(timeout=30)
-    for pid in processes_mentioning(str(run_dir)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
-    if info.get("run_id"):  # shared memory the dead launcher could not remove
-        for path in Path("/dev/shm").glob(f"laminar-{info['run_id']}*"):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    kill_run_leftovers(run_dir)  # roles, and shared memory the dead launcher could not remove
 
 
 def test_closing_the_terminal_stops_the_campaign_like_ctrl_c(tmp_path):

@@ -230,3 +230,31 @@ def test_a_worker_that_cannot_build_its_scorer_fails_calls_as_pool(tmp_path):
         got = wait_for(pool, ["a"], "the call to a pool whose worker cannot start")
     assert got["a"].error == "pool" and "cannot start a worker" in got["a"].detail
     assert "missing.py not found" in got["a"].detail
+
+
+def test_collect_looks_for_timed_out_calls_once_per_scan_period_not_at_every_call(make_pool, tmp_path, monkeypatch):
+    # the rollout collects after every decode step; with hundreds of calls waiting on a slow
+    # verifier, a scan of all of them each time cost its trainer ~12% (tools/bench_reward.py)
+    from laminar_hpc.tasks import reward_pool
+    pool = make_pool("thread", workers=8, timeout_s=60.0)
+    for i in range(8):
+        pool.submit(f"stuck-{i}", problem(tmp_path, i), Response("stuck"))
+    wait_until(lambda: len(list(tmp_path.glob("pid-*"))) == 8, "8 calls running")
+    now = [1000.0]
+    monkeypatch.setattr(reward_pool.time, "monotonic", lambda: now[0])
+
+    class Scans(dict):
+        n = 0
+
+        def values(self):
+            Scans.n += 1
+            return super().values()
+
+    impl = pool._impl
+    impl._running = Scans(impl._running)
+    for _ in range(100):
+        assert pool.collect() == []
+    assert Scans.n == 1  # one scan, then none until the period is over
+    now[0] += reward_pool.SCAN_EVERY_S
+    pool.collect()
+    assert Scans.n == 2

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 
 import pytest
 import torch
-from helpers import assert_nested_equal
+from helpers import REPO, assert_nested_equal
 
 from laminar_hpc.model.llama import ModelArgs, Transformer
 from laminar_hpc.rundir import RunDir
@@ -229,3 +230,39 @@ def test_load_without_optimizer(tmp_path):
     fresh, _ = _model(2)
     assert load_latest(tmp_path, fresh, None)["step"] == 4
     _assert_states_equal(model.state_dict(), fresh.state_dict())
+
+
+def test_checkpoints_with_trained_groups_and_no_controller_log_are_refused(tmp_path, capsys):
+    # the write-ahead log moved aside (or deleted) under checkpoints that hold trained groups: a
+    # fresh data plane would reuse their group ids and prompts, so neither a resume nor the
+    # controller starts; they say what to do instead
+    from laminar_hpc.cli import main
+    from laminar_hpc.controller.pools import DataPlane
+    from laminar_hpc.controller.recovery import recover
+    from laminar_hpc.controller.wal import WalError, WriteAheadLog
+    from laminar_hpc.rundir import log_lost_under_checkpoints
+    rd = RunDir(tmp_path / "run")
+    model, opt = _model(0)
+    save_checkpoint(rd.checkpoints_dir, step=0, version=0, model=model, optimizer=opt, meta={}, keep=3,
+                    ledger={"consumed": []})
+    assert log_lost_under_checkpoints(rd) is None  # the warm-up's checkpoint: nothing trained yet
+    save_checkpoint(rd.checkpoints_dir, step=2, version=2, model=model, optimizer=opt, meta={}, keep=3,
+                    ledger={"consumed": [0, 1, 2, 3]})
+    why = log_lost_under_checkpoints(rd)
+    assert why is not None and "step_000002 holds 4 trained groups" in why and str(rd.wal_dir) in why
+    assert f"trainer.init_checkpoint={rd.checkpoint(2) / 'model.pt'}" in why
+    dp = DataPlane(problems=lambda i: i, tokenize=lambda p: [1, 2], group_size=2, max_new_tokens=4)
+    with pytest.raises(WalError, match="missing or empty"):
+        recover(WriteAheadLog(rd.wal_dir), dp, logging.getLogger("t"), None, rd)
+    term = signal.getsignal(signal.SIGTERM)  # `laminar run` takes SIGTERM as Ctrl-C: this process's back after
+    try:
+        assert main(["run", str(REPO / "configs" / "tiny.yaml"), "--run-dir", str(rd.path), "--resume"]) == 2
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    assert "missing or empty" in capsys.readouterr().err
+    assert not any(rd.wal_dir.iterdir())  # nothing was written by the refusals
+    # with its log there, the run resumes as before
+    wal = WriteAheadLog(rd.wal_dir)
+    wal.start(dp.state_dict())
+    wal.close()
+    assert log_lost_under_checkpoints(rd) is None

@@ -21,8 +21,8 @@ from laminar_hpc.controller.pools import MAX_REJECTIONS
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.metrics.status import read_status, write_status
 from laminar_hpc.transport import protocol
-from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, Finished, Groups, Heartbeat, Hello, LogEvent,
-                                            Migrated, RolloutState, Stream, StreamItem, TrainStep,
+from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, Drops, Finished, Groups, Heartbeat, Hello,
+                                            LogEvent, Migrated, RolloutState, Stream, StreamItem, TrainStep,
                                             WantGroups, WantWork)
 
 EMULATED = Path(REPO) / "configs" / "tiny-emulated.yaml"  # 4 rollouts x 8 slots, groups of 4, vocabulary 100
@@ -174,7 +174,9 @@ def test_an_oversized_delivery_is_split_and_a_group_too_big_alone_is_dropped_fir
             _finish(ctl, work[f"{gid}.{j}"], [5] * n)
     ctl.handle("trainer-0", WantGroups(n=8))
     ctl.schedule()  # old: one frame of ~40 KB, which the trainer would drop after it was logged as delivered
-    frames = [m for to, m in ctl.server.take() if to == "trainer-0"]
+    sent = [m for to, m in ctl.server.take() if to == "trainer-0"]
+    assert sent[0] == Drops(counts={"groups_dropped.oversize": 1})  # the trainer's next step reports it
+    frames = sent[1:]
     assert len(frames) > 1 and all(isinstance(m, Groups) for m in frames)
     assert all(len(protocol.encode(m)) <= limit for m in frames)
     delivered = [g.group_id for m in frames for g in m.groups]

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import msgpack
+import msgspec
 import pytest
 from helpers import REPO, result
 
@@ -14,7 +15,7 @@ from laminar_hpc.config import load_config
 from laminar_hpc.controller import main
 from laminar_hpc.metrics.status import Utilisation, read_status, write_status
 from laminar_hpc.transport import protocol
-from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, CheckpointSaved, Finished, Group, Groups,
+from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, CheckpointSaved, Drops, Finished, Group, Groups,
                                             Heartbeat, Hello, HelloAck, LogEvent, Migrated,
                                             MigrateReject, Published, Resume, RoleDown, RolloutState, Stop, StopAll,
                                             Stream, StreamItem, TrainerDone, TrainStep, Trajectory, UpdateWeights,
@@ -127,6 +128,31 @@ def test_streamed_and_finished_trajectories_make_a_group_the_trainer_gets_when_i
     st = ctl.status()
     assert st.trajectories_finished == 4 and st.tokens_generated == 12 and st.groups_consumed == 1
     assert ctl.trainer_credit == 1
+
+
+def test_groups_dropped_before_a_delivery_are_told_to_the_trainer_first(make):
+    # dynamic sampling drops group 0 (all rewards equal, one of them a failed reward call); group 1
+    # is delivered, preceded by what was dropped, which the trainer reports in its next step
+    ctl = make("laminar", "trainer.dynamic_sampling=drop", "trainer.dynamic_sampling_max_batches=3")
+    assert ctl.dp.ledger.max_no_signal_run == 3 * ctl.cfg.trainer.groups_per_step  # the guard, in groups
+    _rollouts_ready(ctl)
+    ctl.schedule()
+    work = {w.traj_id: w for _, m in ctl.server.take() for w in m.work}
+    owner = {tid: ctl.dp.partials[tid].rollout for tid in work}
+    for gid, rewards in ((0, [1.0] * 4), (1, [0.0, 1.0, 1.0, 1.0])):
+        for j, r in enumerate(rewards):
+            w = work[f"{gid}.{j}"]
+            t = msgspec.structs.replace(_result(w, [1, 2], rollout=owner[w.traj_id]), reward=r,
+                                        reward_error="timeout" if (gid, j) == (0, 0) else None)
+            ctl.handle(f"rollout-{t.rollout}", Finished(trajectory=t))
+    ctl.handle("trainer-0", WantGroups(n=2))
+    ctl.schedule()
+    sent = [m for to, m in ctl.server.take() if to == "trainer-0"]
+    assert sent[0] == Drops(counts={"groups_dropped.no_signal": 1, "reward_failed_dropped.timeout": 1})
+    assert [g.group_id for g in sent[1].groups] == [1]
+    ctl.handle("trainer-0", WantGroups(n=1))
+    ctl.schedule()
+    assert not [m for to, m in ctl.server.take() if isinstance(m, Drops)]  # told once
 
 
 def test_train_step_and_checkpoint_move_groups_through_the_ledger(make):

@@ -9,6 +9,7 @@ import logging
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.recovery import recover
 from laminar_hpc.controller.wal import WriteAheadLog
+from laminar_hpc.rundir import RunDir
 from laminar_hpc.tasks.dataset import DatasetTasks
 
 ROWS = 7
@@ -48,7 +49,7 @@ def test_a_restart_mid_epoch_continues_the_same_order(tmp_path):
     wal.close()
     fresh = DatasetTasks(str(data), seed=3, answer_format="plain")  # the restarted controller's own copy
     again = _plane(fresh)
-    info = recover(WriteAheadLog(tmp_path / "wal"), again, logging.getLogger("test"), _Tracer())
+    info = recover(WriteAheadLog(tmp_path / "wal"), again, logging.getLogger("test"), _Tracer(), RunDir(tmp_path))
     assert info["cursor"] == again.cursor == 9 and fresh.epoch(again.cursor) == 1
     again.admit(3)
     assert _prompts(again, fresh) == expected

@@ -11,21 +11,21 @@ from helpers import group, problem, result, tokenize, trajectory
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.validate import Limits
 from laminar_hpc.metrics.summary import ledger_summary
-from laminar_hpc.policy.scheduling import admission, no_signal
+from laminar_hpc.policy.scheduling import admission, keep_no_signal, no_signal
 from laminar_hpc.trainer.reward_stats import reward_metrics
 from laminar_hpc.transport.protocol import Group
 
 
-def _dp(drop: bool, journal=None, limits=None) -> DataPlane:
+def _dp(drop: bool, journal=None, limits=None, cap: int | None = None) -> DataPlane:
     return DataPlane(problems=problem, tokenize=tokenize, group_size=3, max_new_tokens=8, journal=journal,
-                     drop_no_signal=drop, limits=limits)
+                     drop_no_signal=drop, limits=limits, max_no_signal_run=cap)
 
 
-def _finish_group(dp: DataPlane, gid: int, rewards: list[float]) -> int | None:
+def _finish_group(dp: DataPlane, gid: int, rewards: list[float], errors=(None, None, None)) -> int | None:
     done = None
-    for tid, r in zip(dp.ledger.groups[gid].traj_ids, rewards):
+    for tid, r, err in zip(dp.ledger.groups[gid].traj_ids, rewards, errors):
         w = dp.partials[tid].work()
-        done = dp.finish(result(w, [5, 6], reward=r))
+        done = dp.finish(result(w, [5, 6], reward=r, reward_error=err))
     return done
 
 
@@ -62,6 +62,42 @@ def test_drop_removes_equal_groups_counted_and_keep_trains_them():
     kept.admit(1)
     kept.assign(0, 3)
     assert _finish_group(kept, 0, [1.0, 1.0, 1.0]) == 0 and not kept.ledger.dropped
+
+
+def test_keep_no_signal_past_the_cap_only():
+    assert not keep_no_signal(0, 2) and not keep_no_signal(1, 2) and keep_no_signal(2, 2)
+    assert not keep_no_signal(10**6, None)
+
+
+def test_past_the_cap_no_signal_groups_are_kept_until_a_group_with_signal():
+    # a reward that always fails scores every sample 0: without the cap every group would be
+    # dropped and replaced for ever, and no step would show why
+    records: list = []
+    dp = _dp(True, journal=lambda op, args: records.append((op, args)), cap=2)
+    dp.admit(6)
+    dp.assign(0, 18)
+    timeout = ("timeout", "timeout", "timeout")
+    assert _finish_group(dp, 0, [0.0] * 3, timeout) is None
+    assert _finish_group(dp, 1, [0.0] * 3, timeout) is None
+    assert _finish_group(dp, 2, [0.0] * 3, timeout) == 2  # the third in a row is kept
+    lg = dp.ledger
+    assert lg.dropped == {0: "no_signal", 1: "no_signal"} and lg.no_signal_kept == 1
+    assert lg.take_drop_counts() == {"groups_dropped.no_signal": 2, "reward_failed_dropped.timeout": 6,
+                                     "no_signal_kept": 1}
+    assert lg.take_drop_counts() == {}  # reported once
+    assert ledger_summary(lg.summary(), {"consumed": []})["groups_no_signal_kept"] == 1
+    assert _finish_group(dp, 3, [0.0, 1.0, 0.0]) == 3  # a signal: the run of drops starts again
+    assert _finish_group(dp, 4, [1.0] * 3) is None and lg.dropped[4] == "no_signal"
+    # the journal and a snapshot rebuild the same run of drops
+    again = _dp(True, cap=2)
+    for op, args in records:
+        again.replay(op, args)
+    assert again.ledger.dropped == lg.dropped and again.ledger.no_signal_run == lg.no_signal_run == 1
+    snap = _dp(True, cap=2)
+    snap.load_state_dict(dp.state_dict())
+    assert (snap.ledger.no_signal_run, snap.ledger.no_signal_kept) == (1, 1)
+    assert _finish_group(snap, 5, [1.0] * 3) is None and _finish_group(dp, 5, [1.0] * 3) is None
+    assert snap.ledger.no_signal_run == dp.ledger.no_signal_run == 2  # the next one would be kept
 
 
 def test_admission_replaces_dropped_groups_within_the_window():
@@ -101,3 +137,35 @@ def test_dynamic_sampling_drop_is_refused_with_fixed_batches(mode):
     with pytest.raises(ConfigError, match="dynamic_sampling=drop needs mode laminar or partial-rollout"):
         config_from_dict({"mode": mode, "trainer": {"dynamic_sampling": "drop"}})
     assert config_from_dict({"mode": mode}).trainer.dynamic_sampling == "keep"
+
+
+def test_a_resume_with_another_dynamic_sampling_rule_replays_the_log_by_the_old_one(tmp_path):
+    # kept past the cap and delivered before a crash; resumed with the guard off: the log's records
+    # must replay as they were decided (or the delivery of a group replay dropped cannot apply),
+    # and the new rule holds from then on
+    import logging
+
+    from laminar_hpc.controller.recovery import recover
+    from laminar_hpc.controller.wal import WriteAheadLog
+    from laminar_hpc.rundir import RunDir
+
+    class Tracer:
+        def emit(self, *a, **k):
+            pass
+
+    rd = RunDir(tmp_path)
+    wal = WriteAheadLog(rd.wal_dir, fsync_s=3600)
+    dp = _dp(True, cap=1)
+    wal.start(dp.state_dict())
+    dp.journal = wal.append
+    dp.admit(2)
+    dp.assign(0, 6)
+    assert _finish_group(dp, 0, [0.0] * 3) is None and _finish_group(dp, 1, [0.0] * 3) == 1  # dropped, kept
+    assert [g.group_id for g in dp.ledger.take_groups(1)] == [1]
+    wal.flush()
+    wal.close()
+    again = _dp(True, cap=None)  # the resumed config: no guard
+    recover(WriteAheadLog(rd.wal_dir), again, logging.getLogger("t"), Tracer(), rd)
+    lg = again.ledger
+    assert lg.dropped == {0: "no_signal"} and lg.groups[1].state == "delivered" and not lg.ready
+    assert (lg.drop_no_signal, lg.max_no_signal_run) == (True, None)

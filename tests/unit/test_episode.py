@@ -175,6 +175,28 @@ def test_the_runner_runs_episodes_concurrently_and_every_failure_becomes_an_obse
     assert not runner._thread.is_alive()
 
 
+def test_a_cancelled_turn_s_late_result_never_answers_the_episode_s_next_turn():
+    # an episode moves away while its call runs (cancelled), comes back, and calls again: the
+    # first call's result, already on its way, must not be taken for the second's
+    runner = ToolRunner(max_concurrent=8, timeout_s=5.0, max_chars=60)
+    env = Slow(Problem(0, "p", "a"), EnvContext("t", 0))
+    try:
+        Slow.gate.clear()
+        runner.submit("ep", env, [ToolCall("fast", {"x": 1})])
+        deadline = time.monotonic() + 5.0
+        while runner._done.empty():  # until its result is queued (not yet taken)
+            assert time.monotonic() < deadline, "the first call's result never came"
+            time.sleep(0.001)
+        assert runner.cancel("ep")
+        runner.submit("ep", env, [ToolCall("wait", {"x": 2})])  # back here, waiting on the gate
+        assert runner.finished() == [] and runner.pending() == 1
+        Slow.gate.set()
+        assert _collect(runner, 1)["ep"][0][0].text == "waited 2"
+    finally:
+        Slow.gate.set()
+        runner.close()
+
+
 def test_an_environment_may_end_the_episode_and_async_tools_are_awaited():
     class Once(Environment):
         async def call(self, call):

@@ -185,3 +185,71 @@ def test_an_environment_that_raises_fails_its_episode_and_the_rollout_goes_on(tm
         store = _relay_stores.pop(r.weights.path, None)
         if store is not None:
             store.close()
+
+
+def test_a_resumed_episode_at_its_turn_limit_ends_without_running_its_pending_call(make):
+    # streamed at its third turn's call (env.max_turns=3), then its rollout died before the turn
+    # was scored: where it resumes, the limit holds as it would have here
+    r = make()
+    _module(r).GATED.clear()
+    obs = [9, 10, 11]
+    tokens, mask = [20, *obs, 21, *obs, 22], [1, 0, 0, 0, 1, 0, 0, 0, 1]
+    w = work_item(0, prompt=(5, 6, 7), tokens=tokens, logprobs=[-0.5 if m else 0.0 for m in mask], version=0,
+                  mask=mask, tool_calls=2)
+    r.ctx.ctrl.inbox.append(Assign(work=[w]))
+    r._drain_control()
+    step_until(r, lambda: "0.0" in finished(r))
+    t = finished(r)["0.0"]
+    assert t.tokens == tokens and t.mask == mask and t.tool_calls == 2 and t.finish == "eos"
+    from laminar_hpc.metrics.trace import role_events
+    r.ctx.tracer.flush()
+    assert not [e for e in role_events(r.ctx.run_dir, "rollout-0") if e["ev"] in ("tool_rerun", "tool_call")]
+
+
+def test_a_turn_that_wrote_its_call_while_run_alone_after_an_engine_error_goes_to_its_tools(make):
+    # the engine raises adding two episodes: each is run alone, writes its call (every token is
+    # one here) and must go to its tools, neither stepped past its call nor put back in the batch
+    r = make()
+    _module(r).GATED.clear()
+    real_add, failed = r.engine.add, []
+
+    def add_once_failing(reqs):
+        if not failed and len(reqs) == 2:
+            failed.append(True)
+            raise RuntimeError("transient engine error")
+        return real_add(reqs)
+
+    r.engine.add = add_once_failing
+    r.ctx.ctrl.inbox.append(Assign(work=[work_item(0, prompt=(5, 6, 7)), work_item(1, prompt=(5, 6, 7))]))
+    r._drain_control()
+    step_until(r, lambda: len(finished(r)) == 2)
+    assert failed and r.errors == 0
+    for t in finished(r).values():
+        segs = segments(len(t.tokens), t.mask)
+        assert [b - a for mine, a, b in segs if mine] == [1, 1, 1], t.traj_id  # one token a turn, each a call
+        assert t.tool_calls == 2
+
+
+def test_with_stop_at_call_off_a_turn_runs_to_its_end(tmp_path):
+    # every token is a call in this format: with turns stopped at their call, each is one token;
+    # without, each turn runs on to its end-of-turn token (or the episode's length limit)
+    from test_rollout_handlers import _relay_stores, publish
+    r = Rollout(role_context("rollout", 0, tmp_path, config="configs/tiny.yaml",
+                             overrides=(*OVERRIDES, "env.stop_at_call=false")), relay=0)
+    try:
+        publish(r, 0)
+        r.wait_first_version({}, r.beat)
+        _module(r).GATED.clear()
+        r.ctx.ctrl.inbox.append(Assign(work=[work_item(0, prompt=(5, 6, 7))]))
+        r._drain_control()
+        step_until(r, lambda: "0.0" in finished(r))
+        t = finished(r)["0.0"]
+        turns = [(a, b) for mine, a, b in segments(len(t.tokens), t.mask) if mine]
+        assert max(b - a for a, b in turns) > 1
+        assert all(t.tokens[b - 1] == r.tok.eos_id for a, b in turns[:-1])  # calls ran after whole turns only
+        assert t.tool_calls == len(turns) - 1
+    finally:
+        close_rollout(r)
+        store = _relay_stores.pop(r.weights.path, None)
+        if store is not None:
+            store.close()

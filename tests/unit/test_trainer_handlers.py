@@ -10,8 +10,8 @@ from laminar_hpc.trainer.main import StopRequested, Trainer
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.security import ensure_keys, server_keys
 from laminar_hpc.transport.protocol import (
-    CheckpointSaved, Groups, Heartbeat, HelloAck, LogEvent, Publish, Published, Stop, TrainerDone, TrainerSync, TrainStep,
-    WantGroups, WeightsSynced,
+    CheckpointSaved, Drops, Groups, Heartbeat, HelloAck, LogEvent, Publish, Published, Stop, TrainerDone, TrainerSync,
+    TrainStep, WantGroups, WeightsSynced,
 )
 
 
@@ -99,7 +99,8 @@ def test_a_restarted_controller_gets_the_lineage(make):
 
 def test_the_loop_trains_publishes_and_reports(make, tmp_path):
     """`run` as the process runs it, for two steps: the first trains groups 0 and 1; then a group of
-    version 0 is too stale for version 1 (max_staleness 0): dropped, reported with the next step."""
+    version 0 is too stale for version 1 (max_staleness 0): dropped, reported with the next step,
+    as are the groups the controller dropped before that delivery (`Drops`)."""
     ensure_keys(tmp_path)
     relay = Server("127.0.0.1", keys=server_keys(tmp_path, "relay"))
     publish_endpoint(tmp_path, "relay_master", relay.address)
@@ -111,15 +112,19 @@ def test_the_loop_trains_publishes_and_reports(make, tmp_path):
             if ch.of(TrainerSync) and not delivered[steps]:
                 delivered[steps] = True
                 return [Groups(groups=[group(0), group(1)])] if steps == 0 else \
-                    [Groups(groups=[group(2, version=0), group(3, version=1), group(4, version=1)])]
+                    [Drops(counts=drops),
+                     Groups(groups=[group(2, version=0), group(3, version=1), group(4, version=1)])]
             return []
 
         delivered = [False, False, True]
+        drops = {"groups_dropped.no_signal": 3, "reward_failed_dropped.timeout": 5, "no_signal_kept": 1}
         ctrl(t).script = controller
         assert t.run() == 0
         steps = ctrl(t).of(TrainStep)
         assert [(s.groups, s.stale) for s in steps] == [([0, 1], []), ([3, 4], [2])]
         assert [s.metrics["step"] for s in steps] == [1, 2] and steps[1].metrics["dropped_groups"] == 1
+        assert not any(k in steps[0].metrics for k in drops)
+        assert {k: steps[1].metrics[k] for k in drops} == drops
         assert [p.version for p in ctrl(t).of(Published)] == [0, 1, 2]
         assert ctrl(t).of(TrainerDone) == [TrainerDone(steps=2)]
         saved = ctrl(t).of(CheckpointSaved)
