@@ -381,8 +381,15 @@ def log_lost_under_checkpoints(rd: "RunDir") -> str | None:
     wal = rd.wal_dir
     if any(wal.glob("snapshot-*.msgpack")) or any(wal.glob("seg-*.log")):
         return None
-    found = newest_verified(rd.checkpoints_dir)
-    consumed = (found[1]["ledger"].get("consumed") or []) if found is not None else []
+    for path in reversed(list_checkpoints(rd.checkpoints_dir)):  # quietly: a resume logs what it skips
+        try:
+            found = path, verify(path)
+            break
+        except CheckpointError:
+            continue
+    else:
+        return None
+    consumed = found[1]["ledger"].get("consumed") or []
     if not consumed:
         return None
     return (f"{rd.path}: the controller's write-ahead log ({wal}) is missing or empty, but checkpoint "
