@@ -68,7 +68,10 @@ def check_mode(run_dir: Path, mode: str, s: dict, steps: int, trajs_per_step: in
                 elif e["ev"] == "traj_finished":
                     assert e["version"] == holding, (path.name, e)
     if mode == "laminar":
-        assert migrated or not long_tails, "no repack happened"
+        # repack planned moves (and a move whose trajectories all finished before the source got
+        # it migrates nothing: on a loaded machine every move of a short run may end so)
+        planned = [m for e in events(run_dir, "controller-0.*h5", "repack") for m in e["moves"]]
+        assert migrated or planned or not long_tails, "no repack happened"
         version_of = {e["traj"]: e["version"] for e in events(run_dir, "controller-0.*h5", "traj_finished")}
         # a migrated trajectory keeps the version it started with (unless its destination had moved
         # on and rejected it: then it started again from its prompt, and says so)
@@ -81,11 +84,11 @@ def check_mode(run_dir: Path, mode: str, s: dict, steps: int, trajs_per_step: in
 
 @pytest.mark.parametrize("mode", MODES)
 def test_each_mode_runs_on_emulated_engines(tmp_path, mode):
-    # laminar runs longer, with spare replicas, and repacks on any fall from the plateau, so
-    # repack surely happens;
+    # laminar runs longer, with spare replicas, and repacks on any fall from the plateau in
+    # frequent rounds, so repack surely happens;
     # partial-rollout runs longer with more in flight, so some publish surely cuts sequences
     more = {"laminar": ["trainer.total_steps=10", "repack.fall_ratio=1.0", "rollout.count=6",
-                        "controller.max_ahead_steps=2"],
+                        "controller.max_ahead_steps=2", "repack.interval_s=0.2"],
             "partial-rollout": ["trainer.total_steps=10", "controller.max_ahead_steps=2"]}.get(mode, [])
     s = run(EMULATED, tmp_path / mode, mode, *more)
     check_mode(tmp_path / mode, mode, s, steps=10 if more else 6, trajs_per_step=4 * 4, long_tails=True)
