@@ -362,14 +362,16 @@ def verify(path: Path) -> dict:
     return meta
 
 
-def newest_verified(root: Path) -> tuple[Path, dict] | None:
+def newest_verified(root: Path, quiet: bool = False) -> tuple[Path, dict] | None:
     """(path, meta) of the newest complete checkpoint that verifies; each one skipped is logged
-    as an error, because resuming from an older checkpoint repeats work and must be visible."""
+    as an error (unless `quiet`: a check that resumes nothing), because resuming from an older
+    checkpoint repeats work and must be visible."""
     for path in reversed(list_checkpoints(root)):
         try:
             return path, verify(path)
         except CheckpointError as err:
-            log.error("skipping checkpoint: %s; trying the previous one", err)
+            if not quiet:
+                log.error("skipping checkpoint: %s; trying the previous one", err)
     return None
 
 
@@ -381,15 +383,8 @@ def log_lost_under_checkpoints(rd: "RunDir") -> str | None:
     wal = rd.wal_dir
     if any(wal.glob("snapshot-*.msgpack")) or any(wal.glob("seg-*.log")):
         return None
-    for path in reversed(list_checkpoints(rd.checkpoints_dir)):  # quietly: a resume logs what it skips
-        try:
-            found = path, verify(path)
-            break
-        except CheckpointError:
-            continue
-    else:
-        return None
-    consumed = found[1]["ledger"].get("consumed") or []
+    found = newest_verified(rd.checkpoints_dir, quiet=True)  # a resume logs what it skips
+    consumed = (found[1]["ledger"].get("consumed") or []) if found is not None else []
     if not consumed:
         return None
     return (f"{rd.path}: the controller's write-ahead log ({wal}) is missing or empty, but checkpoint "

@@ -116,6 +116,11 @@ class Episodes:
                 out.append(o.traj_id)
         return out
 
+    def at_call(self, tokens: list[int]) -> bool:
+        """Whether a turn ending with `tokens` has just written its call and leaves the engine
+        (never with `env.stop_at_call: false`, nor without episodes)."""
+        return self.enabled and self.stop_at_call and bool(tokens) and self.fmt.stopped(self.tok, tokens[-16:])
+
     def turn_ended(self, req: SeqRequest, finish: str) -> bool:
         """A model turn ended (EOS, or its call was written). Park it for its tools and return
         True, or return False: the episode is over (no call, the environment is done, or a limit)."""

@@ -10,7 +10,7 @@ fault (`MAX_ENGINE_FAILURES`), the engine is broken, not the data: the error end
 
 Kept apart from `rollout/main.py` (the generation loop) as a mixin: `Rollout` inherits `add`,
 `step`, `isolate` and `fail` from `EngineErrors`, which uses these parts of it: `ctx`, `engine`,
-`errors`, `engine_failures`, `credit_to_return`, `episodes`, `tok`, `busy()`, `handle()` and `_partial()`.
+`errors`, `engine_failures`, `credit_to_return`, `episodes`, `busy()`, `handle()` and `_partial()`.
 """
 from __future__ import annotations
 
@@ -68,7 +68,9 @@ class EngineErrors:
         if self.engine_failures > MAX_ENGINE_FAILURES:
             raise err
         with self.busy():
-            outs, culprits, survivors = run_alone(self.engine, reqs, stopped=self.at_call)
+            # a turn whose prefill token wrote its call is not stepped past it
+            outs, culprits, survivors = run_alone(self.engine, reqs,
+                                                  stopped=lambda r: self.episodes.at_call(r.tokens))
         if len(culprits) == len(reqs) > 1:
             raise err
         at_call = self.handle(outs, outside=survivors)  # a turn that wrote its call alone goes to its tools
@@ -77,10 +79,6 @@ class EngineErrors:
         if len(culprits) < len(reqs):
             self.engine_failures = 0  # some ran alone: the engine itself works
         self.add([r for r in survivors if r.traj_id not in at_call])
-
-    def at_call(self, req: SeqRequest) -> bool:
-        """Whether an episode's turn has just written its call (it leaves the engine)."""
-        return self.episodes.enabled and bool(req.tokens) and self.episodes.fmt.stopped(self.tok, req.tokens[-16:])
 
     def fail(self, req: SeqRequest, reason: str) -> None:
         """Finish a trajectory that cannot be generated as an error result (see the module doc)."""

@@ -243,9 +243,8 @@ class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
         loop (`send_scored` sends it when it is back). An episode's turn that made tool calls
         goes to its tools instead (`episodes.turn_ended`)."""
         # a turn the engine ended at its call (an emulated TOOL token) ended as an EOS would
-        kind = kind or ("eos" if req.tokens and (req.tokens[-1] == self.tok.eos_id or (
-            self.episodes.enabled and self.episodes.stop_at_call
-            and self.episodes.fmt.stopped(self.tok, req.tokens[-16:]))) else "length")
+        kind = kind or ("eos" if req.tokens and (req.tokens[-1] == self.tok.eos_id
+                                                  or self.episodes.at_call(req.tokens)) else "length")
         if self.episodes.enabled and not turn_over:
             try:
                 if self.episodes.turn_ended(req, kind):

@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, kill_run_leftovers, laminar
+from helpers import REPO, laminar
+from processes import kill_run_leftovers
 from laminar_hpc.metrics.jsonl import read_steps
 from laminar_hpc.metrics.trace import read_file
 from laminar_hpc.rundir import RunDir, read_ledger

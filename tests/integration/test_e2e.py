@@ -16,7 +16,8 @@ import pytest
 
 from laminar_hpc.metrics.trace import role_events
 
-from helpers import REPO, laminar, processes_mentioning
+from helpers import REPO, laminar
+from processes import processes_mentioning
 
 TINY = str(REPO / "configs" / "tiny.yaml")
 pytestmark = pytest.mark.slow

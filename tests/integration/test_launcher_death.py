@@ -20,7 +20,8 @@ import pytest
 
 from laminar_hpc.launch.prepare import CampaignLock, lock_holder
 
-from helpers import REPO, kill_run_leftovers, processes_mentioning
+from helpers import REPO
+from processes import kill_run_leftovers, processes_mentioning
 
 TINY = str(REPO / "configs" / "tiny.yaml")
 pytestmark = pytest.mark.slow

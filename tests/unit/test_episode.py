@@ -128,6 +128,24 @@ class Slow(Environment):
              "not_text": not_text}
 
 
+@pytest.fixture
+def slow_runner():
+    """slow_runner(timeout_s) -> (a ToolRunner, a `Slow` environment), the gate closed; every
+    runner is closed afterwards, its thread gone."""
+    made = []
+
+    def make(timeout_s: float):
+        Slow.gate.clear()
+        made.append(ToolRunner(max_concurrent=8, timeout_s=timeout_s, max_chars=60))
+        return made[-1], Slow(Problem(0, "p", "a"), EnvContext("t", 0))
+
+    yield make
+    Slow.gate.set()
+    for runner in made:
+        runner.close()
+        assert not runner._thread.is_alive()
+
+
 def _collect(runner, n, timeout_s=10.0):
     got, deadline = {}, time.monotonic() + timeout_s
     while len(got) < n:
@@ -137,64 +155,52 @@ def _collect(runner, n, timeout_s=10.0):
     return got
 
 
-def test_the_runner_runs_episodes_concurrently_and_every_failure_becomes_an_observation():
-    runner = ToolRunner(max_concurrent=8, timeout_s=0.5, max_chars=60)
-    env = Slow(Problem(0, "p", "a"), EnvContext("t", 0))
-    try:
-        Slow.gate.clear()
-        runner.submit("slow", env, [ToolCall("wait", {"x": 1})])
-        runner.submit("quick", env, [ToolCall("fast", {"x": 2}), ToolCall("nope", {}), ToolCall("boom", {}),
-                                     ToolCall("", error="error: the tool call is not JSON"),
-                                     ToolCall("fast", {"x": "y" * 100})])
-        got = _collect(runner, 1)  # the quick episode is back while the slow one still waits
-        assert set(got) == {"quick"} and runner.pending() == 1
-        outcomes = [(r.outcome, r.text) for r, _, _ in got["quick"]]
-        assert outcomes[0] == ("ok", "fast 2")
-        assert outcomes[1][0] == "refused" and "unknown tool 'nope'" in outcomes[1][1]
-        assert outcomes[2] == ("error", "error: RuntimeError: kaboom")
-        assert outcomes[3] == ("error", "error: the tool call is not JSON")
-        assert outcomes[4][1].startswith("fast " + "y" * 55) and "[truncated" in outcomes[4][1]
-        Slow.gate.set()
-        assert _collect(runner, 1)["slow"][0][0].text == "waited 1"
-        runner.submit("hung", env, [ToolCall("hang", {})])
-        (res, _, latency), = _collect(runner, 1)["hung"]
-        assert res.outcome == "timeout" and "timed out after 0.5s" in res.text and latency >= 0.5
-        # user code that calls sys.exit() or returns no text: error observations, and the loop lives on
-        runner.submit("exits", env, [ToolCall("leave"), ToolCall("leave_async"), ToolCall("not_text")])
-        exits = _collect(runner, 1)["exits"]
-        assert [(r.outcome, r.text) for r, _, _ in exits] == [
-            ("error", "error: RuntimeError: SystemExit: 3"), ("error", "error: RuntimeError: SystemExit: 4"),
-            ("ok", "12345")]
-        runner.submit("after", env, [ToolCall("fast", {"x": 5})])
-        assert _collect(runner, 1)["after"][0][0].text == "fast 5"
-        runner.submit("gone", env, [ToolCall("fast", {"x": 3})])
-        assert runner.cancel("gone") and runner.pending() == 0
-        assert not [t for t, _ in runner.finished() if t == "gone"]  # a cancelled episode never comes back
-    finally:
-        runner.close()
-    assert not runner._thread.is_alive()
+def test_the_runner_runs_episodes_concurrently_and_every_failure_becomes_an_observation(slow_runner):
+    runner, env = slow_runner(0.5)
+    runner.submit("slow", env, [ToolCall("wait", {"x": 1})])
+    runner.submit("quick", env, [ToolCall("fast", {"x": 2}), ToolCall("nope", {}), ToolCall("boom", {}),
+                                 ToolCall("", error="error: the tool call is not JSON"),
+                                 ToolCall("fast", {"x": "y" * 100})])
+    got = _collect(runner, 1)  # the quick episode is back while the slow one still waits
+    assert set(got) == {"quick"} and runner.pending() == 1
+    outcomes = [(r.outcome, r.text) for r, _, _ in got["quick"]]
+    assert outcomes[0] == ("ok", "fast 2")
+    assert outcomes[1][0] == "refused" and "unknown tool 'nope'" in outcomes[1][1]
+    assert outcomes[2] == ("error", "error: RuntimeError: kaboom")
+    assert outcomes[3] == ("error", "error: the tool call is not JSON")
+    assert outcomes[4][1].startswith("fast " + "y" * 55) and "[truncated" in outcomes[4][1]
+    Slow.gate.set()
+    assert _collect(runner, 1)["slow"][0][0].text == "waited 1"
+    runner.submit("hung", env, [ToolCall("hang", {})])
+    (res, _, latency), = _collect(runner, 1)["hung"]
+    assert res.outcome == "timeout" and "timed out after 0.5s" in res.text and latency >= 0.5
+    # user code that calls sys.exit() or returns no text: error observations, and the loop lives on
+    runner.submit("exits", env, [ToolCall("leave"), ToolCall("leave_async"), ToolCall("not_text")])
+    exits = _collect(runner, 1)["exits"]
+    assert [(r.outcome, r.text) for r, _, _ in exits] == [
+        ("error", "error: RuntimeError: SystemExit: 3"), ("error", "error: RuntimeError: SystemExit: 4"),
+        ("ok", "12345")]
+    runner.submit("after", env, [ToolCall("fast", {"x": 5})])
+    assert _collect(runner, 1)["after"][0][0].text == "fast 5"
+    runner.submit("gone", env, [ToolCall("fast", {"x": 3})])
+    assert runner.cancel("gone") and runner.pending() == 0
+    assert not [t for t, _ in runner.finished() if t == "gone"]  # a cancelled episode never comes back
 
 
-def test_a_cancelled_turn_s_late_result_never_answers_the_episode_s_next_turn():
+def test_a_cancelled_turn_s_late_result_never_answers_the_episode_s_next_turn(slow_runner):
     # an episode moves away while its call runs (cancelled), comes back, and calls again: the
     # first call's result, already on its way, must not be taken for the second's
-    runner = ToolRunner(max_concurrent=8, timeout_s=5.0, max_chars=60)
-    env = Slow(Problem(0, "p", "a"), EnvContext("t", 0))
-    try:
-        Slow.gate.clear()
-        runner.submit("ep", env, [ToolCall("fast", {"x": 1})])
-        deadline = time.monotonic() + 5.0
-        while runner._done.empty():  # until its result is queued (not yet taken)
-            assert time.monotonic() < deadline, "the first call's result never came"
-            time.sleep(0.001)
-        assert runner.cancel("ep")
-        runner.submit("ep", env, [ToolCall("wait", {"x": 2})])  # back here, waiting on the gate
-        assert runner.finished() == [] and runner.pending() == 1
-        Slow.gate.set()
-        assert _collect(runner, 1)["ep"][0][0].text == "waited 2"
-    finally:
-        Slow.gate.set()
-        runner.close()
+    runner, env = slow_runner(5.0)
+    runner.submit("ep", env, [ToolCall("fast", {"x": 1})])
+    deadline = time.monotonic() + 5.0
+    while runner._done.empty():  # until its result is queued (not yet taken)
+        assert time.monotonic() < deadline, "the first call's result never came"
+        time.sleep(0.001)
+    assert runner.cancel("ep")
+    runner.submit("ep", env, [ToolCall("wait", {"x": 2})])  # back here, waiting on the gate
+    assert runner.finished() == [] and runner.pending() == 1
+    Slow.gate.set()
+    assert _collect(runner, 1)["ep"][0][0].text == "waited 2"
 
 
 def test_an_environment_may_end_the_episode_and_async_tools_are_awaited():
