@@ -206,6 +206,8 @@ def sample_value(t, full: bool = True):
         return sample_value(next(x for x in t.types if not isinstance(x, mi.NoneType)), full)
     if isinstance(t, mi.ListType):
         return [sample_value(t.item_type, full) for _ in range(2)]
+    if isinstance(t, mi.TupleType):
+        return tuple(sample_value(x, full) for x in t.item_types)
     if isinstance(t, mi.DictType):
         return {"k": sample_value(t.value_type, full)}
     if isinstance(t, mi.StructType):

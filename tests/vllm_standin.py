@@ -184,8 +184,9 @@ class StandinLLM:
         self.calls.append(("wake_up", tags))
 
     def reset_prefix_cache(self) -> bool:
+        """As vLLM: False (nothing reset) while a running request still holds cache blocks."""
         self.calls.append(("reset_prefix_cache",))
-        return True
+        return not self.llm_engine.reqs
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]

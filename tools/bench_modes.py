@@ -36,18 +36,11 @@ from laminar_hpc.config import load_config  # noqa: E402
 from laminar_hpc.metrics.status import read_status  # noqa: E402
 from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
 from laminar_hpc.metrics.trace import read_trace, role_events  # noqa: E402
-from laminar_hpc.sim.scaling import AREAL_UPDATE_PATH  # noqa: E402
+from laminar_hpc.sim.scaling import DEFAULT_VARIANTS, VARIANTS, variant_overrides  # noqa: E402
 
-MODES = {  # name -> overrides
-    "sync": ["mode=sync"],
-    "one-step-off": ["mode=one-step-off"],
-    "partial-rollout": ["mode=partial-rollout"],
-    "laminar": ["mode=laminar", "repack.enabled=true"],
-    "laminar-norepack": ["mode=laminar", "repack.enabled=false"],
-    # partial-rollout with AReaL's default update path (sim/scaling.py AREAL_UPDATE_PATH: the trainer
-    # broadcasts each version to every rollout, blocked meanwhile; issue 15)
-    "partial-rollout-areal": ["mode=partial-rollout", f"partial_rollout.update_path={AREAL_UPDATE_PATH}"],
-}
+# name -> overrides: the simulator's variants (sim/scaling.py VARIANTS), partial-rollout-areal over AReaL's
+# default update path (the trainer broadcasts each version to every rollout, blocked meanwhile; issue 15)
+MODES = {name: variant_overrides(name) for name in VARIANTS}
 BARRIER = {"sync", "one-step-off"}
 
 
@@ -142,7 +135,7 @@ def main() -> None:
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every mode")
     ap.add_argument("--json", required=True, help="where to write the results")
-    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    ap.add_argument("--modes", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated subset of {','.join(MODES)}")
     ap.add_argument("--out", default="runs/bench", help="parent of the per-mode run directories")
     ap.add_argument("--steps", type=int, default=None, help="train steps per asynchronous mode (default: config)")
     ap.add_argument("--barrier-steps", type=int, default=4,

@@ -78,7 +78,9 @@ class Span:
     version: int | None
     tokens: int | None
     traj: str
-    kind: str = "done"  # done | migrated (taken away by a repack) | lost (the replica died) | open (trace ends)
+    # done | migrated (taken away by a repack) | lost (the replica died) | open (trace ends) | refreshed (its
+    # replica loaded a newer version in flight: the next span, same trajectory, is that version's)
+    kind: str = "done"
 
 
 @dataclass
@@ -146,6 +148,7 @@ class Timeline:
         open_: dict[str, dict[str, tuple[float, int | None]]] = {r: {} for r in tl.rollouts}
         last_t: dict[str, float] = {}
         ctl_finished, migrated_out = [], []
+        refreshed: set[str] = set()  # trajectories whose later spans are another version's
         for e in run.events:
             role, ev, t = e["role"], e["ev"], e["t"]
             if role in open_:
@@ -170,12 +173,22 @@ class Timeline:
                 elif ev == "traj_finished":
                     traj = str(e.get("traj"))
                     started = open_[role].pop(traj, None)
-                    if e.get("t_start") is not None and e.get("t_end") is not None:
+                    version = e.get("version")
+                    if traj in refreshed and started:  # its last span: from the refresh, of that version
+                        start, version = started
+                    elif e.get("t_start") is not None and e.get("t_end") is not None:
                         start = t - max(0.0, e["t_end"] - e["t_start"])  # a duration: no clock offset needed
                     else:
                         start = started[0] if started else t
-                    tl.spans[role].append(Span(role, start, t, e.get("version"), e.get("tokens"), traj))
+                    tl.spans[role].append(Span(role, start, t, version, e.get("tokens"), traj))
                     tl.finished.append(e)
+                elif ev == "refreshed_in_flight":  # each trajectory goes on in a span of the new version
+                    for traj in map(str, e.get("traj_ids") or []):
+                        got = open_[role].get(traj)
+                        if got is not None:
+                            tl.spans[role].append(Span(role, got[0], t, got[1], None, traj, "refreshed"))
+                            open_[role][traj] = (t, e.get("version"))
+                            refreshed.add(traj)
                 elif ev == "util":
                     inc = tl.util[role]
                     s = UtilSample(t, float(e.get("busy_s", 0.0)), float(e.get("weight_wait_s", 0.0)), e.get("running"))

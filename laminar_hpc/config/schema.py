@@ -137,6 +137,15 @@ class RolloutCfg(Section):
     # the layout rollouts load; unset: trainer.publish_dtype. When it differs, the master relay
     # converts each version once before the broadcast (relay/reshard.py)
     weight_dtype: Literal["float32", "bfloat16"] | None = None
+    # laminar mode: when a replica takes a newer version (policy/refresh.py). never: pure laminar,
+    # one version per trajectory (drain, then pull); always: load it at once and continue the
+    # sequences in flight under it; underfull: drain while the batch holds >= refresh_below x
+    # max_batch sequences, switch in flight below that
+    refresh_in_flight: Literal["never", "underfull", "always"] = "never"
+    refresh_below: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+    # a switch in flight re-prefills the sequences' KV under the new weights (recompute) or keeps the
+    # KV computed under the old ones (keep: PipelineRL's in-flight update, no re-prefill)
+    refresh_kv: Literal["recompute", "keep"] = "recompute"
     vllm: VllmCfg = Field(default_factory=VllmCfg)
 
 
@@ -188,6 +197,10 @@ class PartialRolloutCfg(Section):
     default `weight_update_mode: xccl`; or a save to shared storage that the rollouts load) and is
     blocked until every rollout has loaded it. The costs are what the simulator and emulated runs spend."""
     update_path: Literal["relay", "broadcast", "filesystem"] = "relay"
+    # after the update the paused sequences continue with their KV re-prefilled under the new
+    # weights (recompute, as AReaL) or with the KV computed under the old ones kept (keep, as
+    # PipelineRL's in-flight weight update)
+    kv: Literal["recompute", "keep"] = "recompute"
     # the trainer's sending link: one NDR InfiniBand port (400 Gb/s = 50 GB/s line rate), 80% achieved (assumed)
     broadcast_gbps: PosFloat = 40.0
     # per receiving rank, per bucket (pipeline fill): one 512 KiB NCCL slice (NCCL_BUFFSIZE 4 MiB / 8

@@ -55,6 +55,7 @@ from laminar_hpc.metrics.jsonl import JsonlAppender, read_objects
 from laminar_hpc.metrics.status import ControllerInfo, Status, Utilisation, write_status
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
+from laminar_hpc.policy.modes import MODES
 from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir, read_json
 from laminar_hpc.tasks import build_task, encode_prompt, validation_problems
@@ -104,14 +105,15 @@ class Controller(MessageHandlers):
         self.sync = WeightSync(cfg.mode, rollouts=cfg.rollout.count, groups_per_step=cfg.trainer.groups_per_step,
                                send=self.send, emit=tracer.emit, trainer_version=meta.get("max_version", -1),
                                version_base=meta.get("version_base", -1))
+        spec = MODES[cfg.mode]
         scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" else 1.0
         interval = cfg.repack.interval_s * scale
         self.rm = RolloutManager(
             max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,
             interval_s=interval,
             kv_capacity=kv_capacity(cfg), expiry_s=move_expiry_s(interval), send=self.send, emit=tracer.emit,
-            now=time.monotonic())
-        self.repack_on = cfg.mode == "laminar" and cfg.repack.enabled
+            now=time.monotonic(), pins_versions=spec.pins_versions(cfg.rollout.refresh_in_flight))
+        self.repack_on = spec.repacks(enabled=cfg.repack.enabled, refresh=cfg.rollout.refresh_in_flight)
         self.recovery = Recovery(self.dp, self.rm, self.sync, self.roles, log, tracer, self.t_start)
         self.trainer_credit = 0
         self.steps_trained = meta.get("steps", 0)

@@ -100,6 +100,7 @@ class PartialMoves:
     def _migrate(self, traj: Trajectory, dest: int, t: float = 0.0) -> WorkItem:
         p = self.partials[traj.traj_id]
         p.tokens, p.logprobs, p.version = list(traj.tokens), list(traj.logprobs), traj.version
+        p.version_spans = [tuple(s) for s in traj.version_spans] if traj.version_spans else None
         p.mask = list(traj.mask) if traj.mask is not None else None
         p.tool_calls, p.tool_errors = traj.tool_calls, traj.tool_errors
         p.gap = False

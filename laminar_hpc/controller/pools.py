@@ -45,7 +45,7 @@ from laminar_hpc.controller import validate
 from laminar_hpc.controller.ledger import GroupLedger, GroupRecord
 from laminar_hpc.controller.moves import PartialMoves
 from laminar_hpc.controller.validate import Limits
-from laminar_hpc.transport.protocol import StreamItem, Trajectory, WorkItem
+from laminar_hpc.transport.protocol import StreamItem, Trajectory, WorkItem, record_version
 
 # journal records that carry protocol shapes: read back from disk they are msgpack maps and become
 # structs again on replay (msgspec.convert passes a struct through: an in-memory journal replays as is)
@@ -67,7 +67,8 @@ class Partial:
     prompt: list[int]
     max_new_tokens: int
     rollout: int | None = None
-    version: int | None = None
+    version: int | None = None  # of its oldest token
+    version_spans: list[tuple[int, int]] | None = None  # several versions generated its tokens (protocol.record_version)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     t_assigned: float | None = None
@@ -83,6 +84,7 @@ class Partial:
                      max_new_tokens=self.max_new_tokens)
         if self.tokens:  # resumed elsewhere: keeps its tokens, log-probs, version and episode state
             w.tokens, w.logprobs, w.version = self.tokens, self.logprobs, self.version
+            w.version_spans = self.version_spans
             w.mask, w.tool_calls, w.tool_errors = self.mask, self.tool_calls, self.tool_errors
         return w
 
@@ -252,8 +254,7 @@ class DataPlane(PartialMoves):
                 if off > len(p.tokens):
                     p.gap = True  # a chunk went missing (controller restart): never continue these tokens
                 continue  # off < len: a chunk we already hold, re-sent
-            if p.version is None:
-                p.version = it.version
+            record_version(p, len(p.tokens), it.version)  # a chunk after a weight update: a new span
             if it.mask is not None or p.mask is not None:  # an episode's observation tokens: mask 0
                 p.mask = (p.mask if p.mask is not None else [1] * len(p.tokens)) + \
                     (list(it.mask) if it.mask is not None else [1] * len(it.tokens))
@@ -310,7 +311,7 @@ class DataPlane(PartialMoves):
 
     @staticmethod
     def _reset(p: Partial) -> None:
-        p.rollout, p.version, p.t_assigned, p.gap = None, None, None, False
+        p.rollout, p.version, p.version_spans, p.t_assigned, p.gap = None, None, None, None, False
         p.tokens, p.logprobs, p.mask, p.tool_calls, p.tool_errors = [], [], None, 0, 0
 
     def _forget(self, traj_ids: list[str]) -> None:
@@ -363,6 +364,9 @@ class DataPlane(PartialMoves):
         self.cursor, lg.next_group = s["cursor"], s["next_group"]
         self.queue = deque(s["queue"])
         self.partials = {p["traj_id"]: Partial(**p) for p in s["partials"]}
+        for p in self.partials.values():  # read back from disk, (offset, version) pairs are lists
+            if p.version_spans:
+                p.version_spans = [tuple(x) for x in p.version_spans]
         # a snapshot read from disk holds the finished trajectories as maps
         finished = dict[str, Trajectory]
         lg.groups = {g["group_id"]: GroupRecord(**{**g, "finished": msgspec.convert(g["finished"], finished)})

@@ -63,11 +63,13 @@ def kv_capacity(cfg) -> int:
 class RolloutManager:
     def __init__(self, *, max_batch: int, kv_capacity: int, fall_ratio: float, interval_s: float,
                  expiry_s: float, send: Send, emit: Callable[..., None] = _no_trace, now: float = 0.0,
-                 policy: str = "best-fit"):
+                 policy: str = "best-fit", pins_versions: bool = True):
         if policy not in ("best-fit", "consolidate"):
             raise ValueError(f"repack policy {policy!r}: use 'consolidate' or 'best-fit'")
         self.max_batch, self.kv_capacity, self.fall_ratio = max_batch, kv_capacity, fall_ratio
         self.policy = policy
+        # whether a detached trajectory may only continue on its own version (policy/modes.py)
+        self.pins_versions = pins_versions
         self.interval_s, self.expiry_s = interval_s, expiry_s
         self.send, self.emit = send, emit
         self.credits: dict[int, int] = {}  # rank -> trajectories it can still take (0 is left out)
@@ -183,7 +185,8 @@ class RolloutManager:
     def place(self, plane, detached: list, versions: list[int], alive: Callable[[int], bool],
               exclude: int | None = None) -> None:
         """Continue `detached` (objects with `traj_id` and `version`) on live replicas holding their
-        version (`versions[rank]`, -1 for none), or restart them from the prompt."""
+        version (`versions[rank]`, -1 for none; any version unless `pins_versions`), or restart them
+        from the prompt."""
         if not detached:
             return
         live = {r: v for r, v in enumerate(versions)
@@ -192,7 +195,8 @@ class RolloutManager:
         for p in plane.partials.values():
             if p.rollout is not None:
                 load[p.rollout] = load.get(p.rollout, 0) + 1
-        plan = recovery.place_detached([(p.traj_id, p.version) for p in detached], live, load, self.max_batch)
+        plan = recovery.place_detached([(p.traj_id, p.version) for p in detached], live, load, self.max_batch,
+                                       any_version=not self.pins_versions)
         by_dest: dict[int, list] = {}
         restarted = 0
         for tid, dest in plan.items():

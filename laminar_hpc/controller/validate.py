@@ -120,10 +120,29 @@ def trajectory_refusal(traj: Trajectory, expected: Expected, limits: Limits | No
         return "its prompt is not the prompt it was handed out with"
     if traj.version < 0:
         return f"weight version {traj.version} is negative"
+    if (why := spans_refusal(traj)) is not None:
+        return why
     if finished and traj.finish not in FINISH_OK:
         return f"the rollout reported: {' '.join(traj.finish[:300].split())}"
     return tokens_refusal(traj.tokens, traj.logprobs, limits, prompt_len=len(traj.prompt), before=0,
                           max_new_tokens=expected.max_new_tokens) or mask_refusal(traj.mask, len(traj.tokens))
+
+
+def spans_refusal(traj: Trajectory) -> str | None:
+    """Why a trajectory's version spans (protocol.record_version) do not describe its tokens, or None:
+    the first starts at token 0, each later one after the previous and at most at its last token
+    (a span may hold no token yet: an episode switched while at its tools that then ended), the
+    versions differ from span to span and the oldest is `version`."""
+    spans = traj.version_spans
+    if not spans:
+        return None
+    starts, versions = [s[0] for s in spans], [s[1] for s in spans]
+    if len(spans) < 2 or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) \
+            or starts[-1] > len(traj.tokens):
+        return f"version spans {spans[:8]} do not split its {len(traj.tokens)} tokens in order"
+    if any(a == b for a, b in zip(versions, versions[1:])) or min(versions) != traj.version:
+        return f"version spans {spans[:8]} do not go with its version {traj.version}"
+    return None
 
 
 def mask_refusal(mask: list[int] | None, n_tokens: int) -> str | None:

@@ -66,6 +66,8 @@ EVENTS = (
     "reward_failed", "eval_started", "eval",
     # multi-turn episodes: a tool call that came back, episodes waiting for tools, a pending call run again
     "tool_call", "tool_wait", "tool_rerun",
+    # laminar's refresh in flight: a rollout loaded a newer version under its running sequences
+    "refreshed_in_flight",
 )
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 ROW = np.dtype([("t", "f8"), ("ev", "u2"), ("off", "u8"), ("len", "u4")])

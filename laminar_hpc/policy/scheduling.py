@@ -5,6 +5,8 @@ tested and simulated is what runs.
 """
 from __future__ import annotations
 
+from laminar_hpc.policy.modes import MODES
+
 
 def groups_to_admit(*, groups_started: int, steps_trained: int, groups_per_step: int,
                     max_ahead_steps: int, queued_trajs: int, group_size: int,
@@ -89,14 +91,8 @@ def keep_no_signal(dropped_in_a_row: int, max_in_a_row: int | None) -> bool:
     return max_in_a_row is not None and dropped_in_a_row >= max_in_a_row
 
 
-def should_refresh(current_version: int, newest_available: int, active: int) -> tuple[bool, bool]:
-    """(drain, pull) for a rollout: stop admitting new trajectories as soon as a newer version
-    exists; pull it once no trajectory of the current version is in flight."""
-    newer = newest_available > current_version
-    return newer, newer and active == 0
-
-
-BARRIER_LAG = {"sync": 0, "one-step-off": 1}  # how many versions a barrier mode's batch may lag
+# how many versions a barrier mode's batch may lag (policy/modes.py)
+BARRIER_LAG = {name: spec.barrier_lag for name, spec in MODES.items() if spec.barrier}
 
 
 def barrier_admit(*, mode: str, groups_started: int, groups_per_step: int, in_flight: int,

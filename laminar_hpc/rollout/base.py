@@ -1,8 +1,9 @@
 """The rollout-engine interface, shared by the PyTorch, emulated and vLLM engines.
 
 An engine holds ONE weight version at a time and generates with continuous batching: new
-sequences join between steps, finished ones leave, and weights can only be swapped when no
-sequence is in flight, so every trajectory is produced by exactly one version. `abort` hands
+sequences join between steps, finished ones leave. Weights are swapped when no sequence is in
+flight, or, asked for (`load_weights(..., in_flight=True)`: refresh in flight with its KV kept,
+rollout/updates.py), under the running sequences, which continue with the KV computed so far. `abort` hands
 sequences back with their progress (repack, partial rollout, recovery); `add` re-prefills a
 sequence that already has tokens and continues it. Imports no torch.
 
@@ -42,7 +43,8 @@ class StepOutput:
 
 
 class VersionInFlightError(RuntimeError):
-    """Weights were to change while a trajectory of the current version was still running."""
+    """Weights were to change while a trajectory of the current version was still running (and
+    the caller did not ask to load them in flight)."""
 
 
 def request_problem(req: SeqRequest, *, vocab_size: int | None, max_len: int | None,
@@ -97,8 +99,11 @@ class RolloutEngine(Protocol):
 
     def abort(self, traj_ids: list[str]) -> list[SeqRequest]: ...
 
-    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False) -> int | None:
-        """Load a version; with `checksum`, returns the checksum of `buf` (hashed while copying)."""
+    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False,
+                     in_flight: bool = False) -> int | None:
+        """Load a version; with `checksum`, returns the checksum of `buf` (hashed while copying).
+        Raises VersionInFlightError if sequences are running, unless `in_flight`: then they stay
+        and continue under the new weights with their KV cache as it is."""
 
 
 def run_alone(engine: RolloutEngine, reqs: list[SeqRequest], stopped=lambda req: False):

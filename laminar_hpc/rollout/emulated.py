@@ -79,8 +79,9 @@ class EmulatedEngine:
         return [s.req.traj_id for s in self.active]
 
     # -- weights --------------------------------------------------------------------------
-    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False) -> int | None:
-        if self.active:
+    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False,
+                     in_flight: bool = False) -> int | None:
+        if self.active and not in_flight:
             raise VersionInFlightError(f"cannot load version {version}: {len(self.active)} trajectories of "
                                        f"version {self.version} are still generating")
         digest = layout.unpack(buf, self, checksum=checksum)  # the real bytes

@@ -63,8 +63,9 @@ class TorchEngine:
         return [a.req.traj_id for a in self.active]
 
     # -- weights --------------------------------------------------------------------------
-    def load_weights(self, version: int, buf: memoryview, layout: WeightLayout, checksum: bool = False) -> int | None:
-        if self.active:
+    def load_weights(self, version: int, buf: memoryview, layout: WeightLayout, checksum: bool = False,
+                     in_flight: bool = False) -> int | None:
+        if self.active and not in_flight:
             raise VersionInFlightError(
                 f"cannot load version {version}: {len(self.active)} trajectories of version "
                 f"{self.version} are still generating")

@@ -1,14 +1,15 @@
 """Rollout role: generate trajectories with continuous batching, one weight version at a time.
 
-Loop: take assigned work into a local queue; admit it into the engine while no newer weight
-version is waiting; one decode step; stream tokens to the partial-response pool; send each
-finished trajectory on its own, once the reward pool has scored it (rollout/scoring.py: user
-reward code never runs in the decode loop). As soon as the node's relay holds a newer
-version the rollout stops admitting, lets its in-flight trajectories finish on the version
-they started with, pulls the new version from shared memory and goes on: it never waits for
-other rollouts or for the trainer. The rollout manager may take its long-tail trajectories
-away (repack: `migrate`) or hand it others of its version; in `partial-rollout` mode (the
-AReaL baseline) it instead interrupts everything at each new version and continues it.
+Loop: take assigned work into a local queue; take new weights as its mode says (rollout/
+updates.py); admit work into the engine; one decode step; stream tokens to the partial-response
+pool; send each finished trajectory on its own, once the reward pool has scored it (rollout/
+scoring.py: user reward code never runs in the decode loop). In laminar mode, as soon as the
+node's relay holds a newer version the rollout either stops admitting, lets its in-flight
+trajectories finish on the version they started with and then pulls (pure laminar), or loads it
+at once and continues its sequences under it (refresh in flight, policy/refresh.py); it never
+waits for other rollouts or for the trainer. The rollout manager may take its long-tail
+trajectories away (repack: `migrate`) or hand it others; in `partial-rollout` mode (the AReaL
+baseline) it instead interrupts everything at each new version and continues it.
 Reports its batch, KV use and busy/weight-wait time to the controller (`rollout_state`).
 
 Bad data fails one trajectory, never the rollout: work the engine refuses (too long for it,
@@ -32,23 +33,23 @@ from contextlib import contextmanager
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.model.factory import build_tokenizer
-from laminar_hpc.policy.scheduling import should_refresh
+from laminar_hpc.policy.modes import MODES
 from laminar_hpc.rollout.base import SeqRequest, StepOutput
 from laminar_hpc.rollout.episode_turns import EpisodeTurns
 from laminar_hpc.rollout.episodes import Episodes
 from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineErrors  # noqa: F401 - re-exported
 from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
-from laminar_hpc.rollout.partial_updates import PartialRolloutUpdates
 from laminar_hpc.rollout.scoring import Scoring
+from laminar_hpc.rollout.updates import build_updates
 from laminar_hpc.tasks import build_task
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import (
     Assign, Finished, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, Stream,
-    StreamItem, Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem,
+    StreamItem, Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, record_version,
 )
 
 
-class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
+class Rollout(EngineErrors, EpisodeTurns):
     def __init__(self, ctx: RoleContext, relay: int):
         self.ctx = ctx
         cfg = ctx.cfg
@@ -86,12 +87,11 @@ class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
         self.idle_pull_s = 0.0  # weights loaded during the current idle period
         self.kv_peak = 0  # the plateau: highest KV use since work was last admitted
         self.last_state = 0.0
-        self.barrier = cfg.mode in ("sync", "one-step-off")
+        # a trajectory that carries tokens continues here only on its own version (pure laminar, barrier
+        # modes), or on any, recording the version of each token span (refresh in flight, partial-rollout)
+        self.pins_versions = MODES[cfg.mode].pins_versions(cfg.rollout.refresh_in_flight)
         self.draining = False  # a newer version exists: finishing this version's trajectories first
-        self.target_version = -1  # barrier modes, partial-rollout: the version the controller told it to load
-        self.resume_version = -1  # partial-rollout: every replica holds this version: go on
-        self.paused: list[SeqRequest] | None = None  # partial-rollout: sequences stopped for an update
-        self.pause_t0 = self.pause_wait0 = 0.0
+        self.updates = build_updates(cfg, self)  # how this mode takes new weights
 
     # -- weights --------------------------------------------------------------------------
     def wait_first_version(self, flags: dict, beat: Heartbeat) -> None:
@@ -108,10 +108,11 @@ class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
                 self._apply(msg)
         self.pull()
 
-    def pull(self) -> None:
+    def pull(self, in_flight: bool = False) -> None:
+        """Load the relay's newest version (in_flight: under the sequences in the engine, their KV kept)."""
         t0 = time.monotonic()
         old = self.engine.version
-        v = self.weights.pull(self.engine, self.layout, self.ctx.cfg.rollout.verify_checksum)
+        v = self.weights.pull(self.engine, self.layout, self.ctx.cfg.rollout.verify_checksum, in_flight=in_flight)
         dt = time.monotonic() - t0
         self.weight_wait_s += dt
         if self.idle_since is not None:
@@ -136,10 +137,10 @@ class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
                         self.queue.appendleft(w)
                     else:
                         self.queue.append(w)
-            case UpdateWeights(version=v):
-                self.target_version = max(self.target_version, v)
-            case Resume(version=v):
-                self.resume_version = max(self.resume_version, v)
+            case UpdateWeights(version=v) if hasattr(self.updates, "told"):
+                self.updates.told(v)
+            case Resume(version=v) if hasattr(self.updates, "resumed"):
+                self.updates.resumed(v)
             case Migrate(traj_ids=traj_ids, dest=dest):
                 self.migrate(traj_ids, dest)
             case Stop():
@@ -180,9 +181,27 @@ class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
         self.ctx.tracer.emit("migrated_out", dest=dest, trajectories=len(reqs), asked=len(traj_ids),
                              traj_ids=[r.traj_id for r in reqs])
 
+    # -- what the weight updates see (rollout/updates.py: UpdateHost) -------------------------
+    def held(self) -> int:
+        """Trajectories of this replica's version in flight: in the engine, pinned in its queue, at tools."""
+        return self.engine.num_active() + self._pinned() + self.episodes.out_of_engine()
+
+    def idle(self) -> bool:
+        return not self.engine.num_active() and not self.queue and not self.episodes.out_of_engine()
+
+    def switched(self, previous: int, version: int) -> list[str]:
+        """Every trajectory held here (in the engine or out of it: aborted for a re-prefill, at its
+        tools) goes on under `version` from the tokens it has (streams are flushed: `streamed`)."""
+        ids = [t for t in self.running if t not in self.eval_ids]
+        for t in ids:
+            record_version(self.running[t], self.streamed.get(t, 0), version)
+        return ids
+
     # -- generation -----------------------------------------------------------------------
     def _pinned(self) -> int:
         """Migrated trajectories waiting here that need the version this replica holds."""
+        if not self.pins_versions:
+            return 0
         return sum(1 for w in self.queue if w.version == self.engine.version)
 
     def admit(self, draining: bool) -> None:
@@ -191,19 +210,21 @@ class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
         while self.queue and len(reqs) < self.engine.free_slots():
             w = self.queue.popleft()
             pinned = w.version
-            if pinned is not None and pinned != self.engine.version and self.mode != "partial-rollout":
+            if pinned is not None and pinned != self.engine.version and self.pins_versions:
                 rejected.append(w.traj_id)  # this replica moved on; the manager re-places it
                 continue
             if draining and pinned is None:
                 keep.append(w)  # new work waits for the new version
                 continue
             version = self.engine.version if pinned is None else pinned
-            self.running[w.traj_id] = Trajectory(
+            traj = self.running[w.traj_id] = Trajectory(
                 traj_id=w.traj_id, group_id=w.group_id, problem=w.problem, version=version, prompt=w.prompt,
-                tokens=[], logprobs=[], rollout=self.ctx.rank, t_start=time.time(), eval_round=w.eval_round)
+                tokens=[], logprobs=[], rollout=self.ctx.rank, t_start=time.time(), eval_round=w.eval_round,
+                version_spans=w.version_spans)
             if w.eval_round is not None:
                 self.eval_ids.add(w.traj_id)
             resumed = w.tokens or []
+            record_version(traj, len(resumed), self.engine.version)  # continued here: a span of this version
             self.streamed[w.traj_id] = len(resumed)
             self.ctx.tracer.emit("traj_started", traj=w.traj_id, version=version, prompt_tokens=len(w.prompt),
                                  resumed_tokens=len(resumed))
@@ -258,8 +279,8 @@ class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
             self.fail(req, f"its problem cannot be read: {type(err).__name__}: {err}")
             return
         traj = self._partial(req)
-        if self.mode == "partial-rollout" and traj.version != self.engine.version:
-            traj.version_last = self.engine.version
+        if traj.version_spans:  # several versions generated it (partial-rollout, refresh in flight)
+            traj.version_last = traj.version_spans[-1][1]
         self.scoring.submit(traj, kind)
         self.credit_to_return += 1
         # traced when generation ends, on the version it ran on (its reward: the controller's traj_finished)
@@ -339,23 +360,12 @@ class Rollout(EngineErrors, PartialRolloutUpdates, EpisodeTurns):
             if self.episodes.enabled:
                 self.episode_returns()
             out_of_engine = self.episodes.out_of_engine()  # episodes of this version waiting for tools or a slot
-            drain = False
-            if self.mode == "partial-rollout":
-                if self.global_update(newest):
-                    msg = self.ctx.ctrl.recv(timeout_s=0.01)  # paused: wait for the others
-                    if msg is not None:
-                        self._apply(msg)
-                    continue
-            elif self.barrier:  # load only when told, between batches: all replicas update together
-                if self.target_version > self.engine.version and newest >= self.target_version \
-                        and not self.engine.num_active() and not self.queue and not out_of_engine:
-                    self.pull()
-            else:
-                drain, pull = should_refresh(self.engine.version, newest,
-                                             self.engine.num_active() + self._pinned() + out_of_engine)
-                if pull:
-                    self.pull()
-                    drain = False
+            drain = self.updates.tick(newest)
+            if self.updates.paused:  # partial-rollout's global update: wait for the others
+                msg = self.ctx.ctrl.recv(timeout_s=0.01)
+                if msg is not None:
+                    self._apply(msg)
+                continue
             self.draining = drain
             self.admit(drain)
             self.ask_for_work(drain)

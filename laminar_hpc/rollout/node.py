@@ -43,14 +43,16 @@ class NodeWeights:
     def newest(self) -> int:
         return self.store.latest_version() if self._attach() else -1
 
-    def pull(self, engine: RolloutEngine, layout, verify: bool) -> int:
+    def pull(self, engine: RolloutEngine, layout, verify: bool, in_flight: bool = False) -> int:
+        """Load the newest version into `engine` (in_flight: under its running sequences, KV kept)."""
         newest = self.store.latest()
         if newest is not None and newest.digest != digest_to_int(layout.digest):
             raise RuntimeError(f"{self.path}: version {newest.version} has a different weight layout "
                                "(trainer and rollout model configs disagree)")
         # the copy is accepted only if the relay did not overwrite the slot meanwhile (else read()
         # copies the newer version, telling the engine which), so engine.version is set after it
-        info = self.store.read(lambda view, version: engine.load_weights(version, view, layout, checksum=verify),
+        info = self.store.read(lambda view, version: engine.load_weights(version, view, layout, checksum=verify,
+                                                                         in_flight=in_flight),
                                consumer_checksums=verify, with_version=True)
         if info is None:
             raise RuntimeError(f"{self.path}: no complete weight version to pull")

@@ -113,6 +113,7 @@ class VllmEngine:
         self.active: dict[str, _Seq] = {}  # vLLM request id -> sequence, in admission order
         self.version = -1
         self.asleep = False
+        self.prefix_cache_kept = 0  # in-flight loads after which vLLM kept prefix blocks of an older version
         self._ids = itertools.count()
         if vcfg.weight_update == "transfer_engine":
             for name in ("init_weight_transfer_engine", "start_weight_update", "update_weights",
@@ -176,8 +177,9 @@ class VllmEngine:
         return [s.req.traj_id for s in self.active.values()]
 
     # -- weights --------------------------------------------------------------------------
-    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False) -> int | None:
-        if self.active:
+    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False,
+                     in_flight: bool = False) -> int | None:
+        if self.active and not in_flight:
             raise VersionInFlightError(f"cannot load version {version}: {len(self.active)} trajectories of "
                                        f"version {self.version} are still generating")
         digest = None
@@ -185,7 +187,8 @@ class VllmEngine:
             from laminar_hpc.transport.weight_store import checksum as xxh3
             digest = xxh3(buf)
         views = layout.views(buf)  # HF name -> tensor aliasing the relay's shared memory
-        sleep_mode = self.vcfg.enable_sleep_mode
+        # in flight (refresh with the KV kept): no sleep, which would drop the running requests' KV
+        sleep_mode = self.vcfg.enable_sleep_mode and not (in_flight and self.active)
         if sleep_mode:
             # level 2 drops weights and KV cache (the weights are all replaced); buffers such as
             # rotary tables are kept by vLLM across it. Weights come back first, KV cache last.
@@ -197,8 +200,10 @@ class VllmEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(views.items())})
         if sleep_mode:
             self.llm.wake_up(tags=["kv_cache"])  # sleep() already reset the prefix cache
-        else:
-            self.llm.reset_prefix_cache()
+        elif not self.llm.reset_prefix_cache() and self.active:
+            # vLLM frees no block a running request holds: prefixes cached under the old weights may be
+            # reused by new requests until those finish (counted; the sampled log-probs stay exact)
+            self.prefix_cache_kept += 1
         self.asleep = False
         self.version = version
         return digest

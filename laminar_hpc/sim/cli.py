@@ -40,8 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--calibrate", metavar="RUN_DIR",
                     help="fit the cost model, lengths and sync costs to this run's traces (or to every run under it)")
     ap.add_argument("--json", metavar="OUT", help="write the results here")
-    ap.add_argument("--modes", default=None, help="comma-separated subset of sync,one-step-off,partial-rollout,"
-                                                  "partial-rollout-areal,laminar,laminar-norepack (default: all)")
+    ap.add_argument("--modes", default=None, help="comma-separated variants (sim/scaling.py VARIANTS: sync, "
+                                                  "one-step-off, partial-rollout[-keep|-areal], laminar, laminar-pure, "
+                                                  "laminar-norepack, laminar-keep, laminar-recompute, "
+                                                  "laminar-underfull[-keep], ...; default: DEFAULT_VARIANTS)")
     ap.add_argument("--steps", type=int, default=None, help="train steps per asynchronous mode (default: config)")
     ap.add_argument("--barrier-steps", type=int, default=4,
                     help="train steps for sync and one-step-off (default 4, as tools/bench_modes.py)")
@@ -94,15 +96,15 @@ def run(args) -> int:
     from laminar_hpc.sim import calibrate as cal_mod
     from laminar_hpc.sim import report
     from laminar_hpc.sim.presets import read_spec
-    from laminar_hpc.sim.scaling import MODES, run_modes, scaling_curve
+    from laminar_hpc.sim.scaling import DEFAULT_VARIANTS, VARIANTS, run_modes, scaling_curve
 
     t0 = time.perf_counter()
     cfg = load_config(args.config, args.overrides + ([f"seed={args.seed}"] if args.seed is not None else []))
     spec = _apply_sim_overrides(read_spec(args.config), args.sim)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else list(MODES)
-    unknown = [m for m in modes if m not in MODES]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else list(DEFAULT_VARIANTS)
+    unknown = [m for m in modes if m not in VARIANTS]
     if unknown:
-        raise UsageError(f"--modes: unknown mode {unknown[0]!r}; allowed: {', '.join(MODES)}")
+        raise UsageError(f"--modes: unknown mode {unknown[0]!r}; allowed: {', '.join(VARIANTS)}")
     for name in ("steps", "barrier_steps", "scaling_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from laminar_hpc.controller.rollout_manager import RolloutManager, kv_capacity
 from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.policy import scheduling
+from laminar_hpc.policy.modes import MODES
 from laminar_hpc.sim.pool import Pool, Traj
 from laminar_hpc.transport.protocol import Assign, Message, WeightsSynced
 
@@ -31,11 +32,12 @@ class SimController:
         self.n = cfg.rollout.count
         self.sync = WeightSync(cfg.mode, rollouts=self.n, groups_per_step=cfg.trainer.groups_per_step,
                                send=self.send, emit=self._trace)
-        self.repack_on = cfg.mode == "laminar" and cfg.repack.enabled
+        spec, refresh = MODES[cfg.mode], cfg.rollout.refresh_in_flight
+        self.repack_on = spec.repacks(enabled=cfg.repack.enabled, refresh=refresh)
         self.rm = RolloutManager(  # the simulator's clock is emulated seconds: the config's own intervals
             max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,
-            interval_s=cfg.repack.interval_s,
-            kv_capacity=kv_capacity(cfg), expiry_s=self.p.moving_expiry_s, send=self.send)
+            interval_s=cfg.repack.interval_s, kv_capacity=kv_capacity(cfg), expiry_s=self.p.moving_expiry_s,
+            send=self.send, pins_versions=spec.pins_versions(refresh))
         self.trainer_credit = 0
         self.steps_trained = 0
         self.alive = [True] * self.n

@@ -94,10 +94,15 @@ class Observer:
             train_step(step)
 
         pool.admit, sim.trainer.deliver, sim.ctl.train_step = admitted, delivered, stepped
+        for r in sim.rollouts:  # laminar's switch in flight: its re-prefill is the switch's cost
+            r.on_reprefill = self._add_weights
         if self.partial:  # the re-prefill of the trajectories a global update paused is part of its cost
             for r in sim.rollouts:
                 if hasattr(r, "_add"):
                     r._add = self._reprefill(r, r._add, sim.params)
+
+    def _add_weights(self, seconds: float) -> None:
+        self.pending_weights_s += seconds
 
     def _reprefill(self, rollout, add, params):
         """Wrap a replica's prefill: the marginal prefill time of work that carries tokens (resumed
@@ -132,7 +137,7 @@ class Observer:
             n = len(r.act)
             # loading or awaiting a version it will load: laminar pulls as soon as it runs nothing,
             # the baselines when the controller tells them (`target`)
-            if r.paused is not None or (n == 0 and not getattr(r, "tools", None) and (
+            if r.paused is not None or r.switching or (n == 0 and not getattr(r, "tools", None) and (
                     r.version < sim.relay_version[r.relay] if self.laminar else r.target > r.version)):
                 acc[INDEX["weights"]] += 1.0
                 continue

@@ -1,9 +1,10 @@
 """A simulated rollout replica: `rollout/main.py`'s loop over `rollout/emulated.py`'s engine.
 
 One loop iteration, as in the runtime: handle the control messages that have arrived; decide
-about weights (laminar: `policy.scheduling.should_refresh`, drain then pull; barrier modes:
-load when told, between batches; partial-rollout: the global update, interrupt + load + wait
-for `resume` + re-prefill); admit queued work into the free slots (prefill cost; migrated work
+about weights (laminar: `policy.refresh.refresh_action`: drain then pull, or load in flight and
+keep the sequences, re-prefilling their KV or keeping it; barrier modes: load when told, between
+batches; partial-rollout: the global update, interrupt + load + wait for `resume` + re-prefill,
+or with `partial_rollout.kv: keep` no re-prefill); admit queued work into the free slots (prefill cost; migrated work
 first, pinned to its version, rejected if the replica moved on); return credit; then one
 engine macro-step: up to `emulation.max_macro_steps` decode steps, never past the next finish,
 costed by the runtime's CostModel. Messages that arrive during a step wait for the next
@@ -27,11 +28,12 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from laminar_hpc.policy import scheduling
+from laminar_hpc.policy import refresh
+from laminar_hpc.policy.modes import MODES
 from laminar_hpc.sim.pool import Traj
 from laminar_hpc.transport.protocol import Assign, Message, Migrate, Resume, UpdateWeights
 
-FIRST, CONTINUE, PAUSED = 0, 1, 2  # what follows a weight load
+FIRST, CONTINUE, PAUSED, SWITCH = 0, 1, 2, 3  # what follows a weight load
 
 
 class SimRollout:
@@ -39,10 +41,15 @@ class SimRollout:
         self.sim, self.q, self.p, self.ctl = sim, sim.q, sim.params, sim.ctl
         self.rank, self.relay = rank, relay
         cfg = sim.cfg
-        self.mode = cfg.mode
-        self.barrier = cfg.mode in scheduling.BARRIER_LAG
-        self.partial = cfg.mode == "partial-rollout"
+        spec = MODES[cfg.mode]
+        self.barrier, self.partial = spec.barrier, spec.global_update
+        self.pins_versions = spec.pins_versions(cfg.rollout.refresh_in_flight)
         self.max_batch = cfg.rollout.max_batch
+        ro = cfg.rollout
+        self.refresh, self.refresh_below = ro.refresh_in_flight, ro.refresh_below
+        self.keep_kv = ro.refresh_kv == "keep"  # laminar's switch in flight keeps the old KV
+        self.pr_keep_kv = cfg.partial_rollout.kv == "keep"  # partial-rollout's update keeps it
+        self.on_reprefill = None  # the observer's hook: re-prefill time a weight update costs (emulated s)
         self.episodes = getattr(sim.pool.lengths, "episodes", False)
         env = getattr(cfg, "env", None)
         extra = getattr(env, "extra_episodes", None)
@@ -76,6 +83,7 @@ class SimRollout:
         self.target = -1
         self.resume = -1
         self.paused: list[Traj] | None = None
+        self.switching = False  # laminar: loading a version in flight, the sequences held
         self.resuming = False
         self.pause_t0 = self.pause_wait0 = 0.0
         self.kv_peak = 0
@@ -149,10 +157,17 @@ class SimRollout:
             drain = False
         else:
             held = len(self.act) + self._pinned() + len(self.tools) + len(self.back)  # episodes at tools count
-            drain, pull = scheduling.should_refresh(self.version, newest, held)
-            if pull:
+            action = refresh.refresh_action(setting=self.refresh, current=self.version, newest=newest, held=held,
+                                            running=len(self.act), max_batch=self.max_batch,
+                                            below=self.refresh_below)
+            if action == refresh.PULL:
                 self._pull(newest, CONTINUE)
                 return
+            if action == refresh.SWITCH:
+                self.switching = True
+                self._pull(newest, SWITCH)
+                return
+            drain = action == refresh.DRAIN
         self._proceed(drain, now)
 
     def _proceed(self, drain: bool, t: float) -> None:
@@ -228,7 +243,7 @@ class SimRollout:
     # -- engine ---------------------------------------------------------------------------
     def _pinned(self) -> int:
         v = self.version
-        return sum(1 for t in self.queue if t.pinned and t.version == v) if self.queue else 0
+        return sum(1 for t in self.queue if t.pinned and t.version == v) if self.queue and self.pins_versions else 0
 
     def _admit(self, drain: bool, t: float) -> float:
         free = self.max_batch - len(self.act)
@@ -238,7 +253,7 @@ class SimRollout:
             reqs.append(back.popleft())
         while queue and len(reqs) < free:
             w = queue.popleft()
-            if w.pinned and w.version != v and not self.partial:
+            if w.pinned and w.version != v and self.pins_versions:
                 rejected.append(w)  # this replica moved on: the manager restarts it
                 continue
             if drain and not w.pinned:
@@ -368,14 +383,25 @@ class SimRollout:
             self.iterate(epoch)
         elif then == CONTINUE:
             self._proceed(False, self.q.now)
+        elif then == SWITCH:
+            self.switching = False
+            t = self.q.now
+            if self.act and not self.keep_kv:  # the running sequences' KV, again under the new weights
+                S, prompt = self.S, self.prompt
+                dt = self.cost.prefill_s(sum(prompt + r.bound - (r.entry[0] - S) for r in self.act.values()))
+                self.busy_s += dt
+                if self.on_reprefill is not None:
+                    self.on_reprefill(dt)
+                t += dt
+            self._proceed(False, t)
         else:
             self._go_idle(self.q.now, count=False)  # paused: waits for `resume`
 
     def _global_update(self, newest: int, now: float) -> bool:
         """partial-rollout, as AReaL: interrupt, load, wait for every replica, re-prefill."""
         if self.target > self.version:
-            if self.paused is None:
-                self.paused = self._abort(list(self.act))
+            if self.paused is None:  # keep: the sequences stay in the engine with their KV, frozen
+                self.paused = [] if self.pr_keep_kv else self._abort(list(self.act))
                 self.pause_t0, self.pause_wait0 = now, self.wait_s
             if newest >= self.target:
                 self._pull(newest, PAUSED)

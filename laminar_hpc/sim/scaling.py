@@ -1,8 +1,9 @@
 """Every mode on one cluster, and the same across cluster sizes (the scaling curve).
 
-The modes are those of tools/bench_modes.py: sync, one-step-off, partial-rollout (over the relay
-tier), partial-rollout-areal (over AReaL's own update path, below), laminar and laminar without
-repack; `ratio_vs_sync` is each mode's trainer throughput over sync's.
+The modes are the variants of tools/bench_modes.py (`VARIANTS`): sync, one-step-off,
+partial-rollout (over the relay tier; re-prefilling, or `-keep` keeping the KV), partial-rollout-areal
+(over AReaL's own update path, below), laminar as shipped, pure laminar, laminar without repack
+and each refresh setting; `ratio_vs_sync` is each mode's trainer throughput over sync's.
 
     res = run_modes(cfg, spec, steps=10, barrier_steps=4)             # {mode: figures}
     curve = scaling_curve(cfg, spec, gpus=[64, 128, 256, 512, 1024], steps=20)
@@ -25,27 +26,57 @@ from laminar_hpc.sim.presets import base_gpus, scale_cluster
 # steps). "disk" (the filesystem path) saves an HF checkpoint that the servers load, also blocked.
 AREAL_UPDATE_PATH = "broadcast"
 
-MODES = {  # name -> (mode, repack.enabled, partial_rollout.update_path), as tools/bench_modes.py
-    "sync": ("sync", False, "relay"),
-    "one-step-off": ("one-step-off", False, "relay"),
-    "partial-rollout": ("partial-rollout", False, "relay"),
-    "partial-rollout-areal": ("partial-rollout", False, "areal"),  # the config's AReaL path, else AReaL's default
-    "laminar": ("laminar", True, "relay"),
-    "laminar-norepack": ("laminar", False, "relay"),
+AREAL = "areal"  # VARIANTS' stand-in for AReaL's update path: the config's own non-relay one, else AReaL's default
+RELAY = "partial_rollout.update_path=relay"
+
+# Every variant the benchmarks compare (tools/bench_modes.py runs the same), as config overrides.
+# `laminar` is laminar as shipped: the config's own rollout.refresh_in_flight (its default unless
+# set); `laminar-pure` is one version per trajectory (drain, then pull); the others pin one
+# refresh setting. partial-rollout re-prefills the interrupted sequences (AReaL), `-keep` keeps
+# their KV (PipelineRL's in-flight update).
+VARIANTS: dict[str, list[str]] = {
+    "sync": ["mode=sync", "repack.enabled=false", RELAY],
+    "one-step-off": ["mode=one-step-off", "repack.enabled=false", RELAY],
+    "partial-rollout": ["mode=partial-rollout", "repack.enabled=false", RELAY, "partial_rollout.kv=recompute"],
+    "partial-rollout-keep": ["mode=partial-rollout", "repack.enabled=false", RELAY, "partial_rollout.kv=keep"],
+    "partial-rollout-areal": ["mode=partial-rollout", "repack.enabled=false", f"partial_rollout.update_path={AREAL}",
+                              "partial_rollout.kv=recompute"],
+    "laminar": ["mode=laminar", "repack.enabled=true", RELAY],
+    "laminar-norepack": ["mode=laminar", "repack.enabled=false", RELAY],
+    "laminar-pure": ["mode=laminar", "repack.enabled=true", RELAY, "rollout.refresh_in_flight=never"],
+    "laminar-pure-norepack": ["mode=laminar", "repack.enabled=false", RELAY, "rollout.refresh_in_flight=never"],
+    "laminar-keep": ["mode=laminar", "repack.enabled=true", RELAY, "rollout.refresh_in_flight=always",
+                     "rollout.refresh_kv=keep"],
+    "laminar-recompute": ["mode=laminar", "repack.enabled=true", RELAY, "rollout.refresh_in_flight=always",
+                          "rollout.refresh_kv=recompute"],
+    "laminar-underfull": ["mode=laminar", "repack.enabled=true", RELAY, "rollout.refresh_in_flight=underfull",
+                          "rollout.refresh_kv=recompute"],
+    "laminar-underfull-keep": ["mode=laminar", "repack.enabled=true", RELAY, "rollout.refresh_in_flight=underfull",
+                               "rollout.refresh_kv=keep"],
 }
+# what `laminar simulate` and tools/bench_modes.py run unless told otherwise
+DEFAULT_VARIANTS = ("sync", "one-step-off", "partial-rollout", "partial-rollout-keep", "partial-rollout-areal",
+                    "laminar", "laminar-pure", "laminar-norepack")
+MODES = VARIANTS  # (the name the simulator's callers knew)
 BARRIER = {"sync", "one-step-off"}
 EXACT_LIMIT = 200_000  # `auto` lengths: the runtime's own draws (~25 us each) up to this many trajectories
 
 
+def variant_overrides(name: str, update_path: str = "relay") -> list[str]:
+    """The overrides of variant `name`; partial-rollout-areal takes `update_path` (the config's) when
+    it is not the relay, else AReaL's default."""
+    path = update_path if update_path != "relay" else AREAL_UPDATE_PATH
+    return [f"partial_rollout.update_path={path}" if o == f"partial_rollout.update_path={AREAL}" else o
+            for o in VARIANTS[name]]
+
+
 def mode_config(cfg, name: str):
-    """`cfg` in mode `name`. partial-rollout-areal takes the config's non-relay update path (e.g.
-    `partial_rollout.update_path=filesystem`), else AReaL's default; every other mode the relay."""
-    mode, repack, path = MODES[name]
-    if path == "areal":
-        path = cfg.partial_rollout.update_path if cfg.partial_rollout.update_path != "relay" else AREAL_UPDATE_PATH
-    pr = cfg.partial_rollout.model_copy(update={"update_path": path})
-    return cfg.model_copy(update={"mode": mode, "repack": cfg.repack.model_copy(update={"enabled": repack}),
-                                  "partial_rollout": pr})
+    """`cfg` as variant `name` runs it (VARIANTS)."""
+    from laminar_hpc.config.load import apply_override, config_from_dict
+    data, overrides = cfg.model_dump(mode="json"), variant_overrides(name, cfg.partial_rollout.update_path)
+    for ov in overrides:
+        apply_override(data, ov, source=f"variant {name}")
+    return config_from_dict(data, f"{cfg.name} as {name}", overrides)
 
 
 def length_mode(requested: str, cfg, steps: int) -> str:
@@ -62,7 +93,7 @@ def run_modes(cfg, spec: ClusterSpec, *, modes: list[str] | None = None, steps: 
     steps = steps or cfg.trainer.total_steps
     barrier_steps = min(barrier_steps or steps, steps)
     out = {}
-    for name in modes or list(MODES):
+    for name in modes or list(DEFAULT_VARIANTS):
         n = barrier_steps if name in BARRIER else steps
         mcfg = mode_config(cfg, name)
         params = SimParams.from_config(mcfg, spec, length_mode=length_mode(lengths, mcfg, n))

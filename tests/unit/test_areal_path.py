@@ -53,6 +53,12 @@ class Spent:
 # config: the section, its formulas and its checks
 # ------------------------------------------------------------------------------------------
 
+def paused(r, newest: int) -> bool:
+    """One loop iteration's weight decision (rollout/updates.py): True while the global update holds it."""
+    r.updates.tick(newest)
+    return r.updates.paused
+
+
 def test_the_relay_is_the_default_and_the_costs_follow_their_formulas():
     pr = PartialRolloutCfg()
     assert pr.update_path == "relay" and Config().partial_rollout == pr
@@ -302,18 +308,18 @@ def test_rollout_loads_the_sent_file_not_its_relay_store(rollout):
     r.wait_first_version({}, r.beat)  # first weights: from the relay, as in every mode
     r.ctx.ctrl.inbox.extend([Assign(work=[work_item(0)]), UpdateWeights(version=1)])
     r._drain_control()
-    r.target_version = 0  # admit first, as the loop would have before the update arrived
+    r.updates.target_version = 0  # admit first, as the loop would have before the update arrived
     r.admit(draining=False)
-    r.target_version = 1
+    r.updates.target_version = 1
     r.handle(r.engine.step())
     _relay_publish(r, 1, store)  # the relay holds version 1 too: the AReaL path must not take it
     r.engine.clock = clock = Spent()
-    assert r.global_update(newest=r.weights.newest())  # paused: interrupted, the file is not there yet
-    assert r.engine.version == 0 and not r.engine.num_active() and r.paused
+    assert paused(r, r.weights.newest())  # paused: interrupted, the file is not there yet
+    assert r.engine.version == 0 and not r.engine.num_active() and r.updates.interrupted
     assert [m.version for m in r.ctx.ctrl.of(WeightsLoaded)] == [0]
     data = np.random.default_rng(0).integers(1, 255, r.layout.nbytes, dtype=np.uint8).tobytes()
     atomic_write_bytes(r.ctx.rundir.weights_file(1), data)
-    assert r.global_update(newest=1)  # loaded; waits for the others (resume)
+    assert paused(r, 1)  # loaded; waits for the others (resume)
     assert r.engine.version == 1 and r.engine.array.tobytes() == data  # the file's bytes, not the store's zeros
     assert [m.version for m in r.ctx.ctrl.of(WeightsLoaded)] == [0, 1]
     cfg = r.ctx.cfg
@@ -327,16 +333,16 @@ def test_rollout_takes_a_newer_sent_version_and_refuses_a_wrong_size(rollout):
     _relay_publish(r, 0)
     r.wait_first_version({}, r.beat)
     r.engine.clock = clock = Spent()
-    r.target_version = 3
+    r.updates.target_version = 3
     atomic_write_bytes(r.ctx.rundir.weights_file(4), bytes(r.layout.nbytes))  # a restarted trainer's newer number
-    assert r.global_update(newest=0) and r.engine.version == 4
+    assert paused(r, 0) and r.engine.version == 4
     cfg = r.ctx.cfg
     share = cfg.partial_rollout.broadcast_s(cfg.emulation.nominal_weight_gb * GB, cfg.rollout.count)
     assert clock.spent[0] == pytest.approx(share)  # receiving the broadcast, then the engine's load
-    r.target_version = 5
+    r.updates.target_version = 5
     atomic_write_bytes(r.ctx.rundir.weights_file(5), bytes(r.layout.nbytes - 1))
     with pytest.raises(RuntimeError, match=r"v00000005\.bin: .* bytes, the weight layout has"):
-        r.global_update(newest=0)
+        paused(r, 0)
     assert math.isfinite(r.weight_wait_s)
 
 

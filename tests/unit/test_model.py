@@ -280,6 +280,28 @@ def test_engine_logprobs_are_under_the_truncated_distribution(top_k, top_p):
 # version atomicity
 # ----------------------------------------------------------------------------------------------
 
+def test_load_weights_in_flight_keeps_the_sequences_and_their_kv_cache():
+    """Refresh in flight with the KV kept (rollout.refresh_kv: keep): the new weights go in under
+    the running sequences, whose cache entries stay as computed; the next token comes from the new
+    weights over that old cache, so it differs from a fresh forward of the new model."""
+    m1, m2 = _random_model(seed=1), _random_model(seed=2)
+    layout2, buf2 = _pack(m2)
+    eng = _engine(m1, eos_id=NO_EOS, max_batch=2, temperature=1.0, version=1)
+    eng.add([SeqRequest("a", [4, 5, 6], max_new_tokens=6)])
+    eng.step()
+    n = eng.active[0].length
+    cache = [buf[0, :, :n].clone() for buf in (*eng.cache.k, *eng.cache.v)]
+    eng.load_weights(2, memoryview(buf2), layout2, in_flight=True)
+    assert eng.version == 2 and eng.active_ids() == ["a"] and eng.active[0].length == n
+    for k, v in eng.model.state_dict().items():
+        assert torch.equal(v, m2.state_dict()[k]), k
+    assert all(torch.equal(buf[0, :, :n], old) for buf, old in zip((*eng.cache.k, *eng.cache.v), cache))
+    (out,) = eng.step()
+    req = eng.active[0].req
+    fresh = _full_logprobs(m2, req.prompt, req.tokens)[-1]
+    assert out.tokens == [req.tokens[-1]] and abs(out.logprobs[0] - fresh) > 1e-4  # the old KV was used
+
+
 def test_load_weights_refused_while_in_flight():
     m1, m2 = _random_model(seed=1), _random_model(seed=2)
     layout2, buf2 = _pack(m2)

@@ -167,6 +167,9 @@ def _wrong(t) -> list:
     if isinstance(t, mi.ListType):
         good = msgspec.to_builtins(sample_value(t.item_type))
         return ["abc", 5, {"a": 1}, None, *([good, w] for w in _wrong(t.item_type)[:3])]
+    if isinstance(t, mi.TupleType):  # a fixed-length array of these item types
+        head = [msgspec.to_builtins(sample_value(x)) for x in t.item_types[:-1]]
+        return ["abc", 5, {"a": 1}, None, [], [*head, 1, 2], *([*head, w] for w in _wrong(t.item_types[-1])[:3])]
     if isinstance(t, mi.DictType):
         return [[], "map", 1, {"k": [1, 2]}, {1: sample_value(t.value_type)}]
     if isinstance(t, mi.StructType):

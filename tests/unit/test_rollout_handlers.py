@@ -42,6 +42,12 @@ def make(tmp_path):
             store.close()
 
 
+def paused(r, newest: int) -> bool:
+    """One loop iteration's weight decision (rollout/updates.py): True while the global update holds it."""
+    r.updates.tick(newest)
+    return r.updates.paused
+
+
 def publish(r: Rollout, version: int) -> None:
     """What the node's relay does: a version into its weight store."""
     store = _relay_stores.get(r.weights.path)
@@ -173,9 +179,9 @@ def test_migrate_hands_running_trajectories_back(make):
 
 
 def test_weight_targets_only_rise(make):
-    r = make()
+    r = make("mode=partial-rollout")
     tell(r, UpdateWeights(version=3), UpdateWeights(version=2), Resume(version=2), Resume(version=1))
-    assert (r.target_version, r.resume_version) == (3, 2)
+    assert (r.updates.target_version, r.updates.resume_version) == (3, 2)
 
 
 def test_a_restarted_controller_gets_what_this_replica_holds(make):
@@ -222,10 +228,10 @@ def test_partial_rollout_continues_interrupted_trajectories_on_the_new_version(m
     generate(r, steps=1)
     publish(r, 1)
     tell(r, UpdateWeights(version=1))
-    assert r.global_update(newest=1) and r.engine.version == 1 and not r.engine.num_active()  # paused, loaded
-    assert r.global_update(newest=1)  # the others are still loading
+    assert paused(r, 1) and r.engine.version == 1 and not r.engine.num_active()  # paused, loaded
+    assert paused(r, 1)  # the others are still loading
     tell(r, Resume(version=1))
-    assert not r.global_update(newest=1) and r.engine.active_ids() == ["0.0"]
+    assert not paused(r, 1) and r.engine.active_ids() == ["0.0"]
     generate(r)
     (msg,) = ctrl(r).of(Finished)
     assert (msg.trajectory.version, msg.trajectory.version_last) == (0, 1)
@@ -264,3 +270,63 @@ def test_the_loop_serves_assigned_work_until_stop(make):
     assert sorted(m.trajectory.traj_id for m in ctrl(r).of(Finished)) == [w.traj_id for w in work]
     assert ctrl(r).of(RolloutState)  # its batch and KV, for the rollout manager
     assert r.stopping and not r.engine.num_active()
+
+
+# ------------------------------------------------------------------------------------------
+# laminar's refresh in flight (rollout/updates.py: ReplicaRefresh)
+# ------------------------------------------------------------------------------------------
+
+def _finished(r: Rollout) -> dict:
+    return {m.trajectory.traj_id: m.trajectory for m in ctrl(r).of(Finished)}
+
+
+@pytest.mark.parametrize("kv", ["keep", "recompute"])
+def test_refresh_in_flight_continues_the_sequences_under_the_new_version(make, kv):
+    r = started(make(*LONG, "rollout.refresh_in_flight=always", f"rollout.refresh_kv={kv}"))
+    tell(r, Assign(work=[work_item(0), work_item(1)]))
+    r.admit(draining=False)
+    generate(r, steps=1)
+    before = {t: len(streamed(r, t)[1]) for t in ("0.0", "0.1")}
+    prefill = r.engine.busy_emulated_s
+    publish(r, 1)
+    assert not r.updates.tick(newest=1)  # nothing drains
+    assert r.engine.version == 1 and sorted(r.engine.active_ids()) == ["0.0", "0.1"]
+    repaid = r.engine.busy_emulated_s - prefill  # keep: no re-prefill; recompute: prompt + tokens again
+    expected = sum(3 + n for n in before.values())
+    assert repaid == (0.0 if kv == "keep" else pytest.approx(r.engine.cost.prefill_s(expected)))
+    generate(r)
+    done = _finished(r)
+    for tid, n in before.items():
+        t = done[tid]
+        assert (t.version, t.version_last, t.version_spans) == (0, 1, [(0, 0), (n, 1)])
+        chunks = [it for m in ctrl(r).of(Stream) for it in m.items if it.traj_id == tid]
+        assert {it.version for it in chunks if it.offset < n} == {0} and {it.version for it in chunks
+                                                                         if it.offset >= n} == {1}
+    assert [m.version for m in ctrl(r).of(WeightsLoaded)] == [0, 1]
+
+
+def test_underfull_drains_a_full_batch_and_switches_below_its_fraction(make):
+    r = started(make(*LONG, "rollout.refresh_in_flight=underfull", "rollout.refresh_below=0.5",
+                     "rollout.max_batch=4"))
+    tell(r, Assign(work=[work_item(i) for i in range(3)]))
+    r.admit(draining=False)
+    publish(r, 1)
+    assert r.updates.tick(newest=1) and r.engine.version == 0  # 3 of 4 running: drain
+    r.migrate(["0.2"], dest=1)  # one leaves: 2 of 4 is not below half
+    assert r.updates.tick(newest=1) and r.engine.version == 0
+    r.migrate(["0.1"], dest=1)  # 1 of 4: below half, it switches in flight
+    assert not r.updates.tick(newest=1) and r.engine.version == 1 and r.engine.active_ids() == ["0.0"]
+
+
+@pytest.mark.parametrize("refresh, taken", [("always", True), ("never", False)])
+def test_moved_work_of_an_older_version_is_taken_only_when_versions_are_recorded_per_span(make, refresh, taken):
+    r = started(make(*LONG, f"rollout.refresh_in_flight={refresh}"), version=2)
+    tell(r, Assign(work=[work_item(0, tokens=[7, 8, 9], logprobs=[-1.0] * 3, version=1)]))
+    r.admit(draining=False)
+    if not taken:
+        assert ctrl(r).of(MigrateReject)[0].traj_ids == ["0.0"] and not r.engine.num_active()
+        return
+    assert not ctrl(r).of(MigrateReject) and r.engine.active_ids() == ["0.0"]
+    generate(r)
+    t = _finished(r)["0.0"]
+    assert t.tokens[:3] == [7, 8, 9] and (t.version, t.version_spans, t.version_last) == (1, [(0, 1), (3, 2)], 2)

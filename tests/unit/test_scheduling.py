@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_hpc.policy.scheduling import (admission, assign_work, groups_to_admit, should_refresh, staleness,
+from laminar_hpc.policy.scheduling import (admission, assign_work, groups_to_admit, staleness,
                                            too_stale, training_order)
 
 
@@ -141,38 +141,6 @@ def test_groups_dropped_as_too_stale_are_replaced_not_charged_to_the_window():
               group_size=2, max_queued_trajs=1000, in_flight=0, rollout_versions=[2], version_base=0)
     assert admission(groups_started=16, **kw) == 0  # (2 + 1 + 1) x 4 started: the window is full
     assert admission(groups_started=16, groups_replaced=3, **kw) == 3  # three of them were dropped
-
-
-@pytest.mark.parametrize("current,newest,active,expected", [
-    (3, 3, 0, (False, False)),  # nothing newer: keep going
-    (3, 3, 5, (False, False)),
-    (3, 2, 0, (False, False)),  # older "newest" (stale announcement): ignore
-    (3, 4, 5, (True, False)),  # newer exists: drain at once, but wait for in-flight work
-    (3, 4, 1, (True, False)),
-    (3, 4, 0, (True, True)),  # drained: pull
-    (3, 9, 0, (True, True)),
-])
-def test_should_refresh(current, newest, active, expected):
-    assert should_refresh(current, newest, active) == expected
-
-
-def test_refresh_cycle():
-    """A rollout with in-flight work: it drains as soon as v+1 appears and pulls exactly when the
-    last active trajectory finishes."""
-    current, newest, active = 0, 0, 3
-    decisions = []
-    newest = 1
-    while True:
-        drain, pull = should_refresh(current, newest, active)
-        decisions.append((active, drain, pull))
-        if pull:
-            current = newest
-            break
-        assert drain
-        active -= 1
-    assert decisions == [(3, True, False), (2, True, False), (1, True, False), (0, True, True)]
-    assert current == 1
-    assert should_refresh(current, newest, 0) == (False, False)
 
 
 def test_admission_stops_at_the_groups_the_trainer_will_train():

@@ -13,12 +13,13 @@ import pytest
 from laminar_hpc.config import load_config, save_config
 from laminar_hpc.controller.rollout_manager import RolloutManager
 from laminar_hpc.policy import consolidate, recovery, repack, scheduling
+from laminar_hpc.policy import refresh as refresh_policy
 from laminar_hpc.sim import ClusterSpec, SimParams, run_modes, simulate
 from laminar_hpc.sim.calibrate import (apply_calibration, calibrate, calibrated_config, complete_group_lengths,
                                         fit_decode, fit_lengths)
 from laminar_hpc.sim.cli import main as sim_main
 from laminar_hpc.sim.presets import base_gpus, load_preset, read_spec, scale_cluster
-from laminar_hpc.sim.scaling import mode_config
+from laminar_hpc.sim.scaling import DEFAULT_VARIANTS, mode_config
 
 from helpers import REPO
 
@@ -80,7 +81,7 @@ def _count(monkeypatch, module, name):
 def test_simulator_calls_the_runtime_policy_functions(monkeypatch, policy, module, name):
     plan = _count(monkeypatch, module, name)
     admission = _count(monkeypatch, scheduling, "admission")
-    refresh = _count(monkeypatch, scheduling, "should_refresh")
+    refresh = _count(monkeypatch, refresh_policy, "refresh_action")
     stale = _count(monkeypatch, scheduling, "too_stale")
     _sim(LONGTAIL, SMALL + ["trainer.max_staleness=4", f"repack.policy={policy}"], mode="laminar", steps=4)
     assert plan and admission and refresh and stale
@@ -258,8 +259,9 @@ def test_cli_json_has_modes_ratios_and_the_scaling_curve(tmp_path, capsys):
                      "--scaling", "8,16", "--scaling-steps", "3"])
     assert code == 0
     doc = json.loads(out.read_text())
-    assert set(doc["modes"]) == {"sync", "one-step-off", "partial-rollout", "partial-rollout-areal", "laminar",
-                                 "laminar-norepack"}
+    assert set(doc["modes"]) == set(DEFAULT_VARIANTS) >= {"sync", "one-step-off", "partial-rollout",
+                                                          "partial-rollout-keep", "partial-rollout-areal", "laminar",
+                                                          "laminar-pure", "laminar-norepack"}
     for r in doc["modes"].values():
         assert r["trajectories_per_s"] > 0 and r["ratio_vs_sync"] > 0
     assert doc["modes"]["sync"]["ratio_vs_sync"] == 1.0

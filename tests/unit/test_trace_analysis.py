@@ -164,6 +164,24 @@ def test_trajectory_spans_lost_migrated_and_done():
     assert nearest_rank([3, 1, 2, 4], 50) == 2 and nearest_rank([], 50) is None
 
 
+def test_a_refresh_in_flight_splits_a_trajectory_into_a_span_per_version():
+    """The Perfetto timeline and the figures see each version's span of a trajectory that its replica
+    refreshed in flight (`refreshed_in_flight`): the last one from the refresh to the finish."""
+    events = [ev(0, "rollout-0", "role_start", pid=2),
+              ev(1, "rollout-0", "traj_started", traj="7.0", version=3, prompt_tokens=3, resumed_tokens=0),
+              ev(1, "rollout-0", "traj_started", traj="7.1", version=3, prompt_tokens=3, resumed_tokens=0),
+              ev(4, "rollout-0", "refreshed_in_flight", version=4, previous=3, traj_ids=["7.0", "7.1"],
+                 kv="keep", pause_s=0.1),
+              finished(1, 5, "7.1", 3, 40, "rollout-0"),
+              ev(6, "rollout-0", "refreshed_in_flight", version=5, previous=4, traj_ids=["7.0"], kv="keep",
+                 pause_s=0.1),
+              finished(1, 9, "7.0", 3, 80, "rollout-0")]
+    tl = Timeline.build(RunTrace(Path("."), events=events))
+    spans = sorted((s.traj, s.start - T, s.end - T, s.version, s.kind) for s in tl.spans["rollout-0"])
+    assert spans == [("7.0", 1.0, 4.0, 3, "refreshed"), ("7.0", 4.0, 6.0, 4, "refreshed"), ("7.0", 6.0, 9.0, 5, "done"),
+                     ("7.1", 1.0, 4.0, 3, "refreshed"), ("7.1", 4.0, 5.0, 4, "done")]
+
+
 def test_outages_fall_back_to_recoveries_json_then_to_the_controller(tmp_path):
     base = [e for e in EVENTS if e["role"] != "launcher-0"]
     (tmp_path / "recoveries.json").write_text(json.dumps(

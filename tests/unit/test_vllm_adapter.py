@@ -134,6 +134,24 @@ def test_one_version_at_a_time():
     assert llm.calls == before and engine.version == 1  # nothing reached vLLM
 
 
+def test_an_in_flight_load_keeps_the_running_requests_and_their_kv():
+    """Refresh in flight with the KV kept: no sleep (level 2 would drop the KV of the running
+    requests), the transfer as usual, and a prefix cache vLLM could not reset (blocks in use) is
+    counted, never an error."""
+    layout, buf = layout_and_buffer()
+    engine, llm, _ = make_engine(enable_sleep_mode=True)
+    engine.load_weights(1, memoryview(buf), layout)
+    engine.add([SeqRequest("a", [5, 6], 8)])
+    engine.step()
+    before = len(llm.calls)
+    engine.load_weights(2, memoryview(buf), layout, in_flight=True)
+    names = [c[0] for c in llm.calls[before:]]
+    assert "sleep" not in names and "wake_up" not in names and "abort_request" not in names
+    assert names[0] == "start_weight_update" and names[-2:] == ["finish_weight_update", "reset_prefix_cache"]
+    assert engine.version == 2 and engine.active_ids() == ["a"] and engine.prefix_cache_kept == 1
+    assert engine.step()[0].traj_id == "a"  # it goes on
+
+
 def test_transfer_engine_refuses_a_vllm_without_the_api():
     class OldLLM:  # a vLLM from before the four-phase weight-transfer API
         def init_weight_transfer_engine(self, request): ...

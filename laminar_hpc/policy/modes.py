@@ -1,0 +1,53 @@
+"""What each `mode:` decides, in one place: how generation is admitted, how a rollout takes new
+weights, whether repack runs and whether a trajectory must finish on the version it started with.
+
+The runtime (controller, rollout, trainer), the simulator and the tests read a mode's rules from
+its `ModeSpec` instead of comparing mode names; a new mode is one more entry in `MODES`.
+
+    spec = MODES[cfg.mode]
+    spec.barrier                      # sync, one-step-off: whole batches at a barrier
+    spec.repacks(enabled=cfg.repack.enabled, refresh=cfg.rollout.refresh_in_flight)
+    spec.pins_versions(cfg.rollout.refresh_in_flight)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str
+    # batch-synchronous baselines: how many versions behind the trainer a batch may be generated
+    # (sync 0, one-step-off 1); None: continuous admission under controller.max_ahead_steps
+    barrier_lag: int | None = None
+    # partial-rollout (AReaL): every publish pauses every rollout, which all load the version and
+    # continue together; the trainer waits for that global update
+    global_update: bool = False
+    # laminar: each rollout takes new weights on its own (policy/refresh.py)
+    per_replica_refresh: bool = False
+
+    @property
+    def barrier(self) -> bool:
+        return self.barrier_lag is not None
+
+    def repacks(self, *, enabled: bool, refresh: str) -> bool:
+        """Repack consolidates the long tail of superseded versions so that the replicas it empties
+        can refresh (policy/repack.py). Only laminar drains for weights; refreshing in flight with
+        `always`, no replica ever drains, and a move would only cost its destination a re-prefill."""
+        return self.per_replica_refresh and enabled and refresh != "always"
+
+    def pins_versions(self, refresh: str) -> bool:
+        """Whether a trajectory with tokens may only continue on a replica holding the version it
+        started with (repack, recovery). Not under partial-rollout's global update nor laminar's
+        refresh in flight: there a trajectory records the version of each token span instead."""
+        if self.global_update:
+            return False
+        return not (self.per_replica_refresh and refresh != "never")
+
+
+MODES: dict[str, ModeSpec] = {
+    "laminar": ModeSpec("laminar", per_replica_refresh=True),
+    "partial-rollout": ModeSpec("partial-rollout", global_update=True),
+    "one-step-off": ModeSpec("one-step-off", barrier_lag=1),
+    "sync": ModeSpec("sync", barrier_lag=0),
+}

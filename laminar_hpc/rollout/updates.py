@@ -1,0 +1,208 @@
+"""How a rollout takes new weight versions: one component per kind of mode (policy/modes.py).
+
+- `ReplicaRefresh` (laminar): the replica decides alone, from what it holds and its relay's
+  newest version (`policy.refresh.refresh_action`). Pure laminar (`rollout.refresh_in_flight:
+  never`) drains, then pulls. Refresh in flight (`always`, or `underfull` below
+  `rollout.refresh_below` x max_batch) loads the newest version at once and keeps the sequences
+  in flight: their KV re-prefilled under the new weights (`rollout.refresh_kv: recompute`: they
+  leave the engine and come back) or kept (`keep`: the engine loads under them). Either way each
+  trajectory records the version of each token span from then on (`UpdateHost.switched`).
+- `GlobalUpdate` (partial-rollout, as AReaL): a publish pauses every replica; each loads the
+  version (from its relay, or the file the trainer sent: `partial_rollout.update_path`) and all
+  continue together once every one holds it (the controller's `resume`), re-prefilling their
+  sequences (`partial_rollout.kv: recompute`) or with their KV kept (`keep`, as PipelineRL).
+- `BarrierLoad` (sync, one-step-off): load only when told, between batches.
+
+Each receives the rollout it serves as an `UpdateHost`: the narrow set of what it may use.
+
+    updates = build_updates(cfg, host)
+    draining = updates.tick(newest)    # every loop iteration, before admitting work
+    if updates.paused: ...             # partial-rollout: waiting for the others
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Protocol
+
+from laminar_hpc.policy import refresh
+from laminar_hpc.policy.modes import MODES
+from laminar_hpc.rollout.base import RolloutEngine, SeqRequest
+from laminar_hpc.transport.protocol import WeightsLoaded
+
+
+class UpdateHost(Protocol):
+    """What a weight-update component uses of its rollout (rollout/main.py)."""
+    ctx: object  # RoleContext: cfg, ctrl channel, tracer, rundir
+    engine: RolloutEngine
+    layout: object
+    weight_wait_s: float
+
+    def pull(self, in_flight: bool = False) -> None:
+        """Load the relay's newest version (in_flight: under the sequences in the engine, KV kept)."""
+
+    def flush_streams(self) -> None: ...
+
+    def add(self, reqs: list[SeqRequest]) -> None:
+        """Admit sequences into the engine (a resumed one is re-prefilled)."""
+
+    def held(self) -> int:
+        """Trajectories of this replica's version in flight: in the engine, pinned in its queue, at tools."""
+
+    def idle(self) -> bool:
+        """Nothing in the engine, queued or out of it (barrier modes load only then)."""
+
+    def switched(self, previous: int, version: int) -> list[str]:
+        """The sequences it holds go on under `version`: record a new span for each; their ids."""
+
+
+class ReplicaRefresh:
+    """laminar: pure laminar (drain, then pull) or refresh in flight (policy/refresh.py)."""
+    paused = False
+
+    def __init__(self, host: UpdateHost, rollout_cfg):
+        self.host = host
+        self.setting, self.below = rollout_cfg.refresh_in_flight, rollout_cfg.refresh_below
+        self.keep_kv = rollout_cfg.refresh_kv == "keep"
+
+    def tick(self, newest: int) -> bool:
+        """Weights before admitting work; returns whether new work must wait (draining)."""
+        engine = self.host.engine
+        action = refresh.refresh_action(setting=self.setting, current=engine.version, newest=newest,
+                                        held=self.host.held(), running=engine.num_active(),
+                                        max_batch=engine.max_batch, below=self.below)
+        if action == refresh.PULL:
+            self.host.pull()
+        elif action == refresh.SWITCH:
+            self.switch()
+        return action == refresh.DRAIN
+
+    def switch(self) -> None:
+        """Load the newest version now; the sequences in flight continue under it."""
+        host, engine = self.host, self.host.engine
+        host.flush_streams()  # no stream chunk spans two versions
+        previous, t0 = engine.version, time.monotonic()
+        if self.keep_kv:
+            host.pull(in_flight=True)
+            ids = host.switched(previous, engine.version)
+        else:
+            reqs = engine.abort(engine.active_ids())
+            host.pull()
+            ids = host.switched(previous, engine.version)  # before the prefill samples their next tokens
+            host.add(reqs)  # re-prefilled under the new weights
+        host.ctx.tracer.emit("refreshed_in_flight", version=engine.version, previous=previous, traj_ids=ids,
+                             kv="keep" if self.keep_kv else "recompute", pause_s=time.monotonic() - t0)
+
+
+class GlobalUpdate:
+    """partial-rollout: interrupt, load, wait for every replica (`resume`), continue."""
+
+    def __init__(self, host: UpdateHost, cfg):
+        self.host, self.cfg = host, cfg
+        self.keep_kv = cfg.partial_rollout.kv == "keep"
+        self.target_version = -1  # the version the controller told every replica to load
+        self.resume_version = -1  # every replica holds this version: go on
+        self.paused = False
+        self.interrupted: list[SeqRequest] = []  # recompute: the sequences taken out of the engine
+        self.pause_t0 = self.pause_wait0 = 0.0
+
+    def told(self, version: int) -> None:
+        self.target_version = max(self.target_version, version)
+
+    def resumed(self, version: int) -> None:
+        self.resume_version = max(self.resume_version, version)
+
+    def tick(self, newest: int) -> bool:
+        """Returns False (new work never waits); `paused` says whether this replica waits now."""
+        self.paused = self._update(newest)
+        return False
+
+    def _update(self, newest: int) -> bool:
+        host, engine = self.host, self.host.engine
+        if self.target_version > engine.version:
+            if not self.paused:
+                # keep: the sequences stay in the engine, frozen, their KV kept for after the load
+                self.interrupted = [] if self.keep_kv else engine.abort(engine.active_ids())
+                host.flush_streams()
+                host.ctx.tracer.emit("interrupted", trajectories=engine.num_active() + len(self.interrupted),
+                                     version=engine.version, kv="keep" if self.keep_kv else "recompute")
+                self.pause_t0, self.pause_wait0 = time.monotonic(), host.weight_wait_s
+            previous = engine.version
+            if self.cfg.partial_rollout.update_path != "relay":
+                self.load_sent_version(self.target_version)
+            elif newest >= self.target_version:
+                host.pull(in_flight=self.keep_kv)
+            if engine.version != previous:
+                host.switched(previous, engine.version)
+            return True
+        if self.paused:
+            if self.resume_version < engine.version:
+                return True  # loaded; the others are still loading
+            host.weight_wait_s = self.pause_wait0 + time.monotonic() - self.pause_t0  # the whole pause, load included
+            reqs, self.interrupted = self.interrupted, []
+            host.add(reqs)
+        return False
+
+    def load_sent_version(self, version: int) -> None:
+        """partial-rollout over AReaL's update path: load `version` (or a newer one, sent by a
+        restarted trainer) from the file the trainer sent (`Trainer.send_version`), once it is
+        there, not from the relay store. An emulated engine also spends its share of the modelled
+        transfer (`PartialRolloutCfg`): receiving the broadcast, or reading with every replica at once."""
+        host, cfg = self.host, self.cfg
+        pr, files = cfg.partial_rollout, host.ctx.rundir.weights_files()
+        ready = [v for v in files if v >= version]
+        if not ready:
+            return  # not sent yet: the loop asks again
+        v = max(ready)
+        t0 = time.monotonic()
+        buf = bytearray(host.layout.nbytes)
+        try:
+            with open(files[v], "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                n = f.readinto(buf)
+        except FileNotFoundError:
+            return  # replaced by a newer version meanwhile: the loop finds that one
+        if size != host.layout.nbytes or n != size:
+            raise RuntimeError(f"{files[v]}: {size} bytes, the weight layout has {host.layout.nbytes} "
+                               "(trainer and rollout model configs disagree)")
+        engine = host.engine
+        clock = getattr(engine, "clock", None)
+        if clock is not None:
+            nominal = cfg.emulation.nominal_weight_gb * 1e9
+            clock.spend(pr.broadcast_s(nominal, cfg.rollout.count) if pr.update_path == "broadcast"
+                        else pr.filesystem_read_s(nominal, cfg.rollout.count))
+        old = engine.version
+        engine.load_weights(v, memoryview(buf), host.layout, checksum=False, in_flight=self.keep_kv)
+        engine.version = v
+        dt = time.monotonic() - t0
+        host.weight_wait_s += dt
+        host.ctx.tracer.emit("weights_pulled", version=v, previous=old, pull_s=dt, relay=-1, path=pr.update_path)
+        host.ctx.ctrl.send(WeightsLoaded(version=v, pull_s=dt))
+
+
+class BarrierLoad:
+    """sync, one-step-off: load the version the controller names, only between batches (all
+    replicas update together)."""
+    paused = False
+
+    def __init__(self, host: UpdateHost):
+        self.host = host
+        self.target_version = -1
+
+    def told(self, version: int) -> None:
+        self.target_version = max(self.target_version, version)
+
+    def tick(self, newest: int) -> bool:
+        if self.target_version > self.host.engine.version and newest >= self.target_version and self.host.idle():
+            self.host.pull()
+        return False
+
+
+def build_updates(cfg, host: UpdateHost) -> ReplicaRefresh | GlobalUpdate | BarrierLoad:
+    """The component `cfg.mode` takes new weights with."""
+    spec = MODES[cfg.mode]
+    if spec.global_update:
+        return GlobalUpdate(host, cfg)
+    if spec.barrier:
+        return BarrierLoad(host)
+    return ReplicaRefresh(host, cfg.rollout)
