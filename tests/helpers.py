@@ -361,6 +361,9 @@ class FakeChannel:
         self._refill()
         return self.inbox.popleft() if self.inbox else None
 
+    def waiting(self, timeout_s: float) -> bool:
+        return bool(self.inbox)
+
     def drain(self) -> list[Message]:
         self._refill()
         out = list(self.inbox)

@@ -189,4 +189,8 @@ class EmulationCfg(Section):
     decode_per_kv_token_ns: Annotated[float, Field(ge=0.0)] = 50.0
     train_per_token_us: Annotated[float, Field(ge=0.0)] = 12.9
     max_macro_steps: PosInt = 128  # decode steps one engine call may advance (never past a finish)
+    # a macro step ends at the first decode-step boundary after a control message (or, in laminar mode,
+    # a newer weight version) arrives, as a real engine's loop, which runs once per decode step, would
+    # take it; false: the whole macro step runs first (up to max_macro_steps x ~17 ms of delay)
+    step_interrupts: bool = True
     lengths: LengthsCfg = Field(default_factory=LengthsCfg)

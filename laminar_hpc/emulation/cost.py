@@ -46,6 +46,21 @@ class CostModel:
         kv_sum = steps * kv + batch * steps * (steps - 1) / 2  # KV tokens summed over the steps
         return steps * per_step + e.decode_per_kv_token_ns * 1e-9 * kv_sum
 
+    def steps_within(self, batch: int, kv: int, seconds: float, most: int) -> int:
+        """The decode steps, from `kv` KV tokens with `batch` sequences, whose end is the first step
+        boundary at or after `seconds` (at least 1, at most `most`): where a step interrupted then
+        ends. The inverse of `decode_steps_s` (a quadratic in the steps: the KV grows each step)."""
+        e = self.e
+        a = e.decode_per_kv_token_ns * 1e-9 * batch / 2
+        b = e.decode_base_ms * 1e-3 + e.decode_per_seq_us * 1e-6 * batch + e.decode_per_kv_token_ns * 1e-9 * kv - a
+        k = seconds / b if a == 0 else (-b + math.sqrt(b * b + 4 * a * max(0.0, seconds))) / (2 * a)
+        k = max(1, min(most, math.ceil(k - 1e-9)))
+        while k < most and self.decode_steps_s(batch, kv, k) < seconds:  # rounding
+            k += 1
+        while k > 1 and self.decode_steps_s(batch, kv, k - 1) >= seconds:
+            k -= 1
+        return k
+
     def train_s(self, tokens: int) -> float:
         return self.e.train_per_token_us * 1e-6 * tokens
 
@@ -62,14 +77,33 @@ class Clock:
 
     def __init__(self, time_scale: float):
         self.scale = time_scale
-        self.deadline = time.monotonic()
+        self.deadline = self.start = time.monotonic()
         self.behind_s = 0.0
 
-    def spend(self, emulated_s: float, chain: bool = False) -> None:
+    def spend(self, emulated_s: float, chain: bool = False, wake=None) -> float:
+        """Sleep `emulated_s`; returns the emulated seconds spent. With `wake` (called with the wall
+        seconds left; True when something arrived meanwhile: it may block up to that long) the sleep
+        ends early and returns the emulated seconds elapsed by then: the caller ends its work at a
+        boundary of its own with `settle`."""
         now = time.monotonic()
         if not chain:  # after idle time: start from now
             self.deadline = max(self.deadline, now)
+        self.start = self.deadline
         self.deadline += emulated_s * self.scale
+        if wake is not None and self.scale > 0:
+            while (left := self.deadline - time.monotonic()) > 0:
+                if wake(left):
+                    return min(emulated_s, max(0.0, (time.monotonic() - self.start) / self.scale))
+        self._sleep_to_deadline()
+        return emulated_s
+
+    def settle(self, emulated_s: float) -> None:
+        """Work that `spend` was woken from ends `emulated_s` after its start (at least the time
+        already elapsed): sleep until then."""
+        self.deadline = self.start + emulated_s * self.scale
+        self._sleep_to_deadline()
+
+    def _sleep_to_deadline(self) -> None:
         wait = self.deadline - time.monotonic()
         if wait > 0:
             time.sleep(wait)

@@ -6,7 +6,10 @@ engine would take (scaled by `emulation.time_scale`) and emits tokens until each
 reaches the length the length distribution drew for it. To keep Python overhead small at 32+
 replicas on two cores, one `step()` advances several decode steps at once: up to
 `emulation.max_macro_steps`, and never past the next sequence to finish, so batch composition
-and timing are those of token-by-token decoding. `refuse` refuses what a real engine would
+and timing are those of token-by-token decoding. A real engine's loop handles messages between
+any two decode steps: with `emulation.step_interrupts` a macro step ends at the first decode
+step after the rollout's `wake` says something arrived (a control message, a newer version).
+`refuse` refuses what a real engine would
 (token ids outside the vocabulary, no room to generate) except by length: an emulated response
 may be far longer than the small model's `model.max_seq_len`. Imports no torch.
 
@@ -59,6 +62,9 @@ class EmulatedEngine:
         self.array = np.zeros(nbytes, dtype=np.uint8)  # the weights this replica holds
         self.version = -1
         self.busy_emulated_s = 0.0
+        # the rollout's "did something arrive?" (called with the wall seconds a macro step has left; may
+        # block that long): a message ends the macro step at the next decode step (emulation.step_interrupts)
+        self.wake = None
 
     @property
     def busy_wall_s(self) -> float:
@@ -116,8 +122,14 @@ class EmulatedEngine:
             return []
         left = min(s.target - len(s.req.tokens) for s in self.active)
         steps = max(1, min(self.emu.max_macro_steps, left))
-        t = self.cost.decode_steps_s(len(self.active), self.kv_tokens(), steps)
-        self.clock.spend(t, chain=True)
+        batch, kv = len(self.active), self.kv_tokens()
+        t = self.cost.decode_steps_s(batch, kv, steps)
+        wake = self.wake if self.wake is not None and steps > 1 and self.emu.step_interrupts else None
+        spent = self.clock.spend(t, chain=True, wake=wake)
+        if spent < t:  # something arrived: the macro step ends at the next decode step, as a real loop takes it
+            steps = self.cost.steps_within(batch, kv, spent, steps)
+            t = self.cost.decode_steps_s(batch, kv, steps)
+            self.clock.settle(t)
         self.busy_emulated_s += t
         return self._emit(list(self.active), steps)
 

@@ -92,6 +92,10 @@ class Rollout(EngineErrors, EpisodeTurns):
         self.pins_versions = MODES[cfg.mode].pins_versions(cfg.rollout.refresh_in_flight)
         self.draining = False  # a newer version exists: finishing this version's trajectories first
         self.updates = build_updates(cfg, self)  # how this mode takes new weights
+        self.newest_seen = -1  # the relay's newest version when the loop last looked
+        self.per_replica = MODES[cfg.mode].per_replica_refresh
+        if hasattr(self.engine, "wake"):  # the emulated engine's macro steps end when something arrives
+            self.engine.wake = self.arrived
 
     # -- weights --------------------------------------------------------------------------
     def wait_first_version(self, flags: dict, beat: Heartbeat) -> None:
@@ -180,6 +184,13 @@ class Rollout(EngineErrors, EpisodeTurns):
             self.credit_to_return += len(reqs)
         self.ctx.tracer.emit("migrated_out", dest=dest, trajectories=len(reqs), asked=len(traj_ids),
                              traj_ids=[r.traj_id for r in reqs])
+
+    def arrived(self, left_s: float) -> bool:
+        """Whether something this loop must see arrived during an engine call: a control message or,
+        for a laminar replica, a newer version in its relay (checked every 50 ms of the `left_s`)."""
+        if self.ctx.ctrl.waiting(min(left_s, 0.05)):
+            return True
+        return self.per_replica and self.weights.newest() > self.newest_seen
 
     # -- what the weight updates see (rollout/updates.py: UpdateHost) -------------------------
     def held(self) -> int:
@@ -356,7 +367,7 @@ class Rollout(EngineErrors, EpisodeTurns):
         last_util = 0.0
         while not flags.get("stop") and not self._drain_control():
             beat.tick()
-            newest = self.weights.newest()
+            newest = self.newest_seen = self.weights.newest()
             if self.episodes.enabled:
                 self.episode_returns()
             out_of_engine = self.episodes.out_of_engine()  # episodes of this version waiting for tools or a slot

@@ -55,6 +55,8 @@ class SimRollout:
         extra = getattr(env, "extra_episodes", None)
         self.hold = self.max_batch + ((self.max_batch if extra is None else extra) if self.episodes else 0)
         self.max_macro = cfg.emulation.max_macro_steps
+        self.interrupts = cfg.emulation.step_interrupts  # a message ends a macro step at the next decode step
+        self.per_replica = spec.per_replica_refresh  # laminar: a newer relay version matters at once
         self.prompt = sim.params.prompt_tokens
         self.cost = sim.params.cost
         self.report_on = sim.ctl.repack_on
@@ -92,6 +94,10 @@ class SimRollout:
         self.idle_since: float | None = None
         self.idle_pull = 0.0
         self.pending = 0
+        # the macro step in flight: its start, end, batch and KV at its start (an interrupt cuts it short)
+        self.stepping = False
+        self.step_t0 = self.step_end = 0.0
+        self.step_batch = self.step_kv = 0
 
     # -- messages -------------------------------------------------------------------------
     def deliver(self, msg: Message, sent: float | None = None) -> None:
@@ -102,10 +108,29 @@ class SimRollout:
         self.inbox.append((t, msg))
         if self.idle:
             self._wake(t)
+        elif self.stepping and t < self.step_end and self.interrupts:
+            self._cut(t)
 
     def relay_ready(self) -> None:
         if self.idle:
             self._wake(self.q.now + self.p.idle_poll_s / 2)  # it re-checks its relay between polls
+        elif self.stepping and self.per_replica and self.interrupts:
+            self._cut(self.q.now)  # its loop checks the relay every decode step
+
+    def _cut(self, t: float) -> None:
+        """A real engine's loop runs once per decode step: what arrives at `t` is taken at the first
+        step boundary after it, so the macro step in flight ends there (`emulation.step_interrupts`)."""
+        c0 = self.step_end - self.step_t0
+        k = self.cost.steps_within(self.step_batch, self.step_kv, t - self.step_t0, self.pending)
+        if k >= self.pending:
+            return
+        c = self.cost.decode_steps_s(self.step_batch, self.step_kv, k)
+        self.busy_s -= c0 - c
+        self.seq_steps -= self.step_batch * (self.pending - k)
+        self.decode_steps -= self.pending - k
+        self.pending = k
+        self.step_end = self.step_t0 + c
+        self.q.at(self.step_end, self._step_done, self.epoch)
 
     def _wake(self, t: float) -> None:
         self.idle = False
@@ -193,13 +218,19 @@ class SimRollout:
             self.seq_steps += len(act) * steps
             self.decode_steps += steps
             self.pending = steps
+            self.stepping, self.step_t0, self.step_end = True, t, t + c
+            self.step_batch, self.step_kv = len(act), self.kv
             self.q.at(t + c, self._step_done, self.epoch)
+            box = self.inbox
+            if box and box[0][0] < t + c and self.interrupts and steps > 1:
+                self._cut(box[0][0])  # a message on its way arrives during this step
         else:
             self._go_idle(t)
 
     def _step_done(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            return
+        if epoch != self.epoch or not self.stepping or self.q.now != self.step_end:
+            return  # a step cut short ends at its new end (`_cut`), not here
+        self.stepping = False
         act, heap = self.act, self.heap
         self.S += self.pending
         S = self.S
@@ -320,6 +351,8 @@ class SimRollout:
         self.back.append(t)
         if self.idle:
             self._wake(self.q.now)
+        elif self.stepping and self.interrupts:
+            self._cut(self.q.now)  # it re-enters at the next decode step
 
     def _abort(self, ids) -> list[Traj]:
         out = []

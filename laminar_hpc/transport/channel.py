@@ -342,6 +342,10 @@ class Client:
                 self.dropped += 1
                 log.warning("dropped malformed frame from %s: %s", self.address, err)
 
+    def waiting(self, timeout_s: float) -> bool:
+        """Whether a frame is waiting (within `timeout_s`), without taking it."""
+        return bool(self.poller.poll(max(0, int(timeout_s * 1000))))
+
     def drain(self) -> list[Message]:
         """Every message already waiting, without blocking."""
         out = []

@@ -96,6 +96,30 @@ def test_each_mode_runs_on_emulated_engines(tmp_path, mode):
     assert len(util) == (6 if mode == "laminar" else 4) and all(u["busy_s"] > 0 for u in util.values())
 
 
+@pytest.mark.parametrize("kv", ["keep", "recompute"])
+def test_laminar_refresh_in_flight_runs_on_emulated_engines(tmp_path, kv):
+    """Refresh in flight: each replica loads every new version under its running sequences on its
+    own; trajectories then span several versions, each recorded, the oldest being the trajectory's
+    version (its staleness); nothing repacks (no replica drains), no group is lost or trained twice."""
+    run_dir = tmp_path / kv
+    s = run(EMULATED, run_dir, "laminar", "trainer.total_steps=10", "controller.max_ahead_steps=2",
+            "rollout.refresh_in_flight=always", f"rollout.refresh_kv={kv}")
+    assert s["outcome"] == "completed" and s["train_steps"] == 10 and s["trajectories_consumed"] == 10 * 16
+    assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
+    consumed = [e["group"] for e in events(run_dir, "controller-0.*h5", "group_consumed")]
+    assert len(consumed) == len(set(consumed))
+    refreshed = events(run_dir, "rollout-*.h5", "refreshed_in_flight")
+    assert refreshed and all(e["kv"] == kv and e["version"] > e["previous"] for e in refreshed)
+    finished = events(run_dir, "controller-0.*h5", "traj_finished")
+    spanned = [e for e in finished if e.get("spans")]
+    assert spanned, "no trajectory continued under a newer version"
+    for e in spanned:
+        starts, versions = [x[0] for x in e["spans"]], [x[1] for x in e["spans"]]
+        assert starts[0] == 0 and starts == sorted(starts) and starts[-1] <= e["tokens"]
+        assert e["version"] == min(versions) and len(set(versions)) == len(versions)
+    assert not events(run_dir, "controller-0.*h5", "migrated")  # repack is off when nothing drains
+
+
 def test_laminar_consolidation_repack_runs_on_emulated_engines(tmp_path):
     # the other repack policy: superseded versions packed onto the replicas they need, a source
     # split over several destinations (real moves, versions kept, ledger clean: check_mode)

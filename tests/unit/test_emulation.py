@@ -29,7 +29,7 @@ def lengths(**kw):
 def emu(**kw):
     d = dict(time_scale=0.0, prefill_base_ms=5.0, prefill_per_token_us=20.0, decode_base_ms=12.0,
              decode_per_seq_us=30.0, decode_per_kv_token_ns=7.0, train_per_token_us=3.0,
-             nominal_weight_gb=16.0, pull_gbps=8.0, max_macro_steps=16, lengths=lengths())
+             nominal_weight_gb=16.0, pull_gbps=8.0, max_macro_steps=16, step_interrupts=True, lengths=lengths())
     d.update(kw)
     return SimpleNamespace(**d)
 
@@ -484,3 +484,53 @@ def test_engines_with_the_same_seed_are_reproducible():
     assert trace(5) == trace(5)
     t5, t6 = trace(5), trace(6)
     assert t5 != t6
+
+
+# -- a macro step ends when something arrives (emulation.step_interrupts) --------------------------
+
+def test_steps_within_is_the_inverse_of_decode_steps():
+    c = CostModel(emu())
+    for batch, kv, most in [(1, 0, 128), (32, 77_000, 128), (7, 12_345, 5)]:
+        for k in range(1, most + 1):
+            t = c.decode_steps_s(batch, kv, k)
+            assert c.steps_within(batch, kv, t, most) == k  # a boundary is its own step
+            assert c.steps_within(batch, kv, t - 1e-6, most) == k  # just before it: that step ends there
+        assert c.steps_within(batch, kv, 0.0, most) == 1 and c.steps_within(batch, kv, 1e9, most) == most
+
+
+def test_clock_woken_early_settles_at_the_chosen_boundary(fake_time):
+    c = Clock(1.0)
+    calls = []
+
+    def wake(left):
+        calls.append(left)
+        fake_time.t += min(left, 0.3)  # something arrives 0.3 s into the wait
+        return True
+    assert c.spend(1.0, wake=wake) == pytest.approx(0.3)
+    c.settle(0.4)  # the caller's next step boundary after it
+    assert fake_time.t == pytest.approx(100.4) and c.behind_s == 0.0
+
+
+def test_a_macro_step_ends_at_the_decode_step_after_something_arrived(fake_time):
+    """As a real engine's loop, which runs once per decode step: the rollout's `wake` says a message
+    came at 5.2 single-step times into a planned 20-step macro step: 6 steps are emitted and the clock
+    stands at 6 steps' cost; without a wake the whole macro step runs."""
+    e = engine(max_batch=2, decode_base_ms=10.0, decode_per_seq_us=0.0, decode_per_kv_token_ns=0.0,
+               max_macro_steps=20, time_scale=1.0)
+    e.add([req("0.0", max_new=1000), req("0.1", max_new=1000)])
+    one = e.cost.decode_steps_s(2, e.kv_tokens(), 1)
+    arrival = fake_time.t + 5.2 * one
+
+    def wake(left):
+        if fake_time.t + left < arrival:
+            fake_time.t += left
+            return False
+        fake_time.t = arrival
+        return True
+    e.wake = wake
+    t0, busy = fake_time.t, e.busy_emulated_s
+    outs = e.step()
+    assert {len(o.tokens) for o in outs} == {6}
+    assert fake_time.t - t0 == pytest.approx(6 * one) and e.busy_emulated_s - busy == pytest.approx(6 * one)
+    e.wake = None
+    assert {len(o.tokens) for o in e.step()} == {20}

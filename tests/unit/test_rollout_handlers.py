@@ -330,3 +330,19 @@ def test_moved_work_of_an_older_version_is_taken_only_when_versions_are_recorded
     generate(r)
     t = _finished(r)["0.0"]
     assert t.tokens[:3] == [7, 8, 9] and (t.version, t.version_spans, t.version_last) == (1, [(0, 1), (3, 2)], 2)
+
+
+@pytest.mark.parametrize("mode", ["laminar", "partial-rollout"])
+def test_a_message_or_a_newer_version_ends_an_emulated_macro_step(make, mode):
+    """The emulated engine's `wake` (emulation.step_interrupts): a control message ends a macro step
+    in every mode, a newer version in the relay only a laminar replica's (it refreshes on its own)."""
+    r = started(make(*LONG, f"mode={mode}"))
+    assert r.engine.wake == r.arrived
+    r.newest_seen = r.weights.newest()
+    assert not r.arrived(0.0)
+    publish(r, 1)
+    assert r.arrived(0.0) == (mode == "laminar")
+    r.newest_seen = 1
+    assert not r.arrived(0.0)
+    ctrl(r).inbox.append(Assign(work=[]))
+    assert r.arrived(0.0)

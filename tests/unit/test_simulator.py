@@ -15,6 +15,7 @@ from laminar_hpc.controller.rollout_manager import RolloutManager
 from laminar_hpc.policy import consolidate, recovery, repack, scheduling
 from laminar_hpc.policy import refresh as refresh_policy
 from laminar_hpc.sim import ClusterSpec, SimParams, run_modes, simulate
+from laminar_hpc.sim.cluster import Simulation
 from laminar_hpc.sim.calibrate import (apply_calibration, calibrate, calibrated_config, complete_group_lengths,
                                         fit_decode, fit_lengths)
 from laminar_hpc.sim.cli import main as sim_main
@@ -336,3 +337,32 @@ def test_admission_keeps_generation_within_the_trainers_staleness_bound(mode, bo
     trained = steps * 16  # SMALL's groups_per_step
     assert res["staleness_max"] <= bound
     assert res["groups_dropped_staleness"] < 0.05 * (trained + res["groups_dropped_staleness"])
+
+
+@pytest.mark.parametrize("interrupts", [True, False])
+def test_work_that_arrives_mid_step_starts_at_the_next_decode_step(interrupts):
+    """A real engine's loop runs once per decode step: work assigned to a replica in the middle of
+    a macro step starts at the next step boundary (emulation.step_interrupts), not when the whole
+    macro step is over (up to max_macro_steps later)."""
+    cfg = mode_config(load_config(LONGTAIL, SMALL + [f"emulation.step_interrupts={str(interrupts).lower()}"]),
+                      "laminar-keep")
+    sim = Simulation(cfg, SimParams.from_config(cfg), steps=3)
+    arrived, delays = {}, []
+    for r in sim.rollouts:
+        deliver, add = r.deliver, r._add
+
+        def delivered(msg, sent=None, r=r, deliver=deliver):
+            deliver(msg, sent)
+            if type(msg).__name__ == "Assign":
+                for t in msg.work:
+                    arrived[t.tid] = r.inbox[-1][0]
+
+        def added(reqs, t, add=add):
+            delays.extend(t - arrived.pop(x.tid) for x in reqs if x.tid in arrived)
+            return add(reqs, t)
+        r.deliver, r._add = delivered, added
+    sim.run()
+    # longer than any single step (or a weight load that was under way: the work waits for it)
+    bound = sim.params.cost.decode_steps_s(cfg.rollout.max_batch, 200_000, 1) + sim.params.pull_s
+    late = [d for d in delays if d > bound]
+    assert delays and (not late if interrupts else len(late) > len(delays) / 10)
