@@ -12,7 +12,7 @@
     laminar trace compare RUN_A RUN_B                          # the summary figures side by side
     laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT] # every mode and scaling curves, simulated
     laminar export-hf RUN_DIR [--step N | --live] [-o OUT_DIR] [--dtype D]   # a weight version as an HF dir
-    laminar eval RUN_DIR_OR_HF_DIR --config CONFIG [--step N] [--samples N] [--json OUT]   # the validation split
+    laminar eval RUN_DIR_OR_HF_DIR [--config CONFIG] [--step N] [--samples N] [--json OUT]   # the validation split
 """
 from __future__ import annotations
 
@@ -30,48 +30,30 @@ from laminar_hpc.config import ConfigError, load_config
 
 def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
     cfg = load_config(args.config, args.overrides)
-    check_task(cfg, args.config)
     if cfg.model.hf_path or cfg.model.hf_tokenizer:  # so does a missing or unsupported checkpoint
         from laminar_hpc.model.hf import HFCheckpointError, preflight
         try:
             preflight(cfg.model)
         except HFCheckpointError as err:
-            raise ConfigError(f"model.hf_path: {err} (in {args.config})") from None
+            key = "model.hf_path" if cfg.model.hf_path else "model.hf_tokenizer"
+            raise ConfigError(f"{key}: {_one_line(err)} (in {args.config})") from None
+    check_task(cfg, args.config)
     return cfg
 
 
 def check_task(cfg, source: str) -> None:
-    """Before anything starts: the dataset loads (a missing or malformed file, a bad row), the
-    reward functions import and a reward that returns no number is refused (tasks/rewards.py
-    check_reward), a chat task renders with the tokenizer's chat template; a validation split
-    that overlaps the training rows is a warning with the count."""
-    from laminar_hpc.tasks import build_task, encode_prompt
-    from laminar_hpc.tasks.dataset import DatasetError
-    from laminar_hpc.tasks.rewards import RewardError, Scorer, check_reward
+    """Before anything starts (tasks/preflight.py): the dataset loads, tools and environments
+    import, a chat renders with the tokenizer's chat template, each reward function is called on a
+    sample row in the reward pool under its timeout. One line on the first failure; warnings and
+    notes go to stderr."""
+    from laminar_hpc.model.factory import build_tokenizer
+    from laminar_hpc.tasks.preflight import StartCheckError, check_start
     try:
-        task = build_task(cfg.task, cfg.seed)
-    except DatasetError as err:
-        raise ConfigError(f"{err} (task in {source})") from None
-    overlap = getattr(task, "overlap", 0)
-    if overlap:
-        split = cfg.task.validation_path or f"(validation_fraction {cfg.task.validation_fraction})"
-        print(f"laminar: warning: {overlap} training rows of {cfg.task.path} also appear in the validation split "
-              f"{split}: evaluation scores on them measure memory, not generalisation", file=sys.stderr)
-    if cfg.eval.every_steps and hasattr(task, "validation") and not task.validation():
-        raise ConfigError(f"eval.every_steps={cfg.eval.every_steps} but the dataset has no validation split: set "
-                          f"task.validation_path or task.validation_fraction, or eval.every_steps: 0 (in {source})")
-    try:
-        scorer = Scorer(cfg.task.reward)
-        if cfg.task.reward.url is None:  # a remote verifier is not called before the run
-            check_reward(scorer, task.problem(0))
-    except RewardError as err:
+        notes = check_start(cfg, tokenizer=lambda: build_tokenizer(cfg.model))
+    except StartCheckError as err:
         raise ConfigError(f"{_one_line(err)} (in {source})") from None
-    if getattr(cfg.task, "chat_template", False):
-        from laminar_hpc.model.factory import build_tokenizer
-        try:
-            encode_prompt(build_tokenizer(cfg.model), task.problem(0))
-        except ValueError as err:
-            raise ConfigError(f"task.chat_template: {_one_line(err)} (in {source})") from None
+    for line in notes:
+        print(f"laminar: {line}", file=sys.stderr)
 
 
 def _check_resume(cfg, run_dir: Path) -> None:
@@ -100,12 +82,25 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         ev = summary.get(name)
         if isinstance(ev, dict):
             print(f"{name}: reward={ev.get('reward', 0.0):.3f} at version {ev.get('version')} (step {ev.get('step')})")
+    print(_failures_line(summary))
     if summary.get("tool_calls"):  # a tool task: its calls per episode and their latency
         lat = summary.get("tool_latency_s") or {}
-        print(f"tools: calls={summary['tool_calls']} per_episode={summary.get('tool_calls_per_episode', 0.0):.2f} "
-              f"latency_p50={lat.get('p50', 0.0):.4f}s p99={lat.get('p99', 0.0):.4f}s "
+        print(f"tools: calls={summary['tool_calls']} per_episode={summary.get('tool_calls_per_episode') or 0.0:.2f} "
+              f"latency_p50={lat.get('p50') or 0.0:.4f}s p99={lat.get('p99') or 0.0:.4f}s "
               f"outcomes={summary.get('tool_outcomes')}")
     print(f"run directory: {run_dir}")
+
+
+def _failures_line(summary: dict) -> str:
+    """'failures: rewards=3 (exception 3) tools=0': summary.json's reward_failures and, for a run
+    with tools, tool_failures."""
+    def part(name: str, d: dict, by: str) -> str:
+        detail = ", ".join(f"{k} {v}" for k, v in sorted((d.get(by) or {}).items()) if v)
+        return f"{name}={d.get('total', 0)}" + (f" ({detail})" if detail else "")
+    parts = [part("rewards", summary.get("reward_failures") or {}, "by_reason")]
+    if "tool_failures" in summary:
+        parts.append(part("tools", summary["tool_failures"], "by_outcome"))
+    return "failures: " + " ".join(parts)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -333,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="tensor dtype (default model.dtype)")
     ex.set_defaults(func=_export_hf)
     sub.add_parser("eval", help="generate and score the task's validation split with a run's checkpoint or a "
-                   "Hugging Face directory (laminar eval TARGET --config CONFIG; see laminar eval -h)")
+                   "Hugging Face directory (laminar eval TARGET [--config CONFIG]; see laminar eval -h)")
     sub.add_parser("simulate", help="discrete-event simulation of a whole cluster, every mode, scaling curves "
                    "(laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT]; see laminar simulate -h)")
     return ap

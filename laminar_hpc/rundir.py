@@ -20,6 +20,10 @@
       submitit/              the submitted job's files (`laminar submit`)
       .lock                  held by the live campaign (launch/prepare.py)
       summary.json           written at the end of each start
+      tensorboard/           TensorBoard event files (logging.tensorboard)
+      wandb/                 Weights & Biases runs (logging.wandb; offline-run-* until synced)
+      mlruns/                the default MLflow file store (logging.mlflow)
+      trackers.json          the tracker runs' ids and how far metrics.jsonl was sent (metrics/trackers.py)
     <shm_dir>/laminar-<run id>/<what>   node-local shared memory (hand-off store, relay stores), in a
                                         directory of this start that only its user can enter (mode 0700)
 
@@ -159,6 +163,23 @@ class RunDir:
     @property
     def lock(self) -> Path:
         return self.path / ".lock"
+
+    # experiment trackers (metrics/trackers.py)
+    @property
+    def trackers(self) -> Path:
+        return self.path / "trackers.json"  # tracker run ids, metrics.jsonl bytes sent, failures
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / "tensorboard"
+
+    @property
+    def wandb_dir(self) -> Path:
+        return self.path / "wandb"  # made by wandb itself inside the directory it is given (the run dir)
+
+    @property
+    def mlflow_dir(self) -> Path:
+        return self.path / "mlruns"  # the MLflow file store when logging.mlflow.tracking_uri is unset
 
     # folders
     @property

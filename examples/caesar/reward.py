@@ -5,7 +5,8 @@ rollout's decode loop (under task.reward.timeout_s). `problem` has `.prompt`, `.
 row's `answer`), `.messages` (chat rows) and `.fields` (the row's other fields: here `word` and
 `shift`); `response` has `.text` (decoded, without the end-of-sequence token), `.token_ids` and
 `.finish` ("eos" or "length"). Returning a dict makes each entry a component that is logged per
-step (`reward.format`, `reward.correct` in metrics.jsonl) and summed with `task.reward.weights`.
+step (`reward.format`, `reward.correct` in metrics.jsonl); the reward is the sum of the ones
+`task.reward.weights` names, each times its weight (both, here).
 """
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from laminar_hpc.config.task import (
     ArithTaskCfg, BuiltinTaskCfg, DatasetTaskCfg, EvalCfg, JsonlTaskCfg, RewardCfg, SyntheticTaskCfg, TaskCfg,
 )
 from laminar_hpc.config.trainer import MegatronCfg, TrainerBackend, TrainerCfg
+from laminar_hpc.config.tracking import LoggingCfg, MlflowCfg, WandbCfg  # noqa: F401 - re-exported
 from laminar_hpc.config.values import SizeMb
 
 __all__ = [  # re-exported names included: `from laminar_hpc.config.schema import X` works for each
@@ -282,6 +283,7 @@ class Config(Section):
     timeouts: TimeoutsCfg = Field(default_factory=TimeoutsCfg)
     supervisor: SupervisorCfg = Field(default_factory=SupervisorCfg)
     slurm: SlurmCfg = Field(default_factory=SlurmCfg)
+    logging: LoggingCfg = Field(default_factory=LoggingCfg)  # trackers: TensorBoard, W&B, MLflow (config/tracking.py)
 
     def as_configured(self) -> "Config":
         """This config with the controller host the user configured. A run's config.yaml holds the

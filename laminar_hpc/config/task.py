@@ -5,6 +5,7 @@ mpi4py nor vLLM; re-exported by `laminar_hpc.config.schema`.
     task:
       type: dataset                         # JSONL or Parquet rows (tasks/dataset.py)
       path: data/train.parquet
+      layout: verl                          # or trl: a recipe's rows as they are (default laminar)
       validation_fraction: 0.05             # or validation_path: data/test.jsonl
       chat_template: true                   # rendered with the model's own chat template
       reward: my_rewards.py:score           # or package.module:function, or a built-in name
@@ -20,6 +21,17 @@ from pydantic import Field, model_validator
 from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Section
 
 BUILTIN_REWARDS = ("exact", "math_verify", "final_number", "coin_flip")  # tasks/rewards.py
+# the columns each task.layout reads when the config names none (tasks/layouts.py reads the rows)
+LAYOUT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "laminar": {"prompt_field": "question", "messages_field": "messages", "answer_field": "answer",
+                "answer_format": "gsm8k", "prompt_template": "{prompt}\nAnswer: "},
+    # verl's RL Parquet: prompt (chat messages), data_source, reward_model.ground_truth, extra_info
+    "verl": {"prompt_field": "prompt", "messages_field": None, "answer_field": "reward_model.ground_truth",
+             "answer_format": "plain", "prompt_template": "{prompt}"},
+    # TRL's prompt-only datasets: prompt (text or messages); every other column goes to the reward
+    "trl": {"prompt_field": "prompt", "messages_field": None, "answer_field": None,
+            "answer_format": "plain", "prompt_template": "{prompt}"},
+}
 
 
 class RewardCfg(Section):
@@ -33,7 +45,14 @@ class RewardCfg(Section):
     `weights` (a component without a weight weighs 1). With `url` the response goes to a remote
     verifier instead (an HTTP POST; tasks/remote.py). Calls run in a pool beside the decode loop
     (`pool`, `workers`), each under `timeout_s`; one that fails, times out or returns a value
-    that is not a finite number in `range` scores 0, and the reason is counted each step."""
+    that is not a finite number in `range` scores 0, and the reason is counted each step.
+
+    A dict's keys are summed only where `weights` names them; a dict with one key, or with a
+    `score` key (verl), needs no weights: that value is the reward. Every other key is logged
+    per step (`reward.<key>`), never added. The weighted total must lie in `range`.
+    `signature` says how a function is called: laminar `(problem, response)`, verl
+    `compute_score(data_source, solution_str, ground_truth, extra_info)` or TRL's batched
+    `f(prompts, completions, **columns) -> list[float]`; auto reads it from the parameter names."""
     fn: Union[str, dict[str, str]] = "exact"
     url: str | None = None  # remote verifier: POST {problem, response}, answer a number or a map of them
     weights: dict[str, float] = Field(default_factory=dict)
@@ -43,6 +62,8 @@ class RewardCfg(Section):
     timeout_s: PosFloat = 10.0
     retries: NonNegInt = 2  # remote verifier: attempts after the first, on connection errors and 5xx
     backoff_s: PosFloat = 0.2  # remote verifier: the first retry's wait, doubled after each
+    # how a function is called (tasks/reward_signatures.py); auto: from its parameter names
+    signature: Literal["auto", "laminar", "verl", "trl"] = "auto"
 
     @model_validator(mode="before")
     @classmethod
@@ -92,25 +113,33 @@ class BuiltinTaskCfg(Section):
 class DatasetTaskCfg(Section):
     """Rows of a JSONL or Parquet file (tasks/dataset.py); `type: jsonl` is the same section.
 
-    A row holds a prompt (`prompt_field`, filled into `prompt_template`) or a chat
-    (`messages_field`: a list of {role, content}), and the gold answer (`answer_field`). Its other
-    fields reach the reward function (`Problem.fields`). With `chat_template` the prompt (as the
-    user message, after `system_prompt`) or the messages are rendered with the tokenizer's own
-    chat template. Rows are shuffled by seed, a new order each epoch."""
+    A row holds a prompt (`prompt_field`: text filled into `prompt_template`, or a list of
+    {role, content} messages, read as a chat) or a chat (`messages_field`), and the gold answer
+    (`answer_field`). Field names may be dotted paths into nested fields
+    (`reward_model.ground_truth`). `layout` picks the defaults of a recipe's data: `verl` (prompt
+    messages, data_source, reward_model.ground_truth, extra_info) or `trl` (prompt, every other
+    column handed to the reward). The row's other fields reach the reward function
+    (`Problem.fields`). A chat is rendered with the tokenizer's own chat template; with
+    `chat_template: true` so is a text prompt (as the user message, after `system_prompt`).
+    Rows are shuffled by seed, a new order each epoch."""
     multiline: ClassVar[frozenset[str]] = frozenset({"prompt_template", "system_prompt"})
     type: Literal["dataset", "jsonl"] = "dataset"
     path: str  # the training rows: *.jsonl or *.parquet
     format: Literal["auto", "jsonl", "parquet"] = "auto"  # auto: by the file's suffix
+    # whose data this is: sets the defaults of the fields below (LAYOUT_DEFAULTS)
+    layout: Literal["laminar", "verl", "trl"] = "laminar"
     validation_path: str | None = None  # the validation split's own file
     validation_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # else: held out of `path` by seed
-    prompt_field: str = "question"
-    messages_field: str = "messages"  # a row holding this field is a chat (needs chat_template)
-    answer_field: str = "answer"
-    answer_format: Literal["gsm8k", "plain"] = "gsm8k"  # gsm8k: the gold answer follows '#### '
-    prompt_template: str = "{prompt}\nAnswer: "
-    # true: rendered with the tokenizer's own chat template (model.tokenizer: hf) instead of being
-    # the model's text as written
-    chat_template: bool = False
+    # unset: the layout's (laminar: question, messages, answer, gsm8k, "{prompt}\nAnswer: ")
+    prompt_field: str | None = None
+    messages_field: str | None = None  # a row holding this field is a chat; null: none
+    answer_field: str | None = None  # null (trl's default): rows have no gold answer
+    answer_format: Literal["gsm8k", "plain"] | None = None  # gsm8k: the gold answer follows '#### '
+    prompt_template: str | None = None
+    # true: text prompts too are rendered with the tokenizer's own chat template (model.tokenizer:
+    # hf); false: a text prompt is the model's text as written and chat rows are refused; null:
+    # chat rows are chats, text prompts are text
+    chat_template: bool | None = None
     system_prompt: str | None = None  # the chat's system message (chat_template only); null: none
     max_prompt_tokens: PosInt | None = None  # longer prompts are skipped at admission and counted
     shuffle: bool = True
@@ -122,6 +151,14 @@ class DatasetTaskCfg(Section):
         if self.validation_path is not None and self.validation_fraction > 0:
             raise ValueError(f"validation_path and validation_fraction={self.validation_fraction} both name a "
                              "validation split: set one of them")
+        for key, value in LAYOUT_DEFAULTS[self.layout].items():
+            if key not in self.model_fields_set:
+                object.__setattr__(self, key, value)  # the layout's default, written out in config.yaml
+        for key, value in (("answer_format", "plain"), ("prompt_template", "{prompt}")):
+            if getattr(self, key) is None:  # null written out
+                object.__setattr__(self, key, value)
+        if self.prompt_field is None:
+            raise ValueError("prompt_field: name the column holding the prompt")
         return self
 
 

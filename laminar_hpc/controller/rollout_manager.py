@@ -130,13 +130,14 @@ class RolloutManager:
         self.replicas.pop(rank, None)
 
     # -- repack ------------------------------------------------------------------------------------
-    def repack(self, now: float) -> None:
-        """A repack round if one is due: each move goes to its source as `migrate`."""
+    def repack(self, now: float, queued: int = 1) -> None:
+        """A repack round if one is due and can pay (`policy.repack.pays`: `queued` trajectories wait
+        for a replica): each move goes to its source as `migrate`."""
         if now > self.next_expiry:  # (called every loop: one comparison until a move may have expired)
             # the source died or the message was lost: its state is fresh again
             self.moving = {r: t for r, t in self.moving.items() if now - t <= self.expiry_s}
             self.next_expiry = min(self.moving.values(), default=math.inf) + self.expiry_s
-        if not (self.repack_due or now - self.last_repack >= self.interval_s):
+        if not (self.repack_due or now - self.last_repack >= self.interval_s) or not repack.pays(queued):
             return
         self.repack_due, self.last_repack = False, now
         states = [ReplicaState(*r) for k, r in sorted(self.replicas.items()) if k not in self.moving]

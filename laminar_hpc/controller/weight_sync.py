@@ -2,7 +2,7 @@
 rollouts must load a new one.
 
 laminar needs no coordination: each rollout drains and pulls the newest version on its own
-(`policy.scheduling.should_refresh`). The baselines do:
+(`policy.refresh.refresh_action`). The baselines do:
 
 - sync / one-step-off (barrier modes): once a batch is fully generated, every rollout loads the
   newest published version (>= what the next batch needs, `policy.scheduling.barrier_version`);

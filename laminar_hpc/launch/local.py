@@ -23,6 +23,7 @@ from laminar_hpc.launch.signals import launcher_signals
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.summary import build_summary
+from laminar_hpc.metrics.trackers import finish_run, missing_packages
 from laminar_hpc.rundir import RunDir, atomic_write_json
 from laminar_hpc.transport.security import ensure_keys
 from laminar_hpc.transport.shm_dir import SharedMemoryError, open_private_dir, remove_private_dir
@@ -79,6 +80,8 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
         stale.unlink()  # endpoints of an earlier start of this run directory
     rd.status.unlink(missing_ok=True)
     progress = progress or Progress(f"laminar: {cfg.name}")
+    for line in missing_packages(cfg):  # logging: a tracker that cannot work is said once, up front
+        progress.message(line)
     sup = Supervisor(cfg, run_dir, command, progress)
     if on_start:
         on_start(sup)
@@ -100,6 +103,9 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
         summary = build_summary(rd, mode=cfg.mode, wall_s=time.monotonic() - t0)
         summary.update(outcome=outcome, run_id=run_id, killed_at_shutdown=killed)
         atomic_write_json(rd.summary, summary)
+        if cfg.logging.enabled:  # trackers (metrics/trackers.py): the rows after the trainer, the summary
+            summary.update(finish_run(cfg, rd, summary))
+            atomic_write_json(rd.summary, summary)
     return summary
 
 

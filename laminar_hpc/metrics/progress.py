@@ -1,6 +1,10 @@
 """Live progress of a campaign: a table on a terminal, plain log lines otherwise.
 
-Fed with the controller's status.json (refreshed every second).
+Fed with the controller's status.json (refreshed every second). The display remembers what it
+saw (`History`): the batch reward of each step and the evaluation score of each round for the
+sparklines (sampled at each refresh: with several steps a second, some steps are not drawn;
+metrics.jsonl has all of them), and the pace of the warm-up and of training for the progress
+bars' ETA. Versions are shown as compact text: `v12 x3, v11 x1` (version x how many hold it).
 """
 from __future__ import annotations
 
@@ -18,16 +22,124 @@ def _total(st: Status) -> str:
     return "?" if st.total_steps is None else str(st.total_steps)
 
 
-def status_line(st: Status) -> str:
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    """The last `width` values as block characters, scaled from their min to their max."""
+    vals = [v for v in values if v is not None][-width:]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    top = len(SPARKS) - 1
+    return "".join(SPARKS[round((v - lo) / (hi - lo) * top) if hi > lo else top // 2] for v in vals)
+
+
+def bar(frac: float, width: int = 24) -> str:
+    """'██████░░░░' filled to `frac` (clamped to 0..1)."""
+    n = round(max(0.0, min(1.0, frac)) * width)
+    return "█" * n + "░" * (width - n)
+
+
+def duration(s: float | None) -> str:
+    """'45s', '3m20s', '1h02m'; '?' when unknown."""
+    if s is None:
+        return "?"
+    s = max(0, int(round(s)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def versions_text(held: dict[int, int]) -> str:
+    """Who holds which version, newest first: {0: 50, 1: 50, 2: 49} -> 'v50 x2, v49 x1'
+    ('none' for a replica that holds no version yet)."""
+    if not held:
+        return "-"
+    counts: dict[int, int] = {}
+    for v in held.values():
+        counts[v] = counts.get(v, 0) + 1
+    return ", ".join(f"{'none' if v < 0 else f'v{v}'} x{n}" for v, n in sorted(counts.items(), reverse=True))
+
+
+def flight_text(versions: list[int]) -> str:
+    """[11, 12] -> 'v11,v12'."""
+    return ",".join(f"v{v}" for v in sorted(versions)) or "-"
+
+
+class History:
+    """What the display keeps across refreshes: rewards by step, evaluation scores by step, the
+    warm-up's greedy rewards, and where each phase was first seen (elapsed seconds, step) for its pace."""
+
+    def __init__(self):
+        self.rewards: dict[int, float] = {}
+        self.evals: dict[int, float] = {}
+        self.warmup: dict[int, float] = {}
+        self.first: dict[str, tuple[float, int]] = {}
+
+    def add(self, st: Status) -> None:
+        m = st.metrics
+        if st.phase == "warmup":
+            step = m.get("warmup.step")
+            if isinstance(step, int) and isinstance(m.get("warmup.greedy_reward"), (int, float)):
+                self.warmup[step] = float(m["warmup.greedy_reward"])
+            self.first.setdefault("warmup", (st.elapsed_s, step if isinstance(step, int) else 0))
+        else:
+            step = m.get("step", st.step)
+            if isinstance(step, int) and isinstance(m.get("reward_mean"), (int, float)):
+                self.rewards[step] = float(m["reward_mean"])
+            if st.phase != "?":  # "?": the trainer has not said yet (it may be loading or about to warm up)
+                self.first.setdefault("rl", (st.elapsed_s, st.step))
+        ev = st.eval or {}
+        if isinstance(ev.get("eval_step"), int) and isinstance(ev.get("eval_reward"), (int, float)):
+            self.evals[ev["eval_step"]] = float(ev["eval_reward"])
+
+    def pace(self, phase: str, step: int, elapsed_s: float) -> float | None:
+        """Seconds per step in `phase` since it was first seen, or None before a step passed."""
+        t0, s0 = self.first.get(phase, (elapsed_s, step))
+        return (elapsed_s - t0) / (step - s0) if step > s0 and elapsed_s > t0 else None
+
+    def series(self, which: dict[int, float]) -> list[float]:
+        return [which[k] for k in sorted(which)]
+
+
+def progress_text(step: int, total: int | None, pace: float | None, at_most: bool = False) -> str:
+    """'██████░░░░ 6/12 50% · 0.8s/step · ETA 5s' (`at_most`: the phase may end sooner)."""
+    if not total:
+        return f"{step} / ?"
+    left = None if pace is None else pace * max(0, total - step)
+    rate = "" if pace is None else f" · {pace:.2f}s/step"
+    eta = f"{'≤ ' if at_most else ''}{duration(left)}"
+    return f"{bar(step / total)} {step}/{total} {step / total:.0%}{rate} · ETA {eta}"
+
+
+def eta_text(st: Status, history: History | None) -> str:
+    """' ETA 1m20s' for the plain line, or ''."""
+    if history is None:
+        return ""
+    if st.phase == "warmup":
+        step, total = st.metrics.get("warmup.step", 0), st.metrics.get("warmup.max_steps")
+        pace = history.pace("warmup", step if isinstance(step, int) else 0, st.elapsed_s)
+    else:
+        step, total, pace = st.step, st.total_steps, history.pace("rl", st.step, st.elapsed_s)
+    if not isinstance(total, int) or pace is None:
+        return ""
+    at_most = "≤ " if st.phase == "warmup" else ""  # the warm-up's target may end it sooner
+    return f" ETA {at_most}{duration(pace * max(0, total - step))}"
+
+
+def status_line(st: Status, history: History | None = None) -> str:
     m = st.metrics
     if st.phase == "warmup":
-        return (f"warm-up step {m.get('warmup.step', 0)} greedy reward {_fmt(m.get('warmup.greedy_reward'))} "
-                f"elapsed {st.elapsed_s:.0f}s")
+        return (f"warm-up step {m.get('warmup.step', 0)} greedy reward {_fmt(m.get('warmup.greedy_reward'))}"
+                f"{warmup_failures(m, ' rewards failed ')} elapsed {st.elapsed_s:.0f}s{eta_text(st, history)}")
     return (f"step {st.step}/{_total(st)} reward {_fmt(m.get('reward_mean'))}{eval_text(st)} "
             f"traj/s {_fmt(st.trajectories_per_s, '.1f')} "
             f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max', '-')} "
-            f"versions in flight {st.versions_in_flight} trainer v{st.trainer_version} "
-            f"elapsed {st.elapsed_s:.0f}s")
+            f"versions in flight {flight_text(st.versions_in_flight)} trainer v{st.trainer_version} "
+            f"elapsed {st.elapsed_s:.0f}s{eta_text(st, history)}")
 
 
 def eval_text(st: Status) -> str:
@@ -42,6 +154,12 @@ def eval_cell(e: dict) -> str:
     ks = sorted(int(k[10:]) for k in e if k.startswith("eval_pass@") and k[10:].isdigit())
     passes = "".join(f", pass@{k} {_fmt(e.get(f'eval_pass@{k}'))}" for k in ks)
     return f"reward {_fmt(e.get('eval_reward'))}{passes} at v{e.get('eval_version')} (step {e.get('eval_step')})"
+
+
+def warmup_failures(m: dict, prefix: str = "") -> str:
+    """The warm-up evaluation's rewards scored 0 because the call failed: '3 (exception 3)', or ''."""
+    n = m.get("warmup.reward_failed")
+    return f"{prefix}{n} ({m.get('warmup.reward_failed_by', '')})" if n else ""
 
 
 def reward_rows(m: dict) -> list[tuple[str, str]]:
@@ -59,6 +177,7 @@ class Progress:
         self.tty = self.stream.isatty()
         self.title, self.plain_every_s = title, plain_every_s
         self.last_plain = 0.0
+        self.history = History()
         self.live = None
         if self.tty:
             from rich.console import Console
@@ -69,10 +188,11 @@ class Progress:
     def update(self, st: Status) -> None:
         if not st.t:
             return  # the controller has not written its status yet
+        self.history.add(st)
         if self.live is not None:
             self.live.update(self._table(st))
         elif time.monotonic() - self.last_plain >= self.plain_every_s:
-            print(status_line(st), file=self.stream, flush=True)
+            print(status_line(st, self.history), file=self.stream, flush=True)
             self.last_plain = time.monotonic()
 
     def message(self, text: str) -> None:
@@ -83,21 +203,28 @@ class Progress:
 
     def _table(self, st: Status):
         from rich.table import Table
-        m = st.metrics
+        m, h = st.metrics, self.history
         t = Table(title=self.title, show_header=False, min_width=60)
         t.add_column("what", style="bold")
         t.add_column("value")
         if st.phase == "warmup":
             t.add_row("phase", "supervised warm-up")
-            t.add_row("warm-up step", str(m.get("warmup.step", 0)))
-            t.add_row("greedy reward", _fmt(m.get("warmup.greedy_reward")))
+            step, total = m.get("warmup.step", 0), m.get("warmup.max_steps")
+            step = step if isinstance(step, int) else 0
+            t.add_row("warm-up", progress_text(step, total if isinstance(total, int) else None,
+                                               h.pace("warmup", step, st.elapsed_s), at_most=True))
+            t.add_row("greedy reward", f"{_fmt(m.get('warmup.greedy_reward'))}  {sparkline(h.series(h.warmup))}")
+            if warmup_failures(m):
+                t.add_row("rewards failed (scored 0)", warmup_failures(m))
         else:
-            t.add_row("step", f"{st.step} / {_total(st)}")
-            t.add_row("reward (batch mean)", _fmt(m.get("reward_mean")))
+            t.add_row("steps", progress_text(st.step, st.total_steps, h.pace("rl", st.step, st.elapsed_s)))
+            t.add_row("reward (batch mean)", f"{_fmt(m.get('reward_mean'))}  {sparkline(h.series(h.rewards))}")
             for name, value in reward_rows(m):
                 t.add_row(name, value)
             if st.eval:
                 t.add_row("eval (validation)", eval_cell(st.eval))
+                if len(h.evals) > 1:
+                    t.add_row("eval reward by round", sparkline(h.series(h.evals)))
             t.add_row("trajectories/s", _fmt(st.trajectories_per_s, ".1f"))
             t.add_row("staleness mean / max", f"{_fmt(m.get('staleness_mean'), '.2f')} / {m.get('staleness_max', '-')}"
                       f" versions, {_fmt(m.get('step_lag_mean'), '.2f')} / {m.get('step_lag_max', '-')} steps")
@@ -107,10 +234,10 @@ class Progress:
             t.add_row("KL(mu||pi) / entropy", f"{_fmt(m.get('kl_mu_pi'), '.4f')} / {_fmt(m.get('entropy'))}")
             t.add_row("groups dropped (too stale / no signal)",
                       f"{m.get('dropped_groups', 0)} / {st.groups_dropped_by.get('no_signal', 0)}")
-            t.add_row("versions in flight", str(st.versions_in_flight))
+            t.add_row("versions in flight", flight_text(st.versions_in_flight))
             t.add_row("trainer version", str(st.trainer_version))
-            t.add_row("relay versions", str(st.relay_versions))
-            t.add_row("rollout versions", str(st.rollout_versions))
+            t.add_row("relay versions", versions_text(st.relay_versions))
+            t.add_row("rollout versions", versions_text(st.rollout_versions))
             stall = _fmt(m.get("publish_stall_s"), ".4f")
             t.add_row("trainer wait / publish stall", f"{_fmt(m.get('wait_s'))}s / {stall}s")
         t.add_row("elapsed", f"{st.elapsed_s:.0f}s")

@@ -5,7 +5,8 @@
 
 A run whose rollouts traced tool calls (`tool_call`, `tool_wait`) also gets `tool_calls`,
 `tool_calls_per_episode`, `tool_latency_s` and `tool_outcomes` (see tool_summary); a run without
-them gets none of these keys.
+them gets none of these keys. Every run gets `reward_failures`, a run with tools `tool_failures`
+(failure_summary).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
     stale_sum = sum(r["staleness_mean"] * r["trajectories"] for r in rows)
     objects = read_objects(rd.metrics)
     warm = [r for r in objects if r.get("event") == "warmup_done"]
+    events = rollout_events(rd)
     return {
         "mode": mode,
         "reward_first": _window_mean(rows, "reward_mean", first=True),
@@ -70,7 +72,8 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
         "wall_s": wall_s,
         **ledger_summary(ctl.ledger, read_ledger(rd.checkpoints_dir)),
         **recovery_summary(read_json(rd.recoveries, {}) or {}),
-        **tool_summary(rollout_events(rd)),
+        **tool_summary(events),
+        **failure_summary(events),
     }
 
 
@@ -123,6 +126,22 @@ def tool_summary(events: list[dict]) -> dict:
     episodes = episode_figures([e for e in events if e.get("ev") == "traj_finished"])
     return {"tool_calls": calls["calls"], "tool_calls_per_episode": episodes["calls_mean"],
             "tool_latency_s": calls["latency_s"], "tool_outcomes": calls["outcomes"]}
+
+
+def failure_summary(events: list[dict]) -> dict:
+    """Failures in plain sight, from rollout events: `reward_failures` {total, by_reason, eval} of
+    training work's rewards scored 0 because the call failed (`reward_failed` events; evaluation
+    work's apart, as `eval`), zero when none did; and for a run that called tools (as
+    tool_summary), `tool_failures` {total, by_outcome} of the calls that did not end "ok"."""
+    rewards = Counter(str(e.get("reason")) for e in events if e.get("ev") == "reward_failed" and not e.get("eval"))
+    evals = sum(1 for e in events if e.get("ev") == "reward_failed" and e.get("eval"))
+    out: dict = {"reward_failures": {"total": sum(rewards.values()), "by_reason": dict(sorted(rewards.items())),
+                                     "eval": evals}}
+    if any(e.get("ev") in TOOL_EVENTS for e in events):
+        tools = Counter(str(e.get("outcome")) for e in events
+                        if e.get("ev") == "tool_call" and e.get("outcome") != "ok")
+        out["tool_failures"] = {"total": sum(tools.values()), "by_outcome": dict(sorted(tools.items()))}
+    return out
 
 
 EVAL_KEYS = ("eval_reward", "eval_pass@1", "eval_version", "eval_step", "eval_problems", "eval_samples", "eval_errors")

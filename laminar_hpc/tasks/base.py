@@ -12,7 +12,8 @@ A reward function (tasks/rewards.py; built-in or the user's `module:function`) i
 
 `problem` holds the prompt or messages, the gold `answer` and the row's other fields (`fields`);
 `response` the generated text and token ids. A dict is a reward of named components, combined
-with `task.reward.weights` and logged each step.
+with `task.reward.weights` and logged each step. verl's `compute_score` and TRL's batched reward
+functions are called through adapters with their own signatures (tasks/reward_signatures.py).
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ class Problem:
     # a chat row's conversation as given: [{"role": ..., "content": ...}, ...] (`system` already in it)
     messages: tuple[Mapping[str, Any], ...] | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)  # the row's other fields, for the reward
+    # the gold answer as the row holds it (a number, a list, a dict: verl's ground_truth); None:
+    # as `answer` (GSM8K's text after '####', a generated task's answer) or no answer field
+    gold: Any = None
 
 
 @dataclass(frozen=True)

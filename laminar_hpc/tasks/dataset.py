@@ -1,9 +1,11 @@
 """Rows of a JSONL or Parquet file as a task (`task.type: dataset`, config/task.py's DatasetTaskCfg).
 
-A row holds a prompt (`prompt_field`, filled into `prompt_template`) or a chat (`messages_field`:
-[{"role", "content"}, ...]), and the gold answer (`answer_field`); its other fields reach the reward
-function as `Problem.fields`. With `chat_template` both kinds are rendered with the model's own chat
-template (`tasks.encode_prompt`), after `system_prompt` when one is set.
+A row holds a prompt (`prompt_field`: text filled into `prompt_template`, or chat messages) or a chat
+(`messages_field`: [{"role", "content"}, ...]), and the gold answer (`answer_field`); its other fields
+reach the reward function as `Problem.fields`. Field names may be dotted paths into nested fields, and
+`layout` reads verl's and TRL's rows as they are (tasks/layouts.py). A chat is rendered with the model's
+own chat template (`tasks.encode_prompt`), after `system_prompt` when one is set; with `chat_template`
+true so is a text prompt, with false a chat row is refused.
 
 Rows are shuffled by seed, a new order each epoch: problem `i` is row `permutation(seed, i // n)[i % n]`,
 so the controller's prompt cursor (one integer, in its checkpoints and write-ahead log) restores the
@@ -29,28 +31,17 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from laminar_hpc.tasks.base import Problem
+from laminar_hpc.tasks.layouts import LAYOUTS, PathError, get_path, layout_problems, reward_fields
+from laminar_hpc.tasks.row_files import ROLES, BadRow, DatasetError, chat_pairs, read_jsonl, read_parquet
 
 log = logging.getLogger(__name__)
 
-ROLES = ("system", "user", "assistant", "tool")
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 CACHED_EPOCHS = 2  # permutations kept: the epoch being drawn, and the one before or after it
 SKIP_HINT = "or set task.on_bad_row: skip to skip and count such rows"
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be used; the message names the file (and line or row) and the fix."""
-
-
-class BadRow(ValueError):
-    """One unusable row: what is wrong with it and how to fix it (the caller adds where it is)."""
-
-    def __init__(self, what: str, fix: str = "fix the row"):
-        super().__init__(what)
-        self.what, self.fix = what, fix
 
 
 def gsm8k_gold(answer: str) -> str:
@@ -65,8 +56,9 @@ class Row:
     number: int  # the file's line (JSONL) or row (Parquet), from 1
     prompt: str | None  # the prompt field's text; None for a chat row
     messages: tuple[tuple[str, str], ...] | None  # a chat row's (role, content) pairs as in the file
-    answer: str  # the gold answer
+    answer: str  # the gold answer as text ("" when the task maps no answer field)
     fields: dict[str, Any]  # the row's other fields
+    gold: Any = None  # the gold answer as the row holds it (Problem.gold)
 
     def key(self) -> str | tuple[tuple[str, str], ...]:
         """What makes two rows the same problem (the validation overlap)."""
@@ -87,11 +79,12 @@ class RowFile:
 class DatasetTasks:
     def __init__(self, path: str | Path, *, seed: int = 0, format: str = "auto",
                  validation_path: str | Path | None = None, validation_fraction: float = 0.0,
-                 prompt_field: str = "question", messages_field: str = "messages", answer_field: str = "answer",
-                 answer_format: str = "gsm8k", prompt_template: str = "{prompt}\nAnswer: ",
-                 chat_template: bool = False, system_prompt: str | None = None,
-                 max_prompt_tokens: int | None = None, shuffle: bool = True, on_bad_row: str = "fail"):
-        for key, value, allowed in (("format", format, ("auto", "jsonl", "parquet")),
+                 prompt_field: str = "question", messages_field: str | None = "messages",
+                 answer_field: str | None = "answer", answer_format: str = "gsm8k",
+                 prompt_template: str = "{prompt}\nAnswer: ", chat_template: bool | None = False,
+                 system_prompt: str | None = None, max_prompt_tokens: int | None = None, shuffle: bool = True,
+                 on_bad_row: str = "fail", layout: str = "laminar"):
+        for key, value, allowed in (("format", format, ("auto", "jsonl", "parquet")), ("layout", layout, LAYOUTS),
                                     ("answer_format", answer_format, ("gsm8k", "plain")),
                                     ("on_bad_row", on_bad_row, ("fail", "skip"))):
             if value not in allowed:
@@ -113,7 +106,7 @@ class DatasetTasks:
         self.max_prompt_tokens = max_prompt_tokens  # not applied here: admission filters by token count
         self.template = prompt_template
         self.prompt_field, self.messages_field, self.answer_field = prompt_field, messages_field, answer_field
-        self.answer_format, self.on_bad_row, self.format = answer_format, on_bad_row, format
+        self.answer_format, self.on_bad_row, self.format, self.layout = answer_format, on_bad_row, format, layout
 
         self._train = self._load(self.path)
         self.skipped = self._train.skipped  # bad rows skipped, over the files read
@@ -134,7 +127,8 @@ class DatasetTasks:
                    messages_field=cfg.messages_field, answer_field=cfg.answer_field,
                    answer_format=cfg.answer_format, prompt_template=cfg.prompt_template,
                    chat_template=cfg.chat_template, system_prompt=cfg.system_prompt,
-                   max_prompt_tokens=cfg.max_prompt_tokens, shuffle=cfg.shuffle, on_bad_row=cfg.on_bad_row)
+                   max_prompt_tokens=cfg.max_prompt_tokens, shuffle=cfg.shuffle, on_bad_row=cfg.on_bad_row,
+                   layout=cfg.layout)
 
     # -- drawing problems ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -152,6 +146,14 @@ class DatasetTasks:
     def where(self, index: int) -> str:
         """Where problem `index` comes from, for a message about that row: '<file> line <n>'."""
         return self._train.where(self._row(index))
+
+    def first_chat(self) -> str | None:
+        """Where the first chat row is ('<file> line <n>'), or None: chats need a chat template."""
+        for rows in (self._train, self._valid):
+            for row in rows.rows:
+                if row.messages is not None:
+                    return rows.where(row)
+        return None
 
     def validation(self) -> list[Problem]:
         """The validation split's problems (indices 0..m-1, in file order); [] without a split."""
@@ -192,9 +194,9 @@ class DatasetTasks:
             messages = [{"role": role, "content": content} for role, content in row.messages]
             if self.system_prompt is not None and all(m["role"] != "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
-            return Problem(index, "", row.answer, chat=True, messages=tuple(messages), fields=fields)
-        return Problem(index, self.template.format(prompt=row.prompt), row.answer, chat=self.chat_template,
-                       system=self.system_prompt if self.chat_template else None, fields=fields)
+            return Problem(index, "", row.answer, chat=True, messages=tuple(messages), fields=fields, gold=row.gold)
+        return Problem(index, self.template.format(prompt=row.prompt), row.answer, chat=bool(self.chat_template),
+                       system=self.system_prompt if self.chat_template else None, fields=fields, gold=row.gold)
 
     # -- splits ----------------------------------------------------------------------------------
     def _hold_out(self, train: RowFile, fraction: float) -> tuple[RowFile, RowFile]:
@@ -258,27 +260,47 @@ class DatasetTasks:
         if not isinstance(record, dict):
             raise BadRow(f"expected an object, got {type(record).__name__}")
         pf, mf, af = self.prompt_field, self.messages_field, self.answer_field
-        messages, prompt = None, None
-        if record.get(mf) is not None:  # null: no chat (a Parquet row of a file mixing both kinds)
-            messages = chat_pairs(record[mf], mf)
-            if not self.chat_template:
-                raise BadRow(f"holds chat messages (field '{mf}')",
-                             "set task.chat_template: true to render them with the model's chat template")
-        else:
-            prompt = record.get(pf)
-            if prompt is None:
-                raise BadRow(f"missing field '{pf}' (task.prompt_field), and no chat messages '{mf}'",
-                             "fix the row, or set task.prompt_field to the field holding the prompt")
-            if not isinstance(prompt, str):
-                raise BadRow(f"field '{pf}' is {type(prompt).__name__}, not text")
-        return Row(number, prompt, messages, self._gold(record.get(af)),
-                   {k: v for k, v in record.items() if k not in (pf, mf, af)})
+        try:
+            return self._parse_fields(number, record, pf, mf, af)
+        except PathError as err:
+            raise BadRow(str(err), "fix the row, or the dotted task field that reads it") from None
 
-    def _gold(self, raw: Any) -> str:
+    def _parse_fields(self, number: int, record: dict, pf: str, mf: str | None, af: str | None) -> Row:
+        if why := layout_problems(record, self.layout):
+            raise BadRow(why, "fix the row, or set task.layout to the layout of your data")
+        messages, prompt = None, None
+        chat_value = get_path(record, mf) if mf is not None else None  # null: no chat (a file mixing both kinds)
+        if chat_value is not None:
+            messages, field = chat_pairs(chat_value, mf), mf
+        else:
+            prompt = get_path(record, pf)
+            if prompt is None:
+                also = f", and no chat messages '{mf}'" if mf is not None else ""
+                raise BadRow(f"missing field '{pf}' (task.prompt_field){also}",
+                             "fix the row, or set task.prompt_field to the field holding the prompt")
+            if isinstance(prompt, list):  # chat messages in the prompt field (verl, TRL's conversational data)
+                messages, prompt, field = chat_pairs(prompt, pf), None, pf
+            elif not isinstance(prompt, str):
+                raise BadRow(f"field '{pf}' is {type(prompt).__name__}, not text or a list of chat messages",
+                             "fix the row, or set task.prompt_field to the field holding the prompt")
+        if messages is not None and self.chat_template is False:
+            raise BadRow(f"holds chat messages (field '{field}')",
+                         "set task.chat_template: true to render them with the model's chat template")
+        answer, gold = self._gold(get_path(record, af)) if af is not None else ("", None)
+        fields = reward_fields(record, self.layout, prompt_field=pf, messages_field=mf, answer_field=af)
+        return Row(number, prompt, messages, answer, fields, gold)
+
+    def _gold(self, raw: Any) -> tuple[str, Any]:
+        """(the gold answer as text, as the reward gets it raw: Problem.gold)."""
         af = self.answer_field
         if raw is None:
             raise BadRow(f"missing field '{af}' (task.answer_field)",
                          "fix the row, or set task.answer_field to the field holding the gold answer")
+        if self.answer_format == "plain" and isinstance(raw, (list, dict)):  # e.g. verl's lists of answers, tests
+            gold = json.dumps(raw, sort_keys=True, ensure_ascii=False)
+            if raw in ([], {}):
+                raise BadRow(f"field '{af}': the gold answer is empty")
+            return gold, raw
         if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
             raise BadRow(f"field '{af}' is {type(raw).__name__}, not text or a number")
         if self.answer_format == "plain":
@@ -290,86 +312,7 @@ class DatasetTasks:
             gold = gsm8k_gold(str(raw))
         if not gold:
             raise BadRow(f"field '{af}': the gold answer is empty")
-        return gold
+        return gold, raw if self.answer_format == "plain" else gold
 
 
-def chat_pairs(value: Any, field: str) -> tuple[tuple[str, str], ...]:
-    """A row's chat as (role, content) pairs, or BadRow saying what is wrong with it."""
-    if not isinstance(value, list) or not value:
-        raise BadRow(f"field '{field}' is {'an empty list' if value == [] else type(value).__name__}, not a list "
-                     "of {'role': ..., 'content': <text>} messages")
-    pairs = []
-    for k, message in enumerate(value):
-        if isinstance(message, dict):  # a Parquet struct holds every key of the column; an absent one is None
-            message = {key: v for key, v in message.items() if v is not None}
-        if not isinstance(message, dict) or set(message) != {"role", "content"}:
-            shown = repr(message if not isinstance(message, dict) else sorted(message))[:80]
-            raise BadRow(f"{field}[{k}] is {shown}, not a {{'role': ..., 'content': <text>}} message")
-        if message["role"] not in ROLES:
-            raise BadRow(f"{field}[{k}] has role {message['role']!r}, not one of {', '.join(ROLES)}")
-        if not isinstance(message["content"], str):
-            raise BadRow(f"{field}[{k}]'s content is {type(message['content']).__name__}, not text")
-        pairs.append((message["role"], message["content"]))
-    return tuple(pairs)
-
-
-def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, the line's JSON value or a BadRow) for each non-blank line."""
-    try:
-        with open(path, encoding="utf-8-sig", errors="strict") as f:  # -sig: a leading byte-order mark is no row
-            lines = f.readlines()
-    except UnicodeDecodeError as err:
-        raise DatasetError(f"{path}: not UTF-8 text ({err.reason}); convert it to UTF-8") from None
-    except OSError as err:
-        raise DatasetError(f"{path}: cannot read the dataset ({err.strerror})") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            yield number, json.loads(line)
-        except json.JSONDecodeError as err:
-            hint = " (the file looks like one JSON array: write one object per line)" \
-                if number == 1 and line.strip() in ("[", "[{") else ""
-            yield number, BadRow(f"not JSON ({err.msg}, column {err.colno}){hint}")
-
-
-def read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
-    """(row number from 1, the row as plain Python values) for each row."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DatasetError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
-    try:
-        table = pq.read_table(path)
-    except pa.ArrowException as err:  # ArrowInvalid: no Parquet magic bytes, a truncated footer
-        reason = " ".join(str(err).split())
-        raise DatasetError(f"{path}: not a Parquet file ({reason}); write it as Parquet, or set task.format: "
-                           "jsonl if it holds JSON lines") from None
-    except OSError as err:
-        raise DatasetError(f"{path}: cannot read the dataset ({err})") from None
-    number = 0
-    for batch in table.to_batches():
-        for row in batch.to_pylist():
-            number += 1
-            yield number, plain(row)
-
-
-def plain(value: Any) -> Any:
-    """A Parquet value as JSON-like Python: dicts, lists, text, numbers, bools, None. Text bytes
-    become text and other bytes stay bytes; dates, times and decimals become their text."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return value
-    return str(value)
-
-
-__all__ = ["DatasetError", "DatasetTasks", "ROLES", "gsm8k_gold"]
+__all__ = ["BadRow", "DatasetError", "DatasetTasks", "ROLES", "gsm8k_gold"]

@@ -6,24 +6,30 @@ named floats:
     def score(problem: Problem, response: Response) -> float | dict[str, float]:
         return {"format": 1.0 if "####" in response.text else 0.0, "correct": ...}
 
+verl's `compute_score(data_source, solution_str, ground_truth, extra_info)` and TRL's batched
+`f(prompts, completions, **kwargs)` are called through adapters (tasks/reward_signatures.py),
+chosen from the function's parameter names or `task.reward.signature`.
+
 `task.reward.fn` names one: a built-in (`exact`, `math_verify`, `final_number`, `coin_flip`),
 `package.module:function` (imported) or `path/to/file.py:function` (loaded from the file, relative
 to the directory `laminar` runs in; its directory need not be a package, but what the file imports
 must be importable: a sibling module needs PYTHONPATH). Or a map of component name -> function.
 
     scorer = Scorer(RewardCfg(fn={"format": "my_rewards.py:fmt", "correct": "math_verify"},
-                              weights={"format": 0.2}))
+                              weights={"format": 0.2, "correct": 0.8}))
     out = scorer.score(problem, Response("... #### 72"))
-    out.reward, out.components, out.error      # 1.2, {"format": 1.0, "correct": 1.0}, None
+    out.reward, out.components, out.error      # 1.0, {"format": 1.0, "correct": 1.0}, None
 
-Components: with one function, a float is the reward (no components) and a dict's keys are the
-components. With a map, each function's name is its component, and a dict it returns is flattened
-as "name.key". The reward is the sum of the components times their weights (`weights[name.key]`,
-else `weights[name]`, else 1). With `url`, a remote verifier (tasks/remote.py) is the one function
-and `fn` is ignored.
+Components: with one function, a float is the reward (no components) and a dict is reduced by
+tasks/reward_values.py's rules (its keys summed only where `weights` names them, a `score` key or
+a lone key is the reward, every other key logged and never added). With a map, each function's
+name is its component, weighed by `weights[name]` (default 1); a dict it returns is reduced with
+the weights named "name.key" and its keys logged as "name.key". With `url`, a remote verifier
+(tasks/remote.py) is the one function and `fn` is ignored.
 
-A call that raises or returns anything but finite numbers in `range` does not raise here: the
-outcome has reward 0, no components, `error` (one of REASONS) and a one-line `detail`.
+A call that raises or returns anything but finite numbers, or whose total lies outside `range`,
+does not raise here: the outcome has reward 0, no components, `error` (one of REASONS) and a
+one-line `detail`.
 `Scorer.score` runs in the caller's thread without a timeout; tasks/reward_pool.py runs it off
 the decode loop under `timeout_s`.
 """
@@ -32,9 +38,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import inspect
-import math
-import numbers
 import os
 import re
 import sys
@@ -45,9 +48,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any
 
 from laminar_hpc.tasks.base import Problem, Response, RewardFn
+from laminar_hpc.tasks.reward_signatures import NOT_APPLICABLE, BadReturn, SignatureError, adapt, detect
+from laminar_hpc.tasks.reward_values import Invalid, check_total, reduce_value
 
 # why a reward scored 0; counted per step. exception: the function raised. timeout: it ran past
 # timeout_s. not_finite: NaN or inf. out_of_range: outside task.reward.range. bad_type: not a
@@ -138,10 +143,13 @@ _file_modules: dict[Path, ModuleType] = {}  # one module per file, however many 
 _load_lock = threading.Lock()
 
 
-def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, *, key: str = "task.reward") -> RewardFn:
+def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, *, key: str = "task.reward",
+                   signature: str = "auto") -> RewardFn:
     """The function `spec` names: a built-in, 'package.module:function' or 'path/to/file.py:function'
-    (relative to `base_dir`, default the current directory). Raises RewardError, one line naming
-    `key`, the spec and what to do."""
+    (relative to `base_dir`, default the current directory), callable as (problem, response): a
+    verl or TRL function comes wrapped in its adapter (tasks/reward_signatures.py; `signature`
+    "auto" reads which from its parameters). Raises RewardError, one line naming `key`, the spec
+    and what to do."""
     if spec in BUILTINS:
         return BUILTINS[spec]
     head = f"{key} {spec!r}"
@@ -165,13 +173,10 @@ def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, *, key:
         raise RewardError(f"{head}: {attr!r} in {where} is a {type(fn).__name__}, not a function; name a "
                           "function(problem, response)")
     try:
-        inspect.signature(fn).bind(None, None)
-    except TypeError:
-        raise RewardError(f"{head}: {attr}{inspect.signature(fn)} cannot be called as {attr}(problem, response); "
-                          "a reward takes the problem and the response") from None
-    except ValueError:  # no signature to read (a C function): it will say so when called
-        pass
-    return fn
+        kind = detect(fn, signature, attr)
+    except SignatureError as err:
+        raise RewardError(f"{head}: {err}") from None
+    return adapt(fn, kind, spec)
 
 
 _MISSING = object()
@@ -234,10 +239,6 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _show(value: Any) -> str:
-    return _one_line(repr(value), 60)
-
-
 # ------------------------------------------------------------------------------------------
 # the Scorer
 # ------------------------------------------------------------------------------------------
@@ -258,12 +259,6 @@ def describe_reward(cfg) -> str:
     return cfg.fn if isinstance(cfg.fn, str) else ", ".join(f"{k}={v}" for k, v in cfg.fn.items())
 
 
-class _Invalid(Exception):
-    def __init__(self, error: str, detail: str):
-        super().__init__(detail)
-        self.error, self.detail = error, detail
-
-
 class Scorer:
     """Calls a RewardCfg's function(s) and checks what they return (see the module docstring).
     Every function is loaded at construction, so a bad spec fails at startup (RewardError).
@@ -273,6 +268,7 @@ class Scorer:
         self.cfg = cfg
         self.low, self.high = cfg.range
         self.weights: dict[str, float] = dict(cfg.weights)
+        signature = getattr(cfg, "signature", "auto")
         self.budget_s = call_budget_s(cfg)
         self.single = cfg.url is not None or isinstance(cfg.fn, str)
         self._fns: dict[str, RewardFn] = {}
@@ -283,10 +279,11 @@ class Scorer:
             self._remote = RemoteVerifier(cfg)
             self._fns["reward"], self._names["reward"] = self._remote, f"the remote verifier {cfg.url}"
         elif isinstance(cfg.fn, str):
-            self._fns["reward"], self._names["reward"] = load_reward_fn(cfg.fn, base_dir), cfg.fn
+            self._fns["reward"] = load_reward_fn(cfg.fn, base_dir, signature=signature)
+            self._names["reward"] = cfg.fn
         else:
             for name, spec in cfg.fn.items():
-                self._fns[name] = load_reward_fn(spec, base_dir, key=f"task.reward.fn.{name}")
+                self._fns[name] = load_reward_fn(spec, base_dir, key=f"task.reward.fn.{name}", signature=signature)
                 self._names[name] = f"component {name!r} ({spec})"
             unknown = [w for w in self.weights if w not in cfg.fn and w.split(".", 1)[0] not in cfg.fn]
             if unknown:
@@ -297,69 +294,49 @@ class Scorer:
     def describe(self) -> str:
         return describe_reward(self.cfg)
 
+    def _dict_weights(self, name: str) -> dict[str, float]:
+        """The weights of a function's dict keys: all of them for one function, "name.key" for a map's."""
+        if self.single:
+            return self.weights
+        return {k[len(name) + 1:]: w for k, w in self.weights.items() if k.startswith(name + ".")}
+
     def score(self, problem: Problem, response: Response) -> RewardOutcome:
         components: dict[str, float] = {}
-        plain: float | None = None
+        total, scored = 0.0, 0
         for name, fn in self._fns.items():
             where = self._names[name]
             try:
                 value = fn(problem, response)
             except RemoteError as err:
                 return RewardOutcome.failed("remote", _one_line(str(err)))
+            except BadReturn as err:
+                return RewardOutcome.failed("bad_type", _one_line(str(err)))
             except (Exception, SystemExit) as err:  # the user's code: any error scores 0, with its reason
                 return RewardOutcome.failed("exception", f"{where} raised {_describe(err)}")
+            if value is NOT_APPLICABLE:  # a TRL function's None: it does not score this completion
+                continue
             try:
-                if isinstance(value, Mapping):
-                    prefix = "" if self.single else f"{name}."
-                    components.update({prefix + k: v for k, v in self._check_map(where, value).items()})
-                elif self.single:
-                    plain = self._check_number(where, value, None)
-                else:
-                    components[name] = self._check_number(where, value, None)
-            except _Invalid as bad:
+                reward, logged = reduce_value(where, value, self._dict_weights(name))
+            except Invalid as bad:
                 return RewardOutcome.failed(bad.error, bad.detail)
-        if plain is not None:
-            return RewardOutcome(plain)
-        total = sum(self.weights.get(k, self.weights.get(k.split(".", 1)[0], 1.0)) * v for k, v in components.items())
+            scored += 1
+            if self.single:
+                total, components = reward, logged
+            else:
+                total += self.weights.get(name, 1.0) * reward
+                components.update({f"{name}.{k}": v for k, v in logged.items()} if logged else {name: reward})
+        if not scored:
+            return RewardOutcome.failed("bad_type", f"{self.describe()} returned None (not applicable) for this "
+                                                    "completion, so nothing scores it; return a float for every one")
+        try:
+            total = check_total(self.describe(), total, self.low, self.high, parts=len(components) > 1)
+        except Invalid as bad:
+            return RewardOutcome.failed(bad.error, bad.detail)
         return RewardOutcome(float(total), components)
-
-    def _check_map(self, where: str, value: Mapping) -> dict[str, float]:
-        if not value:
-            raise _Invalid("bad_type", f"{where} returned an empty dict; return a float or a dict of named floats")
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str) or not k:
-                raise _Invalid("bad_type", f"{where} returned a dict with key {_show(k)}; name components with "
-                                           "non-empty strings")
-            out[k] = self._check_number(where, v, k)
-        return out
-
-    def _check_number(self, where: str, value: Any, key: str | None) -> float:
-        what = f"{where} returned" + ("" if key is None else f" for {key!r}")
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise _Invalid("bad_type", f"{what} {type(value).__name__} ({_show(value)}); return a float or a dict "
-                                       "of floats")
-        number = float(value)
-        if not math.isfinite(number):
-            raise _Invalid("not_finite", f"{what} {number}; return a finite number")
-        if not self.low <= number <= self.high:
-            raise _Invalid("out_of_range", f"{what} {number:g}, outside task.reward.range [{self.low:g}, "
-                                           f"{self.high:g}]; widen the range or fix the function")
-        return number
 
     def close(self) -> None:
         if self._remote is not None:
             self._remote.close()
-
-
-def check_reward(scorer: Scorer, problem: Problem) -> None:
-    """The startup check: score `problem` with an empty response; a function that returns the
-    wrong type (a string, a list) is a programming error, refused before the run starts. Any
-    other outcome, a failed one included (an empty response may well make a reward raise), passes."""
-    out = scorer.score(problem, Response(""))
-    if out.error == "bad_type":
-        raise RewardError(f"task.reward: {out.detail} (checked at startup on problem {problem.index} with an "
-                          "empty response)")
 
 
 def build_reward(spec: str) -> RewardFn:

@@ -37,6 +37,7 @@ import torch
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
 from laminar_hpc.metrics.jsonl import JsonlAppender
+from laminar_hpc.metrics.trackers import TrackerWriter
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.lineage import Segment
 from laminar_hpc.policy.scheduling import too_stale, training_order
@@ -88,6 +89,8 @@ class Trainer:
         self.already: list[int] = []  # re-delivered groups this lineage trained on: reported, not retrained
         self.ckpt_pending: dict[int, int] = {}  # checkpoint step -> ledger length it holds
         self.lineage: list[Segment] = []  # every trainer start of this run (policy/lineage.py)
+        # logging: the one writer to TensorBoard / W&B / MLflow, a thread forwarding metrics.jsonl
+        self.trackers = TrackerWriter.start(cfg, ctx.rundir, log=ctx.log)
 
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
     def initialise(self) -> None:
@@ -140,7 +143,7 @@ class Trainer:
     def _warmup_report(self, r: dict) -> None:
         self.ctx.log.info("warm-up step %d loss %.3f greedy reward %.3f", r["step"], r["loss"], r["greedy_reward"])
         self.ctx.tracer.emit("warmup_eval", **r)
-        self.ctx.ctrl.send(LogEvent(event="warmup", fields=r))
+        self.ctx.ctrl.send(LogEvent(event="warmup", fields={**r, "max_steps": self.ctx.cfg.warmup.max_steps}))
 
     def newest_published(self) -> int:
         """The newest version any trainer of this run published (the controller's hello_ack)."""
@@ -297,7 +300,10 @@ class Trainer:
     def _append_metrics(self, row: dict) -> None:
         # one os.write per complete line, best-effort: a full disk never ends the trainer (the row
         # waits and is retried with the next one), a torn line never merges with the next row
+        if self.trackers.enabled and "event" not in row:
+            row["tracker_failures"] = self.trackers.failures_total  # so far (metrics/trackers.py)
         self.metrics_out.append(row)
+        self.trackers.poke()  # the tracker thread sends the new rows
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -415,6 +421,7 @@ def main(argv: list[str] | None = None) -> None:
         clean = True
     finally:
         if trainer is not None:  # a write in flight completes (or fails) before the process ends
+            trainer.trackers.close(timeout_s=ctx.cfg.timeouts.shutdown_s / 2)
             trainer.backend.close(clean=clean)
         ctx.tracer.flush()
         ctx.ctrl.close(linger_ms=2000)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -70,9 +71,11 @@ def greedy_decode(model: Transformer, prompts: list[list[int]], eos_id: int, max
         filled = [f + 1 for f in filled]
 
 
-def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, reward, env=None) -> float:
+def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, reward, env=None,
+                  failures: Counter | None = None) -> float:
     """Mean reward of greedy answers to `n` held-out problems, scored by `reward` (task.reward) in
-    a reward pool, as the rollouts score (`env`: a tool task's episodes, trainer/warmup_episodes.py)."""
+    a reward pool, as the rollouts score (`env`: a tool task's episodes, trainer/warmup_episodes.py).
+    `failures` counts the calls that failed (scored 0), by reason."""
     # a float32 CPU copy, as a rollout holds the published weights (whatever the trainer's device and dtype)
     policy = Transformer(model.args).requires_grad_(False)
     policy.load_state_dict(model.state_dict())
@@ -92,6 +95,8 @@ def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, re
     answers = greedy_decode(policy, [x for _, x in rows], tok.eos_id, max_new_tokens)
     outcomes = score_all(reward, [(p, Response(tok.decode([t for t in a if t != tok.eos_id]), tuple(a)))
                                   for (p, _), a in zip(rows, answers)])
+    if failures is not None:
+        failures.update(o.error for o in outcomes if o.error is not None)
     return sum(o.reward for o in outcomes) / len(rows)
 
 
@@ -110,6 +115,7 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
     rng = random.Random(seed)
     t0 = time.monotonic()
     score, step = 0.0, 0
+    failed: Counter = Counter()  # the last evaluation's rewards that failed, by reason
     demos = env is not None and env.enabled and hasattr(task, "demonstration")
     for step in range(1, w.max_steps + 1):
         if should_stop():
@@ -147,9 +153,18 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
         loss.backward()
         opt.step()
         if step % w.eval_every == 0 or step == w.max_steps:
-            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward, env)
-            report({"step": step, "loss": loss.item(), "greedy_reward": score,
-                    "seconds": time.monotonic() - t0})
+            failed = Counter()
+            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward, env, failed)
+            # rewards that failed show in the live display (metrics/progress.py) and the trainer's log
+            report({"step": step, "loss": loss.item(), "greedy_reward": score, "seconds": time.monotonic() - t0,
+                    **failure_fields(failed)})
             if score >= w.target_greedy_reward and step >= w.min_steps:
                 break
-    return {"steps": step, "greedy_reward": score, "seconds": time.monotonic() - t0}
+    return {"steps": step, "greedy_reward": score, "seconds": time.monotonic() - t0, **failure_fields(failed)}
+
+
+def failure_fields(failed: Counter) -> dict:
+    """The warm-up evaluation's failed reward calls, as scalar fields: `reward_failed` (how many
+    scored 0) and `reward_failed_by` ('exception 3, timeout 1')."""
+    return {"reward_failed": sum(failed.values()),
+            "reward_failed_by": ", ".join(f"{k} {v}" for k, v in sorted(failed.items()))}

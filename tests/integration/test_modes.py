@@ -84,10 +84,11 @@ def check_mode(run_dir: Path, mode: str, s: dict, steps: int, trajs_per_step: in
 
 @pytest.mark.parametrize("mode", MODES)
 def test_each_mode_runs_on_emulated_engines(tmp_path, mode):
-    # laminar runs longer, with spare replicas, and repacks on any fall from the plateau in
-    # frequent rounds, so repack surely happens;
+    # laminar runs longer, with more work admitted than its replicas hold (a round plans moves only
+    # while work waits: policy.repack.pays), and repacks on any fall from the plateau in frequent
+    # rounds, so repack surely happens;
     # partial-rollout runs longer with more in flight, so some publish surely cuts sequences
-    more = {"laminar": ["trainer.total_steps=10", "repack.fall_ratio=1.0", "rollout.count=6",
+    more = {"laminar": ["trainer.total_steps=10", "repack.fall_ratio=1.0", "rollout.count=6", "rollout.max_batch=4",
                         "controller.max_ahead_steps=2", "repack.interval_s=0.2"],
             "partial-rollout": ["trainer.total_steps=10", "controller.max_ahead_steps=2"]}.get(mode, [])
     s = run(EMULATED, tmp_path / mode, mode, *more)
@@ -122,9 +123,10 @@ def test_laminar_refresh_in_flight_runs_on_emulated_engines(tmp_path, kv):
 
 def test_laminar_consolidation_repack_runs_on_emulated_engines(tmp_path):
     # the other repack policy: superseded versions packed onto the replicas they need, a source
-    # split over several destinations (real moves, versions kept, ledger clean: check_mode)
+    # split over several destinations (real moves, versions kept, ledger clean: check_mode); more work
+    # admitted than the replicas hold, so that work waits and rounds plan moves
     s = run(EMULATED, tmp_path / "consolidate", "laminar", "trainer.total_steps=10", "repack.policy=consolidate",
-            "rollout.count=6", "controller.max_ahead_steps=2")
+            "rollout.count=6", "rollout.max_batch=4", "controller.max_ahead_steps=2", "repack.interval_s=0.2")
     check_mode(tmp_path / "consolidate", "laminar", s, steps=10, trajs_per_step=4 * 4, long_tails=True)
 
 

@@ -16,7 +16,7 @@ from laminar_hpc.config.task import RewardCfg
 from laminar_hpc.tasks.reward_pool import RewardPool
 from laminar_hpc.tasks.base import Problem, Response
 from laminar_hpc.tasks.remote import RemoteVerifier
-from laminar_hpc.tasks.rewards import RemoteError, RewardError, Scorer, check_reward
+from laminar_hpc.tasks.rewards import RemoteError, Scorer
 
 P = Problem(7, "What is 12 + 7?", "19", fields={"level": 2, "tags": ["easy"]})
 GOOD = Response("12 + 7 = 19", (5, 6, 2), "eos")
@@ -106,8 +106,10 @@ def test_a_good_answer_and_what_the_verifier_receives(server):
 
 
 def test_components_are_weighed_and_a_wrapped_reward_is_the_reward(server):
-    out = scorer(server, "/components", weights={"format": 0.1}).score(P, GOOD)
-    assert out.components == {"format": 1.0, "correct": 1.0} and out.reward == pytest.approx(1.1)
+    out = scorer(server, "/components", weights={"format": 0.1, "correct": 0.9}).score(P, GOOD)
+    assert out.components == {"format": 1.0, "correct": 1.0} and out.reward == pytest.approx(1.0)
+    out = scorer(server, "/components", weights={"format": 0.1}).score(P, GOOD)  # correct: logged, not added
+    assert out.components == {"format": 1.0, "correct": 1.0} and out.reward == pytest.approx(0.1)
     out = scorer(server, "/wrapped").score(P, GOOD)
     assert (out.reward, out.components, out.error) == (0.25, {}, None)
 
@@ -151,8 +153,6 @@ def test_garbage_and_wrong_answers_are_counted_errors(server):
     out = scorer(server, "/string").score(P, GOOD)
     assert out.error == "bad_type" and "returned str ('correct')" in out.detail
     assert scorer(server, "/big").score(P, GOOD).error == "out_of_range"
-    with pytest.raises(RewardError, match="returned str"):  # refused at startup, like a local function
-        check_reward(scorer(server, "/string"), P)
 
 
 def test_an_unreachable_verifier_is_retried_then_scored_remote(server):

@@ -28,8 +28,8 @@ REWARDS = """
             return 7.0
         if text == "str":
             return "abc"
-        if text == "dict":
-            return {"format": 1.0, "correct": 0.5}
+        if text == "dict":  # verl's form: `score` is the reward, the other keys are logged
+            return {"score": 0.75, "correct": 0.5}
         if text == "exit":
             os._exit(3)
         if text == "stuck":  # until the test releases it (bounded: a thread cannot be killed)
@@ -123,7 +123,7 @@ def test_every_outcome_keeps_its_reason(make_pool, tmp_path, kind):
         "raise": "exception", "nan": "not_finite", "big": "out_of_range", "str": "bad_type"}
     assert "RuntimeError: grader crashed" in got["raise"].detail
     assert all(got[t].reward == 0.0 and got[t].components == {} for t in ("raise", "nan", "big", "str"))
-    assert got["dict"].components == {"format": 1.0, "correct": 0.5} and got["dict"].reward == 1.5
+    assert got["dict"].components == {"score": 0.75, "correct": 0.5} and got["dict"].reward == 0.75
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])

@@ -123,7 +123,7 @@ def test_greedy_accuracy_loads_the_runs_final_checkpoint(tmp_path):
 
 
 def args_for(**over) -> Namespace:
-    a = dict(config=BENCH, overrides=[], modes=list(bl.MODES), seeds=3, sweep=True, sweep_seeds=3, clip_eps=0.2,
+    a = dict(config=BENCH, overrides=[], modes=["sync", "one-step-off", "partial-rollout", "laminar"], seeds=3, sweep=True, sweep_seeds=3, clip_eps=0.2,
              sweep_override=[], out="runs/x", per_step=128, every=512, target=0.3, final_frac=0.25, heldout_n=64)
     return Namespace(**{**a, **over})
 
@@ -191,7 +191,10 @@ def test_usage_errors_and_dry_run(tmp_path, capsys):
     dry = [BENCH, "--json", str(tmp_path / "o.json"), "--sweep", "--dry-run", "--out", str(tmp_path / "r")]
     assert bl.main(dry) == 0
     out = capsys.readouterr().out
-    assert "plan: 45 runs of 60 steps x 128 trajectories (3 sweep runs reuse" in out and "estimated" in out
+    n = 3 * len(bl.DEFAULT_MODES) + 36 - 3  # every default variant x 3 seeds, and the sweep less what it reuses
+    assert f"plan: {n} runs of 60 steps x 128 trajectories (3 sweep runs reuse" in out and "estimated" in out
+    assert {"laminar-pure", "laminar-keep", "laminar-recompute", "laminar-underfull", "laminar-underfull-keep",
+            "partial-rollout", "partial-rollout-keep"} <= set(bl.DEFAULT_MODES)
     assert not (tmp_path / "r").exists() and not (tmp_path / "o.json").exists()
 
 
@@ -222,3 +225,16 @@ def test_run_all_runs_each_once_reuses_the_laminar_runs_and_survives_a_failure(m
     eight_none = [r for r in runs if r.get("ahead") == 8 and r.get("correction") == "none"]
     assert bl.aggregate(eight_none)["failed"] == [0, 1, 2] and bl.aggregate(eight_none)["final_reward"]["n"] == 0
     assert "failed: mode laminar failed" in capsys.readouterr().out
+
+
+def test_refresh_settings_are_judged_against_pure_laminars_seed_spread():
+    """A refresh setting whose mean final reward falls below pure laminar's seed spread is flagged
+    (issue 26: it is not made the default); the baselines are not judged here."""
+    def agg(lo, mean, hi, ttt):
+        return {"final_reward": {"mean": mean, "min": lo, "max": hi}, "time_to_target_s": {"mean": ttt, "reached": "3/3"}}
+    doc = bl.refresh_vs_pure({"laminar-pure": agg(0.30, 0.32, 0.34, 5.0), "laminar-keep": agg(0.2, 0.29, 0.3, 4.0),
+                              "laminar-recompute": agg(0.3, 0.33, 0.35, 4.5), "partial-rollout": agg(0, 0.1, 0.2, 9)})
+    assert set(doc) == {"laminar-keep", "laminar-recompute"}
+    assert doc["laminar-keep"]["below_pure_spread"] and not doc["laminar-recompute"]["below_pure_spread"]
+    assert doc["laminar-recompute"]["pure_range"] == [0.30, 0.34] and doc["laminar-keep"]["pure_time_to_target_s"] == 5.0
+    assert bl.refresh_vs_pure({"laminar-keep": agg(0.2, 0.29, 0.3, 4.0)}) is None

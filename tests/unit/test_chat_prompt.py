@@ -63,13 +63,13 @@ def test_plain_problems_are_unchanged_by_chat_support():
 
 def test_a_tokenizer_without_a_chat_template_is_refused_with_the_fix():
     p = ArithTasks(seed=0).problem(0)
-    with pytest.raises(ValueError, match="task.chat_template: false"):
+    with pytest.raises(ValueError, match="no chat template; set model.tokenizer: hf and model.hf_tokenizer"):
         encode_prompt(CharTokenizer(), p)
     no_template = FakeHF()
     no_template.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
         encode_prompt(HFWrapped(no_template), p)
-    with pytest.raises(ValueError, match="no chat template"):
+    with pytest.raises(ValueError, match="the tokenizer of x.gguf has no chat template; set model.hf_tokenizer"):
         hf_chat_prompt(no_template, chat_messages(p), source="x.gguf")
     # the same task without the template reads as plain text
     plain = ArithTasks(seed=0, chat=False).problem(0)

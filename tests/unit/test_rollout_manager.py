@@ -75,6 +75,18 @@ def test_repack_round_sends_the_move_and_counts_until_the_next_report():
     assert out.take() == [] and rm.repack_stats["rounds"] == 2 and not rm.repack_due
 
 
+def test_no_repack_round_while_no_work_waits():
+    """A move empties a replica so that it can take new work: with none waiting (admission holds the
+    next groups) it would only cost its destination a re-prefill (policy.repack.pays)."""
+    rm, out, _ = _rm(now=0.0)
+    rm.report(SOURCE)
+    rm.report(BUSY)
+    rm.repack(INTERVAL, queued=0)
+    assert out.take() == [] and rm.repack_stats["rounds"] == 0
+    rm.repack(INTERVAL, queued=5)
+    assert out.take() == [("rollout-0", Migrate(traj_ids=["0.0", "0.1"], dest=1))]
+
+
 def test_consolidation_splits_a_source_and_books_each_share():
     rm, out, _ = _rm(now=0.0, policy="consolidate")
     rm.report((0, 1, 0, 6, 300, 300, tuple(f"0.{i}" for i in range(6))))
@@ -107,7 +119,7 @@ def test_migrated_hands_the_work_to_the_destination_first():
     moved = [w for w in (dp.migrate(t, 1) for t in trajs) if w is not None]
     rm.migrated(0, 1, moved)
     assert out.take() == [("rollout-1", Assign(work=moved))]
-    assert all(w.version == 1 and w.tokens == [5, 6] for w in moved)
+    assert all(w.version == 1 and w.token_list() == [5, 6] for w in moved)
     assert rm.moving == {} and rm.credits == {1: -1}  # two slots it had not offered
     assert rm.repack_stats["trajectories_migrated"] == 2
 
@@ -164,9 +176,9 @@ def test_detached_trajectories_continue_where_their_version_is_held():
     by_dest = {to: [w.traj_id for w in m.work] for to, m in sent}
     # least loaded first, spreading them out; version 2 is held nowhere: it restarts
     assert by_dest == {"rollout-1": ids[:2], "rollout-2": ids[2:3]}
-    assert all(isinstance(m, Assign) and w.version == 3 and w.tokens == [1, 2, 3]
+    assert all(isinstance(m, Assign) and w.version == 3 and w.token_list() == [1, 2, 3]
                for _, m in sent for w in m.work)
-    assert dp.queue[0] == ids[3] and dp.partials[ids[3]].tokens == []
+    assert dp.queue[0] == ids[3] and not dp.partials[ids[3]].tokens
     assert rm.credits == {2: -1}  # rollout-1's two free slots are taken; rollout-2 takes one it had not offered
     assert rm.placed == {"continued": 3, "restarted": 1}
     assert traces == [("placed", {"continued": {"1": 2, "2": 1}, "restarted": 1})]

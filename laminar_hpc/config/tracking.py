@@ -1,0 +1,60 @@
+"""The `logging:` section: experiment trackers that receive every metrics row (metrics/trackers.py).
+
+    logging:
+      tensorboard: true                        # event files under <run dir>/tensorboard/
+      wandb: {project: my-rl, mode: offline}   # <run dir>/wandb/offline-run-*: `wandb sync` uploads them
+      mlflow: {tracking_uri: /shared/mlruns}   # unset: an MLflow file store in <run dir>/mlruns/
+
+`wandb: true` and `mlflow: true` take the defaults (`logging.wandb=true` on the command line too).
+No tracker package is imported here: configs load without them.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from laminar_hpc.config.section import Section
+
+
+class WandbCfg(Section):
+    """Weights & Biases: one W&B run per run directory, resumed by its id on every start."""
+    project: str = "laminar-hpc"
+    entity: str | None = None  # unset: the account's default entity (online mode)
+    mode: Literal["offline", "online"] = "offline"  # offline: no network; `wandb sync <run dir>/wandb/offline-run-*`
+    group: str | None = None
+    tags: list[str] = Field(default_factory=list)
+
+
+class MlflowCfg(Section):
+    """MLflow: one MLflow run per run directory, resumed by its id on every start."""
+    # a URI (file:/path, http://host:5000, sqlite:///x.db with the full mlflow package) or a plain
+    # path, taken relative to the run directory; unset: a file store in <run dir>/mlruns
+    tracking_uri: str | None = None
+    experiment: str | None = None  # unset: the config's `name`
+
+
+class LoggingCfg(Section):
+    """Trackers that get every step row, evaluation round and the summary, written by the trainer
+    (and, for what comes after it, the launcher). A tracker that fails is counted and logged; it
+    never stops training. Needs the extra `trackers` (`pip install -e '.[trackers]'`)."""
+    tensorboard: bool = False
+    wandb: WandbCfg | None = None
+    mlflow: MlflowCfg | None = None
+    run_name: str | None = None  # the tracker runs' display name; unset: the run directory's name
+
+    @field_validator("wandb", "mlflow", mode="before")
+    @classmethod
+    def _switch(cls, value):
+        # `wandb: true` / `logging.mlflow=true`: on with the defaults; false: off
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        return value
+
+    @property
+    def enabled(self) -> list[str]:
+        """The trackers this section turns on, in a fixed order."""
+        return [name for name, on in (("tensorboard", self.tensorboard), ("wandb", self.wandb is not None),
+                                      ("mlflow", self.mlflow is not None)) if on]

@@ -1,0 +1,167 @@
+"""The start check of a task: what `laminar run` (and submit, render-sbatch, drive) checks before
+any role starts, so that bad input gets one line instead of a crash loop or a run that scores
+silently wrong. Each failure is a StartCheckError: one line naming the key, file, row or function
+and what to do.
+
+    notes = check_start(cfg, tokenizer=lambda: build_tokenizer(cfg.model))   # cli.py
+    for line in notes: print("laminar:", line)
+
+What it checks, in order:
+- the dataset loads (tasks/dataset.py: a missing or malformed file, a bad row);
+- a validation split exists when evaluation needs one;
+- the supervised warm-up has gold answers to learn from;
+- `env.tools`, `env.environment` and `env.format` import (else every role would restart on it);
+- a chat (a row holding messages, or `task.chat_template: true`) renders with the tokenizer's
+  chat template (`tokenizer` builds it only then);
+- each reward function is called on a sample row (the task's problem 0, its gold answer as the
+  response) in the reward pool, under `timeout_s`: one that raises, hangs, returns no number,
+  returns components no weight names, or scores outside `range` stops the start.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from laminar_hpc.tasks.base import Problem, Response
+
+
+class StartCheckError(ValueError):
+    """Input that cannot run; the message is one line."""
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def check_start(cfg, tokenizer: Callable[[], Any]) -> list[str]:
+    """Run every check on a validated Config; returns notes to show (warnings, what is logged
+    and not summed). Raises StartCheckError."""
+    from laminar_hpc.tasks import build_task
+    from laminar_hpc.tasks.dataset import DatasetError
+    notes: list[str] = []
+    try:
+        task = build_task(cfg.task, cfg.seed)
+    except DatasetError as err:
+        raise StartCheckError(str(err)) from None
+    overlap = getattr(task, "overlap", 0)
+    if overlap:
+        split = cfg.task.validation_path or f"(validation_fraction {cfg.task.validation_fraction})"
+        notes.append(f"warning: {overlap} training rows of {cfg.task.path} also appear in the validation split "
+                     f"{split}: evaluation scores on them measure memory, not generalisation")
+    if cfg.eval.every_steps and hasattr(task, "validation") and not task.validation():
+        raise StartCheckError(f"eval.every_steps={cfg.eval.every_steps} but the dataset has no validation split: set "
+                              "task.validation_path or task.validation_fraction, or eval.every_steps: 0")
+    check_warmup(cfg)
+    if cfg.env.enabled:
+        check_env(cfg.env)
+    check_chat(task, cfg.task, tokenizer)
+    notes += check_reward(cfg.task.reward, task.problem(0), where(task, 0))
+    return notes
+
+
+def where(task, index: int) -> str:
+    """Problem `index` of a task, for a message: a dataset's file and line, else 'problem N of <task>'."""
+    locate = getattr(task, "where", None)
+    return locate(index) if locate is not None else f"problem {index} of {task.name}"
+
+
+def check_warmup(cfg) -> None:
+    """The supervised warm-up learns the gold answers: a dataset without them (task.layout: trl)
+    cannot warm up."""
+    runs = (cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not cfg.model.hf_path
+            and not cfg.trainer.init_checkpoint and cfg.trainer.backend != "emulated")
+    if runs and getattr(cfg.task, "type", None) in ("dataset", "jsonl") and cfg.task.answer_field is None:
+        raise StartCheckError(f"warmup: the supervised warm-up trains on gold answers, and task.answer_field is unset "
+                              f"(task.layout: {cfg.task.layout}); set task.answer_field to the column holding them, "
+                              "or warmup.enabled: false (with model.hf_path or trainer.init_checkpoint as the start)")
+
+
+def check_env(env_cfg) -> None:
+    """env.tools, env.environment and env.format import and name what they should."""
+    from laminar_hpc.tasks.tools import load_environment, load_format
+    try:
+        load_environment(env_cfg)
+        load_format(env_cfg)
+    except ValueError as err:
+        raise StartCheckError(_one_line(err)) from None
+
+
+def check_chat(task, task_cfg, tokenizer: Callable[[], Any]) -> None:
+    """A task with chats renders its first one with the tokenizer's chat template."""
+    from laminar_hpc.tasks import encode_prompt
+    first_chat = getattr(task, "first_chat", None)
+    chat_row = first_chat() if first_chat is not None else None
+    if chat_row is not None:
+        what, other = f"{chat_row} holds chat messages", ""
+    elif getattr(task_cfg, "chat_template", False):
+        what, other = "task.chat_template is true", ", or set task.chat_template: false"
+    else:
+        return
+    try:
+        tok = tokenizer()
+        problem = next((task.problem(i) for i in range(min(len(task), 64)) if task.problem(i).chat), task.problem(0))
+        encode_prompt(tok, problem)
+    except ValueError as err:
+        raise StartCheckError(f"task: {what}, which need the model's chat template, and {_one_line(err)}{other}") \
+            from None
+
+
+def sample(problem: Problem) -> Response:
+    """The start check's response: the row's gold answer, as a model that got it right would write it."""
+    return Response(text=str(problem.answer), token_ids=(), finish="eos")
+
+
+def check_reward(reward_cfg, problem: Problem, row: str) -> list[str]:
+    """Call the reward on `problem` in a reward pool, under its timeout; StartCheckError on any
+    failed outcome, naming the function, `row` and the reason. Returns notes. A remote verifier
+    is not called before the run."""
+    from laminar_hpc.tasks.rewards import RewardError, RewardOutcome, Scorer
+    try:
+        Scorer(reward_cfg).close()  # loads every function: a bad path or signature is refused here
+    except RewardError as err:
+        raise StartCheckError(_one_line(err)) from None
+    if reward_cfg.url is not None:
+        return []
+    outcome = _score_in_pool(reward_cfg, problem)
+    if outcome.error == "timeout" and not isinstance(reward_cfg.fn, str):  # which of the functions hangs
+        for name, spec in reward_cfg.fn.items():
+            part = _score_in_pool(reward_cfg.model_copy(update={"fn": spec, "weights": {}, "range": (-1e308, 1e308),
+                                                               "workers": 1}), problem)
+            if part.error == "timeout":
+                outcome = RewardOutcome.failed("timeout", f"{part.detail} (component {name!r})")
+                break
+    if outcome.error is not None:
+        raise StartCheckError(f"task.reward: {outcome.detail}; the start check scored {row} with its gold answer "
+                              f"{_one_line(repr(problem.answer))[:60]} as the response (reason: {outcome.error})")
+    return logged_notes(reward_cfg, outcome.components)
+
+
+def _score_in_pool(reward_cfg, problem: Problem):
+    from laminar_hpc.tasks.reward_pool import START_TIMEOUT_S, RewardPool
+    from laminar_hpc.tasks.rewards import call_budget_s
+    budget = call_budget_s(reward_cfg) + START_TIMEOUT_S + 5.0
+    deadline = time.monotonic() + budget
+    with RewardPool(reward_cfg) as pool:  # the pool times the call out; the deadline is a backstop
+        pool.submit("start-check", problem, sample(problem))
+        while time.monotonic() < deadline:
+            done = pool.collect()
+            if done:
+                return done[0][1]
+            time.sleep(0.01)
+    raise StartCheckError(f"task.reward: the reward pool returned no outcome within {budget:.0f} s; "
+                          "check task.reward.pool and workers")
+
+
+def logged_notes(reward_cfg, components: dict[str, float]) -> list[str]:
+    """A note naming a single function's dict keys that are logged and not added to the reward."""
+    if not isinstance(reward_cfg.fn, str) or len(components) < 2:
+        return []
+    summed = set(reward_cfg.weights) or ({"score"} if "score" in components else set(components))
+    extra = [k for k in components if k not in summed]
+    if not extra:
+        return []
+    return [f"note: {reward_cfg.fn} returns {', '.join(extra)} besides the reward: logged per step as "
+            f"{', '.join('reward.' + k for k in extra)}, never added to it (task.reward.weights names what is summed)"]
+
+
+__all__ = ["StartCheckError", "check_chat", "check_env", "check_reward", "check_start", "check_warmup", "sample"]
