@@ -1,8 +1,10 @@
-"""Every mode end to end: sync, one-step-off, partial-rollout, laminar (with and without
-repack), each on a tiny emulated workload and with the real torch engine on the built-in task.
+"""Every mode end to end: sync, one-step-off, partial-rollout, laminar as shipped (refresh in
+flight) and pure laminar (with and without repack), each on a tiny emulated workload and with the
+real torch engine on the built-in task, as the benchmarks run them (sim/scaling.py VARIANTS).
 What each mode promises is checked in what the run wrote: staleness bounds, barriers, version
-atomicity, interrupted-and-continued trajectories, migrations that keep their version, and a
-ledger where every trained group was trained once."""
+atomicity (pure laminar) or every version recorded (refresh in flight), interrupted-and-continued
+trajectories, migrations that keep their version, and a ledger where every trained group was
+trained once."""
 from __future__ import annotations
 
 import json
@@ -13,18 +15,18 @@ import pytest
 
 from laminar_hpc.metrics.summary import read_metrics
 from laminar_hpc.metrics.trace import read_trace, role_events
+from laminar_hpc.sim.scaling import variant_overrides
 
 from helpers import REPO, laminar
 
 EMULATED = str(REPO / "configs" / "tiny-emulated.yaml")
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 pytestmark = pytest.mark.slow
-MODES = ["sync", "one-step-off", "partial-rollout", "laminar", "laminar-norepack"]
+MODES = ["sync", "one-step-off", "partial-rollout", "laminar", "laminar-pure", "laminar-pure-norepack"]
 
 
 def run(config: str, run_dir: Path, mode: str, *overrides: str) -> dict:
-    mode_args = ["mode=laminar", "repack.enabled=false"] if mode == "laminar-norepack" else [f"mode={mode}"]
-    res = laminar("run", config, "--run-dir", str(run_dir), *mode_args, *overrides, timeout=240)
+    res = laminar("run", config, "--run-dir", str(run_dir), *variant_overrides(mode), *overrides, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-1500:]
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -34,7 +36,7 @@ def events(run_dir: Path, pattern: str, ev: str) -> list[dict]:
 
 
 def check_mode(run_dir: Path, mode: str, s: dict, steps: int, trajs_per_step: int, long_tails: bool) -> None:
-    assert s["outcome"] == "completed" and s["mode"] == ("laminar" if mode == "laminar-norepack" else mode)
+    assert s["outcome"] == "completed" and s["mode"] == mode.split("-pure")[0]
     assert s["train_steps"] == steps and s["trajectories_consumed"] == steps * trajs_per_step
     consumed = [e["group"] for e in events(run_dir, "controller-0.*h5", "group_consumed")]
     assert len(consumed) == len(set(consumed)), "a group was trained twice"
@@ -55,9 +57,11 @@ def check_mode(run_dir: Path, mode: str, s: dict, steps: int, trajs_per_step: in
         # as AReaL: each new version is a global update that every rollout joined before any went on
         synced = [e["version"] for e in events(run_dir, "controller-0.*h5", "weights_synced")]
         assert synced == list(range(1, steps + 1))
-    else:
+    elif mode != "laminar" or long_tails:  # (refresh in flight: short answers may all run on one version)
         assert s["max_versions_in_flight"] >= 2
-    if mode != "partial-rollout":
+    if mode == "laminar":  # refresh in flight: every version a trajectory ran under is recorded
+        check_spans(run_dir, long_tails)
+    elif mode != "partial-rollout":
         # version atomicity: a replica finishes only trajectories of the version it holds, so none
         # saw its weights change (a migrated one lands on a replica holding its version)
         for path in sorted((run_dir / "trace").glob("rollout-*.h5")):
@@ -67,7 +71,7 @@ def check_mode(run_dir: Path, mode: str, s: dict, steps: int, trajs_per_step: in
                     holding = e["version"]
                 elif e["ev"] == "traj_finished":
                     assert e["version"] == holding, (path.name, e)
-    if mode == "laminar":
+    if mode == "laminar-pure":
         # repack planned moves (and a move whose trajectories all finished before the source got
         # it migrates nothing: on a loaded machine every move of a short run may end so)
         planned = [m for e in events(run_dir, "controller-0.*h5", "repack") for m in e["moves"]]
@@ -79,7 +83,19 @@ def check_mode(run_dir: Path, mode: str, s: dict, steps: int, trajs_per_step: in
         for m in migrated:
             assert all(version_of.get(t, m["version"]) == m["version"] for t in m["traj_ids"] if t not in restarted)
     else:
-        assert not migrated
+        assert not migrated  # (refresh in flight: nothing drains, so repack is off)
+
+
+def check_spans(run_dir: Path, long_tails: bool) -> None:
+    """Every trajectory's spans (the controller's record) start at token 0, in order, each version
+    once, the oldest its version; with long tails some continued under a newer version."""
+    assert events(run_dir, "rollout-*.h5", "refreshed_in_flight") or not long_tails
+    spanned = [e for e in events(run_dir, "controller-0.*h5", "traj_finished") if e.get("spans")]
+    assert spanned or not long_tails, "no trajectory continued under a newer version"
+    for e in spanned:
+        starts, versions = [x[0] for x in e["spans"]], [x[1] for x in e["spans"]]
+        assert starts[0] == 0 and starts == sorted(starts) and starts[-1] <= e["tokens"]
+        assert e["version"] == min(versions) and len(set(versions)) == len(versions)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -88,49 +104,36 @@ def test_each_mode_runs_on_emulated_engines(tmp_path, mode):
     # while work waits: policy.repack.pays), and repacks on any fall from the plateau in frequent
     # rounds, so repack surely happens;
     # partial-rollout runs longer with more in flight, so some publish surely cuts sequences
-    more = {"laminar": ["trainer.total_steps=10", "repack.fall_ratio=1.0", "rollout.count=6", "rollout.max_batch=4",
-                        "controller.max_ahead_steps=2", "repack.interval_s=0.2"],
+    more = {"laminar-pure": ["trainer.total_steps=10", "repack.fall_ratio=1.0", "rollout.count=6",
+                             "rollout.max_batch=4", "controller.max_ahead_steps=2", "repack.interval_s=0.2"],
+            "laminar": ["trainer.total_steps=10", "controller.max_ahead_steps=2"],
             "partial-rollout": ["trainer.total_steps=10", "controller.max_ahead_steps=2"]}.get(mode, [])
     s = run(EMULATED, tmp_path / mode, mode, *more)
     check_mode(tmp_path / mode, mode, s, steps=10 if more else 6, trajs_per_step=4 * 4, long_tails=True)
     util = json.loads((tmp_path / mode / "controller_stats.json").read_text())["rollout_util"]
-    assert len(util) == (6 if mode == "laminar" else 4) and all(u["busy_s"] > 0 for u in util.values())
+    assert len(util) == (6 if mode == "laminar-pure" else 4) and all(u["busy_s"] > 0 for u in util.values())
 
 
-@pytest.mark.parametrize("kv", ["keep", "recompute"])
-def test_laminar_refresh_in_flight_runs_on_emulated_engines(tmp_path, kv):
-    """Refresh in flight: each replica loads every new version under its running sequences on its
-    own; trajectories then span several versions, each recorded, the oldest being the trajectory's
-    version (its staleness); nothing repacks (no replica drains), no group is lost or trained twice."""
-    run_dir = tmp_path / kv
-    s = run(EMULATED, run_dir, "laminar", "trainer.total_steps=10", "controller.max_ahead_steps=2",
-            "rollout.refresh_in_flight=always", f"rollout.refresh_kv={kv}")
-    assert s["outcome"] == "completed" and s["train_steps"] == 10 and s["trajectories_consumed"] == 10 * 16
+def test_laminar_refresh_in_flight_keeping_the_kv_runs_on_emulated_engines(tmp_path):
+    """The shipped default re-prefills the KV (the emulated `laminar` above); `keep` loads under the
+    sequences: every version still recorded, no group lost or trained twice."""
+    run_dir = tmp_path / "keep"
+    s = run(EMULATED, run_dir, "laminar-keep", "trainer.total_steps=10", "controller.max_ahead_steps=2")
+    check_mode(run_dir, "laminar", s, steps=10, trajs_per_step=4 * 4, long_tails=True)
     assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
-    consumed = [e["group"] for e in events(run_dir, "controller-0.*h5", "group_consumed")]
-    assert len(consumed) == len(set(consumed))
-    refreshed = events(run_dir, "rollout-*.h5", "refreshed_in_flight")
-    assert refreshed and all(e["kv"] == kv and e["version"] > e["previous"] for e in refreshed)
-    finished = events(run_dir, "controller-0.*h5", "traj_finished")
-    spanned = [e for e in finished if e.get("spans")]
-    assert spanned, "no trajectory continued under a newer version"
-    for e in spanned:
-        starts, versions = [x[0] for x in e["spans"]], [x[1] for x in e["spans"]]
-        assert starts[0] == 0 and starts == sorted(starts) and starts[-1] <= e["tokens"]
-        assert e["version"] == min(versions) and len(set(versions)) == len(versions)
-    assert not events(run_dir, "controller-0.*h5", "migrated")  # repack is off when nothing drains
+    assert {e["kv"] for e in events(run_dir, "rollout-*.h5", "refreshed_in_flight")} == {"keep"}
 
 
 def test_laminar_consolidation_repack_runs_on_emulated_engines(tmp_path):
     # the other repack policy: superseded versions packed onto the replicas they need, a source
     # split over several destinations (real moves, versions kept, ledger clean: check_mode); more work
     # admitted than the replicas hold, so that work waits and rounds plan moves
-    s = run(EMULATED, tmp_path / "consolidate", "laminar", "trainer.total_steps=10", "repack.policy=consolidate",
+    s = run(EMULATED, tmp_path / "consolidate", "laminar-pure", "trainer.total_steps=10", "repack.policy=consolidate",
             "rollout.count=6", "rollout.max_batch=4", "controller.max_ahead_steps=2", "repack.interval_s=0.2")
-    check_mode(tmp_path / "consolidate", "laminar", s, steps=10, trajs_per_step=4 * 4, long_tails=True)
+    check_mode(tmp_path / "consolidate", "laminar-pure", s, steps=10, trajs_per_step=4 * 4, long_tails=True)
 
 
-@pytest.mark.parametrize("mode", ["sync", "one-step-off", "partial-rollout", "laminar"])
+@pytest.mark.parametrize("mode", ["sync", "one-step-off", "partial-rollout", "laminar", "laminar-pure"])
 def test_each_mode_runs_with_the_torch_engine(tmp_path, mode):
     # the quickstart task and model, shortened (its answers are a few tokens long: too short for
     # the manager to catch a long tail or a publish to cut one, so repack and interruption may
