@@ -2,12 +2,16 @@
 
     mpirun -n R python tests/mpi_chain_check.py chain --cases 1000:0,1000:1,65536:3000000
     mpirun -n 2 python tests/mpi_chain_check.py timeouts
+    mpirun -n 4 python tests/mpi_chain_check.py announce
 
-`chain`: rank 0 sends one header + payload per case (deterministic pseudo-random bytes) down
-the chain; every other rank receives the header with poll_header, forwards it, receives the
-bytes and checks them against the header's checksum and against an independent regeneration
-of rank 0's data, and that nothing past `nbytes` in its buffer was written. Finally rank 0
-sends STOP, which every rank forwards before returning.
+`chain`: rank 0 announces one header per case and sends its payload (deterministic
+pseudo-random bytes) down the chain; every other rank receives the header with poll_header,
+receives the bytes and checks them against the header's checksum and against an independent
+regeneration of rank 0's data, and that nothing past `nbytes` in its buffer was written.
+Finally rank 0 announces STOP, which ends every rank.
+
+`announce`: the last rank hears of a version while the ranks before it never look for headers
+(busy with something else): the header comes from rank 0, not hop by hop.
 
 `timeouts`: the bounded waits raise ChainTimeout naming what they waited for, and
 poll_header returns None after its timeout.
@@ -30,7 +34,14 @@ import numpy as np
 from mpi4py import MPI
 
 from laminar_hpc.relay.chain import (
-    STOP, WEIGHTS, ChainTimeout, Header, chain_bytes, chain_header, poll_header, wait_request,
+    STOP,
+    WEIGHTS,
+    ChainTimeout,
+    Header,
+    announce,
+    chain_bytes,
+    poll_header,
+    wait_request,
 )
 from laminar_hpc.transport.weight_store import checksum
 
@@ -56,14 +67,14 @@ def run_chain(comm, cases: list[tuple[int, int]], timeout_s: float, summary: dic
             buf[:n] = data
             csum = checksum(data)
             hdr = Header(kind=WEIGHTS, version=i, nbytes=n, checksum=csum, digest=chunk, t_ns=time.time_ns())
-            chain_header(comm, hdr, timeout_s)
+            announce(comm, hdr, timeout_s)
             chain_bytes(comm, memoryview(buf), n, chunk_bytes=chunk, timeout_s=timeout_s)
             # the sender's buffer is unchanged by sending
             if checksum(buf[:n]) != csum or not (buf[n:] == FILL).all():
                 errors.append(f"case {i}: rank 0 buffer changed while sending")
             else:
                 verified.append(i)
-        chain_header(comm, Header(kind=STOP), timeout_s)
+        announce(comm, Header(kind=STOP), timeout_s)
         summary["stopped"] = True
         return
     expected = 0
@@ -71,7 +82,6 @@ def run_chain(comm, cases: list[tuple[int, int]], timeout_s: float, summary: dic
         hdr = poll_header(comm, timeout_s)
         if hdr is None:
             raise RuntimeError(f"rank {rank}: no header from rank {rank - 1} within {timeout_s}s")
-        chain_header(comm, hdr, timeout_s)  # forward first, as the relay does
         if hdr.kind == STOP:
             summary["stopped"] = True
             break
@@ -156,7 +166,7 @@ def run_after_timeout(comm, summary: dict) -> None:
     n = 3001
     if rank == 0:
         data = case_data(99, n)
-        chain_header(comm, Header(WEIGHTS, 99, n, checksum(data)), timeout_s=10)
+        announce(comm, Header(WEIGHTS, 99, n, checksum(data)), timeout_s=10)
         chain_bytes(comm, memoryview(data), n, chunk_bytes=1000, timeout_s=10)
         checks["after"] = "ok"
     elif rank == 1:
@@ -175,13 +185,31 @@ def run_after_timeout(comm, summary: dict) -> None:
     summary["ok"] = all(v == "ok" for v in checks.values())
 
 
+def run_announce(comm, summary: dict) -> None:
+    """Rank 0 announces a header; only the last rank polls for it, the ranks between never do
+    (with headers forwarded hop by hop, it would never arrive)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    checks = summary["checks"]
+    if rank == 0:
+        announce(comm, Header(WEIGHTS, 5, 123, 0, 9), timeout_s=10)
+        checks["announced"] = "ok"
+    elif rank == size - 1:
+        hdr = poll_header(comm, timeout_s=10)
+        checks["heard"] = "ok" if hdr == Header(WEIGHTS, 5, 123, 0, 9) else f"bad: got {hdr}"
+    comm.Barrier()
+    if 0 < rank < size - 1:  # its copy of the header was waiting all along
+        hdr = poll_header(comm, timeout_s=10)
+        checks["heard"] = "ok" if hdr is not None and hdr.version == 5 else f"bad: got {hdr}"
+    summary["ok"] = all(v == "ok" for v in checks.values())
+
+
 def parse_cases(text: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in part.split(":")) for part in text.split(",") if part]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["chain", "timeouts", "after-timeout"])
+    ap.add_argument("mode", choices=["chain", "timeouts", "after-timeout", "announce"])
     ap.add_argument("--cases", default="1000:0,1000:1,1000:999,1000:1001,1000:12345")
     ap.add_argument("--timeout", type=float, default=30.0)
     args = ap.parse_args()
@@ -198,6 +226,8 @@ def main() -> int:
                 and summary["stopped"]
         elif args.mode == "timeouts":
             run_timeouts(comm, summary)
+        elif args.mode == "announce":
+            run_announce(comm, summary)
         else:
             run_after_timeout(comm, summary)
     except Exception as err:  # report, then take the whole job down so nobody waits forever

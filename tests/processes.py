@@ -33,3 +33,29 @@ def kill_run_leftovers(run_dir: Path) -> None:
     if info.get("run_id"):
         for path in Path("/dev/shm").glob(f"laminar-{info['run_id']}*"):
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+def mpirun_json(script: Path, ranks: int, *args: str, timeout_s: float, cwd: Path) -> tuple[int, list[dict], str]:
+    """Run `script` on `ranks` local MPI ranks; returns (exit code, the JSON lines it printed that
+    name a "rank", the whole output). A job still running after `timeout_s` is killed (its session:
+    mpirun and its ranks) and the test fails naming it."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from laminar_hpc.launch.processes import mpi_env
+    cmd = ["mpirun", "-n", str(ranks), "--bind-to", "none", sys.executable, str(script), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=mpi_env(), text=True, start_new_session=True, cwd=cwd)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=10)
+        pytest.fail(f"mpirun -n {ranks} {script.name} {' '.join(args)} did not finish in {timeout_s}s:\n{out[-4000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{") and '"rank"' in line]
+    return proc.returncode, summaries, out

@@ -43,7 +43,7 @@ from laminar_hpc.config import ConfigError, load_config  # noqa: E402
 from laminar_hpc.metrics.goodput import cause_cells, cause_header  # noqa: E402
 
 DEFAULT_SWEEP = "controller.max_ahead_steps=1,2,3,4,6"
-DEFAULT_MODES = "partial-rollout,partial-rollout-areal,laminar"
+DEFAULT_MODES = "partial-rollout,partial-rollout-keep,partial-rollout-areal,laminar,laminar-keep,laminar-pure"
 
 
 class UsageError(Exception):

@@ -1,4 +1,5 @@
-"""Benchmark the weight path against its floors: actor stall, chain broadcast, rollout pull.
+"""Benchmark the weight path against its floors: actor stall, rollout pull, chain broadcast, and
+the whole path from the trainer's hand-off to the last relay.
 
     python tools/bench_relay.py --json bench.json            # full: 64/256/1024 MiB x 1/2/4/8 relays
     python tools/bench_relay.py --quick --json bench.json    # 64/256 MiB x 1/2/4 relays, fewer repeats
@@ -9,28 +10,25 @@
 2. rollout pull: NodeWeights.pull (WeightStore.read copying into an engine's model) with and
    without checksum verification, against the same bare np.copyto. The JSON ratio is the
    product default (rollout.verify_checksum).
-3. broadcast: for each size and relay count R the script relaunches itself under
-   `mpirun -n R --oversubscribe --bind-to none`, times relay/chain.py's chain_bytes (chunk
-   relay.chunk_mb) and comm.Bcast of the same buffer, alternating, and rank 0 writes the medians
-   to a temp JSON this process reads. A point whose buffers would not fit in MemAvailable is
-   skipped and says so. Diagnostic column `chain_spin_s`: the same chain_bytes with
-   chain.wait_request swapped for a loop that only calls req.Test() (no sleeps), to show how
-   much of the chain's time is its polling pauses rather than the algorithm.
+3. broadcast (tools/bench_relay_chain.py, under mpirun): relay/chain.py's chain_bytes against
+   comm.Bcast of the same buffer, for each size and relay count.
+4. publish to last relay (tools/bench_relay_publish.py, under mpirun): a trainer rank and 4
+   relays running relay/main.py's master and follower code; `publish_to_last_relay_ratio` is
+   the time from the publish notice until the version is committed at the last relay, over one
+   memcpy of the same bytes, at 256 MiB and 1 GiB (quick: 3 repeats each).
 
 It re-executes itself in the environment of the product's roles (launch.processes.role_env:
 glibc's streaming-copy threshold). Torch runs with the product's default thread counts
 (trainer/rollout torch_threads). Medians over repeats, after warm-up rounds: stores and relay
 buffers are reused in the product, so first-touch page faults are not part of the steady state
-being measured.
+being measured. Compared variants run interleaved, so load that comes and goes hits them alike.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +36,8 @@ import time
 import numpy as np
 
 MiB = 1 << 20
-HEADROOM = 0.8  # use at most this share of MemAvailable: the page cache and MPI's own buffers need room
-TARGETS = {"stall": 1.5, "chain": 1.1, "pull": 1.3}
+TARGETS = {"stall": 1.15, "chain": 1.1, "pull": 1.3, "publish_to_last_relay": 1.5}
+PUBLISH_SIZES_MB, PUBLISH_RELAYS = (256, 1024), 4
 
 
 def median_times(fns: dict, repeats: int, warmup: int = 2) -> dict[str, float]:
@@ -88,8 +86,8 @@ class PullEngine:
     def __init__(self, model):
         self.model, self.version = model, -1
 
-    def load_weights(self, version, buf, layout, checksum=False):
-        return layout.unpack(buf, self.model, checksum=checksum)  # as TorchEngine
+    def load_weights(self, version, buf, layout, checksum=False, **_):
+        return layout.unpack(buf, self.model, checksum=checksum)  # as TorchEngine (no KV to keep)
 
 
 def bench_stall_and_pull(model_bytes: int, repeats: int, shm_dir: str) -> tuple[dict, dict]:
@@ -190,109 +188,10 @@ def bench_stall_and_pull(model_bytes: int, repeats: int, shm_dir: str) -> tuple[
     return stall, pull
 
 
-# -- broadcast (under mpirun) ----------------------------------------------------------------
-
-def mpi_worker(nbytes: int, repeats: int, chunk_bytes: int, out: str, timeout_s: float) -> int:
-    """One MPI world: chain_bytes vs comm.Bcast of one buffer, alternating; rank 0 writes medians."""
-    from mpi4py import MPI
-
-    from laminar_hpc.relay import chain
-    from laminar_hpc.transport.weight_store import checksum
-
-    product_wait = chain.wait_request
-
-    def spin_wait(req, deadline: float, what: str) -> None:  # diagnostic only: wait_request minus its sleeps
-        while not req.Test():
-            if time.monotonic() > deadline:
-                req.Cancel()
-                raise chain.ChainTimeout(f"timed out waiting for {what}")
-
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    try:
-        buf = np.empty(nbytes, dtype=np.uint8)
-        rows = buf.reshape(-1, MiB)
-        if rank == 0:
-            rows[:] = np.frombuffer(np.random.default_rng(0).bytes(MiB), dtype=np.uint8)
-        else:
-            buf.fill(0)  # fault the pages in now: a relay's store is reused across versions
-        stamps = rows.view(np.uint64)[:, 0]  # first word of every MiB, rewritten per round
-        methods = ["chain", "bcast", "chain_spin"]
-        times: dict[str, list[float]] = {k: [] for k in methods}
-        ok, rnd = True, 0
-        for r in range(repeats + 1):  # round 0 warms every path up (MPI's shm segments, connections)
-            for name in methods[r % 3:] + methods[:r % 3]:  # rotate the order: no method always goes first
-                rnd += 1
-                if rank == 0:  # a fresh stamp in every MiB: a chunk that did not arrive fails the check
-                    stamps[:] = (rnd << 32) + np.arange(stamps.size, dtype=np.uint64)
-                want = comm.bcast(checksum(buf) if rank == 0 else None, root=0)
-                comm.Barrier()
-                t0 = time.monotonic()  # CLOCK_MONOTONIC: one clock for every rank on this node
-                if name == "bcast":
-                    comm.Bcast([buf, MPI.BYTE], root=0)  # no timeout of its own: the parent's bounds it
-                else:
-                    chain.wait_request = spin_wait if name == "chain_spin" else product_wait
-                    try:
-                        chain.chain_bytes(comm, memoryview(buf), nbytes, chunk_bytes, timeout_s)
-                    finally:
-                        chain.wait_request = product_wait
-                t_end = comm.reduce(time.monotonic(), op=MPI.MAX, root=0)  # when the last relay had it
-                ok = ok and (rank == 0 or checksum(buf) == want)
-                if rank == 0 and r > 0:
-                    times[name].append(t_end - t0)
-        ok = comm.allreduce(ok, op=MPI.LAND)
-        if rank == 0:
-            res = {f"{k}_s": statistics.median(v) for k, v in times.items()}
-            res.update({f"{k}_all": v for k, v in times.items()}, verified=ok)
-            with open(out, "w") as f:
-                json.dump(res, f)
-        comm.Barrier()
-        return 0
-    except Exception as err:  # take the whole job down so no rank waits forever
-        sys.stderr.write(f"rank {rank}: {type(err).__name__}: {err}\n")
-        sys.stderr.flush()
-        comm.Abort(3)
-        return 3
-
-
-def run_point(nbytes: int, relays: int, repeats: int, chunk_bytes: int, timeout_s: float) -> dict:
-    from laminar_hpc.launch.processes import mpi_env, role_env
-
-    point = {"bytes": nbytes, "relays": relays, "chain_s": 0.0, "bcast_s": 0.0}
-    if relays == 1:
-        return dict(point, skipped="1 relay: nothing to broadcast")
-    need, avail = relays * 2 * nbytes, mem_available()
-    if need > HEADROOM * avail:
-        return dict(point, skipped=f"needs {relays} ranks x 2 x {nbytes // MiB} MiB = {need / 2**30:.1f} GiB, "
-                                   f"more than {HEADROOM:.0%} of MemAvailable {avail / 2**30:.1f} GiB")
-    fd, out = tempfile.mkstemp(prefix="bench_relay-", suffix=".json")
-    os.close(fd)
-    cmd = ["mpirun", "-n", str(relays), "--oversubscribe", "--bind-to", "none", sys.executable,
-           os.path.abspath(__file__), "--mpi-worker", "--bytes", str(nbytes), "--repeats", str(repeats),
-           "--chunk-bytes", str(chunk_bytes), "--out", out, "--timeout", str(timeout_s)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=mpi_env(role_env()), text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout_s)
-        if proc.returncode != 0:
-            return dict(point, skipped=f"mpirun exited {proc.returncode}: {log.strip()[-300:]}")
-        with open(out) as f:
-            res = json.load(f)
-        if not res.pop("verified"):
-            return dict(point, skipped="a relay received bytes that fail the checksum", **res)
-        return dict(point, **res)
-    except subprocess.TimeoutExpired:
-        return dict(point, skipped=f"did not finish within {timeout_s:.0f}s")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # mpirun's session: it and the ranks it started
-            proc.communicate(timeout=10)
-        os.unlink(out)
-
-
 # -- report ----------------------------------------------------------------------------------
 
-def print_report(stall: dict, pull: dict, points: list[dict], wall_s: float, load: tuple) -> None:
+def print_report(stall: dict, pull: dict, points: list[dict], publish: list[dict], wall_s: float,
+                 load: tuple) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -307,7 +206,7 @@ def print_report(stall: dict, pull: dict, points: list[dict], wall_s: float, loa
               f"{stall['ratio']:.2f}", verdict(stall["ratio"], TARGETS["stall"]))
     t.add_row("  of which pack", ms(stall["pack"]), ms(stall["memcpy"]),
               f"{stall['pack'] / stall['memcpy']:.2f}", "")
-    t.add_row("  bare per-tensor np.copyto", ms(stall["pack_numpy"]), ms(stall["memcpy"]),
+    t.add_row("  bare per-tensor np.copyto, one thread", ms(stall["pack_numpy"]), ms(stall["memcpy"]),
               f"{stall['pack_numpy'] / stall['memcpy']:.2f}", "")
     star = {True: " (default, in JSON)", False: ""}
     t.add_row(f"pull, verify=True{star[pull['default_verify']]}", ms(pull["verify"]), ms(pull["memcpy"]),
@@ -317,21 +216,34 @@ def print_report(stall: dict, pull: dict, points: list[dict], wall_s: float, loa
     t.add_row("  xxh3 checksum alone", ms(pull["checksum"]), ms(pull["memcpy"]),
               f"{pull['checksum'] / pull['memcpy']:.2f}", "")
     b = Table(title="chain broadcast (relay/chain.py) vs MPI.Bcast, same buffer, same run (median s)")
-    for col in ("MiB", "relays", "chain s", "Bcast s", "ratio", "target", "chain, no-sleep wait s", "note"):
+    for col in ("MiB", "relays", "chain s", "Bcast s", "ratio", "paired", "target", "no-yield wait s", "note"):
         b.add_column(col)
     for p in points:
         if "skipped" in p:
-            b.add_row(str(p["bytes"] // MiB), str(p["relays"]), "-", "-", "-", "", "-", f"skipped: {p['skipped']}")
+            b.add_row(str(p["bytes"] // MiB), str(p["relays"]), "-", "-", "-", "-", "", "-", f"skipped: {p['skipped']}")
             continue
         ratio = p["chain_s"] / p["bcast_s"]
         judged = p["bytes"] >= 256 * MiB and p["relays"] >= 4
         b.add_row(str(p["bytes"] // MiB), str(p["relays"]), f"{p['chain_s']:.3f}", f"{p['bcast_s']:.3f}",
-                  f"{ratio:.2f}", verdict(ratio, TARGETS["chain"]) if judged else "(not judged)",
+                  f"{ratio:.2f}", f"{p['ratio_paired']:.2f}", verdict(ratio, TARGETS["chain"]) if judged else "-",
                   f"{p['chain_spin_s']:.3f} ({p['chain_spin_s'] / p['bcast_s']:.2f}x)",
                   f"{p['bytes'] * (p['relays'] - 1) / p['chain_s'] / 1e9:.1f} GB/s delivered")
-    console = Console(width=140)
-    console.print(t)
-    console.print(b)
+    w = Table(title="publish notice -> committed at the last relay (relay/main.py code, median ms)")
+    for col in ("MiB", "relays", "master threads", "to last relay", "memcpy", "ratio", "target", "stall",
+                "relays' CPU s"):
+        w.add_column(col)
+    for p in publish:
+        if "skipped" in p:
+            w.add_row(str(p["bytes"] // MiB), str(p["relays"]), "-", "-", "-", "-", "", "-", f"skipped: {p['skipped']}")
+            continue
+        for threads, v in p["variants"].items():
+            w.add_row(str(p["bytes"] // MiB), str(p["relays"]), threads, ms(v["notice_to_last"]), ms(v["memcpy"]),
+                      f"{v['publish_to_last_relay_ratio']:.2f}",
+                      verdict(v["publish_to_last_relay_ratio"], TARGETS["publish_to_last_relay"]), ms(v["stall"]),
+                      f"{v.get('relays_cpu', float('nan')):.2f}")
+    console = Console(width=150)
+    for table in (t, b, w):
+        console.print(table)
     console.print(f"{os.cpu_count()} cores; wall time {wall_s:.0f}s; load average at start {load[0]:.1f} "
                   f"(anything else running on these cores skews every number)")
 
@@ -342,20 +254,17 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="64/256 MiB, 1/2/4 relays, fewer repeats")
     ap.add_argument("--model-mb", type=int, help="model size for stall/pull (default 256, quick 64)")
     ap.add_argument("--repeats", type=int, help="timed repeats (default stall/pull 9, broadcast 5, 3 at 1 GiB)")
-    ap.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--chunk-bytes", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--timeout", type=float, default=120.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     from laminar_hpc.launch.processes import COPY_TUNABLE, role_env
     if COPY_TUNABLE not in os.environ.get("GLIBC_TUNABLES", ""):
         # measure in the environment every role runs in (glibc's copy threshold is read at start)
         os.execve(sys.executable, [sys.executable, *sys.argv], role_env())
-    if args.mpi_worker:
-        return mpi_worker(args.bytes, args.repeats, args.chunk_bytes, args.out, args.timeout)
+
+    import bench_relay_chain
+    import bench_relay_publish
 
     from laminar_hpc.config.schema import RelayCfg
+    from laminar_hpc.relay.main import PIECE_THREADS
 
     t0, load = time.monotonic(), os.getloadavg()
     model_mb = args.model_mb or (64 if args.quick else 256)
@@ -374,16 +283,27 @@ def main() -> int:
         for relays in relay_counts:
             # bound by the bytes moved: 10 s per GiB per hop per broadcast is far beyond a healthy run here
             timeout_s = 60 + 10 * (mb / 1024) * relays * 3 * (bcast_repeats + 1)
-            p = run_point(mb * MiB, relays, bcast_repeats, chunk_bytes, timeout_s)
+            p = bench_relay_chain.run_point(mb * MiB, relays, bcast_repeats, chunk_bytes, timeout_s)
             print(f"  {mb} MiB x {relays}: " + (p.get("skipped") or f"chain {p['chain_s']:.3f}s "
                                                   f"Bcast {p['bcast_s']:.3f}s no-sleep chain {p['chain_spin_s']:.3f}s"),
                   flush=True)
             points.append(p)
+    publish = []
+    for mb in PUBLISH_SIZES_MB:
+        repeats = args.repeats or (3 if args.quick else 7 if mb <= 256 else 5)
+        p = bench_relay_publish.run_point(mb * MiB, PUBLISH_RELAYS, repeats, chunk_bytes, [PIECE_THREADS],
+                                          timeout_s=120 + 30 * (mb / 1024) * (repeats + 2))
+        print(f"  publish {mb} MiB -> relay {PUBLISH_RELAYS - 1}: " + (p.get("skipped") or "ratio " + ", ".join(
+            f"{v['publish_to_last_relay_ratio']:.2f}" for v in p["variants"].values())), flush=True)
+        publish.append(p)
     wall_s = time.monotonic() - t0
+    ratios = {str(p["bytes"] // MiB): v["publish_to_last_relay_ratio"]
+              for p in publish if "variants" in p for v in p["variants"].values()}
     result = {"actor_stall_ratio": stall["ratio"], "pull_ratio": pull["ratio"], "broadcast": points,
+              "publish_to_last_relay_ratio": ratios, "publish_to_last_relay": publish, "targets": TARGETS,
               "actor_stall": stall, "pull": pull, "chunk_bytes": chunk_bytes, "cores": os.cpu_count(),
               "quick": args.quick, "wall_s": wall_s, "loadavg_at_start": load}
-    print_report(stall, pull, points, wall_s, load)
+    print_report(stall, pull, points, publish, wall_s, load)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -13,9 +13,8 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import xxhash
 
-from laminar_hpc.transport.weight_store import as_int64
+from laminar_hpc.transport.weight_store import Checksummer
 
 CHUNK_BYTES = 8 << 20
 
@@ -40,11 +39,11 @@ class EmulatedWeights:
         if not checksum:
             np.copyto(model.array, src)
             return None
-        hasher = xxhash.xxh3_64()
+        hasher = Checksummer()
         for o in range(0, self.nbytes, CHUNK_BYTES):
             e = min(self.nbytes, o + CHUNK_BYTES)
             hasher.update(buf[o:e])
             np.copyto(model.array[o:e], src[o:e])
         if len(buf) > self.nbytes:
             hasher.update(buf[self.nbytes:])
-        return as_int64(hasher.intdigest())
+        return hasher.value()

@@ -12,9 +12,12 @@ then SIGKILLs whatever is left.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,18 +53,59 @@ def role_env(base: dict | None = None) -> dict:
 def mpi_env(base: dict | None = None, *, loopback: bool = True) -> dict:
     """Open MPI settings: ranks may outnumber cores (yield instead of busy-waiting), root allowed
     in containers, and with `loopback` (a job on this machine: the local launcher's mpirun)
-    TCP on loopback only. A job across hosts passes loopback=False. Settings in `base` win."""
+    TCP on loopback only. A job across hosts passes loopback=False. Settings in `base` win.
+
+    Ranks on this machine copy each message once, straight from the sender's memory (CMA), where
+    `single_copy_works`; else twice, through a shared buffer. Measured (tools/bench_relay.py's
+    chain part, 256 MiB, 4 relays on 2 cores): the chain broadcast 0.060 s against 0.330 s."""
     env = dict(os.environ if base is None else base)
     if loopback:
         env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
         env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
-    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")  # CMA needs ptrace rights
+    # across hosts the probe would speak for this host only, and relays there are one per node anyway
+    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "cma" if loopback and single_copy_works() else "none")
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     return env
+
+
+_PROBE = """
+import ctypes, os, sys
+class IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+word = ctypes.c_uint64(0)
+local, remote = IOVec(ctypes.addressof(word), 8), IOVec(int(sys.argv[2]), 8)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.process_vm_readv.restype = ctypes.c_ssize_t
+got = libc.process_vm_readv(int(sys.argv[1]), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+print(word.value if got == 8 else -1)
+"""
+
+
+@functools.cache
+def single_copy_works() -> bool:
+    """Whether a process here may read another's memory with process_vm_readv, as Open MPI's CMA
+    single copy does between ranks on one node. Ptrace rules decide (Yama's ptrace_scope, a
+    container's seccomp profile or missing capability), and where they forbid it, a job told to
+    use CMA fails at its first large message. So: probed once, by a child process reading a word
+    of ours (a child reading its parent is what ranks, which are siblings, face as well)."""
+    if sys.platform != "linux":
+        return False
+    try:
+        if Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() != "0":
+            return False
+    except OSError:
+        pass  # no Yama: the classic rule (same user) applies
+    word = ctypes.c_uint64(0x5EED_C0DE_1234_5678)
+    try:
+        out = subprocess.run([sys.executable, "-c", _PROBE, str(os.getpid()), str(ctypes.addressof(word))],
+                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and out.stdout.strip() == str(word.value)
 
 
 class ProcessGroup:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import xxhash
 
-from laminar_hpc.transport.weight_store import as_int64
+from laminar_hpc.transport.weight_store import Checksummer
 
 _ALIGN = 64
 NUMPY_OK = {torch.float32, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8}
@@ -74,9 +76,24 @@ class WeightLayout:
 
     @torch.no_grad()
     def pack(self, model: torch.nn.Module, buf: memoryview) -> None:
+        """buf <- the model's weights. The trainer waits for this (its publish stall) with its
+        cores idle, so same-dtype CPU tensors are copied as PACK_PIECE pieces over PACK_THREADS
+        threads (numpy's copy releases the GIL); anything else (a cast, a GPU tensor) by torch."""
         params = dict(model.named_parameters())
+        pieces = []
         for name, view in self.views(buf).items():
-            _copy(view, params[name].detach())
+            src = params[name].detach()
+            if _numpy_copyable(view, src) and view.numel():
+                d, s = view.numpy().reshape(-1), src.numpy().reshape(-1)
+                step = max(1, PACK_PIECE // d.itemsize)
+                pieces += [(d[i:i + step], s[i:i + step]) for i in range(0, d.size, step)]
+            else:
+                _copy(view, src)
+        if len(pieces) > 1:
+            for _ in _pack_pool().map(lambda piece: np.copyto(*piece), pieces):
+                pass
+        elif pieces:
+            np.copyto(*pieces[0])
 
     @torch.no_grad()
     def unpack(self, buf: memoryview, model: torch.nn.Module, *, checksum: bool = False) -> int | None:
@@ -87,7 +104,7 @@ class WeightLayout:
             for name, view in self.views(buf).items():
                 _copy(params[name].data, view)
             return None
-        hasher = xxhash.xxh3_64()
+        hasher = Checksummer()
         done = 0
         for s, view in zip(self.specs, self.views(buf).values()):
             if s.offset > done:
@@ -106,7 +123,7 @@ class WeightLayout:
             done = s.offset + s.nbytes
         if len(buf) > done:
             hasher.update(buf[done:])
-        return as_int64(hasher.intdigest())
+        return hasher.value()
 
 
 def layout_for(args, dtype: str) -> WeightLayout:
@@ -123,11 +140,39 @@ def layout_for(args, dtype: str) -> WeightLayout:
 CHUNK_BYTES = 8 << 20
 
 
+# pack's pieces: above the streaming-copy threshold, and enough of them to keep the threads busy
+PACK_PIECE = 8 << 20
+PACK_THREADS = 4
+_pack_threads: list[ThreadPoolExecutor] = []
+_pack_lock = threading.Lock()
+
+
+def _pack_pool() -> ThreadPoolExecutor:
+    with _pack_lock:  # made on the first pack: a process that never publishes starts no threads
+        if not _pack_threads:
+            _pack_threads.append(ThreadPoolExecutor(PACK_THREADS, thread_name_prefix="weights-pack"))
+        return _pack_threads[0]
+
+
+def _forget_pack_threads() -> None:
+    """In a forked child: the parent's threads (and the lock's holder, if any) are not there."""
+    global _pack_lock
+    _pack_lock = threading.Lock()
+    _pack_threads.clear()
+
+
+os.register_at_fork(after_in_child=_forget_pack_threads)
+
+
+def _numpy_copyable(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    return dst.device.type == src.device.type == "cpu" and dst.dtype == src.dtype and dst.dtype in NUMPY_OK \
+        and dst.is_contiguous() and src.is_contiguous()
+
+
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst <- src. Same-dtype CPU tensors go through numpy (glibc memcpy: streaming stores for
     large copies, where torch's copy loop is ~2x slower on big weight buffers)."""
-    if dst.device.type == src.device.type == "cpu" and dst.dtype == src.dtype and dst.dtype in NUMPY_OK \
-            and dst.is_contiguous() and src.is_contiguous():
+    if _numpy_copyable(dst, src):
         np.copyto(dst.numpy(), src.numpy())
     else:
         dst.copy_(src)

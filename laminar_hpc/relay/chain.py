@@ -5,9 +5,20 @@ is still arriving, so a buffer of S bytes in C chunks reaches the last of R rela
 about (C + R - 2) chunk transfers instead of (R - 1) * C: with C >> R the broadcast costs
 about one copy of the buffer, whatever R is. Every wait is bounded and says what it awaited.
 
-    hdr = Header(kind=WEIGHTS, version=7, nbytes=n, checksum=c, digest=d)
-    chain_header(comm, hdr, timeout_s=60)            # rank 0 sends; others get it back
+One version is three messages: a header (kind WEIGHTS: version, nbytes, layout digest, publish
+time; no checksum yet), the bytes, then a trailer. The master sends the header to every
+follower at once (`announce`): each idle follower notices it after one polling pause, all of
+them at the same time, and is listening before the first chunk reaches it. Bytes and trailer go
+down the chain. The master sends each chunk as soon as its copy of that chunk is done (`ready`)
+and only knows the checksum at the end, so the trailer carries it (kind SEALED), or says the
+master's copy was overtaken by the trainer and must be dropped (kind DISCARD). A follower makes
+the version readable only after the trailer came and its own checksum of what it received
+matches. STOP, announced like a header, ends every follower.
+
+    hdr = Header(kind=WEIGHTS, version=7, nbytes=n, digest=d)
+    announce(comm, hdr, timeout_s=60)                # rank 0; followers: hdr = poll_header(comm, 0.5)
     chain_bytes(comm, buf, n, chunk_bytes=4 << 20, timeout_s=60)
+    chain_trailer(comm, Header(SEALED, 7, n, checksum, d), timeout_s=60)   # followers: trailer=None
 """
 from __future__ import annotations
 
@@ -17,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TAG_HEADER, TAG_DATA = 11, 12
-WEIGHTS, STOP = 1, 2
+TAG_HEADER, TAG_DATA, TAG_TRAILER = 11, 12, 13
+WEIGHTS, STOP, SEALED, DISCARD = 1, 2, 3, 4  # header kinds: WEIGHTS/STOP lead, SEALED/DISCARD trail
 
 
 class ChainTimeout(TimeoutError):
@@ -65,34 +76,60 @@ def wait_request(req, deadline: float, what: str) -> None:
 
 
 def poll_header(comm, timeout_s: float) -> Header | None:
-    """Non-master ranks: the next header from the predecessor, or None after `timeout_s`."""
+    """Followers: the next header the master announced, or None after `timeout_s`."""
     from mpi4py import MPI
-    src = comm.Get_rank() - 1
     deadline = time.monotonic() + timeout_s
     pause = 1e-4
-    while not comm.Iprobe(source=src, tag=TAG_HEADER):
+    while not comm.Iprobe(source=0, tag=TAG_HEADER):
         if time.monotonic() > deadline:
             return None
         time.sleep(pause)  # idle relays must not spin: they share cores with rollouts
         pause = min(pause * 2, 5e-3)
     arr = np.empty(6, dtype=np.int64)
-    comm.Recv([arr, MPI.INT64_T], source=src, tag=TAG_HEADER)
+    comm.Recv([arr, MPI.INT64_T], source=0, tag=TAG_HEADER)
     return Header.unpack(arr)
 
 
-def chain_header(comm, hdr: Header, timeout_s: float) -> None:
-    """Pass a header one hop down the chain (rank 0 originates; every rank forwards)."""
+def announce(comm, hdr: Header, timeout_s: float) -> None:
+    """Rank 0: send `hdr` to every follower at once. Forwarded hop by hop instead, it would reach
+    relay k only after k idle relays had each noticed it in turn (up to k x poll_header's longest
+    pause, and hundreds of ms for a chain of 64 relays). Other ranks: nothing to do."""
     from mpi4py import MPI
     rank, size = comm.Get_rank(), comm.Get_size()
+    if rank != 0:
+        return
+    arr = hdr.pack()  # alive until every send completed
+    reqs = [comm.Isend([arr, MPI.INT64_T], dest=r, tag=TAG_HEADER) for r in range(1, size)]
+    deadline = time.monotonic() + timeout_s
+    for r, req in enumerate(reqs, start=1):
+        wait_request(req, deadline, f"relay {r} to take header v{hdr.version}")
+
+
+def chain_trailer(comm, trailer: Header | None, timeout_s: float) -> Header:
+    """After the bytes: rank 0 sends `trailer`; every other rank receives it from its
+    predecessor and forwards it at once (before verifying: the next relay is not held up).
+    Returns the trailer."""
+    from mpi4py import MPI
+    rank, size = comm.Get_rank(), comm.Get_size()
+    deadline = time.monotonic() + timeout_s
+    if rank > 0:
+        arr = np.empty(6, dtype=np.int64)
+        wait_request(comm.Irecv([arr, MPI.INT64_T], source=rank - 1, tag=TAG_TRAILER), deadline,
+                     f"the trailer from relay {rank - 1}")
+        trailer = Header.unpack(arr)
     if rank + 1 < size:
-        req = comm.Isend([hdr.pack(), MPI.INT64_T], dest=rank + 1, tag=TAG_HEADER)
-        wait_request(req, time.monotonic() + timeout_s, f"relay {rank + 1} to take header v{hdr.version}")
+        req = comm.Isend([trailer.pack(), MPI.INT64_T], dest=rank + 1, tag=TAG_TRAILER)
+        wait_request(req, deadline, f"relay {rank + 1} to take the trailer of v{trailer.version}")
+    return trailer
 
 
 def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s: float,
-                timings: list[float] | None = None) -> None:
+                timings: list[float] | None = None, ready=None, arrived=None) -> None:
     """Broadcast buf[:nbytes] from rank 0 down the chain; other ranks receive into buf.
-    `timings`, if given, gets the monotonic time at which each chunk arrived (for the trace)."""
+    Rank 0: `ready()`, if given, says how many leading bytes of buf are filled so far (the master
+    copies while it sends): a chunk is sent as soon as it is filled. Other ranks: `arrived(n)`, if
+    given, is told each time the first n bytes have all arrived (the follower hashes them while
+    the rest arrives). `timings`, if given, gets the monotonic time at which each chunk arrived."""
     from mpi4py import MPI
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1 or nbytes == 0:
@@ -105,7 +142,7 @@ def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s:
     sends, recvs = [], []
     try:
         if rank == 0:
-            sends = [comm.Isend([buf[o:o + n], MPI.BYTE], dest=1, tag=TAG_DATA) for o, n in bounds]
+            send_when_ready(comm, buf, bounds, sends, ready, deadline)
         else:
             # post every receive up front so chunk i+1 lands while chunk i is forwarded
             recvs = [comm.Irecv([buf[o:o + n], MPI.BYTE], source=rank - 1, tag=TAG_DATA) for o, n in bounds]
@@ -115,12 +152,34 @@ def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s:
                     timings.append(time.monotonic())
                 if nxt is not None:
                     sends.append(comm.Isend([buf[o:o + n], MPI.BYTE], dest=nxt, tag=TAG_DATA))
+                if arrived is not None:
+                    arrived(o + n)
         for i, req in enumerate(sends):
             wait_request(req, deadline, f"relay {nxt or 1} to take chunk {i}/{len(bounds)}")
-    except ChainTimeout:
+    except BaseException:
         # withdraw every posted request, so none of them swallows a later transfer's chunks
         for req in (*recvs, *sends):
             if not req.Test():
                 req.Cancel()
                 req.Test()
         raise
+
+
+def send_when_ready(comm, buf: memoryview, bounds: list[tuple[int, int]], sends: list, ready, deadline: float) -> None:
+    """Rank 0: post each chunk's Isend as soon as `ready()` covers it. Between posts it keeps
+    testing the posted sends (the transfer moves only inside MPI calls) and yields the core to
+    the threads filling the buffer."""
+    from mpi4py import MPI
+    posted = 0
+    while posted < len(bounds):
+        filled = ready() if ready is not None else bounds[-1][0] + bounds[-1][1]
+        while posted < len(bounds) and sum(bounds[posted]) <= filled:
+            o, n = bounds[posted]
+            sends.append(comm.Isend([buf[o:o + n], MPI.BYTE], dest=1, tag=TAG_DATA))
+            posted += 1
+        if posted < len(bounds):
+            if time.monotonic() > deadline:
+                raise ChainTimeout(f"timed out waiting for the master's copy of chunk {posted}/{len(bounds)}")
+            if sends:
+                MPI.Request.Testall(sends)
+            os.sched_yield()

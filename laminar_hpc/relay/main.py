@@ -1,10 +1,12 @@
 """Relay role: ONE MPI job of R relays; rank 0 is the master relay.
 
-Master: takes each new weight version from the trainer's hand-off store (one memcpy, the
-trainer never waits; or a conversion into the rollouts' layout, relay/reshard.py), checksums
-it, and chain-broadcasts it to ranks 1..R-1. Every rank keeps
-the last `relay.slots` versions in its node-local WeightStore, from which the rollouts on its
-node pull whenever they are ready. A version that fails its checksum is never made readable.
+Master: takes each new weight version from the trainer's hand-off store (a copy, the trainer
+never waits; or a conversion into the rollouts' layout, relay/reshard.py) and chain-broadcasts
+it to ranks 1..R-1. Copy, checksum and broadcast overlap piece by piece (relay/pipeline.py): the
+chain starts as soon as the first piece is copied, and the checksum follows the bytes in the
+chain's trailer. Every rank keeps the last `relay.slots` versions in its node-local WeightStore,
+from which the rollouts on its node pull whenever they are ready. A version that fails its
+checksum is never made readable.
 
 The tier is restarted as a whole when one relay dies (one MPI job). Rollouts keep generating
 with the weights they hold meanwhile. A restarted master rebinds its old address (the trainer's
@@ -17,30 +19,39 @@ from __future__ import annotations
 
 import argparse
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import numpy as np
 
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
-from laminar_hpc.relay.chain import STOP, WEIGHTS, Header, chain_bytes, chain_header, poll_header
+from laminar_hpc.relay.chain import (
+    DISCARD, SEALED, STOP, WEIGHTS, Header, announce, chain_bytes, chain_trailer, poll_header,
+)
+from laminar_hpc.relay.pipeline import PieceCopy, PieceHasher, copy_then_hash
 from laminar_hpc.relay.reshard import Reshard
 from laminar_hpc.rundir import read_json
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.protocol import LogEvent, Publish, Stop, VersionReady
 from laminar_hpc.transport.security import server_keys
-from laminar_hpc.transport.weight_store import WeightStore, checksum
+from laminar_hpc.transport.weight_store import WeightStore
+
+# threads a relay copies (master) or hashes (followers) pieces on: numpy's copies and xxh3 release
+# the GIL. One thread hashes ~16-30 GB/s, less than an NDR link (50 GB/s) delivers; a relay node
+# has cores to spare (its rollouts compute on GPUs)
+PIECE_THREADS = 4
 
 
 class RelayNode:
     """One relay's store plus the bookkeeping shared by master and followers."""
 
-    def __init__(self, ctx: RoleContext, comm):
+    def __init__(self, ctx: RoleContext, comm, threads: int = PIECE_THREADS):
         self.ctx, self.comm = ctx, comm
         self.rank = comm.Get_rank()
         self.store: WeightStore | None = None
         self.chunk_bytes = int(ctx.cfg.relay.chunk_mb * 2**20)
         self.timeout_s = ctx.cfg.timeouts.mpi_s
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix=f"relay{self.rank}-piece")
 
     def slot_for(self, version: int, nbytes: int) -> tuple[int, memoryview]:
         if self.store is None or self.store.capacity < nbytes:
@@ -50,17 +61,31 @@ class RelayNode:
         return self.store.begin(version)
 
     def receive(self, hdr: Header) -> None:
-        """Follower: take one version off the chain (forwarding it) into a fresh slot."""
+        """Follower: take one version off the chain (forwarding it) into a fresh slot, hashing
+        each piece as it arrives; readable only once the trailer's checksum matches."""
         t0 = time.monotonic()
         slot, buf = self.slot_for(hdr.version, hdr.nbytes)
         arrivals: list[float] = []
-        chain_bytes(self.comm, buf, hdr.nbytes, self.chunk_bytes, self.timeout_s, timings=arrivals)
-        if checksum(buf[:hdr.nbytes]) != hdr.checksum:
+        hasher = PieceHasher(self.pool, buf, hdr.nbytes)
+        try:
+            chain_bytes(self.comm, buf, hdr.nbytes, self.chunk_bytes, self.timeout_s, timings=arrivals,
+                        arrived=hasher.arrived)
+            trailer = chain_trailer(self.comm, None, self.timeout_s)
+            csum = hasher.checksum(time.monotonic() + self.timeout_s)
+        except BaseException:
+            hasher.cancel()
+            self.store.abort(slot)
+            raise
+        if trailer.kind != SEALED or trailer.version != hdr.version:
+            self.store.abort(slot)
+            self.ctx.log.info("version %d dropped: the master's copy was overtaken by a newer publish", hdr.version)
+            return
+        if csum != trailer.checksum:
             self.store.abort(slot)
             self.ctx.log.error("version %d failed its checksum after the broadcast: dropped", hdr.version)
             self.ctx.tracer.emit("weights_corrupt", version=hdr.version)
             return
-        self.store.commit(slot, hdr.version, hdr.nbytes, hdr.checksum, hdr.digest)
+        self.store.commit(slot, hdr.version, hdr.nbytes, csum, hdr.digest)
         self.ready(hdr, time.monotonic() - t0, arrivals=[a - t0 for a in arrivals])
 
     def ready(self, hdr: Header, bcast_s: float, arrivals: list[float] | None = None) -> None:
@@ -73,6 +98,7 @@ class RelayNode:
         self.ctx.ctrl.send(VersionReady(rank=self.rank, version=hdr.version, nbytes=hdr.nbytes, bcast_s=bcast_s))
 
     def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
         if self.store is not None:
             self.store.close()
             self.store.unlink()
@@ -138,38 +164,61 @@ def run_master(node: RelayNode, flags: dict) -> None:
                 last_sent = broadcast_latest(node, store, reshard)
                 pending = max(pending, last_sent)
     finally:
-        chain_header(node.comm, Header(kind=STOP), node.timeout_s)
+        announce(node.comm, Header(kind=STOP), node.timeout_s)
         handoff_srv.close()
         handoff.close()
 
 
 def broadcast_latest(node: RelayNode, handoff: WeightStore, reshard: Reshard | None = None) -> int:
-    """Copy the newest hand-off version into our store (in the rollouts' layout, `reshard`),
-    checksum it, send it down the chain."""
-    t0 = time.monotonic()
-    info = handoff.latest()
-    if info is None:
-        return -1
-    nbytes, digest = (info.nbytes, info.digest) if reshard is None else (reshard.dst.nbytes, reshard.dst_digest)
-    if reshard is not None and info.digest != reshard.src_digest:
-        raise RuntimeError(f"version {info.version} in the hand-off store is not the layout trainer.publish_dtype="
-                           f"{node.ctx.cfg.trainer.publish_dtype} and model.* describe: trainer and relays disagree")
-    slot, buf = node.slot_for(info.version, nbytes)
-    if reshard is None:
-        dst = np.frombuffer(buf, dtype=np.uint8, count=nbytes)
-        got = handoff.read(lambda view: np.copyto(dst, np.frombuffer(view, dtype=np.uint8)))
-    else:
-        got = handoff.read(lambda view: reshard.convert(view, buf))
-    if got.version != info.version or got.nbytes != info.nbytes:  # the trainer moved on meanwhile
-        node.store.abort(slot)
-        return broadcast_latest(node, handoff, reshard)
-    csum = checksum(buf[:nbytes])
-    node.store.commit(slot, got.version, nbytes, csum, digest)
-    hdr = Header(WEIGHTS, got.version, nbytes, csum, digest, got.t_commit_ns)
-    chain_header(node.comm, hdr, node.timeout_s)
-    chain_bytes(node.comm, buf, nbytes, node.chunk_bytes, node.timeout_s)
-    node.ready(hdr, time.monotonic() - t0)
-    return got.version
+    """Copy the newest hand-off version into our store (in the rollouts' layout, `reshard`) piece
+    by piece on `node.pool`, sending each chunk down the chain as soon as it is copied and hashed,
+    then the checksum in the trailer. Returns the version sent, -1 if there was none."""
+    while (got := handoff.snapshot()) is not None:
+        t0 = time.monotonic()
+        info, src = got
+        nbytes, digest = (info.nbytes, info.digest) if reshard is None else (reshard.dst.nbytes, reshard.dst_digest)
+        if reshard is not None and info.digest != reshard.src_digest:
+            raise RuntimeError(f"version {info.version} in the hand-off store is not the layout trainer.publish_dtype="
+                               f"{node.ctx.cfg.trainer.publish_dtype} and model.* describe: trainer and relays "
+                               "disagree")
+        slot, buf = node.slot_for(info.version, nbytes)
+        hdr = Header(WEIGHTS, info.version, nbytes, 0, digest, info.t_commit_ns)
+        copy = None
+        try:
+            announce(node.comm, hdr, node.timeout_s)  # first: each follower takes a while to notice it
+            copy = PieceCopy(node.pool, node.threads, nbytes,
+                             copy_then_hash(src, buf) if reshard is None else reshard.pieces(src, buf))
+            chain_bytes(node.comm, buf, nbytes, node.chunk_bytes, node.timeout_s, ready=copy.filled_bytes)
+            csum = copy.checksum(time.monotonic() + node.timeout_s)
+        except BaseException:
+            if copy is not None:
+                copy.cancel()
+            node.store.abort(slot)
+            raise
+        overtaken = not handoff.unchanged(info)  # the trainer rewrote the slot while we copied it
+        if overtaken:
+            node.store.abort(slot)
+        else:
+            node.store.commit(slot, info.version, nbytes, csum, digest)
+        chain_trailer(node.comm, Header(DISCARD if overtaken else SEALED, info.version, nbytes, csum, digest,
+                                        info.t_commit_ns), node.timeout_s)
+        if not overtaken:
+            node.ready(hdr, time.monotonic() - t0)
+            return info.version
+        node.ctx.log.info("version %d was overtaken by a publish while being copied: sending the newest", info.version)
+    return -1
+
+
+def follow(node: RelayNode, poll_s: float) -> bool:
+    """Follower: take the next version off the chain, if one is announced within `poll_s`.
+    False once the master announced STOP."""
+    hdr = poll_header(node.comm, timeout_s=poll_s)
+    if hdr is None:
+        return True
+    if hdr.kind == STOP:
+        return False
+    node.receive(hdr)
+    return True
 
 
 def run_follower(node: RelayNode, flags: dict) -> None:
@@ -178,13 +227,8 @@ def run_follower(node: RelayNode, flags: dict) -> None:
         beat.tick()
         for msg in node.ctx.ctrl.drain():  # heartbeat answers: clock samples for the trace
             node.ctx.controller_restarted(msg)
-        hdr = poll_header(node.comm, timeout_s=0.5)
-        if hdr is None:
-            continue  # the chain's STOP header is how followers normally end
-        chain_header(node.comm, hdr, node.timeout_s)
-        if hdr.kind == STOP:
+        if not follow(node, poll_s=0.5):  # the master's STOP is how followers normally end
             return
-        node.receive(hdr)
 
 
 def main(argv: list[str] | None = None) -> None:

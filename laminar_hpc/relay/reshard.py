@@ -8,13 +8,19 @@ before the chain broadcast: the trainer never stalls for the cast, and the chain
 move the rollouts' (smaller) bytes. Both layouts come from the model's shape, so a mismatch is
 caught by the layout digest on either side.
 
+The master converts piece by piece (`pieces`), on several threads, while it sends the pieces
+already converted down the chain (relay/pipeline.py).
+
     rs = Reshard.from_config(cfg)                 # None when both sides share one layout
     rs.convert(handoff_view, slot_view)           # src layout -> dst layout, one pass
+    fill = rs.pieces(handoff_view, slot_view)     # fill(lo, hi): dst bytes [lo, hi) converted, hashed
 """
 from __future__ import annotations
 
+import bisect
+
 from laminar_hpc.transport.store_layout import rollout_dtype
-from laminar_hpc.transport.weight_store import digest_to_int
+from laminar_hpc.transport.weight_store import digest_to_int, piece_digest
 
 
 class Reshard:
@@ -42,3 +48,27 @@ class Reshard:
         with torch.no_grad():
             for name, t in self.dst.views(dst_buf).items():
                 t.copy_(src[name])
+
+    def pieces(self, src_buf: memoryview, dst_buf: memoryview):
+        """`fill(lo, hi) -> digest`: converts the elements whose rollout-layout bytes lie in
+        [lo, hi) and returns the xxh3 digest of those bytes (padding as the slot held it). Piece
+        bounds must fall on element bounds: the checksum pieces (4 MiB multiples) do, since every
+        tensor starts 64-byte aligned. The views are made once per version, not per piece."""
+        import torch
+        src = {k: t.reshape(-1) for k, t in self.src.views(src_buf).items()}
+        dst = [(s.offset, s.nbytes, t.reshape(-1), src[s.name])
+               for s, t in zip(self.dst.specs, self.dst.views(dst_buf).values()) if s.nbytes]
+        starts = [d[0] for d in dst]
+
+        def fill(lo: int, hi: int) -> int:
+            first, end = max(0, bisect.bisect_right(starts, lo) - 1), bisect.bisect_left(starts, hi)
+            with torch.no_grad():
+                for off, nbytes, d, s in dst[first:end]:
+                    a, b = max(lo, off) - off, min(hi, off + nbytes) - off
+                    if a < b:
+                        item = d.element_size()
+                        if a % item or b % item:
+                            raise ValueError(f"piece [{lo}, {hi}) splits an element of a tensor at {off}")
+                        d[a // item:b // item].copy_(s[a // item:b // item])
+            return piece_digest(dst_buf[lo:hi])
+        return fill

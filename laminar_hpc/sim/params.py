@@ -22,6 +22,7 @@ from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel
 from laminar_hpc.emulation.ideal import workload_moments
 from laminar_hpc.emulation.workload import EpisodePlan, workload_for
+from laminar_hpc.transport.weight_store import CHECKSUM_PIECE
 
 
 @dataclass
@@ -49,8 +50,14 @@ class ClusterSpec:
     # relay chain: None = the emulated runtime on one machine (it moves emulation.weight_mb real bytes
     # through shared memory); a number = nominal_weight_gb moved over this link (GB/s), e.g. InfiniBand
     bcast_gbps: float | None = None
-    host_copy_gbps: float = 4.0  # one process's memcpy (publish hand-off, master relay copy), GB/s
-    checksum_gbps: float = 10.0  # the master relay's xxh3 pass over the version, GB/s
+    # one thread's memcpy (the publish hand-off; each master relay thread's copy of its pieces), GB/s:
+    # tools/bench_relay.py's memcpy floor on the 2-core dev machine, 256 MiB in 17-23 ms when lightly loaded
+    host_copy_gbps: float = 12.0
+    # one thread's xxh3 over the weights (relays hash pieces on relay_threads threads each), GB/s: the same
+    # bench's "xxh3 checksum alone", 0.4-0.5x that memcpy
+    checksum_gbps: float = 25.0
+    # threads each relay copies (master) or hashes (followers) its pieces on: relay/main.PIECE_THREADS
+    relay_threads: int = 4
     # control plane (wall milliseconds): one ZeroMQ message, the controller's loop before it schedules
     msg_latency_ms: float = 1.0
     ctl_latency_ms: float = 2.0
@@ -143,9 +150,9 @@ class SimParams:
     prompt_tokens: int
     pull_s: float  # a rollout loads a version: nominal load + copy of the real bytes
     publish_stall_s: float
-    relay_master_s: float  # the master relay copies the hand-off version and checksums it
+    relay_master_s: float  # the master relay copies and checksums the whole version, over its threads
     bcast_bytes: float
-    bcast_bw: float  # bytes per emulated second over the relay chain
+    bcast_bw: float  # bytes per emulated second through the relay pipeline: its slowest of master, link, follower hash
     chunk_bytes: float
     msg_latency_s: float
     ctl_latency_s: float
@@ -157,6 +164,9 @@ class SimParams:
     length_mode: str = "exact"
     empirical_lengths: list[int] | None = None
     relay_ready_measured: dict | None = None  # calibrated publish -> readable, per relay rank (replaces the formula)
+    # the chain's pipeline fill and drain: the master's first piece copied and hashed (the chain starts
+    # then), and a follower's hash of the last piece after it arrived
+    relay_fill_s: float = 0.0
     # partial-rollout's update path (config partial_rollout.update_path; `areal_update` below). Not relay:
     # the trainer is blocked `update_send_s` sending each version, rollouts may load it `update_ready_s`
     # after the update starts, and a load (`pull_s`) is their share of the transfer plus the engine's load
@@ -184,9 +194,10 @@ class SimParams:
             moved, wall_b = e.nominal_weight_gb * 1e9, 1.0
             bw = spec.bcast_gbps * 1e9
             pull = cost.weight_load_s()
-            src["weights"] = (f"nominal_weight_gb: publish copy at {spec.host_copy_gbps} GB/s, master relay copy + "
-                              f"checksum ({spec.checksum_gbps} GB/s), chain at {spec.bcast_gbps} GB/s, pull at "
-                              f"emulation.pull_gbps")
+            src["weights"] = (f"nominal_weight_gb: publish copy at {spec.host_copy_gbps} GB/s; relays copy "
+                              f"({spec.host_copy_gbps} GB/s) and checksum ({spec.checksum_gbps} GB/s) per thread on "
+                              f"{spec.relay_threads} threads, pipelined with the chain at {spec.bcast_gbps} GB/s; "
+                              f"pull at emulation.pull_gbps")
         else:  # an emulated run on one machine: emulation.weight_mb real bytes move, in wall time
             moved, wall_b = e.weight_mb * 2**20, wall
             bw = spec.host_copy_gbps * 1e9 / wall
@@ -194,7 +205,16 @@ class SimParams:
             src["weights"] = (f"emulation.weight_mb real bytes at {spec.host_copy_gbps} GB/s memcpy and "
                               f"{spec.checksum_gbps} GB/s checksum (wall), plus emulation's nominal load time")
         copy_s = moved / (spec.host_copy_gbps * 1e9) * wall_b
-        master_s = copy_s + moved / (spec.checksum_gbps * 1e9) * wall_b
+        # relay/pipeline.py: each master thread hashes a piece then copies it; followers hash pieces as they
+        # arrive, on as many threads; the chain moves a piece as soon as it is done. The version streams at
+        # its slowest stage (master, link, follower hash) after the first piece (fill), plus the last
+        # piece's hash at the follower (drain). Hashing then copying a piece from cache costs less than the
+        # two passes modelled here (1.1x a memcpy measured, against 1.5x; docs/frontier.md "The weight path")
+        per_thread = 1e9 / (1 / spec.host_copy_gbps + 1 / spec.checksum_gbps) / wall_b  # bytes per emulated s
+        piece = min(moved, CHECKSUM_PIECE)
+        master_s = moved / (spec.relay_threads * per_thread)
+        bw = min(bw, spec.relay_threads * per_thread, spec.relay_threads * spec.checksum_gbps * 1e9 / wall_b)
+        fill_s = piece / per_thread + piece / (spec.checksum_gbps * 1e9) * wall_b
         update = areal_update(cfg, spec, pull, 0.0 if spec.bcast_gbps else moved / (spec.host_copy_gbps * 1e9) * wall)
         if update is not None:
             pull = update["pull_s"]
@@ -208,7 +228,7 @@ class SimParams:
                 ctl_per_traj_s=spec.ctl_per_traj_us * 1e-6 * wall,
                 idle_poll_s=spec.idle_poll_ms * 1e-3 * wall, state_interval_s=cfg.repack.state_interval_s * wall,
                 moving_expiry_s=move_expiry_s(cfg.repack.interval_s, second=wall), relay_count=cfg.relay.count,
-                length_mode=length_mode, failures=spec.failures, sources=src,
+                length_mode=length_mode, failures=spec.failures, sources=src, relay_fill_s=fill_s,
                 **({} if update is None else {"update_path": update["path"], "update_send_s": update["send_s"],
                                               "update_ready_s": update["ready_s"]}))
         return p
@@ -223,14 +243,18 @@ class SimParams:
                        empirical=self.empirical_lengths)
 
     def bcast_ready_s(self, hop: int) -> float:
-        """Publish -> readable at relay rank `hop` (0 = master): the master's copy and checksum,
-        then the chunk-pipelined chain: nbytes/bw + (hop - 1) * chunk/bw."""
+        """Publish -> readable at relay rank `hop` (0 = master). Copy, checksum and chain overlap
+        piece by piece (relay/pipeline.py): the version streams at its slowest stage (`bcast_bw`)
+        once the first piece is done, each hop adds one chunk, the follower then hashes the last
+        piece (`relay_fill_s` holds fill and drain). The master's own store is readable once its
+        copy is done and, with followers, the first hop has taken every chunk."""
         if self.relay_ready_measured:
             m = self.relay_ready_measured
             return m[hop] if hop in m else max(m.values())
+        stream_s = self.relay_fill_s + self.bcast_bytes / self.bcast_bw
         if hop == 0:
-            return self.relay_master_s
-        return self.relay_master_s + self.bcast_bytes / self.bcast_bw + (hop - 1) * self.chunk_bytes / self.bcast_bw
+            return self.relay_master_s if self.relay_count == 1 else max(self.relay_master_s, stream_s)
+        return stream_s + (hop - 1) * self.chunk_bytes / self.bcast_bw
 
     def describe(self) -> dict:
         e = self.emu

@@ -1,18 +1,13 @@
 """Chunk-pipelined chain broadcast (laminar_hpc.relay.chain) under a real mpirun on localhost."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
-from laminar_hpc.launch.processes import mpi_env
-
 from helpers import REPO
+from processes import mpirun_json
 
 SCRIPT = str(REPO / "tests" / "mpi_chain_check.py")
 TIMEOUT_S = 60
@@ -26,24 +21,7 @@ CASES = [(1000, 0), (1000, 1), (1000, 999), (1000, 1000), (1000, 1001), (1000, 1
 
 def mpirun(ranks: int, *args: str, timeout_s: float = TIMEOUT_S) -> tuple[int, list[dict], str]:
     """Run the check script on `ranks` ranks; returns (exit code, per-rank JSON summaries, output)."""
-    cmd = ["mpirun", "-n", str(ranks), "--bind-to", "none", sys.executable, SCRIPT, *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=mpi_env(), text=True, start_new_session=True, cwd=REPO)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpirun and its ranks: the session we started
-        out, _ = proc.communicate(timeout=10)
-        pytest.fail(f"mpirun -n {ranks} {' '.join(args)} did not finish in {timeout_s}s:\n{out[-4000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    summaries = []
-    for line in out.splitlines():
-        if line.startswith("{") and '"rank"' in line:
-            summaries.append(json.loads(line))
-    return proc.returncode, summaries, out
+    return mpirun_json(Path(SCRIPT), ranks, *args, timeout_s=timeout_s, cwd=REPO)
 
 
 def by_rank(summaries: list[dict], ranks: int, out: str) -> dict[int, dict]:
@@ -95,4 +73,16 @@ def test_next_transfer_arrives_after_a_timed_out_one():
     got = by_rank(summaries, 2, out)
     assert got[1]["checks"]["timeout"] == "ok", got[1]["checks"]
     assert got[1]["checks"]["after"] == "ok", got[1]["checks"]
+    assert rc == 0, out[-4000:]
+
+
+def test_every_follower_hears_of_a_version_without_the_relays_before_it():
+    """The master announces a header to every follower at once: the last of 4 relays gets it
+    while the relays between are busy (forwarded hop by hop, each idle relay added up to one
+    polling pause, so the header reached relay k after k pauses, and never while they were busy)."""
+    rc, summaries, out = mpirun(4, "announce", "--timeout", "10")
+    got = by_rank(summaries, 4, out)
+    assert got[3]["checks"] == {"heard": "ok"}, got[3]["checks"]
+    for r, s in got.items():
+        assert s["ok"] is True, f"rank {r}: {s['checks']} {s['errors']}\n{out[-4000:]}"
     assert rc == 0, out[-4000:]

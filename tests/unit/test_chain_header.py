@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from laminar_hpc.relay.chain import STOP, WEIGHTS, Header
+from laminar_hpc.relay.chain import DISCARD, SEALED, STOP, WEIGHTS, Header
 
 
 def test_header_pack_round_trip():
@@ -14,3 +14,13 @@ def test_header_pack_round_trip():
     assert arr.dtype == np.int64 and arr.shape == (6,)
     assert Header.unpack(arr) == hdr
     assert Header.unpack(Header(kind=STOP).pack()) == Header(STOP, -1, 0, 0, 0, 0)
+
+
+def test_the_trailer_is_a_header_that_carries_the_checksum():
+    """The master knows the checksum only after the bytes: the trailer (kind SEALED, or DISCARD
+    when its copy was overtaken) repeats version, nbytes and digest, and adds the checksum."""
+    lead = Header(kind=WEIGHTS, version=3, nbytes=10, checksum=0, digest=9, t_ns=5)
+    for kind in (SEALED, DISCARD):
+        trailer = Header(kind, lead.version, lead.nbytes, -77, lead.digest, lead.t_ns)
+        assert Header.unpack(trailer.pack()) == trailer
+    assert len({WEIGHTS, STOP, SEALED, DISCARD}) == 4

@@ -118,3 +118,20 @@ def test_the_local_launcher_keeps_mpi_on_loopback(monkeypatch):
     monkeypatch.delenv("OMPI_MCA_btl_tcp_if_include", raising=False)
     env = mpi_env({})
     assert env["OMPI_MCA_btl_tcp_if_include"] == "lo" and env["OMPI_MCA_oob_tcp_if_include"] == "lo"
+
+
+def test_single_copy_is_used_only_where_the_probe_found_it_works(monkeypatch):
+    """CMA (ranks read each other's memory: one copy per message) only where a child process could
+    read ours; never for a job across hosts (the probe speaks for this host); a user's setting wins."""
+    from laminar_hpc.launch import processes
+    key = "OMPI_MCA_btl_vader_single_copy_mechanism"
+    monkeypatch.setattr(processes, "single_copy_works", lambda: True)
+    assert mpi_env({})[key] == "cma" and mpi_env({}, loopback=False)[key] == "none"
+    assert mpi_env({key: "none"})[key] == "none"
+    monkeypatch.setattr(processes, "single_copy_works", lambda: False)
+    assert mpi_env({})[key] == "none"
+
+
+def test_the_single_copy_probe_answers_for_this_host():
+    from laminar_hpc.launch.processes import single_copy_works
+    assert single_copy_works.__wrapped__() in (True, False)  # the probe itself, not the cached answer

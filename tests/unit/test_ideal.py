@@ -226,7 +226,7 @@ def _observed(mode: str, steps: int = 5):
     return cfg, simulate(cfg, SimParams.from_config(cfg), steps=steps)
 
 
-@pytest.mark.parametrize("mode", ["laminar", "partial-rollout", "sync"])
+@pytest.mark.parametrize("mode", ["laminar", "laminar-pure", "partial-rollout", "sync"])
 def test_observed_simulation_attributes_its_lost_fraction(mode):
     cfg, res = _observed(mode)
     plain = simulate(cfg, SimParams.from_config(cfg), steps=5)
@@ -240,12 +240,14 @@ def test_observed_simulation_attributes_its_lost_fraction(mode):
     else:
         assert res["version_lag"]["mean"] == pytest.approx(res["staleness_mean"])
         assert res["step_lag"]["n"] > 0
-    if mode == "laminar":
+    if mode == "laminar-pure":  # one version per trajectory: replicas drain for new weights
         assert g["by_cause"]["drain"] > 0
+    if mode == "laminar":  # refresh in flight: none drains; each switch's load and re-prefill is a weight cost
+        assert g["by_cause"]["drain"] == 0 and g["by_cause"]["weights"] > 0
 
 
 def test_report_shows_the_ideal_and_the_causes():
-    _, res = _observed("laminar", steps=4)
+    _, res = _observed("laminar-pure", steps=4)
     out = modes_table({"laminar": res})
     assert "goodput" in out and "ideal (cost model)" in out and "drain" in out
     assert f"{res['goodput']['goodput']:.1%}" in out

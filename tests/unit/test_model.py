@@ -507,3 +507,29 @@ def test_engine_rejects_prompt_without_room():
     with pytest.raises(ValueError, match="max_seq_len"):
         eng.add([SeqRequest("big", [4] * ARGS.max_seq_len, max_new_tokens=4)])
     assert eng.num_active() == 0
+
+
+def test_pack_splits_big_tensors_over_threads_and_works_in_a_forked_child():
+    """pack copies 8 MiB pieces on a thread pool; a child forked after the parent's first pack has
+    none of those threads and must make its own instead of waiting on them forever."""
+    import multiprocessing
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2100), torch.nn.Linear(2100, 8))  # 17 MB: pieces
+    layout = WeightLayout.from_model(model)
+    packed = bytearray(layout.nbytes)
+    layout.pack(model, memoryview(packed))
+    for name, view in layout.views(memoryview(packed)).items():
+        assert torch.equal(view, dict(model.named_parameters())[name].detach())
+
+    def pack_again():
+        again = bytearray(layout.nbytes)
+        layout.pack(model, memoryview(again))
+        raise SystemExit(0 if again == packed else 1)
+    child = multiprocessing.get_context("fork").Process(target=pack_again)
+    child.start()
+    child.join(timeout=60)
+    if child.exitcode is None:
+        child.kill()
+        pytest.fail("the forked child's pack did not finish within 60 s")
+    assert child.exitcode == 0

@@ -152,7 +152,7 @@ def test_migrated_work_goes_first_and_continues_its_tokens(make):
 
 
 def test_work_pinned_to_a_version_this_replica_left_is_rejected(make):
-    r = make()
+    r = make("rollout.refresh_in_flight=never")  # pure laminar: a trajectory stays on its version
     publish(r, 0)
     publish(r, 1)
     r.wait_first_version({}, r.beat)

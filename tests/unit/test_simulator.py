@@ -84,7 +84,7 @@ def test_simulator_calls_the_runtime_policy_functions(monkeypatch, policy, modul
     admission = _count(monkeypatch, scheduling, "admission")
     refresh = _count(monkeypatch, refresh_policy, "refresh_action")
     stale = _count(monkeypatch, scheduling, "too_stale")
-    _sim(LONGTAIL, SMALL + ["trainer.max_staleness=4", f"repack.policy={policy}"], mode="laminar", steps=4)
+    _sim(LONGTAIL, SMALL + ["trainer.max_staleness=4", f"repack.policy={policy}"], mode="laminar-pure", steps=4)
     assert plan and admission and refresh and stale
 
 
@@ -93,11 +93,11 @@ def test_simulator_calls_the_runtime_policy_functions(monkeypatch, policy, modul
 def test_repack_moves_come_from_the_configured_policy(monkeypatch, policy, module, name):
     over = SMALL + [f"repack.policy={policy}"]
     monkeypatch.setattr(module, name, lambda *a, **k: [])  # a policy that never moves anything
-    res = _sim(LONGTAIL, over, mode="laminar", steps=4)
+    res = _sim(LONGTAIL, over, mode="laminar-pure", steps=4)
     assert res["trajectories_migrated"] == 0 and res["repack_moves"] == 0
-    assert _sim(LONGTAIL, over, mode="laminar", steps=4)["trajectories_migrated"] == 0  # still patched
+    assert _sim(LONGTAIL, over, mode="laminar-pure", steps=4)["trajectories_migrated"] == 0  # still patched
     monkeypatch.undo()
-    assert _sim(LONGTAIL, over, mode="laminar", steps=4)["trajectories_migrated"] > 0
+    assert _sim(LONGTAIL, over, mode="laminar-pure", steps=4)["trajectories_migrated"] > 0
 
 
 def test_barrier_modes_use_barrier_admission(monkeypatch):
@@ -139,12 +139,14 @@ def test_assign_fast_path_equals_assign_work():
 
 def test_mode_ordering_on_a_long_tail_workload():
     cfg = load_config(LONGTAIL, SMALL)
-    res = run_modes(cfg, ClusterSpec(), steps=6, barrier_steps=4)
+    modes = ["sync", "one-step-off", "partial-rollout", "laminar", "laminar-pure", "laminar-pure-norepack"]
+    res = run_modes(cfg, ClusterSpec(), modes=modes, steps=6, barrier_steps=4)
     tps = {m: r["trajectories_per_s"] for m, r in res.items()}
-    assert tps["laminar"] >= tps["one-step-off"] >= tps["sync"]
-    assert tps["laminar"] >= tps["laminar-norepack"]  # repack pays off on long tails
+    assert tps["laminar"] >= tps["laminar-pure"] >= tps["one-step-off"] >= tps["sync"]
+    assert tps["laminar-pure"] >= tps["laminar-pure-norepack"]  # repack pays off on long tails (pure laminar)
     assert res["sync"]["ratio_vs_sync"] == 1.0
-    assert res["laminar"]["trajectories_migrated"] > 0 and res["laminar-norepack"]["trajectories_migrated"] == 0
+    assert res["laminar-pure"]["trajectories_migrated"] > 0 and res["laminar-pure-norepack"]["trajectories_migrated"] == 0
+    assert res["laminar"]["trajectories_migrated"] == 0  # refresh in flight: nothing drains, repack is off
     assert res["partial-rollout"]["global_update_s_mean"] > 0
 
 
@@ -153,7 +155,8 @@ def test_reference_workload_matches_the_measured_benchmark():
     emulated runtime slept by), against docs/bench-longtail-math.json (tools/bench_modes.py):
     throughput within 15% per mode, ratio to sync within 10%."""
     doc = json.load(open(os.path.join(REPO, "docs", "bench-longtail-math.json")))
-    res = run_modes(load_config(LONGTAIL), ClusterSpec(), steps=10, barrier_steps=4, skip=1)
+    modes = list(doc["modes"])
+    res = run_modes(load_config(LONGTAIL), ClusterSpec(), modes=modes, steps=10, barrier_steps=4, skip=1)
     for mode, m in doc["modes"].items():
         assert abs(res[mode]["trajectories_per_s"] / m["trajectories_per_s"] - 1) < 0.15, mode
         assert abs(res[mode]["ratio_vs_sync"] / m["ratio_vs_sync"] - 1) < 0.10, mode
