@@ -12,7 +12,7 @@ from helpers import data_plane, trajectory
 
 from laminar_hpc.controller.ledger import DELIVERED, GENERATING, READY, TRAINED
 from laminar_hpc.controller.pools import DataPlane
-from laminar_hpc.transport.protocol import StreamItem, Trajectory
+from laminar_hpc.transport.protocol import StreamItem, Trajectory, stream_frame
 
 ROLLOUTS = 3
 
@@ -61,8 +61,8 @@ def drive_randomly(dp: DataPlane, rng: random.Random, steps: int, after=None) ->
     sent: list[Trajectory] = []  # every trajectory handed to finish, for duplicates
     step = 0
     # weights: enough finishing that groups get through the whole ledger, few drops
-    ops = {"admit": 2, "assign": 4, "stream": 4, "finish": 9, "take": 3, "trained": 3, "commit": 2, "drop": 0.4,
-           "requeue": 1, "detach": 1, "migrate": 1, "restart": 1, "unplaced": 1, "sync": 1, "note": 1}
+    ops = {"admit": 2, "assign": 4, "stream": 4, "chunks": 3, "finish": 9, "take": 3, "trained": 3, "commit": 2,
+           "drop": 0.4, "requeue": 1, "detach": 1, "migrate": 1, "restart": 1, "unplaced": 1, "sync": 1, "note": 1}
     for _ in range(steps):
         op = rng.choices(list(ops), weights=list(ops.values()))[0]
         queued = set(dp.queue)
@@ -77,13 +77,25 @@ def drive_randomly(dp: DataPlane, rng: random.Random, steps: int, after=None) ->
             items = []
             for p in rng.sample(running, min(len(running), rng.randint(1, 3))):
                 n, r = rng.randint(1, 3), rng.random()
-                off = (len(p.tokens) if r < 0.75 else len(p.tokens) + rng.randint(1, 3) if r < 0.85
-                       else max(0, len(p.tokens) - 1) if r < 0.93 else None)
+                off = (p.n_tokens if r < 0.75 else p.n_tokens + rng.randint(1, 3) if r < 0.85
+                       else max(0, p.n_tokens - 1) if r < 0.93 else None)
                 items.append(StreamItem(traj_id=p.traj_id, tokens=[rng.randrange(500) for _ in range(n)],
                                         logprobs=[-rng.random() for _ in range(n)], version=rng.randint(0, 4),
                                         offset=off))
             items.append(StreamItem(traj_id="999.0", tokens=[1], logprobs=[-1.0], version=0, offset=0))
             dp.stream_items(items)
+        elif op == "chunks" and running:  # a rollout's frame in columns: one version, every offset set
+            ps = rng.sample(running, min(len(running), rng.randint(1, 4)))
+            ps += [rng.choice(ps)] if rng.random() < 0.1 else []  # a trajectory twice in a frame
+            version, items = rng.randint(0, 4), []
+            for p in ps:
+                n, r = rng.randint(1, 3), rng.random()
+                off = (p.n_tokens if r < 0.8 else p.n_tokens + rng.randint(1, 3) if r < 0.9
+                       else max(0, p.n_tokens - 1))
+                items.append(StreamItem(traj_id=p.traj_id, tokens=[rng.randrange(500) for _ in range(n)],
+                                        logprobs=[-rng.random() for _ in range(n)], version=version, offset=off))
+            items.append(StreamItem(traj_id="999.0", tokens=[1], logprobs=[-1.0], version=version, offset=0))
+            dp.stream_chunks(stream_frame(items).chunks, rollout=rng.choice([None, ps[0].rollout]))
         elif op == "finish":
             # a duplicate never counts (unless its group was lost by the trainer and is being generated again)
             dups = [t for t in sent if t.traj_id not in dp.partials]
@@ -96,7 +108,7 @@ def drive_randomly(dp: DataPlane, rng: random.Random, steps: int, after=None) ->
             p = rng.choice(cands)
             r = rng.random()
             reward = None if r < 0.02 else math.nan if r < 0.04 else float(rng.randint(0, 1))
-            t = make_traj(p.traj_id, p.group_id, p.tokens + [rng.randrange(500)],
+            t = make_traj(p.traj_id, p.group_id, p.token_list() + [rng.randrange(500)],
                       p.version if p.version is not None else rng.randint(0, 4), reward)
             sent.append(t)
             dp.finish(t)
@@ -119,7 +131,7 @@ def drive_randomly(dp: DataPlane, rng: random.Random, steps: int, after=None) ->
             place_detached(dp, rng, dp.detach(ids))
         elif op == "migrate" and running:
             p = rng.choice(running)
-            toks = p.tokens + [rng.randrange(500)]
+            toks = p.token_list() + [rng.randrange(500)]
             moved = msgspec.structs.replace(make_traj(p.traj_id, p.group_id, toks, rng.randint(0, 4)), reward=None,
                                            logprobs=[-0.25] * len(toks))
             dp.migrate(moved, rng.randrange(ROLLOUTS))
@@ -161,7 +173,11 @@ def check_ledger(dp: DataPlane) -> None:
         g = lg.groups[p.group_id]
         assert g.state == GENERATING and p.traj_id in g.traj_ids and p.traj_id not in g.finished
         if p.traj_id in dp.queue:
-            assert p.rollout is None and p.tokens == [] and p.version is None
+            assert p.rollout is None and not p.tokens and p.version is None
+        # its chunks hold as many ids as log-probs, `n_tokens` of each (and its mask, one per token)
+        assert len(b"".join(p.tokens)) == len(b"".join(p.logprobs)) == 4 * p.n_tokens
+        assert p.mask is None or len(p.mask) == p.n_tokens
+    assert dp.queue._ids == set(dp.queue)  # the queue's membership set and its ids agree
     for g in lg.groups.values():
         if g.state == READY:
             assert set(g.finished) == set(g.traj_ids) and not g.lost

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import msgspec
 import msgspec.inspect as mi
 import pytest
 from hypothesis import strategies as st
@@ -131,6 +132,7 @@ def earlier_run(root: Path) -> Path:
     run = root / "runs" / "earlier"
     ckpt = run / "checkpoints" / EARLIER_CKPT
     ckpt.mkdir(parents=True)
+    run.chmod(0o700)  # as the launcher made it: a run directory open to others is refused
     (run / "logs").mkdir()
     (run / "config.yaml").write_text("name: earlier\n")
     (ckpt / "meta.json").write_text(json.dumps({"model": model_fields(), "step": 10, "version": 10}))
@@ -190,7 +192,9 @@ def max_logit_diff(ours, ref, tokens) -> float:
 
 # -- protocol messages from their declarations --------------------------------------------------
 MESSAGE_TYPES = sorted(protocol.MESSAGE_TYPES, key=lambda t: protocol.TYPE_NAMES[t])
-_SCALAR = {mi.IntType: 7, mi.FloatType: 1.25, mi.StrType: "abc", mi.BoolType: True, mi.NoneType: None}
+# bytes: a token array of two int32 (or float32) values, as protocol.pack_tokens packs them
+_SCALAR = {mi.IntType: 7, mi.FloatType: 1.25, mi.StrType: "abc", mi.BoolType: True, mi.NoneType: None,
+           mi.BytesType: protocol.pack_tokens([7, 7])}
 
 
 def fields(cls: type) -> tuple:
@@ -222,7 +226,8 @@ def sample(cls: type, full: bool = True):
 
 _INT = st.integers(-2**63, 2**63 - 1)
 _SCALAR_STRATEGY = {mi.IntType: _INT, mi.FloatType: st.floats(allow_nan=False) | _INT.map(float),
-                    mi.StrType: st.text(max_size=8), mi.BoolType: st.booleans(), mi.NoneType: st.none()}
+                    mi.StrType: st.text(max_size=8), mi.BoolType: st.booleans(), mi.NoneType: st.none(),
+                    mi.BytesType: st.binary(max_size=12)}
 
 
 def strategy(t):
@@ -234,6 +239,8 @@ def strategy(t):
         return st.one_of(*(strategy(x) for x in t.types))
     if isinstance(t, mi.ListType):
         return st.lists(strategy(t.item_type), max_size=3)
+    if isinstance(t, mi.TupleType):  # (version spans: (first token, version) pairs)
+        return st.tuples(*(strategy(x) for x in t.item_types))
     if isinstance(t, mi.DictType):
         return st.dictionaries(strategy(t.key_type), strategy(t.value_type), max_size=3)
     if isinstance(t, mi.StructType):
@@ -336,6 +343,24 @@ class Outbox(list):
 
 
 # -- a role in-process ----------------------------------------------------------------------------
+def _token_lists(msg: Message) -> Message:
+    """A message as it came off the wire, its token arrays checked to have travelled as bytes
+    (protocol 5: roles pack what they send) and turned into lists for the tests to compare."""
+    def lists(x):
+        for name in ("prompt", "tokens", "logprobs"):
+            v = getattr(x, name, None)
+            assert v is None or isinstance(v, bytes), f"{type(msg).__name__}: {name} went out as {type(v).__name__}"
+        return protocol.unpacked(x) if not isinstance(x, protocol.StreamItem) else msgspec.structs.replace(
+            x, tokens=x.token_list(), logprobs=x.logprob_list())
+    if isinstance(msg, protocol.Finished):
+        return protocol.Finished(trajectory=lists(msg.trajectory))
+    if isinstance(msg, protocol.Migrated):
+        return msgspec.structs.replace(msg, trajectories=[lists(t) for t in msg.trajectories])
+    if isinstance(msg, protocol.Stream):  # (its columns as items: what each chunk is)
+        return protocol.Stream(items=[lists(it) for it in protocol.stream_items(msg)])
+    return msg
+
+
 class FakeChannel:
     """A role's channel to the controller, in-process. What the role sends goes through the real
     encode/decode (a message that would not survive the wire fails here) and is kept in `sent`;
@@ -351,7 +376,7 @@ class FakeChannel:
         self.script = script
 
     def send(self, msg: Message, timeout_s: float | None = None) -> None:
-        self.sent.append(decode(encode(msg)))
+        self.sent.append(_token_lists(decode(encode(msg))))
 
     def _refill(self) -> None:
         if not self.inbox and self.script is not None:
@@ -403,7 +428,7 @@ def close_rollout(r) -> None:
 def sentinel_run(tmp_path):
     """A run directory holding one file with a known mtime: a refused command must leave both as they are."""
     run = tmp_path / "run"
-    run.mkdir()
+    run.mkdir(mode=0o700)  # as the launcher makes one: a run directory open to others is refused
     sentinel = run / "metrics.jsonl"
     sentinel.write_text('{"step": 1}\n')
     os.utime(sentinel, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
@@ -421,6 +446,9 @@ class FakeServer:
 
     def send(self, ident: str, msg: Message) -> None:
         self.sent.append((ident, decode(encode(msg), self.max_frame_bytes)))
+
+    def send_frame(self, ident: str, frame: bytes) -> None:
+        self.sent.append((ident, decode(frame, self.max_frame_bytes)))
 
     def take(self) -> list[tuple[str, Message]]:
         out, self.sent = self.sent, []

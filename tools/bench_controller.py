@@ -1,24 +1,44 @@
-"""Drive the real controller process with the message streams of many simulated rollouts.
+"""The controller's headroom: the ingest it sustains over what a campaign sends it.
 
-Starts `python -m laminar_hpc.controller` on a fresh run directory (write-ahead log on) and
-connects N rollouts and a trainer as plain ZeroMQ DEALER sockets that speak the wire format
-(msgpack maps with a `type`): hello, want_work credit, assign, token streams, finished
-trajectories, replica state reports (and the repack moves they cause), group deliveries and
-train steps. The driver runs closed-loop as fast as the controller keeps up: after each round
-of rollout messages it sends a heartbeat probe and keeps at most `--window` probes unanswered,
-so the probe's round trip is the queueing plus handling delay under full load.
+Starts `python -m laminar_hpc.controller` on a fresh run directory (write-ahead log on, CURVE
+authentication as a run's roles use it) and replays, from one driver process, the control-plane
+traffic of the campaign of CONFIG scaled to `--gpus` (sim.presets.scale_cluster): R rollout
+replicas, a trainer and a probe, each a DEALER socket with its role's key, speaking the protocol
+through laminar_hpc.transport.protocol (its structs and `encode`: the bench cannot drift from it).
 
-    python tools/bench_controller.py configs/bench/longtail-math.yaml --rollouts 32 --duration-s 30 --json ctl.json
-    python tools/bench_controller.py configs/bench/longtail-math.yaml --rounds 3000 --code /path/to/other/checkout
+What the campaign needs (`needs` in the JSON; derived in emulation/traffic.py, whose docstring
+has the formulas): at its ideal, lambda trajectories/s over R replicas of B' sequences. Per second
+a finished trajectory (prompt + response ids, log-probs), a want_work and a stream frame of
+first tokens per trajectory; per replica a stream frame per engine call (B' chunks; an engine call
+is an emulated macro step, `--cadence engine-call`: up to max_macro_steps, never past the next
+finish, cut at the next decode step when a control message arrives, emulation.step_interrupts;
+or one decode step of a real engine, `--cadence decode-step`), a rollout_state per pass of its
+loop but at most every repack.state_interval_s, a heartbeat a second; a few trainer messages a
+step. Tokens: every token id in those frames.
 
-The peers authenticate as a run's roles do (CURVE, one key per role kind: rollouts, the
-trainer, and the probe as the launcher). `--auth none` runs both sides unkeyed (the
-`controller.auth: none` opt-out): for a checkout from before per-kind keys, or to see what
-authentication costs.
+How it is replayed: each replica runs in campaign time on the cost model, call by call as the
+rollout's loop does (rollout/main.py: admit and stream the first tokens, decode and stream,
+send what finished, ask for work, report, beat), the replica furthest behind first. The
+controller admits without the max_ahead_steps bound (the ideal keeps every replica full:
+admission is not what is measured). Closed loop: every `--probe-ms` of campaign time the
+launcher's heartbeat probes the controller and at most `--window` probes stay unanswered.
 
-Reports messages handled, controller CPU seconds per 1,000 messages, tokens/s and
-trajectories/s ingested, and the probe round trip (median, p99). The driver itself uses
-one core, the controller another: on 2 cores the figures are the controller's, not the driver's.
+    headroom = min(messages handled / messages needed, tokens handled / tokens needed),
+               per CPU second of the controller's busiest thread (its one Python thread)
+
+i.e. the campaign seconds the controller handles per second of a core of its own (libzmq's I/O
+thread, which decrypts, beside it). `headroom_closed_loop` is the same per wall second of this
+machine, with the probe's round trip (p50, p99; `rtt_within_bound`: p99 under `--rtt-bound-ms`):
+on a machine whose cores the driver and others share it is the lower figure. Also reported:
+controller CPU ms per 1,000 messages, CPU s per campaign second (all threads, and its main thread
+apart), the driver's CPU (`closed_loop_bound_by`: the driver when it, not the controller, was
+saturated), the load average.
+
+    python tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 --json ctl.json
+    python tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 --py-spy window.txt
+    PYTHONPATH=/other/checkout python tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 \
+        --code /other/checkout --json base.json          # a baseline: that checkout's protocol on both sides
+    python tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 --baseline base.json --json ctl.json
 """
 from __future__ import annotations
 
@@ -32,22 +52,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgpack
-import numpy as np
 import yaml
-import zmq
+from controller_replay import Driver
 
-from laminar_hpc.transport.security import ClientKeys, client_keys, ensure_keys
+from laminar_hpc.emulation.traffic import CADENCES, campaign_traffic
+from laminar_hpc.sim.presets import load_preset, scale_cluster
+from laminar_hpc.transport import protocol as P
+from laminar_hpc.transport.channel import Client
+from laminar_hpc.transport.security import client_keys, ensure_keys
 
 REPO = Path(__file__).resolve().parents[1]
-PROTOCOL = 2  # sent in hello; frames of older controllers ignore the extra field
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def wait_file(path: Path, timeout_s: float, proc: subprocess.Popen) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -60,122 +74,51 @@ def wait_file(path: Path, timeout_s: float, proc: subprocess.Popen) -> dict:
     raise SystemExit(f"waited {timeout_s:.0f}s for {path}")
 
 
-class Peer:
-    """A DEALER socket with the identity of a role, counting what it sends."""
-
-    def __init__(self, ctx: zmq.Context, address: str, identity: str, keys: ClientKeys | None):
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, identity.encode())
-        self.sock.setsockopt(zmq.LINGER, 0)
-        if keys is not None:
-            self.sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
-            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
-            self.sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
-        self.sock.connect(address)
-        self.sent = 0
-
-    def send(self, msg: dict) -> None:
-        self.sock.send(msgpack.packb(msg, use_bin_type=True))
-        self.sent += 1
-
-    def inbox(self) -> list[dict]:
-        out = []
-        while self.sock.poll(0):
-            out.append(msgpack.unpackb(self.sock.recv(), raw=False))
-        return out
-
-
-class Rollout(Peer):
-    """One simulated replica: `slots` sequences, `chunk` tokens per sequence per round."""
-
-    def __init__(self, ctx: zmq.Context, address: str, rank: int, slots: int, rng: np.random.Generator, args,
-                 keys: ClientKeys | None):
-        super().__init__(ctx, address, f"rollout-{rank}", keys)
-        self.rank, self.slots, self.rng, self.args = rank, slots, rng, args
-        self.running: dict[str, dict] = {}  # traj_id -> work + tokens + target length
-        self.credit, self.version, self.tokens, self.finished = slots, 0, 0, 0
-
-    def target(self) -> int:
-        a = self.args  # log-normal: sigma from the p99/median ratio (z_0.99 = 2.326)
-        n = self.rng.lognormal(np.log(a.median_tokens), np.log(a.p99_over_median) / 2.326)
-        return int(min(a.max_tokens, max(1, n)))
-
-    def take(self, msg: dict) -> None:
-        kind = msg.get("type")
-        if kind == "assign":
-            for w in msg["work"]:
-                toks = list(w.get("tokens") or [])
-                self.running[w["traj_id"]] = {**w, "tokens": toks, "logprobs": list(w.get("logprobs") or []),
-                                              "version": w.get("version", self.version),
-                                              "offset": len(toks), "target": max(self.target(), len(toks) + 1),
-                                              "t_start": time.time()}
-        elif kind == "migrate":
-            moved = [self.running.pop(t) for t in msg["traj_ids"] if t in self.running]
-            self.send({"type": "migrated", "dest": msg["dest"],
-                       "trajectories": [self.trajectory(t) for t in moved]})
-            self.credit += len(moved)
-
-    def trajectory(self, t: dict, reward: float | None = None) -> dict:
-        out = {k: t[k] for k in ("traj_id", "group_id", "problem", "prompt", "tokens", "logprobs", "version")}
-        out.update(rollout=self.rank, t_start=t["t_start"])
-        if reward is not None:
-            out.update(reward=reward, t_end=time.time(), finish="eos")
-        return out
-
-    def round(self, n_round: int) -> None:
-        items = []
-        for tid, t in list(self.running.items()):
-            n = min(self.args.chunk, t["target"] - len(t["tokens"]))
-            new = list(range(t["offset"] % 1000, t["offset"] % 1000 + n))
-            t["tokens"].extend(new)
-            t["logprobs"].extend([-0.5] * n)
-            items.append({"traj_id": tid, "tokens": new, "logprobs": [-0.5] * n, "version": t["version"],
-                          "offset": t["offset"]})
-            t["offset"] += n
-            self.tokens += n
-        if items:
-            self.send({"type": "stream", "items": items})
-        for tid, t in list(self.running.items()):
-            if len(t["tokens"]) >= t["target"]:
-                del self.running[tid]
-                self.send({"type": "finished", "trajectory": self.trajectory(t, reward=float(self.rng.random() < 0.5))})
-                self.credit += 1
-                self.finished += 1
-        if self.credit:
-            self.send({"type": "want_work", "credit": self.credit, "version": self.version})
-            self.credit = 0
-        if n_round % self.args.state_every == 0:
-            kv = sum(len(t["prompt"]) + len(t["tokens"]) for t in self.running.values())
-            self.send({"type": "rollout_state", "version": self.version, "waiting": 0, "running": len(self.running),
-                       "kv_tokens": kv, "kv_peak": kv, "traj_ids": list(self.running), "busy_s": 0.0,
-                       "weight_wait_s": 0.0})
+def sample_window(args, pid: int) -> subprocess.Popen | None:
+    """py-spy (`--py-spy OUT`: its binary from PATH or $PY_SPY) sampling the controller over the
+    measured window, as collapsed stacks: the profile of the steady state alone (cProfile,
+    `--profile`, covers the start-up too and slows every call)."""
+    if not args.py_spy:
+        return None
+    exe = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if exe is None:
+        raise SystemExit("--py-spy: no py-spy on PATH (pip install py-spy, or set PY_SPY)")
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(args.duration_s)), "--rate", "250",
+                             "--format", "raw", "--nonblocking", "--output", str(Path(args.py_spy).resolve())],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def run(args) -> dict:
-    raw = yaml.safe_load(Path(args.config).read_text())
-    raw.setdefault("rollout", {})["count"] = args.rollouts
-    raw.setdefault("controller", {})["status_interval_s"] = 1.0
+    cfg, spec = load_preset(args.config, args.overrides)
+    if args.gpus:
+        cfg, spec = scale_cluster(cfg, spec, args.gpus)
+    needs = campaign_traffic(cfg, cadence=args.cadence)
+    args.cadence = needs.cadence
+    raw = cfg.model_dump(mode="json")
     raw["controller"]["auth"] = args.auth
+    # the replay keeps every replica full, as the ideal does: admission is not what is measured
+    raw["controller"]["max_ahead_steps"] = max(raw["controller"]["max_ahead_steps"], 1000)
     run_dir = Path(tempfile.mkdtemp(prefix="bench-ctl-"))
     ensure_keys(run_dir)  # as the launcher does
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
     (run_dir / "run.json").write_text(json.dumps({"run_id": "benchctl"}))
     env = {**os.environ, "PYTHONPATH": str(Path(args.code).resolve()), "PYTHONUNBUFFERED": "1"}
     log = open(run_dir / "controller.log", "w")
-    ok = False
     prof = ["-m", "cProfile", "-o", str(Path(args.profile).resolve())] if args.profile else []
     proc = subprocess.Popen([sys.executable, *prof, "-m", "laminar_hpc.controller", "--run-dir", str(run_dir)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=env["PYTHONPATH"])  # -m puts cwd first
+                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=env["PYTHONPATH"])
+    ok = False
     try:
         address = wait_file(run_dir / "endpoints" / "controller.json", 120, proc)["address"]
-        out = drive(args, raw, address, proc, run_dir)
+        keys = {k: None if args.auth == "none" else client_keys(run_dir, k) for k in ("rollout", "trainer", "launcher")}
+        driver = Driver(args, cfg, lambda ident, kind: Client(address, ident, keys=keys[kind]))
+        measured = driver.run(proc, on_window=lambda pid: sample_window(args, pid))
         ok = True
-        return out
     finally:
         if proc.poll() is None:
-            proc.terminate()
+            proc.terminate()  # SIGTERM: the controller stops its loop (and cProfile writes its stats)
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -184,107 +127,62 @@ def run(args) -> dict:
             shutil.rmtree(run_dir, ignore_errors=True)
         else:
             print(f"bench_controller: run directory kept: {run_dir}", file=sys.stderr)
-
-
-def answered(probe: zmq.Socket, outstanding: list[float]) -> float:
-    """Wait for the oldest probe's answer; its round trip in seconds."""
-    if not probe.poll(60_000):
-        raise SystemExit("waited 60 s for the controller to answer a heartbeat probe")
-    probe.recv()
-    return time.monotonic() - outstanding.pop(0)
-
-
-def drive(args, raw: dict, address: str, proc: subprocess.Popen, run_dir: Path) -> dict:
-    ctx = zmq.Context.instance()
-    rng = np.random.default_rng(args.seed)
-    slots = raw.get("rollout", {}).get("max_batch", 32)
-    keys = {kind: client_keys(run_dir, kind) if args.auth != "none" else None
-            for kind in ("rollout", "trainer", "launcher")}
-    rollouts = [Rollout(ctx, address, r, slots, rng, args, keys["rollout"]) for r in range(args.rollouts)]
-    trainer = Peer(ctx, address, "trainer-0", keys["trainer"])
-    probe = Peer(ctx, address, "launcher-1", keys["launcher"]).sock  # a launcher's key may send heartbeats
-    per_step = raw.get("trainer", {}).get("groups_per_step", 8)
-    for r in rollouts:
-        r.send({"type": "hello", "role": "rollout", "rank": r.rank, "pid": os.getpid(), "protocol": PROTOCOL})
-    trainer.send({"type": "hello", "role": "trainer", "rank": 0, "pid": os.getpid(), "protocol": PROTOCOL})
-    trainer.send({"type": "want_groups", "n": 2 * per_step})
-    held: list[int] = []
-    step = 0
-    rtts: list[float] = []
-    outstanding: list[float] = []
-    t_end = time.monotonic() + args.warmup_s + args.duration_s
-    mark = None
-    n_round = 0
-    # --rounds: the same work for every run (CPU per message compares two builds); else a duration
-    while n_round < args.rounds if args.rounds else time.monotonic() < t_end:
-        if mark is None and (n_round >= args.rounds // 5 if args.rounds else time.monotonic() >= t_end - args.duration_s):
-            mark = (time.monotonic(), cpu_s(proc.pid), sum(r.sent for r in rollouts) + trainer.sent,
-                    sum(r.tokens for r in rollouts), sum(r.finished for r in rollouts))
-        n_round += 1
-        for r in rollouts:
-            for msg in r.inbox():
-                r.take(msg)
-            r.round(n_round)
-        for msg in trainer.inbox():
-            if msg.get("type") == "groups":
-                held += [g["group_id"] for g in msg["groups"]]
-        while len(held) >= per_step:  # a train step: consume, publish, ask again
-            step += 1
-            batch, held = held[:per_step], held[per_step:]
-            trainer.send({"type": "train_step", "metrics": {"step": step}, "groups": batch})
-            trainer.send({"type": "published", "version": step, "stall_s": 0.001})
-            trainer.send({"type": "want_groups", "n": per_step})
-            for r in rollouts:
-                r.version = step
-        probe.send(msgpack.packb({"type": "heartbeat", "t": time.time()}, use_bin_type=True))
-        outstanding.append(time.monotonic())
-        while len(outstanding) > args.window or (outstanding and probe.poll(0)):
-            rtts.append(answered(probe, outstanding))
-        if proc.poll() is not None:
-            raise SystemExit(f"controller exited with {proc.returncode}: see {run_dir / 'controller.log'}")
-    while outstanding:  # everything sent has been handled once the last probe is answered
-        rtts.append(answered(probe, outstanding))
-    t1, c1 = time.monotonic(), cpu_s(proc.pid)
-    msgs = sum(r.sent for r in rollouts) + trainer.sent - mark[2]
-    wall = t1 - mark[0]
-    out = {
-        "rollouts": args.rollouts, "duration_s": round(wall, 2), "messages": msgs, "train_steps": step,
-        "messages_per_s": round(msgs / wall, 1),
-        "controller_cpu_s": round(c1 - mark[1], 2),
-        "controller_cpu_ms_per_1k_messages": round(1e6 * (c1 - mark[1]) / max(1, msgs), 1),
-        "controller_cpu_util": round((c1 - mark[1]) / wall, 3),
-        "tokens_per_s": round((sum(r.tokens for r in rollouts) - mark[3]) / wall),
-        "trajectories_per_s": round((sum(r.finished for r in rollouts) - mark[4]) / wall, 1),
-        "probe_rtt_ms_p50": round(1e3 * float(np.percentile(rtts, 50)), 2),
-        "probe_rtt_ms_p99": round(1e3 * float(np.percentile(rtts, 99)), 2),
-    }
-    for s in rollouts + [trainer]:
-        s.sock.close()
-    probe.close()
-    return out
+    m = measured
+    busiest = max(1e-9, m.pop("controller_busiest_thread_cpu_s"))
+    # sustainable: what the controller handles per CPU second of its busiest thread (one Python
+    # thread handles every frame; libzmq's I/O thread decrypts beside it), i.e. with a core each
+    h_msgs = m["messages"] / busiest / needs.messages_per_s
+    h_tokens = m["tokens"] / busiest / needs.tokens_per_s
+    w_msgs, w_tokens = m["messages_per_s"] / needs.messages_per_s, m["tokens_per_s"] / needs.tokens_per_s
+    p99 = m["probe_rtt_ms_p99"]
+    driver_bound = m["driver_cpu_util"] > 0.9 > m["controller_main_thread_util"]
+    return {"config": args.config, "gpus": args.gpus, "cadence": needs.cadence, "protocol": P.PROTOCOL_VERSION,
+            "headroom": round(min(h_msgs, h_tokens), 2), "headroom_messages": round(h_msgs, 2),
+            "headroom_tokens": round(h_tokens, 2),
+            "headroom_closed_loop": round(min(w_msgs, w_tokens), 2), "rtt_bound_ms": args.rtt_bound_ms,
+            "rtt_within_bound": p99 is not None and p99 <= args.rtt_bound_ms,
+            "closed_loop_bound_by": "driver" if driver_bound else "controller",
+            "load_average_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+            "needs": {**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in needs.as_dict().items()
+                         if not isinstance(v, dict)},
+                      "messages_by_type": {k: round(v, 1) for k, v in needs.by_type.items()},
+                      "tokens_by_type": {k: round(v) for k, v in needs.tokens_by_type.items()},
+                      "derivation": campaign_traffic.__module__ + " (module doc)"},
+            "measured": m}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
-    ap.add_argument("--rollouts", type=int, default=32)
+    ap.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. repack.state_interval_s=0.2")
+    ap.add_argument("--gpus", type=int, default=0, help="scale the preset to this many GPUs (0: as it is)")
+    ap.add_argument("--cadence", choices=CADENCES, default=None,
+                    help="an engine call is an emulated macro step (engine-call) or one decode step")
     ap.add_argument("--duration-s", type=float, default=30.0)
-    ap.add_argument("--warmup-s", type=float, default=5.0)
-    ap.add_argument("--rounds", type=int, default=0, help="run exactly this many rounds (the first fifth warms up)")
-    ap.add_argument("--chunk", type=int, default=32, help="tokens per sequence per stream message")
-    ap.add_argument("--median-tokens", type=float, default=1024)
-    ap.add_argument("--p99-over-median", type=float, default=10.0)
-    ap.add_argument("--max-tokens", type=int, default=16384)
-    ap.add_argument("--state-every", type=int, default=20, help="rounds between replica state reports")
-    ap.add_argument("--window", type=int, default=2, help="heartbeat probes allowed unanswered")
+    ap.add_argument("--warmup-s", type=float, default=15.0)
+    ap.add_argument("--probe-ms", type=float, default=20.0, help="campaign milliseconds between probes")
+    ap.add_argument("--window", type=int, default=4, help="heartbeat probes allowed unanswered")
+    ap.add_argument("--rtt-bound-ms", type=float, default=100.0, help="the probe's p99 round trip that counts")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--auth", choices=("auto", "none"), default="auto",
                     help="controller.auth: auto authenticates every peer (CURVE); none runs unkeyed")
     ap.add_argument("--code", default=str(REPO), help="checkout whose laminar_hpc the controller runs")
-    ap.add_argument("--profile", help="write the controller's cProfile stats here")
+    ap.add_argument("--profile", help="write the controller's cProfile stats here (the whole run)")
+    ap.add_argument("--py-spy", help="write py-spy's collapsed stacks of the measured window here")
+    ap.add_argument("--baseline", help="a JSON this tool wrote for another checkout (--code): its figures go "
+                                       "into this one's `baseline`, with the ratio of the headrooms")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     out = run(args)
+    if args.baseline:
+        base = json.loads(Path(args.baseline).read_text())
+        keep = ("headroom", "headroom_messages", "headroom_tokens", "headroom_closed_loop", "protocol",
+                "load_average_1min")
+        out["baseline"] = {**{k: base.get(k) for k in keep}, "file": args.baseline,
+                           "controller_main_thread_cpu_s_per_campaign_s":
+                               base["measured"]["controller_main_thread_cpu_s_per_campaign_s"],
+                           "controller_cpu_ms_per_1k_messages": base["measured"]["controller_cpu_ms_per_1k_messages"]}
+        out["headroom_over_baseline"] = round(out["headroom"] / max(1e-9, base["headroom"]), 2)
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -1,5 +1,5 @@
 """The controller's edge: frames in (guarded handling, one log line per refusal) and frames out
-(split by encoded size under `controller.max_frame_mb`, oversize items refused).
+(split by encoded size under `controller.max_frame_mb`, oversize items refused: transport/framing.py).
 
 A part of the `Controller` (`ctl.frames`), with counters for status.json and no socket of its
 own: the controller hands it the message handler, the data plane's refusals and what it sends.
@@ -8,7 +8,7 @@ own: the controller hands it the message handler, the data plane's refusals and 
   status.json's `dropped_frames`) and logged in one line naming its type and sender; the
   controller goes on. Refusals of the data plane (controller/validate.py) are logged one line
   each, the first LOG_FIRST of a kind, then one line per LOG_EVERY.
-- Out: `outgoing` splits a message into frames each under the limit (`protocol.split`); an
+- Out: `outgoing` splits a message into frames each under the limit (`framing.split`); an
   item that alone exceeds it is never sent, and the groups of such items are handed back for
   the caller to drop from the ledger ("oversize"), so what the ledger says was delivered or
   assigned is what was sent. `oversize_groups` finds ready groups that could never be sent,
@@ -17,14 +17,16 @@ own: the controller hands it the message handler, the data plane's refusals and 
     frames = Frames(log, max_frame_bytes=64 << 20, task=task)
     frames.guarded(ctl.handle, ident, msg)
     frames.log_refusals(dp.take_refusals(), ident)
-    parts, drop = frames.outgoing(ident, msg)    # drop: group ids to drop as "oversize"
+    data, drop, n = frames.outgoing(ident, msg)  # encoded frames; drop: group ids to drop as "oversize";
+                                                 # n: items of a SPLITTABLE message sent
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from laminar_hpc.controller.ledger import GroupLedger
-from laminar_hpc.transport.protocol import TYPE_NAMES, Groups, Message, fits, item_budget, split
+from laminar_hpc.transport.framing import SPLITTABLE, encode_split, fits, item_budget
+from laminar_hpc.transport.protocol import TYPE_NAMES, Groups, Message
 
 LOG_FIRST = 20  # refusals of a kind logged one by one, then one line per LOG_EVERY
 LOG_EVERY = 1000
@@ -78,19 +80,22 @@ class Frames:
                                  "trajectory", subject, ident or "?", _one_line(what, 500), more)
 
     # -- out ----------------------------------------------------------------------------------------
-    def outgoing(self, ident: str, msg: Message) -> tuple[list[Message], list[int]]:
-        """The frames to send for `msg`, and the groups of items too big to send at all."""
-        parts, refused = split(msg, self.max_frame_bytes)
-        if len(parts) > 1:
+    def outgoing(self, ident: str, msg: Message) -> tuple[list[bytes], list[int], int]:
+        """The frames to send for `msg` (encoded), the groups of items too big to send at all, and
+        how many items of a SPLITTABLE message the frames carry."""
+        frames, refused = encode_split(msg, self.max_frame_bytes)
+        if len(frames) > 1:
             self.frames_split += 1
+        name = SPLITTABLE.get(type(msg))
+        sent = len(getattr(msg, name)) - len(refused) if name else 0
         if not refused:
-            return parts, []
+            return frames, [], sent
         gids = sorted({x.group_id for x in refused if hasattr(x, "group_id")})
         self.oversize += len(refused)
         self.log.error("not sent to %s: %d item(s) of a '%s' message exceed the %d-byte frame limit alone%s; %s",
                        ident, len(refused), TYPE_NAMES.get(type(msg), "?"), self.max_frame_bytes,
                        f" (groups {gids} dropped as oversize)" if gids else "", HINT)
-        return parts, gids
+        return frames, gids, sent
 
     def oversize_groups(self, ledger: GroupLedger, credit: int) -> list[int]:
         """The ready groups among the next `credit` to deliver that alone exceed a frame (logged,

@@ -41,9 +41,13 @@ class MessageHandlers:
         rank = int(rank_s) if rank_s.isdigit() else -1
         rollout, trainer = role == "rollout", role == "trainer"
         match msg:  # the rollouts' traffic, most of all messages, first
-            case Stream(items=items) if rollout:
-                self.dp.stream_items(items, rollout=rank)
-                if any(it.version not in self.versions_seen for it in items):
+            case Stream(items=items, chunks=chunks) if rollout:
+                if chunks is not None:  # (a rollout's chunks, in columns)
+                    self.dp.stream_chunks(chunks, rollout=rank)
+                if items:  # (an episode's, one by one)
+                    self.dp.stream_items(items, rollout=rank)
+                seen = self.versions_seen
+                if (chunks is not None and chunks.version not in seen) or any(it.version not in seen for it in items):
                     self._track_versions()  # only a version not running before can raise the count
             case Finished(trajectory=traj) if rollout and traj.eval_round is not None:
                 self.evaluation.finished(traj, rank)  # evaluation work: never in the data plane
@@ -143,8 +147,9 @@ class MessageHandlers:
             if self.dp.refused["trajectories"] != refused:
                 return  # refused (logged by `receive`): not a finished trajectory
         self.finish_times.append(now)
+        spans = {"spans": [list(x) for x in traj.version_spans]} if traj.version_spans else {}  # several versions
         self.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, rollout=traj.rollout,
-                         tokens=len(traj.tokens), reward=traj.reward)
+                         tokens=traj.n_tokens, reward=traj.reward, **spans)
         if traj.version not in self.versions_seen:
             self._track_versions()
         self.versions_stale = True  # it may have been its version's last trajectory
@@ -198,7 +203,9 @@ class MessageHandlers:
 
     def _track_versions(self) -> None:
         # O(trajectories in flight): called when a version not seen running may have started, and
-        # once per loop after trajectories finished (versions_seen then forgets finished versions)
+        # at most every TRACK_VERSIONS_S after trajectories finished (versions_seen then forgets
+        # finished versions; until then it holds too many, which only delays forgetting them)
         self.versions_seen = self.dp.running_versions()
         self.versions_stale = False
+        self.versions_counted = time.monotonic()
         self.max_versions_in_flight = max(self.max_versions_in_flight, len(self.versions_seen))

@@ -66,6 +66,9 @@ from laminar_hpc.transport.security import server_keys
 
 HANDLE_BUDGET_S = 0.25  # the longest the loop handles messages before it schedules and writes its status
 ALL_REFUSED_STOP = 200  # prompts refused before any was admitted: the task cannot run with this config
+# finished versions are forgotten (an O(trajectories in flight) count) at most this often; a version
+# not running before is counted at once (handlers.py), so the peak of versions in flight is exact
+TRACK_VERSIONS_S = 1.0
 
 
 class Controller(MessageHandlers):
@@ -130,6 +133,7 @@ class Controller(MessageHandlers):
         self.max_versions_in_flight = 0
         self.versions_seen: set[int] = set()  # versions running at the last count (_track_versions)
         self.versions_stale = False  # a trajectory finished since that count
+        self.versions_counted = 0.0  # when (monotonic)
         self.finish_times: list[float] = []
         self.stop_reason: str | None = None
         self.trainer_done: tuple[str, float] | None = None  # (why, when): stop once the last evaluation is in
@@ -154,15 +158,14 @@ class Controller(MessageHandlers):
         before any message leaves: a controller that dies right after a send is rebuilt
         (recovery.py) with everything the roles were told, and nothing is done or trained twice."""
         self.wal.flush()
-        parts, oversize = self.frames.outgoing(ident, msg)  # frames under the limit (controller/frames.py)
+        frames, oversize, sent = self.frames.outgoing(ident, msg)  # encoded, under the limit (controller/frames.py)
         if oversize:  # journalled as delivered or assigned, never sent: the ledger must say so
             self.dp.ledger.drop(oversize, "oversize")
             self.wal.flush()
             if isinstance(msg, Assign) and ident.startswith("rollout-"):  # the slots charged for them are free
-                sent = sum(len(p.work) for p in parts)
                 self.rm.credit(int(ident.rpartition("-")[2]), len(msg.work) - sent)
-        for part in parts:
-            self.server.send(ident, part)
+        for frame in frames:
+            self.server.send_frame(ident, frame)
 
     def receive(self, ident: str, msg: Message) -> None:
         """What the loop calls for each frame: `handle`, guarded (a frame whose handling raises is
@@ -217,10 +220,11 @@ class Controller(MessageHandlers):
             for rank, work in list(ev.assign(self.rm.credits, held)):
                 self.rm.credit(rank, -len(work))
                 self.send(f"rollout-{rank}", Assign(work=work))
-        for rank, work in self.rm.assign(self.dp):
+        # every assignment journalled first: the first send writes their records at once (one write)
+        for rank, work in list(self.rm.assign(self.dp)):
             self.send(f"rollout-{rank}", Assign(work=work))
         if self.repack_on:
-            self.rm.repack(time.monotonic())
+            self.rm.repack(time.monotonic(), queued=len(self.dp.queue))
         if self.trainer_credit > 0 and self.dp.ledger.ready:
             while big := self.frames.oversize_groups(self.dp.ledger, self.trainer_credit):
                 self.dp.ledger.drop(big, "oversize")  # before they are journalled as delivered
@@ -275,7 +279,9 @@ class Controller(MessageHandlers):
             t=now, elapsed_s=now - self.t0, phase=self.phase, pid=os.getpid(), step=self.steps_trained,
             total_steps=self.cfg.trainer.total_steps, trainer_version=self.sync.trainer_version,
             relay_versions=dict(self.relay_versions), rollout_versions=self.sync.held(),
-            versions_in_flight=sorted(dp.running_versions()), max_versions_in_flight=self.max_versions_in_flight,
+            # the versions running at the last count: a new one at once, a finished one gone within
+            # TRACK_VERSIONS_S (counting them is O(trajectories in flight))
+            versions_in_flight=sorted(self.versions_seen), max_versions_in_flight=self.max_versions_in_flight,
             trajectories_per_s=len(recent) / min(10.0, max(1e-9, now - self.t0)),
             trajectories_finished=dp.trajectories_finished, tokens_generated=dp.tokens_generated,
             groups_consumed=lg.groups_consumed, groups_pending=lg.groups_pending,
@@ -298,6 +304,7 @@ class Controller(MessageHandlers):
 
     def final_stats(self) -> Status:
         """controller_stats.json: the last status with why it stopped and the ledger (no train metrics)."""
+        self._track_versions()
         return msgspec.structs.replace(self.status(), metrics={}, stop_reason=self.stop_reason,
                                        ledger=self.dp.ledger.summary())
 
@@ -338,11 +345,11 @@ def main(argv: list[str] | None = None) -> None:
                     break
                 got = ctl.server.recv(timeout_s=0.0)
             ctl.schedule()
-            if ctl.versions_stale:
+            if ctl.versions_stale and time.monotonic() - ctl.versions_counted >= TRACK_VERSIONS_S:
                 ctl._track_versions()
             ctl.wal.flush()
             if ctl.wal.wants_snapshot:
-                ctl.wal.start(ctl.dp.state_dict())
+                ctl.wal.start_forked(ctl.dp.state_dict)  # written by a child: this loop goes on
             if time.monotonic() - last_status >= cfg.controller.status_interval_s:
                 write_status(run_dir.status, ctl.status())
                 last_status = time.monotonic()

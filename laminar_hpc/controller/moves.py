@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from laminar_hpc.controller import validate
-from laminar_hpc.transport.protocol import Trajectory, WorkItem
+from laminar_hpc.transport.protocol import Trajectory, WorkItem, pack_logprobs, pack_tokens
 
 if TYPE_CHECKING:
     from laminar_hpc.controller.pools import Partial
@@ -55,7 +55,7 @@ class PartialMoves:
             if tid in self.queue:
                 continue
             p.rollout, p.t_assigned = None, None
-            if p.tokens and not p.gap:
+            if p.n_tokens and not p.gap:
                 out.append(p)
             else:
                 self._reset(p)
@@ -99,7 +99,8 @@ class PartialMoves:
 
     def _migrate(self, traj: Trajectory, dest: int, t: float = 0.0) -> WorkItem:
         p = self.partials[traj.traj_id]
-        p.tokens, p.logprobs, p.version = list(traj.tokens), list(traj.logprobs), traj.version
+        p.tokens, p.logprobs = [pack_tokens(traj.tokens)], [pack_logprobs(traj.logprobs)]
+        p.n_tokens, p.version = traj.n_tokens, traj.version
         p.version_spans = [tuple(s) for s in traj.version_spans] if traj.version_spans else None
         p.mask = list(traj.mask) if traj.mask is not None else None
         p.tool_calls, p.tool_errors = traj.tool_calls, traj.tool_errors

@@ -15,8 +15,10 @@ checkpoint loses them, and those groups are generated again under the same ids (
 controller keeps no copy: its memory and log stay bounded by what is in flight).
 
 Trajectories come and go as the protocol's shapes (transport/protocol.py): work goes out as
-`WorkItem`s, tokens arrive as `StreamItem`s, results as `Trajectory`s, which are kept as they
-arrived (no copy) and handed to the trainer in `Group`s.
+`WorkItem`s, tokens arrive as `StreamChunks` (controller/streams.py), results as `Trajectory`s,
+which are kept as they arrived (no copy) and handed to the trainer in `Group`s. Token arrays are
+the protocol's bytes (int32 ids, float32 log-probs; transport/tokens.py): a partial holds its
+prompt as bytes (shared by its group) and the chunks streamed to it as they came.
 
 Rows and trajectories are checked where they enter, before they are journalled (controller/
 validate.py, with the engines' `limits`): a prompt that cannot be generated from is refused at
@@ -27,7 +29,8 @@ Counts in `refused`; each refusal is queued for the caller's log (`take_refusals
     dp = DataPlane(problems=task.problem, tokenize=encode, group_size=8, max_new_tokens=24)
     dp.admit(4)                          # 4 prompt groups -> 32 queued trajectories (limits: refused skipped)
     work = dp.assign(rollout=0, n=8)     # -> list of WorkItems for that rollout
-    dp.stream("0.3", [5, 9], [-0.1, -0.2], version=2)
+    dp.stream("0.3", [5, 9], [-0.1, -0.2], version=2)   # (or bytes: protocol.pack_tokens)
+    dp.partials["0.3"].token_list()     # -> [5, 9]
     done_group = dp.finish(trajectory)   # group id once all of its samples are finished
     groups = dp.ledger.take_groups(2)    # complete Groups for the trainer, oldest first
     dp.ledger.trained([0, 1], step=1); dp.ledger.commit([0, 1])
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import msgspec
@@ -44,33 +47,42 @@ import msgspec
 from laminar_hpc.controller import validate
 from laminar_hpc.controller.ledger import GroupLedger, GroupRecord
 from laminar_hpc.controller.moves import PartialMoves
+from laminar_hpc.controller.trajqueue import TrajQueue
 from laminar_hpc.controller.validate import Limits
-from laminar_hpc.transport.protocol import StreamItem, Trajectory, WorkItem, record_version
+from laminar_hpc.controller.streams import StreamIntake
+from laminar_hpc.transport.protocol import (StreamChunks, StreamItem, Trajectory, WorkItem, logprob_list,
+                                            pack_logprobs, pack_tokens, token_list)
 
 # journal records that carry protocol shapes: read back from disk they are msgpack maps and become
 # structs again on replay (msgspec.convert passes a struct through: an in-memory journal replays as is)
 _RECORD_SHAPES = {"finish": ("traj", Trajectory), "migrate": ("traj", Trajectory),
-                  "stream": ("items", list[StreamItem])}
+                  "stream": ("items", list[StreamItem]), "chunks": ("chunks", StreamChunks)}
 
 MAX_REJECTIONS = 3  # refused results of one trajectory before its group is dropped (a broken rollout, or row)
 MAX_REFUSED_SCAN = 64  # refused prompts one `admit` call walks past (the next call goes on)
 REFUSED_PROBLEMS_KEPT = 20  # the last refused problems status.json lists
 
 
-@dataclass
+# slots: tens of thousands of partials, touched a few times a stream frame each (compact, and
+# attribute reads without a dict); eq=False: identity (`None in partials` compares no fields)
+@dataclass(eq=False, slots=True)
 class Partial:
     """A trajectory in the partial-response pool: queued, or running on `rollout` with the tokens
     streamed so far."""
     traj_id: str
     group_id: int
     problem: int
-    prompt: list[int]
+    prompt: bytes  # int32 ids (protocol.pack_tokens)
     max_new_tokens: int
     rollout: int | None = None
     version: int | None = None  # of its oldest token
-    version_spans: list[tuple[int, int]] | None = None  # several versions generated its tokens (protocol.record_version)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    # several versions generated its tokens (protocol.record_version)
+    version_spans: list[tuple[int, int]] | None = None
+    # the int32 ids streamed so far, in the chunks they came in (`token_bytes()`: joined), and
+    # their float32 log-probs alike
+    tokens: list[bytes] = field(default_factory=list)
+    logprobs: list[bytes] = field(default_factory=list)
+    n_tokens: int = 0
     t_assigned: float | None = None
     gap: bool = False  # a stream chunk was lost: its tokens cannot be continued elsewhere
     rejected: int = 0  # results refused so far (controller/validate.py)
@@ -79,19 +91,45 @@ class Partial:
     tool_calls: int = 0
     tool_errors: int = 0
 
+    def state(self) -> dict:
+        """Its fields for a snapshot, its chunks joined (`load_state_dict` reads it back)."""
+        out = {f: getattr(self, f) for f in _PARTIAL_FIELDS}
+        out["tokens"], out["logprobs"] = self.token_bytes(), self.logprob_bytes()
+        return out
+
+    def token_bytes(self) -> bytes:
+        if len(self.tokens) > 1:
+            self.tokens = [b"".join(self.tokens)]  # (one chunk from now on: the same tokens)
+        return self.tokens[0] if self.tokens else b""
+
+    def logprob_bytes(self) -> bytes:
+        if len(self.logprobs) > 1:
+            self.logprobs = [b"".join(self.logprobs)]
+        return self.logprobs[0] if self.logprobs else b""
+
+    def token_list(self) -> list[int]:
+        return token_list(self.token_bytes())
+
+    def logprob_list(self) -> list[float]:
+        return logprob_list(self.logprob_bytes())
+
     def work(self) -> WorkItem:
         w = WorkItem(traj_id=self.traj_id, group_id=self.group_id, problem=self.problem, prompt=self.prompt,
                      max_new_tokens=self.max_new_tokens)
-        if self.tokens:  # resumed elsewhere: keeps its tokens, log-probs, version and episode state
-            w.tokens, w.logprobs, w.version = self.tokens, self.logprobs, self.version
+        if self.n_tokens:  # resumed elsewhere: keeps its tokens, log-probs, version and episode state
+            w.tokens, w.logprobs, w.version = self.token_bytes(), self.logprob_bytes(), self.version
             w.version_spans = self.version_spans
             w.mask, w.tool_calls, w.tool_errors = self.mask, self.tool_calls, self.tool_errors
         return w
 
 
-class DataPlane(PartialMoves):
+_PARTIAL_FIELDS = tuple(f.name for f in fields(Partial))
+
+
+class DataPlane(PartialMoves, StreamIntake):
     """The three pools and the ledger; moving trajectories between rollouts (detach, place,
-    migrate, restart) is `PartialMoves` (controller/moves.py)."""
+    migrate, restart) is `PartialMoves` (controller/moves.py), taking streamed tokens
+    `StreamIntake` (controller/streams.py)."""
 
     def __init__(self, problems: Callable[[int], object], tokenize: Callable[[object], list[int]],
                  group_size: int, max_new_tokens: int, start_cursor: int = 0,
@@ -106,7 +144,7 @@ class DataPlane(PartialMoves):
         self.refused_problems: deque[int] = deque(maxlen=REFUSED_PROBLEMS_KEPT)
         self.refusals: list[tuple[str, object, str]] = []  # (kind, subject, what happened): for the caller's log
         self.cursor = start_cursor  # next problem index of the prompt pool
-        self.queue: deque[str] = deque()  # trajectories waiting for a rollout
+        self.queue = TrajQueue()  # trajectories waiting for a rollout (membership: a set lookup)
         self.partials: dict[str, Partial] = {}  # queued or running (partial-response pool)
         self.ledger = GroupLedger(self._log, forget=self._forget, regenerate=self._regenerate,
                                   drop_no_signal=drop_no_signal, max_no_signal_run=max_no_signal_run)
@@ -182,7 +220,7 @@ class DataPlane(PartialMoves):
 
     def _admit(self, n: int, prompts: dict[int, list[int]] | None = None) -> None:
         for _ in range(n):
-            prompt = prompts[self.cursor] if prompts else self.tokenize(self.problems(self.cursor))
+            prompt = pack_tokens(prompts[self.cursor] if prompts else self.tokenize(self.problems(self.cursor)))
             gid = self.ledger.next_group
             ids = [f"{gid}.{j}" for j in range(self.group_size)]
             self.ledger.add(GroupRecord(gid, self.cursor, ids))
@@ -192,7 +230,7 @@ class DataPlane(PartialMoves):
             self.cursor += 1
             self.groups_started += 1
 
-    def _new_partial(self, traj_id: str, group_id: int, problem: int, prompt: list[int]) -> Partial:
+    def _new_partial(self, traj_id: str, group_id: int, problem: int, prompt: bytes) -> Partial:
         return Partial(traj_id, group_id, problem, prompt, self.max_new_tokens)
 
     # -- rollout side ---------------------------------------------------------------------
@@ -215,53 +253,6 @@ class DataPlane(PartialMoves):
             p.rollout, p.t_assigned = rollout, t
             out.append(p.work())
         return out
-
-    def stream(self, traj_id: str, tokens: list[int], logprobs: list[float], version: int,
-               offset: int | None = None) -> None:
-        self.stream_items([StreamItem(traj_id=traj_id, tokens=tokens, logprobs=logprobs, version=version,
-                                      offset=offset)])
-
-    def stream_items(self, items: list[StreamItem], rollout: int | None = None) -> None:
-        """Tokens streamed by `rollout`. `offset` (tokens before the chunk) detects a lost chunk.
-        Chunks of trajectories that finished or moved on to another rollout are ignored."""
-        partials = self.partials
-        items = [it for it in items if it.traj_id in partials
-                 and (rollout is None or partials[it.traj_id].rollout == rollout)]
-        if items and self.limits is not None:
-            items = [it for it in items if self._stream_ok(it)]
-        if items:
-            self._log("stream", items=items)
-            self._stream(items)
-
-    def _stream_ok(self, it: StreamItem) -> bool:
-        p = self.partials[it.traj_id]
-        before = len(p.tokens) if it.offset is None else min(max(0, it.offset), len(p.tokens))
-        why = validate.tokens_refusal(it.tokens, it.logprobs, self.limits, prompt_len=len(p.prompt), before=before,
-                                      max_new_tokens=p.max_new_tokens) or validate.mask_refusal(it.mask, len(it.tokens))
-        if why is None:
-            return True
-        self.refused["stream_items"] += 1  # not journalled: nothing changed (a restart forgets these counts)
-        self.refusals.append(("stream", it.traj_id, f"{why}; chunk ignored"))
-        return False
-
-    def _stream(self, items: list[StreamItem]) -> None:
-        for it in items:
-            p = self.partials.get(it.traj_id)
-            if p is None:
-                continue
-            off = it.offset
-            if off is not None and off != len(p.tokens):
-                if off > len(p.tokens):
-                    p.gap = True  # a chunk went missing (controller restart): never continue these tokens
-                continue  # off < len: a chunk we already hold, re-sent
-            record_version(p, len(p.tokens), it.version)  # a chunk after a weight update: a new span
-            if it.mask is not None or p.mask is not None:  # an episode's observation tokens: mask 0
-                p.mask = (p.mask if p.mask is not None else [1] * len(p.tokens)) + \
-                    (list(it.mask) if it.mask is not None else [1] * len(it.tokens))
-            if it.tool_calls is not None:
-                p.tool_calls, p.tool_errors = it.tool_calls, it.tool_errors or 0
-            p.tokens.extend(it.tokens)
-            p.logprobs.extend(it.logprobs)
 
     def finish(self, traj: Trajectory, rollout: int | None = None) -> int | None:
         """Record a finished trajectory (sent by `rollout`); returns its group id if that completed
@@ -306,13 +297,13 @@ class DataPlane(PartialMoves):
         if traj.traj_id in self.queue:  # a late result of a requeued trajectory: it wins, the requeue is void
             self.queue.remove(traj.traj_id)
         self.trajectories_finished += 1
-        self.tokens_generated += len(traj.tokens)
+        self.tokens_generated += traj.n_tokens
         return self.ledger.finished(traj)
 
     @staticmethod
     def _reset(p: Partial) -> None:
         p.rollout, p.version, p.version_spans, p.t_assigned, p.gap = None, None, None, None, False
-        p.tokens, p.logprobs, p.mask, p.tool_calls, p.tool_errors = [], [], None, 0, 0
+        p.tokens, p.logprobs, p.n_tokens, p.mask, p.tool_calls, p.tool_errors = [], [], 0, None, 0, 0
 
     def _forget(self, traj_ids: list[str]) -> None:
         """The ledger dropped or kept their group: stop generating these (late results are ignored)."""
@@ -322,7 +313,7 @@ class DataPlane(PartialMoves):
 
     def _regenerate(self, g: GroupRecord) -> None:
         """The ledger lost a delivered group with the trainer: its samples again, first in the queue."""
-        prompt = self.tokenize(self.problems(g.problem))
+        prompt = pack_tokens(self.tokenize(self.problems(g.problem)))
         for tid in reversed(g.traj_ids):
             self.partials[tid] = self._new_partial(tid, g.group_id, g.problem, prompt)
             self.queue.appendleft(tid)
@@ -348,7 +339,7 @@ class DataPlane(PartialMoves):
                 # shallow copies: the WAL packs the state at once, before anything mutates it, so the
                 # token lists need no copy (dataclasses.asdict copies every element: seconds per snapshot
                 # under a long-tail load, during which the controller answered no one)
-                "partials": [dict(vars(p)) for p in self.partials.values()],
+                "partials": [p.state() for p in self.partials.values()],
                 "groups": [dict(vars(g)) for g in lg.groups.values()], "ready": list(lg.ready),
                 "trained_at": [[g, s] for g, s in lg.trained_at.items()], "committed": sorted(lg.committed),
                 "dropped": [[g, r] for g, r in lg.dropped.items()], "meta": self.meta,
@@ -362,11 +353,15 @@ class DataPlane(PartialMoves):
     def load_state_dict(self, s: dict) -> None:
         lg = self.ledger
         self.cursor, lg.next_group = s["cursor"], s["next_group"]
-        self.queue = deque(s["queue"])
+        self.queue = TrajQueue(s["queue"])
         self.partials = {p["traj_id"]: Partial(**p) for p in s["partials"]}
         for p in self.partials.values():  # read back from disk, (offset, version) pairs are lists
             if p.version_spans:
                 p.version_spans = [tuple(x) for x in p.version_spans]
+            # token arrays come back as bytes (lists from a log written before protocol 5)
+            p.prompt, toks, lps = pack_tokens(p.prompt), pack_tokens(p.tokens), pack_logprobs(p.logprobs)
+            p.tokens, p.logprobs = ([toks], [lps]) if toks else ([], [])
+            p.n_tokens = len(toks) >> 2
         # a snapshot read from disk holds the finished trajectories as maps
         finished = dict[str, Trajectory]
         lg.groups = {g["group_id"]: GroupRecord(**{**g, "finished": msgspec.convert(g["finished"], finished)})

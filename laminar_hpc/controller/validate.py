@@ -8,9 +8,11 @@ caller adds who sent it and what happens next).
 - A prompt (at admission): not empty, token ids inside the vocabulary, and room for at least
   one new token within the engines' sequence limit (`model.max_seq_len`, or vLLM's
   `max_model_len` when smaller): else every rollout it reaches raises on it.
-- Tokens from a rollout (a stream chunk, a finished or handed-back trajectory): ids inside the
-  vocabulary, one finite log-prob per token, no more than the work item's `max_new_tokens`, and
-  prompt + tokens within the sequence limit.
+- Tokens from a rollout (a stream chunk, a finished or handed-back trajectory): whole int32 ids
+  (protocol.pack_tokens) inside the vocabulary, one finite log-prob per token, no more than the
+  work item's `max_new_tokens`, and prompt + tokens within the sequence limit. A stream frame's
+  ids and log-probs are checked together (`buffers_ok`: numpy over its buffers), its lengths
+  per chunk.
 - A trajectory also belongs where it claims: the group, problem and prompt of the work the
   controller handed out under its id; a finished one reports no engine error.
 
@@ -24,7 +26,10 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from laminar_hpc.transport.protocol import Trajectory
+import numpy as np
+
+from laminar_hpc.transport.protocol import (StreamChunks, Trajectory, logprob_array, same_tokens, token_array,
+                                            token_count)
 
 FINISH_OK = (None, "eos", "length")
 TOO_LONG = "task.max_prompt_tokens"  # named in the refusal of a prompt over it (counted apart: prompts_too_long)  # any other `finish` is an error the rollout reported
@@ -59,17 +64,74 @@ class Expected(Protocol):
     """What the controller handed out under a trajectory id (a pools.Partial)."""
     group_id: int
     problem: int
-    prompt: list[int]
+    prompt: bytes  # protocol.pack_tokens
     max_new_tokens: int
 
 
-def _ids_refusal(ids: list[int], what: str, vocab: int | None) -> str | None:
-    if not ids or vocab is None:
+_BUFFERS = (bytes, bytearray, memoryview)
+
+
+def _ids_refusal(ids, what: str, vocab: int | None) -> str | None:
+    """Token ids (bytes of int32, or a list) inside [0, vocab)."""
+    if vocab is None or not ids:
         return None
-    lo, hi = min(ids), max(ids)  # in C: a long response costs two passes, no Python loop
+    if isinstance(ids, _BUFFERS):
+        arr = token_array(ids)
+        lo, hi = int(arr.min()), int(arr.max())
+    else:
+        lo, hi = min(ids), max(ids)  # in C: a long response costs two passes, no Python loop
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
         return f"{what} token id {bad} outside the vocabulary [0, {vocab})"
+    return None
+
+
+def _shape_refusal(tokens, logprobs) -> str | None:
+    for v, what in ((tokens, "token ids"), (logprobs, "log-probs")):
+        if isinstance(v, _BUFFERS) and len(v) % 4:
+            return f"{len(v)} bytes of {what} are not whole 4-byte values"
+    n, m = token_count(tokens), token_count(logprobs)
+    return None if n == m else f"{n} tokens but {m} log-probs"
+
+
+def _finite_refusal(logprobs) -> str | None:
+    if isinstance(logprobs, _BUFFERS):
+        # one sum over float64: NaN and +-inf survive it (a sum of finite float32 never overflows)
+        ok = not logprobs or math.isfinite(float(logprob_array(logprobs).sum(dtype=np.float64)))
+    else:  # one sum in C: NaN and +-inf survive it (a sum of finite log-probs that overflows is garbage too)
+        ok = not logprobs or math.isfinite(sum(logprobs))
+    return None if ok else "a log-prob is not finite"
+
+
+def buffers_ok(tokens: bytes, logprobs: bytes, limits: Limits) -> bool:
+    """Whether a frame's token buffer holds ids inside the vocabulary and its log-prob buffer only
+    finite values (one numpy pass each over every chunk of the frame; the caller checked their
+    lengths: `columns_refusal`). False: check its chunks one by one (`tokens_refusal`)."""
+    return _ids_refusal(tokens, "response", limits.vocab_size) is None and _finite_refusal(logprobs) is None
+
+
+def columns_refusal(ch: StreamChunks) -> str | None:
+    """Why the columns of a `StreamChunks` do not describe one chunk per trajectory id, or None."""
+    n = len(ch.traj_ids)
+    if len(ch.offsets) != 4 * n or len(ch.counts) != 4 * n:
+        return f"{len(ch.offsets)} bytes of offsets and {len(ch.counts)} of counts for {n} chunks (4 bytes each)"
+    counts = token_array(ch.counts)
+    if n and (counts.min() < 0 or token_array(ch.offsets).min() < 0):
+        return "a negative count or offset"
+    total = 4 * int(counts.sum(dtype=np.int64))
+    if len(ch.tokens) != total or len(ch.logprobs) != total:
+        return f"{len(ch.tokens)} bytes of tokens and {len(ch.logprobs)} of log-probs for {total // 4} tokens"
+    return None
+
+
+def length_refusal(n: int, limits: Limits, *, prompt_len: int, before: int, max_new_tokens: int) -> str | None:
+    """Why `n` more response tokens after `before` cannot be part of a response, or None."""
+    total = before + n
+    if total > max_new_tokens:
+        return f"{total} response tokens exceed its max_new_tokens={max_new_tokens}"
+    if limits.max_seq_len is not None and prompt_len + total > limits.max_seq_len:
+        return (f"prompt {prompt_len} + response {total} tokens exceed model.max_seq_len="
+                f"{limits.max_seq_len}")
     return None
 
 
@@ -87,24 +149,14 @@ def prompt_refusal(prompt: list[int], limits: Limits) -> str | None:
     return None
 
 
-def tokens_refusal(tokens: list[int], logprobs: list[float], limits: Limits, *, prompt_len: int, before: int,
+def tokens_refusal(tokens, logprobs, limits: Limits, *, prompt_len: int, before: int,
                    max_new_tokens: int) -> str | None:
     """Why `tokens` (after `before` response tokens already held, behind a prompt of
-    `prompt_len`) cannot be part of a response, or None."""
-    if len(logprobs) != len(tokens):
-        return f"{len(tokens)} tokens but {len(logprobs)} log-probs"
-    if (why := _ids_refusal(tokens, "response", limits.vocab_size)) is not None:
-        return why
-    # one sum in C: NaN and +-inf survive it (a sum of finite log-probs that overflows is garbage too)
-    if logprobs and not math.isfinite(sum(logprobs)):
-        return "a log-prob is not finite"
-    total = before + len(tokens)
-    if total > max_new_tokens:
-        return f"{total} response tokens exceed its max_new_tokens={max_new_tokens}"
-    if limits.max_seq_len is not None and prompt_len + total > limits.max_seq_len:
-        return (f"prompt {prompt_len} + response {total} tokens exceed model.max_seq_len="
-                f"{limits.max_seq_len}")
-    return None
+    `prompt_len`) cannot be part of a response, or None. Token arrays: bytes or lists."""
+    return (_shape_refusal(tokens, logprobs) or _ids_refusal(tokens, "response", limits.vocab_size)
+            or _finite_refusal(logprobs)
+            or length_refusal(token_count(tokens), limits, prompt_len=prompt_len, before=before,
+                              max_new_tokens=max_new_tokens))
 
 
 def trajectory_refusal(traj: Trajectory, expected: Expected, limits: Limits | None, *,
@@ -116,7 +168,7 @@ def trajectory_refusal(traj: Trajectory, expected: Expected, limits: Limits | No
                 f"{expected.group_id} / problem {expected.problem}")
     if limits is None:
         return None
-    if traj.prompt != expected.prompt:
+    if not same_tokens(traj.prompt, expected.prompt):
         return "its prompt is not the prompt it was handed out with"
     if traj.version < 0:
         return f"weight version {traj.version} is negative"
@@ -124,8 +176,8 @@ def trajectory_refusal(traj: Trajectory, expected: Expected, limits: Limits | No
         return why
     if finished and traj.finish not in FINISH_OK:
         return f"the rollout reported: {' '.join(traj.finish[:300].split())}"
-    return tokens_refusal(traj.tokens, traj.logprobs, limits, prompt_len=len(traj.prompt), before=0,
-                          max_new_tokens=expected.max_new_tokens) or mask_refusal(traj.mask, len(traj.tokens))
+    return tokens_refusal(traj.tokens, traj.logprobs, limits, prompt_len=traj.n_prompt, before=0,
+                          max_new_tokens=expected.max_new_tokens) or mask_refusal(traj.mask, traj.n_tokens)
 
 
 def spans_refusal(traj: Trajectory) -> str | None:
@@ -138,8 +190,8 @@ def spans_refusal(traj: Trajectory) -> str | None:
         return None
     starts, versions = [s[0] for s in spans], [s[1] for s in spans]
     if len(spans) < 2 or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) \
-            or starts[-1] > len(traj.tokens):
-        return f"version spans {spans[:8]} do not split its {len(traj.tokens)} tokens in order"
+            or starts[-1] > traj.n_tokens:
+        return f"version spans {spans[:8]} do not split its {traj.n_tokens} tokens in order"
     if any(a == b for a, b in zip(versions, versions[1:])) or min(versions) != traj.version:
         return f"version spans {spans[:8]} do not go with its version {traj.version}"
     return None

@@ -9,6 +9,10 @@ that depends on them, so a killed controller loses nothing it acted on; they rea
 (fsync) at least every `fsync_s`, which bounds what a node crash loses. Once a segment grows past
 `snapshot_bytes` and twice the last snapshot, or at each trainer checkpoint, the controller writes
 a new snapshot and a new segment and deletes the old ones: recovery replays at most one segment.
+The size-driven snapshots are written by a forked child (`start_forked`: the state as it is at
+the fork, copy-on-write) while the controller goes on: at 1,024 GPUs the state is a GB or more,
+and encoding and writing it in the controller's own loop took a third of its time
+(tools/bench_controller.py); until the child's snapshot is durable, the older files stay.
 
 The format is plain msgpack: records and snapshots are maps and arrays (a protocol struct in them,
 e.g. a finished `Trajectory`, is written as the same map it is on the wire) and are read back as
@@ -18,6 +22,7 @@ directory written before the typed protocol (dicts with the same keys) still rep
     wal = WriteAheadLog(run_dir / "wal", fsync_s=1.0, snapshot_bytes=64 << 20)
     state, records = wal.recover()          # (None, []) on a fresh run
     wal.start(dp.state_dict())              # snapshot + new segment
+    wal.start_forked(dp.state_dict)         # the same, written by a forked child
     wal.append("admit", {"n": 2}); wal.flush()
     if wal.error: ...                       # the disk refuses the log: admit nothing new
 
@@ -35,8 +40,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 import msgpack
 import msgspec
@@ -57,6 +64,35 @@ def _index(path: Path) -> int:
     return int(path.stem.split("-")[1])
 
 
+SNAPSHOT_WAIT_S = 300.0  # the longest a forked snapshot writer is waited for (at close, or before another)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """`data` as `path`, atomically (a temporary file, fsync, rename); raises OSError."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # NFS reports a full disk here too
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _sync_dir(root: Path) -> None:
+    dfd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 class WriteAheadLog:
     def __init__(self, root: Path, *, fsync_s: float = 1.0, snapshot_bytes: int = 64 << 20, retry_s: float = 1.0):
         self.root = Path(root)
@@ -74,6 +110,7 @@ class WriteAheadLog:
         self.snapshot_size = 0  # bytes of the newest snapshot
         self.last_sync = time.monotonic()
         self.records = 0
+        self._child: tuple[int, int, int, int] | None = None  # a forked snapshot writer: pid, pipe, index, failures
         self._encoder = msgspec.msgpack.Encoder()  # structs, dicts and lists (msgpack's own packer takes no structs)
 
     # -- recovery ---------------------------------------------------------------------------
@@ -118,52 +155,127 @@ class WriteAheadLog:
         """Write `state` as a snapshot covering everything appended so far and continue in a new
         segment. False (and `error` set) when the disk refused the snapshot: the old snapshot and
         segment stay in use, the records stay buffered, and `wants_snapshot` asks again later."""
+        if self._child is not None:
+            self._reap(wait_s=SNAPSHOT_WAIT_S)  # one snapshot at a time
         self.flush()  # what the old segment can take: it stays valid if the snapshot fails
         new = self.seg + 1
         snap = self.root / f"snapshot-{new:06d}.msgpack"
-        tmp = snap.with_suffix(".tmp")
         data = self._encoder.encode(state)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)  # NFS reports a full disk here too
-            os.replace(tmp, snap)
+            _write_file(snap, data)
         except OSError as err:
-            tmp.unlink(missing_ok=True)
             self._failed(err, f"snapshot {snap.name}", snapshot=True)
             return False
         # the snapshot holds every record appended so far: the old segment and the records still
         # in memory are covered by it (recovery starts from it and replays later segments only)
-        self.seg, self.snapshot_size = new, len(data)
+        self.snapshot_size = len(data)
         self.buf.clear()
         self.unwritten.clear()
-        self._close_segment()
-        self.size = 0
+        if not self._switch(new):
+            return False
         try:
-            self.fd = os.open(self.root / f"seg-{self.seg:06d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            dfd = os.open(self.root, os.O_RDONLY)
-            try:
-                os.fsync(dfd)  # the snapshot's name is durable before older files go
-            finally:
-                os.close(dfd)
+            _sync_dir(self.root)  # the snapshot's name is durable before older files go
         except OSError as err:
-            # records wait in memory (no segment) or the snapshot's name is not yet durable: keep the
-            # older files and take another snapshot once the disk allows
             self._failed(err, f"segment seg-{self.seg:06d}.log", snapshot=True)
             return False
         self._needs_snapshot = False
         self._check_clear()
+        self._forget_before(self.seg)
+        return True
+
+    def start_forked(self, make_state: Callable[[], dict]) -> bool:
+        """`start(make_state())`, the snapshot built and written by a forked child: the state as it
+        is at the fork (copy-on-write), at no cost to this process but the fork, which goes on at
+        once, appending to the new segment. Recovery is right at every moment: until the child's
+        snapshot is durable the previous snapshot and every segment after it stay (`_reap`, from
+        `wants_snapshot`, then removes them). False when a snapshot is still being written; a
+        failing log (or no fork) snapshots here, as `start`."""
+        if self._child is not None:
+            return False
+        self.flush()
+        if self.unwritten or self.buf or self.error is not None or self.fd is None or not hasattr(os, "fork"):
+            return self.start(make_state())
+        new = self.seg + 1
+        snap = self.root / f"snapshot-{new:06d}.msgpack"
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: encode and write the state as it was at the fork, say how it went, exit
+            code, msg = 0, ""
+            try:
+                data = self._encoder.encode(make_state())
+                _write_file(snap, data)
+                _sync_dir(self.root)
+                msg = str(len(data))
+            except OSError as err:
+                code, msg = 1, f"{err.errno} {err.strerror}"
+            except BaseException as err:  # noqa: BLE001 - a bug: the parent raises it
+                code, msg = 2, f"{type(err).__name__}: {err}"
+            try:
+                os.write(w, msg.encode()[:4000])
+            finally:
+                os._exit(code)  # no cleanup: the parent's sockets and files are not the child's to close
+        os.close(w)
+        self._child = (pid, r, new, self.failures)
+        self._switch(new)  # records from here on come after the snapshot
+        return True
+
+    def _switch(self, new: int) -> bool:
+        """Continue in segment `new` (the old one made durable and closed)."""
+        self._close_segment()
+        self.seg, self.size = new, 0
+        try:
+            self.fd = os.open(self.root / f"seg-{self.seg:06d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as err:
+            # records wait in memory (no segment): keep the older files and take another snapshot
+            # once the disk allows
+            self._failed(err, f"segment seg-{self.seg:06d}.log", snapshot=True)
+            return False
+        return True
+
+    def _forget_before(self, index: int) -> None:
         for old in [*self.root.glob("snapshot-*.msgpack"), *self.root.glob("seg-*.log")]:
-            if _index(old) < self.seg:
+            if _index(old) < index:
                 old.unlink(missing_ok=True)
         for stale in self.root.glob("snapshot-*.tmp"):  # a snapshot cut short by a kill
             stale.unlink(missing_ok=True)
-        return True
+
+    def _reap(self, wait_s: float = 0.0) -> None:
+        """Take the forked snapshot writer's result if it is done (waiting up to `wait_s`; past
+        that it is stopped and its snapshot does not count)."""
+        pid, r, new, failures = self._child
+        deadline = time.monotonic() + wait_s
+        while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+            if time.monotonic() >= deadline:
+                if wait_s <= 0:
+                    return
+                log.error("waited %.0fs for the write-ahead log's snapshot writer (pid %d) to write snapshot %d: "
+                          "stopped it; the previous snapshot and its segments stay in use", wait_s, pid, new)
+                os.kill(pid, signal.SIGKILL)
+                done = os.waitpid(pid, 0)
+                break
+            time.sleep(0.01)  # polling a child process
+        msg = os.read(r, 4096).decode(errors="replace")
+        os.close(r)
+        self._child = None
+        code = os.waitstatus_to_exitcode(done[1])
+        name = f"snapshot snapshot-{new:06d}.msgpack"
+        if code == 0:
+            self.snapshot_size = int(msg)
+            if self.failures == failures:  # (a failure since the fork asks for another snapshot still)
+                self._needs_snapshot = False
+            self._check_clear()
+            self._forget_before(new)
+        elif code == 1:
+            num, _, text = msg.partition(" ")
+            self._failed(OSError(int(num) if num.lstrip("-").isdigit() else errno.EIO, text), name, snapshot=True)
+        elif code == 2:
+            raise WalError(f"write-ahead log {self.root}: writing {name} failed: {msg}")
+        else:  # killed
+            self.failures += 1
+            self._failed_at = time.monotonic()
+            self._needs_snapshot = True
+            log.error("write-ahead log %s: the writer of %s ended with %s; another snapshot follows", self.root,
+                      name, f"signal {-code}" if code < 0 else f"code {code}")
 
     def append(self, op: str, args: dict) -> None:
         rec = self._encoder.encode((op, args))
@@ -218,6 +330,10 @@ class WriteAheadLog:
 
     @property
     def wants_snapshot(self) -> bool:
+        if self._child is not None:
+            self._reap()
+            if self._child is not None:
+                return False  # one is being written
         if self.error is not None and time.monotonic() - self._failed_at < self.retry_s:
             return False  # the disk refused a moment ago: do not rewrite the whole state in a loop
         if self._needs_snapshot:
@@ -239,7 +355,10 @@ class WriteAheadLog:
                 os.close(fd)
 
     def close(self) -> None:
-        """Flush and close; never raises for a full disk (records it cannot write are logged)."""
+        """Flush and close; never raises for a full disk (records it cannot write are logged). A
+        snapshot being written is waited for (SNAPSHOT_WAIT_S at most)."""
+        if self._child is not None:
+            self._reap(wait_s=SNAPSHOT_WAIT_S)
         self.flush()
         if self.unwritten or self.buf:
             log.error("write-ahead log %s: %d bytes of records could not be written before exit (%s)", self.root,

@@ -62,7 +62,7 @@ class Status(msgspec.Struct, kw_only=True):
     published: int = 0
     dropped_frames: int = 0  # malformed frames, refused hellos and frames whose handling failed
     relay_dropped_frames: int = 0
-    # validation where rows and frames enter (controller/validate.py) and leave (protocol.split)
+    # validation where rows and frames enter (controller/validate.py) and leave (transport/framing.py)
     handler_errors: int = 0  # frames that decoded but whose handling raised (dropped, in dropped_frames too)
     prompts_refused: int = 0  # problems whose prompt cannot be generated from: never sent to a rollout
     refused_problems: list[int] = []  # the last ones refused (problem indexes of the task)

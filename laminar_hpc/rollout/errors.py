@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from laminar_hpc.rollout.base import SeqRequest, StepOutput, run_alone
-from laminar_hpc.transport.protocol import Finished
+from laminar_hpc.transport.protocol import Finished, packed
 
 MAX_ENGINE_FAILURES = 3  # engine calls failing in a row with no request at fault: the engine is broken
 
@@ -88,7 +88,7 @@ class EngineErrors:
         traj.finish = f"error: {reason}"[:500]  # a reason quoting a huge request stays one line
         self.errors += 1
         self.ctx.log.warning("trajectory %s failed: %s", req.traj_id, traj.finish)
-        self.ctx.ctrl.send(Finished(trajectory=traj))
+        self.ctx.ctrl.send(Finished(trajectory=packed(traj)))
         self.ctx.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, t_start=traj.t_start,
                              t_end=traj.t_end, tokens=0, reward=None, error=traj.finish)
         self.credit_to_return += 1

@@ -44,8 +44,8 @@ from laminar_hpc.rollout.updates import build_updates
 from laminar_hpc.tasks import build_task
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import (
-    Assign, Finished, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, Stream,
-    StreamItem, Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, record_version,
+    Assign, Finished, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, StreamItem,
+    Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, packed, record_version, stream_frame, unpacked,
 )
 
 
@@ -136,7 +136,7 @@ class Rollout(EngineErrors, EpisodeTurns):
             return
         match msg:
             case Assign(work=work):
-                for w in work:
+                for w in map(unpacked, work):  # token arrays as lists here; packed again to send
                     if w.version is not None:  # a migrated trajectory: it goes first
                         self.queue.appendleft(w)
                     else:
@@ -180,7 +180,7 @@ class Rollout(EngineErrors, EpisodeTurns):
         in the engine any more: their results went out already)."""
         reqs = self.engine.abort(traj_ids) + self.episodes.take(traj_ids)  # tools running: re-run there
         if reqs:
-            self.ctx.ctrl.send(Migrated(dest=dest, trajectories=[self._partial(r) for r in reqs]))
+            self.ctx.ctrl.send(Migrated(dest=dest, trajectories=[packed(self._partial(r)) for r in reqs]))
             self.credit_to_return += len(reqs)
         self.ctx.tracer.emit("migrated_out", dest=dest, trajectories=len(reqs), asked=len(traj_ids),
                              traj_ids=[r.traj_id for r in reqs])
@@ -301,7 +301,7 @@ class Rollout(EngineErrors, EpisodeTurns):
 
     def send_scored(self) -> None:
         for traj in self.scoring.ready():
-            self.ctx.ctrl.send(Finished(trajectory=traj))
+            self.ctx.ctrl.send(Finished(trajectory=packed(traj)))
 
     def flush_streams(self) -> None:
         items = []
@@ -316,7 +316,7 @@ class Rollout(EngineErrors, EpisodeTurns):
                 items.append(item)
                 self.streamed[t] = self.streamed.get(t, 0) + len(toks)
         if items:
-            self.ctx.ctrl.send(Stream(items=items))
+            self.ctx.ctrl.send(stream_frame(items))  # in columns, token arrays as bytes
         self.stream_buf = {t: ([], []) for t in self.stream_buf}
         self.steps_since_flush = 0
 

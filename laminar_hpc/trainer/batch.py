@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
 import torch
 
 from laminar_hpc.trainer.loss import group_advantages
-from laminar_hpc.transport.protocol import Group, Trajectory
+from laminar_hpc.transport.protocol import Group, Trajectory, logprob_array, token_array, token_count
 
 
 @dataclass
@@ -78,9 +79,9 @@ def loss_mask(t: Trajectory) -> list[int]:
     None: every token is the model's). A mask of the wrong length or with other values is refused:
     it would silently train on what the environment wrote, or skip what the model did."""
     if t.mask is None:
-        return [1] * len(t.tokens)
-    if len(t.mask) != len(t.tokens):
-        raise ValueError(f"trajectory {t.traj_id}: {len(t.tokens)} tokens but a mask of {len(t.mask)}")
+        return [1] * t.n_tokens
+    if len(t.mask) != t.n_tokens:
+        raise ValueError(f"trajectory {t.traj_id}: {t.n_tokens} tokens but a mask of {len(t.mask)}")
     if any(m not in (0, 1) for m in t.mask):
         raise ValueError(f"trajectory {t.traj_id}: mask values must be 0 or 1")
     return list(t.mask)
@@ -88,7 +89,7 @@ def loss_mask(t: Trajectory) -> list[int]:
 
 def model_tokens(t: Trajectory) -> int:
     """How many of the trajectory's response tokens the model generated (those trained on)."""
-    return len(t.tokens) if t.mask is None else sum(1 for m in t.mask if m)
+    return t.n_tokens if t.mask is None else sum(1 for m in t.mask if m)
 
 
 def build_batch(groups: list[Group], pad_id: int = 0, *, adv_norm: str = "population-std", top_k: int = 0,
@@ -103,20 +104,22 @@ def build_batch(groups: list[Group], pad_id: int = 0, *, adv_norm: str = "popula
         raise ValueError(f"groups of unequal size {sorted(sizes)} cannot be normalised together")
     # float64 rewards: a fractional reward is not rounded to float32 before it is compared and centred
     adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), adv_norm).reshape(-1, 1).float()
-    seqs = [t.prompt + t.tokens for t in trajs]
+    # token arrays are the protocol's (int32 bytes, or lists): prompt + response as int64 ids
+    seqs = [np.concatenate((token_array(t.prompt), token_array(t.tokens))).astype(np.int64) for t in trajs]
     width = max(len(s) for s in seqs)
     n = len(seqs)
     full = torch.full((n, width), pad_id, dtype=torch.long)
     mask = torch.zeros(n, width - 1)
     blp = torch.zeros(n, width - 1)
     for i, (t, s) in enumerate(zip(trajs, seqs)):
-        full[i, :len(s)] = torch.tensor(s)
-        p, r = len(t.prompt), len(t.tokens)
-        if len(t.logprobs) != r:
-            raise ValueError(f"trajectory {t.traj_id}: {r} tokens but {len(t.logprobs)} log-probs")
+        full[i, :len(s)] = torch.from_numpy(s)
+        p, r = t.n_prompt, t.n_tokens
+        if token_count(t.logprobs) != r:
+            raise ValueError(f"trajectory {t.traj_id}: {r} tokens but {token_count(t.logprobs)} log-probs")
         m = torch.tensor(loss_mask(t), dtype=torch.float32)
         mask[i, p - 1:p - 1 + r] = m
-        blp[i, p - 1:p - 1 + r] = torch.where(m > 0, torch.tensor(t.logprobs, dtype=torch.float32), 0.0)
+        mu = torch.from_numpy(logprob_array(t.logprobs).astype(np.float32))  # (a copy: the frame's bytes are read-only)
+        blp[i, p - 1:p - 1 + r] = torch.where(m > 0, mu, 0.0)
     return Batch(full[:, :-1], full[:, 1:], mask, blp, adv,
                  torch.tensor([float(t.reward) for t in trajs]),
                  torch.tensor([t.version for t in trajs]), n_groups=len(groups), top_k=top_k, top_p=top_p,

@@ -41,8 +41,8 @@ def emulated_train_step(policy: EmulatedPolicy, groups: list[Group], *, version:
     trajs = [t for g in groups for t in g.trajectories]
     # the forward pass reads every token (an episode's environment tokens too); the loss, and the
     # `tokens` figure, count the model's only (as the torch backend's Batch.n_tokens)
-    response = sum(len(t.tokens) for t in trajs)
-    clock.spend(cost.train_s(response + sum(len(t.prompt) for t in trajs)))
+    response = sum(t.n_tokens for t in trajs)
+    clock.spend(cost.train_s(response + sum(t.n_prompt for t in trajs)))
     with torch.no_grad():
         policy.weights[: min(64, policy.weights.numel())] = (version + 1) % 256
         policy.updates += 1

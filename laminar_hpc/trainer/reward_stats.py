@@ -42,7 +42,7 @@ def episode_metrics(groups: list[Group]) -> dict[str, float | int]:
     trajs = [t for g in groups for t in g.trajectories]
     if not any(t.mask is not None or t.tool_calls > 0 for t in trajs):
         return {}
-    tokens = sum(len(t.tokens) for t in trajs)
+    tokens = sum(t.n_tokens for t in trajs)
     env = tokens - sum(model_tokens(t) for t in trajs)
     return {"tool_calls_mean": sum(t.tool_calls for t in trajs) / len(trajs),
             "tool_errors": sum(t.tool_errors for t in trajs),

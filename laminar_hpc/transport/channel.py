@@ -38,6 +38,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -221,16 +222,20 @@ class Server:
         return self._zap_check.rejected.get(self._zap_domain, 0) if self._zap_check else 0
 
     def recv(self, timeout_s: float) -> tuple[str, Message] | None:
-        """Next valid message as (sender identity, message), or None after `timeout_s`."""
+        """Next valid message as (sender identity, message), or None after `timeout_s`. A frame
+        already waiting is taken without a poll first (the controller takes thousands a second)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            left = max(0.0, deadline - time.monotonic())
-            if not self.poller.poll(int(left * 1000)):
-                return None
-            if self.keyed:  # frames, not bytes: each carries its connection's User-Id
-                got = self._decode_keyed(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
-            else:
-                got = self._decode(self.sock.recv_multipart(zmq.NOBLOCK))
+            try:
+                if self.keyed:  # frames, not bytes: each carries its connection's User-Id
+                    got = self._decode_keyed(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                else:
+                    got = self._decode(self.sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.poller.poll(math.ceil(left * 1000)):
+                    return None
+                continue
             if got is not None:
                 return got
 
@@ -278,6 +283,10 @@ class Server:
 
     def send(self, identity: str, msg: Message) -> None:
         self.sock.send_multipart([identity.encode(), encode(msg)])
+
+    def send_frame(self, identity: str, frame: bytes) -> None:
+        """A frame already encoded (protocol.encode_split): sent as it is."""
+        self.sock.send_multipart([identity.encode(), frame], copy=len(frame) < 65536)
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; `linger_ms` > 0 lets already-queued messages (a final 'stop') go out first."""

@@ -6,17 +6,23 @@ raises `DecodeError`, which receivers count and drop: a bad frame never crashes 
 Unknown fields are ignored, so a newer sender's extra field does not break an older receiver;
 incompatible changes bump `PROTOCOL_VERSION`, which travels in `Hello` and is checked by the
 controller (`version_mismatch`). Senders keep their frames under the receiver's limit with
-`split`: a message with a list of items (SPLITTABLE) over the limit goes as several of the
-same type; an item too big for any frame is handed back, never sent.
+`framing.split`: a message with a list of items over the limit goes as several of the same type.
 
 The three shapes that travel inside messages are defined once, here, and used by the
 controller's data plane, the rollout, the trainer's batch building and the write-ahead log:
 `Trajectory` (finished, or partial when handed back for repack), `WorkItem` (one trajectory
 to generate) and `StreamItem` (tokens streamed into the partial-response pool).
 
+Token arrays (a prompt, a response, its behaviour log-probs) travel as raw bytes, int32 and
+float32 little-endian, or as lists (transport/tokens.py); read them through the accessors, which
+take either: `t.n_tokens`, `t.token_list()`, `t.logprob_list()`, `t.prompt_list()`. A rollout
+streams the chunks of all its sequences as one `StreamChunks` (columns: ids, offsets, counts and
+one buffer of tokens; `stream_frame` builds it), so the controller handles a frame's chunks with
+a few buffer operations instead of one struct each.
+
     frame = encode(WantWork(credit=8, version=3))
     msg = decode(frame)          # -> WantWork(credit=8, version=3), or DecodeError
-    parts, refused = split(Groups(groups=gs), 64 << 20)   # frames each <= 64 MiB encoded
+    Finished(trajectory=packed(traj)); traj.n_tokens, traj.token_list()
     match msg:
         case WantWork(credit=c): ...
 """
@@ -26,8 +32,15 @@ from typing import Union
 
 import msgspec
 
+# the token-array helpers (transport/tokens.py), here too: every sender and receiver imports the protocol
+from laminar_hpc.transport.tokens import LOGPROB_DTYPE, TOKEN_DTYPE, LogProbs, TokenIds  # noqa: F401
+from laminar_hpc.transport.tokens import logprob_array, logprob_list, pack_items, pack_logprobs  # noqa: F401
+from laminar_hpc.transport.tokens import pack_tokens, packed, same_tokens, token_array  # noqa: F401
+from laminar_hpc.transport.tokens import token_count, token_list, unpacked  # noqa: F401
+
 MAX_FRAME_BYTES = 64 << 20
-PROTOCOL_VERSION = 4  # 1: the untyped dict protocol (no `protocol` in hello); 3: `Drops`; 4: version spans
+# 1: the untyped dict protocol (no `protocol` in hello); 3: `Drops`; 4: version spans; 5: token arrays as bytes
+PROTOCOL_VERSION = 5
 
 # values of the free-form maps (train metrics, log-event fields): scalars only, so that a frame
 # that decodes can always be written to status.json
@@ -42,15 +55,36 @@ class _Item(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A shape carried inside messages (no `type` tag)."""
 
 
-class Trajectory(_Item):
+class _TokenItem(_Item):
+    """A shape with token arrays: `tokens`, `logprobs` and (Trajectory, WorkItem) `prompt`."""
+
+    @property
+    def n_tokens(self) -> int:
+        return token_count(self.tokens)
+
+    @property
+    def n_prompt(self) -> int:
+        return token_count(self.prompt)
+
+    def token_list(self) -> list[int]:
+        return token_list(self.tokens)
+
+    def logprob_list(self) -> list[float]:
+        return logprob_list(self.logprobs)
+
+    def prompt_list(self) -> list[int]:
+        return token_list(self.prompt)
+
+
+class Trajectory(_TokenItem):
     """One trajectory, finished (reward, t_end, finish set) or partial (handed back for repack)."""
     traj_id: str
     group_id: int
     problem: int
     version: int  # the weight version of its oldest token (its staleness: AReaL's rule)
-    prompt: list[int]
-    tokens: list[int]
-    logprobs: list[float]  # behaviour log-probs, one per token
+    prompt: TokenIds
+    tokens: TokenIds
+    logprobs: LogProbs  # behaviour log-probs, one per token
     rollout: int
     t_start: float
     reward: float | None = None
@@ -74,15 +108,15 @@ class Trajectory(_Item):
     tool_errors: int = 0  # of which returned an error or timed out (the model saw it as its observation)
 
 
-class WorkItem(_Item):
+class WorkItem(_TokenItem):
     """One trajectory to generate; a resumed one carries its tokens, log-probs and version."""
     traj_id: str
     group_id: int
     problem: int
-    prompt: list[int]
+    prompt: TokenIds
     max_new_tokens: int
-    tokens: list[int] | None = None
-    logprobs: list[float] | None = None
+    tokens: TokenIds | None = None
+    logprobs: LogProbs | None = None
     version: int | None = None
     version_spans: list[tuple[int, int]] | None = None  # a resumed one's spans (Trajectory.version_spans)
     eval_round: int | None = None  # evaluation work: `problem` indexes the validation split
@@ -92,17 +126,49 @@ class WorkItem(_Item):
     tool_errors: int = 0
 
 
-class StreamItem(_Item):
+class StreamItem(_TokenItem):
     """Tokens of one trajectory since its last stream. `offset`: tokens before this chunk (a lost
     chunk is detected, never glued over)."""
+    prompt = None  # (none: `n_prompt` is 0)
     traj_id: str
-    tokens: list[int]
-    logprobs: list[float]
+    tokens: TokenIds
+    logprobs: LogProbs
     version: int
     offset: int | None = None
     mask: list[int] | None = None  # episodes: this chunk's loss mask (None: all the model's)
     tool_calls: int | None = None  # episodes: the counts so far, so a resume elsewhere keeps them
     tool_errors: int | None = None
+
+
+class StreamChunks(_Item):
+    """The chunks a rollout streams after an engine call, one per trajectory, in columns: chunk i
+    is trajectory `traj_ids[i]`'s `counts[i]` tokens after its first `offsets[i]`, at
+    tokens[sum(counts[:i]):][:counts[i]] (offsets, counts: int32; tokens int32, logprobs float32,
+    little-endian), all generated by `version`. An episode's chunks (a loss mask, tool counts)
+    travel as `StreamItem`s instead."""
+    version: int
+    traj_ids: list[str]
+    offsets: bytes
+    counts: bytes
+    tokens: bytes
+    logprobs: bytes
+
+    def __len__(self) -> int:
+        return len(self.traj_ids)
+
+    def items(self) -> list[StreamItem]:
+        """The chunks as `StreamItem`s (for tests and tools: the controller reads the columns).
+        Columns that do not fit together raise ValueError."""
+        offsets, counts = token_array(self.offsets).tolist(), token_array(self.counts).tolist()
+        if not len(offsets) == len(counts) == len(self.traj_ids) or min(counts, default=0) < 0 \
+                or 4 * sum(counts) != len(self.tokens) or len(self.tokens) != len(self.logprobs):
+            raise ValueError("stream chunks whose columns do not fit together")
+        out, a = [], 0
+        for tid, off, c in zip(self.traj_ids, offsets, counts):
+            out.append(StreamItem(traj_id=tid, tokens=self.tokens[a:a + 4 * c], logprobs=self.logprobs[a:a + 4 * c],
+                                  version=self.version, offset=off))
+            a += 4 * c
+        return out
 
 
 def record_version(t, offset: int, version: int) -> None:
@@ -172,7 +238,8 @@ class WantWork(Message, tag="want_work"):
 
 
 class Stream(Message, tag="stream"):
-    items: list[StreamItem]
+    items: list[StreamItem] = []  # chunks one by one (episodes: with their masks and tool counts)
+    chunks: StreamChunks | None = None  # the others, in columns (`stream_frame`)
 
 
 class Finished(Message, tag="finished"):
@@ -344,93 +411,26 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
         raise DecodeError(str(err)) from None
 
 
-# -- frames under the size limit, split on the sending side -----------------------------------
-# messages whose one list field may travel over several frames of the same type: each frame
-# then carries some of the items, and the receiver handles them as it handles one
-SPLITTABLE: dict[type[Message], str] = {Groups: "groups", Assign: "work", Stream: "items",
-                                        Migrated: "trajectories"}
-_ARRAY_HEADER_GROWTH = 4  # an empty list's header is 1 byte, a list's at most 5
+def stream_frame(items: list[StreamItem]) -> Stream:
+    """What a rollout sends for the chunks it streams (token arrays as lists or bytes): their
+    columns (`StreamChunks`) when they are plain (one version, offsets set, no episode fields),
+    else the items, packed."""
+    if items and all(it.offset is not None and it.mask is None and it.tool_calls is None for it in items) \
+            and len({it.version for it in items}) == 1:
+        toks = [token_list(it.tokens) for it in items]
+        lps = [logprob_list(it.logprobs) for it in items]
+        if all(len(t) == len(lp) for t, lp in zip(toks, lps)):
+            return Stream(chunks=StreamChunks(
+                version=items[0].version, traj_ids=[it.traj_id for it in items],
+                offsets=pack_tokens([it.offset for it in items]), counts=pack_tokens([len(t) for t in toks]),
+                tokens=pack_tokens([x for t in toks for x in t]),
+                logprobs=pack_logprobs([x for lp in lps for x in lp])))
+    return Stream(items=pack_items(items))
 
 
-def size_bound(obj) -> int:
-    """An upper bound of len(encode(obj)) from lengths alone (no encoding: a list of n ints or
-    floats counts 9 bytes each, a string 4 per character), for structs, lists, maps and scalars."""
-    if obj is None or isinstance(obj, bool):
-        return 1
-    if isinstance(obj, (int, float)):
-        return 9
-    if isinstance(obj, str):
-        return 5 + 4 * len(obj)
-    if isinstance(obj, (bytes, bytearray, memoryview)):
-        return 5 + len(obj)
-    if isinstance(obj, (list, tuple)):
-        if not obj:
-            return 1
-        if isinstance(obj[0], (int, float)) and not isinstance(obj[0], bool):
-            return 5 + 9 * len(obj)  # typed token / log-prob lists hold one scalar kind
-        return 5 + sum(size_bound(x) for x in obj)
-    if isinstance(obj, dict):
-        return 5 + sum(size_bound(k) + size_bound(v) for k, v in obj.items())
-    if isinstance(obj, msgspec.Struct):
-        n = 5 + (size_bound(obj.__struct_config__.tag) + 5 if isinstance(obj, Message) else 0)
-        for name in obj.__struct_fields__:
-            n += 5 + len(name) + size_bound(getattr(obj, name))
-        return n
-    raise TypeError(f"size_bound: {type(obj).__name__} is not a protocol value")
-
-
-def encoded_size(obj) -> int:
-    """The exact encoded size of a message or of a shape inside one."""
-    return len(_encoder.encode(obj))
-
-
-def fits(obj, max_bytes: int) -> bool:
-    """Whether `obj` encodes to at most `max_bytes`: from the bound when that settles it, else exactly."""
-    return size_bound(obj) <= max_bytes or encoded_size(obj) <= max_bytes
-
-
-def item_budget(msg: Message, max_bytes: int) -> int:
-    """The bytes one item of a SPLITTABLE message may take in a frame of at most `max_bytes`."""
-    name = SPLITTABLE[type(msg)]
-    envelope = encoded_size(msgspec.structs.replace(msg, **{name: []}))
-    return max_bytes - envelope - _ARRAY_HEADER_GROWTH
-
-
-def split(msg: Message, max_bytes: int) -> tuple[list[Message], list]:
-    """`msg` as frames of at most `max_bytes` each, and what cannot be sent at all.
-
-    A message that fits is returned as is (decided from `size_bound` where it can be, so the
-    common case encodes nothing twice). A SPLITTABLE one that does not is cut into several messages of the same type,
-    its items in order, each under the limit; an item that alone exceeds the limit is returned
-    in the second list (the caller refuses it and says so), never sent. Any other message over
-    the limit comes back whole in the second list.
-
-        parts, refused = split(Groups(groups=gs), 64 << 20)
-        for part in parts: server.send("trainer-0", part)
-    """
-    if fits(msg, max_bytes):
-        return [msg], []
-    name = SPLITTABLE.get(type(msg))
-    if name is None:
-        return [], [msg]
-    budget = item_budget(msg, max_bytes)
-    parts: list[list] = []
-    refused: list = []
-    current: list = []
-    used = 0
-    for item in getattr(msg, name):
-        n = encoded_size(item)  # exact: this is the rare case of a message over the limit
-        if n > budget:
-            refused.append(item)
-            continue
-        if current and used + n > budget:
-            parts.append(current)
-            current, used = [], 0
-        current.append(item)
-        used += n
-    if current:
-        parts.append(current)
-    return [msgspec.structs.replace(msg, **{name: p}) for p in parts], refused
+def stream_items(msg: Stream) -> list[StreamItem]:
+    """Every chunk of a stream frame as a `StreamItem` (its columns first, then its items)."""
+    return (msg.chunks.items() if msg.chunks is not None else []) + list(msg.items)
 
 
 def version_mismatch(hello: Hello, ident: str) -> str | None:

@@ -13,7 +13,7 @@ from helpers import MESSAGE_TYPES, messages, sample, strategy
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from laminar_hpc.transport import protocol
+from laminar_hpc.transport import framing, protocol
 from laminar_hpc.transport.protocol import DecodeError, Heartbeat, decode, encode
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -177,7 +177,8 @@ def test_valid_messages_round_trip(msg):
     assert decode(frame) == msg
     assert encode(decode(frame)) == frame
     # the wire format is plain msgpack: a peer without msgspec reads the same map
-    assert msgpack.unpackb(frame, raw=False) == msgspec.to_builtins(msg)
+    plain = msgspec.to_builtins(msg, builtin_types=(bytes,))  # (token arrays stay bytes; pairs become lists:)
+    assert msgpack.unpackb(frame, raw=False) == msgpack.unpackb(msgpack.packb(plain, use_bin_type=True), raw=False)
 
 
 @FUZZ
@@ -197,13 +198,13 @@ def test_round_trip_keeps_special_floats():
 # ---------------------------------------------------------------------------------------------
 # (d) frames under the limit, split on the sending side
 # ---------------------------------------------------------------------------------------------
-SPLIT_CASES = st.one_of(*(strategy(mi.type_info(cls)) for cls in protocol.SPLITTABLE))
+SPLIT_CASES = st.one_of(*(strategy(mi.type_info(cls)) for cls in framing.SPLITTABLE))
 
 
 @FUZZ
 @given(messages())
 def test_size_bound_is_never_below_the_encoded_size(msg):
-    assert protocol.size_bound(msg) >= len(encode(msg))
+    assert framing.size_bound(msg) >= len(encode(msg))
 
 
 def test_a_message_that_fits_is_sent_whole_even_when_its_item_exceeds_the_item_budget():
@@ -213,24 +214,24 @@ def test_a_message_that_fits_is_sent_whole_even_when_its_item_exceeds_the_item_b
                                  rollout=0, t_start=0.0)
     msg = protocol.Groups(groups=[protocol.Group(group_id=1, problem=1, trajectories=[traj])])
     limit = len(encode(msg))
-    assert protocol.encoded_size(msg.groups[0]) > protocol.item_budget(msg, limit)
-    assert protocol.split(msg, limit) == ([msg], [])
+    assert framing.encoded_size(msg.groups[0]) > framing.item_budget(msg, limit)
+    assert framing.split(msg, limit) == ([msg], [])
 
 
 @FUZZ
 @given(SPLIT_CASES, st.integers(16, 4096))
 def test_split_sends_every_item_that_fits_once_in_order_and_under_the_limit(msg, limit):
-    name = protocol.SPLITTABLE[type(msg)]
-    parts, refused = protocol.split(msg, limit)
+    name = framing.SPLITTABLE[type(msg)]
+    parts, refused = framing.split(msg, limit)
     assert all(type(p) is type(msg) and len(encode(p)) <= limit for p in parts)
     if len(encode(msg)) <= limit:  # a message that fits goes whole, whatever its items' budget
         assert parts == [msg] and refused == []
         return
     sent = [x for p in parts for x in getattr(p, name)]
     items = getattr(msg, name)
-    budget = protocol.item_budget(msg, limit)
-    assert sent == [x for x in items if protocol.encoded_size(x) <= budget]
-    assert refused == [x for x in items if protocol.encoded_size(x) > budget]
+    budget = framing.item_budget(msg, limit)
+    assert sent == [x for x in items if framing.encoded_size(x) <= budget]
+    assert refused == [x for x in items if framing.encoded_size(x) > budget]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,6 +263,9 @@ def _fuzz_controller(run_dir):
         def send(self, ident, msg):
             self.sent.append((ident, decode(encode(msg), self.max_frame_bytes)))  # as the receiving role would
 
+        def send_frame(self, ident, frame):
+            self.sent.append((ident, decode(frame, self.max_frame_bytes)))
+
         def close(self, linger_ms=0):
             pass
 
@@ -283,8 +287,8 @@ def _steps(draw, ctl):
     fields (tokens, log-probs, groups, prompts) drawn to be right or wrong."""
     sender = draw(st.sampled_from(SENDERS))
     ids = sorted(ctl.dp.partials)
-    kind = draw(st.sampled_from(["any", "crafted_map", "finished", "stream", "migrated"] if ids else
-                                ["any", "crafted_map"]))
+    kind = draw(st.sampled_from(["any", "crafted_map", "finished", "stream", "chunks", "columns", "migrated"] if ids
+                                else ["any", "crafted_map"]))
     if kind == "any":
         return sender, draw(messages())
     if kind == "crafted_map":
@@ -301,11 +305,28 @@ def _steps(draw, ctl):
     if kind == "stream":
         return sender, protocol.Stream(items=[protocol.StreamItem(traj_id=p.traj_id, tokens=tokens, logprobs=logprobs,
                                                                   version=draw(st.integers(-1, 3)),
-                                                                  offset=len(p.tokens))])
+                                                                  offset=p.n_tokens)])
+    if kind == "chunks":  # a rollout's frame in columns, its chunks right or wrong
+        picked = draw(st.lists(st.sampled_from(ids), min_size=1, max_size=4))
+        items = [protocol.StreamItem(traj_id=t, tokens=tokens, logprobs=logprobs[:n] + [-0.5] * (n - len(logprobs)),
+                                     version=draw(st.integers(0, 3)), offset=ctl.dp.partials[t].n_tokens
+                                     + draw(st.sampled_from([0, 0, 0, 1, -1]))) for t in picked]
+        for it in items:
+            it.version = items[0].version
+        frame = protocol.stream_frame(items)
+        assume(frame.chunks is not None)
+        return sender, frame
+    if kind == "columns":  # columns of any bytes, for real trajectories
+        k = draw(st.integers(0, 3))
+        return sender, protocol.Stream(chunks=protocol.StreamChunks(
+            version=draw(st.integers(-1, 3)), traj_ids=draw(st.lists(st.sampled_from(ids), min_size=k, max_size=k)),
+            offsets=draw(st.binary(max_size=16)), counts=draw(st.binary(max_size=16)),
+            tokens=draw(st.binary(max_size=32)), logprobs=draw(st.binary(max_size=32))))
     traj = protocol.Trajectory(
         traj_id=p.traj_id, group_id=draw(st.sampled_from([p.group_id, p.group_id + 1])),
         problem=draw(st.sampled_from([p.problem, p.problem + 1])), version=draw(st.integers(-1, 3)),
-        prompt=draw(st.sampled_from([list(p.prompt), list(p.prompt)[:-1]])), tokens=tokens, logprobs=logprobs,
+        prompt=draw(st.sampled_from([protocol.token_list(p.prompt), protocol.token_list(p.prompt)[:-1]])),
+        tokens=tokens, logprobs=logprobs,
         rollout=0, t_start=0.0, reward=draw(st.sampled_from([1.0, 0.0, None, math.nan])), t_end=1.0,
         finish=draw(st.sampled_from(["eos", "length", "error: engine failed", None])))
     if kind == "migrated":

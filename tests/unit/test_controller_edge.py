@@ -93,7 +93,7 @@ def test_unknown_fields_are_neither_stored_nor_forwarded(make):
     group = [work[f"0.{j}"] for j in range(4)]
     for w in group:
         rank = ctl.dp.partials[w.traj_id].rollout
-        traj = msgspec.to_builtins(result(w, [5, 6], rollout=rank, reward=1.0, finish="eos"))
+        traj = msgspec.to_builtins(result(w, [5, 6], rollout=rank, reward=1.0, finish="eos"), builtin_types=(bytes,))
         frame = msgpack.packb({"type": "finished", "smuggled": {"x": [1, 2]},
                                "trajectory": {**traj, "smuggled": "payload-xyz", "reward_override": 99.0}})
         ctl.receive(f"rollout-{rank}", protocol.decode(frame))
@@ -120,7 +120,7 @@ def test_a_prompt_too_long_for_the_model_is_refused_at_admission_with_its_row(ma
         ctl = make(tmp_path / "jsonl.yaml")
         work = _ready(ctl)
     assert work and all(w.problem % 3 != 1 for w in work.values())  # row 2 never reaches a rollout
-    assert all(len(w.prompt) + 1 <= 32 for w in work.values())
+    assert all(w.n_prompt + 1 <= 32 for w in work.values())
     st = ctl.status()
     assert st.prompts_refused >= 1 and st.refused_problems[0] == 1
     line = next(r.getMessage() for r in caplog.records if "refused the prompt" in r.getMessage())
@@ -137,7 +137,7 @@ def test_garbage_from_a_rollout_never_reaches_the_trainer(make):
     rank = ctl.dp.partials[bad.traj_id].rollout
     ctl.receive(f"rollout-{rank}", Stream(items=[StreamItem(traj_id=bad.traj_id, tokens=[7], logprobs=[math.nan],
                                                             version=0, offset=0)]))
-    assert ctl.dp.partials[bad.traj_id].tokens == []
+    assert not ctl.dp.partials[bad.traj_id].tokens
     for attempt in range(1, MAX_REJECTIONS + 1):
         _finish(ctl, bad, [5, 100])  # id 100: outside the vocabulary of 100
         ctl.receive(f"rollout-{rank}", WantWork(credit=1, version=0))  # its slot is free again

@@ -183,7 +183,7 @@ def test_a_repack_move_goes_to_its_destination_and_a_rejected_one_restarts(make)
     ctl.handle("rollout-0", Migrated(dest=1, trajectories=[moved]))
     ((to, msg),) = ctl.server.take()
     assert to == "rollout-1" and isinstance(msg, Assign)
-    assert [(w.traj_id, w.tokens, w.version) for w in msg.work] == [(moved.traj_id, [7, 8], 0)]
+    assert [(w.traj_id, w.token_list(), w.version) for w in msg.work] == [(moved.traj_id, [7, 8], 0)]
     ctl.handle("rollout-1", MigrateReject(traj_ids=[moved.traj_id]))
     assert ctl.dp.queue[0] == moved.traj_id and ctl.status().repack["migrations_restarted"] == 1
 
@@ -200,7 +200,7 @@ def test_a_dead_rollout_s_trajectories_continue_where_their_version_is_held(make
     assert {to for to, _ in sent} <= {"rollout-0", "rollout-1", "rollout-3"}
     placed = [w for _, m in sent for w in m.work]
     assert len(on2) == 2 and sorted(w.traj_id for w in placed) == sorted(w.traj_id for w in on2)
-    assert all(w.tokens == [5] and w.version == 3 for w in placed)
+    assert all(w.token_list() == [5] and w.version == 3 for w in placed)
     assert ctl.status().recovery["continued"] == len(on2)
 
 

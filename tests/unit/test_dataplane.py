@@ -9,7 +9,7 @@ import pytest
 
 from helpers import data_plane, problem, result, tokenize
 
-from laminar_hpc.transport.protocol import Group, StreamItem, WorkItem
+from laminar_hpc.transport.protocol import Group, StreamItem, WorkItem, token_list
 
 
 # ------------------------------------------------------------------------------------------
@@ -29,8 +29,8 @@ def test_admit_creates_groups_of_queued_trajectories():
         for tid in g.traj_ids:
             p = dp.partials[tid]
             assert p.group_id == gid and p.problem == g.problem
-            assert p.prompt == tokenize(problem(g.problem))
-            assert p.rollout is None and p.version is None and p.tokens == []
+            assert token_list(p.prompt) == tokenize(problem(g.problem))  # int32 bytes, shared by the group
+            assert p.rollout is None and p.version is None and not p.tokens
     # all trajectory ids are distinct across groups
     assert len(set(dp.queue)) == 12
     # a second admit continues the cursor and the group numbering
@@ -53,7 +53,7 @@ def test_assign_is_fifo_and_bounded():
         assert set(msgspec.to_builtins(w)) == {"traj_id", "group_id", "problem", "prompt", "max_new_tokens"}
         assert w.group_id == p.group_id
         assert w.problem == dp.ledger.groups[p.group_id].problem
-        assert w.prompt == tokenize(problem(w.problem))
+        assert w.prompt_list() == tokenize(problem(w.problem))
         assert w.max_new_tokens == 9
         assert p.rollout == 1 and p.t_assigned is not None
     assert [w.problem for w in first] == [5, 5, 6]
@@ -80,14 +80,14 @@ def test_stream_appends_and_records_first_version():
     dp.stream(tid, [5, 6], [-0.1, -0.2], version=3)
     dp.stream(tid, [7], [-0.3], version=4)  # weights changed mid-sequence: first version stays
     p = dp.partials[tid]
-    assert p.tokens == [5, 6, 7]
-    assert p.logprobs == [-0.1, -0.2, -0.3]
+    assert p.token_list() == [5, 6, 7]
+    assert p.logprob_list() == pytest.approx([-0.1, -0.2, -0.3])  # float32
     assert p.version == 3
     # unknown trajectory: ignored, nothing else touched
     dp.stream("99.9", [1], [-1.0], version=1)
     assert "99.9" not in dp.partials
     other = dp.partials[dp.ledger.groups[0].traj_ids[1]]
-    assert other.tokens == [] and other.version is None
+    assert not other.tokens and other.version is None
 
 
 def test_work_of_a_streamed_partial_carries_its_progress():
@@ -96,7 +96,7 @@ def test_work_of_a_streamed_partial_carries_its_progress():
     tid = dp.assign(0, 1)[0].traj_id
     dp.stream(tid, [4, 2], [-1.0, -2.0], version=6)
     w = dp.partials[tid].work()
-    assert w.tokens == [4, 2] and w.logprobs == [-1.0, -2.0] and w.version == 6
+    assert w.token_list() == [4, 2] and w.logprob_list() == [-1.0, -2.0] and w.version == 6
 
 
 def test_finish_returns_group_only_when_last_member_finishes():
@@ -267,9 +267,9 @@ def test_stream_chunks_from_a_rollout_that_lost_the_trajectory_are_ignored():
     dp.place(p.traj_id, 1)
     late = StreamItem(traj_id=w.traj_id, tokens=[9], logprobs=[-0.2], version=3, offset=1)
     dp.stream_items([late], rollout=0)  # from the old owner: ignored
-    assert dp.partials[w.traj_id].tokens == [5]
+    assert dp.partials[w.traj_id].token_list() == [5]
     dp.stream_items([late], rollout=1)  # from the new owner: appended
-    assert dp.partials[w.traj_id].tokens == [5, 9]
+    assert dp.partials[w.traj_id].token_list() == [5, 9]
 
 
 @pytest.mark.parametrize("trainer_says", ["trained", "holds"])

@@ -108,7 +108,7 @@ def test_a_finished_trajectory_with_garbage_is_regenerated_then_its_group_droppe
     for attempt in range(1, MAX_REJECTIONS):
         assert _finish_garbage(dp, "0.0") is None
         p = dp.partials["0.0"]
-        assert dp.queue[0] == "0.0" and p.tokens == [] and p.rollout is None and p.rejected == attempt
+        assert dp.queue[0] == "0.0" and not p.tokens and p.rollout is None and p.rejected == attempt
         ((kind, tid, what),) = dp.take_refusals()
         assert kind == "trajectory" and tid == "0.0" and "token id 500 outside the vocabulary [0, 100)" in what
         assert f"restarted from its prompt (refusal {attempt} of {MAX_REJECTIONS})" in what
@@ -159,7 +159,7 @@ def test_stream_chunks_with_garbage_are_ignored_and_counted():
            StreamItem(traj_id="0.0", tokens=[4] * 5, logprobs=[-0.1] * 5, version=0, offset=0)]  # > max_new_tokens
     ok = StreamItem(traj_id="0.1", tokens=[4, 5], logprobs=[-0.1, -0.2], version=0, offset=0)
     dp.stream_items([*bad, ok], rollout=0)
-    assert dp.partials["0.0"].tokens == [] and dp.partials["0.1"].tokens == [4, 5]
+    assert not dp.partials["0.0"].tokens and dp.partials["0.1"].token_list() == [4, 5]
     assert dp.refused["stream_items"] == 4 and [k for k, _, _ in dp.take_refusals()] == ["stream"] * 4
     assert rec[-1] == ("stream", {"items": [ok]})
 

@@ -32,23 +32,23 @@ def test_stream_offsets_append_ignore_resends_and_mark_gaps():
     a, b = _running(dp, 2)
     dp.stream(a, [1, 2], [-0.1, -0.2], version=3, offset=0)
     dp.stream(a, [3], [-0.3], version=4, offset=2)  # in order: appended, first version kept
-    assert dp.partials[a].tokens == [1, 2, 3] and dp.partials[a].logprobs == [-0.1, -0.2, -0.3]
+    assert dp.partials[a].token_list() == [1, 2, 3] and dp.partials[a].logprob_list() == pytest.approx([-0.1, -0.2, -0.3])
     assert dp.partials[a].version == 3
     dp.stream(a, [9, 9], [-0.9, -0.9], version=3, offset=1)  # re-sent (we hold 3 tokens): ignored
-    assert dp.partials[a].tokens == [1, 2, 3] and not dp.partials[a].gap
+    assert dp.partials[a].token_list() == [1, 2, 3] and not dp.partials[a].gap
     dp.stream(b, [5], [-0.5], version=3, offset=0)
     dp.stream(b, [7], [-0.7], version=3, offset=2)  # the chunk at offset 1 was lost
-    assert dp.partials[b].tokens == [5] and dp.partials[b].gap
+    assert dp.partials[b].token_list() == [5] and dp.partials[b].gap
     dp.stream(b, [8], [-0.8], version=3, offset=3)  # nor is anything after the hole appended
-    assert dp.partials[b].tokens == [5]
+    assert dp.partials[b].token_list() == [5]
     # the rollout dies: `a` continues with its tokens, `b` cannot and starts from its prompt
     detached = dp.requeue_rollout(0)
     assert [p.traj_id for p in detached] == [a]
     assert list(dp.queue) == [b]
     pb = dp.partials[b]
-    assert pb.tokens == [] and pb.logprobs == [] and pb.version is None and not pb.gap and pb.rollout is None
+    assert not pb.tokens and not pb.logprobs and pb.version is None and not pb.gap and pb.rollout is None
     w = dp.place(a, dest=1)
-    assert w.tokens == [1, 2, 3] and w.version == 3
+    assert w.token_list() == [1, 2, 3] and w.version == 3
     assert dp.assign(2, 1)[0].tokens is None  # b's work is the bare prompt again
 
 
@@ -60,7 +60,7 @@ def test_migrate_clears_a_gap():
     dp.stream(t, [5], [-0.5], version=1, offset=3)
     assert dp.partials[t].gap
     w = dp.migrate(make_traj(t, 0, [4, 4, 4, 5], version=1), dest=2)
-    assert w.tokens == [4, 4, 4, 5] and not dp.partials[t].gap
+    assert w.token_list() == [4, 4, 4, 5] and not dp.partials[t].gap
     assert [p.traj_id for p in dp.requeue_rollout(2)] == [t]  # continued, not restarted
 
 

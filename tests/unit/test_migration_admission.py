@@ -3,6 +3,7 @@ and the admission rules of the baseline modes (sync, one-step-off) next to lamin
 from __future__ import annotations
 
 import msgspec
+import pytest
 from helpers import data_plane, result
 
 from laminar_hpc.policy.scheduling import admission, barrier_admit, barrier_version
@@ -15,10 +16,11 @@ def test_migrate_keeps_tokens_logprobs_and_version_and_moves_the_owner():
     dp.stream(w.traj_id, [5, 6], [-0.1, -0.2], version=3)
     moved = msgspec.structs.replace(result(w, [5, 6, 7], version=3), logprobs=[-0.1, -0.2, -0.3])
     work = dp.migrate(moved, dest=4)
-    assert work.tokens == [5, 6, 7] and work.logprobs == [-0.1, -0.2, -0.3] and work.version == 3
+    assert work.token_list() == [5, 6, 7] and work.logprob_list() == pytest.approx([-0.1, -0.2, -0.3])  # float32
+    assert work.version == 3
     assert dp.partials[w.traj_id].rollout == 4
     dp.stream(w.traj_id, [8], [-0.4], version=3)  # the destination goes on from there
-    assert dp.partials[w.traj_id].tokens == [5, 6, 7, 8]
+    assert dp.partials[w.traj_id].token_list() == [5, 6, 7, 8]
     dp.finish(result(w, [5, 6, 7, 8, 9], version=3))
     assert dp.migrate(moved, dest=5) is None  # finished first: nothing to move, nothing duplicated
     assert dp.trajectories_finished == 1
@@ -30,7 +32,7 @@ def test_restart_puts_a_trajectory_back_first_from_its_prompt_once():
     first, *_ = dp.assign(rollout=0, n=3)
     dp.stream(first.traj_id, [5], [-0.1], version=2)
     assert dp.restart(first.traj_id) is True
-    assert dp.queue[0] == first.traj_id and dp.partials[first.traj_id].tokens == []
+    assert dp.queue[0] == first.traj_id and not dp.partials[first.traj_id].tokens
     assert dp.restart(first.traj_id) is False  # already queued: never twice
     assert dp.restart("no-such") is False
 

@@ -24,15 +24,15 @@ from laminar_hpc.transport.protocol import StreamItem, Trajectory
 
 # --- 1. replay determinism (in memory) ---
 
-@pytest.mark.parametrize("seed", [2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [2, 4, 5, 7])  # (seeds whose runs take every path below)
 def test_replay_of_the_journal_rebuilds_the_same_state(seed):
     rec = Recorder()
     dp = make_dp(journal=rec)
     drive_randomly(dp, random.Random(seed), 400)
     # the run must have exercised the interesting paths, or the equality below proves little
     ops = {op for op, _ in rec}
-    assert {"admit", "assign", "stream", "finish", "deliver", "trained", "commit", "drop", "requeue", "detach",
-            "place", "migrate", "restart", "trainer_sync", "note"} <= ops
+    assert {"admit", "assign", "stream", "chunks", "finish", "deliver", "trained", "commit", "drop", "requeue",
+            "detach", "place", "migrate", "restart", "trainer_sync", "note"} <= ops
     assert "bad_reward" in dp.ledger.dropped.values() and dp.ledger.committed
     again = replayed(rec)
     assert again.state_dict() == dp.state_dict()
@@ -254,9 +254,9 @@ def test_a_run_directory_of_the_untyped_protocol_still_replays(tmp_path):
     assert state is not None and len(records) == len(rec) - cut
     assert rebuilt.state_dict() == dp.state_dict()
     (g,) = rebuilt.ledger.take_groups(2)
-    assert g.group_id == 0 and [t.tokens for t in g.trajectories] == [[5, 6, 11], [7]]
+    assert g.group_id == 0 and [t.token_list() for t in g.trajectories] == [[5, 6, 11], [7]]
     assert all(isinstance(t, Trajectory) for t in g.trajectories)
-    assert rebuilt.partials[c.traj_id].tokens == [8, 9, 10] and rebuilt.partials[c.traj_id].rollout == 1
+    assert rebuilt.partials[c.traj_id].token_list() == [8, 9, 10] and rebuilt.partials[c.traj_id].rollout == 1
 
 
 
