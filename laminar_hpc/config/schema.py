@@ -99,6 +99,10 @@ class WarmupCfg(Section):
     min_steps: NonNegInt = 0
     eval_every: PosInt = 10
     eval_size: PosInt = 128
+    # a JSONL file of demonstrations (chat messages, tool calls included: laminar_hpc/tasks/demos.py):
+    # the warm-up learns their assistant turns instead of the task's gold answers, on a model.hf_path
+    # checkpoint too (which otherwise starts RL as it is)
+    data: str | None = None
 
 
 class VllmCfg(Section):
@@ -168,8 +172,9 @@ class ControllerCfg(Section):
     # holds the node-0 address the driver derived for one start. Each start derives it afresh from
     # this (launch/slurm.py cluster_host), so a requeue that moves node 0 binds the new node.
     configured_host: str | None = None
-    # curve: every connection proves the run's secret (ZeroMQ CURVE keys in run_dir/secrets, 0600);
-    # auto: curve whenever `host` is not a loopback address
+    # auto and curve (the same): every connection proves the run's secret (ZeroMQ CURVE keys in
+    # run_dir/secrets, 0600), on loopback too (other users share the node); none: no
+    # authentication (a warning in every role's log), for a machine no one else uses
     auth: Literal["auto", "curve", "none"] = "auto"
     wal_fsync_s: PosFloat = 1.0  # the write-ahead log reaches the disk at least this often
     wal_snapshot_mb: PosFloat = 64.0  # compact the log into a snapshot once it grows past this

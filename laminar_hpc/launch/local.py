@@ -18,7 +18,7 @@ from pathlib import Path
 from laminar_hpc.config import Config, save_config
 from laminar_hpc.launch.plan import RoleSpec, role_specs
 from laminar_hpc.launch.processes import mpi_env, role_env
-from laminar_hpc.launch.prepare import CampaignLock, prepare_run_dir
+from laminar_hpc.launch.prepare import prepare_run_dir
 from laminar_hpc.launch.signals import launcher_signals
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
 from laminar_hpc.metrics.progress import Progress
@@ -113,8 +113,9 @@ def run_local(cfg: Config, run_dir: Path, *, resume: bool = False, overwrite: bo
               progress: Progress | None = None) -> dict:
     run_dir = Path(run_dir)
     cfg = cfg.as_configured()  # an address a Slurm driver derived for an earlier start is not the user's
-    prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
-    # a closed terminal (SIGHUP) stops the campaign like Ctrl-C; the roles also hold the lock and
-    # stop themselves should this process die without a word (launch/runlock.py)
-    with launcher_signals(RunDir(run_dir).log("launcher")), CampaignLock(run_dir):
+    # the lock is taken before --overwrite removes anything and held to the end (no second launcher
+    # can start in between); a closed terminal (SIGHUP) stops the campaign like Ctrl-C; the roles
+    # also hold the lock and stop themselves should this process die without a word (launch/runlock.py)
+    lock = prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, hold=True)
+    with launcher_signals(RunDir(run_dir).log("launcher")), lock:
         return run_campaign(cfg, run_dir, local_command(cfg, run_dir), role_specs(cfg), progress=progress)

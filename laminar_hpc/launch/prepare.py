@@ -3,6 +3,8 @@
     prepare_run_dir(run_dir, resume=False, overwrite=False)   # create (0700), or refuse to touch
     with CampaignLock(run_dir):                                 # one live campaign per directory
         ...
+    with prepare_run_dir(run_dir, resume=False, overwrite=True, hold=True):  # emptied and run under one lock
+        ...
     check_resume_model(run_dir, cfg.model.model_dump())        # before any process starts
 
 The names inside the directory are `laminar_hpc.rundir.RunDir`'s.
@@ -14,40 +16,78 @@ import os
 import shutil
 from pathlib import Path
 
+from laminar_hpc.launch.ownership import check_ancestors, check_run_dir, make_private_dir
 from laminar_hpc.launch.runlock import LauncherLock, held_message, holder
 from laminar_hpc.rundir import RunDir, RunDirError
 
 __all__ = ["CampaignLock", "check_resume_model", "lock_holder", "prepare_run_dir"]
 
 
-def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, hold: bool = False) -> "CampaignLock | None":
     """Create the run directory (mode 0700) or refuse to touch an existing one.
 
     An existing non-empty directory is only reused with `resume` (continue it) or emptied
-    with `overwrite`; otherwise nothing in it is changed.
+    with `overwrite`; otherwise nothing in it is changed. A directory that is not ours alone
+    (launch/ownership.py: another user's, a symbolic link, open to group or others, under a
+    directory others may write) is refused before anything else, with one line.
+
+    `overwrite` empties it while holding the campaign's lock (everything but the lock file
+    goes), so two launchers cannot both empty it. With `hold` the lock is returned still held
+    (the caller runs the campaign under it: `with prepare_run_dir(..., hold=True):`), so no
+    other launcher can start between the removal and this campaign; otherwise None.
     """
     rd = RunDir.of(run_dir)
     run_dir = rd.path
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"run directory {run_dir} is a file, not a directory; pick another --run-dir")
+    if os.path.lexists(run_dir):
+        check_run_dir(rd)  # before even probing its lock: a directory someone else controls is not used
+    else:
+        check_ancestors(run_dir)
     who = holder(run_dir)
     if who is not None:  # say so first: --resume or --overwrite would not help
         raise RunDirError(held_message(run_dir, who))
-    exists = run_dir.exists() and any(run_dir.iterdir())
+    exists = run_dir.exists() and _holds_a_run(run_dir)
     if exists and not (resume or overwrite):
         raise RunDirError(f"run directory {run_dir} already holds a run; pass --resume to continue it "
                           f"or --overwrite to replace it")
     if resume and not rd.config.is_file():
         raise RunDirError(f"cannot resume: {run_dir} holds no config.yaml (was it a laminar run directory?); "
                           "check --run-dir, or start a new run without --resume")
-    if overwrite and exists:
-        with CampaignLock(run_dir):  # never wipe a directory a live campaign holds
-            pass
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(run_dir, 0o700)
-    for sub in RunDir.SUBDIRS:
-        (run_dir / sub).mkdir(exist_ok=True, mode=0o700)
+    make_private_dir(rd)
+    lock = CampaignLock(run_dir).__enter__() if hold or (overwrite and exists) else None
+    try:
+        if lock is not None and not (exists or resume or overwrite) and _holds_a_run(run_dir):
+            # a campaign ran here between the look above and the lock: still not ours to reuse
+            raise RunDirError(f"run directory {run_dir} already holds a run; pass --resume to continue it "
+                              f"or --overwrite to replace it")
+        if overwrite and exists:
+            _empty_but_lock(run_dir)  # under the lock: never a directory a live campaign holds
+        for sub in RunDir.SUBDIRS:
+            (run_dir / sub).mkdir(exist_ok=True, mode=0o700)
+    except BaseException:
+        if lock is not None:
+            lock.__exit__(None, None, None)
+        raise
+    if lock is not None and not hold:
+        lock.__exit__(None, None, None)
+        lock = None
+    return lock
+
+
+def _holds_a_run(run_dir: Path) -> bool:
+    return any(p.name != ".lock" for p in run_dir.iterdir())  # a lock file alone: an emptied directory
+
+
+def _empty_but_lock(run_dir: Path) -> None:
+    """Remove everything in run_dir except its lock file, whose POSIX locks (ours, held now) would
+    vanish with it: a launcher that opened the old file while a new one was made would hold a
+    lock on a file nobody else looks at."""
+    for entry in run_dir.iterdir():
+        if entry.name == ".lock":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)  # never follows symbolic links inside
+        else:
+            entry.unlink()
 
 
 def lock_holder(run_dir: Path) -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from laminar_hpc.config import Config, load_config
 from laminar_hpc.metrics.trace import Tracer
+from laminar_hpc.launch.ownership import check_run_dir
 from laminar_hpc.launch.runlock import RoleLock
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport import protocol
@@ -95,6 +96,7 @@ def setup_logging(name: str) -> logging.Logger:
 def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = True) -> RoleContext:
     name = f"{role}-{rank}"
     log = setup_logging(name)
+    check_run_dir(run_dir)  # before reading anything in it: a directory another user could change is refused
     cfg = load_config(RunDir(run_dir).config)
     rundir = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)
     RoleLock(rundir.path, grace_s=cfg.timeouts.shutdown_s).start_watch(log=log)  # stop if the launcher dies

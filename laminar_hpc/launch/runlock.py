@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from laminar_hpc.launch.ownership import check_run_dir
 from laminar_hpc.rundir import RunDir, RunDirError
 
 __all__ = ["Holder", "LauncherLock", "RoleLock", "filesystem_of", "held_message", "holder"]
@@ -181,6 +182,8 @@ class LauncherLock:
         self.fd: int | None = None
 
     def __enter__(self) -> "LauncherLock":
+        if self.fd is not None:  # taken already by this object (prepare_run_dir(hold=True)): held on
+            return self
         key = os.path.realpath(self.path)
         if key in _FDS:
             raise RunDirError(held_message(self.run_dir, Holder(os.getpid(), "launcher")))
@@ -234,7 +237,8 @@ class RoleLock:
     stop: the trainer checkpoints) and, if the process still lives `grace_s` later, SIGKILL.
     A role started without a launcher (a test, by hand), or where the launcher's lock is not
     visible (Lustre `-o localflock` or NFS `-o nolock` across nodes), does not watch: it cannot
-    tell a dead launcher from an invisible one. Never raises: a lock problem is logged."""
+    tell a dead launcher from an invisible one. A lock problem is logged, never raised; a run
+    directory that is not ours alone is (start_watch)."""
 
     def __init__(self, run_dir: Path, *, poll_s: float = POLL_S, grace_s: float | None = 60.0):
         self.path = RunDir.of(run_dir).lock
@@ -245,7 +249,10 @@ class RoleLock:
 
     def start_watch(self, on_orphaned: Callable[[], None] | None = None,
                     log: logging.Logger | None = None) -> bool:
-        """Take the role's lock; True when a watch on the launcher started."""
+        """Take the role's lock; True when a watch on the launcher started. First checks that the
+        run directory is ours alone (launch/ownership.py: RunDirError, the one exception this
+        raises), so every role, the controller included, refuses one another user could change."""
+        check_run_dir(self.path.parent)
         logger = log or _log
         key = os.path.realpath(self.path)
         if key in _FDS or not self.path.exists():  # this process holds it already / no launcher ran here

@@ -61,6 +61,8 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
         "max_versions_in_flight": ctl.max_versions_in_flight,
         "actor_stall_s_mean": sum(stalls) / len(stalls) if stalls else 0.0,
         "trainer_wait_s_total": sum(r["wait_s"] for r in rows),
+        # optimizer steps not taken because the loss or the gradient norm was not finite
+        "steps_skipped_nonfinite": sum(int(r.get("steps_skipped_nonfinite") or 0) for r in rows),
         "groups_dropped_staleness": rows[-1]["dropped_groups"] if rows else 0,
         "warmup": warm[-1] if warm else None,
         **eval_summary(objects),

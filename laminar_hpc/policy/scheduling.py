@@ -86,8 +86,10 @@ def keep_no_signal(dropped_in_a_row: int, max_in_a_row: int | None) -> bool:
     """Dynamic sampling's guard: after `max_in_a_row` no-signal groups dropped in a row (None: no
     limit), the next ones are kept and trained. Dropping and replacing without end would stall
     the run with no train step to show why (a reward that always fails, a task far too hard);
-    kept, they add nothing to the gradient but the steps go on and report their rewards and
-    failures. verl's DAPO recipe has the same guard (`max_num_gen_batches`) but raises instead."""
+    kept, the steps go on and report their rewards and failures. A kept group's advantages are
+    0, so its policy terms add nothing (a KL term does), but its tokens (or sequences) count in the loss's
+    normaliser (`trainer.loss_agg`): they dilute the gradient of the groups with signal in the
+    same step. verl's DAPO recipe has the same guard (`max_num_gen_batches`) but raises instead."""
     return max_in_a_row is not None and dropped_in_a_row >= max_in_a_row
 
 

