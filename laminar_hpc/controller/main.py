@@ -38,6 +38,7 @@ import uuid
 import msgspec
 
 from laminar_hpc.config import load_config
+from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.controller.evaluation import Evaluation
 from laminar_hpc.controller.frames import Frames
 from laminar_hpc.controller.handlers import MessageHandlers
@@ -109,7 +110,7 @@ class Controller(MessageHandlers):
                                send=self.send, emit=tracer.emit, trainer_version=meta.get("max_version", -1),
                                version_base=meta.get("version_base", -1))
         spec = MODES[cfg.mode]
-        scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" else 1.0
+        scale = rollout_backend(cfg).time_scale(cfg)
         interval = cfg.repack.interval_s * scale
         self.rm = RolloutManager(
             max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,

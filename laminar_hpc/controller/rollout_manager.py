@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterator
 
+from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.policy import consolidate, recovery, repack, scheduling
 from laminar_hpc.policy.repack import ReplicaState
 from laminar_hpc.transport.protocol import Assign, Message, Migrate
@@ -56,7 +57,7 @@ def move_expiry_s(interval_s: float, second: float = 1.0) -> float:
 def kv_capacity(cfg) -> int:
     """C_max, the KV tokens a replica holds: `repack.kv_capacity_tokens`, or by default every decode
     slot at the longest sequence its engine allows."""
-    longest = cfg.model.max_seq_len if cfg.rollout.backend == "torch" else cfg.rollout.max_new_tokens + 4096
+    longest = rollout_backend(cfg).longest_sequence(cfg)
     return cfg.repack.kv_capacity_tokens or cfg.rollout.max_batch * longest
 
 

@@ -28,6 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
+from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.transport.protocol import (StreamChunks, Trajectory, logprob_array, same_tokens, token_array,
                                             token_count)
 
@@ -49,15 +50,13 @@ def limits_for(cfg, vocab_size: int) -> Limits:
     the trainer's model, whatever generated) holds `model.max_seq_len`; vLLM its `max_model_len`.
     `vocab_size` is the tokenizer's; a checkpoint (`model.hf_path`) has its own rows, which count."""
     longest = getattr(cfg.task, "max_prompt_tokens", None)
-    if cfg.rollout.backend == "emulated":
+    spec = rollout_backend(cfg)
+    if spec.emulated:
         return Limits(vocab_size=vocab_size, max_prompt_tokens=longest)
     if cfg.model.hf_path:  # reads its config.json (and imports torch, as every role of such a run does)
         from laminar_hpc.model.factory import model_args
         vocab_size = model_args(cfg.model, vocab_size).vocab_size
-    seq = cfg.model.max_seq_len
-    if cfg.rollout.backend == "vllm" and cfg.rollout.vllm.max_model_len:
-        seq = min(seq, cfg.rollout.vllm.max_model_len)
-    return Limits(vocab_size=vocab_size, max_seq_len=seq, max_prompt_tokens=longest)
+    return Limits(vocab_size=vocab_size, max_seq_len=spec.max_seq_len(cfg), max_prompt_tokens=longest)
 
 
 class Expected(Protocol):

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.emulation.cost import lognormal_sigma
 from laminar_hpc.emulation.ideal import Ideal, config_moments, ideal_for_config
 
@@ -126,7 +127,7 @@ def campaign_traffic(cfg, *, cadence: str | None = None, ideal: Ideal | None = N
     `cadence`: "engine-call" (the emulated engine's macro steps; the default for an emulated
     rollout backend) or "decode-step" (an engine call is one decode step: a real engine)."""
     if cadence is None:
-        cadence = "engine-call" if cfg.rollout.backend == "emulated" else "decode-step"
+        cadence = "engine-call" if rollout_backend(cfg).emulated else "decode-step"
     if cadence not in CADENCES:
         raise ValueError(f"cadence {cadence!r}: use one of {', '.join(CADENCES)}")
     ide = ideal or ideal_for_config(cfg)

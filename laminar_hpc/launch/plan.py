@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from laminar_hpc.config import Config
+from laminar_hpc.config.backends import trainer_backend
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,9 @@ def trainer_tasks(cfg: Config) -> tuple[int, list[str]]:
     """The trainer step's task count and resources: one task per Megatron rank (tensor x pipeline x
     data parallel, each with its share of slurm.layout.trainer's CPUs and GPUs), else one task."""
     lay = cfg.slurm.layout
-    if cfg.trainer.backend != "megatron":
+    world = trainer_backend(cfg).ranks(cfg)
+    if world == 1:
         return 1, _res(lay.trainer)
-    m = cfg.trainer.megatron
-    world = m.tensor_parallel * m.pipeline_parallel * m.data_parallel
     if lay.trainer.cpus < world or lay.trainer.cpus % world:
         raise LayoutError(f"slurm.layout.trainer.cpus={lay.trainer.cpus} must be a multiple of the Megatron world "
                           f"size {world} (trainer.megatron tensor x pipeline x data parallel): one task per rank")

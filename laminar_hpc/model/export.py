@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from laminar_hpc.config import Config, ConfigError
+from laminar_hpc.config.backends import trainer_backend
 from laminar_hpc.config.schema import ModelCfg
 from laminar_hpc.rundir import CheckpointError, RunDir, checkpoint_name, checkpoint_step, newest_verified, verify
 
@@ -28,8 +29,8 @@ class Exported:
 def export_run(cfg: Config, rd: RunDir, *, step: int | None = None, live: bool = False, out: str | None = None,
                dtype: str | None = None) -> Exported:
     from laminar_hpc.model.hf import HFTokenizer, export_hf
-    if cfg.trainer.backend == "emulated":
-        raise ConfigError(f"{rd}: trainer.backend is emulated, so its versions are cost-model bytes, not a "
+    if not trainer_backend(cfg).has_model:
+        raise ConfigError(f"{rd}: trainer.backend is {cfg.trainer.backend}, so its versions are cost-model bytes, not a "
                           "model; there is nothing to export")
     model, tok, model_cfg, label = live_version(cfg, rd) if live else checkpoint_version(cfg, rd, step)
     path = Path(out) if out else rd.hf_dir / label

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 
+from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.transport.store_layout import rollout_dtype
 from laminar_hpc.transport.weight_store import digest_to_int, piece_digest
 
@@ -33,7 +34,7 @@ class Reshard:
 
     @classmethod
     def from_config(cls, cfg) -> "Reshard | None":
-        if cfg.rollout.backend == "emulated" or rollout_dtype(cfg) == cfg.trainer.publish_dtype:
+        if not rollout_backend(cfg).reshards(cfg, rollout_dtype(cfg)):
             return None
         from laminar_hpc.model.factory import build_tokenizer, model_args
         from laminar_hpc.model.weights import layout_for

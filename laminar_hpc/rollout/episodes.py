@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.rollout.base import SeqRequest
 from laminar_hpc.rollout.tool_runner import ToolRunner
 from laminar_hpc.tasks.base import Problem
@@ -41,7 +42,7 @@ class Episode:
 
 def episode_parts(cfg, tok):
     """(format, environment class, its args) for this config, or None without episodes."""
-    if cfg.rollout.backend == "emulated":
+    if rollout_backend(cfg).emulated:
         from laminar_hpc.emulation.episodes import EmulatedFormat, EmulatedToolEnv, episodes_enabled
         if episodes_enabled(cfg.emulation):
             return EmulatedFormat(), EmulatedToolEnv, {

@@ -31,6 +31,7 @@ from collections import deque
 from contextlib import contextmanager
 
 from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import MODES
@@ -61,7 +62,8 @@ class Rollout(EngineErrors, EpisodeTurns):
         self.scoring = Scoring(cfg, self.task, self.tok, ctx.tracer, ctx.log)
         # multi-turn episodes (tool calls beside the decode loop); an episode waiting for its
         # tools leaves the batch, so a rollout holds `capacity` trajectories for `max_batch` slots
-        max_len = cfg.model.max_seq_len if cfg.rollout.backend == "torch" else getattr(self.engine, "max_model_len", None)
+        # (vLLM's engine knows its own limit; the others' is the config's)
+        max_len = getattr(self.engine, "max_model_len", None) or rollout_backend(cfg).max_seq_len(cfg)
         self.episodes = Episodes(cfg, self.tok, ctx.tracer, max_len=max_len)
         extra = cfg.env.extra_episodes if cfg.env.extra_episodes is not None else self.engine.max_batch
         self.capacity = self.engine.max_batch + (extra if self.episodes.enabled else 0)

@@ -78,19 +78,27 @@ def find_local_relay(ctx: RoleContext) -> int:
 def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
     """The engine `rollout.backend` names, and the weight layout it loads (torch is imported
     only for the torch and vLLM engines: 32 emulated replicas start in a fraction of the time;
-    vllm only for the vLLM engine, whose layout of HF names comes from the model's shape)."""
-    seed = cfg.seed * 1000 + rank
-    if cfg.rollout.backend == "vllm":
-        from laminar_hpc.model.weights import layout_for
-        from laminar_hpc.rollout.vllm_engine import VllmEngine
-        layout = layout_for(model_args(cfg.model, tok.vocab_size), rollout_dtype(cfg))
-        return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
-    if cfg.rollout.backend == "emulated":
-        from laminar_hpc.emulation.weights import EmulatedWeights
-        from laminar_hpc.rollout.emulated import EmulatedEngine
-        layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
-        return EmulatedEngine(cfg.emulation, seed=seed, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
-                              max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed), layout
+    vllm only for the vLLM engine, whose layout of HF names comes from the model's shape). The
+    backend's rules are its spec's (config/backends.py); its builder is here (ENGINES)."""
+    return ENGINES[cfg.rollout.backend](cfg, cfg.seed * 1000 + rank, tok)
+
+
+def _vllm_engine(cfg, seed: int, tok):
+    from laminar_hpc.model.weights import layout_for
+    from laminar_hpc.rollout.vllm_engine import VllmEngine
+    layout = layout_for(model_args(cfg.model, tok.vocab_size), rollout_dtype(cfg))
+    return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
+
+
+def _emulated_engine(cfg, seed: int, tok):
+    from laminar_hpc.emulation.weights import EmulatedWeights
+    from laminar_hpc.rollout.emulated import EmulatedEngine
+    layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
+    return EmulatedEngine(cfg.emulation, seed=seed, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
+                          max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed), layout
+
+
+def _torch_engine(cfg, seed: int, tok):
     import torch
 
     from laminar_hpc.model.weights import WeightLayout
@@ -100,3 +108,7 @@ def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
                          temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                          seed=seed, device=cfg.rollout.device)
     return engine, WeightLayout.from_model(engine.model, rollout_dtype(cfg))
+
+
+# rollout.backend -> its builder (the backend's rules: config/backends.py ROLLOUT_BACKENDS, same keys)
+ENGINES = {"torch": _torch_engine, "vllm": _vllm_engine, "emulated": _emulated_engine}

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from laminar_hpc.config import load_config
+from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.emulation.cost import Z99
 from laminar_hpc.emulation.workload import complete_group_lengths, has_tools
 from laminar_hpc.metrics.summary import read_metrics
@@ -107,7 +108,7 @@ def calibrate(path: str | Path) -> Calibration:
     finished, admitted = {}, []
     for d in dirs:
         cfg = load_config(d / "config.yaml")
-        scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" and cfg.emulation.time_scale > 0 else 1.0
+        scale = rollout_backend(cfg).time_scale(cfg)
         prompt = cfg.task.prompt_tokens if cfg.task.type == "synthetic" else None
         prompts = []
         for e in read_run(d).events:

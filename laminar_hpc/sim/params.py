@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel
 from laminar_hpc.emulation.ideal import workload_moments
@@ -180,8 +181,7 @@ class SimParams:
     def from_config(cls, cfg, spec: ClusterSpec | None = None, length_mode: str = "exact") -> "SimParams":
         spec = spec or ClusterSpec()
         e = cfg.emulation
-        emulated = cfg.rollout.backend == "emulated"
-        scale = e.time_scale if emulated and e.time_scale > 0 else 1.0
+        scale = rollout_backend(cfg).time_scale(cfg)
         wall = 1.0 / scale  # one wall second of real overhead, in emulated seconds
         cost = CostModel(e)
         prompt = cfg.task.prompt_tokens if cfg.task.type == "synthetic" else spec.prompt_tokens
