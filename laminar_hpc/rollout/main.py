@@ -17,8 +17,12 @@ token ids outside its vocabulary), a sequence it gives up on (non-finite logits,
 per-request errors) and the request an engine call raised for (each retried alone) finish as
 error results (`fail`: finish "error: <why>", no reward, no tokens). The controller restarts
 such a trajectory from its prompt a bounded number of times, then drops its group
-(`invalid_trajectory`); no rollout ever ends on a poison item. That part lives in
-`laminar_hpc.rollout.errors` (`EngineErrors`, which `Rollout` inherits).
+(`invalid_trajectory`); no rollout ever ends on a poison item.
+
+The rollout is built of components that receive what they use: `EngineCalls` (the engine calls
+with error isolation, rollout/errors.py), `EpisodeTurns` (multi-turn episodes, rollout/
+episode_turns.py), `Scoring` (the reward pool, rollout/scoring.py) and the weight updates of its
+mode (rollout/updates.py).
 
     python -m laminar_hpc.rollout --run-dir runs/x --rank 0
 """
@@ -30,15 +34,15 @@ import time
 from collections import deque
 from contextlib import contextmanager
 
-from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.rollout.base import SeqRequest, StepOutput
 from laminar_hpc.rollout.episode_turns import EpisodeTurns
 from laminar_hpc.rollout.episodes import Episodes
-from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineErrors  # noqa: F401 - re-exported
+from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineCalls  # noqa: F401 - re-exported
 from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
 from laminar_hpc.rollout.scoring import Scoring
 from laminar_hpc.rollout.updates import build_updates
@@ -50,7 +54,7 @@ from laminar_hpc.transport.protocol import (
 )
 
 
-class Rollout(EngineErrors, EpisodeTurns):
+class Rollout:
     def __init__(self, ctx: RoleContext, relay: int):
         self.ctx = ctx
         cfg = ctx.cfg
@@ -80,7 +84,6 @@ class Rollout(EngineErrors, EpisodeTurns):
         self.credit_to_return = 0
         self.steps_since_flush = 0
         self.errors = 0  # trajectories finished as errors (refused or failed in the engine)
-        self.engine_failures = 0  # engine calls that raised since the engine last worked
         self.stopping = False
         # utilisation (wall seconds): generating, and idle or loading because of weights
         self.busy_s = 0.0
@@ -94,6 +97,10 @@ class Rollout(EngineErrors, EpisodeTurns):
         self.pins_versions = MODES[cfg.mode].pins_versions(cfg.rollout.refresh_in_flight)
         self.draining = False  # a newer version exists: finishing this version's trajectories first
         self.updates = build_updates(cfg, self)  # how this mode takes new weights
+        self.calls = EngineCalls(self.engine, ctx.log, busy=self.busy, outputs=self.handle, failed=self.fail,
+                                 at_call=self.episodes.at_call)
+        self.turns = EpisodeTurns(self.episodes, self.engine, self.scoring, self.running, self.eval_ids,
+                                  buffer=self.buffer, finish=self.finish, fail=self.fail)
         self.newest_seen = -1  # the relay's newest version when the loop last looked
         self.per_replica = MODES[cfg.mode].per_replica_refresh
         if hasattr(self.engine, "wake"):  # the emulated engine's macro steps end when something arrives
@@ -243,7 +250,7 @@ class Rollout(EngineErrors, EpisodeTurns):
                                  resumed_tokens=len(resumed))
             req = SeqRequest(w.traj_id, list(w.prompt), w.max_new_tokens, list(resumed),
                              list(w.logprobs or []), greedy=bool(w.greedy))
-            if self.episodes.enabled and self._start_episode(w, req):
+            if self.episodes.enabled and self.turns.start(w, req):
                 continue  # resumed with a call that never returned: its tools run first
             reqs.append(req)
         self.queue.extendleft(reversed(keep))
@@ -270,7 +277,7 @@ class Rollout(EngineErrors, EpisodeTurns):
                 self.fail(o.request, o.error)
             elif o.finished:
                 self.finish(o.request)
-        return self.to_tools(outs, outside) if self.episodes.enabled else set()
+        return self.turns.to_tools(outs, outside) if self.episodes.enabled else set()
 
     def finish(self, req: SeqRequest, kind: str | None = None, turn_over: bool = False) -> None:
         """A sequence ended: its slot is free at once; its reward is computed beside the decode
@@ -300,6 +307,34 @@ class Rollout(EngineErrors, EpisodeTurns):
         tools = {"tool_calls": traj.tool_calls, "tool_errors": traj.tool_errors} if self.episodes.enabled else {}
         self.ctx.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, t_start=traj.t_start,
                              t_end=traj.t_end, tokens=len(traj.tokens), **tools)
+
+    def add(self, reqs: list[SeqRequest]) -> None:
+        """Admit sequences into the engine (a resumed one is re-prefilled); refused or failing ones
+        finish as errors (`EngineCalls`)."""
+        self.calls.add(reqs)
+
+    def step(self) -> list[StepOutput]:
+        return self.calls.step()
+
+    def fail(self, req: SeqRequest, reason: str) -> None:
+        """Finish a trajectory that cannot be generated as an error result: finish "error: <why>",
+        no reward, no tokens (the controller restarts it from its prompt a bounded number of times)."""
+        traj = self._partial(req)
+        traj.tokens, traj.logprobs, traj.reward, traj.t_end = [], [], None, time.time()
+        traj.mask = None  # an episode restarts from its prompt
+        traj.finish = f"error: {reason}"[:500]  # a reason quoting a huge request stays one line
+        self.errors += 1
+        self.ctx.log.warning("trajectory %s failed: %s", req.traj_id, traj.finish)
+        self.ctx.ctrl.send(Finished(trajectory=packed(traj)))
+        self.ctx.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, t_start=traj.t_start,
+                             t_end=traj.t_end, tokens=0, reward=None, error=traj.finish)
+        self.credit_to_return += 1
+
+    def buffer(self, traj_id: str, tokens: list[int], logprobs: list[float]) -> None:
+        """Tokens of a trajectory for its next stream chunk."""
+        toks, lps = self.stream_buf.setdefault(traj_id, ([], []))
+        toks.extend(tokens)
+        lps.extend(logprobs)
 
     def send_scored(self) -> None:
         for traj in self.scoring.ready():
@@ -371,7 +406,7 @@ class Rollout(EngineErrors, EpisodeTurns):
             beat.tick()
             newest = self.newest_seen = self.weights.newest()
             if self.episodes.enabled:
-                self.episode_returns()
+                self.turns.returns()
             out_of_engine = self.episodes.out_of_engine()  # episodes of this version waiting for tools or a slot
             drain = self.updates.tick(newest)
             if self.updates.paused:  # partial-rollout's global update: wait for the others

@@ -57,7 +57,7 @@ def step_until(r: Rollout, done, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
         assert time.monotonic() < deadline, "the episodes did not get there in time"
-        r.episode_returns()
+        r.turns.returns()
         r.admit(draining=False)
         if r.engine.num_active():
             r.handle(r.step())

@@ -30,6 +30,11 @@ TORCH = ("configs/tiny.yaml", ("rollout.verify_checksum=false", "model.tie_embed
 EMULATED = ("configs/tiny-emulated.yaml", ())
 
 
+def use_engine(r: Rollout, engine) -> None:
+    """Replace a rollout's engine: its own and its components' reference (they receive it when built)."""
+    r.engine = r.calls.engine = r.turns.engine = engine
+
+
 @pytest.fixture
 def make(tmp_path):
     made, stores = [], []
@@ -38,7 +43,7 @@ def make(tmp_path):
         """A rollout (its engine replaced by `engine` if given) before its first weights."""
         r = Rollout(role_context("rollout", 0, tmp_path, config=config[0], overrides=config[1]), relay=0)
         if engine is not None:
-            r.engine = engine
+            use_engine(r, engine)
         made.append(r)
         return r
 
@@ -261,7 +266,7 @@ def test_a_request_an_engine_step_raises_for_fails_alone_and_a_broken_engine_end
     the rollout. An engine that raises for every sequence alone is broken, not the data: the role
     ends (its trajectories are requeued) instead of failing them all."""
     r = make(EMULATED)
-    r.engine = flaky(r, {"1.2"})
+    use_engine(r, flaky(r, {"1.2"}))
     make.publish(r)
     first = [work_item(i, group=1, prompt=(5, 6, 7), max_new_tokens=64) for i in range(4)]
     later = [work_item(i, group=2, prompt=(5, 6), max_new_tokens=64) for i in range(2)]
@@ -269,7 +274,7 @@ def test_a_request_an_engine_step_raises_for_fails_alone_and_a_broken_engine_end
     assert_error(done["1.2"], "engine step failed: RuntimeError: device-side assert")
     for w in first[:2] + first[3:] + later:
         assert_good(done[w.traj_id], r.tok.eos_id)
-    assert r.errors == 1 and r.engine_failures == 0
+    assert r.errors == 1 and r.calls.failures == 0
 
     r.engine.broken = True
     r.stopping = False
