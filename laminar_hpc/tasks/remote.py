@@ -30,9 +30,12 @@ import time
 from typing import Any, Callable
 
 from laminar_hpc.tasks.base import Problem, Response, RewardValue
-from laminar_hpc.tasks.rewards import RemoteError
 
 MAX_ANSWER_BYTES = 1 << 20  # a verifier's answer is a number or a few: more is garbage
+
+
+class RemoteError(Exception):
+    """The remote verifier failed after its retries; the Scorer (tasks/rewards.py) scores it 0 as "remote"."""
 
 
 def payload(problem: Problem, response: Response) -> bytes:

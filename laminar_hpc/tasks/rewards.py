@@ -51,6 +51,7 @@ from types import ModuleType
 from typing import Any
 
 from laminar_hpc.tasks.base import Problem, Response, RewardFn
+from laminar_hpc.tasks.remote import RemoteError  # noqa: F401 - scored as "remote"; re-exported
 from laminar_hpc.tasks.reward_signatures import NOT_APPLICABLE, BadReturn, SignatureError, adapt, detect
 from laminar_hpc.tasks.reward_values import Invalid, check_total, reduce_value
 
@@ -65,8 +66,6 @@ class RewardError(ValueError):
     """A reward that cannot be used; the message names the config key, the spec and what to do."""
 
 
-class RemoteError(Exception):
-    """The remote verifier failed after its retries (tasks/remote.py); scored as error "remote"."""
 
 
 @dataclass(frozen=True)
