@@ -37,8 +37,9 @@ from laminar_hpc.analysis.bubbles import concurrency
 from laminar_hpc.analysis.timeline import Timeline
 from laminar_hpc.metrics.goodput import CAUSES, attribute, hist_stats, lag_stats, lost_capacity
 from laminar_hpc.metrics.trace import RunTrace
+from laminar_hpc.policy.modes import MODES
 
-BARRIER = ("sync", "one-step-off")
+BARRIER = tuple(name for name, spec in MODES.items() if spec.barrier)
 FULL_BATCH = 0.9  # decode samples at >= 90% of max_batch count as full
 
 
@@ -160,7 +161,7 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
     if tl.has_tools:
         lost["tools"] = 0.0
     capacity = 0.0
-    barrier, laminar = mode in BARRIER, mode == "laminar"
+    barrier, laminar = MODES[mode].barrier, MODES[mode].per_replica_refresh
     pubs = sorted((p["t"], p["version"]) for p in tl.publishes if p["version"] is not None)
     newest = (np.array([t for t, _ in pubs]), np.maximum.accumulate([v for _, v in pubs]) if pubs else [])
     pub_first: dict[int, float] = {}

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Callable
 
 from laminar_hpc.policy import scheduling
+from laminar_hpc.policy.modes import MODES
 from laminar_hpc.transport.protocol import Message, Resume, UpdateWeights, WeightsSynced
 
 Send = Callable[[str, Message], None]
@@ -40,6 +41,7 @@ class WeightSync:
     def __init__(self, mode: str, *, rollouts: int, groups_per_step: int, send: Send,
                  emit: Callable[..., None] = _no_trace, trainer_version: int = -1, version_base: int = -1):
         self.mode, self.groups_per_step = mode, groups_per_step
+        self.spec = MODES[mode]  # what the mode decides (policy/modes.py)
         self.send, self.emit = send, emit
         self.versions = [-1] * rollouts  # the version each rollout holds (-1: none known, or dead)
         self.trainer_version = trainer_version  # the newest published
@@ -66,14 +68,14 @@ class WeightSync:
         self.trainer_version = version
         if self.version_base < 0:
             self.version_base = version
-        if self.mode == "partial-rollout" and version > self.version_base:
+        if self.spec.global_update and version > self.version_base:
             self._global_update(version, now)
 
     # -- once per scheduling round, after the round's admission is decided -------------------
     def tick(self, *, groups_started: int, in_flight: int, now: float) -> None:
-        if self.mode in scheduling.BARRIER_LAG:
+        if self.spec.barrier:
             self._barrier_updates(groups_started, in_flight)
-        elif self.mode == "partial-rollout":
+        elif self.spec.global_update:
             self._sync_done(now)
 
     def _barrier_updates(self, groups_started: int, in_flight: int) -> None:

@@ -25,6 +25,7 @@ import os
 import time
 from typing import Protocol
 
+from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.policy import refresh
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.rollout.base import RolloutEngine, SeqRequest
@@ -100,6 +101,7 @@ class GlobalUpdate:
     def __init__(self, host: UpdateHost, cfg):
         self.host, self.cfg = host, cfg
         self.keep_kv = cfg.partial_rollout.kv == "keep"
+        self.path = update_path(cfg)  # relay, or AReaL's: the file the trainer sent
         self.target_version = -1  # the version the controller told every replica to load
         self.resume_version = -1  # every replica holds this version: go on
         self.paused = False
@@ -128,7 +130,7 @@ class GlobalUpdate:
                                      version=engine.version, kv="keep" if self.keep_kv else "recompute")
                 self.pause_t0, self.pause_wait0 = time.monotonic(), host.weight_wait_s
             previous = engine.version
-            if self.cfg.partial_rollout.update_path != "relay":
+            if not self.path.via_relay:
                 self.load_sent_version(self.target_version)
             elif newest >= self.target_version:
                 host.pull(in_flight=self.keep_kv)
@@ -167,10 +169,8 @@ class GlobalUpdate:
                                "(trainer and rollout model configs disagree)")
         engine = host.engine
         clock = getattr(engine, "clock", None)
-        if clock is not None:
-            nominal = cfg.emulation.nominal_weight_gb * 1e9
-            clock.spend(pr.broadcast_s(nominal, cfg.rollout.count) if pr.update_path == "broadcast"
-                        else pr.filesystem_read_s(nominal, cfg.rollout.count))
+        if clock is not None:  # an emulated engine spends its share of the modelled transfer
+            clock.spend(self.path.receive_s(pr, cfg.emulation.nominal_weight_gb * 1e9, cfg.rollout.count))
         old = engine.version
         engine.load_weights(v, memoryview(buf), host.layout, checksum=False, in_flight=self.keep_kv)
         engine.version = v

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from laminar_hpc.emulation.ideal import ideal_for_config
 from laminar_hpc.metrics.goodput import lost_capacity
-from laminar_hpc.policy import scheduling
+from laminar_hpc.policy.modes import MODES
 
 SAMPLES_PER_STEP = 100
 INDEX = {c: i for i, c in enumerate(("failures", "weights", "drain", "dispatch", "admission", "long_tail",
@@ -54,9 +54,8 @@ class Observer:
         cfg = sim.cfg
         step = cfg.trainer.groups_per_step * cfg.trainer.group_size / max(1e-9, self.ideal["trajectories_per_s"])
         self.dt = dt or max(1e-3, step / SAMPLES_PER_STEP)
-        self.barrier = cfg.mode in scheduling.BARRIER_LAG
-        self.laminar = cfg.mode == "laminar"
-        self.partial = cfg.mode == "partial-rollout"
+        spec = MODES[cfg.mode]
+        self.barrier, self.laminar, self.partial = spec.barrier, spec.per_replica_refresh, spec.global_update
         self.pending_weights_s = 0.0  # re-prefill time since the last sample
         top = max(1, cfg.rollout.max_batch)
         self.loss = [lost_capacity(n, self.ideal) for n in range(top + 1)]

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel
 from laminar_hpc.emulation.ideal import workload_moments
 from laminar_hpc.emulation.workload import EpisodePlan, workload_for
+from laminar_hpc.policy.modes import MODES
 from laminar_hpc.transport.weight_store import CHECKSUM_PIECE
 
 
@@ -83,7 +85,7 @@ class Lengths:
     own plans (`plans`), whatever the mode."""
 
     def __init__(self, lengths, *, seed: int, cap: int, mode: str = "exact", empirical: list[int] | None = None):
-        self.cfg, self.seed, self.cap, self.mode = lengths, seed, cap, mode
+        self.cfg, self.seed, self.cap, self.draws = lengths, seed, cap, mode
         self.empirical = np.asarray(sorted(empirical), dtype=np.int64) if empirical else None
         self.rng = np.random.default_rng([seed, 0x51A])
         self.hi = int(min(cap, lengths.max_tokens))
@@ -93,7 +95,7 @@ class Lengths:
     def draw(self, traj_ids: list[str]) -> list[int]:
         if self.empirical is not None:
             return np.minimum(self.rng.choice(self.empirical, size=len(traj_ids)), self.hi).tolist()
-        if self.mode == "exact":
+        if self.draws == "exact":
             wl = self.workload
             return [wl.length(seed=self.seed, traj_id=t, cap=self.cap) for t in traj_ids]
         return self.workload.draw_fast(self.rng, len(traj_ids), self.cap).tolist()
@@ -124,23 +126,15 @@ def areal_update(cfg, spec: ClusterSpec, relay_pull_s: float, real_copy_s: float
     once (`filesystem_read_s`, sharing the filesystem's aggregate bandwidth), then the engine loads.
     `relay_pull_s` (the engine's load, plus the real bytes' copy of an emulated run) ends both, as in
     the relay path; an emulated run also writes and reads its real bytes (`real_copy_s` each, wall)."""
-    pr = cfg.partial_rollout
-    if cfg.mode != "partial-rollout" or pr.update_path == "relay":
+    pr, path = cfg.partial_rollout, update_path(cfg)
+    if not MODES[cfg.mode].global_update or path.via_relay:
         return None
-    nbytes = cfg.emulation.nominal_weight_gb * 1e9
-    if pr.update_path == "broadcast":
-        share = pr.broadcast_s(nbytes, cfg.rollout.count * spec.rollout_tp)
-        send, ready = real_copy_s + share, real_copy_s
-        how = (f"trainer broadcast of nominal_weight_gb at {pr.broadcast_gbps} GB/s + {pr.broadcast_hop_us} us per "
-               f"receiving GPU per {pr.broadcast_bucket_mb:g} MB bucket, blocked; rollouts receive as long")
-    else:
-        share = pr.filesystem_read_s(nbytes, cfg.rollout.count)
-        send = ready = real_copy_s + pr.filesystem_write_s(nbytes)
-        how = (f"trainer writes nominal_weight_gb at min({pr.filesystem_write_gbps}, {pr.filesystem_client_gbps}) "
-               f"GB/s, blocked; each replica reads it at min({pr.filesystem_client_gbps}, {pr.filesystem_read_gbps} / "
-               f"{cfg.rollout.count}) GB/s")
-    return {"path": pr.update_path, "send_s": send, "ready_s": ready, "pull_s": share + relay_pull_s,
-            "source": how + ", then the engine's load as on the relay path"}
+    nbytes, replicas = cfg.emulation.nominal_weight_gb * 1e9, cfg.rollout.count
+    ready = real_copy_s + path.write_s(pr, nbytes)  # written (or, broadcasting, nothing to write first)
+    send = ready + path.send_s(pr, nbytes, replicas, spec.rollout_tp)
+    share = path.receive_s(pr, nbytes, replicas, spec.rollout_tp)
+    return {"path": path.name, "send_s": send, "ready_s": ready, "pull_s": share + relay_pull_s,
+            "source": path.describe(pr, replicas) + ", then the engine's load as on the relay path"}
 
 
 @dataclass

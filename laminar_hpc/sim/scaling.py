@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from laminar_hpc.config.update_paths import UPDATE_PATHS
 from laminar_hpc.sim.cluster import simulate
 from laminar_hpc.sim.params import ClusterSpec, SimParams
 from laminar_hpc.sim.presets import base_gpus, scale_cluster
@@ -65,7 +66,7 @@ EXACT_LIMIT = 200_000  # `auto` lengths: the runtime's own draws (~25 us each) u
 def variant_overrides(name: str, update_path: str = "relay") -> list[str]:
     """The overrides of variant `name`; partial-rollout-areal takes `update_path` (the config's) when
     it is not the relay, else AReaL's default."""
-    path = update_path if update_path != "relay" else AREAL_UPDATE_PATH
+    path = AREAL_UPDATE_PATH if UPDATE_PATHS[update_path].via_relay else update_path
     return [f"partial_rollout.update_path={path}" if o == f"partial_rollout.update_path={AREAL}" else o
             for o in VARIANTS[name]]
 

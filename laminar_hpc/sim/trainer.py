@@ -19,7 +19,9 @@ started. A master that is still broadcasting skips to the newest version afterwa
 """
 from __future__ import annotations
 
+from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.policy import scheduling
+from laminar_hpc.policy.modes import MODES
 
 
 class SimTrainer:
@@ -29,8 +31,8 @@ class SimTrainer:
         self.need = cfg.trainer.groups_per_step
         self.max_staleness = cfg.trainer.max_staleness
         self.publish_every = cfg.trainer.publish_every
-        self.partial = cfg.mode == "partial-rollout"
-        self.areal = self.partial and sim.params.update_path != "relay"  # the trainer sends each version itself
+        self.partial = MODES[cfg.mode].global_update
+        self.areal = self.partial and not update_path(cfg).via_relay  # the trainer sends each version itself
         self.total = total_steps
         self.prompt = sim.params.prompt_tokens
         self.groups: list = []
