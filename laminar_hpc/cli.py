@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from laminar_hpc.config import ConfigError, load_config
+from laminar_hpc.config.backends import trainer_backend
 
 
 def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
@@ -64,7 +65,10 @@ def _check_resume(cfg, run_dir: Path) -> None:
     from laminar_hpc.rundir import RunDir, log_lost_under_checkpoints
     if why := log_lost_under_checkpoints(RunDir(run_dir)):
         raise ConfigError(why)
-    if cfg.trainer.backend == "emulated":
+    from laminar_hpc.controller.walformat import check_log
+    if why := check_log(RunDir(run_dir).wal_dir):  # damaged: the controller would refuse it too
+        raise ConfigError(why)
+    if not trainer_backend(cfg).has_model:
         return  # an emulated trainer checkpoints emulation.weight_mb bytes: the model section is not its shape
     check_resume_model(run_dir, cfg.model.model_dump())
 

@@ -51,6 +51,17 @@ from typing import Any
 # the errors of a disk that refuses a write (full, over quota, failing, read-only): a writer that
 # must not end its role on them keeps its data and retries (controller/wal.py, metrics/jsonl.py)
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS})
+# no descriptor free (this process's limit, or the system's): a flood of connections can hold them
+# for a while; writers that open a file treat it like a full disk (keep, retry, count, log once)
+FD_ERRORS = frozenset({errno.EMFILE, errno.ENFILE})
+TRANSIENT_ERRORS = DISK_ERRORS | FD_ERRORS
+
+
+def transient_hint(err: OSError) -> str:
+    """What to do about a transient write error, for its one log line."""
+    if err.errno in FD_ERRORS:
+        return "no file descriptor is free (too many open files or connections); retried by itself"
+    return "free disk space; retried by itself"
 
 log = logging.getLogger("laminar_hpc.trainer.checkpoint")  # one logger name for all checkpoint messages
 
@@ -319,9 +330,15 @@ class RunDir:
 # Kept free of torch so that processes that only need the trainer's exactly-once ledger (the
 # controller, `status`, the summary) can read it without paying for a torch import.
 
-TENSOR_FILES = ("model.pt", "optim.pt", "rng.pt")
-REQUIRED_FILES = (*TENSOR_FILES, "meta.json")
+# every name inside a checkpoint folder is spelled here, and only here (trainer/checkpoint.py
+# writes and loads the tensors; everything else asks for these names)
+MODEL_FILE, OPTIM_FILE, RNG_FILE = TENSOR_FILES = ("model.pt", "optim.pt", "rng.pt")
+META_FILE = "meta.json"
+REQUIRED_FILES = (*TENSOR_FILES, META_FILE)
 LEDGER_FILE = "ledger.json"  # optional: checkpoints written before the ledger existed lack it
+MANIFEST_FILE = "manifest.json"
+COMPLETE_FILE = "COMPLETE"
+DIST_DIR = "dist"  # trainer.backend megatron: its dist_checkpointing shards (listed in the manifest)
 EMPTY_LEDGER = {"consumed": [], "dropped": {}}
 
 
@@ -342,7 +359,7 @@ def list_checkpoints(root: Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if (p / "COMPLETE").exists())
+    return sorted(p for p in root.glob("step_*") if (p / COMPLETE_FILE).exists())
 
 
 def sha256(path: Path) -> str:
@@ -363,7 +380,7 @@ def verify(path: Path) -> dict:
     checkpoints (no ledger) still load, while a listed-but-damaged ledger is refused like any file."""
     path = Path(path)
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{path}: unreadable manifest ({err})") from None
     if not isinstance(manifest, dict):
@@ -375,7 +392,7 @@ def verify(path: Path) -> dict:
         if sha256(path / name) != manifest.get(name):
             raise CheckpointError(f"{path}: {name} does not match its checksum")
     try:
-        meta = json.loads((path / "meta.json").read_text())
+        meta = json.loads((path / META_FILE).read_text())
         ledger = json.loads((path / LEDGER_FILE).read_text()) if LEDGER_FILE in manifest else empty_ledger()
     except (OSError, json.JSONDecodeError) as err:  # checksum fine but not JSON: written by something else
         raise CheckpointError(f"{path}: unreadable meta or ledger ({err})") from None
@@ -411,7 +428,7 @@ def log_lost_under_checkpoints(rd: "RunDir") -> str | None:
     return (f"{rd.path}: the controller's write-ahead log ({wal}) is missing or empty, but checkpoint "
             f"{found[0].name} holds {len(consumed)} trained groups; starting the data plane afresh would reuse "
             f"their group ids and prompts. Restore {wal} from a copy, or start a new run directory from the "
-            f"weights: --run-dir NEW trainer.init_checkpoint={found[0] / TENSOR_FILES[0]} (Megatron: "
+            f"weights: --run-dir NEW trainer.init_checkpoint={found[0] / MODEL_FILE} (Megatron: "
             f"laminar export-hf it and set model.hf_path)")
 
 

@@ -443,6 +443,7 @@ class FakeServer:
     def __init__(self, host="127.0.0.1", max_frame_bytes=protocol.MAX_FRAME_BYTES, **kwargs):
         self.address, self.dropped, self.max_frame_bytes = "tcp://127.0.0.1:0", 0, max_frame_bytes
         self.sent: list[tuple[str, Message]] = []
+        self.connections: dict[str, int] = {}  # (a real Server's socket monitor counts)
 
     def send(self, ident: str, msg: Message) -> None:
         self.sent.append((ident, decode(encode(msg), self.max_frame_bytes)))

@@ -151,10 +151,12 @@ def reshard_payloads():
     """A small llama whose bfloat16 layout spans several checksum pieces (with --piece-bytes)."""
     import torch
 
-    from laminar_hpc.model.llama import ModelArgs, Transformer
+    from laminar_hpc.config.schema import ModelCfg
+    from laminar_hpc.model.factory import model_args
+    from laminar_hpc.model.llama import Transformer
     from laminar_hpc.model.weights import layout_for
     from laminar_hpc.relay.reshard import Reshard
-    args = ModelArgs(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
+    args = model_args(ModelCfg(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32), vocab_size=512)
     rs = Reshard(layout_for(args, "float32"), layout_for(args, "bfloat16"))
     out = {}
     for v in range(2):

@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from laminar_hpc.config import load_config  # noqa: E402
 from laminar_hpc.model.factory import build_tokenizer  # noqa: E402
 from laminar_hpc.model.hf import hf_model_args, load_hf_weights, resolve_hf_path  # noqa: E402
-from laminar_hpc.rollout.engine import TorchEngine  # noqa: E402
+from laminar_hpc.rollout.torch_engine import TorchEngine  # noqa: E402
 from laminar_hpc.rollout.evaluate import generate  # noqa: E402
-from laminar_hpc.rundir import RunDir  # noqa: E402
+from laminar_hpc.rundir import MODEL_FILE, RunDir  # noqa: E402
 from laminar_hpc.tasks import encode_prompt  # noqa: E402
 from laminar_hpc.tasks.arith import ArithTasks  # noqa: E402
 from laminar_hpc.tasks.base import Response  # noqa: E402
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpts = RunDir(args.run_dir).checkpoints()
         if not ckpts:
             ap.error(f"{args.run_dir}: no checkpoint")
-        state = torch.load(ckpts[-1] / "model.pt", map_location="cpu", weights_only=True)
+        state = torch.load(ckpts[-1] / MODEL_FILE, map_location="cpu", weights_only=True)
     figures = {"config": args.config, "run_dir": args.run_dir, "problems": len(problems),
                "checkpoint": str(ckpts[-1]) if args.run_dir else "base model"}
     for temp, reps in ((0.0, 1), (cfg.rollout.temperature, args.samples)):

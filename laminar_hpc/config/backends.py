@@ -6,7 +6,7 @@ model's clock, whether the weights are a real model's tensors (reshard, export, 
 a model to validate), how many trainer ranks a job step needs. The rest of the code asks the
 spec (`rollout_backend(cfg)`, `trainer_backend(cfg)`) instead of comparing backend names; a new
 backend is one more class and one more entry below (and its builder: rollout/node.py's
-ENGINES, trainer/backend.py's BACKENDS). Imports no torch, vLLM or megatron.
+ENGINES, trainer/backends.py's BACKENDS). Imports no torch, vLLM or megatron.
 
     spec = rollout_backend(cfg)
     spec.max_seq_len(cfg)            # prompt + response tokens an engine holds (None: any)

@@ -172,6 +172,11 @@ class ControllerCfg(Section):
     # holds the node-0 address the driver derived for one start. Each start derives it afresh from
     # this (launch/slurm.py cluster_host), so a requeue that moves node 0 binds the new node.
     configured_host: str | None = None
+    # how the controller's socket is reached. auto: an ipc:// socket in the run directory (or the
+    # start's private shared-memory directory) when `host` is loopback, so every role is on this
+    # machine and no other user can connect at all; TCP on `host` otherwise (Slurm across nodes).
+    # tcp: always TCP on `host`. ipc: always ipc:// (every role on this machine)
+    transport: Literal["auto", "tcp", "ipc"] = "auto"
     # auto and curve (the same): every connection proves the run's secret (ZeroMQ CURVE keys in
     # run_dir/secrets, 0600), on loopback too (other users share the node); none: no
     # authentication (a warning in every role's log), for a machine no one else uses

@@ -77,6 +77,7 @@ class Evaluation:
         self.running: dict[str, int] = {}  # traj id -> the rollout it runs on
         self.per_rollout: Counter = Counter()
         self.ignored = 0  # results of rounds this controller does not know (before a restart)
+        self.not_held = 0  # results from a rollout that was not given that item: ignored
         self.last_row: dict | None = None
         self.max_batch = cfg.rollout.max_batch
         self.finishing = False  # the trainer is done: the last round may use every slot
@@ -147,8 +148,13 @@ class Evaluation:
                 return
 
     def finished(self, traj: Trajectory, rollout: int) -> dict | None:
-        """A result of evaluation work; returns the round's row when this completed it."""
-        rank = self.running.pop(traj.traj_id, None)
+        """A result of evaluation work; returns the round's row when this completed it. A result
+        from a rollout that was not given that item is ignored and counted (`not_held`)."""
+        rank = self.running.get(traj.traj_id)
+        if rank is not None and rank != rollout:
+            self.not_held += 1
+            return None
+        self.running.pop(traj.traj_id, None)
         if rank is not None:
             self.per_rollout[rank] -= 1
         rnd = self.current

@@ -39,30 +39,32 @@ import msgspec
 
 from laminar_hpc.config import load_config
 from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.controller.endpoint import bind
 from laminar_hpc.controller.evaluation import Evaluation
 from laminar_hpc.controller.frames import Frames
 from laminar_hpc.controller.handlers import MessageHandlers
+from laminar_hpc.controller.membership import Membership
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.recovery import Recovery, recover
 from laminar_hpc.controller.roles import RoleTable
 from laminar_hpc.controller.rollout_manager import RolloutManager, kv_capacity, move_expiry_s
 from laminar_hpc.controller.validate import limits_for
-from laminar_hpc.controller.wal import WriteAheadLog
+from laminar_hpc.controller.wal import WalError, WriteAheadLog
 from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.launch.role import node_name, setup_logging
 from laminar_hpc.launch.runlock import RoleLock
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.metrics.jsonl import JsonlAppender, read_objects
-from laminar_hpc.metrics.status import ControllerInfo, Status, Utilisation, write_status
+from laminar_hpc.metrics.status import ControllerInfo, Status, StatusWriter, Utilisation
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.policy.scheduling import admission
-from laminar_hpc.rundir import RunDir, read_json
+from laminar_hpc.rundir import RunDir
 from laminar_hpc.tasks import build_task, encode_prompt, validation_problems
-from laminar_hpc.transport.channel import Server, publish_endpoint
+from laminar_hpc.transport.channel import publish_endpoint
+from laminar_hpc.transport.fdlimit import raise_fd_limit
 from laminar_hpc.transport.protocol import Assign, Drops, Groups, Message, Stop
-from laminar_hpc.transport.security import server_keys
 
 
 HANDLE_BUDGET_S = 0.25  # the longest the loop handles messages before it schedules and writes its status
@@ -100,10 +102,9 @@ class Controller(MessageHandlers):
         self.no_signal_warned = -math.inf
         self.dp.journal = self.wal.append
         # a restarted controller keeps its address: the roles' sockets reconnect by themselves
-        old = read_json(rd.endpoint("controller"))
-        port = int(old["address"].rsplit(":", 1)[1]) if old else None
-        self.server = Server(cfg.controller.host, int(cfg.controller.max_frame_mb * 2**20), port=port,
-                             keys=server_keys(rd.path, "controller", cfg.controller))
+        self.server = bind(rd, cfg)  # ipc:// when every role is on this machine (controller/endpoint.py)
+        self.members = Membership.of(cfg, log)  # the role names of this campaign: frames from others are dropped
+        self.status_writer = StatusWriter(log)
         self.roles = RoleTable(cfg.timeouts.heartbeat_s)
         meta = self.dp.meta
         self.sync = WeightSync(cfg.mode, rollouts=cfg.rollout.count, groups_per_step=cfg.trainer.groups_per_step,
@@ -145,8 +146,9 @@ class Controller(MessageHandlers):
         # run already wrote to metrics.jsonl are not run again after a restart
         done = {r["eval_step"] for r in read_objects(rd.metrics) if isinstance(r.get("eval_step"), int)}
         problems = validation_problems(task, cfg) if cfg.eval.every_steps else []
+        self.metrics_out = JsonlAppender(rd.metrics)  # (its failures: status.json write_failures)
         self.evaluation = Evaluation(cfg, problems, lambda p: encode_prompt(tok, p), emit=tracer.emit,
-                                     write=JsonlAppender(rd.metrics).append, log=log, done_steps=done,
+                                     write=self.metrics_out.append, log=log, done_steps=done,
                                      epoch=self.epoch)
 
     def send(self, ident: str, msg: Message) -> None:
@@ -169,9 +171,11 @@ class Controller(MessageHandlers):
             self.server.send_frame(ident, frame)
 
     def receive(self, ident: str, msg: Message) -> None:
-        """What the loop calls for each frame: `handle`, guarded (a frame whose handling raises is
-        counted as dropped and logged in one line; the controller goes on), then the data plane's
-        refusals logged."""
+        """What the loop calls for each frame: from a role of this campaign only (`members`: a key
+        proves a kind, not a rank), `handle`, guarded (a frame whose handling raises is counted as
+        dropped and logged in one line; the controller goes on), then the data plane's refusals logged."""
+        if not self.members.admits(ident):
+            return
         self.frames.guarded(self.handle, ident, msg)
         self.frames.log_refusals(self.dp.take_refusals(), ident)
 
@@ -261,7 +265,7 @@ class Controller(MessageHandlers):
         why, since = self.trainer_done
         held = self.sync.held().values()
         newest = self.dp.meta.get("max_version", -1)
-        barrier = self.cfg.mode in ("sync", "one-step-off")
+        barrier = MODES[self.cfg.mode].barrier
         version = min(newest, max(held, default=newest)) if barrier else newest
         if not self.evaluation.final(self.steps_trained, version):
             self.stop_reason = why
@@ -276,6 +280,7 @@ class Controller(MessageHandlers):
         recent = [t for t in self.finish_times if now - t <= 10.0]
         self.finish_times = recent
         dp, lg = self.dp, self.dp.ledger
+        conns = self.server.connections  # the socket monitor's counts (transport/monitor.py)
         return Status(
             t=now, elapsed_s=now - self.t0, phase=self.phase, pid=os.getpid(), step=self.steps_trained,
             total_steps=self.cfg.trainer.total_steps, trainer_version=self.sync.trainer_version,
@@ -289,7 +294,9 @@ class Controller(MessageHandlers):
             groups_committed=len(lg.committed), groups_dropped=len(lg.dropped),
             groups_dropped_by=lg.dropped_by_reason(),
             queued=len(dp.queue), running=len(dp.partials) - len(dp.queue), published=self.published,
-            dropped_frames=self.server.dropped + self.refused + self.frames.handler_errors,
+            # (+ frames libzmq dropped with their connection for being over MAXMSGSIZE: `cut`)
+            dropped_frames=self.server.dropped + self.refused + self.frames.handler_errors + self.members.refused
+            + conns.get("cut", 0),
             relay_dropped_frames=self.relay_dropped, handler_errors=self.frames.handler_errors,
             prompts_refused=dp.refused["prompts"], prompts_too_long=dp.refused.get("prompts_too_long", 0),
             prompt_cursor=dp.cursor, epochs=dp.cursor / self.task_rows if self.task_rows else None, refused_problems=list(dp.refused_problems),
@@ -301,7 +308,11 @@ class Controller(MessageHandlers):
             # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`
             epoch=self.epoch, controller=ControllerInfo(pid=os.getpid(), t_start=self.t_start, ready_t=self.ready_t),
             roles=self.roles.table(), hung=self.roles.hung(now) if now > self.backlog_until else [],
-            recovery={**self.rm.placed, "wal": self.recovered}, wal_error=self.wal.error)
+            recovery={**self.rm.placed, "wal": self.recovered}, wal_error=self.wal.error,
+            write_failures={"status": self.status_writer.failures, "wal": self.wal.failures,
+                            "trace": self.tracer.write_errors, "metrics": self.metrics_out.failures},
+            connections=conns, unknown_roles=self.members.refused,
+            work_not_held=dp.not_held + self.evaluation.not_held)
 
     def final_stats(self) -> Status:
         """controller_stats.json: the last status with why it stopped and the ledger (no train metrics)."""
@@ -322,13 +333,18 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     run_dir = RunDir(args.run_dir)
     log = setup_logging("controller-0")
+    raise_fd_limit(log)  # each connection holds a descriptor, authenticated or not (transport/fdlimit.py)
     cfg = load_config(run_dir.config)
     RoleLock(run_dir.path, grace_s=cfg.timeouts.shutdown_s).start_watch(log=log)  # stop if the launcher dies
     flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
     tracer = Tracer(run_dir, "controller-0", enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
     tracer.emit("role_start", pid=os.getpid(), host=socket.gethostname(), node=node_name(),
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_step_id=os.environ.get("SLURM_STEP_ID"))
-    ctl = Controller(run_dir, cfg, log, tracer)
+    try:
+        ctl = Controller(run_dir, cfg, log, tracer)
+    except WalError as err:  # a log it cannot trust: refuse, with every file kept (controller/walformat.py)
+        log.error("%s", err)
+        raise SystemExit(1) from None
     publish_endpoint(run_dir, "controller", ctl.server.address)
     log.info("serving on %s (epoch %s)", ctl.server.address, ctl.epoch)
     ctl.recovery.place(ctl.dp.unplaced())  # detached when the previous controller died: from their prompts
@@ -352,15 +368,16 @@ def main(argv: list[str] | None = None) -> None:
             if ctl.wal.wants_snapshot:
                 ctl.wal.start_forked(ctl.dp.state_dict)  # written by a child: this loop goes on
             if time.monotonic() - last_status >= cfg.controller.status_interval_s:
-                write_status(run_dir.status, ctl.status())
-                last_status = time.monotonic()
+                # a write refused for want of a descriptor (a flood) or disk space: retried next loop
+                if ctl.status_writer.write(run_dir.status, ctl.status()):
+                    last_status = time.monotonic()
         reason = ctl.stop_reason or "controller asked to stop"
         log.info("stopping: %s", reason)
         ctl.broadcast_stop(reason)
     finally:
         ctl.wal.close()
-        write_status(run_dir.status, ctl.status())
-        write_status(run_dir.controller_stats, ctl.final_stats())
+        ctl.status_writer.write(run_dir.status, ctl.status())
+        ctl.status_writer.write(run_dir.controller_stats, ctl.final_stats())
         tracer.flush()
         ctl.server.close(linger_ms=2000)
 

@@ -143,6 +143,9 @@ class DataPlane(PartialMoves, StreamIntake):
         self.refused = {"prompts": 0, "trajectories": 0, "stream_items": 0}
         self.refused_problems: deque[int] = deque(maxlen=REFUSED_PROBLEMS_KEPT)
         self.refusals: list[tuple[str, object, str]] = []  # (kind, subject, what happened): for the caller's log
+        # results and stream chunks a rollout sent for work it does not hold (another rollout's, or
+        # queued): refused, changing nothing (not journalled: a restart forgets the count)
+        self.not_held = 0
         self.cursor = start_cursor  # next problem index of the prompt pool
         self.queue = TrajQueue()  # trajectories waiting for a rollout (membership: a set lookup)
         self.partials: dict[str, Partial] = {}  # queued or running (partial-response pool)
@@ -260,6 +263,9 @@ class DataPlane(PartialMoves, StreamIntake):
         p = self.partials.get(traj.traj_id)
         if p is None:
             return None  # a duplicate (e.g. re-sent after a reconnect) is ignored, never counted twice
+        if rollout is not None and p.rollout != rollout:
+            self.refuse_not_held("trajectory", traj.traj_id, rollout, p.rollout)
+            return None
         why = validate.trajectory_refusal(traj, p, self.limits, finished=True)
         if why is not None:
             self.reject(traj.traj_id, why, rollout)
@@ -268,6 +274,13 @@ class DataPlane(PartialMoves, StreamIntake):
             return None
         self._log("finish", traj=traj)
         return self._finish(traj)
+
+    def refuse_not_held(self, kind: str, traj_id: str, rollout: int, holder: int | None) -> None:
+        """A result or chunk of `traj_id` from `rollout`, which does not hold it: ignored (the holder,
+        or the queue, keeps it), counted, and logged by the caller."""
+        self.not_held += 1
+        where = "queued for a rollout" if holder is None else f"held by rollout-{holder}"
+        self.refusals.append((kind, traj_id, f"sent by rollout-{rollout}, which does not hold it ({where}); ignored"))
 
     def reject(self, traj_id: str, reason: str, rollout: int | None = None) -> None:
         """A result for `traj_id` from `rollout` was refused: the trajectory starts again from its

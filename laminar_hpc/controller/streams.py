@@ -4,9 +4,10 @@ one chunk per sequence it runs).
 
 A chunk carries `offset`, the tokens before it: a chunk that does not start where the pool's
 tokens end is a re-send (ignored) or follows a lost one (the trajectory is marked `gap`: its
-tokens are never continued elsewhere). Chunks of trajectories that finished or moved on to
-another rollout are ignored; chunks that fail validation (controller/validate.py) are refused,
-counted and logged. A partial keeps its chunks as they came (`Partial.tokens` is a list of
+tokens are never continued elsewhere). Chunks of trajectories that finished are ignored; chunks
+from a rollout that does not hold the trajectory (another rollout's, or one waiting in the queue)
+are refused and counted (`not_held`), as are chunks that fail validation (controller/validate.py);
+both are logged. A partial keeps its chunks as they came (`Partial.tokens` is a list of
 int32 buffers), so taking one costs an append, not a copy of all it holds.
 
 Chunks arrive in columns (`StreamChunks`: the ids and log-probs of a whole frame checked in one
@@ -39,6 +40,11 @@ class StreamIntake:
     def stream(self, traj_id: str, tokens, logprobs, version: int, offset: int | None = None) -> None:
         self.stream_items([StreamItem(traj_id=traj_id, tokens=tokens, logprobs=logprobs, version=version,
                                       offset=offset)])
+
+    def _not_held(self, traj_id: str, rollout: int, holder: int | None) -> None:
+        """A chunk for work `rollout` does not hold (another's, or queued): ignored, counted (a
+        rollout whose trajectories were just moved elsewhere may still send one; logged rate-limited)."""
+        self.refuse_not_held("stream", traj_id, rollout, holder)
 
     def _refuse_chunk(self, traj_id: str, why: str) -> None:
         self.refused["stream_items"] += 1  # not journalled: nothing changed (a restart forgets these counts)
@@ -73,7 +79,9 @@ class StreamIntake:
         keep, a = [], 0
         for i, (p, off, c) in enumerate(zip(ps, offsets, counts)):
             b = a + 4 * c
-            if p is not None and (rollout is None or p.rollout == rollout):
+            if p is not None and rollout is not None and p.rollout != rollout:
+                self._not_held(ch.traj_ids[i], rollout, p.rollout)
+            elif p is not None:
                 held = p.n_tokens
                 why = None if limits is None else validate.tokens_refusal(
                     ch.tokens[a:b], ch.logprobs[a:b], limits, prompt_len=len(p.prompt) >> 2,
@@ -113,8 +121,12 @@ class StreamIntake:
     def stream_items(self, items: list[StreamItem], rollout: int | None = None) -> None:
         """Chunks one by one (episodes: each with its loss mask and tool counts)."""
         partials = self.partials
-        kept = [(it, p) for it in items if (p := partials.get(it.traj_id)) is not None
-                and (rollout is None or p.rollout == rollout)]
+        kept = [(it, p) for it in items if (p := partials.get(it.traj_id)) is not None]
+        if rollout is not None and any(p.rollout != rollout for _, p in kept):
+            for it, p in kept:
+                if p.rollout != rollout:
+                    self._not_held(it.traj_id, rollout, p.rollout)
+            kept = [(it, p) for it, p in kept if p.rollout == rollout]
         if kept and self.limits is not None:
             kept = [(it, p) for it, p in kept if self._stream_ok(it, p)]
         if kept:

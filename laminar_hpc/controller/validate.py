@@ -9,10 +9,10 @@ caller adds who sent it and what happens next).
   one new token within the engines' sequence limit (`model.max_seq_len`, or vLLM's
   `max_model_len` when smaller): else every rollout it reaches raises on it.
 - Tokens from a rollout (a stream chunk, a finished or handed-back trajectory): whole int32 ids
-  (protocol.pack_tokens) inside the vocabulary, one finite log-prob per token, no more than the
-  work item's `max_new_tokens`, and prompt + tokens within the sequence limit. A stream frame's
-  ids and log-probs are checked together (`buffers_ok`: numpy over its buffers), its lengths
-  per chunk.
+  (protocol.pack_tokens) inside the vocabulary, one log-prob per token (finite and <= 0), no
+  more than the work item's `max_new_tokens`, and prompt + tokens within the sequence limit. A
+  stream frame's ids and log-probs are checked together (`buffers_ok`: numpy over its buffers),
+  its lengths per chunk.
 - A trajectory also belongs where it claims: the group, problem and prompt of the work the
   controller handed out under its id; a finished one reports no engine error.
 
@@ -93,20 +93,32 @@ def _shape_refusal(tokens, logprobs) -> str | None:
     return None if n == m else f"{n} tokens but {m} log-probs"
 
 
-def _finite_refusal(logprobs) -> str | None:
+def _logprob_refusal(logprobs) -> str | None:
+    """A log-probability is finite and <= 0 (a probability is at most 1): a rollout that sends +50
+    would make the trainer's importance ratios and the behaviour KL nonsense."""
     if isinstance(logprobs, _BUFFERS):
+        if not logprobs:
+            return None
+        arr = logprob_array(logprobs)
         # one sum over float64: NaN and +-inf survive it (a sum of finite float32 never overflows)
-        ok = not logprobs or math.isfinite(float(logprob_array(logprobs).sum(dtype=np.float64)))
+        finite, top = math.isfinite(float(arr.sum(dtype=np.float64))), float(arr.max())
     else:  # one sum in C: NaN and +-inf survive it (a sum of finite log-probs that overflows is garbage too)
-        ok = not logprobs or math.isfinite(sum(logprobs))
-    return None if ok else "a log-prob is not finite"
+        if not logprobs:
+            return None
+        finite, top = math.isfinite(sum(logprobs)), max(logprobs)
+    if not finite:
+        return "a log-prob is not finite"
+    if not top <= 0.0:
+        return f"a log-prob of {top:.4g} is above 0 (a probability over 1)"
+    return None
+
 
 
 def buffers_ok(tokens: bytes, logprobs: bytes, limits: Limits) -> bool:
     """Whether a frame's token buffer holds ids inside the vocabulary and its log-prob buffer only
-    finite values (one numpy pass each over every chunk of the frame; the caller checked their
+    finite values <= 0 (numpy passes over every chunk of the frame; the caller checked their
     lengths: `columns_refusal`). False: check its chunks one by one (`tokens_refusal`)."""
-    return _ids_refusal(tokens, "response", limits.vocab_size) is None and _finite_refusal(logprobs) is None
+    return _ids_refusal(tokens, "response", limits.vocab_size) is None and _logprob_refusal(logprobs) is None
 
 
 def columns_refusal(ch: StreamChunks) -> str | None:
@@ -153,7 +165,7 @@ def tokens_refusal(tokens, logprobs, limits: Limits, *, prompt_len: int, before:
     """Why `tokens` (after `before` response tokens already held, behind a prompt of
     `prompt_len`) cannot be part of a response, or None. Token arrays: bytes or lists."""
     return (_shape_refusal(tokens, logprobs) or _ids_refusal(tokens, "response", limits.vocab_size)
-            or _finite_refusal(logprobs)
+            or _logprob_refusal(logprobs)
             or length_refusal(token_count(tokens), limits, prompt_len=prompt_len, before=before,
                               max_new_tokens=max_new_tokens))
 

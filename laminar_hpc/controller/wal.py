@@ -14,10 +14,12 @@ the fork, copy-on-write) while the controller goes on: at 1,024 GPUs the state i
 and encoding and writing it in the controller's own loop took a third of its time
 (tools/bench_controller.py); until the child's snapshot is durable, the older files stay.
 
-The format is plain msgpack: records and snapshots are maps and arrays (a protocol struct in them,
-e.g. a finished `Trajectory`, is written as the same map it is on the wire) and are read back as
-plain maps, which `DataPlane.replay` / `load_state_dict` turn into structs again. So a run
-directory written before the typed protocol (dicts with the same keys) still replays.
+Records and snapshots are msgpack maps and arrays (a protocol struct in them, e.g. a finished
+`Trajectory`, is written as the same map it is on the wire) and are read back as plain maps, which
+`DataPlane.replay` / `load_state_dict` turn into structs again. Each is framed with a CRC32C and
+each record has a sequence number (controller/walformat.py): replay checks every record and
+refuses a damaged, duplicated, reordered or missing one with WalError (the controller then does
+not start, and no file is deleted). A log written before the checks replays unchecked.
 
     wal = WriteAheadLog(run_dir / "wal", fsync_s=1.0, snapshot_bytes=64 << 20)
     state, records = wal.recover()          # (None, []) on a fresh run
@@ -26,8 +28,8 @@ directory written before the typed protocol (dicts with the same keys) still rep
     wal.append("admit", {"n": 2}); wal.flush()
     if wal.error: ...                       # the disk refuses the log: admit nothing new
 
-A full or failing disk (ENOSPC, EDQUOT, EIO, EFBIG, EROFS) never raises out of `flush`, `start`
-or `close`: the records stay in memory, in order, and every later flush retries them (a write cut
+A full or failing disk (ENOSPC, EDQUOT, EIO, EFBIG, EROFS), or a process out of file descriptors
+(EMFILE, ENFILE: a flood of connections), never raises out of `flush`, `start` or `close`: the records stay in memory, in order, and every later flush retries them (a write cut
 short is continued where it stopped, so the segment stays one stream of whole records); a
 snapshot that cannot be written is abandoned (its temporary file removed) and the old snapshot
 and segment stay in use. A failed fsync leaves the segment's on-disk content in doubt (the
@@ -45,37 +47,34 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import msgpack
 import msgspec
 
-from laminar_hpc.rundir import DISK_ERRORS
+from laminar_hpc.controller.walformat import (SEGMENT_MAGIC, WalError, index_of, read_log, record_header,
+                                              snapshot_header)
+from laminar_hpc.rundir import TRANSIENT_ERRORS, transient_hint
 
 log = logging.getLogger(__name__)
 
+__all__ = ["WalError", "WriteAheadLog"]
 
-class WalError(RuntimeError):
-    """The log cannot be turned back into a correct state."""
-
-
-# a disk that is full or failing: the log waits in memory and retries; anything else is a bug and raises
-
-
-def _index(path: Path) -> int:
-    return int(path.stem.split("-")[1])
+# a disk that is full or failing, or no free descriptor: the log waits in memory and retries;
+# anything else is a bug and raises
+_index = index_of
 
 
 SNAPSHOT_WAIT_S = 300.0  # the longest a forked snapshot writer is waited for (at close, or before another)
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    """`data` as `path`, atomically (a temporary file, fsync, rename); raises OSError."""
+def _write_file(path: Path, parts: list[bytes]) -> None:
+    """`parts` one after the other as `path`, atomically (a temporary file, fsync, rename); raises OSError."""
     tmp = path.with_suffix(".tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            for part in parts:
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)  # NFS reports a full disk here too
@@ -110,45 +109,17 @@ class WriteAheadLog:
         self.snapshot_size = 0  # bytes of the newest snapshot
         self.last_sync = time.monotonic()
         self.records = 0
+        self.seq = 0  # the sequence number of the next record (walformat.py)
         self._child: tuple[int, int, int, int] | None = None  # a forked snapshot writer: pid, pipe, index, failures
         self._encoder = msgspec.msgpack.Encoder()  # structs, dicts and lists (msgpack's own packer takes no structs)
 
     # -- recovery ---------------------------------------------------------------------------
     def recover(self) -> tuple[dict | None, list[tuple[str, dict]]]:
-        """The newest readable snapshot and every record logged after it, in order."""
-        state, start = None, 0
-        for snap in sorted(self.root.glob("snapshot-*.msgpack"), key=_index, reverse=True):
-            try:
-                state = msgpack.unpackb(snap.read_bytes(), raw=False, strict_map_key=False)
-                start = _index(snap)
-                break
-            except Exception as err:  # noqa: BLE001 - any decoding failure: try the one before
-                log.error("write-ahead log snapshot %s is unreadable (%s); trying an older one", snap, err)
-        if state is None and any(_index(p) > 0 for p in self.root.glob("seg-*.log")):
-            # the records start after a snapshot that is gone: replaying them alone would build a wrong state
-            raise WalError(f"write-ahead log {self.root} cannot be recovered: no readable snapshot for its segments "
-                           f"(see the errors above); move the directory aside to start the data plane afresh "
-                           f"(if the run's checkpoints hold trained groups, in a new run directory: "
-                           f"--run-dir NEW trainer.init_checkpoint=<its newest checkpoint>/model.pt)")
-        records: list[tuple[str, dict]] = []
-        for seg in sorted(self.root.glob("seg-*.log"), key=_index):
-            if _index(seg) < start:
-                continue
-            unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
-            data = seg.read_bytes()
-            unpacker.feed(data)
-            good = 0
-            try:
-                for rec in unpacker:
-                    records.append((rec[0], rec[1]))
-                    good = unpacker.tell()
-            except Exception as err:  # noqa: BLE001 - a corrupt record: keep what came before
-                log.error("write-ahead log %s: unreadable record at byte %d (%s)", seg, good, err)
-            if good < len(data):
-                log.warning("write-ahead log %s ends with %d bytes of a record cut short by a crash: ignored",
-                            seg, len(data) - good)
-        self.seg = max([start - 1] + [_index(p) for p in self.root.glob("seg-*.log")])
-        return state, records
+        """The newest readable snapshot and every record logged after it, in order, each checked;
+        WalError for a log that cannot be trusted (walformat.read_log), with nothing changed."""
+        got = read_log(self.root)
+        self.seg, self.seq = got.last_index, got.next_seq
+        return got.state, got.records
 
     # -- writing ---------------------------------------------------------------------------
     def start(self, state: dict) -> bool:
@@ -162,7 +133,7 @@ class WriteAheadLog:
         snap = self.root / f"snapshot-{new:06d}.msgpack"
         data = self._encoder.encode(state)
         try:
-            _write_file(snap, data)
+            _write_file(snap, [snapshot_header(self.seq, data), data])
         except OSError as err:
             self._failed(err, f"snapshot {snap.name}", snapshot=True)
             return False
@@ -195,15 +166,20 @@ class WriteAheadLog:
         self.flush()
         if self.unwritten or self.buf or self.error is not None or self.fd is None or not hasattr(os, "fork"):
             return self.start(make_state())
-        new = self.seg + 1
+        new, next_seq = self.seg + 1, self.seq
         snap = self.root / f"snapshot-{new:06d}.msgpack"
-        r, w = os.pipe()
+        try:
+            r, w = os.pipe()
+        except OSError as err:  # no descriptor free: snapshot here, as `start` (which handles it)
+            if err.errno not in TRANSIENT_ERRORS:
+                raise
+            return self.start(make_state())
         pid = os.fork()
         if pid == 0:  # the child: encode and write the state as it was at the fork, say how it went, exit
             code, msg = 0, ""
             try:
                 data = self._encoder.encode(make_state())
-                _write_file(snap, data)
+                _write_file(snap, [snapshot_header(next_seq, data), data])
                 _sync_dir(self.root)
                 msg = str(len(data))
             except OSError as err:
@@ -224,20 +200,33 @@ class WriteAheadLog:
         self._close_segment()
         self.seg, self.size = new, 0
         try:
-            self.fd = os.open(self.root / f"seg-{self.seg:06d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self.root / f"seg-{self.seg:06d}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as err:
             # records wait in memory (no segment): keep the older files and take another snapshot
             # once the disk allows
             self._failed(err, f"segment seg-{self.seg:06d}.log", snapshot=True)
             return False
+        try:  # the magic first: a segment without it holds no record (a crash right here leaves it empty)
+            if os.write(fd, SEGMENT_MAGIC) != len(SEGMENT_MAGIC):
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as err:
+            os.close(fd)
+            self._failed(err, f"segment seg-{self.seg:06d}.log", snapshot=True)
+            return False
+        self.fd = fd
         return True
 
     def _forget_before(self, index: int) -> None:
-        for old in [*self.root.glob("snapshot-*.msgpack"), *self.root.glob("seg-*.log")]:
-            if _index(old) < index:
-                old.unlink(missing_ok=True)
-        for stale in self.root.glob("snapshot-*.tmp"):  # a snapshot cut short by a kill
-            stale.unlink(missing_ok=True)
+        try:
+            for old in [*self.root.glob("snapshot-*.msgpack"), *self.root.glob("seg-*.log")]:
+                if _index(old) < index:
+                    old.unlink(missing_ok=True)
+            for stale in self.root.glob("snapshot-*.tmp"):  # a snapshot cut short by a kill
+                stale.unlink(missing_ok=True)
+        except OSError as err:  # (no descriptor to list the directory: recovery skips older files anyway)
+            if err.errno not in TRANSIENT_ERRORS:
+                raise
+            log.warning("write-ahead log %s: older files stay until the next snapshot (%s)", self.root, err.strerror)
 
     def _reap(self, wait_s: float = 0.0) -> None:
         """Take the forked snapshot writer's result if it is done (waiting up to `wait_s`; past
@@ -279,8 +268,11 @@ class WriteAheadLog:
 
     def append(self, op: str, args: dict) -> None:
         rec = self._encoder.encode((op, args))
+        head = record_header(self.seq, rec)
+        self.seq += 1
+        self.buf.append(head)
         self.buf.append(rec)
-        self.size += len(rec)
+        self.size += len(head) + len(rec)
         self.records += 1
 
     def flush(self) -> bool:
@@ -310,7 +302,7 @@ class WriteAheadLog:
         return not self.unwritten
 
     def _failed(self, err: OSError, what: str, snapshot: bool = False) -> None:
-        if err.errno not in DISK_ERRORS:
+        if err.errno not in TRANSIENT_ERRORS:
             raise err
         self.failures += 1
         self._failed_at = time.monotonic()
@@ -318,7 +310,7 @@ class WriteAheadLog:
         first = self.error is None
         self.error = (f"write-ahead log {self.root}: {what} failed ({errno.errorcode.get(err.errno, err.errno)}: "
                       f"{err.strerror}); {len(self.unwritten) + sum(map(len, self.buf))} bytes of records wait "
-                      "in memory; free disk space (the log retries by itself)")
+                      f"in memory; {transient_hint(err)}")
         if first:
             log.error("%s", self.error)
 
@@ -348,7 +340,7 @@ class WriteAheadLog:
             try:
                 os.fsync(fd)
             except OSError as err:
-                if err.errno not in DISK_ERRORS:
+                if err.errno not in TRANSIENT_ERRORS:
                     raise
                 log.warning("write-ahead log %s: fsync at close failed (%s)", self.root, err)
             finally:

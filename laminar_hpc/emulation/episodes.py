@@ -21,10 +21,14 @@ where the model did not call; observations are the first ordinary id.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from laminar_hpc.emulation.workload import EpisodePlan, has_tools, workload_for
+from laminar_hpc.emulation.workload import EpisodePlan, Workload, has_tools, workload_for
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.tasks.episode import EnvContext, Environment, ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.emulation import EmulationCfg
 
 TOOL_ID = 3  # ends a model turn that calls a tool (the char tokenizer's unk: never sampled)
 FIRST_ORDINARY_ID = 4  # the emulated engine samples ids in [4, vocab)
@@ -32,14 +36,16 @@ OBS_ID = FIRST_ORDINARY_ID  # the observation tokens an emulated tool returns
 TOOL_NAME = "emulated"
 
 
-def episodes_enabled(emulation_cfg) -> bool:
+def episodes_enabled(emulation_cfg: EmulationCfg) -> bool:
     """Whether an emulation section's workload has tool-use episodes (reads no file)."""
     return has_tools(emulation_cfg.lengths)
 
 
-def episode_plan(emulation_cfg, *, seed: int, traj_id: str, cap: int) -> EpisodePlan:
-    """The plan the emulated engine, the environment and the simulator follow for a trajectory."""
-    return workload_for(emulation_cfg.lengths).plan(seed=seed, traj_id=traj_id, cap=cap)
+def episode_plan(emulation_cfg: EmulationCfg, *, seed: int, traj_id: str, cap: int,
+                 workload: Workload | None = None) -> EpisodePlan:
+    """The plan the emulated engine, the environment and the simulator follow for a trajectory;
+    `workload`: the one built from `emulation_cfg.lengths` already, else it is looked up."""
+    return (workload or workload_for(emulation_cfg.lengths)).plan(seed=seed, traj_id=traj_id, cap=cap)
 
 
 class EmulatedFormat:
@@ -64,7 +70,8 @@ class EmulatedToolEnv(Environment):
     """The tools of an emulated episode: call k (k = calls so far, counted from the transcript
     after a move) waits the plan's k-th latency and returns its k-th observation. ctx.args:
     {"emulation": the emulation section, "seed": the run's seed, "max_new_tokens": the episode's
-    token limit} (the same seed and limit the engine draws with)."""
+    token limit} (the same seed and limit the engine draws with), and optionally "workload": the
+    workload the rollout built from that section (else it is looked up for every episode)."""
 
     def __init__(self, problem: Problem, ctx: EnvContext):
         super().__init__(problem, ctx)
@@ -72,7 +79,7 @@ class EmulatedToolEnv(Environment):
         emu = args["emulation"]
         self.time_scale = float(emu.time_scale)
         self.plan = episode_plan(emu, seed=int(args.get("seed", ctx.seed)), traj_id=ctx.traj_id,
-                                 cap=int(args["max_new_tokens"]))
+                                 cap=int(args["max_new_tokens"]), workload=args.get("workload"))
         self.calls = 0
 
     async def call(self, call: ToolCall) -> ToolResult:

@@ -37,9 +37,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from laminar_hpc.emulation.cost import CostModel, lognormal_sigma
 from laminar_hpc.emulation.workload import Workload, has_tools, workload_for
+
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
 
 EPISODE_SAMPLES = 2000  # episode plans sampled for the moments of an episode workload
 
@@ -121,12 +125,14 @@ def workload_moments(wl: Workload, cap: int) -> LengthMoments:
     return LengthMoments(mean, mean_sq)
 
 
-def config_moments(cfg) -> LengthMoments:
+def config_moments(cfg: Config, workload: Workload | None = None) -> LengthMoments:
+    """The moments of the config's response lengths; `workload`: the one built from its
+    `emulation.lengths` already (the simulator's), else it is looked up."""
     lg = cfg.emulation.lengths
     if getattr(lg, "mixture", None) is None and getattr(lg, "empirical", None) is None:
         return capped_lognormal_moments(float(lg.median), float(lg.p99_over_median), int(lg.min_tokens),
                                         int(lg.max_tokens), int(cfg.rollout.max_new_tokens))
-    return workload_moments(workload_for(lg), int(cfg.rollout.max_new_tokens))
+    return workload_moments(workload or workload_for(lg), int(cfg.rollout.max_new_tokens))
 
 
 @dataclass(frozen=True)
@@ -239,18 +245,19 @@ def _finish(cost: CostModel, kv: float, decode_steps: float, extra_prefill_s: fl
                  prompt_tokens=prompt_tokens)
 
 
-def ideal_for_config(cfg, *, cost: CostModel | None = None, prompt_tokens: int | None = None,
-                     lengths=None) -> Ideal:
+def ideal_for_config(cfg: Config, *, cost: CostModel | None = None, prompt_tokens: int | None = None,
+                     lengths=None, workload: Workload | None = None) -> Ideal:
     """The ideal of a config's emulated workload. `cost`, `prompt_tokens` and measured `lengths`
-    replace the config's (a calibrated simulation); a non-synthetic task needs `prompt_tokens`."""
+    replace the config's (a calibrated simulation); a non-synthetic task needs `prompt_tokens`.
+    `workload`: the one the caller built from `emulation.lengths` (else it is looked up)."""
     if prompt_tokens is None:
         if cfg.task.type != "synthetic":
             raise ValueError(f"task.type={cfg.task.type!r}: pass prompt_tokens (only a synthetic task fixes it)")
         prompt_tokens = cfg.task.prompt_tokens
-    moments = sample_moments(lengths) if lengths else config_moments(cfg)
+    moments = sample_moments(lengths) if lengths else config_moments(cfg, workload)
     episodes = None
     if not lengths and has_tools(cfg.emulation.lengths):
-        episodes = episode_moments(workload_for(cfg.emulation.lengths), seed=cfg.seed,
+        episodes = episode_moments(workload or workload_for(cfg.emulation.lengths), seed=cfg.seed,
                                    cap=int(cfg.rollout.max_new_tokens))
     return ideal(cost or CostModel(cfg.emulation), moments, prompt_tokens=int(prompt_tokens),
                  replicas=cfg.rollout.count, max_batch=cfg.rollout.max_batch,

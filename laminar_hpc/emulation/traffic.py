@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.emulation.cost import lognormal_sigma
 from laminar_hpc.emulation.ideal import Ideal, config_moments, ideal_for_config
+
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
 
 CADENCES = ("engine-call", "decode-step")
 
@@ -76,12 +80,12 @@ def call_steps(most: int, to_finish: int, cut: bool) -> int:
     return 1 if cut else max(1, min(most, to_finish))
 
 
-def mean_macro_steps(cfg, batch: int, step_s: float, *, calls: int = 20_000, seed: int = 0) -> float:
+def mean_macro_steps(cfg: Config, batch: int, step_s: float, *, calls: int = 20_000, seed: int = 0) -> float:
     """Mean decode steps per call of the emulated engine (`call_steps`): `engine_calls`' first figure."""
     return engine_calls(cfg, batch, step_s, calls=calls, seed=seed)[0]
 
 
-def engine_calls(cfg, batch: int, step_s: float, *, calls: int = 20_000, seed: int = 0) -> tuple[float, float]:
+def engine_calls(cfg: Config, batch: int, step_s: float, *, calls: int = 20_000, seed: int = 0) -> tuple[float, float]:
     """(decode steps per call, state reports per call) of the emulated engine (`call_steps`) on a
     replica kept full with `batch` sequences, each a decode step of `step_s` seconds, its loop
     beating every supervisor.heartbeat_interval_s and reporting its state on a pass at least
@@ -122,7 +126,7 @@ def engine_calls(cfg, batch: int, step_s: float, *, calls: int = 20_000, seed: i
     return steps / calls, states / calls
 
 
-def campaign_traffic(cfg, *, cadence: str | None = None, ideal: Ideal | None = None) -> Traffic:
+def campaign_traffic(cfg: Config, *, cadence: str | None = None, ideal: Ideal | None = None) -> Traffic:
     """What the campaign of `cfg` sends its controller per second at its ideal (module doc).
     `cadence`: "engine-call" (the emulated engine's macro steps; the default for an emulated
     rollout backend) or "decode-step" (an engine call is one decode step: a real engine)."""

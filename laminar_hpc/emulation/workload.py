@@ -337,19 +337,33 @@ def build_workload(lengths, *, read_events: ReadEvents | None = None,
                     names=names)
 
 
-_CACHE: dict[int, tuple[object, Workload]] = {}
+_CACHE: dict[tuple[str, str], Workload] = {}  # a lengths config's value -> its workload, least recently used first
+_CACHE_SIZE = 64
+
+
+def _value_key(lengths) -> tuple[str, str] | None:
+    """What a lengths config says, as a hashable value (None when it cannot be read off)."""
+    if hasattr(lengths, "model_dump_json"):  # a LengthsCfg
+        return type(lengths).__qualname__, lengths.model_dump_json()
+    if hasattr(lengths, "__dict__"):  # an object with its fields (build_workload's duck type)
+        return type(lengths).__qualname__, repr(sorted(vars(lengths).items()))
+    return None
 
 
 def workload_for(lengths, *, read_events: ReadEvents | None = None) -> Workload:
-    """`build_workload`, once per config object in this process (it keeps the object, so its id
-    stays its own while cached)."""
-    hit = _CACHE.get(id(lengths))
-    if hit is not None and hit[0] is lengths:
-        return hit[1]
-    wl = build_workload(lengths, read_events=read_events)
-    if len(_CACHE) >= 64:
-        _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[id(lengths)] = (lengths, wl)
+    """`build_workload`, once per lengths config in this process. Keyed on the config's value, not
+    on the object: equal configs (each role and tool loads its own) share one workload, and a
+    config changed in place is built anew instead of answering with the workload of what it was.
+    Prefer building the workload once where the engine or simulator is built and passing it down."""
+    key = _value_key(lengths)
+    if key is None:
+        return build_workload(lengths, read_events=read_events)
+    wl = _CACHE.pop(key, None)
+    if wl is None:
+        wl = build_workload(lengths, read_events=read_events)
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = wl  # the most recently used last
     return wl
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from laminar_hpc.launch.ownership import check_ancestors, check_run_dir, make_private_dir
 from laminar_hpc.launch.runlock import LauncherLock, held_message, holder
-from laminar_hpc.rundir import RunDir, RunDirError
+from laminar_hpc.rundir import META_FILE, RunDir, RunDirError
 
 __all__ = ["CampaignLock", "check_resume_model", "lock_holder", "prepare_run_dir"]
 
@@ -109,7 +109,7 @@ def _newest_checkpoint_model(rd: RunDir) -> tuple[str, dict] | None:
     trainer resumes from the newest that verifies, so a damaged newer one is skipped here too."""
     for path in reversed(rd.checkpoints()):
         try:
-            meta = json.loads((path / "meta.json").read_text())
+            meta = json.loads((path / META_FILE).read_text())
         except (OSError, ValueError):
             continue
         if isinstance(meta, dict) and isinstance(meta.get("model"), dict):

@@ -25,6 +25,7 @@ from laminar_hpc.launch.runlock import RoleLock
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport import protocol
 from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
+from laminar_hpc.transport.fdlimit import raise_fd_limit
 from laminar_hpc.transport.security import client_keys
 
 
@@ -96,6 +97,7 @@ def setup_logging(name: str) -> logging.Logger:
 def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = True) -> RoleContext:
     name = f"{role}-{rank}"
     log = setup_logging(name)
+    raise_fd_limit(log)  # a batch job's soft limit of 1,024 descriptors is no match for a flood of connections
     check_run_dir(run_dir)  # before reading anything in it: a directory another user could change is refused
     cfg = load_config(RunDir(run_dir).config)
     rundir = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from laminar_hpc.metrics.status import read_status
-from laminar_hpc.rundir import RunDir, read_json
+from laminar_hpc.rundir import META_FILE, RunDir, read_json
 
 
 def slurm_steps(job_id: str) -> tuple[str, list[tuple[str, str, str]]]:
@@ -57,7 +57,7 @@ def status_report(run_dir: Path) -> str:
         lines.append(f"rollouts    versions {st.rollout_versions}")
     ckpts = rd.checkpoints()
     if ckpts:
-        meta = read_json(ckpts[-1] / "meta.json") or {}
+        meta = read_json(ckpts[-1] / META_FILE) or {}
         lines.append(f"checkpoint  {ckpts[-1]} (step {meta.get('step')}, version {meta.get('version')})")
     else:
         lines.append("checkpoint  none yet")

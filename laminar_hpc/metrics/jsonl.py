@@ -10,8 +10,9 @@ steps.
 Each line is written with ONE os.write of the complete line ending in "\\n", preceded by "\\n" if
 the file does not end with one (the tail of a line a crash or a full disk cut short): a torn
 line is then a line of its own, which readers skip, and never glues onto the next row. Writing
-never raises for a full or failing disk; the file is opened per append, so a run directory that
-was moved or replaced between appends is written where it is now.
+never raises for a full or failing disk, nor for a process out of file descriptors (EMFILE,
+ENFILE); the file is opened per append, so a run directory that was moved or replaced between
+appends is written where it is now.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import logging
 import os
 from pathlib import Path
 
-from laminar_hpc.rundir import DISK_ERRORS
+from laminar_hpc.rundir import TRANSIENT_ERRORS, transient_hint
 
 _log = logging.getLogger(__name__)
 MAX_PENDING = 10_000  # rows kept while the disk refuses them
@@ -64,12 +65,12 @@ class JsonlAppender:
         return True
 
     def _failed(self, err: OSError) -> bool:
-        if err.errno not in DISK_ERRORS:
+        if err.errno not in TRANSIENT_ERRORS:
             raise err
         self.failures += 1
         if self.failures == 1 or self.failures % 100 == 0:
-            _log.warning("%s: cannot append (%s); %d rows wait and are retried with the next one", self.path,
-                         err.strerror, len(self.pending))
+            _log.warning("%s: cannot append (%s: %s); %d rows wait and are retried with the next one", self.path,
+                         err.strerror, transient_hint(err), len(self.pending))
         return False
 
 

@@ -10,11 +10,13 @@ this struct, so a field renamed on one side cannot silently read as missing on t
 """
 from __future__ import annotations
 
+import errno
+import logging
 from pathlib import Path
 
 import msgspec
 
-from laminar_hpc.rundir import atomic_write_text
+from laminar_hpc.rundir import TRANSIENT_ERRORS, atomic_write_text, transient_hint
 
 Scalar = int | float | str | bool | None
 
@@ -84,6 +86,14 @@ class Status(msgspec.Struct, kw_only=True):
     hung: list[str] = []  # roles silent for longer than timeouts.heartbeat_s
     recovery: dict[str, int | dict[str, Scalar]] = {}
     wal_error: str | None = None  # the write-ahead log cannot be written (disk full): admission is paused
+    # writes refused for a passing reason (a full disk, no free file descriptor), each retried:
+    # "status", "wal", "trace", "metrics" -> failures so far
+    write_failures: dict[str, int] = {}
+    # the control-plane socket's monitor (transport/monitor.py): accepted, accept_failed (no free
+    # descriptor), authenticated, handshake_failed, closed, cut (a frame over MAXMSGSIZE), open (now)
+    connections: dict[str, int] = {}
+    unknown_roles: int = 0  # frames from a role name the launcher did not start (controller/membership.py)
+    work_not_held: int = 0  # results and stream chunks from a rollout that does not hold that work: refused
     # controller_stats.json only
     stop_reason: str | None = None
     ledger: dict[str, int | list[int] | dict[str, int]] | None = None  # GroupLedger.summary()
@@ -95,6 +105,34 @@ _decoder = msgspec.json.Decoder(Status)
 
 def write_status(path: Path, status: Status) -> None:
     atomic_write_text(Path(path), _encoder.encode(status).decode())
+
+
+class StatusWriter:
+    """`write_status` for a role's loop: a write refused for a passing reason (no free file
+    descriptor under a flood of connections, a full disk) is counted in `failures`, logged once
+    until a write succeeds again, and reported as False so that the caller retries soon; any
+    other error raises."""
+
+    def __init__(self, log: logging.Logger | None = None):
+        self.log = log or logging.getLogger(__name__)
+        self.failures = 0
+        self.error: str | None = None  # the failure while it lasts
+
+    def write(self, path: Path, status: Status) -> bool:
+        try:
+            write_status(path, status)
+        except OSError as err:
+            if err.errno not in TRANSIENT_ERRORS:
+                raise
+            self.failures += 1
+            if self.error is None:
+                self.log.warning("cannot write %s (%s): %s", path, err.strerror, transient_hint(err))
+            self.error = f"{errno.errorcode.get(err.errno, err.errno)}: {err.strerror}"
+            return False
+        if self.error is not None:
+            self.log.warning("writing %s again (after %d failed attempts)", path, self.failures)
+            self.error = None
+        return True
 
 
 def read_status(path: Path) -> Status:

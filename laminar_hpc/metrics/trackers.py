@@ -31,9 +31,13 @@ import os
 import threading
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from laminar_hpc.metrics.tracker_sinks import SINKS, flatten
 from laminar_hpc.rundir import DISK_ERRORS, RunDir, atomic_write_json, read_json
+
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
 
 _log = logging.getLogger(__name__)
 SKIP = frozenset({"wall"})  # epoch seconds: float32 plots would round them to minutes
@@ -70,7 +74,7 @@ def summary_points(summary: dict) -> tuple[int, dict[str, float], dict[str, str]
 class Trackers:
     """The configured trackers of one run directory, used by one process at a time."""
 
-    def __init__(self, cfg, rd: RunDir | str, *, log: logging.Logger | None = None, sinks: dict | None = None):
+    def __init__(self, cfg: Config, rd: RunDir | str, *, log: logging.Logger | None = None, sinks: dict | None = None):
         self.cfg, self.rd = cfg, RunDir.of(rd)
         self.log = log or _log
         self.kinds = sinks or SINKS
@@ -178,7 +182,7 @@ class TrackerWriter:
         self._thread = threading.Thread(target=self._run, name="trackers", daemon=True)
 
     @classmethod
-    def start(cls, cfg, rd: RunDir | str, *, log: logging.Logger | None = None) -> "TrackerWriter | NoTrackers":
+    def start(cls, cfg: Config, rd: RunDir | str, *, log: logging.Logger | None = None) -> "TrackerWriter | NoTrackers":
         if not cfg.logging.enabled:
             return NoTrackers()
         writer = cls(Trackers(cfg, rd, log=log))
@@ -233,7 +237,7 @@ class NoTrackers:
         return True
 
 
-def finish_run(cfg, rd: RunDir | str, summary: dict, *, log: logging.Logger | None = None,
+def finish_run(cfg: Config, rd: RunDir | str, summary: dict, *, log: logging.Logger | None = None,
                sinks: dict | None = None) -> dict:
     """The launcher, after every role stopped: continue the tracker runs, send the rows the
     trainer did not (the final evaluation) and the summary. Returns {"tracker_failures": n} (the
@@ -252,7 +256,7 @@ def finish_run(cfg, rd: RunDir | str, summary: dict, *, log: logging.Logger | No
     return {"tracker_failures": t.failures_total}
 
 
-def missing_packages(cfg) -> list[str]:
+def missing_packages(cfg: Config) -> list[str]:
     """One line per configured tracker whose package is not installed (told at launch)."""
     import importlib.util
     out = []

@@ -15,7 +15,8 @@ from pathlib import Path
 from laminar_hpc.config import Config, ConfigError
 from laminar_hpc.config.backends import trainer_backend
 from laminar_hpc.config.schema import ModelCfg
-from laminar_hpc.rundir import CheckpointError, RunDir, checkpoint_name, checkpoint_step, newest_verified, verify
+from laminar_hpc.rundir import (MODEL_FILE, CheckpointError, RunDir, checkpoint_name, checkpoint_step, newest_verified,
+                                verify)
 
 
 @dataclass
@@ -68,10 +69,10 @@ def checkpoint_version(cfg: Config, rd: RunDir, step: int | None):
     model_cfg = ModelCfg(**meta["model"]) if "model" in meta else cfg.model  # the shape it was written with
     model, tok = _empty_model(model_cfg)
     try:
-        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
+        model.load_state_dict(torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True))
     except (RuntimeError, OSError) as err:
         why = " ".join(str(err).splitlines()).strip()[:200]
-        raise CheckpointError(f"{path / 'model.pt'}: not this run's model ({why})") from None
+        raise CheckpointError(f"{path / MODEL_FILE}: not this run's model ({why})") from None
     return model, tok, model_cfg, f"{checkpoint_name(meta['step'])}-v{meta['version']}"
 
 

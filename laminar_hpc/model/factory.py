@@ -7,30 +7,43 @@ installed package, or a Hub name `org/name[@revision]` found in the Hugging Face
 `laminar_hpc.model.hf`.
 
     tok = build_tokenizer(cfg.model)
+    args = model_args(cfg.model, tok.vocab_size)       # the shape (model.llama.ModelArgs)
     model = build_model(cfg.model, tok, device="cpu")   # HF weights loaded when hf_path is set
+
+`model_args` is the only way from a config to a shape: ModelArgs declares the shape's fields,
+ModelCfg holds them under the same names with the only defaults, and the copy goes by ModelArgs's
+field list (tests/unit/test_model.py checks that the two name the same fields).
 """
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import TYPE_CHECKING
+
 from laminar_hpc.model.tokenizer import CharTokenizer, Tokenizer
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import ModelCfg
+    from laminar_hpc.model.llama import ModelArgs, Transformer
 
-def build_tokenizer(model_cfg) -> Tokenizer:
+
+def build_tokenizer(model_cfg: ModelCfg) -> Tokenizer:
     if model_cfg.tokenizer == "char":
         return CharTokenizer()
     from laminar_hpc.model.hf import HFTokenizer
     return HFTokenizer.from_path(model_cfg.hf_tokenizer or model_cfg.hf_path)
 
 
-def model_args(model_cfg, vocab_size: int):
+def model_args(model_cfg: ModelCfg, vocab_size: int) -> ModelArgs:
     """The model's shape: the checkpoint's when `hf_path` is set, else the config's."""
     from laminar_hpc.model.llama import ModelArgs
     if model_cfg.hf_path:
         from laminar_hpc.model.hf import hf_model_args
         return hf_model_args(model_cfg.hf_path, max_seq_len=model_cfg.max_seq_len)
-    return ModelArgs.from_config(model_cfg, vocab_size)
+    shape = {f.name: getattr(model_cfg, f.name) for f in fields(ModelArgs) if f.name != "vocab_size"}
+    return ModelArgs(vocab_size=vocab_size, **shape)
 
 
-def build_model(model_cfg, tok: Tokenizer, device: str = "cpu"):
+def build_model(model_cfg: ModelCfg, tok: Tokenizer, device: str = "cpu") -> Transformer:
     """A Transformer of the configured shape; with `hf_path`, holding the checkpoint's weights."""
     import torch
 

@@ -30,12 +30,16 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from laminar_hpc.model.hub import HubError, hub_snapshot, parse_hub_name
 from laminar_hpc.model.llama import ModelArgs
 from laminar_hpc.model.tokenizer import hf_chat_prompt
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import ModelCfg
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 PACKAGE_PREFIX = "package:"
@@ -103,7 +107,7 @@ def _transformers(path: Path):
     return transformers
 
 
-def preflight(model_cfg) -> None:
+def preflight(model_cfg: ModelCfg) -> None:
     """The launcher's check before any role starts (cheap: a GGUF's metadata, which takes seconds
     to parse, is left to the roles): paths exist, config.json is supported, libraries are installed."""
     for spec in (model_cfg.hf_path, model_cfg.hf_tokenizer):

@@ -5,8 +5,9 @@ engine (slot-based KV cache for continuous batching). Parameter names follow HF'
 `LlamaForCausalLM` / `Qwen2ForCausalLM` (`model.layers.0.self_attn.q_proj.weight`, ...) and RoPE
 uses HF's rotate-half convention, so HF checkpoints load without renaming or permuting.
 
-    from laminar_hpc.model.llama import ModelArgs, Transformer
-    model = Transformer(ModelArgs(vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2))
+    from laminar_hpc.model.factory import model_args
+    from laminar_hpc.model.llama import Transformer
+    model = Transformer(model_args(cfg.model, tok.vocab_size))
     logits = model(tokens)                      # [B, T, vocab]
 """
 from __future__ import annotations
@@ -22,29 +23,25 @@ from laminar_hpc.model.sampling import processed_logprobs
 
 @dataclass(frozen=True)
 class ModelArgs:
+    """The model's shape: the one type every role builds its model from. It has no defaults of
+    its own: it is built by `model.factory.model_args`, from the config's `model:` section
+    (config.schema.ModelCfg, whose fields carry the same names and the only defaults) plus the
+    tokenizer's vocabulary, or from a checkpoint's config.json when `model.hf_path` is set."""
     vocab_size: int
-    dim: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    ffn_dim: int = 384
-    max_seq_len: int = 128
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True
-    attention_bias: bool = False  # Qwen2 has biases on q/k/v
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    max_seq_len: int
+    rope_theta: float
+    norm_eps: float
+    tie_embeddings: bool
+    attention_bias: bool  # Qwen2 has biases on q/k/v
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
-
-    @classmethod
-    def from_config(cls, m, vocab_size: int) -> "ModelArgs":
-        """From a config's `model:` section (laminar_hpc.config.schema.ModelCfg)."""
-        return cls(vocab_size=vocab_size, dim=m.dim, n_layers=m.n_layers, n_heads=m.n_heads,
-                   n_kv_heads=m.n_kv_heads, ffn_dim=m.ffn_dim, max_seq_len=m.max_seq_len,
-                   rope_theta=m.rope_theta, norm_eps=m.norm_eps, tie_embeddings=m.tie_embeddings,
-                   attention_bias=m.attention_bias)
 
 
 class RMSNorm(nn.Module):

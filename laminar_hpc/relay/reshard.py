@@ -18,10 +18,14 @@ already converted down the chain (relay/pipeline.py).
 from __future__ import annotations
 
 import bisect
+from typing import TYPE_CHECKING
 
 from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.transport.store_layout import rollout_dtype
 from laminar_hpc.transport.weight_store import digest_to_int, piece_digest
+
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
 
 
 class Reshard:
@@ -33,7 +37,7 @@ class Reshard:
         self.src_digest, self.dst_digest = digest_to_int(src.digest), digest_to_int(dst.digest)
 
     @classmethod
-    def from_config(cls, cfg) -> "Reshard | None":
+    def from_config(cls, cfg: Config) -> Reshard | None:
         if not rollout_backend(cfg).reshards(cfg, rollout_dtype(cfg)):
             return None
         from laminar_hpc.model.factory import build_tokenizer, model_args

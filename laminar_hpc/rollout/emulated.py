@@ -34,7 +34,7 @@ import numpy as np
 
 from laminar_hpc.emulation.cost import Clock, CostModel
 from laminar_hpc.emulation.episodes import FIRST_ORDINARY_ID, TOOL_ID
-from laminar_hpc.emulation.workload import workload_for
+from laminar_hpc.emulation.workload import Workload, workload_for
 from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem
 
 
@@ -47,11 +47,12 @@ class _Seq:
 
 class EmulatedEngine:
     def __init__(self, emu, *, seed: int, eos_id: int, vocab_size: int, max_batch: int, nbytes: int,
-                 length_seed: int | None = None):
+                 length_seed: int | None = None, workload: Workload | None = None):
         self.emu, self.seed, self.eos_id, self.vocab_size = emu, seed, eos_id, vocab_size
         # lengths are drawn from the RUN's seed, so a migrated trajectory keeps its length on any replica
         self.length_seed = seed if length_seed is None else length_seed
-        self.workload = workload_for(emu.lengths, read_events=_read_events)
+        # built once where the engine is built (rollout/node.py) and passed down; else looked up
+        self.workload = workload if workload is not None else workload_for(emu.lengths, read_events=read_trace_events)
         if self.workload.episodes and eos_id == TOOL_ID:
             raise ValueError(f"eos_id {eos_id} is the emulated TOOL id: emulated episodes need another tokenizer")
         self.max_batch = max_batch
@@ -168,7 +169,7 @@ class EmulatedEngine:
         return outs
 
 
-def _read_events(run_dir):
+def read_trace_events(run_dir):
     """A run's trace events (an `emulation.lengths` empirical source of kind `trace`)."""
     from laminar_hpc.metrics.trace import read_run
     return read_run(run_dir).events

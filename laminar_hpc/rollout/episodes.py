@@ -17,6 +17,7 @@ it started on: the rollout loads no new weights while any is out (one version pe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.rollout.base import SeqRequest
@@ -26,6 +27,9 @@ from laminar_hpc.tasks.episode import (
     EnvContext, Environment, last_turn, model_turns, observation_ids, pending_calls, transcript,
 )
 from laminar_hpc.transport.protocol import Trajectory
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 
 @dataclass
@@ -40,13 +44,15 @@ class Episode:
         return self.mask + [1] * (n_tokens - len(self.mask))
 
 
-def episode_parts(cfg, tok):
-    """(format, environment class, its args) for this config, or None without episodes."""
+def episode_parts(cfg: Config, tok, workload=None):
+    """(format, environment class, its args) for this config, or None without episodes
+    (`workload`: an emulated engine's, which its tool environment follows)."""
     if rollout_backend(cfg).emulated:
         from laminar_hpc.emulation.episodes import EmulatedFormat, EmulatedToolEnv, episodes_enabled
         if episodes_enabled(cfg.emulation):
             return EmulatedFormat(), EmulatedToolEnv, {
-                "emulation": cfg.emulation, "seed": cfg.seed, "max_new_tokens": cfg.rollout.max_new_tokens}
+                "emulation": cfg.emulation, "seed": cfg.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
+                "workload": workload}
         return None
     if not cfg.env.enabled:
         return None
@@ -55,9 +61,9 @@ def episode_parts(cfg, tok):
 
 
 class Episodes:
-    def __init__(self, cfg, tok, tracer, max_len: int | None):
+    def __init__(self, cfg: Config, tok, tracer, max_len: int | None, workload=None):
         self.cfg, self.tok, self.tracer, self.max_len = cfg, tok, tracer, max_len
-        parts = episode_parts(cfg, tok)
+        parts = episode_parts(cfg, tok, workload)
         self.enabled = parts is not None
         self.state: dict[str, Episode] = {}
         self.parked: dict[str, SeqRequest] = {}

@@ -19,9 +19,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 
-def load_policy(cfg, target: Path, step: int | None):
+def load_policy(cfg: Config, target: Path, step: int | None):
     """(model with the target's weights, tokenizer, model config, label)."""
     from laminar_hpc.model.export import checkpoint_version
     from laminar_hpc.model.factory import build_model, build_tokenizer
@@ -68,12 +72,12 @@ def generate(engine, prompts: list[list[int]], max_new: int, greedy: bool) -> li
     return [out[str(i)] for i in range(len(prompts))]
 
 
-def evaluate(cfg, model, tok, *, samples: int, pass_k: int, label: str) -> dict:
+def evaluate(cfg: Config, model, tok, *, samples: int, pass_k: int, label: str) -> dict:
     import torch
 
     from laminar_hpc.metrics.evaluation import eval_scores
     from laminar_hpc.model.factory import model_args
-    from laminar_hpc.rollout.engine import TorchEngine
+    from laminar_hpc.rollout.torch_engine import TorchEngine
     from laminar_hpc.tasks import build_task, encode_prompt, score_all, validation_problems
     from laminar_hpc.tasks.base import Response
     from laminar_hpc.tasks.rewards import RewardOutcome

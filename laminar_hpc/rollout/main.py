@@ -68,7 +68,8 @@ class Rollout:
         # tools leaves the batch, so a rollout holds `capacity` trajectories for `max_batch` slots
         # (vLLM's engine knows its own limit; the others' is the config's)
         max_len = getattr(self.engine, "max_model_len", None) or rollout_backend(cfg).max_seq_len(cfg)
-        self.episodes = Episodes(cfg, self.tok, ctx.tracer, max_len=max_len)
+        self.episodes = Episodes(cfg, self.tok, ctx.tracer, max_len=max_len,
+                                 workload=getattr(self.engine, "workload", None))  # an emulated engine's
         extra = cfg.env.extra_episodes if cfg.env.extra_episodes is not None else self.engine.max_batch
         self.capacity = self.engine.max_batch + (extra if self.episodes.enabled else 0)
         self.eval_ids: set[str] = set()  # evaluation work running here (not streamed, not repacked)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from laminar_hpc.launch.role import RoleContext, node_name
 from laminar_hpc.model.factory import model_args
@@ -17,6 +18,9 @@ from laminar_hpc.rundir import read_json
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.store_layout import rollout_dtype
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 
 class NodeWeights:
@@ -75,7 +79,7 @@ def find_local_relay(ctx: RoleContext) -> int:
         time.sleep(0.1)  # poll for files the relays write
 
 
-def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
+def build_engine(cfg: Config, rank: int, tok) -> tuple[RolloutEngine, object]:
     """The engine `rollout.backend` names, and the weight layout it loads (torch is imported
     only for the torch and vLLM engines: 32 emulated replicas start in a fraction of the time;
     vllm only for the vLLM engine, whose layout of HF names comes from the model's shape). The
@@ -83,26 +87,29 @@ def build_engine(cfg, rank: int, tok) -> tuple[RolloutEngine, object]:
     return ENGINES[cfg.rollout.backend](cfg, cfg.seed * 1000 + rank, tok)
 
 
-def _vllm_engine(cfg, seed: int, tok):
+def _vllm_engine(cfg: Config, seed: int, tok):
     from laminar_hpc.model.weights import layout_for
     from laminar_hpc.rollout.vllm_engine import VllmEngine
     layout = layout_for(model_args(cfg.model, tok.vocab_size), rollout_dtype(cfg))
     return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
 
 
-def _emulated_engine(cfg, seed: int, tok):
+def _emulated_engine(cfg: Config, seed: int, tok):
     from laminar_hpc.emulation.weights import EmulatedWeights
-    from laminar_hpc.rollout.emulated import EmulatedEngine
+    from laminar_hpc.emulation.workload import build_workload
+    from laminar_hpc.rollout.emulated import EmulatedEngine, read_trace_events
     layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
+    workload = build_workload(cfg.emulation.lengths, read_events=read_trace_events)  # once: the engine and its episodes
     return EmulatedEngine(cfg.emulation, seed=seed, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
-                          max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed), layout
+                          max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed,
+                          workload=workload), layout
 
 
-def _torch_engine(cfg, seed: int, tok):
+def _torch_engine(cfg: Config, seed: int, tok):
     import torch
 
     from laminar_hpc.model.weights import WeightLayout
-    from laminar_hpc.rollout.engine import TorchEngine
+    from laminar_hpc.rollout.torch_engine import TorchEngine
     torch.set_num_threads(cfg.rollout.torch_threads)
     engine = TorchEngine(model_args(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
                          temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,

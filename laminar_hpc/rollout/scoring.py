@@ -18,6 +18,7 @@ can count them apart.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks.reward_pool import RewardPool
 from laminar_hpc.tasks import validation_problems
@@ -25,11 +26,14 @@ from laminar_hpc.tasks.base import Problem, Response
 from laminar_hpc.tasks.episode import last_turn, transcript
 from laminar_hpc.transport.protocol import Trajectory
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
+
 LOG_EVERY_S = 60.0  # a failing reward is logged at most this often per reason (every failure is traced)
 
 
 class Scoring:
-    def __init__(self, cfg, task, tok, tracer, log):
+    def __init__(self, cfg: Config, task, tok, tracer, log):
         self.cfg, self.task, self.tok, self.tracer, self.log = cfg, task, tok, tracer, log
         self.pool = RewardPool(cfg.task.reward)
         self.waiting: dict[str, Trajectory] = {}  # submitted, reward not back yet

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.policy import refresh
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.rollout.base import RolloutEngine, SeqRequest
 from laminar_hpc.transport.protocol import WeightsLoaded
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config, RolloutCfg
 
 
 class UpdateHost(Protocol):
@@ -61,7 +64,7 @@ class ReplicaRefresh:
     """laminar: pure laminar (drain, then pull) or refresh in flight (policy/refresh.py)."""
     paused = False
 
-    def __init__(self, host: UpdateHost, rollout_cfg):
+    def __init__(self, host: UpdateHost, rollout_cfg: RolloutCfg):
         self.host = host
         self.setting, self.below = rollout_cfg.refresh_in_flight, rollout_cfg.refresh_below
         self.keep_kv = rollout_cfg.refresh_kv == "keep"
@@ -98,7 +101,7 @@ class ReplicaRefresh:
 class GlobalUpdate:
     """partial-rollout: interrupt, load, wait for every replica (`resume`), continue."""
 
-    def __init__(self, host: UpdateHost, cfg):
+    def __init__(self, host: UpdateHost, cfg: Config):
         self.host, self.cfg = host, cfg
         self.keep_kv = cfg.partial_rollout.kv == "keep"
         self.path = update_path(cfg)  # relay, or AReaL's: the file the trainer sent
@@ -198,7 +201,7 @@ class BarrierLoad:
         return False
 
 
-def build_updates(cfg, host: UpdateHost) -> ReplicaRefresh | GlobalUpdate | BarrierLoad:
+def build_updates(cfg: Config, host: UpdateHost) -> ReplicaRefresh | GlobalUpdate | BarrierLoad:
     """The component `cfg.mode` takes new weights with."""
     spec = MODES[cfg.mode]
     if spec.global_update:

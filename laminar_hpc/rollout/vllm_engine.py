@@ -37,8 +37,12 @@ import itertools
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 MIN_VLLM = "0.29"  # four-phase weight-transfer API with finish_weight_update(weight_version): see docs/gpu.md
 # the sampled token's log-prob after temperature, top-k and top-p (renormalised over what they
@@ -124,7 +128,7 @@ class VllmEngine:
             llm.init_weight_transfer_engine({"init_info": {}})  # the IPC backend needs no handshake
 
     @classmethod
-    def from_config(cls, cfg, *, seed: int, eos_id: int, api=None, stager=None) -> "VllmEngine":
+    def from_config(cls, cfg: Config, *, seed: int, eos_id: int, api=None, stager=None) -> "VllmEngine":
         """Start vLLM for `cfg` (model.hf_path: a Hugging Face directory vLLM reads config.json
         from). Its weights are dummies until the first version is pulled from the relay."""
         if not cfg.model.hf_path:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,9 @@ from laminar_hpc.emulation.workload import complete_group_lengths, has_tools
 from laminar_hpc.metrics.summary import read_metrics
 from laminar_hpc.metrics.trace import read_run
 from laminar_hpc.sim.params import SimParams
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 Z90 = 1.2815515655446004
 
@@ -167,7 +171,7 @@ def calibrate(path: str | Path) -> Calibration:
     return cal
 
 
-def calibrated_config(cfg, cal: Calibration):
+def calibrated_config(cfg: Config, cal: Calibration):
     """The config with the measured cost model in its emulation section (decode, training, lengths)."""
     f = cal.fitted
     emu = {k: f[k] for k in ("decode_base_ms", "decode_per_seq_us", "decode_per_kv_token_ns", "train_per_token_us")

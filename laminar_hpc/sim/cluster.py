@@ -12,20 +12,24 @@ tool calls and the time episodes waited for them).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from laminar_hpc.metrics.goodput import attribute, lag_stats
 from laminar_hpc.sim.controller import SimController
-from laminar_hpc.sim.engine import EventQueue
+from laminar_hpc.sim.events import EventQueue
 from laminar_hpc.sim.observe import Observer, sim_ideal
 from laminar_hpc.sim.params import ClusterSpec, SimParams
 from laminar_hpc.sim.pool import Pool
 from laminar_hpc.sim.rollout import SimRollout
 from laminar_hpc.sim.trainer import SimRelays, SimTrainer
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
-def relay_of(rank: int, cfg, spec: ClusterSpec) -> int:
+
+def relay_of(rank: int, cfg: Config, spec: ClusterSpec) -> int:
     """The relay a rollout pulls from: the one on its node. On one machine (an emulated run,
     `bcast_gbps` unset) every rollout finds relay 0 (`rollout/node.find_local_relay`); on a
     cluster, rank 0 is the master on the trainer's node and rollout node n runs relay n + 1."""
@@ -36,7 +40,7 @@ def relay_of(rank: int, cfg, spec: ClusterSpec) -> int:
 
 
 class Simulation:
-    def __init__(self, cfg, params: SimParams, spec: ClusterSpec | None = None, steps: int | None = None):
+    def __init__(self, cfg: Config, params: SimParams, spec: ClusterSpec | None = None, steps: int | None = None):
         self.cfg, self.params, self.spec = cfg, params, spec or ClusterSpec()
         self.q = EventQueue()
         self.pool = Pool(cfg.trainer.group_size, params.lengths(cfg), params.prompt_tokens)
@@ -201,7 +205,7 @@ def _goodput(sim: Simulation, throughput: float, t_a: float, t_b: float, skip: i
     return out
 
 
-def simulate(cfg, params: SimParams, spec: ClusterSpec | None = None, *, steps: int | None = None, skip: int = 1,
+def simulate(cfg: Config, params: SimParams, spec: ClusterSpec | None = None, *, steps: int | None = None, skip: int = 1,
              max_sim_s: float = 1e9, dt: float | None = None) -> dict:
     """Simulate `cfg` (its mode, repack switch and sizes) with `params`; returns the figures."""
     t0 = time.perf_counter()

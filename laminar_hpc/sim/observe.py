@@ -44,7 +44,7 @@ def sim_ideal(sim) -> dict:
     length and, when calibrated, resampled lengths)."""
     p = sim.params
     return ideal_for_config(sim.cfg, cost=p.cost, prompt_tokens=p.prompt_tokens,
-                            lengths=p.empirical_lengths).as_dict()
+                            lengths=p.empirical_lengths, workload=p.workload).as_dict()
 
 
 class Observer:

@@ -15,6 +15,7 @@ workload (`emulation.workload`: `response_length` for a plain log-normal).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,9 +24,12 @@ from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel
 from laminar_hpc.emulation.ideal import workload_moments
-from laminar_hpc.emulation.workload import EpisodePlan, workload_for
+from laminar_hpc.emulation.workload import EpisodePlan, Workload, build_workload, workload_for
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.transport.weight_store import CHECKSUM_PIECE
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 
 @dataclass
@@ -84,12 +88,13 @@ class Lengths:
     resampled from measured lengths (calibration). Tool-use episodes always take the runtime's
     own plans (`plans`), whatever the mode."""
 
-    def __init__(self, lengths, *, seed: int, cap: int, mode: str = "exact", empirical: list[int] | None = None):
+    def __init__(self, lengths, *, seed: int, cap: int, mode: str = "exact", empirical: list[int] | None = None,
+                 workload: Workload | None = None):
         self.cfg, self.seed, self.cap, self.draws = lengths, seed, cap, mode
         self.empirical = np.asarray(sorted(empirical), dtype=np.int64) if empirical else None
         self.rng = np.random.default_rng([seed, 0x51A])
         self.hi = int(min(cap, lengths.max_tokens))
-        self.workload = workload_for(lengths, read_events=read_events)
+        self.workload = workload if workload is not None else workload_for(lengths, read_events=read_events)
         self.episodes = self.workload.episodes and self.empirical is None
 
     def draw(self, traj_ids: list[str]) -> list[int]:
@@ -116,7 +121,7 @@ def read_events(run_dir) -> list:
     return read_run(run_dir).events
 
 
-def areal_update(cfg, spec: ClusterSpec, relay_pull_s: float, real_copy_s: float) -> dict | None:
+def areal_update(cfg: Config, spec: ClusterSpec, relay_pull_s: float, real_copy_s: float) -> dict | None:
     """partial-rollout's global update over AReaL's path (config `partial_rollout`), None on the relay
     path. The trainer sends `nominal_weight_gb` itself and is blocked for it; the relays carry nothing.
 
@@ -170,16 +175,18 @@ class SimParams:
     update_ready_s: float = 0.0
     failures: FailureSpec = field(default_factory=FailureSpec)
     sources: dict = field(default_factory=dict)  # parameter -> where its value came from
+    # the workload of emu.lengths, built once (lengths, episode plans, the ideal): passed down, never looked up
+    workload: Workload | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_config(cls, cfg, spec: ClusterSpec | None = None, length_mode: str = "exact") -> "SimParams":
+    def from_config(cls, cfg: Config, spec: ClusterSpec | None = None, length_mode: str = "exact") -> "SimParams":
         spec = spec or ClusterSpec()
         e = cfg.emulation
         scale = rollout_backend(cfg).time_scale(cfg)
         wall = 1.0 / scale  # one wall second of real overhead, in emulated seconds
         cost = CostModel(e)
         prompt = cfg.task.prompt_tokens if cfg.task.type == "synthetic" else spec.prompt_tokens
-        wl = workload_for(e.lengths, read_events=read_events)
+        wl = build_workload(e.lengths, read_events=read_events)  # once: the simulation's draws, plans and ideal
         kind = "mixture" if wl.mixture else ("empirical" if wl.components[0].values is not None else "log-normal")
         src = {"cost model": "config emulation.* (the emulated engines' own coefficients)",
                "lengths": f"config emulation.lengths ({kind}, {length_mode} draws"
@@ -222,7 +229,7 @@ class SimParams:
                 ctl_per_traj_s=spec.ctl_per_traj_us * 1e-6 * wall,
                 idle_poll_s=spec.idle_poll_ms * 1e-3 * wall, state_interval_s=cfg.repack.state_interval_s * wall,
                 moving_expiry_s=move_expiry_s(cfg.repack.interval_s, second=wall), relay_count=cfg.relay.count,
-                length_mode=length_mode, failures=spec.failures, sources=src, relay_fill_s=fill_s,
+                length_mode=length_mode, failures=spec.failures, sources=src, relay_fill_s=fill_s, workload=wl,
                 **({} if update is None else {"update_path": update["path"], "update_send_s": update["send_s"],
                                               "update_ready_s": update["ready_s"]}))
         return p
@@ -230,11 +237,12 @@ class SimParams:
     def with_emulation(self, **changes) -> "SimParams":
         """A copy whose cost model has some coefficients changed (calibration, scaling)."""
         emu = self.emu.model_copy(update=changes)
-        return replace(self, emu=emu, cost=CostModel(emu))
+        wl = self.workload if emu.lengths == self.emu.lengths else build_workload(emu.lengths, read_events=read_events)
+        return replace(self, emu=emu, cost=CostModel(emu), workload=wl)
 
-    def lengths(self, cfg) -> Lengths:
+    def lengths(self, cfg: Config) -> Lengths:
         return Lengths(self.emu.lengths, seed=cfg.seed, cap=cfg.rollout.max_new_tokens, mode=self.length_mode,
-                       empirical=self.empirical_lengths)
+                       empirical=self.empirical_lengths, workload=self.workload)
 
     def bcast_ready_s(self, hop: int) -> float:
         """Publish -> readable at relay rank `hop` (0 = master). Copy, checksum and chain overlap
@@ -258,7 +266,7 @@ class SimParams:
                 "lengths": {"median": e.lengths.median, "p99_over_median": e.lengths.p99_over_median,
                             "max_tokens": e.lengths.max_tokens, "mode": self.length_mode,
                             "empirical": self.empirical_lengths is not None,
-                            "workload": workload_for(e.lengths, read_events=read_events).describe()},
+                            "workload": self.workload.describe()},
                 "pull_s": self.pull_s, "publish_stall_s": self.publish_stall_s, "update_path": self.update_path,
                 "update_send_s": self.update_send_s, "update_ready_s": self.update_ready_s,
                 "relay_ready_s": [round(self.bcast_ready_s(h), 6) for h in range(min(4, self.relay_count))],

@@ -11,12 +11,15 @@ and each refresh setting; `ratio_vs_sync` is each mode's trainer throughput over
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from laminar_hpc.config.update_paths import UPDATE_PATHS
 from laminar_hpc.sim.cluster import simulate
 from laminar_hpc.sim.params import ClusterSpec, SimParams
 from laminar_hpc.sim.presets import base_gpus, scale_cluster
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 # AReaL's default update path: `weight_update_mode` defaults to "xccl" (areal/api/cli_args.py, checked
 # at github.com/inclusionAI/AReaL 4aef98d, May 2026): FSDP rank 0 pauses every inference server
@@ -71,7 +74,7 @@ def variant_overrides(name: str, update_path: str = "relay") -> list[str]:
             for o in VARIANTS[name]]
 
 
-def mode_config(cfg, name: str):
+def mode_config(cfg: Config, name: str):
     """`cfg` as variant `name` runs it (VARIANTS)."""
     from laminar_hpc.config.load import apply_override, config_from_dict
     data, overrides = cfg.model_dump(mode="json"), variant_overrides(name, cfg.partial_rollout.update_path)
@@ -80,14 +83,14 @@ def mode_config(cfg, name: str):
     return config_from_dict(data, f"{cfg.name} as {name}", overrides)
 
 
-def length_mode(requested: str, cfg, steps: int) -> str:
+def length_mode(requested: str, cfg: Config, steps: int) -> str:
     if requested != "auto":
         return requested
     expected = steps * cfg.trainer.groups_per_step * cfg.trainer.group_size * 1.5  # + what runs ahead
     return "exact" if expected <= EXACT_LIMIT else "fast"
 
 
-def run_modes(cfg, spec: ClusterSpec, *, modes: list[str] | None = None, steps: int | None = None,
+def run_modes(cfg: Config, spec: ClusterSpec, *, modes: list[str] | None = None, steps: int | None = None,
               barrier_steps: int | None = None, skip: int = 1, lengths: str = "auto",
               tune: Callable[[SimParams], SimParams] | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Figures per mode. `tune` adjusts the params built from the config (calibration)."""
@@ -111,7 +114,7 @@ def run_modes(cfg, spec: ClusterSpec, *, modes: list[str] | None = None, steps: 
     return out
 
 
-def scaling_curve(cfg, spec: ClusterSpec, gpus: list[int], *, modes: list[str] | None = None, steps: int = 20,
+def scaling_curve(cfg: Config, spec: ClusterSpec, gpus: list[int], *, modes: list[str] | None = None, steps: int = 20,
                   barrier_steps: int | None = None, skip: int = 1, lengths: str = "auto",
                   tune: Callable[[SimParams], SimParams] | None = None,
                   log: Callable[[str], None] | None = None) -> dict:

@@ -16,15 +16,17 @@ from laminar_hpc.tasks.episode import EnvContext, observation_ids
 
 
 def play_episodes(tok, problems: list[Problem], env_cfg, *, max_new_tokens: int, max_len: int, reward,
-                  decode) -> list[float]:
+                  decode, calls: list[int] | None = None) -> list[float]:
     """Rewards of episodes on `problems`, each model turn decoded by `decode(prompts, rooms) ->
     completions` (greedy or sampled: the caller's engine), the calls run with the environment's
-    own tools between turns (each under env.tool_timeout_s), the last turn scored by `reward`."""
+    own tools between turns (each under env.tool_timeout_s), the last turn scored by `reward`.
+    `calls`, when given, gets each episode's number of tool calls, in order."""
     from laminar_hpc.tasks.tools import load_environment, load_format
     fmt, env_cls = load_format(env_cfg), load_environment(env_cfg)
     prompts = [encode_prompt(tok, p) for p in problems]
     tokens: list[list[int]] = [[] for _ in problems]
     last: list[list[int]] = [[] for _ in problems]
+    made = [0] * len(problems)
     live = [i for i, x in enumerate(prompts) if len(x) < max_len]
     for turn in range(env_cfg.max_turns):
         if not live:
@@ -38,14 +40,17 @@ def play_episodes(tok, problems: list[Problem], env_cfg, *, max_new_tokens: int,
         for i, out in zip(live, outs):
             tokens[i] += out
             last[i] = out
-            calls = fmt.turn_calls(tok, out) if turn + 1 < env_cfg.max_turns else []
-            if not calls:
+            turn_calls = fmt.turn_calls(tok, out) if turn + 1 < env_cfg.max_turns else []
+            if not turn_calls:
                 continue
             env = env_cls(problems[i], EnvContext(traj_id=f"warmup.{i}", seed=0, args=env_cfg.args))
-            results = [asyncio.run(_call(env, c, env_cfg.tool_timeout_s)) for c in calls]
+            results = [asyncio.run(_call(env, c, env_cfg.tool_timeout_s)) for c in turn_calls]
+            made[i] += len(turn_calls)
             tokens[i] += observation_ids(fmt, tok, results, ended_with_eos=bool(out) and out[-1] == tok.eos_id)
             nxt.append(i)
         live = nxt
+    if calls is not None:
+        calls.extend(made)
     items = [(p, Response(tok.decode([t for t in a if t != tok.eos_id]), tuple(a))) for p, a in zip(problems, last)]
     return [o.reward for o in score_all(reward, items)]
 

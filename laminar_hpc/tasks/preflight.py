@@ -9,10 +9,11 @@ and what to do.
 What it checks, in order:
 - the dataset loads (tasks/dataset.py: a missing or malformed file, a bad row);
 - a validation split exists when evaluation needs one;
-- the supervised warm-up has gold answers to learn from;
 - `env.tools`, `env.environment` and `env.format` import (else every role would restart on it);
 - a chat (a row holding messages, or `task.chat_template: true`) renders with the tokenizer's
-  chat template (`tokenizer` builds it only then);
+  chat template (`tokenizer` builds it only then, once);
+- the supervised warm-up has gold answers to learn from, or demonstrations (`warmup.data`) whose
+  every row is a conversation this run can replay, rendered with the tokenizer;
 - each reward function is called on a sample row (the task's problem 0, its gold answer as the
   response) in the reward pool, under `timeout_s`: one that raises, hangs, returns no number,
   returns components no weight names, or scores outside `range` stops the start.
@@ -51,10 +52,11 @@ def check_start(cfg, tokenizer: Callable[[], Any]) -> list[str]:
     if cfg.eval.every_steps and hasattr(task, "validation") and not task.validation():
         raise StartCheckError(f"eval.every_steps={cfg.eval.every_steps} but the dataset has no validation split: set "
                               "task.validation_path or task.validation_fraction, or eval.every_steps: 0")
-    check_warmup(cfg)
+    tokenizer = _once(tokenizer)  # a Hub or GGUF tokenizer takes seconds to build: once for every check
     if cfg.env.enabled:
         check_env(cfg.env)
     check_chat(task, cfg.task, tokenizer)
+    check_warmup(cfg, task, tokenizer)
     notes += check_reward(cfg.task.reward, task.problem(0), where(task, 0))
     return notes
 
@@ -65,15 +67,57 @@ def where(task, index: int) -> str:
     return locate(index) if locate is not None else f"problem {index} of {task.name}"
 
 
-def check_warmup(cfg) -> None:
-    """The supervised warm-up learns the gold answers: a dataset without them (task.layout: trl)
-    cannot warm up."""
-    runs = (cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not cfg.model.hf_path
-            and not cfg.trainer.init_checkpoint and cfg.trainer.backend != "emulated")
-    if runs and getattr(cfg.task, "type", None) in ("dataset", "jsonl") and cfg.task.answer_field is None:
+def _once(factory: Callable[[], Any]) -> Callable[[], Any]:
+    made: list[Any] = []
+    return lambda: made[0] if made else (made.append(factory()) or made[0])
+
+
+def warmup_runs(cfg) -> bool:
+    """Whether the trainer warms up before RL (trainer/main.py): not when it resumes or starts from
+    trainer.init_checkpoint, nor from a model.hf_path checkpoint unless warmup.data gives
+    demonstrations."""
+    return bool(cfg.warmup.enabled and cfg.warmup.max_steps > 0 and (not cfg.model.hf_path or cfg.warmup.data)
+                and not cfg.trainer.init_checkpoint and cfg.trainer.backend != "emulated")
+
+
+def check_warmup(cfg, task=None, tokenizer: Callable[[], Any] | None = None) -> None:
+    """The supervised warm-up learns the gold answers, or the demonstrations of `warmup.data`: a
+    dataset without gold answers (task.layout: trl) needs the latter. A demonstrations file is
+    read and every row checked (tasks/demos.py), and with the task and tokenizer rendered as the
+    warm-up renders it; several bad rows are printed one a line before the error."""
+    if not warmup_runs(cfg):
+        return
+    if cfg.warmup.data:
+        check_demos(cfg, task, tokenizer)
+        return
+    if getattr(cfg.task, "type", None) in ("dataset", "jsonl") and cfg.task.answer_field is None:
         raise StartCheckError(f"warmup: the supervised warm-up trains on gold answers, and task.answer_field is unset "
                               f"(task.layout: {cfg.task.layout}); set task.answer_field to the column holding them, "
-                              "or warmup.enabled: false (with model.hf_path or trainer.init_checkpoint as the start)")
+                              "set warmup.data to demonstrations, or warmup.enabled: false (with model.hf_path or "
+                              "trainer.init_checkpoint as the start)")
+
+
+def check_demos(cfg, task=None, tokenizer: Callable[[], Any] | None = None) -> None:
+    """warmup.data loads, every row is a demonstration this run's env can replay, and (given the
+    task and the tokenizer) each renders as the warm-up renders it (tasks/demo_tokens.py)."""
+    import sys
+
+    from laminar_hpc.tasks.demo_tokens import demo_rows
+    from laminar_hpc.tasks.demos import DemoError, load_demos
+    try:
+        if task is None or tokenizer is None:
+            load_demos(cfg.warmup.data, cfg.env)
+        else:
+            demo_rows(cfg.warmup.data, task, tokenizer(), cfg.env, max_len=cfg.model.max_seq_len, seed=cfg.seed)
+    except DemoError as err:
+        if err.total == 1:
+            raise StartCheckError(_one_line(err.lines[0])) from None
+        for line in err.lines:
+            print(f"laminar: {_one_line(line)}", file=sys.stderr)
+        raise StartCheckError(f"warmup.data: {cfg.warmup.data} has {err.total} bad rows, each listed above; fix "
+                              "them or remove them") from None
+    except ValueError as err:  # a tool or format that does not import
+        raise StartCheckError(f"warmup.data: {_one_line(err)}") from None
 
 
 def check_env(env_cfg) -> None:
@@ -164,4 +208,5 @@ def logged_notes(reward_cfg, components: dict[str, float]) -> list[str]:
             f"{', '.join('reward.' + k for k in extra)}, never added to it (task.reward.weights names what is summed)"]
 
 
-__all__ = ["StartCheckError", "check_chat", "check_env", "check_reward", "check_start", "check_warmup", "sample"]
+__all__ = ["StartCheckError", "check_chat", "check_demos", "check_env", "check_reward", "check_start", "check_warmup",
+           "sample", "warmup_runs"]

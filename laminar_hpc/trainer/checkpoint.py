@@ -1,20 +1,30 @@
 """Trainer checkpoints on the run directory's filesystem: atomic, verified, rotated, asynchronous.
 
+The checkpoint format has two owners that split at torch: laminar_hpc/rundir.py holds the
+names (`checkpoint_name`, MODEL_FILE, META_FILE, MANIFEST_FILE, COMPLETE_FILE, ...), the listing
+and the verification; this module writes and loads the tensors. Nothing else spells a file name
+of a checkpoint folder:
+
     checkpoints/step_000100/
       model.pt optim.pt rng.pt   state
       meta.json                  step, version, model shape
       ledger.json                the trainer's exactly-once ledger (absent in older checkpoints)
+      dist/                      trainer.backend megatron: its dist_checkpointing shards
       manifest.json              sha256 of every file above
       COMPLETE                   written last: a directory without it is ignored
 
 Written under a temporary name and renamed, so a crash mid-write never leaves a directory
-that looks complete. `load_latest` verifies the manifest and falls back to the previous
-checkpoint when the newest is corrupt or partial (saying so). A write that fails (a full disk)
-removes its temporary directory and leaves every earlier checkpoint as it was.
+that looks complete (`remove_unfinished` clears what a killed writer left). `load_latest`
+verifies the manifest and falls back to the previous checkpoint when the newest is corrupt or
+partial (saying so). A write that fails (a full disk) removes its temporary directory and
+leaves every earlier checkpoint as it was.
 
-`AsyncCheckpointer` splits a save in two: a host copy of every tensor (the only part training
-waits for) and the write, done by one background thread from that copy, never from the live
-model, so training can go on changing the weights while the files are written.
+A save is a `Snapshot` (host copies of the state, meta and ledger as JSON text) and its write
+(`write_snapshot`). `AsyncCheckpointer` takes the snapshot of a module and its optimizer (the
+only part training waits for) and writes it from one background thread, never from the live
+model, so training can go on changing the weights while the files are written. The Megatron
+backend builds its own snapshot (the gathered weights) and writes it the same way, adding its
+shards (trainer/megatron/backend.py).
 """
 from __future__ import annotations
 
@@ -28,20 +38,29 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from laminar_hpc.rundir import (LEDGER_FILE, CheckpointError, list_checkpoints, log, newest_verified, read_ledger,
+from laminar_hpc.rundir import (COMPLETE_FILE, LEDGER_FILE, MANIFEST_FILE, META_FILE, MODEL_FILE, OPTIM_FILE, RNG_FILE,
+                                CheckpointError, checkpoint_name, list_checkpoints, log, newest_verified, read_ledger,
                                 verify)
 
-__all__ = ["AsyncCheckpointer", "CheckpointError", "list_checkpoints", "load_latest", "read_ledger",
-           "save_checkpoint", "verify"]
+__all__ = ["AsyncCheckpointer", "CheckpointError", "DIST_OPTIMIZER", "Snapshot", "failure_line", "list_checkpoints",
+           "load_latest", "read_ledger", "remove_unfinished", "save_checkpoint", "snapshot", "verify",
+           "write_snapshot"]
+
+# the key of optim.pt when the optimizer state is elsewhere (the Megatron backend's dist/ shards):
+# a module backend refuses to resume such a checkpoint instead of loading a wrong optimizer
+DIST_OPTIMIZER = "megatron_dist_checkpoint"
 
 
-# -- host copy: the part the caller waits for ---------------------------------------------------
+# -- the snapshot: the part the caller waits for ------------------------------------------------
 
 @dataclass
-class _HostCopy:
+class Snapshot:
+    """Everything one checkpoint writes, copied off the live state: written from another thread
+    while training goes on."""
     step: int
     version: int
     model: dict
@@ -82,14 +101,21 @@ def _rng_state() -> dict:
     return rng
 
 
-def _host_copy(step: int, version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict,
-               ledger: dict | None) -> _HostCopy:
+def snapshot(step: int, version: int, *, model_state: dict, optim_state: dict, meta: dict,
+             ledger: dict | None) -> Snapshot:
+    """A snapshot of state dicts the caller already owns (copies, or freshly gathered tensors),
+    with this process's RNG state."""
     # meta and ledger become JSON text here, in the caller: that is their copy, and a value
     # that is not JSON fails at the call instead of later in the background thread.
-    return _HostCopy(step=step, version=version, model=_to_host(model.state_dict(), {}),
-                     optim=_to_host(optimizer.state_dict(), {}), rng=_rng_state(),
-                     meta_text=json.dumps({**meta, "step": step, "version": version}, indent=1),
-                     ledger_text=None if ledger is None else json.dumps(ledger))
+    return Snapshot(step=step, version=version, model=model_state, optim=optim_state, rng=_rng_state(),
+                    meta_text=json.dumps({**meta, "step": step, "version": version}, indent=1),
+                    ledger_text=None if ledger is None else json.dumps(ledger))
+
+
+def _module_snapshot(step: int, version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict,
+                     ledger: dict | None) -> Snapshot:
+    return snapshot(step, version, model_state=_to_host(model.state_dict(), {}),
+                    optim_state=_to_host(optimizer.state_dict(), {}), meta=meta, ledger=ledger)
 
 
 # -- the write: shared by the synchronous and the asynchronous path -----------------------------
@@ -138,29 +164,46 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write(root: Path, snap: _HostCopy, keep: int, extra=None) -> Path:
-    """`extra(tmp)`, when given, writes more files into the temporary directory (the Megatron
-    backend's dist_checkpointing shards) and returns {relative path: sha256} for the manifest."""
+def _unfinished_name(name: str, pid: int | str) -> str:
+    """Where checkpoint `name` is written before its rename (per process: two writers never collide)."""
+    return f".{name}.tmp{pid}"
+
+
+def remove_unfinished(root: Path) -> None:
+    """Remove the temporary directories of writes cut short by a kill (a start does, before it
+    writes): they never count as checkpoints, but each holds up to a whole model. A directory set
+    aside while the same step was rewritten (`.old`) is kept: it may be the only copy of that step."""
+    for tmp in Path(root).glob(_unfinished_name("*", "*")):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_snapshot(root: Path, snap: Snapshot, keep: int,
+                   extra: Callable[[Path], dict[str, str]] | None = None) -> Path:
+    """Write `snap` as checkpoint step_<step> under `root` (atomically, see the module's doc),
+    then keep only the newest `keep`. `extra(tmp)`, when given, writes more files into the
+    temporary directory (the Megatron backend's dist_checkpointing shards) and returns
+    {relative path: sha256} for the manifest."""
+    root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    name = f"step_{snap.step:06d}"
+    name = checkpoint_name(snap.step)
     final = root / name
-    tmp = root / f".{name}.tmp{os.getpid()}"
+    tmp = root / _unfinished_name(name, os.getpid())
     old = root / f".{name}.old{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     moved_old = renamed = False
     try:
         manifest = {}
-        for fname, obj in (("model.pt", snap.model), ("optim.pt", snap.optim), ("rng.pt", snap.rng)):
+        for fname, obj in ((MODEL_FILE, snap.model), (OPTIM_FILE, snap.optim), (RNG_FILE, snap.rng)):
             manifest[fname] = _write_file(tmp / fname, lambda f, obj=obj: torch.save(obj, f))
-        texts = {"meta.json": snap.meta_text}
+        texts = {META_FILE: snap.meta_text}
         if snap.ledger_text is not None:
             texts[LEDGER_FILE] = snap.ledger_text
         for fname, text in texts.items():
             manifest[fname] = _write_file(tmp / fname, lambda f, text=text: f.write(text.encode()))
         if extra is not None:
             manifest.update(extra(tmp))
-        _write_file(tmp / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        _write_file(tmp / MANIFEST_FILE, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
         _fsync_dir(tmp)
         if final.exists():  # the same step again (resumed, then stopped): keep it until the new one is whole
             shutil.rmtree(old, ignore_errors=True)
@@ -168,7 +211,7 @@ def _write(root: Path, snap: _HostCopy, keep: int, extra=None) -> Path:
             moved_old = True
         os.replace(tmp, final)
         renamed = True
-        _write_file(final / "COMPLETE", lambda f: f.write(b"ok\n"))  # the marker goes last
+        _write_file(final / COMPLETE_FILE, lambda f: f.write(b"ok\n"))  # the marker goes last
         _fsync_dir(final)
         _fsync_dir(root)
     except BaseException:
@@ -186,13 +229,13 @@ def _write(root: Path, snap: _HostCopy, keep: int, extra=None) -> Path:
     return final
 
 
-def _failure_line(root: Path, step: int, err: BaseException) -> str:
+def failure_line(root: Path, step: int, err: BaseException) -> str:
     """One line for the log and the controller: what failed, why, and what a resume would use."""
     prev = list_checkpoints(root)
     tail = f"the previous checkpoint {prev[-1].name} is intact" if prev else "there is no previous checkpoint"
     why = str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
     why = " ".join(why.split())  # torch errors can span lines
-    return f"checkpoint step_{step:06d} in {root} not written: {why}; {tail}"
+    return f"checkpoint {checkpoint_name(step)} in {root} not written: {why}; {tail}"
 
 
 # -- public API -------------------------------------------------------------------------------
@@ -202,11 +245,11 @@ def save_checkpoint(root: Path, *, step: int, version: int, model: torch.nn.Modu
     """Write a checkpoint and return its directory; CheckpointError (one line) if it cannot be
     written, with the earlier checkpoints untouched."""
     root = Path(root)
-    snap = _host_copy(step, version, model, optimizer, meta, ledger)
+    snap = _module_snapshot(step, version, model, optimizer, meta, ledger)
     try:
-        return _write(root, snap, keep)
+        return write_snapshot(root, snap, keep)
     except Exception as err:
-        raise CheckpointError(_failure_line(root, step, err)) from err
+        raise CheckpointError(failure_line(root, step, err)) from err
 
 
 class AsyncCheckpointer:
@@ -227,20 +270,20 @@ class AsyncCheckpointer:
         """Start writing a checkpoint; returns the seconds the caller was blocked."""
         t0 = time.monotonic()
         self._join(self.timeout_s)
-        snap = _host_copy(step, version, model, optimizer, meta, ledger)
+        snap = _module_snapshot(step, version, model, optimizer, meta, ledger)
         self._step = step
         self._thread = threading.Thread(target=self._run, args=(snap,), name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
         return time.monotonic() - t0
 
-    def _run(self, snap: _HostCopy) -> None:
+    def _run(self, snap: Snapshot) -> None:
         # never raises: the training thread learns of a failure through poll()
         t0 = time.monotonic()
         try:
-            path = _write(self.root, snap, self.keep)
+            path = write_snapshot(self.root, snap, self.keep)
             res = {"step": snap.step, "version": snap.version, "path": str(path), "write_s": time.monotonic() - t0}
         except BaseException as err:
-            res = {"step": snap.step, "version": snap.version, "error": _failure_line(self.root, snap.step, err)}
+            res = {"step": snap.step, "version": snap.version, "error": failure_line(self.root, snap.step, err)}
             log.error("%s", res["error"])
         with self._lock:
             self._done.append(res)
@@ -251,7 +294,7 @@ class AsyncCheckpointer:
             return
         t.join(self.timeout_s if timeout_s is None else timeout_s)
         if t.is_alive():
-            raise TimeoutError(f"checkpoint step_{self._step:06d} to {self.root / f'step_{self._step:06d}'} "
+            raise TimeoutError(f"checkpoint {checkpoint_name(self._step)} to {self.root / checkpoint_name(self._step)} "
                                f"still being written after {self.timeout_s if timeout_s is None else timeout_s}s")
         self._thread = None
 
@@ -285,7 +328,7 @@ def load_latest(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
     if found is None:
         return None
     path, meta = found
-    state = torch.load(path / "model.pt", map_location="cpu")
+    state = torch.load(path / MODEL_FILE, map_location="cpu")
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
@@ -293,12 +336,12 @@ def load_latest(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
         raise CheckpointError(f"{path}: model shape differs from the config "
                               f"({detail[0] if detail else str(err)})") from None
     if optimizer is not None:
-        optim = torch.load(path / "optim.pt", map_location="cpu")
-        if isinstance(optim, dict) and "megatron_dist_checkpoint" in optim:
+        optim = torch.load(path / OPTIM_FILE, map_location="cpu")
+        if isinstance(optim, dict) and DIST_OPTIMIZER in optim:
             raise CheckpointError(f"{path} was written by trainer.backend: megatron (optimizer state in "
-                                  f"{optim['megatron_dist_checkpoint']}/): resume it with that backend")
+                                  f"{optim[DIST_OPTIMIZER]}/): resume it with that backend")
         optimizer.load_state_dict(optim)
-    rng = torch.load(path / "rng.pt")
+    rng = torch.load(path / RNG_FILE)
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(rng["cuda"])

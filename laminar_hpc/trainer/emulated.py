@@ -14,15 +14,18 @@ from __future__ import annotations
 import logging
 import statistics
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from laminar_hpc.emulation.cost import Clock, CostModel
 from laminar_hpc.emulation.weights import EmulatedWeights
-from laminar_hpc.trainer.backend import ModuleBackend
 from laminar_hpc.trainer.batch import model_tokens
-from laminar_hpc.transport.protocol import Group
+from laminar_hpc.trainer.module_backend import ModuleBackend
+
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
+    from laminar_hpc.transport.protocol import Group
 
 
 class EmulatedPolicy(torch.nn.Module):
@@ -60,7 +63,7 @@ def emulated_train_step(policy: EmulatedPolicy, groups: list[Group], *, version:
 
 
 class EmulatedBackend(ModuleBackend):
-    def __init__(self, cfg, ckpt_root: Path):
+    def __init__(self, cfg: Config, ckpt_root: Path):
         super().__init__(EmulatedPolicy(int(cfg.emulation.weight_mb * 2**20)), cfg, ckpt_root)
         self.layout = EmulatedWeights(self.model.weights.numel())
         self.cost, self.clock = CostModel(cfg.emulation), Clock(cfg.emulation.time_scale)

@@ -27,23 +27,25 @@ implemented once per `trainer.backend` and chosen once at the start; this loop o
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from collections import Counter
 
 import torch
 
+from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
 from laminar_hpc.metrics.jsonl import JsonlAppender
 from laminar_hpc.metrics.trackers import TrackerWriter
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.lineage import Segment
+from laminar_hpc.policy.modes import MODES
 from laminar_hpc.policy.scheduling import too_stale, training_order
 from laminar_hpc.tasks import build_task
-from laminar_hpc.trainer.backend import TrainBackend, build_backend
-from laminar_hpc.trainer.checkpoint import list_checkpoints
+from laminar_hpc.trainer.backend import TrainBackend
+from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.trainer.checkpoint import list_checkpoints, remove_unfinished
 from laminar_hpc.trainer.publisher import Publisher
 from laminar_hpc.trainer.reward_stats import reward_metrics
 from laminar_hpc.trainer.staleness import TRACED, group_lags, lag_metrics, start_lineage
@@ -95,8 +97,7 @@ class Trainer:
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
     def initialise(self) -> None:
         cfg, ctx = self.ctx.cfg, self.ctx
-        for tmp in self.ckpt_root.glob(".step_*.tmp*"):  # a write cut short by a kill
-            shutil.rmtree(tmp, ignore_errors=True)
+        remove_unfinished(self.ckpt_root)  # a write cut short by a kill
         meta = self.backend.resume()
         if meta is not None:
             self.step, self.version = meta["step"], meta["version"]
@@ -117,7 +118,7 @@ class Trainer:
         elif cfg.trainer.init_checkpoint:
             self.backend.load_initial(cfg.trainer.init_checkpoint)
             ctx.log.info("initial weights from %s", cfg.trainer.init_checkpoint)
-        elif cfg.warmup.enabled and cfg.warmup.max_steps > 0 and not cfg.model.hf_path:
+        elif cfg.warmup.enabled and cfg.warmup.max_steps > 0 and (not cfg.model.hf_path or cfg.warmup.data):
             res = self.backend.warm_up(self._warmup, ctx.log)
             if res is not None:
                 ctx.log.info("warm-up done: %d steps, greedy reward %.3f, %.1fs", res["steps"],
@@ -283,12 +284,13 @@ class Trainer:
         cfg, rd = self.ctx.cfg, self.ctx.rundir
         pr, nominal = cfg.partial_rollout, cfg.emulation.nominal_weight_gb * 1e9
         clock = getattr(self.backend, "clock", None)  # an emulated backend spends the cost model's time
+        path = update_path(cfg)
         t0 = time.monotonic()
-        if clock is not None and pr.update_path == "filesystem":
-            clock.spend(pr.filesystem_write_s(nominal))
+        if clock is not None and (write_s := path.write_s(pr, nominal)):
+            clock.spend(write_s)
         nbytes = pub.write_file(version, rd.weights_file(version))
-        if clock is not None and pr.update_path == "broadcast":
-            clock.spend(pr.broadcast_s(nominal, cfg.rollout.count))
+        if clock is not None and (blocked_s := path.send_s(pr, nominal, cfg.rollout.count)):
+            clock.spend(blocked_s)
         for v, path in rd.weights_files().items():
             if v < version:  # every rollout loaded it (or a newer one will replace it on a restarted rollout)
                 path.unlink(missing_ok=True)
@@ -317,7 +319,8 @@ class Trainer:
         if self.step == 0 and not list_checkpoints(self.ckpt_root):
             self.checkpoint(wait=True)  # the warmed-up policy: a resume never repeats the warm-up
         pub = Publisher(ctx, self.backend.weights(), self.backend.layout)
-        areal = cfg.mode == "partial-rollout" and cfg.partial_rollout.update_path != "relay"
+        global_update = MODES[cfg.mode].global_update  # partial-rollout: the trainer waits for every rollout
+        areal = global_update and not update_path(cfg).via_relay  # and sends each version itself
         try:
             pub.publish(self.version)  # the rollouts' first weights (or the resumed version)
             if areal:  # a global update this publish starts (after a trainer restart) loads it from there
@@ -342,7 +345,7 @@ class Trainer:
                 train_s = time.monotonic() - t0
                 stall = pub.publish(self.version) if self.step % cfg.trainer.publish_every == 0 else 0.0
                 send_s = self.send_version(pub, self.version) if stall and areal else 0.0
-                if stall and cfg.mode == "partial-rollout":
+                if stall and global_update:
                     stall += send_s + self.wait_synced(self.version, beat)
                 ctx.ctrl.send(WantGroups(n=len(groups)))
                 m.update(step=self.step, version=self.version, wait_s=wait_s, train_s=train_s,

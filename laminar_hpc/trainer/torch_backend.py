@@ -7,7 +7,7 @@ started from). pi is scored under the distribution the rollouts sampled from (te
 rollout.top_k, then rollout.top_p, renormalised: `model.sampling.processed_logprobs`), so that
 on-policy pi/mu is exactly 1. A mini-batch whose loss or gradient norm is not finite takes no
 optimizer step (weights and AdamW state unchanged), counted in `steps_skipped_nonfinite`.
-Checkpoints through AsyncCheckpointer (trainer/backend.py).
+Checkpoints through AsyncCheckpointer (trainer/module_backend.py).
 
     backend = TorchBackend(cfg, tok, run_dir / "checkpoints")
     metrics = backend.train_step(groups, step=0, version=0)
@@ -18,7 +18,7 @@ import copy
 import logging
 import math
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -26,16 +26,21 @@ from laminar_hpc.model.factory import build_model
 from laminar_hpc.model.llama import Transformer, token_logprobs
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, truncates
 from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.trainer.backend import ModuleBackend, train_on_batch
 from laminar_hpc.trainer.batch import Batch, minibatches
 from laminar_hpc.trainer.loss import LossOutput, merge, policy_loss
-from laminar_hpc.transport.protocol import Group
+from laminar_hpc.trainer.module_backend import ModuleBackend
+from laminar_hpc.trainer.step import train_on_batch
+
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
+    from laminar_hpc.model.tokenizer import Tokenizer
+    from laminar_hpc.transport.protocol import Group
 
 _log = logging.getLogger(__name__)
 
 
 class TorchBackend(ModuleBackend):
-    def __init__(self, cfg, tok, ckpt_root: Path):
+    def __init__(self, cfg: Config, tok: Tokenizer, ckpt_root: Path):
         super().__init__(build_model(cfg.model, tok, cfg.trainer.device), cfg, ckpt_root)
         self.cfg, self.pad_id = cfg, tok.pad_id
         self.layout = WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)

@@ -6,6 +6,9 @@ Every `eval_every` steps it decodes a held-out batch greedily; warm-up ends once
 reward reaches `target_greedy_reward` (or after `max_steps`). RL then has to turn a policy
 that *can* solve the task into one that reliably *does* when sampling.
 
+With `warmup.data` it trains on the user's own demonstrations instead (chat conversations, tool
+calls included: tasks/demos.py, tasks/demo_tokens.py), on a `model.hf_path` checkpoint too.
+
 The evaluation decodes as a rollout would (a float32 CPU copy of the policy, the model's KV
 cache, the sampler's greedy pick), with the model package only: the trainer sits below the
 rollout role and never imports it.
@@ -23,6 +26,7 @@ from laminar_hpc.model.llama import KVCache, Transformer, token_logprobs
 from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.tasks import encode_prompt, score_all
 from laminar_hpc.tasks.base import Response
+from laminar_hpc.tasks.demo_tokens import demo_rows
 from laminar_hpc.trainer.warmup_episodes import demo_sequence, greedy_episodes, noisy_digits
 
 WARMUP_OFFSET = 1 << 40  # problem indices used by warm-up: disjoint from RL's (which start at 0)
@@ -72,10 +76,11 @@ def greedy_decode(model: Transformer, prompts: list[list[int]], eos_id: int, max
 
 
 def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, reward, env=None,
-                  failures: Counter | None = None) -> float:
+                  failures: Counter | None = None, tool_calls: list[int] | None = None) -> float:
     """Mean reward of greedy answers to `n` held-out problems, scored by `reward` (task.reward) in
     a reward pool, as the rollouts score (`env`: a tool task's episodes, trainer/warmup_episodes.py).
-    `failures` counts the calls that failed (scored 0), by reason."""
+    `failures` counts the calls that failed (scored 0), by reason; `tool_calls` gets each
+    episode's tool calls."""
     # a float32 CPU copy, as a rollout holds the published weights (whatever the trainer's device and dtype)
     policy = Transformer(model.args).requires_grad_(False)
     policy.load_state_dict(model.state_dict())
@@ -85,7 +90,7 @@ def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, re
             return [o[:r] for o, r in zip(outs, rooms)]
         problems = [task.problem(EVAL_OFFSET + i) for i in range(n)]
         rewards = greedy_episodes(policy, task, tok, problems, env, max_new_tokens=max_new_tokens, reward=reward,
-                                  decode=decode)
+                                  decode=decode, calls=tool_calls)
         return sum(rewards) / max(1, len(rewards))
     # a row whose prompt leaves no room to answer is skipped, as admission refuses it in RL
     rows = [(p, encode_prompt(tok, p)) for p in (task.problem(EVAL_OFFSET + i) for i in range(n))]
@@ -115,13 +120,19 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
     rng = random.Random(seed)
     t0 = time.monotonic()
     score, step = 0.0, 0
+    calls: dict = {}  # a tool task's: the last evaluation's tool calls per greedy episode
     failed: Counter = Counter()  # the last evaluation's rewards that failed, by reason
     demos = env is not None and env.enabled and hasattr(task, "demonstration")
+    # warmup.data: the user's demonstrations, tool calls included (tasks/demo_tokens.py)
+    rows = demo_rows(w.data, task, tok, env, max_len=model.args.max_seq_len, seed=seed) if w.data else None
     for step in range(1, w.max_steps + 1):
         if should_stop():
             break
-        probs = [task.problem(WARMUP_OFFSET + (step - 1) * w.batch_size + i) for i in range(w.batch_size)]
         seqs, starts, masks = [], [], []
+        if rows is not None:
+            seqs, masks, starts = rows.batch(step, w.batch_size, lambda text: noisy_digits(text, w.label_noise, rng))
+        probs = [] if rows is not None else [task.problem(WARMUP_OFFSET + (step - 1) * w.batch_size + i)
+                                             for i in range(w.batch_size)]
         for p in probs:
             if demos:  # a tool task: whole episodes, the model's turns learned (observations are context)
                 seq, m, p0 = demo_sequence(task, tok, p, noise=w.label_noise, rng=rng, max_len=model.args.max_seq_len)
@@ -153,14 +164,17 @@ def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: in
         loss.backward()
         opt.step()
         if step % w.eval_every == 0 or step == w.max_steps:
-            failed = Counter()
-            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward, env, failed)
+            failed, made = Counter(), []
+            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward, env, failed, made)
+            calls = {"greedy_tool_calls": sum(made) / len(made)} if made else {}
             # rewards that failed show in the live display (metrics/progress.py) and the trainer's log
             report({"step": step, "loss": loss.item(), "greedy_reward": score, "seconds": time.monotonic() - t0,
-                    **failure_fields(failed)})
+                    **failure_fields(failed), **calls})
             if score >= w.target_greedy_reward and step >= w.min_steps:
                 break
-    return {"steps": step, "greedy_reward": score, "seconds": time.monotonic() - t0, **failure_fields(failed)}
+    data = {} if rows is None else {"demos": len(rows.demos), "demos_too_long": rows.too_long}
+    return {"steps": step, "greedy_reward": score, "seconds": time.monotonic() - t0, **failure_fields(failed), **calls,
+            **data}
 
 
 def failure_fields(failed: Counter) -> dict:

@@ -35,7 +35,8 @@ def demo_sequence(task, tok, problem: Problem, *, noise: float, rng: random.Rand
 
 
 def greedy_episodes(policy, task, tok, problems: list[Problem], env_cfg, *, max_new_tokens: int, reward,
-                    decode) -> list[float]:
-    """Rewards of greedy episodes on `problems` (`decode(prompts, rooms) -> completions`)."""
+                    decode, calls: list[int] | None = None) -> list[float]:
+    """Rewards of greedy episodes on `problems` (`decode(prompts, rooms) -> completions`); `calls`
+    gets each episode's tool calls."""
     return play_episodes(tok, problems, env_cfg, max_new_tokens=max_new_tokens, max_len=policy.args.max_seq_len,
-                         reward=reward, decode=decode)
+                         reward=reward, decode=decode, calls=calls)

@@ -32,26 +32,36 @@ checks run; so every socket sets MAXMSGSIZE and finite high-water marks (counts 
 - A DEALER (a client) BLOCKS at its send mark: `Client.send` then waits up to its timeout and
   raises WaitTimeout naming the server. CLIENT_SNDHWM covers a controller away for minutes
   (a restart) while a rollout keeps streaming.
+
+Descriptors. Every connection holds one of the server's file descriptors, authenticated or not,
+so a local user who opens thousands of idle connections could exhaust them. A server ends any
+connection whose handshake has not completed within HANDSHAKE_S (ZMQ_HANDSHAKE_IVL; libzmq's
+default is 30 s), and `Server(..., ipc=PATH)` binds an ipc:// socket instead of TCP: a path in a
+directory only this user can enter (the run directory, or the start's private shared-memory
+directory), so no other user can connect at all, with CURVE as on TCP. ZeroMQ has no limit of
+connections per peer (ZMQ_TCP_ACCEPT_FILTER, deprecated, filters by address only; on loopback
+every user has the same one), so on TCP the bound is the handshake timeout and the descriptor
+limit, which every role raises to its hard limit at start (transport/fdlimit.py). What happens to
+the connections is counted by a socket monitor (transport/monitor.py), a frame over MAXMSGSIZE,
+which libzmq answers by closing the sender's connection silently, included (`cut`).
 """
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 import math
 import os
-import threading
 import time
 from pathlib import Path
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils import z85
 
 from laminar_hpc.rundir import RunDir, atomic_write_json, read_json
 from laminar_hpc.transport import authz
+from laminar_hpc.transport.monitor import DRAIN_EVERY_S, ConnectionMonitor
 from laminar_hpc.transport.protocol import MAX_FRAME_BYTES, TYPE_NAMES, DecodeError, Message, decode, encode
 from laminar_hpc.transport.security import ClientKeys, ServerKeys
+from laminar_hpc.transport.zap import zap_register as _zap_register
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +102,8 @@ def wait_endpoint(run_dir: RunDir | Path, name: str, timeout_s: float, not_befor
 
 
 SERVER_HWM = 10_000  # messages per peer, each way (see the module docstring)
+HANDSHAKE_S = 5.0  # a connection that has not completed its handshake by then is closed (ZMQ_HANDSHAKE_IVL)
+AF_UNIX_PATH_MAX = 107  # bytes of an ipc:// path (sun_path is 108 with its NUL)
 CLIENT_SNDHWM = 100_000
 CLIENT_RCVHWM = 10_000
 MIN_MAXMSGSIZE = 1 << 20  # the CURVE handshake's own commands count against MAXMSGSIZE too
@@ -106,62 +118,6 @@ def _socket(kind: int, max_frame_bytes: int, sndhwm: int, rcvhwm: int) -> zmq.So
     return sock
 
 
-class _Admission:
-    """ZAP credentials provider: each keyed server's domain admits its clients' public keys; an
-    admitted key's role kind becomes the connection's User-Id (keys are random per run, so one
-    key names one kind in the whole process)."""
-
-    def __init__(self):
-        self.domains: dict[str, dict[bytes, str]] = {}  # zap domain -> client public key (Z85) -> kind
-        self.kinds: dict[bytes, str] = {}
-        self.rejected: dict[str, int] = {}
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        clients = self.domains.get(domain)  # one dict read: safe while a server closes meanwhile
-        if clients is not None and key in clients:
-            return True
-        n = self.rejected[domain] = self.rejected.get(domain, 0) + 1
-        if n == 1 or n % 1000 == 0:  # a rogue peer retries every ~100 ms: do not flood the log
-            log.warning("rejected a CURVE connection with an unknown client key on %s (%d so far)", domain, n)
-        return False
-
-
-class _Authenticator(ThreadAuthenticator):
-    """pyzmq's ZAP handler thread, with the role kind as the User-Id of an admitted CURVE peer
-    (its documented hook for a custom user id), readable per frame as `frame.get("User-Id")`."""
-
-    def __init__(self, admission: _Admission):
-        super().__init__(zmq.Context.instance(), log=logging.getLogger(__name__ + ".zap"))
-        self.admission = admission
-
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        return self.admission.kinds.get(z85.encode(client_public_key), "")
-
-
-_zap_lock = threading.Lock()
-_zap: tuple[int, _Authenticator, _Admission] | None = None
-_zap_domains = itertools.count()
-
-
-def _zap_register(clients: dict[bytes, str]) -> tuple[str, _Admission]:
-    """A fresh ZAP domain admitting `clients` (public key -> kind), on this process's handler."""
-    global _zap
-    with _zap_lock:
-        if _zap is None or _zap[0] != os.getpid():  # Context.instance() is per process, after fork too
-            admission = _Admission()
-            auth = _Authenticator(admission)
-            auth.start()
-            _zap = (os.getpid(), auth, admission)
-        _, auth, admission = _zap
-        domain = f"laminar-{os.getpid()}-{next(_zap_domains)}"
-        admission.kinds.update(clients)
-        admission.domains[domain] = dict(clients)
-        # providers are never removed (close only forgets the keys): the handler thread looks
-        # the domain up without a lock
-        auth.configure_curve_callback(domain, credentials_provider=admission)
-        return domain, admission
-
-
 def _tcp_host(host: str) -> tuple[str, bool]:
     """`host` as it goes into a tcp:// endpoint, and whether it is IPv6."""
     if ":" in host and not host.startswith("["):
@@ -171,35 +127,59 @@ def _tcp_host(host: str) -> tuple[str, bool]:
 
 class Server:
     """ROUTER socket bound on `host`: to a free port, or to `port` (a restarted server keeps its
-    address, so connected clients reconnect by themselves)."""
+    address, so connected clients reconnect by themselves); with `ipc`, to that path instead
+    (ipc://; a restarted server binds it again). Its connections are counted by `monitor`."""
 
     def __init__(self, host: str = "127.0.0.1", max_frame_bytes: int = MAX_FRAME_BYTES,
-                 port: int | None = None, keys: ServerKeys | None = None):
+                 port: int | None = None, keys: ServerKeys | None = None, ipc: str | os.PathLike | None = None):
         self.sock = _socket(zmq.ROUTER, max_frame_bytes, SERVER_HWM, SERVER_HWM)
+        self.sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
         self._zap_domain, self._zap_check = None, None
         self.keyed = keys is not None
+        self.monitor: ConnectionMonitor | None = None
         try:
+            self.monitor = ConnectionMonitor(self.sock, "server", limit_bytes=self.sock.getsockopt(zmq.MAXMSGSIZE))
             if keys is not None:
                 self._zap_domain, self._zap_check = _zap_register(keys.clients)
                 self.sock.setsockopt(zmq.ZAP_DOMAIN, self._zap_domain.encode())
                 self.sock.setsockopt(zmq.CURVE_SERVER, 1)
                 self.sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
-            endpoint_host, ipv6 = _tcp_host(host)
-            if ipv6:
-                self.sock.setsockopt(zmq.IPV6, 1)
-            if port is None:
-                port = self.sock.bind_to_random_port(f"tcp://{endpoint_host}")
+            if ipc is not None:
+                self.address = self._bind_ipc(os.fspath(ipc))
             else:
-                self._bind_fixed(f"tcp://{endpoint_host}:{port}")
+                endpoint_host, ipv6 = _tcp_host(host)
+                if ipv6:
+                    self.sock.setsockopt(zmq.IPV6, 1)
+                if port is None:
+                    port = self.sock.bind_to_random_port(f"tcp://{endpoint_host}")
+                else:
+                    self._bind_fixed(f"tcp://{endpoint_host}:{port}")
+                self.address = f"tcp://{endpoint_host}:{port}"
         except BaseException:
             self.close()
             raise
-        self.address = f"tcp://{endpoint_host}:{port}"
+        self.monitor.what = f"server on {self.address}"
         self.max_frame_bytes = max_frame_bytes
         self.dropped = 0  # frames dropped: malformed, or not authorized (those also in `unauthorized`)
         self.unauthorized = 0
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor.sock, zmq.POLLIN)
+        self._monitor_due = 0.0
+
+    def _bind_ipc(self, path: str) -> str:
+        """Bind ipc://`path` (its directory must be ours alone: the caller's choice). libzmq removes
+        a socket file a killed server left there; only processes of this user may connect
+        (ZMQ_IPC_FILTER_UID, besides the directory's mode)."""
+        if len(os.fsencode(path)) > AF_UNIX_PATH_MAX:
+            raise ValueError(f"ipc path {path} is {len(os.fsencode(path))} bytes, over the {AF_UNIX_PATH_MAX} of an "
+                             "AF_UNIX socket path")
+        try:
+            self.sock.setsockopt(zmq.IPC_FILTER_UID, os.geteuid())
+        except (zmq.ZMQError, AttributeError):  # a libzmq built without it: the directory's mode still refuses others
+            pass
+        self.sock.bind(f"ipc://{path}")
+        return f"ipc://{path}"
 
     def _bind_fixed(self, endpoint: str) -> None:
         deadline = time.monotonic() + REBIND_WAIT_S
@@ -224,27 +204,41 @@ class Server:
     def recv(self, timeout_s: float) -> tuple[str, Message] | None:
         """Next valid message as (sender identity, message), or None after `timeout_s`. A frame
         already waiting is taken without a poll first (the controller takes thousands a second)."""
-        deadline = time.monotonic() + timeout_s
+        now = time.monotonic()
+        deadline = now + timeout_s
         while True:
+            if now >= self._monitor_due:
+                self.monitor.drain()
+                self._monitor_due = now + DRAIN_EVERY_S
             try:
-                if self.keyed:  # frames, not bytes: each carries its connection's User-Id
-                    got = self._decode_keyed(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
-                else:
-                    got = self._decode(self.sock.recv_multipart(zmq.NOBLOCK))
+                # frames, not bytes: each carries its connection's descriptor (and, keyed, User-Id)
+                parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                got = self._decode_keyed(parts) if self.keyed else self._decode(parts)
             except zmq.Again:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self.poller.poll(math.ceil(left * 1000)):
                     return None
+                now = self._monitor_due  # (events may be what woke the poll)
                 continue
             if got is not None:
                 return got
+            now = time.monotonic()
 
-    def _decode(self, parts: list[bytes]) -> tuple[str, Message] | None:
-        ident = parts[0].decode(errors="replace") if parts else "?"
+    def _seen(self, part: zmq.Frame, ident: str, msg: Message) -> None:
+        try:
+            fd = part.get(zmq.SRCFD)
+        except zmq.ZMQError:
+            return
+        self.monitor.seen(fd, ident, msg)
+
+    def _decode(self, parts: list[zmq.Frame]) -> tuple[str, Message] | None:
+        ident = parts[0].bytes.decode(errors="replace") if parts else "?"
         try:
             if len(parts) != 2:
                 raise DecodeError(f"expected 2 frames (identity, message), got {len(parts)}")
-            return ident, decode(parts[1], self.max_frame_bytes)
+            msg = decode(parts[1].buffer, self.max_frame_bytes)
+            self._seen(parts[1], ident, msg)
+            return ident, msg
         except DecodeError as err:
             self._malformed(ident, err)
             return None
@@ -269,6 +263,7 @@ class Server:
                 return None
             why = authz.type_refusal(kind, ident, type(msg))
             if why is None:
+                self._seen(parts[1], ident, msg)
                 return ident, msg
         self.dropped += 1
         self.unauthorized += 1
@@ -288,8 +283,20 @@ class Server:
         """A frame already encoded (protocol.encode_split): sent as it is."""
         self.sock.send_multipart([identity.encode(), frame], copy=len(frame) < 65536)
 
+    @property
+    def connections(self) -> dict[str, int]:
+        """The monitor's counts (transport/monitor.py) and the connections open now."""
+        self.monitor.drain()
+        return {**self.monitor.counts, "open": self.monitor.open}
+
     def close(self, linger_ms: int = 0) -> None:
         """Close; `linger_ms` > 0 lets already-queued messages (a final 'stop') go out first."""
+        if self.monitor is not None:
+            try:
+                self.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self.monitor.close()
         self.sock.close(linger_ms)
         if self._zap_check is not None:
             self._zap_check.domains.pop(self._zap_domain, None)

@@ -30,13 +30,14 @@ CASES = {  # name: (tensor, pipeline, world, model overrides)
 
 def setup(case: str):
     """(ModelArgs, TrainerCfg, reference Transformer, batch, second batch): the same in every process."""
-    from laminar_hpc.config.schema import MegatronCfg, TrainerCfg
-    from laminar_hpc.model.llama import ModelArgs, Transformer, token_logprobs
+    from laminar_hpc.config.schema import MegatronCfg, ModelCfg, TrainerCfg
+    from laminar_hpc.model.factory import model_args
+    from laminar_hpc.model.llama import Transformer, token_logprobs
     from laminar_hpc.trainer.batch import build_batch
     from laminar_hpc.transport.protocol import Group, Trajectory
     tp, pp, _, over = CASES[case]
-    args = ModelArgs(**{"vocab_size": 61, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 96,
-                        "max_seq_len": 32, "tie_embeddings": True, **over})
+    args = model_args(ModelCfg(**{"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 96,
+                                  "max_seq_len": 32, "tie_embeddings": True, **over}), vocab_size=61)
     tcfg = TrainerCfg(lr=LR, grad_clip=CLIP, rho=1.2, clip_eps=0.2,
                       megatron=MegatronCfg(tensor_parallel=tp, pipeline_parallel=pp, micro_batch_size=2,
                                            distributed_optimizer=True, dist_backend="gloo"))

@@ -11,6 +11,7 @@ from laminar_hpc.controller.rollout_manager import kv_capacity
 from laminar_hpc.controller.validate import limits_for
 from laminar_hpc.launch.plan import trainer_tasks
 from laminar_hpc.rollout.node import ENGINES
+from laminar_hpc.trainer.backends import BACKENDS
 
 from helpers import REPO
 
@@ -19,7 +20,7 @@ TINY = str(REPO / "configs" / "tiny.yaml")
 
 def test_every_backend_the_config_accepts_has_a_spec_and_a_builder():
     assert set(ROLLOUT_BACKENDS) == set(typing.get_args(RolloutBackend)) == set(ENGINES)
-    assert set(TRAINER_BACKENDS) == set(typing.get_args(TrainerBackend))
+    assert set(TRAINER_BACKENDS) == set(typing.get_args(TrainerBackend)) == set(BACKENDS)
 
 
 def test_what_each_rollout_backend_decides():

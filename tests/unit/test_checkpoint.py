@@ -2,6 +2,7 @@
 directory's listing of them (the run directory itself: test_rundir.py)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -10,6 +11,8 @@ import pytest
 import torch
 from helpers import REPO, assert_nested_equal
 
+from laminar_hpc.config.schema import ModelCfg
+from laminar_hpc.model.factory import model_args
 from laminar_hpc.model.llama import ModelArgs, Transformer
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.trainer.checkpoint import CheckpointError, list_checkpoints, load_latest, save_checkpoint
@@ -18,7 +21,7 @@ from laminar_hpc.trainer.checkpoint import CheckpointError, list_checkpoints, lo
 # checkpoints
 # ------------------------------------------------------------------------------------------
 
-ARGS = ModelArgs(vocab_size=24, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, max_seq_len=16)
+ARGS = model_args(ModelCfg(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, max_seq_len=16), vocab_size=24)
 
 
 def _model(seed: int, args: ModelArgs = ARGS) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -213,8 +216,7 @@ def test_load_into_different_shape_raises_naming_the_mismatch(tmp_path):
     """The message names the checkpoint and carries the actual mismatch (parameter and sizes)."""
     model, opt = _model(0)
     save_checkpoint(tmp_path, step=1, version=1, model=model, optimizer=opt, meta={}, keep=1)
-    other = Transformer(ModelArgs(vocab_size=24, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
-                                  max_seq_len=16))
+    other = Transformer(dataclasses.replace(ARGS, dim=64))
     with pytest.raises(CheckpointError) as err:
         load_latest(tmp_path, other, None)
     msg = str(err.value)

@@ -38,13 +38,13 @@ def _entries(root) -> list[str]:
 def gate(monkeypatch):
     """Holds every background write until the test sets the event."""
     event = threading.Event()
-    real = ckpt._write
+    real = ckpt.write_snapshot
 
     def gated(*args, **kwargs):
         assert event.wait(60), "test never opened the gate"
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "_write", gated)
+    monkeypatch.setattr(ckpt, "write_snapshot", gated)
     yield event
     event.set()  # never leave a writer thread blocked
 
@@ -228,3 +228,15 @@ def test_sync_save_round_trips_ledger(tmp_path):
     save_checkpoint(tmp_path, step=1, version=2, model=model, optimizer=opt, meta={}, keep=1, ledger=LEDGER_B)
     assert load_latest(tmp_path, small_model(1)[0], None)["ledger"] == LEDGER_B
     assert read_ledger(tmp_path) == LEDGER_B
+
+
+def test_a_write_cut_short_is_removed_and_a_set_aside_step_kept(tmp_path):
+    """What a killed writer leaves: its temporary directory goes at the next start; a step set
+    aside while the same step was rewritten stays (it may be the only copy of that step)."""
+    model, opt = small_model(0)
+    save_checkpoint(tmp_path, step=2, version=2, model=model, optimizer=opt, meta={}, keep=2)
+    (tmp_path / ".step_000004.tmp4321").mkdir()
+    (tmp_path / ".step_000004.tmp4321" / "model.pt").write_bytes(b"half")
+    (tmp_path / ".step_000003.old4321").mkdir()
+    ckpt.remove_unfinished(tmp_path)
+    assert _entries(tmp_path) == [".step_000003.old4321", "step_000002"]

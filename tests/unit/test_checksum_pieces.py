@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from laminar_hpc.emulation.weights import EmulatedWeights
-from laminar_hpc.model.llama import ModelArgs, Transformer
+from laminar_hpc.config.schema import ModelCfg
+from laminar_hpc.model.factory import model_args
+from laminar_hpc.model.llama import Transformer
 from laminar_hpc.model.weights import WeightLayout, layout_for
 from laminar_hpc.relay.chain import ChainTimeout
 from laminar_hpc.relay.pipeline import PieceCopy, PieceHasher, copy_then_hash
@@ -70,7 +72,7 @@ def test_the_checksum_depends_on_every_piece_and_their_order():
 
 def model_and_layout():
     torch.manual_seed(0)
-    args = ModelArgs(vocab_size=61, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
+    args = model_args(ModelCfg(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32), vocab_size=61)
     model = Transformer(args)
     return args, model, WeightLayout.from_model(model, "float32")
 

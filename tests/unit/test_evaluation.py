@@ -156,3 +156,12 @@ def test_when_the_trainer_is_done_a_last_round_measures_its_final_version_in_eve
     assert rows[-1]["eval_step"] == 7 and not e.final(steps_trained=7, version=7)  # done: the caller stops
     off, _, _ = _evaluation(every_steps=0)
     assert not off.final(steps_trained=7, version=7)
+
+
+def test_an_evaluation_result_from_a_rollout_that_was_not_given_the_item_is_refused():
+    e, rows, _ = _evaluation(n_problems=1, at_start=False, capacity_fraction=1.0)
+    e.tick(steps_trained=5, newest_version=5)
+    [(rank, [w])] = list(e.assign({0: 8}, {0: 5}))
+    assert e.finished(_result(w, 1.0, rollout=3), 3) is None  # made up by another rollout: round not complete
+    assert e.not_held == 1 and not rows and e.running == {w.traj_id: 0}
+    assert e.finished(_result(w, 0.0), 0) is rows[0] and rows[0]["eval_reward"] == 0.0

@@ -18,7 +18,9 @@ transformers = pytest.importorskip("transformers", reason="HF checkpoint tests n
 pytest.importorskip("safetensors", reason="HF checkpoint tests need safetensors")
 
 from laminar_hpc.model.hf import HFCheckpointError, export_hf, hf_model_args, load_hf_weights, resolve_hf_path  # noqa: E402
-from laminar_hpc.model.llama import ModelArgs, Transformer  # noqa: E402
+from laminar_hpc.config.schema import ModelCfg  # noqa: E402
+from laminar_hpc.model.factory import model_args  # noqa: E402
+from laminar_hpc.model.llama import Transformer  # noqa: E402
 
 from helpers import max_logit_diff, needs_smollm2  # noqa: E402
 
@@ -77,7 +79,8 @@ def test_sharded_safetensors_load(tmp_path):
 
 
 def test_bfloat16_export(tmp_path):
-    ours = Transformer(ModelArgs(vocab_size=50, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=48))
+    ours = Transformer(model_args(ModelCfg(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=48, max_seq_len=128),
+                                  vocab_size=50))
     out = export_hf(ours, tmp_path / "bf16", dtype="bfloat16")
     back = transformers.AutoModelForCausalLM.from_pretrained(str(out))
     assert next(back.parameters()).dtype == torch.bfloat16

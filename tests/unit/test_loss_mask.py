@@ -23,7 +23,8 @@ from laminar_hpc.config import load_config
 from laminar_hpc.emulation.cost import Clock
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, sample_tokens
-from laminar_hpc.trainer.backend import batch_metrics, build_backend
+from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.trainer.step import batch_metrics
 from laminar_hpc.trainer.batch import Batch, build_batch
 from laminar_hpc.trainer.corrections import CORRECTIONS, prepare
 from laminar_hpc.trainer.emulated import EmulatedPolicy, emulated_train_step

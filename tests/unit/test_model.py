@@ -3,22 +3,24 @@
 Engine outputs are checked against plain full forwards of the same weights (no KV cache), so a
 cache/slot/padding bug shows up as a log-prob or token mismatch.
 """
+import dataclasses
 import string
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from laminar_hpc.config.schema import ModelCfg
+from laminar_hpc.model.factory import model_args
 from laminar_hpc.model.llama import ModelArgs, Transformer, token_logprobs
 from laminar_hpc.model.sampling import processed_logprobs
 from laminar_hpc.model.tokenizer import CharTokenizer
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.transport.weight_store import checksum as store_checksum
-from laminar_hpc.rollout.engine import SeqRequest, TorchEngine, VersionInFlightError
+from laminar_hpc.rollout.torch_engine import SeqRequest, TorchEngine, VersionInFlightError
 
 VOCAB = 40
-ARGS = ModelArgs(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64,
-                 max_seq_len=48)
+ARGS = model_args(ModelCfg(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=48), VOCAB)
 NO_EOS = -1  # a token id that is never sampled: runs go to max_new_tokens
 
 
@@ -533,3 +535,20 @@ def test_pack_splits_big_tensors_over_threads_and_works_in_a_forked_child():
         child.kill()
         pytest.fail("the forked child's pack did not finish within 60 s")
     assert child.exitcode == 0
+
+
+def test_the_model_shape_is_one_type_built_only_from_the_config():
+    """ModelArgs declares the shape and has no defaults; the config's `model:` section holds the
+    same fields (by name) with the only defaults; model_args copies one into the other."""
+    shape = {f.name for f in dataclasses.fields(ModelArgs)}
+    not_shape = {"tokenizer", "hf_path", "hf_tokenizer", "dtype"}  # where the shape comes from, and the dtype
+    assert shape - {"vocab_size"} == set(ModelCfg.model_fields) - not_shape
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               for f in dataclasses.fields(ModelArgs))
+    cfg = ModelCfg(dim=48, n_layers=3, n_heads=6, n_kv_heads=2, ffn_dim=80, max_seq_len=20, rope_theta=500.0,
+                   norm_eps=1e-6, tie_embeddings=False, attention_bias=True)
+    args = model_args(cfg, 77)
+    assert args.vocab_size == 77
+    assert {k: getattr(args, k) for k in shape - {"vocab_size"}} == cfg.model_dump(exclude=not_shape)
+    default = model_args(ModelCfg(), 77)
+    assert {k: getattr(default, k) for k in shape - {"vocab_size"}} == ModelCfg().model_dump(exclude=not_shape)

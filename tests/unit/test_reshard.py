@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from laminar_hpc.config import config_from_dict
+from laminar_hpc.config.schema import ModelCfg
+from laminar_hpc.model.factory import model_args
 from laminar_hpc.model.llama import ModelArgs, Transformer
 from laminar_hpc.model.weights import WeightLayout, layout_for
 from laminar_hpc.relay.reshard import Reshard, rollout_dtype
 
-ARGS = ModelArgs(vocab_size=61, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
+ARGS = model_args(ModelCfg(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32), vocab_size=61)
 
 
 def test_convert_gives_the_rollout_layout_of_the_same_weights():

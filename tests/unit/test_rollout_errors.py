@@ -15,11 +15,13 @@ import pytest
 import torch
 from helpers import FakeChannel, close_rollout, role_context, work_item
 
+from laminar_hpc.config.schema import ModelCfg
+from laminar_hpc.model.factory import model_args
 from laminar_hpc.model.llama import ModelArgs, Transformer
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.rollout.base import SeqRequest
 from laminar_hpc.rollout.emulated import EmulatedEngine
-from laminar_hpc.rollout.engine import TorchEngine
+from laminar_hpc.rollout.torch_engine import TorchEngine
 from laminar_hpc.rollout.main import Rollout
 from laminar_hpc.transport.protocol import Assign, Finished, Stop, WantWork
 from laminar_hpc.transport.weight_store import WeightStore, checksum, digest_to_int
@@ -210,8 +212,8 @@ def test_torch_rollout_fails_the_one_sequence_whose_step_gives_non_finite_logits
 def test_a_failed_sequence_leaves_no_nan_in_its_cache_slot():
     """The KV cache slot of a sequence that failed on NaN is reused: a shorter sequence there
     masks the old positions, but a masked NaN value still reaches attention's weighted sum (0 * NaN)."""
-    args = ModelArgs(vocab_size=40, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32,
-                     tie_embeddings=False)
+    args = model_args(ModelCfg(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32,
+                               tie_embeddings=False), vocab_size=40)
     model = peaked(args, seed=3)
     long_good, short_good = list(range(4, 24)), [4, 5, 6]
     prompt, token = poison_for(model, [long_good, short_good], 8, eos_id=-1)

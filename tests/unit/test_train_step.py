@@ -15,7 +15,8 @@ from helpers import REPO, TRAIN_METRICS, assert_nested_equal
 from laminar_hpc.config import load_config
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, sample_tokens
-from laminar_hpc.trainer.backend import build_backend, lr_at
+from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.trainer.step import lr_at
 from laminar_hpc.trainer.batch import build_batch, minibatches
 from laminar_hpc.trainer.loss import policy_loss
 from laminar_hpc.transport.protocol import Group, Trajectory
@@ -203,8 +204,9 @@ def test_decoupled_proximal_policy_is_the_policy_before_the_first_minibatch(tmp_
 def test_megatron_refuses_minibatches_at_the_start():
     pytest.importorskip("megatron.core")
     from laminar_hpc.config.schema import TrainerCfg
-    from laminar_hpc.model.llama import ModelArgs
+    from laminar_hpc.config.schema import ModelCfg
+    from laminar_hpc.model.factory import model_args
     from laminar_hpc.trainer.megatron.engine import MegatronEngine
-    args = ModelArgs(vocab_size=16, dim=8, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=16, max_seq_len=8)
+    args = model_args(ModelCfg(dim=8, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=16, max_seq_len=8), vocab_size=16)
     with pytest.raises(ValueError, match="trainer.minibatches"):
         MegatronEngine(args, TrainerCfg(groups_per_step=4, minibatches=2), {}, seed=0)

@@ -16,7 +16,8 @@ from helpers import REPO, TRAIN_INTERFACE, TRAIN_METRICS, assert_nested_equal, t
 from laminar_hpc.config import load_config
 from laminar_hpc.model.factory import build_model, build_tokenizer
 from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.trainer.backend import TrainBackend, build_backend
+from laminar_hpc.trainer.backend import TrainBackend
+from laminar_hpc.trainer.backends import build_backend
 
 
 def config(name: str, *overrides: str):
@@ -108,7 +109,7 @@ def test_kl_reference_is_the_policy_rl_starts_from(tmp_path):
 def test_greedy_decode_matches_the_rollout_engine():
     """trainer/warmup.py decodes with the model package alone; the tokens must be the engine's,
     including sequences that finish early and leave the batch (cache slots move)."""
-    from laminar_hpc.rollout.engine import SeqRequest, TorchEngine
+    from laminar_hpc.rollout.torch_engine import SeqRequest, TorchEngine
     from laminar_hpc.tasks import build_task, encode_prompt
     from laminar_hpc.trainer.warmup import EVAL_OFFSET, greedy_decode
     cfg = config("tiny.yaml")

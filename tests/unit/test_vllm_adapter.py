@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.config.schema import VllmCfg
-from laminar_hpc.model.llama import ModelArgs, Transformer
+from laminar_hpc.config.schema import ModelCfg, VllmCfg
+from laminar_hpc.model.factory import model_args
+from laminar_hpc.model.llama import Transformer
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.rollout import vllm_engine
 from laminar_hpc.rollout.base import SeqRequest, VersionInFlightError
@@ -23,8 +24,8 @@ from vllm_standin import (
 )
 
 EOS = 2
-ARGS = ModelArgs(vocab_size=100, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64,
-                 tie_embeddings=False)
+ARGS = model_args(ModelCfg(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64,
+                           tie_embeddings=False), vocab_size=100)
 
 
 def make_engine(*, max_batch=4, eos_at=None, tokens_per_step=1, **vcfg):

@@ -19,6 +19,7 @@ from dataplane_driver import make_dp, make_traj, Recorder, replayed, drive_rando
 
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
+from laminar_hpc.controller.walformat import read_snapshot
 from laminar_hpc.transport.protocol import StreamItem, Trajectory
 
 
@@ -147,7 +148,10 @@ def test_torn_tail_is_ignored(tmp_path, caplog):
     assert WriteAheadLog(root).recover()[1] == recs
 
 
-def test_corrupt_record_keeps_the_prefix_only(tmp_path, caplog):
+def test_a_corrupt_record_refuses_the_log(tmp_path, caplog):
+    """Garbage where a record should be (0xc1 is never used by msgpack, and no record header
+    matches its checksum): nothing after it can be trusted, so recovery refuses the log with
+    one error naming the segment and the offset (tests/unit/test_wal_checks.py: each kind)."""
     root = tmp_path / "wal"
     wal = WriteAheadLog(root)
     wal.start({})
@@ -156,12 +160,10 @@ def test_corrupt_record_keeps_the_prefix_only(tmp_path, caplog):
         wal.append(op, args)
     wal.close()
     seg = root / "seg-000000.log"
-    # 0xc1 is never used by msgpack: the reader cannot go past it, so nothing after it is trusted
-    seg.write_bytes(seg.read_bytes() + b"\xc1" + msgpack.packb(list(recs[2]), use_bin_type=True))
-    with caplog.at_level(logging.ERROR, logger="laminar_hpc.controller.wal"):
-        state, records = WriteAheadLog(root).recover()
-    assert state == {} and records == recs[:2]
-    assert any("unreadable record" in r.getMessage() for r in caplog.records)
+    good = seg.read_bytes()
+    seg.write_bytes(good + b"\xc1" * 24 + msgpack.packb(list(recs[2]), use_bin_type=True))
+    with pytest.raises(WalError, match=rf"seg-000000.log is damaged at byte {len(good)}: .*2 records"):
+        WriteAheadLog(root).recover()
 
 
 def test_unreadable_newest_snapshot_falls_back_to_an_older_one(tmp_path):
@@ -183,7 +185,7 @@ def test_unreadable_newest_snapshot_falls_back_to_an_older_one(tmp_path):
     snap = root / "snapshot-000001.msgpack"
     snap.write_bytes(snap.read_bytes()[:-10])
     rebuilt, state, _ = _recover(root)
-    assert state == msgpack.unpackb(kept["snapshot-000000.msgpack"], raw=False, strict_map_key=False)
+    assert state == read_snapshot(kept["snapshot-000000.msgpack"])[0]
     assert rebuilt.state_dict() == dp.state_dict()
 
 

@@ -102,6 +102,25 @@ def test_empirical_file_draws_only_its_values(tmp_path, text):
     assert draws == [response_length(lg, seed=0, traj_id=f"{i}.0", cap=16384) for i in range(10_000)]
 
 
+def test_a_workload_is_looked_up_by_the_lengths_config_value():
+    """Equal configs (each role loads its own) share one workload; a config changed in place is
+    built anew, never answered with the workload of what it was; the workload a caller built once
+    can be passed down instead of looked up."""
+    a, b = lengths_cfg(MIXTURE).lengths, lengths_cfg(MIXTURE).lengths
+    wl = workload_for(a)
+    assert workload_for(b) is wl and workload_for(a) is wl
+    a.mixture["answer"].median = 600
+    changed = workload_for(a)
+    assert changed is not wl and changed.components[0].median == 600.0
+    assert workload_for(b) is wl  # b still says what it said
+    plain = SimpleNamespace(median=40, p99_over_median=4.0, min_tokens=2, max_tokens=400)
+    assert workload_for(plain) is workload_for(SimpleNamespace(**vars(plain)))
+    emu = lengths_cfg(MIXTURE)
+    mine = build_workload(emu.lengths)
+    assert episode_plan(emu, seed=1, traj_id="3.0", cap=16384, workload=mine) == \
+        episode_plan(emu, seed=1, traj_id="3.0", cap=16384)
+
+
 @pytest.mark.parametrize("text, says", [("[1, 2, \"x\"]", "item 3: 'x' is not a positive integer"),
                                         ("10\n-3\n", "line 2: '-3' is not a positive integer"),
                                         ("[1, 2", "is not a JSON list"), ("# nothing\n", "holds no lengths")])

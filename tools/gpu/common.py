@@ -24,9 +24,18 @@ REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # cuda; `LAMINAR_GPU_CHECK_DEVICE=cpu` rehearses a check's code on a machine without a GPU (slow, not a check)
 DEVICE = os.environ.get("LAMINAR_GPU_CHECK_DEVICE", "cuda")
-# SmolLM2-135M-Instruct's config.json, as laminar_hpc.model.llama.ModelArgs
-SMOLLM2_SHAPE = dict(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
-                     rope_theta=100000.0, norm_eps=1e-5, tie_embeddings=True)
+# SmolLM2-135M-Instruct's config.json, as the config's `model:` fields (config.schema.ModelCfg),
+# and its vocabulary
+SMOLLM2_SHAPE = dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536, rope_theta=100000.0, norm_eps=1e-5,
+                     tie_embeddings=True)
+SMOLLM2_VOCAB = 49152
+
+
+def smollm2_args(max_seq_len: int = 2048):
+    """SmolLM2-135M's shape (laminar_hpc.model.llama.ModelArgs), built as every role builds one."""
+    from laminar_hpc.config.schema import ModelCfg
+    from laminar_hpc.model.factory import model_args
+    return model_args(ModelCfg(max_seq_len=max_seq_len, **SMOLLM2_SHAPE), SMOLLM2_VOCAB)
 
 
 def start() -> Path:
@@ -87,9 +96,9 @@ def random_smollm2(out: Path) -> Path:
     import torch
 
     from laminar_hpc.model.hf import export_hf
-    from laminar_hpc.model.llama import ModelArgs, Transformer
+    from laminar_hpc.model.llama import Transformer
     torch.manual_seed(0)
-    export_hf(Transformer(ModelArgs(max_seq_len=2048, **SMOLLM2_SHAPE)), out, dtype="bfloat16")
+    export_hf(Transformer(smollm2_args()), out, dtype="bfloat16")
     return out
 
 

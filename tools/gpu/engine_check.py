@@ -1,4 +1,4 @@
-"""GPU check `engine`: the torch rollout engine (rollout/engine.py) on CUDA, its weights pulled
+"""GPU check `engine`: the torch rollout engine (rollout/torch_engine.py) on CUDA, its weights pulled
 from a relay's weight store exactly as a rollout pulls them (rollout/node.py NodeWeights.pull).
 
 1. Version 0 (the SmolLM2 checkpoint, packed into a relay store as the master relay holds it)

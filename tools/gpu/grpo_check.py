@@ -39,7 +39,7 @@ if tokenizer == "hf":  # the real model: arithmetic in its own chat template
     cfg["model"] = {"tokenizer": "hf", "hf_path": spec, "max_seq_len": 80}
     cfg["task"] = {"type": "arith", "ops": ["+", "-"], "operands": 2, "max_value": 10}
 else:  # no checkpoint here: SmolLM2-135M's body, random weights, the char tokenizer
-    body = {k: v for k, v in SMOLLM2_SHAPE.items() if k != "vocab_size"}
+    body = dict(SMOLLM2_SHAPE)
     cfg["model"] = {"tokenizer": "char", "max_seq_len": 64, **body}
     cfg["task"] = {"type": "builtin", "kinds": ["reverse"], "min_len": 2, "max_len": 8}
     cfg["warmup"] = {"enabled": False}

@@ -16,12 +16,12 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import DEVICE, SMOLLM2_SHAPE, finish, median_s, start  # noqa: E402
+from common import DEVICE, finish, median_s, smollm2_args, start  # noqa: E402
 
 start()
 import torch  # noqa: E402
 
-from laminar_hpc.model.llama import ModelArgs, Transformer  # noqa: E402
+from laminar_hpc.model.llama import Transformer  # noqa: E402
 from laminar_hpc.model.weights import WeightLayout  # noqa: E402
 from laminar_hpc.rollout.node import NodeWeights  # noqa: E402
 from laminar_hpc.transport.shm_dir import remove_private_dir  # noqa: E402
@@ -39,7 +39,7 @@ class Engine:
 
 
 torch.manual_seed(0)
-args = ModelArgs(max_seq_len=2048, **SMOLLM2_SHAPE)
+args = smollm2_args()
 figs: dict = {"model": "SmolLM2-135M shape"}
 problems: list[str] = []
 shm = tempfile.mkdtemp(prefix="laminar-gpucheck-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)

@@ -4,34 +4,38 @@ Every call that touches the model is a command to all ranks (runner.Ranks): rank
 it, then runs it itself. Checkpoints are written synchronously by all ranks: dist/
 (dist_checkpointing: model and distributed optimizer shards), model.pt (the full HF-named
 weights, usable by the torch backend), optim.pt (where the optimizer state is), rng.pt, meta,
-ledger, manifest, COMPLETE: the directory layout of trainer/checkpoint.py.
+ledger, manifest, COMPLETE: the checkpoint format of rundir.py and trainer/checkpoint.py, whose
+writer writes it (`snapshot`, `write_snapshot`) with the shards added.
 
     backend = start_megatron(cfg, tok, run_dir=run_dir, ckpt_root=run_dir / "checkpoints")
-    ...                                  # trainer/backend.py's TrainBackend
+    ...                                  # trainer/backend.py's TrainBackend (built by trainer/backends.py)
     backend.close(clean=True)            # the followers stop
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
 from laminar_hpc.model.llama import Transformer
 from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.rundir import newest_verified, sha256
-from laminar_hpc.trainer.backend import train_on_batch
+from laminar_hpc.rundir import DIST_DIR, RNG_FILE, CheckpointError, newest_verified, sha256
 from laminar_hpc.trainer.batch import Batch
-from laminar_hpc.trainer.checkpoint import CheckpointError, _failure_line, _HostCopy, _rng_state, _write
+from laminar_hpc.trainer.checkpoint import DIST_OPTIMIZER, failure_line, snapshot, write_snapshot
 from laminar_hpc.trainer.megatron.runner import Ranks, start_ranks, stop_ranks
-from laminar_hpc.transport.protocol import Group
+from laminar_hpc.trainer.step import train_on_batch
+
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
+    from laminar_hpc.model.tokenizer import Tokenizer
+    from laminar_hpc.transport.protocol import Group
 
 
 class MegatronBackend:
-    def __init__(self, ranks: Ranks, procs: list, cfg, tok, ckpt_root: Path):
+    def __init__(self, ranks: Ranks, procs: list, cfg: Config, tok: Tokenizer, ckpt_root: Path):
         self.ranks, self.procs, self.cfg, self.pad_id = ranks, procs, cfg, tok.pad_id
         with torch.device("meta"):  # names, order and shapes of our model's parameters: the published layout
             ours = Transformer(ranks.args)
@@ -110,22 +114,20 @@ class MegatronCheckpointer:
 
     def save(self, step: int, version: int, *, meta: dict, ledger: dict | None = None) -> float:
         t0 = time.monotonic()
-        snap = _HostCopy(step=step, version=version, model=self.backend.export(),
-                         optim={"megatron_dist_checkpoint": "dist", **self.meta_extra}, rng=_rng_state(),
-                         meta_text=json.dumps({**meta, "step": step, "version": version, "backend": "megatron",
-                                               **self.meta_extra}, indent=1),
-                         ledger_text=None if ledger is None else json.dumps(ledger))
+        snap = snapshot(step, version, model_state=self.backend.export(),  # gathered afresh: nothing to copy
+                        optim_state={DIST_OPTIMIZER: DIST_DIR, **self.meta_extra},
+                        meta={**meta, "backend": "megatron", **self.meta_extra}, ledger=ledger)
 
         def dist_shards(tmp: Path) -> dict:
-            (tmp / "dist").mkdir()
-            self.backend.save_dist(tmp / "dist")
-            return {f"dist/{p.name}": sha256(p) for p in sorted((tmp / "dist").glob("*.json"))}
+            (tmp / DIST_DIR).mkdir()
+            self.backend.save_dist(tmp / DIST_DIR)
+            return {f"{DIST_DIR}/{p.name}": sha256(p) for p in sorted((tmp / DIST_DIR).glob("*.json"))}
         try:
-            path = _write(self.root, snap, self.keep, extra=dist_shards)
+            path = write_snapshot(self.root, snap, self.keep, extra=dist_shards)
             self._done.append({"step": step, "version": version, "path": str(path),
                                "write_s": time.monotonic() - t0})
         except Exception as err:
-            self._done.append({"step": step, "version": version, "error": _failure_line(self.root, step, err)})
+            self._done.append({"step": step, "version": version, "error": failure_line(self.root, step, err)})
         return time.monotonic() - t0
 
     def poll(self) -> list[dict]:
@@ -139,15 +141,15 @@ def load_latest(root: Path, backend: MegatronBackend) -> dict | None:
     if found is None:
         return None
     path, meta = found
-    if meta.get("backend") != "megatron" or not (path / "dist").is_dir():
-        raise CheckpointError(f"{path} was not written by trainer.backend: megatron (no dist/ shards)")
-    backend.load_dist(path / "dist")
-    torch.set_rng_state(torch.load(path / "rng.pt")["torch"])
+    if meta.get("backend") != "megatron" or not (path / DIST_DIR).is_dir():
+        raise CheckpointError(f"{path} was not written by trainer.backend: megatron (no {DIST_DIR}/ shards)")
+    backend.load_dist(path / DIST_DIR)
+    torch.set_rng_state(torch.load(path / RNG_FILE)["torch"])
     meta["path"] = str(path)
     return meta
 
 
-def start_megatron(cfg, tok, *, run_dir: Path, ckpt_root: Path) -> MegatronBackend:
+def start_megatron(cfg: Config, tok: Tokenizer, *, run_dir: Path, ckpt_root: Path) -> MegatronBackend:
     """Rank 0 of a new Megatron trainer: the other ranks are started (or, under a launcher, met)."""
     ranks, procs = start_ranks(cfg, run_dir, tok)
     return MegatronBackend(ranks, procs, cfg, tok, ckpt_root)

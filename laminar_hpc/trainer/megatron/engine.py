@@ -24,6 +24,7 @@ non-finite loss or gradient on any rank skips the optimizer step on every rank
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,9 @@ from laminar_hpc.trainer.batch import Batch
 from laminar_hpc.trainer.loss import SUMS, LossOutput, agg_coef, policy_loss
 from laminar_hpc.trainer.megatron.convert import export_hf, load_hf
 from laminar_hpc.trainer.megatron.model import build_gpt, check_shape, init_parallel, sharded_token_logprobs
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.trainer import TrainerCfg
 
 # the distributed optimizer's state in a checkpoint: each rank writes its own buffer shards (no
 # gather); loadable under another data-parallel size, not another TP/PP. megatron-core 0.16's
@@ -52,7 +56,7 @@ def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 class MegatronEngine:
-    def __init__(self, args: ModelArgs, trainer_cfg, hf_state: dict[str, torch.Tensor], *, seed: int,
+    def __init__(self, args: ModelArgs, trainer_cfg: TrainerCfg, hf_state: dict[str, torch.Tensor], *, seed: int,
                  control_group=None):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads

@@ -10,11 +10,16 @@ q/k/v bias (add_qkv_bias), tied or untied embeddings. Built from Megatron's loca
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from laminar_hpc.model.llama import ModelArgs
 from laminar_hpc.model.sampling import processed_logprobs, truncates
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.trainer import MegatronCfg
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:
@@ -23,7 +28,7 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     return (vocab_size + tp - 1) // tp * tp
 
 
-def check_shape(args: ModelArgs, mcfg, world: int) -> int:
+def check_shape(args: ModelArgs, mcfg: MegatronCfg, world: int) -> int:
     """The data-parallel size; a one-line ValueError naming the field when the shape does not split."""
     tp, pp = mcfg.tensor_parallel, mcfg.pipeline_parallel
     if world % (tp * pp):
@@ -41,7 +46,7 @@ def check_shape(args: ModelArgs, mcfg, world: int) -> int:
     return world // (tp * pp)
 
 
-def init_parallel(mcfg, seed: int) -> None:
+def init_parallel(mcfg: MegatronCfg, seed: int) -> None:
     """Megatron's process groups (tensor, pipeline, data) and its model-parallel RNG."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -51,7 +56,7 @@ def init_parallel(mcfg, seed: int) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
-def transformer_config(args: ModelArgs, mcfg, *, on_gpu: bool):
+def transformer_config(args: ModelArgs, mcfg: MegatronCfg, *, on_gpu: bool):
     from megatron.core.transformer.transformer_config import TransformerConfig
     dtype = torch.bfloat16 if mcfg.bf16 else torch.float32
     return TransformerConfig(
@@ -73,7 +78,7 @@ def transformer_config(args: ModelArgs, mcfg, *, on_gpu: bool):
     )
 
 
-def build_gpt(args: ModelArgs, mcfg, *, on_gpu: bool):
+def build_gpt(args: ModelArgs, mcfg: MegatronCfg, *, on_gpu: bool):
     """(GPTModel of this rank's stage, its TransformerConfig). Logits stay vocab-sharded."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel

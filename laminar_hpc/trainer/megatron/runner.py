@@ -20,18 +20,23 @@ import datetime
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
+    from laminar_hpc.model.tokenizer import Tokenizer
 
-def control_timeout_s(cfg) -> float:
+
+def control_timeout_s(cfg: Config) -> float:
     """Followers wait in a broadcast while rank 0 waits for trajectories, weights or a checkpoint."""
     t = cfg.timeouts
     return t.trajectories_s + t.weights_s + t.checkpoint_s + t.startup_s + t.busy_s
 
 
-def init_distributed(cfg, rank: int, world: int, init_method: str) -> None:
+def init_distributed(cfg: Config, rank: int, world: int, init_method: str) -> None:
     """The trainer's process group (NCCL on GPUs, gloo otherwise, as trainer.megatron.dist_backend says)."""
     mcfg = cfg.trainer.megatron
     want = mcfg.tensor_parallel * mcfg.pipeline_parallel * mcfg.data_parallel
@@ -49,7 +54,7 @@ def init_distributed(cfg, rank: int, world: int, init_method: str) -> None:
 class Ranks:
     """What every rank holds: the Megatron engine and the command channel."""
 
-    def __init__(self, cfg, tok):
+    def __init__(self, cfg: Config, tok: Tokenizer):
         from laminar_hpc.model.factory import build_model
         from laminar_hpc.trainer.megatron.engine import MegatronEngine
         self.cfg = cfg
@@ -120,7 +125,7 @@ def _follower_main(run_dir: str, rank: int, world: int, init_method: str) -> Non
     dist.destroy_process_group()
 
 
-def start_ranks(cfg, run_dir: Path, tok) -> tuple[Ranks, list]:
+def start_ranks(cfg: Config, run_dir: Path, tok: Tokenizer) -> tuple[Ranks, list]:
     """Rank 0 (this process) and its followers. Under a launcher that set RANK / WORLD_SIZE /
     MASTER_ADDR / MASTER_PORT (srun with ntasks = world, torchrun) every task runs this role and
     those with RANK > 0 only follow (see `main` here); otherwise the followers are spawned on

@@ -1,0 +1,47 @@
+"""The base of the backends whose policy is one torch module in this process (torch, emulated):
+the module, a torch AdamW over it and AsyncCheckpointer's background checkpoints.
+
+A base class with its own state, not a mixin: everything its methods read (`model`, `opt`,
+`ckpt`) is set by its own constructor. A subclass adds what differs per backend: `layout`,
+`warm_up` and `train_step` (the rest of trainer/backend.py's TrainBackend is here).
+
+    class TorchBackend(ModuleBackend):
+        def __init__(self, cfg, tok, ckpt_root):
+            super().__init__(build_model(cfg.model, tok, cfg.trainer.device), cfg, ckpt_root)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from laminar_hpc.trainer.checkpoint import AsyncCheckpointer, load_latest
+
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
+
+
+class ModuleBackend:
+    def __init__(self, model: torch.nn.Module, cfg: Config, ckpt_root: Path):
+        self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
+        self.ckpt = AsyncCheckpointer(ckpt_root, keep=cfg.checkpoint.keep, timeout_s=cfg.timeouts.checkpoint_s)
+
+    def resume(self) -> dict | None:
+        return load_latest(self.ckpt.root, self.model, self.opt)
+
+    def load_initial(self, path: str) -> None:
+        self.model.load_state_dict(torch.load(path, map_location="cpu"))
+
+    def weights(self) -> torch.nn.Module:
+        return self.model  # the live module: packing reads the current weights
+
+    def save(self, step: int, version: int, *, meta: dict, ledger: dict) -> float:
+        return self.ckpt.save(step, version, self.model, self.opt, meta=meta, ledger=ledger)
+
+    def saves_done(self, wait: bool = False) -> list[dict]:
+        return self.ckpt.wait() if wait else self.ckpt.poll()
+
+    def close(self, clean: bool = True) -> None:
+        self.ckpt.close()  # a write in flight completes (or fails) before the process ends

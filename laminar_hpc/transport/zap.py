@@ -1,0 +1,80 @@
+"""The ZAP handler of a process's keyed servers (transport/channel.py): one pyzmq authenticator
+thread per process; each server registers a ZAP domain that admits its clients' CURVE public
+keys, and an admitted key's role kind becomes the connection's User-Id, which the server reads
+per frame (`frame.get("User-Id")`) to authorize it (transport/authz.py).
+
+    domain, admission = zap_register({public_key_z85: "rollout", ...})
+    sock.setsockopt(zmq.ZAP_DOMAIN, domain.encode())
+    admission.rejected.get(domain, 0)      # connections refused for an unknown key
+    admission.domains.pop(domain, None)    # the server closed
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+log = logging.getLogger("laminar_hpc.transport.channel")
+
+
+class _Admission:
+    """ZAP credentials provider: each keyed server's domain admits its clients' public keys; an
+    admitted key's role kind becomes the connection's User-Id (keys are random per run, so one
+    key names one kind in the whole process)."""
+
+    def __init__(self):
+        self.domains: dict[str, dict[bytes, str]] = {}  # zap domain -> client public key (Z85) -> kind
+        self.kinds: dict[bytes, str] = {}
+        self.rejected: dict[str, int] = {}
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        clients = self.domains.get(domain)  # one dict read: safe while a server closes meanwhile
+        if clients is not None and key in clients:
+            return True
+        n = self.rejected[domain] = self.rejected.get(domain, 0) + 1
+        if n == 1 or n % 1000 == 0:  # a rogue peer retries every ~100 ms: do not flood the log
+            log.warning("rejected a CURVE connection with an unknown client key on %s (%d so far)", domain, n)
+        return False
+
+
+class _Authenticator(ThreadAuthenticator):
+    """pyzmq's ZAP handler thread, with the role kind as the User-Id of an admitted CURVE peer
+    (its documented hook for a custom user id), readable per frame as `frame.get("User-Id")`."""
+
+    def __init__(self, admission: _Admission):
+        super().__init__(zmq.Context.instance(), log=logging.getLogger(__name__ + ".zap"))
+        self.admission = admission
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.admission.kinds.get(z85.encode(client_public_key), "")
+
+
+_zap_lock = threading.Lock()
+_zap: tuple[int, _Authenticator, _Admission] | None = None
+_zap_domains = itertools.count()
+
+
+def zap_register(clients: dict[bytes, str]) -> tuple[str, _Admission]:
+    """A fresh ZAP domain admitting `clients` (public key -> kind), on this process's handler."""
+    global _zap
+    with _zap_lock:
+        if _zap is None or _zap[0] != os.getpid():  # Context.instance() is per process, after fork too
+            admission = _Admission()
+            auth = _Authenticator(admission)
+            auth.start()
+            _zap = (os.getpid(), auth, admission)
+        _, auth, admission = _zap
+        domain = f"laminar-{os.getpid()}-{next(_zap_domains)}"
+        admission.kinds.update(clients)
+        admission.domains[domain] = dict(clients)
+        # providers are never removed (close only forgets the keys): the handler thread looks
+        # the domain up without a lock
+        auth.configure_curve_callback(domain, credentials_provider=admission)
+        return domain, admission
+
+

@@ -1,0 +1,210 @@
+"""Another local user floods the controller with idle connections (issue 28, finding 2).
+
+Before: 1,095 idle TCP connections in 6 s (a batch job's soft limit of 1,024 descriptors) made the
+controller's status write fail with EMFILE, uncaught: it died and was restarted, and repeating the
+flood would exhaust `supervisor.max_role_restarts`. Here a real campaign runs with that soft limit
+while a process of the `nobody` user (a forked child that dropped root: setgid, setuid) does it:
+
+- over TCP (`controller.transport=tcp`, as across nodes): thousands of idle connections to the
+  controller's port, held and opened again, round after round, more rounds than max_role_restarts
+  allows restarts. The campaign completes and the controller is never restarted.
+- by default on one machine: there is no TCP port; the controller's socket is an ipc:// path in
+  the run directory (0700), which `nobody` cannot even connect to.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pwd
+import resource
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+from laminar_hpc.transport.channel import wait_endpoint
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run the attacker as another user")]
+
+CONFIG = str(REPO / "configs" / "tiny-emulated.yaml")
+SOFT_LIMIT = 1024  # what batch jobs often get
+PER_ROUND = 3000  # idle connections per round: thrice the soft limit
+HOLD_S = 3.0
+
+
+@pytest.fixture
+def run_dir():
+    """A run directory whose parents `nobody` may enter: only the run directory's own 0700 keeps it out."""
+    base = Path(tempfile.mkdtemp(prefix="laminar-flood-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base / "run"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _campaign(run: Path, *overrides: str) -> subprocess.Popen:
+    """`laminar run` with the soft descriptor limit of a batch job (the hard one unchanged)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+    def batch_limits():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (SOFT_LIMIT, hard))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", CONFIG, "--run-dir", str(run),
+                             *overrides], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=batch_limits)
+
+
+@contextlib.contextmanager
+def as_nobody(attack, *args):
+    """Run `attack(stop_fd, *args) -> dict` in a forked child that dropped to the `nobody` user;
+    yields a function that stops it and returns its dict. The child is killed by pid on any failure."""
+    nobody = pwd.getpwnam("nobody")
+    stop_r, stop_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the attacker: no exec, only sockets; its result as JSON on out_w
+        code = 1
+        try:
+            os.close(stop_w)
+            os.close(out_r)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            result = attack(stop_r, *args)
+            os.write(out_w, json.dumps(result).encode())
+            code = 0
+        except BaseException as err:  # noqa: BLE001 - reported to the parent
+            os.write(out_w, json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
+        finally:
+            os._exit(code)
+    os.close(stop_r)
+    os.close(out_w)
+
+    def finish() -> dict:
+        os.close(stop_w)  # the attacker stops at its next look
+        data = b""
+        while chunk := os.read(out_r, 65536):
+            data += chunk
+        return json.loads(data or b"{}")
+    try:
+        yield finish
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            os.close(out_r)
+        with contextlib.suppress(OSError):
+            os.close(stop_w)
+
+
+def flood(stop_fd: int, port: int) -> dict:
+    """Rounds of PER_ROUND idle TCP connections to `port`, each held HOLD_S, until told to stop."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 2 * PER_ROUND)), hard))
+    rounds, most = 0, 0
+    while True:
+        socks = []
+        for _ in range(PER_ROUND):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            socks.append(s)
+        poller = select.poll()
+        for s in socks:
+            poller.register(s, select.POLLOUT)
+        deadline, ready = time.monotonic() + HOLD_S, set()
+        while len(ready) < len(socks) and time.monotonic() < deadline:
+            for fd, ev in poller.poll(100):
+                poller.unregister(fd)
+                ready.add(fd)
+        up = sum(1 for s in socks if s.fileno() in ready and s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+        most = max(most, up)
+        stop = bool(select.select([stop_fd], [], [], max(0.0, deadline - time.monotonic()))[0])
+        for s in socks:
+            s.close()
+        rounds += 1
+        if stop:
+            return {"rounds": rounds, "most_connected": most}
+
+
+def try_ipc(stop_fd: int, path: str) -> dict:
+    """Connect to the controller's ipc:// socket file, until told to stop; what each try met."""
+    seen: dict[str, int] = {}
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            seen["connected"] = seen.get("connected", 0) + 1
+        except OSError as err:
+            name = errno.errorcode.get(err.errno, str(err.errno))
+            seen[name] = seen.get(name, 0) + 1
+        finally:
+            s.close()
+        if select.select([stop_fd], [], [], 0.2)[0]:
+            return seen
+
+
+def _finished(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the CLI stops every role it started, by pid
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"the campaign still ran after {timeout_s:.0f} s:\n{err[-3000:]}")
+
+
+def _no_controller_restart(run: Path) -> None:
+    rec = json.loads((run / "recoveries.json").read_text())
+    assert not [r for r in rec["recoveries"] + rec["unrecovered"] if r["role"].startswith("controller")], rec
+    assert "controller-0" not in (json.loads((run / "summary.json").read_text()).get("recoveries") or {})
+
+
+def test_a_campaign_with_a_batch_jobs_descriptor_limit_survives_a_flood_of_idle_connections(run_dir):
+    proc = _campaign(run_dir, "controller.transport=tcp", "trainer.total_steps=40")
+    try:
+        address = wait_endpoint(run_dir, "controller", timeout_s=120)
+        assert address.startswith("tcp://127.0.0.1:")
+        with as_nobody(flood, int(address.rsplit(":", 1)[1])) as stop:
+            out, err = _finished(proc, timeout_s=300)
+            got = stop()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert "error" not in got, got
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "completed" and summary["train_steps"] == 40
+    _no_controller_restart(run_dir)
+    max_restarts = 3  # supervisor.max_role_restarts, the default
+    assert got["rounds"] > max_restarts and got["most_connected"] >= 2 * SOFT_LIMIT, got
+    stats = json.loads((run_dir / "controller_stats.json").read_text())
+    assert stats["connections"]["accepted"] >= 2 * SOFT_LIMIT, stats["connections"]
+
+
+def test_on_one_machine_another_user_cannot_connect_to_the_controller_at_all(run_dir):
+    proc = _campaign(run_dir)
+    try:
+        address = wait_endpoint(run_dir, "controller", timeout_s=120)
+        assert address.startswith("ipc://") and Path(address[len("ipc://"):]).is_socket()
+        with as_nobody(try_ipc, address[len("ipc://"):]) as stop:
+            out, err = _finished(proc, timeout_s=300)
+            got = stop()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert got and set(got) == {"EACCES"}, got  # the 0700 run directory: not even a connection
+    assert json.loads((run_dir / "summary.json").read_text())["outcome"] == "completed"
+    _no_controller_restart(run_dir)
