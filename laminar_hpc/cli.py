@@ -24,12 +24,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from laminar_hpc.config import ConfigError, load_config
 from laminar_hpc.config.backends import trainer_backend
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
-def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
+
+def _load(args) -> Config:
     cfg = load_config(args.config, args.overrides)
     if cfg.model.hf_path or cfg.model.hf_tokenizer:  # so does a missing or unsupported checkpoint
         from laminar_hpc.model.hf import HFCheckpointError, preflight
@@ -42,7 +46,7 @@ def _load(args) -> "Config":  # noqa: F821 - imported lazily for a fast --help
     return cfg
 
 
-def check_task(cfg, source: str) -> None:
+def check_task(cfg: Config, source: str) -> None:
     """Before anything starts (tasks/preflight.py): the dataset loads, tools and environments
     import, a chat renders with the tokenizer's chat template, each reward function is called on a
     sample row in the reward pool under its timeout. One line on the first failure; warnings and
@@ -57,15 +61,15 @@ def check_task(cfg, source: str) -> None:
         print(f"laminar: {line}", file=sys.stderr)
 
 
-def _check_resume(cfg, run_dir: Path) -> None:
+def _check_resume(cfg: Config, run_dir: Path) -> None:
     """Pre-flight of a resume: a model that differs from the checkpoint's, or checkpoints whose
     controller log is gone, fail here in one line, before any process starts or anything in the
     run directory is rewritten."""
     from laminar_hpc.launch.prepare import check_resume_model
     from laminar_hpc.rundir import RunDir, log_lost_under_checkpoints
+    from laminar_hpc.walformat import check_log
     if why := log_lost_under_checkpoints(RunDir(run_dir)):
         raise ConfigError(why)
-    from laminar_hpc.controller.walformat import check_log
     if why := check_log(RunDir(run_dir).wal_dir):  # damaged: the controller would refuse it too
         raise ConfigError(why)
     if not trainer_backend(cfg).has_model:
@@ -73,7 +77,7 @@ def _check_resume(cfg, run_dir: Path) -> None:
     check_resume_model(run_dir, cfg.model.model_dump())
 
 
-def _default_run_dir(cfg) -> Path:
+def _default_run_dir(cfg: Config) -> Path:
     return Path(f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 

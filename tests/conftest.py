@@ -53,9 +53,9 @@ def controller(tmp_path, monkeypatch):
     its transport a helpers.FakeServer; every write-ahead log is closed at the end."""
     import logging
 
-    from laminar_hpc.controller import endpoint, main
+    from laminar_hpc.controller import main
     from laminar_hpc.metrics.trace import Tracer
-    from laminar_hpc.transport import security
+    from laminar_hpc.transport import endpoint, security
     monkeypatch.setattr(endpoint, "Server", helpers.FakeServer)
     (tmp_path / "run.json").write_text('{"run_id": "r1"}')
     security.ensure_keys(tmp_path)  # as the launcher does at run start

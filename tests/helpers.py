@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from laminar_hpc.config import config_from_dict, load_config
 from laminar_hpc.controller.pools import DataPlane
+from laminar_hpc.controller.validate import Limits
 from laminar_hpc.launch.role import RoleContext
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport import protocol
@@ -317,10 +318,11 @@ def tokenize(p: FakeProblem) -> list[int]:
     return [1000] + [ord(c) for c in p.prompt]
 
 
-def data_plane(group_size: int = 4, max_new_tokens: int = 16, start_cursor: int = 0, journal=None) -> DataPlane:
+def data_plane(group_size: int = 4, max_new_tokens: int = 16, start_cursor: int = 0, journal=None,
+               limits: Limits | None = None) -> DataPlane:
     """A DataPlane over endless problems `p<i>` (`problem`), tokenized by `tokenize`."""
     return DataPlane(problems=problem, tokenize=tokenize, group_size=group_size, max_new_tokens=max_new_tokens,
-                     start_cursor=start_cursor, journal=journal)
+                     start_cursor=start_cursor, journal=journal, limits=limits)
 
 
 def result(work: WorkItem, tokens, version: int = 0, **over) -> Trajectory:

@@ -26,11 +26,14 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from laminar_hpc.metrics.evaluation import eval_scores
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.transport.protocol import Trajectory, WorkItem
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 
 def round_row(rnd: "Round", pass_k: int, threshold: float) -> dict:
@@ -57,7 +60,7 @@ class Round:
 
 
 class Evaluation:
-    def __init__(self, cfg, problems: list[Problem], tokenize: Callable[[Problem], list[int]], *,
+    def __init__(self, cfg: Config, problems: list[Problem], tokenize: Callable[[Problem], list[int]], *,
                  emit: Callable[..., None], write: Callable[[dict], object], log, done_steps: set[int] = frozenset(),
                  epoch: str = ""):
         ev = cfg.eval

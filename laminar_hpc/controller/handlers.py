@@ -2,20 +2,32 @@
 
 `MessageHandlers.handle` dispatches one frame on its type and sender; one method per message
 that needs more than a line (a hello, a finished trajectory, a train step, a publish, a
-migration, a role that went down). It is a part of `Controller` (controller/main.py), kept
-apart so that main.py reads as the controller's set-up, its write-ahead-then-send rule,
-scheduling and its loop. It uses the controller's state and parts as they are set up there
-(`dp`, `rm`, `sync`, `roles`, `recovery`, `wal`, `tracer`, `log`, `send`, the counters) and
-sends only through `Controller.send`.
+migration, a role that went down). A component of `Controller` (controller/main.py), as
+`RolloutManager` and `WeightSync` are: it is given the controller's parts it works on (`data_plane`,
+`rollout_manager`, `sync`, `roles`, `recovery`, `wal`, `tracer`, `evaluation`, `log`), the counters and
+fields that it and the controller both read (`ControllerState`, owned by the controller) and
+a `send(ident, msg)` callback, the controller's write-ahead-then-send `Controller.send`.
 
-    ctl.receive(ident, msg)   # the loop's entry: `handle`, guarded (controller/main.py)
-    ctl.handle("rollout-3", Finished(trajectory=traj))
+    state = ControllerState(steps_trained=0, published=0)
+    handlers = MessageHandlers(state, data_plane=dp, rollout_manager=rm, ..., send=ctl.send, epoch=epoch, run_id=run_id)
+    handlers.handle("rollout-3", Finished(trajectory=traj))   # (`ctl.receive`: guarded)
 """
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass, field
+from typing import Callable
 
+from laminar_hpc.controller.evaluation import Evaluation
+from laminar_hpc.controller.pools import DataPlane
+from laminar_hpc.controller.recovery import Recovery
+from laminar_hpc.controller.roles import RoleTable
+from laminar_hpc.controller.rollout_manager import RolloutManager
 from laminar_hpc.controller.validate import as_int
+from laminar_hpc.controller.wal import WriteAheadLog
+from laminar_hpc.controller.weight_sync import WeightSync
+from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport.protocol import (CheckpointSaved, Finished, Heartbeat, Hello, HelloAck, LogEvent, Message,
                                             Migrated, MigrateReject, Published, Resync, RoleDown, RolloutState,
                                             Stop, StopAll, Stream, TrainerDone, TrainerSync, TrainStep, Trajectory,
@@ -24,8 +36,41 @@ from laminar_hpc.transport.protocol import (CheckpointSaved, Finished, Heartbeat
 MAX_EVENT_METRICS = 256  # distinct log-event fields kept for status.json (a chatty peer cannot grow it forever)
 
 
+@dataclass
+class ControllerState:
+    """What the messages change and the controller reads (scheduling, status.json, its loop)."""
+    steps_trained: int = 0  # the trainer's last step
+    published: int = 0  # versions published (journalled: `dp.meta`)
+    trainer_credit: int = 0  # groups the trainer asked for and was not sent yet
+    relay_versions: dict[int, int] = field(default_factory=dict)  # relay rank -> version it holds
+    util: dict[int, tuple[float, float]] = field(default_factory=dict)  # rollout rank -> (busy_s, weight_wait_s)
+    last_seen: dict[str, float] = field(default_factory=dict)  # role -> when it last sent a frame
+    relay_dropped: int = 0  # malformed frames the master relay's hand-off socket dropped
+    refused: int = 0  # hellos of another protocol version (counted with the malformed frames)
+    metrics: dict = field(default_factory=dict)  # the last train step's metrics and the roles' log events
+    phase: str = "starting"
+    max_versions_in_flight: int = 0
+    versions_seen: set[int] = field(default_factory=set)  # versions running at the last count (`track_versions`)
+    versions_stale: bool = False  # a trajectory finished since that count
+    versions_counted: float = 0.0  # when (monotonic)
+    finish_times: list[float] = field(default_factory=list)  # when trajectories finished (trajectories_per_s)
+    stop_reason: str | None = None
+    trainer_done: tuple[str, float] | None = None  # (why, when): stop once the last evaluation is in
+
+
 class MessageHandlers:
-    """The message-handling methods of `Controller` (a mixin: it has no state of its own)."""
+    """What each message does to the controller's state (`ControllerState`) and parts."""
+
+    def __init__(self, state: ControllerState, *, data_plane: DataPlane, rollout_manager: RolloutManager,
+                 sync: WeightSync,
+                 roles: RoleTable, recovery: Recovery, wal: WriteAheadLog, tracer: Tracer, evaluation: Evaluation,
+                 log: logging.Logger, send: Callable[[str, Message], None], epoch: str, run_id: str, rollouts: int):
+        self.state = state
+        self.data_plane, self.rollout_manager, self.sync = data_plane, rollout_manager, sync
+        self.roles, self.recovery = roles, recovery
+        self.wal, self.tracer, self.evaluation, self.log = wal, tracer, evaluation, log
+        self.send = send  # the controller's write-ahead-then-send (`Controller.send`)
+        self.epoch, self.run_id, self.rollouts = epoch, run_id, rollouts
 
     def handle(self, ident: str, msg: Message) -> None:
         """One message from `ident` ('rollout-3', 'trainer-0', ...), dispatched on its type. Types
@@ -35,7 +80,7 @@ class MessageHandlers:
         if ident.endswith(".hb"):  # a role's heartbeat thread (roles/steps that may be busy for long)
             self.roles.seen(ident[:-3], now)
             return
-        self.last_seen[ident] = now
+        self.state.last_seen[ident] = now
         self.roles.seen(ident, now)
         role, _, rank_s = ident.rpartition("-")
         rank = int(rank_s) if rank_s.isdigit() else -1
@@ -43,23 +88,23 @@ class MessageHandlers:
         match msg:  # the rollouts' traffic, most of all messages, first
             case Stream(items=items, chunks=chunks) if rollout:
                 if chunks is not None:  # (a rollout's chunks, in columns)
-                    self.dp.stream_chunks(chunks, rollout=rank)
+                    self.data_plane.stream_chunks(chunks, rollout=rank)
                 if items:  # (an episode's, one by one)
-                    self.dp.stream_items(items, rollout=rank)
-                seen = self.versions_seen
+                    self.data_plane.stream_items(items, rollout=rank)
+                seen = self.state.versions_seen
                 if (chunks is not None and chunks.version not in seen) or any(it.version not in seen for it in items):
-                    self._track_versions()  # only a version not running before can raise the count
+                    self.track_versions()  # only a version not running before can raise the count
             case Finished(trajectory=traj) if rollout and traj.eval_round is not None:
                 self.evaluation.finished(traj, rank)  # evaluation work: never in the data plane
             case Finished(trajectory=traj) if rollout:
                 self.finished(traj, now, rank)
             case WantWork(credit=credit, version=version) if rollout:
-                self.rm.credit(rank, max(0, credit))
+                self.rollout_manager.credit(rank, max(0, credit))
                 self.sync.loaded(rank, version)
             case RolloutState() if rollout:
-                self.rm.report((rank, msg.version, msg.waiting, msg.running, msg.kv_tokens, msg.kv_peak,
+                self.rollout_manager.report((rank, msg.version, msg.waiting, msg.running, msg.kv_tokens, msg.kv_peak,
                                 tuple(msg.traj_ids)))
-                self.util[rank] = (msg.busy_s, msg.weight_wait_s)
+                self.state.util[rank] = (msg.busy_s, msg.weight_wait_s)
             case Heartbeat(t=t, pid=pid):
                 if pid is not None and ident not in self.roles.roles:
                     self.roles.joined(ident, pid, now)  # a role that was there before this controller
@@ -71,34 +116,36 @@ class MessageHandlers:
             case Migrated(dest=dest, trajectories=trajs) if rollout:
                 self.migrated(rank, dest, trajs)
             case MigrateReject(traj_ids=traj_ids) if rollout:
-                parts = self.dp.partials  # only work this rollout was given can be rejected by it
-                restarted = self.rm.rejected(self.dp, [t for t in traj_ids if t in parts and parts[t].rollout == rank])
+                parts = self.data_plane.partials  # only work this rollout was given can be rejected by it
+                restarted = self.rollout_manager.rejected(
+                    self.data_plane, [t for t in traj_ids if t in parts and parts[t].rollout == rank])
                 self.tracer.emit("migration_restarted", rollout=rank, traj_ids=restarted)
             case WantGroups(n=n, reset=reset) if trainer:
-                self.trainer_credit = max(0, n) + (0 if reset else self.trainer_credit)
+                self.state.trainer_credit = max(0, n) + (0 if reset else self.state.trainer_credit)
             case TrainStep() if trainer:
                 self.train_step(ident, msg, now)
             case Published(version=version) if trainer:
                 self.published_version(version)
             case CheckpointSaved(groups=groups) if trainer:
-                self.dp.ledger.commit(groups or [])
-                self.wal.start(self.dp.state_dict())  # compaction: recovery replays from here
+                self.data_plane.ledger.commit(groups or [])
+                self.wal.start(self.data_plane.state_dict())  # compaction: recovery replays from here
             case VersionReady(rank=relay, version=version):
-                self.relay_versions[relay] = version
+                self.state.relay_versions[relay] = version
                 self.roles.ready(ident, now)
             case LogEvent(event=event, fields=fields):
+                st = self.state
                 if event == "phase":
-                    self.phase = str(fields.get("phase", self.phase))
+                    st.phase = str(fields.get("phase", st.phase))
                 elif event == "relay":
                     dropped = as_int(fields.get("dropped_frames"))
-                    self.relay_dropped = self.relay_dropped if dropped is None else dropped
+                    st.relay_dropped = st.relay_dropped if dropped is None else dropped
                 for k, v in fields.items():
                     key = f"{event}.{k}"
-                    if key in self.metrics or len(self.metrics) < MAX_EVENT_METRICS:
-                        self.metrics[key] = v
+                    if key in st.metrics or len(st.metrics) < MAX_EVENT_METRICS:
+                        st.metrics[key] = v
             case TrainerDone(steps=steps) if trainer:
                 # the last evaluation round (if any) runs first: `Controller.schedule` stops after it
-                self.trainer_done = (f"trainer finished {steps} steps", time.monotonic())
+                self.state.trainer_done = (f"trainer finished {steps} steps", time.monotonic())
             case Hello():
                 self.hello(ident, role, rank, msg, now)
             case Resync() if rollout:
@@ -108,13 +155,13 @@ class MessageHandlers:
                 self.sync.loaded(rank, msg.version)
                 self.recovery.resync_rollout(rank, msg.held, msg.free)
             case TrainerSync() if trainer:
-                self.steps_trained = msg.step
-                self.trainer_credit = 0  # the trainer asks afresh
+                self.state.steps_trained = msg.step
+                self.state.trainer_credit = 0  # the trainer asks afresh
                 self.recovery.trainer_sync(msg)
             case RoleDown(role=name, code=code):
                 self.role_down(name, code)
             case StopAll(reason=reason):
-                self.stop_reason = reason
+                self.state.stop_reason = reason
 
     def hello(self, ident: str, role: str, rank: int, msg: Hello, now: float) -> None:
         """A role (re)started. One that speaks another protocol version is told to stop, with the
@@ -122,7 +169,7 @@ class MessageHandlers:
         refused = version_mismatch(msg, ident)
         if refused is not None:
             self.log.error("%s", refused)
-            self.refused += 1
+            self.state.refused += 1
             self.send(ident, Stop(reason=refused))
             return
         self.log.info("%s joined (pid %s)", ident, msg.pid)
@@ -130,60 +177,62 @@ class MessageHandlers:
         self.roles.joined(ident, msg.pid, now)
         self.send(ident, Heartbeat(t=now, epoch=self.epoch))
         if role == "rollout":
-            self.rm.reset_credit(rank)  # a (re)started rollout holds nothing and asks afresh
+            self.rollout_manager.reset_credit(rank)  # a (re)started rollout holds nothing and asks afresh
             self.evaluation.rollout_lost(rank)
-            self.recovery.place(self.dp.requeue_rollout(rank), exclude=rank)
+            self.recovery.place(self.data_plane.requeue_rollout(rank), exclude=rank)
         elif role == "trainer":
-            self.send(ident, HelloAck(run_id=self.run_id, max_version=self.dp.meta.get("max_version", -1)))
+            self.send(ident, HelloAck(run_id=self.run_id, max_version=self.data_plane.meta.get("max_version", -1)))
 
     def finished(self, traj: Trajectory, now: float, rollout: int | None = None) -> None:
-        dropped = self.dp.ledger.dropped
-        refused = self.dp.refused["trajectories"]
-        held = self.dp.partials.get(traj.traj_id)
-        if self.dp.finish(traj, rollout) is None:
+        dropped = self.data_plane.ledger.dropped
+        refused = self.data_plane.refused["trajectories"]
+        held = self.data_plane.partials.get(traj.traj_id)
+        if self.data_plane.finish(traj, rollout) is None:
             gid = traj.group_id if held is None else held.group_id  # (a refused one may claim another group)
             if gid in dropped:  # a bad reward, or refused once too often: the whole group goes
                 self.tracer.emit("group_dropped", group=gid, reason=dropped[gid])
-            if self.dp.refused["trajectories"] != refused:
+            if self.data_plane.refused["trajectories"] != refused:
                 return  # refused (logged by `receive`): not a finished trajectory
-        self.finish_times.append(now)
+        self.state.finish_times.append(now)
         spans = {"spans": [list(x) for x in traj.version_spans]} if traj.version_spans else {}  # several versions
         self.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, rollout=traj.rollout,
                          tokens=traj.n_tokens, reward=traj.reward, **spans)
-        if traj.version not in self.versions_seen:
-            self._track_versions()
-        self.versions_stale = True  # it may have been its version's last trajectory
+        if traj.version not in self.state.versions_seen:
+            self.track_versions()
+        self.state.versions_stale = True  # it may have been its version's last trajectory
 
     def train_step(self, ident: str, msg: TrainStep, now: float) -> None:
-        self.metrics = dict(msg.metrics)
-        step = as_int(self.metrics.get("step"))
-        self.steps_trained = self.steps_trained if step is None else step
-        self.dp.ledger.trained(msg.groups or [], self.steps_trained)
-        self.dp.ledger.drop(msg.stale or [], "staleness")
-        self.dp.note(steps=self.steps_trained)
+        st = self.state
+        st.metrics = dict(msg.metrics)
+        step = as_int(st.metrics.get("step"))
+        st.steps_trained = st.steps_trained if step is None else step
+        self.data_plane.ledger.trained(msg.groups or [], st.steps_trained)
+        self.data_plane.ledger.drop(msg.stale or [], "staleness")
+        self.data_plane.note(steps=st.steps_trained)
         self.roles.ready(ident, now)
-        self.phase = "rl"
+        st.phase = "rl"
 
     def published_version(self, version: int) -> None:
         base = self.sync.version_base
-        self.published += 1
+        self.state.published += 1
         # journalled first: the global update that `published` may start is sent after it
-        self.dp.note(max_version=max(version, self.dp.meta.get("max_version", -1)),
-                     version_base=base if base >= 0 else version, published=self.published)
-        self.rm.repack_due = True
+        self.data_plane.note(max_version=max(version, self.data_plane.meta.get("max_version", -1)),
+                     version_base=base if base >= 0 else version, published=self.state.published)
+        self.rollout_manager.repack_due = True
         self.sync.published(version, time.monotonic())
 
     def migrated(self, source: int, dest: int, trajs: list[Trajectory]) -> None:
         """A source handed its trajectories back: they go to `dest`, first in its queue (a
         replica that does not exist: they start again from the prompt)."""
-        if not 0 <= dest < self.cfg.rollout.count or dest == source:
-            restarted = self.rm.rejected(self.dp, [t.traj_id for t in trajs if t.traj_id in self.dp.partials
-                                                   and self.dp.partials[t.traj_id].rollout == source])
+        if not 0 <= dest < self.rollouts or dest == source:
+            parts = self.data_plane.partials
+            mine = [t.traj_id for t in trajs if t.traj_id in parts and parts[t.traj_id].rollout == source]
+            restarted = self.rollout_manager.rejected(self.data_plane, mine)
             self.log.warning("rollout-%d handed back %d trajectories for replica %d, not another replica of the run: "
                              "%d restart from their prompt", source, len(trajs), dest, len(restarted))
             return
-        work = [w for w in (self.dp.migrate(t, dest, source) for t in trajs) if w is not None]
-        self.rm.migrated(source, dest, work)
+        work = [w for w in (self.data_plane.migrate(t, dest, source) for t in trajs) if w is not None]
+        self.rollout_manager.migrated(source, dest, work)
         self.tracer.emit("migrated", source=source, dest=dest, trajectories=len(work),
                          version=trajs[0].version if trajs else None, traj_ids=[w.traj_id for w in work])
 
@@ -195,17 +244,19 @@ class MessageHandlers:
             self.recovery.rollout_down(name, int(rank_s), code)
             self.evaluation.rollout_lost(int(rank_s))
         elif role == "trainer":
-            self.trainer_credit = 0  # the restarted trainer re-sends its lineage (trainer_sync)
+            self.state.trainer_credit = 0  # the restarted trainer re-sends its lineage (trainer_sync)
         elif name == "relay":
             for ident in list(self.roles.roles):
                 if ident.startswith("relay-"):
                     self.roles.down(ident)
 
-    def _track_versions(self) -> None:
+    def track_versions(self) -> None:
+        """Count the versions running now (status.json: versions_in_flight and its peak)."""
         # O(trajectories in flight): called when a version not seen running may have started, and
         # at most every TRACK_VERSIONS_S after trajectories finished (versions_seen then forgets
         # finished versions; until then it holds too many, which only delays forgetting them)
-        self.versions_seen = self.dp.running_versions()
-        self.versions_stale = False
-        self.versions_counted = time.monotonic()
-        self.max_versions_in_flight = max(self.max_versions_in_flight, len(self.versions_seen))
+        st = self.state
+        st.versions_seen = self.data_plane.running_versions()
+        st.versions_stale = False
+        st.versions_counted = time.monotonic()
+        st.max_versions_in_flight = max(st.max_versions_in_flight, len(st.versions_seen))

@@ -29,6 +29,7 @@ trained twice.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import socket
@@ -37,12 +38,11 @@ import uuid
 
 import msgspec
 
-from laminar_hpc.config import load_config
+from laminar_hpc.config import Config, load_config
 from laminar_hpc.config.backends import rollout_backend
-from laminar_hpc.controller.endpoint import bind
 from laminar_hpc.controller.evaluation import Evaluation
 from laminar_hpc.controller.frames import Frames
-from laminar_hpc.controller.handlers import MessageHandlers
+from laminar_hpc.controller.handlers import ControllerState, MessageHandlers
 from laminar_hpc.controller.membership import Membership
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.recovery import Recovery, recover
@@ -63,8 +63,10 @@ from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.tasks import build_task, encode_prompt, validation_problems
 from laminar_hpc.transport.channel import publish_endpoint
+from laminar_hpc.transport.endpoint import bind
 from laminar_hpc.transport.fdlimit import raise_fd_limit
 from laminar_hpc.transport.protocol import Assign, Drops, Groups, Message, Stop
+from laminar_hpc.transport.security import server_keys
 
 
 HANDLE_BUDGET_S = 0.25  # the longest the loop handles messages before it schedules and writes its status
@@ -74,11 +76,11 @@ ALL_REFUSED_STOP = 200  # prompts refused before any was admitted: the task cann
 TRACK_VERSIONS_S = 1.0
 
 
-class Controller(MessageHandlers):
-    """The controller's state and parts; what each message does is `MessageHandlers`
-    (controller/handlers.py)."""
+class Controller:
+    """The controller's parts and state (`state`, shared with them); what each message does is
+    its `handlers` (controller/handlers.py)."""
 
-    def __init__(self, run_dir, cfg, log, tracer):
+    def __init__(self, run_dir: RunDir | str | os.PathLike, cfg: Config, log: logging.Logger, tracer: Tracer):
         self.rd = rd = RunDir.of(run_dir)
         self.run_dir, self.cfg, self.log, self.tracer = rd.path, cfg, log, tracer
         task = build_task(cfg.task, cfg.seed)
@@ -88,57 +90,44 @@ class Controller(MessageHandlers):
         self.t_start = time.time()
         self.wal = WriteAheadLog(rd.wal_dir, fsync_s=cfg.controller.wal_fsync_s,
                                  snapshot_bytes=int(cfg.controller.wal_snapshot_mb * 2**20))
-        self.dp = DataPlane(task.problem, lambda p: encode_prompt(tok, p), cfg.trainer.group_size,
+        self.data_plane = DataPlane(task.problem, lambda p: encode_prompt(tok, p), cfg.trainer.group_size,
                             cfg.rollout.max_new_tokens, limits=limits_for(cfg, tok.vocab_size),
                             drop_no_signal=cfg.trainer.dynamic_sampling == "drop",
                             max_no_signal_run=None if (b := cfg.trainer.dynamic_sampling_max_batches) is None
                             else b * cfg.trainer.groups_per_step)
         # what it sends is split under the limit its peers receive with (launch/role.py: the same setting)
         self.frames = Frames(log, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20), task=task)
-        self.recovered = recover(self.wal, self.dp, log, tracer, rd)
+        self.recovered = recover(self.wal, self.data_plane, log, tracer, rd)
         # drops replayed from the log: reported before the restart, all but those after its last
         # delivery (step metrics only; the ledger itself is exact)
-        self.dp.ledger.take_drop_counts()
+        self.data_plane.ledger.take_drop_counts()
         self.no_signal_warned = -math.inf
-        self.dp.journal = self.wal.append
+        self.data_plane.journal = self.wal.append
         # a restarted controller keeps its address: the roles' sockets reconnect by themselves
-        self.server = bind(rd, cfg)  # ipc:// when every role is on this machine (controller/endpoint.py)
+        # ipc:// when every role is on this machine (transport/endpoint.py)
+        self.server = bind(rd, cfg, "controller", server_keys(rd.path, "controller", cfg.controller))
         self.members = Membership.of(cfg, log)  # the role names of this campaign: frames from others are dropped
         self.status_writer = StatusWriter(log)
         self.roles = RoleTable(cfg.timeouts.heartbeat_s)
-        meta = self.dp.meta
+        meta = self.data_plane.meta
         self.sync = WeightSync(cfg.mode, rollouts=cfg.rollout.count, groups_per_step=cfg.trainer.groups_per_step,
                                send=self.send, emit=tracer.emit, trainer_version=meta.get("max_version", -1),
                                version_base=meta.get("version_base", -1))
         spec = MODES[cfg.mode]
         scale = rollout_backend(cfg).time_scale(cfg)
         interval = cfg.repack.interval_s * scale
-        self.rm = RolloutManager(
+        self.rollout_manager = RolloutManager(
             max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,
             interval_s=interval,
             kv_capacity=kv_capacity(cfg), expiry_s=move_expiry_s(interval), send=self.send, emit=tracer.emit,
             now=time.monotonic(), pins_versions=spec.pins_versions(cfg.rollout.refresh_in_flight))
         self.repack_on = spec.repacks(enabled=cfg.repack.enabled, refresh=cfg.rollout.refresh_in_flight)
-        self.recovery = Recovery(self.dp, self.rm, self.sync, self.roles, log, tracer, self.t_start)
-        self.trainer_credit = 0
-        self.steps_trained = meta.get("steps", 0)
-        self.published = meta.get("published", 0)
-        self.relay_versions: dict[int, int] = {}
-        self.util: dict[int, tuple[float, float]] = {}  # rollout rank -> (busy_s, weight_wait_s)
-        self.last_seen: dict[str, float] = {}
+        self.recovery = Recovery(self.data_plane, self.rollout_manager, self.sync, self.roles, log, tracer,
+                                 self.t_start)
+        # what the messages change and this reads (counters, the trainer's credit, why it stops)
+        self.state = ControllerState(steps_trained=meta.get("steps", 0), published=meta.get("published", 0))
         self.ready_t: float | None = None  # serving again after recovery (status.json)
-        self.relay_dropped = 0  # malformed frames the master relay's hand-off socket dropped
-        self.refused = 0  # hellos of another protocol version (counted with the malformed frames)
         self.backlog_until = 0.0  # messages were waiting longer than a loop's budget until about then
-        self.metrics: dict = {}
-        self.phase = "starting"
-        self.max_versions_in_flight = 0
-        self.versions_seen: set[int] = set()  # versions running at the last count (_track_versions)
-        self.versions_stale = False  # a trajectory finished since that count
-        self.versions_counted = 0.0  # when (monotonic)
-        self.finish_times: list[float] = []
-        self.stop_reason: str | None = None
-        self.trainer_done: tuple[str, float] | None = None  # (why, when): stop once the last evaluation is in
         self.t0 = time.time()
         self.run_id = rd.run_id
         self.wal_refusing = False  # new admissions refused while the write-ahead log cannot be written
@@ -150,6 +139,10 @@ class Controller(MessageHandlers):
         self.evaluation = Evaluation(cfg, problems, lambda p: encode_prompt(tok, p), emit=tracer.emit,
                                      write=self.metrics_out.append, log=log, done_steps=done,
                                      epoch=self.epoch)
+        self.handlers = MessageHandlers(self.state, data_plane=self.data_plane, rollout_manager=self.rollout_manager,
+                                        sync=self.sync, roles=self.roles, recovery=self.recovery, wal=self.wal,
+                                        tracer=tracer, evaluation=self.evaluation, log=log, send=self.send, epoch=self.epoch,
+                                        run_id=self.run_id, rollouts=cfg.rollout.count)
 
     def send(self, ident: str, msg: Message) -> None:
         """Every message the controller sends goes through here (its components get this as their
@@ -163,12 +156,16 @@ class Controller(MessageHandlers):
         self.wal.flush()
         frames, oversize, sent = self.frames.outgoing(ident, msg)  # encoded, under the limit (controller/frames.py)
         if oversize:  # journalled as delivered or assigned, never sent: the ledger must say so
-            self.dp.ledger.drop(oversize, "oversize")
+            self.data_plane.ledger.drop(oversize, "oversize")
             self.wal.flush()
             if isinstance(msg, Assign) and ident.startswith("rollout-"):  # the slots charged for them are free
-                self.rm.credit(int(ident.rpartition("-")[2]), len(msg.work) - sent)
+                self.rollout_manager.credit(int(ident.rpartition("-")[2]), len(msg.work) - sent)
         for frame in frames:
             self.server.send_frame(ident, frame)
+
+    def handle(self, ident: str, msg: Message) -> None:
+        """One message from `ident`, unguarded (controller/handlers.py `MessageHandlers.handle`)."""
+        self.handlers.handle(ident, msg)
 
     def receive(self, ident: str, msg: Message) -> None:
         """What the loop calls for each frame: from a role of this campaign only (`members`: a key
@@ -176,26 +173,28 @@ class Controller(MessageHandlers):
         dropped and logged in one line; the controller goes on), then the data plane's refusals logged."""
         if not self.members.admits(ident):
             return
-        self.frames.guarded(self.handle, ident, msg)
-        self.frames.log_refusals(self.dp.take_refusals(), ident)
+        self.frames.guarded(self.handlers.handle, ident, msg)
+        self.frames.log_refusals(self.data_plane.take_refusals(), ident)
 
     # -- scheduling -----------------------------------------------------------------------
     def schedule(self) -> None:
-        cfg = self.cfg
-        lg = self.dp.ledger
+        cfg, st = self.cfg, self.state
+        lg = self.data_plane.ledger
         replaced = lg.dropped_for("staleness") + lg.dropped_for("no_signal")
         # groups the trainer will still train: its steps' worth, plus one for each group dropped for
         # another reason (a bad reward, refused too often, oversize), which admission does not replace
         wanted = cfg.trainer.total_steps * cfg.trainer.groups_per_step + len(lg.dropped) - replaced
-        n = admission(cfg.mode, groups_started=self.dp.groups_started, steps_trained=self.steps_trained,
+        n = admission(cfg.mode, groups_started=self.data_plane.groups_started, steps_trained=st.steps_trained,
                       groups_per_step=cfg.trainer.groups_per_step, max_ahead_steps=cfg.controller.max_ahead_steps,
-                      queued_trajs=len(self.dp.queue), group_size=cfg.trainer.group_size,
-                      max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch, in_flight=len(self.dp.partials),
+                      queued_trajs=len(self.data_plane.queue), group_size=cfg.trainer.group_size,
+                      max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch,
+                      in_flight=len(self.data_plane.partials),
                       rollout_versions=self.sync.versions, version_base=self.sync.version_base,
                       max_staleness=cfg.trainer.max_staleness,
                       groups_replaced=replaced, groups_wanted=wanted)
-        self.sync.tick(groups_started=self.dp.groups_started, in_flight=len(self.dp.partials), now=time.monotonic())
-        if self.trainer_done is not None:
+        self.sync.tick(groups_started=self.data_plane.groups_started, in_flight=len(self.data_plane.partials),
+                       now=time.monotonic())
+        if st.trainer_done is not None:
             n = 0  # nothing more will be trained
             self.finish_evaluation()
         if n and self.wal.error is not None:
@@ -208,35 +207,35 @@ class Controller(MessageHandlers):
             self.log.info("the write-ahead log is on disk again: admitting new groups")
             self.wal_refusing = False
         if n:
-            start = self.dp.ledger.next_group
-            self.dp.admit(n)  # fewer when prompts are refused on the way
-            for gid in range(start, self.dp.ledger.next_group):  # queued: the lifecycle's first event
+            start = self.data_plane.ledger.next_group
+            self.data_plane.admit(n)  # fewer when prompts are refused on the way
+            for gid in range(start, self.data_plane.ledger.next_group):  # queued: the lifecycle's first event
                 self.tracer.emit("group_admitted", group=gid, n=cfg.trainer.group_size)
-            self.frames.log_refusals(self.dp.take_refusals())
-            refused = self.dp.refused["prompts"]
-            if self.dp.groups_started == 0 and refused >= ALL_REFUSED_STOP and self.stop_reason is None:
-                self.stop_reason = (f"the first {refused} prompts of the task were all refused at admission (see the "
-                                    f"log): fix the task's rows or raise model.max_seq_len")
+            self.frames.log_refusals(self.data_plane.take_refusals())
+            refused = self.data_plane.refused["prompts"]
+            if self.data_plane.groups_started == 0 and refused >= ALL_REFUSED_STOP and st.stop_reason is None:
+                st.stop_reason = (f"the first {refused} prompts of the task were all refused at admission (see the "
+                                  f"log): fix the task's rows or raise model.max_seq_len")
         ev = self.evaluation
         if ev.enabled:  # evaluation first, within its share of each rollout's slots
-            ev.tick(self.steps_trained, self.dp.meta.get("max_version", -1))
+            ev.tick(st.steps_trained, self.data_plane.meta.get("max_version", -1))
             # a barrier-mode rollout told to load a version loads it once idle: no evaluation meanwhile
             held = {r: v for r, v in self.sync.held().items() if self.sync.update_sent.get(r, -1) <= v}
-            for rank, work in list(ev.assign(self.rm.credits, held)):
-                self.rm.credit(rank, -len(work))
+            for rank, work in list(ev.assign(self.rollout_manager.credits, held)):
+                self.rollout_manager.credit(rank, -len(work))
                 self.send(f"rollout-{rank}", Assign(work=work))
         # every assignment journalled first: the first send writes their records at once (one write)
-        for rank, work in list(self.rm.assign(self.dp)):
+        for rank, work in list(self.rollout_manager.assign(self.data_plane)):
             self.send(f"rollout-{rank}", Assign(work=work))
         if self.repack_on:
-            self.rm.repack(time.monotonic(), queued=len(self.dp.queue))
-        if self.trainer_credit > 0 and self.dp.ledger.ready:
-            while big := self.frames.oversize_groups(self.dp.ledger, self.trainer_credit):
-                self.dp.ledger.drop(big, "oversize")  # before they are journalled as delivered
-            groups = self.dp.ledger.take_groups(self.trainer_credit)
-            self.trainer_credit -= len(groups)
+            self.rollout_manager.repack(time.monotonic(), queued=len(self.data_plane.queue))
+        if st.trainer_credit > 0 and self.data_plane.ledger.ready:
+            while big := self.frames.oversize_groups(self.data_plane.ledger, st.trainer_credit):
+                self.data_plane.ledger.drop(big, "oversize")  # before they are journalled as delivered
+            groups = self.data_plane.ledger.take_groups(st.trainer_credit)
+            st.trainer_credit -= len(groups)
             if groups:
-                if drops := self.dp.ledger.take_drop_counts():  # for the trainer's next step row
+                if drops := self.data_plane.ledger.take_drop_counts():  # for the trainer's next step row
                     self._log_drops(drops)
                     self.send("trainer-0", Drops(counts=drops))
                 self.send("trainer-0", Groups(groups=groups))  # several frames when over the limit (`send`)
@@ -254,7 +253,7 @@ class Controller(MessageHandlers):
             failed = {k.partition(".")[2]: v for k, v in drops.items() if k.startswith("reward_failed_dropped.")}
             self.log.warning("dynamic sampling: %d groups in a row had equal rewards "
                              "(trainer.dynamic_sampling_max_batches=%s batches): keeping them so that training "
-                             "goes on. Check the reward%s", self.dp.ledger.max_no_signal_run,
+                             "goes on. Check the reward%s", self.data_plane.ledger.max_no_signal_run,
                              self.cfg.trainer.dynamic_sampling_max_batches,
                              f" (failed rewards in the dropped groups: {failed})" if failed else "")
 
@@ -262,53 +261,53 @@ class Controller(MessageHandlers):
         """The trainer is done: stop, after a last evaluation round of its final version (rollouts
         of the barrier modes load versions only for a next batch: the newest they hold), within
         timeouts.trajectories_s."""
-        why, since = self.trainer_done
+        why, since = self.state.trainer_done
         held = self.sync.held().values()
-        newest = self.dp.meta.get("max_version", -1)
+        newest = self.data_plane.meta.get("max_version", -1)
         barrier = MODES[self.cfg.mode].barrier
         version = min(newest, max(held, default=newest)) if barrier else newest
-        if not self.evaluation.final(self.steps_trained, version):
-            self.stop_reason = why
+        if not self.evaluation.final(self.state.steps_trained, version):
+            self.state.stop_reason = why
         elif time.monotonic() - since > self.cfg.timeouts.trajectories_s:
             self.log.warning("the final evaluation round did not complete within timeouts.trajectories_s=%.0fs; "
                              "stopping without it", self.cfg.timeouts.trajectories_s)
-            self.stop_reason = f"{why} (final evaluation incomplete)"
+            self.state.stop_reason = f"{why} (final evaluation incomplete)"
 
     # -- persistence and status -----------------------------------------------------------
     def status(self) -> Status:
-        now = time.time()
-        recent = [t for t in self.finish_times if now - t <= 10.0]
-        self.finish_times = recent
-        dp, lg = self.dp, self.dp.ledger
+        now, st = time.time(), self.state
+        recent = [t for t in st.finish_times if now - t <= 10.0]
+        st.finish_times = recent
+        dp, lg = self.data_plane, self.data_plane.ledger
         conns = self.server.connections  # the socket monitor's counts (transport/monitor.py)
         return Status(
-            t=now, elapsed_s=now - self.t0, phase=self.phase, pid=os.getpid(), step=self.steps_trained,
+            t=now, elapsed_s=now - self.t0, phase=st.phase, pid=os.getpid(), step=st.steps_trained,
             total_steps=self.cfg.trainer.total_steps, trainer_version=self.sync.trainer_version,
-            relay_versions=dict(self.relay_versions), rollout_versions=self.sync.held(),
+            relay_versions=dict(st.relay_versions), rollout_versions=self.sync.held(),
             # the versions running at the last count: a new one at once, a finished one gone within
             # TRACK_VERSIONS_S (counting them is O(trajectories in flight))
-            versions_in_flight=sorted(self.versions_seen), max_versions_in_flight=self.max_versions_in_flight,
+            versions_in_flight=sorted(st.versions_seen), max_versions_in_flight=st.max_versions_in_flight,
             trajectories_per_s=len(recent) / min(10.0, max(1e-9, now - self.t0)),
             trajectories_finished=dp.trajectories_finished, tokens_generated=dp.tokens_generated,
             groups_consumed=lg.groups_consumed, groups_pending=lg.groups_pending,
             groups_committed=len(lg.committed), groups_dropped=len(lg.dropped),
             groups_dropped_by=lg.dropped_by_reason(),
-            queued=len(dp.queue), running=len(dp.partials) - len(dp.queue), published=self.published,
+            queued=len(dp.queue), running=len(dp.partials) - len(dp.queue), published=st.published,
             # (+ frames libzmq dropped with their connection for being over MAXMSGSIZE: `cut`)
-            dropped_frames=self.server.dropped + self.refused + self.frames.handler_errors + self.members.refused
+            dropped_frames=self.server.dropped + st.refused + self.frames.handler_errors + self.members.refused
             + conns.get("cut", 0),
-            relay_dropped_frames=self.relay_dropped, handler_errors=self.frames.handler_errors,
+            relay_dropped_frames=st.relay_dropped, handler_errors=self.frames.handler_errors,
             prompts_refused=dp.refused["prompts"], prompts_too_long=dp.refused.get("prompts_too_long", 0),
             prompt_cursor=dp.cursor, epochs=dp.cursor / self.task_rows if self.task_rows else None, refused_problems=list(dp.refused_problems),
             trajectories_refused=dp.refused["trajectories"], stream_items_refused=dp.refused["stream_items"],
             oversize_refused=self.frames.oversize, frames_split=self.frames.frames_split,
-            repack=dict(self.rm.repack_stats),
-            rollout_util={k: Utilisation(busy_s=b, weight_wait_s=w) for k, (b, w) in sorted(self.util.items())},
-            metrics=dict(self.metrics), eval=self.evaluation.last_row,
+            repack=dict(self.rollout_manager.repack_stats),
+            rollout_util={k: Utilisation(busy_s=b, weight_wait_s=w) for k, (b, w) in sorted(st.util.items())},
+            metrics=dict(st.metrics), eval=self.evaluation.last_row,
             # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`
             epoch=self.epoch, controller=ControllerInfo(pid=os.getpid(), t_start=self.t_start, ready_t=self.ready_t),
             roles=self.roles.table(), hung=self.roles.hung(now) if now > self.backlog_until else [],
-            recovery={**self.rm.placed, "wal": self.recovered}, wal_error=self.wal.error,
+            recovery={**self.rollout_manager.placed, "wal": self.recovered}, wal_error=self.wal.error,
             write_failures={"status": self.status_writer.failures, "wal": self.wal.failures,
                             "trace": self.tracer.write_errors, "metrics": self.metrics_out.failures},
             connections=conns, unknown_roles=self.members.refused,
@@ -316,14 +315,14 @@ class Controller(MessageHandlers):
 
     def final_stats(self) -> Status:
         """controller_stats.json: the last status with why it stopped and the ledger (no train metrics)."""
-        self._track_versions()
-        return msgspec.structs.replace(self.status(), metrics={}, stop_reason=self.stop_reason,
-                                       ledger=self.dp.ledger.summary())
+        self.handlers.track_versions()
+        return msgspec.structs.replace(self.status(), metrics={}, stop_reason=self.state.stop_reason,
+                                       ledger=self.data_plane.ledger.summary())
 
     def broadcast_stop(self, reason: str) -> None:
         """Tell every role that ever said hello to stop; a trainer that is still training
         checkpoints first (a finished one has already gone)."""
-        for ident in sorted(i for i in self.last_seen if not i.startswith("launcher")):
+        for ident in sorted(i for i in self.state.last_seen if not i.startswith("launcher")):
             self.send(ident, Stop(reason=reason))
 
 
@@ -342,16 +341,16 @@ def main(argv: list[str] | None = None) -> None:
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_step_id=os.environ.get("SLURM_STEP_ID"))
     try:
         ctl = Controller(run_dir, cfg, log, tracer)
-    except WalError as err:  # a log it cannot trust: refuse, with every file kept (controller/walformat.py)
+    except WalError as err:  # a log it cannot trust: refuse, with every file kept (laminar_hpc/walformat.py)
         log.error("%s", err)
         raise SystemExit(1) from None
     publish_endpoint(run_dir, "controller", ctl.server.address)
     log.info("serving on %s (epoch %s)", ctl.server.address, ctl.epoch)
-    ctl.recovery.place(ctl.dp.unplaced())  # detached when the previous controller died: from their prompts
+    ctl.recovery.place(ctl.data_plane.unplaced())  # detached when the previous controller died: from their prompts
     ctl.ready_t = time.time()
     last_status = 0.0
     try:
-        while not flags.get("stop") and ctl.stop_reason is None:
+        while not flags.get("stop") and ctl.state.stop_reason is None:
             got = ctl.server.recv(timeout_s=0.05)
             budget = time.monotonic() + HANDLE_BUDGET_S
             while got is not None:  # handle what is waiting (for a bounded time) before scheduling once
@@ -362,16 +361,16 @@ def main(argv: list[str] | None = None) -> None:
                     break
                 got = ctl.server.recv(timeout_s=0.0)
             ctl.schedule()
-            if ctl.versions_stale and time.monotonic() - ctl.versions_counted >= TRACK_VERSIONS_S:
-                ctl._track_versions()
+            if ctl.state.versions_stale and time.monotonic() - ctl.state.versions_counted >= TRACK_VERSIONS_S:
+                ctl.handlers.track_versions()
             ctl.wal.flush()
             if ctl.wal.wants_snapshot:
-                ctl.wal.start_forked(ctl.dp.state_dict)  # written by a child: this loop goes on
+                ctl.wal.start_forked(ctl.data_plane.state_dict)  # written by a child: this loop goes on
             if time.monotonic() - last_status >= cfg.controller.status_interval_s:
                 # a write refused for want of a descriptor (a flood) or disk space: retried next loop
                 if ctl.status_writer.write(run_dir.status, ctl.status()):
                     last_status = time.monotonic()
-        reason = ctl.stop_reason or "controller asked to stop"
+        reason = ctl.state.stop_reason or "controller asked to stop"
         log.info("stopping: %s", reason)
         ctl.broadcast_stop(reason)
     finally:

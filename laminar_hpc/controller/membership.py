@@ -5,8 +5,11 @@ So a peer holding the rollout key could call itself `rollout-9` in a campaign of
 be handed work. The controller accepts frames only from the names of the campaign: `launcher-0`,
 `trainer-0`, `rollout-0` .. `rollout-<rollout.count - 1>`, `relay-0` .. `relay-<relay.count - 1>`
 (the Slurm driver writes the relay count of its allocation into the run's config), and their
-heartbeat sockets (`<name>.hb`). Frames from any other name are dropped and counted
-(`unknown_roles` in status.json), the first from each name logged.
+heartbeat sockets (`<name>.hb`). Any `launcher-<n>` is admitted too: a rank gives a launcher
+nothing (it is handed no work), and the campaign's tools (`tools/bench_controller.py`'s probe,
+`tools/controller_replay.py`) connect beside the launcher under names of their own. Frames from
+any other name are dropped and counted (`unknown_roles` in status.json), the first from each
+name logged.
 
 `register` is the seam for roles that join a running campaign (elastic rollouts): whoever admits
 them at run time adds their names here.
@@ -19,7 +22,11 @@ them at run time adds their names here.
 from __future__ import annotations
 
 import logging
+import re
 
+from laminar_hpc.config import Config
+
+LAUNCHER = re.compile(r"launcher-\d+")  # the launcher's key holder, under any rank: see the docstring
 MAX_LOGGED = 20  # distinct unknown names logged (one line each); the rest are only counted
 
 
@@ -31,7 +38,7 @@ class Membership:
         self._logged: set[str] = set()
 
     @classmethod
-    def of(cls, cfg, log: logging.Logger | None = None) -> "Membership":
+    def of(cls, cfg: Config, log: logging.Logger | None = None) -> "Membership":
         names = {"launcher-0", "trainer-0"}
         names.update(f"rollout-{i}" for i in range(cfg.rollout.count))
         names.update(f"relay-{i}" for i in range(cfg.relay.count))
@@ -45,7 +52,7 @@ class Membership:
         """Whether a frame from `identity` (a role name, or its heartbeat socket's) is handled;
         False counts it and logs the first from each name."""
         base = identity[:-3] if identity.endswith(".hb") else identity
-        if base in self.names:
+        if base in self.names or LAUNCHER.fullmatch(base):
             return True
         self.refused += 1
         if base not in self._logged and len(self._logged) < MAX_LOGGED:

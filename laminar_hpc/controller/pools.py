@@ -1,6 +1,12 @@
-"""The data plane: prompt pool, partial-response pool and experience buffer, with the group
-ledger (controller/ledger.py) as a part, and the moves of trajectories between rollouts that
-recovery and repack make (controller/moves.py) as another.
+"""The data plane: prompt pool, partial-response pool and experience buffer.
+
+Built of components, each given the state and the callbacks it uses in its constructor: the
+partial-response pool itself (`pool`, controller/partial.py: the partials and the queue, shared
+by the others), the group ledger (`ledger`, controller/ledger.py: a group from admission to
+commit), the moves of trajectories between rollouts that recovery and repack make (`moves`,
+controller/moves.py) and the intake of streamed tokens (`intake`, controller/streams.py). The
+data plane itself admits prompts, assigns work, takes results, counts refusals and writes and
+loads snapshots; its public methods for moves and streams hand the call to their component.
 
 Plain state with explicit transitions, no I/O. Every public method that changes state first
 hands one record to `journal` (the controller's write-ahead log) and then applies it with the
@@ -39,7 +45,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import msgspec
@@ -47,11 +52,11 @@ import msgspec
 from laminar_hpc.controller import validate
 from laminar_hpc.controller.ledger import GroupLedger, GroupRecord
 from laminar_hpc.controller.moves import PartialMoves
+from laminar_hpc.controller.partial import Partial, PartialPool
+from laminar_hpc.controller.streams import StreamIntake
 from laminar_hpc.controller.trajqueue import TrajQueue
 from laminar_hpc.controller.validate import Limits
-from laminar_hpc.controller.streams import StreamIntake
-from laminar_hpc.transport.protocol import (StreamChunks, StreamItem, Trajectory, WorkItem, logprob_list,
-                                            pack_logprobs, pack_tokens, token_list)
+from laminar_hpc.transport.protocol import StreamChunks, StreamItem, Trajectory, WorkItem, pack_logprobs, pack_tokens
 
 # journal records that carry protocol shapes: read back from disk they are msgpack maps and become
 # structs again on replay (msgspec.convert passes a struct through: an in-memory journal replays as is)
@@ -63,73 +68,10 @@ MAX_REFUSED_SCAN = 64  # refused prompts one `admit` call walks past (the next c
 REFUSED_PROBLEMS_KEPT = 20  # the last refused problems status.json lists
 
 
-# slots: tens of thousands of partials, touched a few times a stream frame each (compact, and
-# attribute reads without a dict); eq=False: identity (`None in partials` compares no fields)
-@dataclass(eq=False, slots=True)
-class Partial:
-    """A trajectory in the partial-response pool: queued, or running on `rollout` with the tokens
-    streamed so far."""
-    traj_id: str
-    group_id: int
-    problem: int
-    prompt: bytes  # int32 ids (protocol.pack_tokens)
-    max_new_tokens: int
-    rollout: int | None = None
-    version: int | None = None  # of its oldest token
-    # several versions generated its tokens (protocol.record_version)
-    version_spans: list[tuple[int, int]] | None = None
-    # the int32 ids streamed so far, in the chunks they came in (`token_bytes()`: joined), and
-    # their float32 log-probs alike
-    tokens: list[bytes] = field(default_factory=list)
-    logprobs: list[bytes] = field(default_factory=list)
-    n_tokens: int = 0
-    t_assigned: float | None = None
-    gap: bool = False  # a stream chunk was lost: its tokens cannot be continued elsewhere
-    rejected: int = 0  # results refused so far (controller/validate.py)
-    # an episode's loss mask over `tokens` (None: all the model's) and its tool counts so far
-    mask: list[int] | None = None
-    tool_calls: int = 0
-    tool_errors: int = 0
-
-    def state(self) -> dict:
-        """Its fields for a snapshot, its chunks joined (`load_state_dict` reads it back)."""
-        out = {f: getattr(self, f) for f in _PARTIAL_FIELDS}
-        out["tokens"], out["logprobs"] = self.token_bytes(), self.logprob_bytes()
-        return out
-
-    def token_bytes(self) -> bytes:
-        if len(self.tokens) > 1:
-            self.tokens = [b"".join(self.tokens)]  # (one chunk from now on: the same tokens)
-        return self.tokens[0] if self.tokens else b""
-
-    def logprob_bytes(self) -> bytes:
-        if len(self.logprobs) > 1:
-            self.logprobs = [b"".join(self.logprobs)]
-        return self.logprobs[0] if self.logprobs else b""
-
-    def token_list(self) -> list[int]:
-        return token_list(self.token_bytes())
-
-    def logprob_list(self) -> list[float]:
-        return logprob_list(self.logprob_bytes())
-
-    def work(self) -> WorkItem:
-        w = WorkItem(traj_id=self.traj_id, group_id=self.group_id, problem=self.problem, prompt=self.prompt,
-                     max_new_tokens=self.max_new_tokens)
-        if self.n_tokens:  # resumed elsewhere: keeps its tokens, log-probs, version and episode state
-            w.tokens, w.logprobs, w.version = self.token_bytes(), self.logprob_bytes(), self.version
-            w.version_spans = self.version_spans
-            w.mask, w.tool_calls, w.tool_errors = self.mask, self.tool_calls, self.tool_errors
-        return w
-
-
-_PARTIAL_FIELDS = tuple(f.name for f in fields(Partial))
-
-
-class DataPlane(PartialMoves, StreamIntake):
-    """The three pools and the ledger; moving trajectories between rollouts (detach, place,
-    migrate, restart) is `PartialMoves` (controller/moves.py), taking streamed tokens
-    `StreamIntake` (controller/streams.py)."""
+class DataPlane:
+    """The three pools and the ledger. Its components: `pool` (PartialPool), `ledger`
+    (GroupLedger), `moves` (PartialMoves: detach, place, migrate, restart) and `intake`
+    (StreamIntake: streamed tokens)."""
 
     def __init__(self, problems: Callable[[int], object], tokenize: Callable[[object], list[int]],
                  group_size: int, max_new_tokens: int, start_cursor: int = 0,
@@ -137,8 +79,8 @@ class DataPlane(PartialMoves, StreamIntake):
                  drop_no_signal: bool = False, max_no_signal_run: int | None = None):
         self.problems, self.tokenize = problems, tokenize
         self.group_size, self.max_new_tokens = group_size, max_new_tokens
-        self.journal = journal
-        self.limits = limits  # None: only where a result belongs is checked (token contents are not)
+        self.journal = journal  # (set again once a restarted controller has replayed its log)
+        self._limits = limits  # None: only where a result belongs is checked (token contents are not)
         # (+ "prompts_too_long" once one is: snapshots written before it existed compare equal)
         self.refused = {"prompts": 0, "trajectories": 0, "stream_items": 0}
         self.refused_problems: deque[int] = deque(maxlen=REFUSED_PROBLEMS_KEPT)
@@ -147,16 +89,35 @@ class DataPlane(PartialMoves, StreamIntake):
         # queued): refused, changing nothing (not journalled: a restart forgets the count)
         self.not_held = 0
         self.cursor = start_cursor  # next problem index of the prompt pool
-        self.queue = TrajQueue()  # trajectories waiting for a rollout (membership: a set lookup)
-        self.partials: dict[str, Partial] = {}  # queued or running (partial-response pool)
+        self.pool = PartialPool()  # trajectories queued or running, and the queue (a set lookup for membership)
         self.ledger = GroupLedger(self._log, forget=self._forget, regenerate=self._regenerate,
                                   drop_no_signal=drop_no_signal, max_no_signal_run=max_no_signal_run)
+        self.moves = PartialMoves(self.pool, log=self._log, reject=self.reject, limits=limits)
+        self.intake = StreamIntake(self.pool, log=self._log, refuse_chunk=self.refuse_chunk,
+                                   refuse_not_held=self.refuse_not_held, limits=limits)
+        # journal record -> the component that applies it (`replay`); the others are the data plane's own
+        self._record_owner = {op: part for part in (self.ledger, self.moves, self.intake) for op in part.OPS}
         self.meta: dict[str, int] = {}  # controller facts that must survive it (newest version, ...)
         self.groups_started = 0
         self.trajectories_finished = 0
         self.tokens_generated = 0
 
+    # read-only: the components read the partials and the queue through the same `pool` (a snapshot
+    # replaces both there, where all of them see it) and keep the limits they were built with
+    @property
+    def partials(self) -> dict[str, Partial]:
+        return self.pool.partials
+
+    @property
+    def queue(self) -> TrajQueue:
+        return self.pool.queue
+
+    @property
+    def limits(self) -> Limits | None:
+        return self._limits
+
     def _log(self, op: str, **args) -> None:
+        # (reads `journal` at each call: the components hold this method, the controller sets the journal later)
         if self.journal is not None:
             self.journal(op, args)
 
@@ -165,7 +126,7 @@ class DataPlane(PartialMoves, StreamIntake):
         if op in _RECORD_SHAPES:
             name, shape = _RECORD_SHAPES[op]
             args = {**args, name: msgspec.convert(args[name], shape)}
-        getattr(self.ledger if op in GroupLedger.OPS else self, f"_{op}")(**args)
+        getattr(self._record_owner.get(op, self), f"_{op}")(**args)
 
     def take_refusals(self) -> list[tuple[str, object, str]]:
         """Refusals since the last call: ("prompt", problem index, reason), ("trajectory" or
@@ -228,8 +189,8 @@ class DataPlane(PartialMoves, StreamIntake):
             ids = [f"{gid}.{j}" for j in range(self.group_size)]
             self.ledger.add(GroupRecord(gid, self.cursor, ids))
             for tid in ids:
-                self.partials[tid] = self._new_partial(tid, gid, self.cursor, prompt)
-                self.queue.append(tid)
+                self.pool.partials[tid] = self._new_partial(tid, gid, self.cursor, prompt)
+                self.pool.queue.append(tid)
             self.cursor += 1
             self.groups_started += 1
 
@@ -238,7 +199,7 @@ class DataPlane(PartialMoves, StreamIntake):
 
     # -- rollout side ---------------------------------------------------------------------
     def assign(self, rollout: int, n: int) -> list[WorkItem]:
-        ids = [self.queue[i] for i in range(min(n, len(self.queue)))]
+        ids = [self.pool.queue[i] for i in range(min(n, len(self.pool.queue)))]
         if not ids:
             return []
         t = time.time()
@@ -247,12 +208,13 @@ class DataPlane(PartialMoves, StreamIntake):
 
     def _assign(self, rollout: int, ids: list[str], t: float) -> list[WorkItem]:
         out = []
+        queue, partials = self.pool.queue, self.pool.partials
         for tid in ids:
-            if self.queue[0] == tid:
-                self.queue.popleft()
+            if queue[0] == tid:
+                queue.popleft()
             else:
-                self.queue.remove(tid)
-            p = self.partials[tid]
+                queue.remove(tid)
+            p = partials[tid]
             p.rollout, p.t_assigned = rollout, t
             out.append(p.work())
         return out
@@ -260,7 +222,7 @@ class DataPlane(PartialMoves, StreamIntake):
     def finish(self, traj: Trajectory, rollout: int | None = None) -> int | None:
         """Record a finished trajectory (sent by `rollout`); returns its group id if that completed
         the group. One that fails validation is refused (`reject`) and recorded nowhere else."""
-        p = self.partials.get(traj.traj_id)
+        p = self.pool.partials.get(traj.traj_id)
         if p is None:
             return None  # a duplicate (e.g. re-sent after a reconnect) is ignored, never counted twice
         if rollout is not None and p.rollout != rollout:
@@ -277,15 +239,22 @@ class DataPlane(PartialMoves, StreamIntake):
 
     def refuse_not_held(self, kind: str, traj_id: str, rollout: int, holder: int | None) -> None:
         """A result or chunk of `traj_id` from `rollout`, which does not hold it: ignored (the holder,
-        or the queue, keeps it), counted, and logged by the caller."""
+        or the queue, keeps it), counted, and logged by the caller (rate-limited: a rollout whose
+        trajectories were just moved elsewhere may still send a few)."""
         self.not_held += 1
         where = "queued for a rollout" if holder is None else f"held by rollout-{holder}"
         self.refusals.append((kind, traj_id, f"sent by rollout-{rollout}, which does not hold it ({where}); ignored"))
 
+    def refuse_chunk(self, traj_id: str, why: str) -> None:
+        """A stream chunk failed validation: ignored, counted and logged by the caller (not
+        journalled: nothing changed, so a restart forgets the count)."""
+        self.refused["stream_items"] += 1
+        self.refusals.append(("stream", traj_id, f"{why}; chunk ignored"))
+
     def reject(self, traj_id: str, reason: str, rollout: int | None = None) -> None:
         """A result for `traj_id` from `rollout` was refused: the trajectory starts again from its
         prompt (unless another rollout runs it now), its group is dropped at the MAX_REJECTIONS-th."""
-        if traj_id not in self.partials:
+        if traj_id not in self.pool.partials:
             return
         self._log("reject", traj_id=traj_id, rollout=rollout)
         outcome = self._reject(traj_id, rollout)
@@ -293,43 +262,69 @@ class DataPlane(PartialMoves, StreamIntake):
 
     def _reject(self, traj_id: str, rollout: int | None) -> str:
         self.refused["trajectories"] += 1
-        p = self.partials[traj_id]
+        p = self.pool.partials[traj_id]
         if rollout is not None and p.rollout is not None and p.rollout != rollout:
             return f"rollout-{p.rollout} runs it now and continues"  # a stale sender: the owner goes on
         p.rejected += 1
         if p.rejected >= MAX_REJECTIONS:
             self.ledger.fail(p.group_id, "invalid_trajectory")
             return f"refused {p.rejected} times: its group {p.group_id} is dropped (invalid_trajectory)"
-        self._reset(p)
-        if traj_id not in self.queue:
-            self.queue.appendleft(traj_id)
+        p.reset()
+        if traj_id not in self.pool.queue:
+            self.pool.queue.appendleft(traj_id)
         return f"restarted from its prompt (refusal {p.rejected} of {MAX_REJECTIONS})"
 
     def _finish(self, traj: Trajectory) -> int | None:
-        self.partials.pop(traj.traj_id, None)
-        if traj.traj_id in self.queue:  # a late result of a requeued trajectory: it wins, the requeue is void
-            self.queue.remove(traj.traj_id)
+        self.pool.partials.pop(traj.traj_id, None)
+        if traj.traj_id in self.pool.queue:  # a late result of a requeued trajectory: it wins, the requeue is void
+            self.pool.queue.remove(traj.traj_id)
         self.trajectories_finished += 1
         self.tokens_generated += traj.n_tokens
         return self.ledger.finished(traj)
 
-    @staticmethod
-    def _reset(p: Partial) -> None:
-        p.rollout, p.version, p.version_spans, p.t_assigned, p.gap = None, None, None, None, False
-        p.tokens, p.logprobs, p.n_tokens, p.mask, p.tool_calls, p.tool_errors = [], [], 0, None, 0, 0
-
     def _forget(self, traj_ids: list[str]) -> None:
         """The ledger dropped or kept their group: stop generating these (late results are ignored)."""
         for tid in traj_ids:
-            if self.partials.pop(tid, None) is not None and tid in self.queue:
-                self.queue.remove(tid)
+            if self.pool.partials.pop(tid, None) is not None and tid in self.pool.queue:
+                self.pool.queue.remove(tid)
 
     def _regenerate(self, g: GroupRecord) -> None:
         """The ledger lost a delivered group with the trainer: its samples again, first in the queue."""
         prompt = pack_tokens(self.tokenize(self.problems(g.problem)))
         for tid in reversed(g.traj_ids):
-            self.partials[tid] = self._new_partial(tid, g.group_id, g.problem, prompt)
-            self.queue.appendleft(tid)
+            self.pool.partials[tid] = self._new_partial(tid, g.group_id, g.problem, prompt)
+            self.pool.queue.appendleft(tid)
+
+    # -- moves between rollouts (controller/moves.py) ---------------------------------------
+    def requeue_rollout(self, rollout: int) -> list[Partial]:
+        """A dead or restarted rollout's trajectories, detached (`PartialMoves.requeue_rollout`)."""
+        return self.moves.requeue_rollout(rollout)
+
+    def detach(self, ids: list[str]) -> list[Partial]:
+        return self.moves.detach(ids)
+
+    def unplaced(self) -> list[Partial]:
+        return self.moves.unplaced()
+
+    def place(self, traj_id: str, dest: int) -> WorkItem | None:
+        return self.moves.place(traj_id, dest)
+
+    def migrate(self, traj: Trajectory, dest: int, source: int | None = None) -> WorkItem | None:
+        return self.moves.migrate(traj, dest, source)
+
+    def restart(self, traj_id: str) -> bool:
+        return self.moves.restart(traj_id)
+
+    # -- streamed tokens (controller/streams.py) --------------------------------------------
+    def stream_chunks(self, ch: StreamChunks, rollout: int | None = None) -> None:
+        """A rollout's frame of chunks in columns (`StreamIntake.stream_chunks`)."""
+        self.intake.stream_chunks(ch, rollout)
+
+    def stream_items(self, items: list[StreamItem], rollout: int | None = None) -> None:
+        self.intake.stream_items(items, rollout)
+
+    def stream(self, traj_id: str, tokens, logprobs, version: int, offset: int | None = None) -> None:
+        self.intake.stream(traj_id, tokens, logprobs, version, offset)
 
     def note(self, **facts: int) -> None:
         """Remember controller facts (newest version, steps trained) across a restart."""
@@ -343,16 +338,16 @@ class DataPlane(PartialMoves, StreamIntake):
 
     def running_versions(self) -> set[int]:
         """Weight versions of trajectories generating right now."""
-        return {p.version for p in self.partials.values() if p.version is not None}
+        return {p.version for p in self.pool.partials.values() if p.version is not None}
 
     # -- snapshots ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         lg = self.ledger
-        return {"cursor": self.cursor, "next_group": lg.next_group, "queue": list(self.queue),
+        return {"cursor": self.cursor, "next_group": lg.next_group, "queue": list(self.pool.queue),
                 # shallow copies: the WAL packs the state at once, before anything mutates it, so the
                 # token lists need no copy (dataclasses.asdict copies every element: seconds per snapshot
                 # under a long-tail load, during which the controller answered no one)
-                "partials": [p.state() for p in self.partials.values()],
+                "partials": [p.state() for p in self.pool.partials.values()],
                 "groups": [dict(vars(g)) for g in lg.groups.values()], "ready": list(lg.ready),
                 "trained_at": [[g, s] for g, s in lg.trained_at.items()], "committed": sorted(lg.committed),
                 "dropped": [[g, r] for g, r in lg.dropped.items()], "meta": self.meta,
@@ -366,9 +361,9 @@ class DataPlane(PartialMoves, StreamIntake):
     def load_state_dict(self, s: dict) -> None:
         lg = self.ledger
         self.cursor, lg.next_group = s["cursor"], s["next_group"]
-        self.queue = TrajQueue(s["queue"])
-        self.partials = {p["traj_id"]: Partial(**p) for p in s["partials"]}
-        for p in self.partials.values():  # read back from disk, (offset, version) pairs are lists
+        self.pool.queue = TrajQueue(s["queue"])
+        self.pool.partials = {p["traj_id"]: Partial(**p) for p in s["partials"]}
+        for p in self.pool.partials.values():  # read back from disk, (offset, version) pairs are lists
             if p.version_spans:
                 p.version_spans = [tuple(x) for x in p.version_spans]
             # token arrays come back as bytes (lists from a log written before protocol 5)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 
-from laminar_hpc.controller.pools import DataPlane, Partial
+from laminar_hpc.controller.partial import Partial
+from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.roles import RoleTable
 from laminar_hpc.controller.rollout_manager import RolloutManager
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
@@ -48,20 +49,21 @@ def recover(wal: WriteAheadLog, dp: DataPlane, log, tracer, rd: RunDir) -> dict:
 
 
 class Recovery:
-    def __init__(self, dp: DataPlane, rm: RolloutManager, sync: WeightSync, roles: RoleTable, log, tracer,
-                 t_start: float):
-        self.dp, self.rm, self.sync, self.roles = dp, rm, sync, roles
+    def __init__(self, data_plane: DataPlane, rollout_manager: RolloutManager, sync: WeightSync, roles: RoleTable,
+                 log, tracer, t_start: float):
+        self.data_plane, self.rollout_manager, self.sync, self.roles = data_plane, rollout_manager, sync, roles
         self.log, self.tracer = log, tracer
         self.t_start = t_start  # this controller's start: assignments before it may never have been sent
 
     def place(self, detached: list[Partial], exclude: int | None = None) -> None:
         """Continue detached trajectories on live replicas holding their version, or restart them."""
-        self.rm.place(self.dp, detached, self.sync.versions, lambda r: self.roles.alive(f"rollout-{r}"), exclude)
+        self.rollout_manager.place(self.data_plane, detached, self.sync.versions,
+                                   lambda r: self.roles.alive(f"rollout-{r}"), exclude)
 
     def rollout_down(self, name: str, rank: int, code: int) -> None:
-        self.rm.down(rank)
+        self.rollout_manager.down(rank)
         self.sync.forget(rank)
-        detached = self.dp.requeue_rollout(rank)
+        detached = self.data_plane.requeue_rollout(rank)
         self.log.warning("%s died (code %d): %d of its trajectories continue elsewhere or restart",
                          name, code, len(detached))
         self.place(detached, exclude=rank)
@@ -71,16 +73,16 @@ class Recovery:
         (results lost with the old controller, assignments never sent) continues elsewhere, and
         its free slots replace every credit the old controller knew of."""
         held_set = set(held)
-        gone = [p.traj_id for p in self.dp.partials.values()
+        gone = [p.traj_id for p in self.data_plane.partials.values()
                 if p.rollout == rank and p.traj_id not in held_set and (p.t_assigned or 0.0) < self.t_start]
-        self.place(self.dp.detach(gone))
-        self.rm.reset_credit(rank, free)
+        self.place(self.data_plane.detach(gone))
+        self.rollout_manager.reset_credit(rank, free)
         self.tracer.emit("rollout_resynced", rollout=rank, held=len(held), lost=len(gone), free=free)
 
     def trainer_sync(self, msg: TrainerSync) -> None:
         """The trainer re-sent its lineage (after it or this controller restarted)."""
-        back = self.dp.ledger.trainer_sync(msg.consumed, msg.committed_n, msg.held)
-        self.dp.note(steps=msg.step)
+        back = self.data_plane.ledger.trainer_sync(msg.consumed, msg.committed_n, msg.held)
+        self.data_plane.note(steps=msg.step)
         if back:
             self.log.info("trainer sync (step %d): %d delivered groups it does not hold go back to the experience "
                           "buffer", msg.step, len(back))

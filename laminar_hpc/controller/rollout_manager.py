@@ -15,12 +15,11 @@
 Explicit state and a `send(ident, msg)` callback, no I/O of its own: the runtime controller
 (controller/main.py) passes its write-ahead-then-send `Controller.send`, the simulator
 (sim/controller.py) a delivery through its event queue. Trajectories live in the caller's data
-plane (`plane`: controller/pools.DataPlane or sim/pool.Pool), which provides `partials`
-(traj id -> object with `.rollout`), `assign(rank, n)`, `place(traj_id, dest)` and
-`restart(traj_id)`; the work these return is what an `Assign` carries (the DataPlane's
-`WorkItem`s; in the simulator its own trajectory counters, which never cross a wire). `now` is
-the caller's clock; `emit` is a trace hook (`Tracer.emit`). The policy functions are looked up
-on their modules at each call (a test may replace one).
+plane (`Plane`: controller/pools.DataPlane or sim/pool.Pool); the work its `assign` and `place`
+return is what an `Assign` carries (the DataPlane's `WorkItem`s; in the simulator its own
+trajectory counters, which never cross a wire). `now` is the caller's clock; `emit` is a trace
+hook (`Tracer.emit`). The policy functions are looked up on their modules at each call (a test
+may replace one).
 
     rm = RolloutManager(max_batch=32, kv_capacity=131072, fall_ratio=0.9, interval_s=5.0, expiry_s=55.0,
                         send=send)
@@ -34,14 +33,52 @@ on their modules at each call (a test may replace one).
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from collections.abc import Mapping, Sized
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.policy import consolidate, recovery, repack, scheduling
 from laminar_hpc.policy.repack import ReplicaState
 from laminar_hpc.transport.protocol import Assign, Message, Migrate
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
+
 Send = Callable[[str, Message], None]
+
+
+class Held(Protocol):
+    """A trajectory of the plane as the manager reads it: the replica running it (None: queued or detached)."""
+    @property
+    def rollout(self) -> int | None: ...
+
+
+class Detached(Protocol):
+    """A trajectory taken off its replica, to place: its id, and the version of its tokens."""
+    @property
+    def traj_id(self) -> str: ...
+
+    @property
+    def version(self) -> int | None: ...
+
+
+class Plane(Protocol):
+    """What the manager uses of the caller's data plane (controller/pools.DataPlane at runtime,
+    sim/pool.Pool in the simulator): the two must keep these alike, so it is spelled out here."""
+    @property
+    def queue(self) -> Sized: ...  # waiting for a replica: only its length is read
+
+    @property
+    def partials(self) -> Mapping[str, Held]: ...  # traj id -> trajectory, queued or running
+
+    def assign(self, rollout: int, n: int, /) -> list:
+        """Up to `n` queued trajectories, now on `rollout`: the work to send it."""
+
+    def place(self, traj_id: str, dest: int, /) -> object | None:
+        """A detached trajectory, now on `dest`: its work (None: it is gone)."""
+
+    def restart(self, traj_id: str, /) -> bool:
+        """Back to its prompt, first in the queue (False: finished, gone or queued already)."""
 
 
 def _no_trace(event: str, **fields) -> None:
@@ -54,7 +91,7 @@ def move_expiry_s(interval_s: float, second: float = 1.0) -> float:
     return 10 * interval_s + 5.0 * second
 
 
-def kv_capacity(cfg) -> int:
+def kv_capacity(cfg: Config) -> int:
     """C_max, the KV tokens a replica holds: `repack.kv_capacity_tokens`, or by default every decode
     slot at the longest sequence its engine allows."""
     longest = rollout_backend(cfg).longest_sequence(cfg)
@@ -109,7 +146,7 @@ class RolloutManager:
             return {r: c for r, c in sorted(positive, key=lambda rc: (-rc[1], rc[0]))}
         return scheduling.assign_work(queued, dict(positive))
 
-    def assign(self, plane) -> Iterator[tuple[int, list]]:
+    def assign(self, plane: Plane) -> Iterator[tuple[int, list]]:
         """Queued work for the rollouts with credit: yields (rank, work) in the plan's order, each
         taken from `plane` and charged as it is yielded. The caller sends each (the simulator
         charges its controller's time per trajectory as it does)."""
@@ -176,7 +213,7 @@ class RolloutManager:
             self.credit(dest, -len(work))  # they take slots it had not offered
         self.repack_stats["trajectories_migrated"] += len(work)
 
-    def rejected(self, plane, traj_ids: list[str]) -> list[str]:
+    def rejected(self, plane: Plane, traj_ids: list[str]) -> list[str]:
         """The destination had moved on to a newer version: these start again from the prompt.
         Returns those restarted (the others had finished or were queued already)."""
         restarted = [t for t in traj_ids if plane.restart(t)]
@@ -184,9 +221,9 @@ class RolloutManager:
         return restarted
 
     # -- placement of detached trajectories --------------------------------------------------------
-    def place(self, plane, detached: list, versions: list[int], alive: Callable[[int], bool],
+    def place(self, plane: Plane, detached: list[Detached], versions: list[int], alive: Callable[[int], bool],
               exclude: int | None = None) -> None:
-        """Continue `detached` (objects with `traj_id` and `version`) on live replicas holding their
+        """Continue `detached` on live replicas holding their
         version (`versions[rank]`, -1 for none; any version unless `pins_versions`), or restart them
         from the prompt."""
         if not detached:

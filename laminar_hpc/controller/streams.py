@@ -1,4 +1,4 @@
-"""Tokens streamed into the partial-response pool: a part of `DataPlane` (controller/pools.py),
+"""Tokens streamed into the partial-response pool: a component of `DataPlane` (controller/pools.py),
 kept apart because it is the controller's hottest path (every rollout, after every engine call,
 one chunk per sequence it runs).
 
@@ -14,7 +14,12 @@ Chunks arrive in columns (`StreamChunks`: the ids and log-probs of a whole frame
 numpy pass, its lengths in one loop, each chunk's tokens a slice of one buffer) or, for episodes
 (a loss mask and tool counts with each chunk), as `StreamItem`s. As everywhere in the data
 plane, the public method journals one record and applies it with the private method that
-`replay` calls.
+`DataPlane.replay` calls (`OPS`: the records it owns).
+
+It holds the pool whose trajectories it extends (controller/partial.py) and is given what it
+uses of the rest of the data plane: `log(op, **args)` journals a record, `refuse_chunk(traj_id,
+why)` counts and logs a chunk that failed validation, `refuse_not_held(kind, traj_id, rollout,
+holder)` one from a rollout that does not hold its trajectory; `limits` are the engines'.
 
     dp.stream_chunks(msg.chunks, rollout=3)   # a rollout's frame (protocol.stream_frame)
     dp.stream("0.3", [5, 9], [-0.1, -0.2], version=2, offset=0)   # one chunk, as an item
@@ -23,32 +28,28 @@ from __future__ import annotations
 
 from itertools import accumulate
 from operator import add, attrgetter, le
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from laminar_hpc.controller import validate
+from laminar_hpc.controller.partial import Partial, PartialPool
+from laminar_hpc.controller.validate import Limits
 from laminar_hpc.transport.protocol import (StreamChunks, StreamItem, pack_logprobs, pack_tokens, record_version,
                                             token_array)
 
-if TYPE_CHECKING:
-    from laminar_hpc.controller.pools import Partial
-
 
 class StreamIntake:
-    """The stream transitions of `DataPlane` (a mixin: the state is the data plane's `partials`,
-    `limits`, `refused` and `refusals`)."""
+    """The stream transitions of the data plane's partial-response pool."""
+
+    OPS = frozenset({"chunks", "stream"})  # its journal records
+
+    def __init__(self, pool: PartialPool, *, log: Callable[..., None], refuse_chunk: Callable[[str, str], None],
+                 refuse_not_held: Callable[[str, str, int, int | None], None], limits: Limits | None):
+        self.pool, self.log, self.limits = pool, log, limits
+        self.refuse_chunk, self.refuse_not_held = refuse_chunk, refuse_not_held
 
     def stream(self, traj_id: str, tokens, logprobs, version: int, offset: int | None = None) -> None:
         self.stream_items([StreamItem(traj_id=traj_id, tokens=tokens, logprobs=logprobs, version=version,
                                       offset=offset)])
-
-    def _not_held(self, traj_id: str, rollout: int, holder: int | None) -> None:
-        """A chunk for work `rollout` does not hold (another's, or queued): ignored, counted (a
-        rollout whose trajectories were just moved elsewhere may still send one; logged rate-limited)."""
-        self.refuse_not_held("stream", traj_id, rollout, holder)
-
-    def _refuse_chunk(self, traj_id: str, why: str) -> None:
-        self.refused["stream_items"] += 1  # not journalled: nothing changed (a restart forgets these counts)
-        self.refusals.append(("stream", traj_id, f"{why}; chunk ignored"))
 
     # -- columns ---------------------------------------------------------------------------------
     def stream_chunks(self, ch: StreamChunks, rollout: int | None = None) -> None:
@@ -57,9 +58,9 @@ class StreamIntake:
         and the frame is taken whole after one loop; else chunk by chunk (`_chunks_one_by_one`)."""
         why = validate.columns_refusal(ch)
         if why is not None:
-            self._refuse_chunk(ch.traj_ids[0] if ch.traj_ids else "?", f"a frame of {len(ch)} chunks: {why}")
+            self.refuse_chunk(ch.traj_ids[0] if ch.traj_ids else "?", f"a frame of {len(ch)} chunks: {why}")
             return
-        ps = list(map(self.partials.get, ch.traj_ids))
+        ps = list(map(self.pool.partials.get, ch.traj_ids))
         offsets, counts = token_array(ch.offsets).tolist(), token_array(ch.counts).tolist()
         limits = self.limits
         if limits is not None and not validate.buffers_ok(ch.tokens, ch.logprobs, limits):
@@ -69,7 +70,7 @@ class StreamIntake:
         if not _plain(ps, offsets, ends, ch.version, rollout, limits):
             self._chunks_one_by_one(ch, ps, offsets, counts, rollout)
             return
-        self._log("chunks", chunks=ch)
+        self.log("chunks", chunks=ch)
         _take_plain(ch, ps, ends)
 
     def _chunks_one_by_one(self, ch: StreamChunks, ps: list, offsets: list[int], counts: list[int],
@@ -80,7 +81,7 @@ class StreamIntake:
         for i, (p, off, c) in enumerate(zip(ps, offsets, counts)):
             b = a + 4 * c
             if p is not None and rollout is not None and p.rollout != rollout:
-                self._not_held(ch.traj_ids[i], rollout, p.rollout)
+                self.refuse_not_held("stream", ch.traj_ids[i], rollout, p.rollout)
             elif p is not None:
                 held = p.n_tokens
                 why = None if limits is None else validate.tokens_refusal(
@@ -89,17 +90,17 @@ class StreamIntake:
                 if why is None:
                     keep.append(i)
                 else:
-                    self._refuse_chunk(ch.traj_ids[i], why)
+                    self.refuse_chunk(ch.traj_ids[i], why)
             a = b
         if keep:
             ch = ch if len(keep) == len(ch) else _subset(ch, keep, counts)
-            self._log("chunks", chunks=ch)
+            self.log("chunks", chunks=ch)
             self._chunks(ch)
 
     def _chunks(self, chunks: StreamChunks) -> None:
         """Apply `chunks` (journalled), chunk by chunk: what `replay` calls."""
         ch = chunks
-        ps = list(map(self.partials.get, ch.traj_ids))
+        ps = list(map(self.pool.partials.get, ch.traj_ids))
         version, toks, lps, a = ch.version, ch.tokens, ch.logprobs, 0
         for p, off, c in zip(ps, token_array(ch.offsets).tolist(), token_array(ch.counts).tolist()):
             b = a + 4 * c
@@ -120,18 +121,18 @@ class StreamIntake:
     # -- items -----------------------------------------------------------------------------------
     def stream_items(self, items: list[StreamItem], rollout: int | None = None) -> None:
         """Chunks one by one (episodes: each with its loss mask and tool counts)."""
-        partials = self.partials
+        partials = self.pool.partials
         kept = [(it, p) for it in items if (p := partials.get(it.traj_id)) is not None]
         if rollout is not None and any(p.rollout != rollout for _, p in kept):
             for it, p in kept:
                 if p.rollout != rollout:
-                    self._not_held(it.traj_id, rollout, p.rollout)
+                    self.refuse_not_held("stream", it.traj_id, rollout, p.rollout)
             kept = [(it, p) for it, p in kept if p.rollout == rollout]
         if kept and self.limits is not None:
             kept = [(it, p) for it, p in kept if self._stream_ok(it, p)]
         if kept:
             items = [it for it, _ in kept]
-            self._log("stream", items=items)
+            self.log("stream", items=items)
             self._stream(items)
 
     def _stream_ok(self, it: StreamItem, p: Partial) -> bool:
@@ -143,11 +144,11 @@ class StreamIntake:
             why = validate.mask_refusal(it.mask, it.n_tokens)
         if why is None:
             return True
-        self._refuse_chunk(it.traj_id, why)
+        self.refuse_chunk(it.traj_id, why)
         return False
 
     def _stream(self, items: list[StreamItem]) -> None:
-        partials = self.partials
+        partials = self.pool.partials
         for it in items:
             p = partials.get(it.traj_id)
             if p is None or not _continues(p, it.offset):

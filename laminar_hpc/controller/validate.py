@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.transport.protocol import (StreamChunks, Trajectory, logprob_array, same_tokens, token_array,
                                             token_count)
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 FINISH_OK = (None, "eos", "length")
 TOO_LONG = "task.max_prompt_tokens"  # named in the refusal of a prompt over it (counted apart: prompts_too_long)  # any other `finish` is an error the rollout reported
@@ -45,7 +48,7 @@ class Limits:
     max_prompt_tokens: int | None = None  # task.max_prompt_tokens: longer prompts are filtered (counted)
 
 
-def limits_for(cfg, vocab_size: int) -> Limits:
+def limits_for(cfg: Config, vocab_size: int) -> Limits:
     """The limits of a config's engines: the emulated backend generates any length; torch (and
     the trainer's model, whatever generated) holds `model.max_seq_len`; vLLM its `max_model_len`.
     `vocab_size` is the tokenizer's; a checkpoint (`model.hf_path`) has its own rows, which count."""
@@ -60,7 +63,7 @@ def limits_for(cfg, vocab_size: int) -> Limits:
 
 
 class Expected(Protocol):
-    """What the controller handed out under a trajectory id (a pools.Partial)."""
+    """What the controller handed out under a trajectory id (a partial.Partial)."""
     group_id: int
     problem: int
     prompt: bytes  # protocol.pack_tokens

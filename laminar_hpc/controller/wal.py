@@ -2,7 +2,8 @@
 
     run_dir/wal/
       snapshot-000003.msgpack   the whole data plane after segments 0..2 (atomic: tmp + rename)
-      seg-000003.log            msgpack records [op, args] appended since that snapshot
+      seg-000003.log            records [op, args] appended since that snapshot
+                                (their framing: laminar_hpc/walformat.py)
 
 Records are appended in memory and written (one write()) before the controller sends anything
 that depends on them, so a killed controller loses nothing it acted on; they reach the disk
@@ -17,7 +18,7 @@ and encoding and writing it in the controller's own loop took a third of its tim
 Records and snapshots are msgpack maps and arrays (a protocol struct in them, e.g. a finished
 `Trajectory`, is written as the same map it is on the wire) and are read back as plain maps, which
 `DataPlane.replay` / `load_state_dict` turn into structs again. Each is framed with a CRC32C and
-each record has a sequence number (controller/walformat.py): replay checks every record and
+each record has a sequence number (laminar_hpc/walformat.py): replay checks every record and
 refuses a damaged, duplicated, reordered or missing one with WalError (the controller then does
 not start, and no file is deleted). A log written before the checks replays unchecked.
 
@@ -29,10 +30,11 @@ not start, and no file is deleted). A log written before the checks replays unch
     if wal.error: ...                       # the disk refuses the log: admit nothing new
 
 A full or failing disk (ENOSPC, EDQUOT, EIO, EFBIG, EROFS), or a process out of file descriptors
-(EMFILE, ENFILE: a flood of connections), never raises out of `flush`, `start` or `close`: the records stay in memory, in order, and every later flush retries them (a write cut
-short is continued where it stopped, so the segment stays one stream of whole records); a
-snapshot that cannot be written is abandoned (its temporary file removed) and the old snapshot
-and segment stay in use. A failed fsync leaves the segment's on-disk content in doubt (the
+(EMFILE, ENFILE: a flood of connections) never raises out of `flush`, `start` or `close`: the
+records stay in memory, in order, and every later flush retries them (a write cut short is
+continued where it stopped, so the segment stays one stream of whole records); a snapshot that
+cannot be written is abandoned (its temporary file removed) and the old snapshot and segment
+stay in use. A failed fsync leaves the segment's on-disk content in doubt (the
 kernel may have dropped the pages), so the log then asks for a fresh snapshot (`wants_snapshot`),
 which covers everything appended. Until all of that succeeded, `error` says what is wrong (else
 None), and `wants_snapshot` retries at most every `retry_s`. Nothing already written is touched.
@@ -49,18 +51,12 @@ from typing import Callable
 
 import msgspec
 
-from laminar_hpc.controller.walformat import (SEGMENT_MAGIC, WalError, index_of, read_log, record_header,
-                                              snapshot_header)
 from laminar_hpc.rundir import TRANSIENT_ERRORS, transient_hint
+from laminar_hpc.walformat import SEGMENT_MAGIC, WalError, index_of, read_log, record_header, snapshot_header
 
 log = logging.getLogger(__name__)
 
 __all__ = ["WalError", "WriteAheadLog"]
-
-# a disk that is full or failing, or no free descriptor: the log waits in memory and retries;
-# anything else is a bug and raises
-_index = index_of
-
 
 SNAPSHOT_WAIT_S = 300.0  # the longest a forked snapshot writer is waited for (at close, or before another)
 
@@ -219,7 +215,7 @@ class WriteAheadLog:
     def _forget_before(self, index: int) -> None:
         try:
             for old in [*self.root.glob("snapshot-*.msgpack"), *self.root.glob("seg-*.log")]:
-                if _index(old) < index:
+                if index_of(old) < index:
                     old.unlink(missing_ok=True)
             for stale in self.root.glob("snapshot-*.tmp"):  # a snapshot cut short by a kill
                 stale.unlink(missing_ok=True)

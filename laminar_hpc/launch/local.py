@@ -25,6 +25,7 @@ from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.summary import build_summary
 from laminar_hpc.metrics.trackers import finish_run, missing_packages
 from laminar_hpc.rundir import RunDir, atomic_write_json
+from laminar_hpc.transport.fdlimit import raise_fd_limit
 from laminar_hpc.transport.security import ensure_keys
 from laminar_hpc.transport.shm_dir import SharedMemoryError, open_private_dir, remove_private_dir
 
@@ -71,6 +72,7 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
     """Run one start of a campaign in a prepared run directory (caller holds the lock).
     `on_end(rd)` gets the RunDir of this start (its run id names the shared memory)."""
     rd = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)
+    raise_fd_limit()  # the launcher too (its roles raise their own: launch/role.py, controller/main.py)
     save_config(cfg, rd.config)
     ensure_keys(rd)  # the per-run keys every connection proves (kept across resumes; made even under
     # controller.auth: none, so that a resume without that setting authenticates)

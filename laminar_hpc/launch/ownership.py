@@ -29,7 +29,7 @@ import stat
 from pathlib import Path
 
 from laminar_hpc.rundir import RunDir, RunDirError
-from laminar_hpc.transport.shm_dir import _who
+from laminar_hpc.transport.shm_dir import user_name
 
 __all__ = ["check_ancestors", "check_run_dir", "make_private_dir"]
 
@@ -54,7 +54,7 @@ def check_ancestors(run_dir: Path) -> None:
             continue  # not made yet: prepare_run_dir makes it (ours, 0755) and checks again
         if st.st_uid not in (0, me):
             raise RunDirError(f"{above}: this directory above the run directory {run_dir} is owned by "
-                              f"{_who(st.st_uid)}, who could rename the run directory and put another in its "
+                              f"{user_name(st.st_uid)}, who could rename the run directory and put another in its "
                               f"place; use a --run-dir under directories that only you (or root) own")
         if stat.S_ISLNK(st.st_mode):
             continue  # a link's own mode means nothing; where it leads is checked as resolved
@@ -82,7 +82,7 @@ def _check_entry(path: Path, what: str, *, directory: bool, forbidden: int, opti
                           "remove it or use another --run-dir")
     me = os.geteuid()
     if st.st_uid != me:
-        raise RunDirError(f"{path}: the {what} is owned by {_who(st.st_uid)}, not by {_who(me)} who runs the "
+        raise RunDirError(f"{path}: the {what} is owned by {user_name(st.st_uid)}, not by {user_name(me)} who runs the "
                           "campaign: another user made it and could change what the campaign reads and runs; "
                           "use a --run-dir you create yourself (or remove it as its owner)")
     if st.st_mode & forbidden:

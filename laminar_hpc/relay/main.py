@@ -29,8 +29,8 @@ from laminar_hpc.relay.chain import (
 )
 from laminar_hpc.relay.pipeline import PieceCopy, PieceHasher, copy_then_hash
 from laminar_hpc.relay.reshard import Reshard
-from laminar_hpc.rundir import read_json
-from laminar_hpc.transport.channel import Server, publish_endpoint
+from laminar_hpc.transport.channel import publish_endpoint
+from laminar_hpc.transport.endpoint import bind
 from laminar_hpc.transport.protocol import LogEvent, Publish, Stop, VersionReady
 from laminar_hpc.transport.security import server_keys
 from laminar_hpc.transport.weight_store import WeightStore
@@ -129,10 +129,9 @@ class Handoff:
 
 def run_master(node: RelayNode, flags: dict) -> None:
     ctx = node.ctx
-    old = read_json(ctx.rundir.endpoint("relay_master"))  # a restart keeps its address
-    handoff_srv = Server(ctx.cfg.controller.host, int(ctx.cfg.controller.max_frame_mb * 2**20),
-                         port=int(old["address"].rsplit(":", 1)[1]) if old else None,
-                         keys=server_keys(ctx.rundir, "relay", ctx.cfg.controller))  # admits the trainer only
+    # admits the trainer only; ipc:// when every role is on this machine, and a restart keeps its
+    # address (transport/endpoint.py)
+    handoff_srv = bind(ctx.rundir, ctx.cfg, "relay_master", server_keys(ctx.rundir, "relay", ctx.cfg.controller))
     publish_endpoint(ctx.rundir, "relay_master", handoff_srv.address)
     handoff = Handoff(ctx.rundir.shm_path("handoff"))
     beat = Heartbeat(ctx, background=True)  # a broadcast may outlast the heartbeat timeout

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from laminar_hpc.model.layout import PublishedLayout
 
 
 @dataclass
@@ -99,7 +102,7 @@ class RolloutEngine(Protocol):
 
     def abort(self, traj_ids: list[str]) -> list[SeqRequest]: ...
 
-    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False,
+    def load_weights(self, version: int, buf: memoryview, layout: PublishedLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:
         """Load a version; with `checksum`, returns the checksum of `buf` (hashed while copying).
         Raises VersionInFlightError if sequences are running, unless `in_flight`: then they stay

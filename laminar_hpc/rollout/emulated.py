@@ -35,6 +35,7 @@ import numpy as np
 from laminar_hpc.emulation.cost import Clock, CostModel
 from laminar_hpc.emulation.episodes import FIRST_ORDINARY_ID, TOOL_ID
 from laminar_hpc.emulation.workload import Workload, workload_for
+from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem
 
 
@@ -86,7 +87,7 @@ class EmulatedEngine:
         return [s.req.traj_id for s in self.active]
 
     # -- weights --------------------------------------------------------------------------
-    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False,
+    def load_weights(self, version: int, buf: memoryview, layout: PublishedLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:
         if self.active and not in_flight:
             raise VersionInFlightError(f"cannot load version {version}: {len(self.active)} trajectories of "

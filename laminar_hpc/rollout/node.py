@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from laminar_hpc.launch.role import RoleContext, node_name
 from laminar_hpc.model.factory import model_args
+from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.rollout.base import RolloutEngine
 from laminar_hpc.rundir import read_json
 from laminar_hpc.transport.channel import WaitTimeout
@@ -47,7 +48,7 @@ class NodeWeights:
     def newest(self) -> int:
         return self.store.latest_version() if self._attach() else -1
 
-    def pull(self, engine: RolloutEngine, layout, verify: bool, in_flight: bool = False) -> int:
+    def pull(self, engine: RolloutEngine, layout: PublishedLayout, verify: bool, in_flight: bool = False) -> int:
         """Load the newest version into `engine` (in_flight: under its running sequences, KV kept)."""
         newest = self.store.latest()
         if newest is not None and newest.digest != digest_to_int(layout.digest):

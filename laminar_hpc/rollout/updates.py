@@ -26,6 +26,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from laminar_hpc.config.update_paths import update_path
+from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.policy import refresh
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.rollout.base import RolloutEngine, SeqRequest
@@ -39,7 +40,7 @@ class UpdateHost(Protocol):
     """What a weight-update component uses of its rollout (rollout/main.py)."""
     ctx: object  # RoleContext: cfg, ctrl channel, tracer, rundir
     engine: RolloutEngine
-    layout: object
+    layout: PublishedLayout
     weight_wait_s: float
 
     def pull(self, in_flight: bool = False) -> None:

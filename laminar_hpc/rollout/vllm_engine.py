@@ -43,6 +43,7 @@ from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightErro
 
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config
+    from laminar_hpc.model.weights import WeightLayout
 
 MIN_VLLM = "0.29"  # four-phase weight-transfer API with finish_weight_update(weight_version): see docs/gpu.md
 # the sampled token's log-prob after temperature, top-k and top-p (renormalised over what they
@@ -181,7 +182,7 @@ class VllmEngine:
         return [s.req.traj_id for s in self.active.values()]
 
     # -- weights --------------------------------------------------------------------------
-    def load_weights(self, version: int, buf: memoryview, layout, checksum: bool = False,
+    def load_weights(self, version: int, buf: memoryview, layout: WeightLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:
         if self.active and not in_flight:
             raise VersionInFlightError(f"cannot load version {version}: {len(self.active)} trajectories of "

@@ -163,7 +163,7 @@ def measure(sim: Simulation, skip: int) -> dict:
     base = a or {"gen_tokens": 0, "busy_s": 0.0, "weight_wait_s": 0.0, "seq_steps": 0, "decode_steps": 0,
                  "tool_wait_s": 0.0, "tool_calls": 0}
     calls = b["tool_calls"] - base["tool_calls"]
-    st, placed = sim.ctl.rm.repack_stats, sim.ctl.rm.placed
+    st, placed = sim.ctl.rollout_manager.repack_stats, sim.ctl.rollout_manager.placed
     return {
         "trajectories_per_s": trajs / span,
         "tokens_per_s": sum(r["tokens"] for r in win) / span,

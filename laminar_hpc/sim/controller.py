@@ -34,7 +34,7 @@ class SimController:
                                send=self.send, emit=self._trace)
         spec, refresh = MODES[cfg.mode], cfg.rollout.refresh_in_flight
         self.repack_on = spec.repacks(enabled=cfg.repack.enabled, refresh=refresh)
-        self.rm = RolloutManager(  # the simulator's clock is emulated seconds: the config's own intervals
+        self.rollout_manager = RolloutManager(  # the simulator's clock is emulated seconds: the config's own intervals
             max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,
             interval_s=cfg.repack.interval_s, kv_capacity=kv_capacity(cfg), expiry_s=self.p.moving_expiry_s,
             send=self.send, pins_versions=spec.pins_versions(refresh))
@@ -45,7 +45,7 @@ class SimController:
         self.delay = self.p.msg_latency_s + self.p.ctl_latency_s
         self.busy_until = 0.0  # the controller's loop is one process: it schedules after its last round's work
         if self.repack_on:
-            self.q.at(self.rm.interval_s, self._repack_timer)
+            self.q.at(self.rollout_manager.interval_s, self._repack_timer)
 
     # -- what the components send, delivered one message latency later ---------------------
     def send(self, to: str, msg: Message) -> None:
@@ -70,7 +70,7 @@ class SimController:
             self.q.at(max(self.q.now + self.delay, self.busy_until), self._schedule_event)
 
     def want_work(self, rank: int, credit: int, version: int) -> None:
-        self.rm.credit(rank, credit)
+        self.rollout_manager.credit(rank, credit)
         self.sync.loaded(rank, version)
         self.poke()
 
@@ -85,10 +85,10 @@ class SimController:
     def migrated(self, source: int, dest: int, trajs: list[Traj]) -> None:
         """A source handed its trajectories back: they go to `dest`, first in its queue."""
         work = [w for w in (self.pool.place(t.tid, dest) for t in trajs) if w is not None]
-        self.rm.migrated(source, dest, work)
+        self.rollout_manager.migrated(source, dest, work)
 
     def migrate_reject(self, rank: int, trajs: list[Traj]) -> None:
-        self.rm.rejected(self.pool, [t.tid for t in trajs])
+        self.rollout_manager.rejected(self.pool, [t.tid for t in trajs])
         self.poke()
 
     def want_groups(self, n: int, reset: bool = False) -> None:
@@ -100,7 +100,7 @@ class SimController:
         self.poke()
 
     def published_version(self, version: int) -> None:
-        self.rm.repack_due = True
+        self.rollout_manager.repack_due = True
         self.sync.published(version, self.q.now)
         self.poke()
 
@@ -125,13 +125,13 @@ class SimController:
         if n:
             pool.admit(n)
             t += n * cfg.trainer.group_size * self.p.ctl_per_traj_s
-        if pool.queue and self.rm.credits:  # (what assign checks first, without making the generator)
-            for rank, work in self.rm.assign(pool):
+        if pool.queue and self.rollout_manager.credits:  # (what assign checks first, without making the generator)
+            for rank, work in self.rollout_manager.assign(pool):
                 t += len(work) * self.p.ctl_per_traj_s
                 self.sim.rollouts[rank].deliver(Assign(work=work), sent=t)
         self.busy_until = t
         if self.repack_on:
-            self.rm.repack(now, queued=len(pool.queue))
+            self.rollout_manager.repack(now, queued=len(pool.queue))
         if self.trainer_credit > 0 and pool.ready:
             groups = pool.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)
@@ -141,15 +141,17 @@ class SimController:
         if self.sim.done:
             return
         self.poke()
-        self.q.at(max(self.q.now, self.rm.last_repack) + self.rm.interval_s, self._repack_timer)
+        rm = self.rollout_manager
+        self.q.at(max(self.q.now, rm.last_repack) + rm.interval_s, self._repack_timer)
 
     # -- failures ---------------------------------------------------------------------------
     def rollout_down(self, rank: int) -> None:
         """A rollout died: its trajectories continue on replicas of their version, or restart."""
         self.alive[rank] = False
-        self.rm.down(rank)
+        self.rollout_manager.down(rank)
         self.sync.forget(rank)
-        self.rm.place(self.pool, self.pool.detach(rank), self.sync.versions, self.alive.__getitem__, exclude=rank)
+        self.rollout_manager.place(self.pool, self.pool.detach(rank), self.sync.versions, self.alive.__getitem__,
+                                   exclude=rank)
         self.poke()
 
     def rollout_up(self, rank: int) -> None:

@@ -60,7 +60,8 @@ class SimRollout:
         self.prompt = sim.params.prompt_tokens
         self.cost = sim.params.cost
         self.report_on = sim.ctl.repack_on
-        self.replica_states = sim.ctl.rm.replicas  # rollout_state: RolloutManager.report, inlined (frequent)
+        # rollout_state: RolloutManager.report, inlined (frequent)
+        self.replica_states = sim.ctl.rollout_manager.replicas
         self.alive = True
         self.epoch = 0  # bumped at death: events of the previous incarnation are ignored
         self.busy_s = 0.0

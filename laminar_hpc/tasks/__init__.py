@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks.base import Problem, Response, TaskSource
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
+    from laminar_hpc.config.task import RewardCfg, TaskCfg
 
-def build_task(cfg, seed: int) -> TaskSource:
+
+def build_task(cfg: TaskCfg, seed: int) -> TaskSource:
     """The task source a config's `task:` section describes (same seed -> same problems)."""
     if cfg.type == "builtin":
         from laminar_hpc.tasks.builtin import BuiltinTasks
@@ -32,7 +37,7 @@ VALIDATION_OFFSET = 1 << 44
 GENERATED_VALIDATION = 128  # problems in a generated task's validation split (eval.max_problems: fewer)
 
 
-def validation_problems(task: TaskSource, cfg) -> list[Problem]:
+def validation_problems(task: TaskSource, cfg: Config) -> list[Problem]:
     """The validation split evaluation runs on (controller/evaluation.py, `laminar eval`), its
     problem i at position i: a dataset's split (task.validation_path or validation_fraction),
     or for a generated task problems from an index range training never reaches. At most
@@ -46,7 +51,7 @@ def validation_problems(task: TaskSource, cfg) -> list[Problem]:
     return [dataclasses.replace(task.problem(VALIDATION_OFFSET + i), index=i) for i in range(n)]
 
 
-def score_all(reward_cfg, items: list[tuple[Problem, Response]]) -> list:
+def score_all(reward_cfg: RewardCfg, items: list[tuple[Problem, Response]]) -> list:
     """Score many responses in a reward pool (tasks/reward_pool.py: each call under its timeout)
     and wait for all of them: the warm-up's evaluation and `laminar eval`. Returns their
     RewardOutcomes in order. (The rollouts score one response at a time: rollout/scoring.py.)"""

@@ -21,12 +21,15 @@ digits replaced at random with probability `warmup.label_noise`, as the built-in
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from laminar_hpc.tasks import encode_prompt
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.tasks.demos import Demo, DemoError
 from laminar_hpc.tasks.episode import ToolResult, observation_ids
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.env import EnvCfg
 
 
 class DemoRows:
@@ -114,7 +117,7 @@ class DemoRows:
         return seqs, masks, starts
 
 
-def demo_rows(path: str, task, tok, env_cfg, *, max_len: int, seed: int) -> DemoRows:
+def demo_rows(path: str, task, tok, env_cfg: EnvCfg | None, *, max_len: int, seed: int) -> DemoRows:
     """`warmup.data` loaded, checked (tasks/demos.py) and tokenized for this run's task, tokenizer
     and env. DemoError (one line per bad row) on bad input."""
     from laminar_hpc.tasks.demos import load_demos

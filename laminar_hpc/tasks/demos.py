@@ -23,7 +23,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.env import EnvCfg
 
 MAX_LISTED = 20  # bad rows named one a line; the rest are counted
 
@@ -167,8 +170,8 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def load_demos(path: str | Path, env_cfg=None, *, calls_of: Callable[[str], tuple[list, bool]] | None = None,
-               key: str = "warmup.data") -> list[Demo]:
+def load_demos(path: str | Path, env_cfg: EnvCfg | None = None, *,
+               calls_of: Callable[[str], tuple[list, bool]] | None = None, key: str = "warmup.data") -> list[Demo]:
     """Every demonstration of a JSONL file, checked against the run's `env:` section (its tools,
     format, max_turns, stop_at_call). DemoError with one line per bad row; `calls_of` reads a
     turn's calls for a format that only reads tokens (default: the format's `parse`)."""

@@ -9,13 +9,17 @@ appends the observations; the last turns are scored with the task's reward.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks import encode_prompt, score_all
 from laminar_hpc.tasks.base import Problem, Response
 from laminar_hpc.tasks.episode import EnvContext, observation_ids
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.env import EnvCfg
 
-def play_episodes(tok, problems: list[Problem], env_cfg, *, max_new_tokens: int, max_len: int, reward,
+
+def play_episodes(tok, problems: list[Problem], env_cfg: EnvCfg, *, max_new_tokens: int, max_len: int, reward,
                   decode, calls: list[int] | None = None) -> list[float]:
     """Rewards of episodes on `problems`, each model turn decoded by `decode(prompts, rooms) ->
     completions` (greedy or sampled: the caller's engine), the calls run with the environment's

@@ -21,9 +21,14 @@ What it checks, in order:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from laminar_hpc.tasks.base import Problem, Response
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.env import EnvCfg
+    from laminar_hpc.config.schema import Config
+    from laminar_hpc.config.task import RewardCfg, TaskCfg
 
 
 class StartCheckError(ValueError):
@@ -34,7 +39,7 @@ def _one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def check_start(cfg, tokenizer: Callable[[], Any]) -> list[str]:
+def check_start(cfg: Config, tokenizer: Callable[[], Any]) -> list[str]:
     """Run every check on a validated Config; returns notes to show (warnings, what is logged
     and not summed). Raises StartCheckError."""
     from laminar_hpc.tasks import build_task
@@ -72,7 +77,7 @@ def _once(factory: Callable[[], Any]) -> Callable[[], Any]:
     return lambda: made[0] if made else (made.append(factory()) or made[0])
 
 
-def warmup_runs(cfg) -> bool:
+def warmup_runs(cfg: Config) -> bool:
     """Whether the trainer warms up before RL (trainer/main.py): not when it resumes or starts from
     trainer.init_checkpoint, nor from a model.hf_path checkpoint unless warmup.data gives
     demonstrations."""
@@ -80,7 +85,7 @@ def warmup_runs(cfg) -> bool:
                 and not cfg.trainer.init_checkpoint and cfg.trainer.backend != "emulated")
 
 
-def check_warmup(cfg, task=None, tokenizer: Callable[[], Any] | None = None) -> None:
+def check_warmup(cfg: Config, task=None, tokenizer: Callable[[], Any] | None = None) -> None:
     """The supervised warm-up learns the gold answers, or the demonstrations of `warmup.data`: a
     dataset without gold answers (task.layout: trl) needs the latter. A demonstrations file is
     read and every row checked (tasks/demos.py), and with the task and tokenizer rendered as the
@@ -97,7 +102,7 @@ def check_warmup(cfg, task=None, tokenizer: Callable[[], Any] | None = None) -> 
                               "trainer.init_checkpoint as the start)")
 
 
-def check_demos(cfg, task=None, tokenizer: Callable[[], Any] | None = None) -> None:
+def check_demos(cfg: Config, task=None, tokenizer: Callable[[], Any] | None = None) -> None:
     """warmup.data loads, every row is a demonstration this run's env can replay, and (given the
     task and the tokenizer) each renders as the warm-up renders it (tasks/demo_tokens.py)."""
     import sys
@@ -120,7 +125,7 @@ def check_demos(cfg, task=None, tokenizer: Callable[[], Any] | None = None) -> N
         raise StartCheckError(f"warmup.data: {_one_line(err)}") from None
 
 
-def check_env(env_cfg) -> None:
+def check_env(env_cfg: EnvCfg) -> None:
     """env.tools, env.environment and env.format import and name what they should."""
     from laminar_hpc.tasks.tools import load_environment, load_format
     try:
@@ -130,7 +135,7 @@ def check_env(env_cfg) -> None:
         raise StartCheckError(_one_line(err)) from None
 
 
-def check_chat(task, task_cfg, tokenizer: Callable[[], Any]) -> None:
+def check_chat(task, task_cfg: TaskCfg, tokenizer: Callable[[], Any]) -> None:
     """A task with chats renders its first one with the tokenizer's chat template."""
     from laminar_hpc.tasks import encode_prompt
     first_chat = getattr(task, "first_chat", None)
@@ -155,7 +160,7 @@ def sample(problem: Problem) -> Response:
     return Response(text=str(problem.answer), token_ids=(), finish="eos")
 
 
-def check_reward(reward_cfg, problem: Problem, row: str) -> list[str]:
+def check_reward(reward_cfg: RewardCfg, problem: Problem, row: str) -> list[str]:
     """Call the reward on `problem` in a reward pool, under its timeout; StartCheckError on any
     failed outcome, naming the function, `row` and the reason. Returns notes. A remote verifier
     is not called before the run."""
@@ -180,7 +185,7 @@ def check_reward(reward_cfg, problem: Problem, row: str) -> list[str]:
     return logged_notes(reward_cfg, outcome.components)
 
 
-def _score_in_pool(reward_cfg, problem: Problem):
+def _score_in_pool(reward_cfg: RewardCfg, problem: Problem):
     from laminar_hpc.tasks.reward_pool import START_TIMEOUT_S, RewardPool
     from laminar_hpc.tasks.rewards import call_budget_s
     budget = call_budget_s(reward_cfg) + START_TIMEOUT_S + 5.0
@@ -196,7 +201,7 @@ def _score_in_pool(reward_cfg, problem: Problem):
                           "check task.reward.pool and workers")
 
 
-def logged_notes(reward_cfg, components: dict[str, float]) -> list[str]:
+def logged_notes(reward_cfg: RewardCfg, components: dict[str, float]) -> list[str]:
     """A note naming a single function's dict keys that are logged and not added to the reward."""
     if not isinstance(reward_cfg.fn, str) or len(components) < 2:
         return []

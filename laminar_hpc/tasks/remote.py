@@ -27,9 +27,12 @@ from __future__ import annotations
 import json
 import numbers
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from laminar_hpc.tasks.base import Problem, Response, RewardValue
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.task import RewardCfg
 
 MAX_ANSWER_BYTES = 1 << 20  # a verifier's answer is a number or a few: more is garbage
 
@@ -57,7 +60,7 @@ class _Retry(Exception):
 
 
 class RemoteVerifier:
-    def __init__(self, cfg, *, sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, cfg: RewardCfg, *, sleep: Callable[[float], None] = time.sleep):
         import httpx  # here, not at module level: only a run with a remote verifier needs it
         self.url: str = cfg.url
         self.timeout_s, self.retries, self.backoff_s = cfg.timeout_s, cfg.retries, cfg.backoff_s

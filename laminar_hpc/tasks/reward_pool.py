@@ -47,10 +47,13 @@ from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from laminar_hpc.tasks.base import Problem, Response
 from laminar_hpc.tasks.rewards import RewardOutcome, Scorer, call_budget_s, describe_reward
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.task import RewardCfg
 
 START_TIMEOUT_S = 120.0  # a worker process's start: spawn, imports, loading the reward functions
 CLOSE_GRACE_S = 1.0  # close(): how long idle worker processes get to exit before they are killed
@@ -69,7 +72,8 @@ class _Call:
 
 
 class RewardPool:
-    def __init__(self, cfg, scorer_factory: Callable[[Any], Scorer] | None = None, *, max_stuck: int | None = None):
+    def __init__(self, cfg: RewardCfg, scorer_factory: Callable[[Any], Scorer] | None = None, *,
+                 max_stuck: int | None = None):
         """`scorer_factory(cfg)` builds the Scorer (default: Scorer, files relative to the current
         directory); for `pool: process` a picklable one (a module-level callable or a partial of one)."""
         self.cfg = cfg
@@ -265,7 +269,7 @@ class _Worker:
     """One worker process, started with fork+exec of a fresh interpreter (never a bare fork of the
     rollout, which holds torch's threads), talking over a socket pair."""
 
-    def __init__(self, factory, cfg):
+    def __init__(self, factory, cfg: RewardCfg):
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
         self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_CODE, json.dumps(sys.path), str(theirs.fileno())],
@@ -294,7 +298,7 @@ def _exit_reason(code: int | None) -> str:
 
 
 class _ProcessImpl:
-    def __init__(self, cfg, factory):
+    def __init__(self, cfg: RewardCfg, factory):
         self.cfg, self.factory = cfg, factory
         self.budget_s = call_budget_s(cfg)
         self.queue: deque[_Call] = deque()

@@ -48,12 +48,15 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laminar_hpc.tasks.base import Problem, Response, RewardFn
 from laminar_hpc.tasks.remote import RemoteError  # noqa: F401 - scored as "remote"; re-exported
 from laminar_hpc.tasks.reward_signatures import NOT_APPLICABLE, BadReturn, SignatureError, adapt, detect
 from laminar_hpc.tasks.reward_values import Invalid, check_total, reduce_value
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.task import RewardCfg
 
 # why a reward scored 0; counted per step. exception: the function raised. timeout: it ran past
 # timeout_s. not_finite: NaN or inf. out_of_range: outside task.reward.range. bad_type: not a
@@ -155,13 +158,8 @@ def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, *, key:
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
         raise RewardError(f"{head}: not a reward; write {_FORMS}")
-    if target.endswith(".py") or "/" in target or os.sep in target:
-        where = target
-        with _load_lock:
-            module = _load_file(head, target, base_dir)
-    else:
-        where = f"module {target}"
-        module = _import_module(head, target)
+    where = target if _names_a_file(target) else f"module {target}"
+    module = load_user_module(head, target, base_dir)
     fn: Any = module
     for part in attr.split("."):  # "Class.method" names a static or class method
         fn = getattr(fn, part, _MISSING)
@@ -179,6 +177,21 @@ def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, *, key:
 
 
 _MISSING = object()
+
+
+def _names_a_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or os.sep in target
+
+
+def load_user_module(head: str, target: str, base_dir: str | os.PathLike | None = None) -> ModuleType:
+    """The user's module `target` names: a file ('path/to/file.py', relative to `base_dir`, loaded
+    once however many functions name it) or an importable module ('package.module'). Raises
+    RewardError, one line starting with `head` that says what to do. Rewards, tools and
+    environments load their modules through here."""
+    if _names_a_file(target):
+        with _load_lock:
+            return _load_file(head, target, base_dir)
+    return _import_module(head, target)
 
 
 def _load_file(head: str, target: str, base_dir: str | os.PathLike | None) -> ModuleType:
@@ -242,7 +255,7 @@ def _one_line(text: str, limit: int = 400) -> str:
 # the Scorer
 # ------------------------------------------------------------------------------------------
 
-def call_budget_s(cfg) -> float:
+def call_budget_s(cfg: RewardCfg) -> float:
     """How long one scoring call may take before the pool gives up on it: `timeout_s`; for a
     remote verifier, whose `timeout_s` bounds each attempt, all attempts and their backoffs."""
     if cfg.url is None:
@@ -251,7 +264,7 @@ def call_budget_s(cfg) -> float:
     return attempts * cfg.timeout_s + cfg.backoff_s * (2 ** cfg.retries - 1) + 1.0
 
 
-def describe_reward(cfg) -> str:
+def describe_reward(cfg: RewardCfg) -> str:
     """A RewardCfg's function(s), for messages: 'my_rewards.py:score', 'format=r.py:fmt, correct=exact'."""
     if cfg.url is not None:
         return f"the remote verifier {cfg.url}"
@@ -263,7 +276,7 @@ class Scorer:
     Every function is loaded at construction, so a bad spec fails at startup (RewardError).
     Thread-safe when the user's functions are."""
 
-    def __init__(self, cfg, *, base_dir: str | os.PathLike | None = None):
+    def __init__(self, cfg: RewardCfg, *, base_dir: str | os.PathLike | None = None):
         self.cfg = cfg
         self.low, self.high = cfg.range
         self.weights: dict[str, float] = dict(cfg.weights)

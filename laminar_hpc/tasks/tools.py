@@ -12,9 +12,12 @@ subclass of `tasks.episode.Environment`.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from laminar_hpc.tasks.episode import Environment, ToolResult
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.env import EnvCfg
 
 
 def calculator_tool(**arguments: Any) -> str:
@@ -42,7 +45,7 @@ def python_tool(limits) -> Callable[..., Any]:
 
 
 class _Limits:
-    def __init__(self, cfg):
+    def __init__(self, cfg: EnvCfg):
         self.cpu_s, self.mem_mb, self.wall_s = cfg.python.cpu_s, cfg.python.mem_mb, cfg.python.wall_s
         self.max_output_chars = max(200, cfg.observation_max_chars)  # the sandbox's floor; the runner cuts to the config
 
@@ -50,16 +53,13 @@ class _Limits:
 def load_object(spec: str, key: str, what: str, base_dir: str | os.PathLike | None = None) -> Any:
     """The object `spec` ('package.module:name' or 'path/to/file.py:name') names; ValueError
     naming `key` when it cannot be loaded."""
-    from laminar_hpc.tasks.rewards import RewardError, _import_module, _load_file
+    from laminar_hpc.tasks.rewards import RewardError, load_user_module
     head = f"{key} {spec!r}"
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
         raise ValueError(f"{head}: write 'package.module:{what}' or 'path/to/file.py:{what}'")
     try:
-        if target.endswith(".py") or "/" in target or os.sep in target:
-            module = _load_file(head, target, base_dir)
-        else:
-            module = _import_module(head, target)
+        module = load_user_module(head, target, base_dir)
     except RewardError as err:
         raise ValueError(str(err)) from None
     obj = getattr(module, attr, None)
@@ -68,7 +68,7 @@ def load_object(spec: str, key: str, what: str, base_dir: str | os.PathLike | No
     return obj
 
 
-def load_tools(cfg, base_dir: str | os.PathLike | None = None) -> dict[str, Callable[..., Any]]:
+def load_tools(cfg: EnvCfg, base_dir: str | os.PathLike | None = None) -> dict[str, Callable[..., Any]]:
     """env.tools as name -> callable."""
     tools: dict[str, Callable[..., Any]] = {}
     for name, spec in cfg.tools.items():
@@ -84,7 +84,7 @@ def load_tools(cfg, base_dir: str | os.PathLike | None = None) -> dict[str, Call
     return tools
 
 
-def load_format(cfg, base_dir: str | os.PathLike | None = None):
+def load_format(cfg: EnvCfg, base_dir: str | os.PathLike | None = None):
     """An instance of env.format: the built-in hermes, or the user's class."""
     from laminar_hpc.tasks.episode import FORMATS
     if cfg.format in FORMATS:
@@ -97,7 +97,7 @@ def load_format(cfg, base_dir: str | os.PathLike | None = None):
     return cls()
 
 
-def load_environment(cfg, base_dir: str | os.PathLike | None = None) -> type[Environment]:
+def load_environment(cfg: EnvCfg, base_dir: str | os.PathLike | None = None) -> type[Environment]:
     """The episode's environment class: env.environment with env.tools added to its own, or the
     plain tool environment."""
     tools = load_tools(cfg, base_dir)

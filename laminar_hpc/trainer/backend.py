@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from laminar_hpc.model.layout import PublishedLayout
     from laminar_hpc.transport.protocol import Group
 
 
 class TrainBackend(Protocol):
     # the byte layout of what `weights()` yields (model.weights.WeightLayout, or the emulated
     # engines' EmulatedWeights): fixed for the run, it is what the publisher's store is sized for
-    layout: Any
+    layout: PublishedLayout
 
     def resume(self) -> dict | None:
         """Restore the newest checkpoint that verifies: its meta (step, version, dropped_groups,

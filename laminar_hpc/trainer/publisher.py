@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 
 from laminar_hpc.launch.role import RoleContext
-from laminar_hpc.model.weights import WeightLayout
+from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.transport.channel import Client, wait_endpoint
 from laminar_hpc.transport.protocol import Publish, Published
 from laminar_hpc.transport.security import client_keys
@@ -32,7 +32,7 @@ from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
 
 
 class Publisher:
-    def __init__(self, ctx: RoleContext, weights, layout: WeightLayout):
+    def __init__(self, ctx: RoleContext, weights, layout: PublishedLayout):
         self.ctx, self.weights, self.layout = ctx, weights, layout
         # the hand-off authenticates like the control plane: the trainer's key, the relay's server
         # key (read first: a missing key file fails before anything is created)

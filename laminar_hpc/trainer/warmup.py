@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -28,6 +28,9 @@ from laminar_hpc.tasks import encode_prompt, score_all
 from laminar_hpc.tasks.base import Response
 from laminar_hpc.tasks.demo_tokens import demo_rows
 from laminar_hpc.trainer.warmup_episodes import demo_sequence, greedy_episodes, noisy_digits
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import WarmupCfg
 
 WARMUP_OFFSET = 1 << 40  # problem indices used by warm-up: disjoint from RL's (which start at 0)
 EVAL_OFFSET = 1 << 41
@@ -110,7 +113,7 @@ def fits(prompt: list[int], max_seq_len: int) -> bool:
     return 0 < len(prompt) < max_seq_len
 
 
-def run_warmup(model: Transformer, task, tok, cfg, seed: int, max_new_tokens: int,
+def run_warmup(model: Transformer, task, tok, cfg: WarmupCfg, seed: int, max_new_tokens: int,
                report: Callable[[dict], None], should_stop: Callable[[], bool] = lambda: False, *, reward,
                env=None) -> dict:
     """Returns {'steps', 'greedy_reward', 'seconds'}; `report` gets one dict per evaluation.

@@ -12,10 +12,14 @@ the environment's own tools, the observation is appended, and the last turn is s
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks import encode_prompt
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.tasks.episode_play import play_episodes
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.env import EnvCfg
 
 
 def noisy_digits(text: str, p: float, rng: random.Random) -> str:
@@ -34,7 +38,7 @@ def demo_sequence(task, tok, problem: Problem, *, noise: float, rng: random.Rand
     return seq[:max_len], mask[:max_len], len(prompt)
 
 
-def greedy_episodes(policy, task, tok, problems: list[Problem], env_cfg, *, max_new_tokens: int, reward,
+def greedy_episodes(policy, task, tok, problems: list[Problem], env_cfg: EnvCfg, *, max_new_tokens: int, reward,
                     decode, calls: list[int] | None = None) -> list[float]:
     """Rewards of greedy episodes on `problems` (`decode(prompts, rooms) -> completions`); `calls`
     gets each episode's tool calls."""

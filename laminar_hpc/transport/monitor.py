@@ -8,9 +8,10 @@ error anywhere (its decoder fails with EMSGSIZE; the monitor reports only a disc
 monitor reads the events (ACCEPTED and DISCONNECTED name the connection's descriptor; ACCEPT_FAILED
 its errno; HANDSHAKE_SUCCEEDED and _FAILED_* name nothing) and keeps `counts`:
 
-- accepted; accept_failed: refused by the kernel (EMFILE: no descriptor free), logged.
+- accepted; accept_failed: refused by the kernel (EMFILE: no descriptor free), logged the first
+  time and then at most once a minute, with the count.
 - authenticated: handshakes completed; handshake_failed: a timeout, a foreign key, a protocol
-  error or a peer gone during it (logged the first time and every 1,000th).
+  error or a peer gone during it (logged as accept_failed is).
 - closed: connections that ended, for any reason.
 - cut: a frame over the limit (or another ZMTP error) from an authenticated peer. libzmq reports
   that only as a disconnect, so it is told from a peer that left by what follows: the same role
@@ -50,7 +51,9 @@ _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROT
 DRAIN_EVERY_S = 0.05  # under libzmq's reconnect interval (100 ms): see the module doc
 RECONNECT_MIN_S = 0.05  # a DEALER is back 100-200 ms after its connection closed, never sooner
 RECONNECT_WINDOW_S = 60.0  # past this a role's next frame is not judged (a lull, or a new start)
-_NOISY = 1000  # unauthenticated failures and refused accepts: logged the first time and every this many
+# unauthenticated failures and refused accepts: logged the first time, then at most once a minute
+# (out of descriptors, libzmq retries its accept in a loop: 22 million refusals in 97 s, measured)
+NOISY_EVERY_S = 60.0
 
 
 class ConnectionMonitor:
@@ -63,6 +66,7 @@ class ConnectionMonitor:
         self._names: dict[int, str] = {}  # descriptor -> the role name of its frames
         self._gone: dict[str, float] = {}  # role name -> when its connection closed (until it sends again)
         self._pids: dict[str, int] = {}  # role name -> the pid its frames last carried
+        self._logged_at: dict[str, float] = {}  # count name -> when it was last logged
 
     def drain(self) -> None:
         """Take every event waiting (never blocks)."""
@@ -93,16 +97,24 @@ class ConnectionMonitor:
             c["authenticated"] += 1
         elif event in _FAILED:
             c["handshake_failed"] += 1
-            if c["handshake_failed"] % _NOISY == 1:
+            if self._due("handshake_failed"):
                 log.warning("%s: a connection failed its handshake (%d so far): a peer without this run's key, "
                             "no ZeroMQ peer, or one that waited past the handshake timeout", self.what,
                             c["handshake_failed"])
         elif event == zmq.EVENT_ACCEPT_FAILED:
             c["accept_failed"] += 1
-            if c["accept_failed"] % _NOISY == 1:
+            if self._due("accept_failed"):
                 log.warning("%s: could not accept a connection (%s; %d so far)%s", self.what,
                             errno.errorcode.get(value, value), c["accept_failed"],
                             ": no file descriptor is free" if value in (errno.EMFILE, errno.ENFILE) else "")
+
+    def _due(self, count: str) -> bool:
+        """Whether a noisy count is logged now (the first time, then once per NOISY_EVERY_S)."""
+        now, last = time.monotonic(), self._logged_at.get(count)
+        if last is not None and now - last < NOISY_EVERY_S:
+            return False
+        self._logged_at[count] = now
+        return True
 
     def seen(self, fd: int, identity: str, msg) -> None:
         """A frame from `identity` on connection `fd` (see the module doc)."""

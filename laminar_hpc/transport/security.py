@@ -33,12 +33,16 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 from zmq.utils import z85
 
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.authz import ADMITS, KINDS
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import ControllerCfg
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +104,12 @@ def ensure_keys(run_dir: RunDir | Path) -> None:
             os.chmod(pub, 0o600)
 
 
-def auth_enabled(controller_cfg) -> bool:
+def auth_enabled(controller_cfg: ControllerCfg) -> bool:
     """Whether the control plane authenticates: always, unless `controller.auth: none`."""
     return controller_cfg.auth != "none"
 
 
-def client_keys(run_dir: RunDir | Path, kind: str, controller_cfg=None,
+def client_keys(run_dir: RunDir | Path, kind: str, controller_cfg: ControllerCfg | None = None,
                 server: str = "controller") -> ClientKeys | None:
     """Keys for a `Client` of role kind `kind` talking to `server` ('controller', or 'relay' for
     the master relay's hand-off); None under `auth: none` (no `controller_cfg`: keys)."""
@@ -118,7 +122,8 @@ def client_keys(run_dir: RunDir | Path, kind: str, controller_cfg=None,
     return ClientKeys(server_public=_read_public(public_file(run_dir, server)), public=public, secret=secret)
 
 
-def server_keys(run_dir: RunDir | Path, server: str = "controller", controller_cfg=None) -> ServerKeys | None:
+def server_keys(run_dir: RunDir | Path, server: str = "controller",
+                controller_cfg: ControllerCfg | None = None) -> ServerKeys | None:
     """Keys for a `Server` ('controller', or 'relay' for the master relay's hand-off): its keypair
     and the public keys of the kinds it admits; None under `auth: none` (no `controller_cfg`: keys)."""
     if server not in SERVERS:
@@ -133,7 +138,7 @@ def server_keys(run_dir: RunDir | Path, server: str = "controller", controller_c
 _warned_open = False
 
 
-def _authenticating(controller_cfg) -> bool:
+def _authenticating(controller_cfg: ControllerCfg | None) -> bool:
     global _warned_open
     if controller_cfg is None or auth_enabled(controller_cfg):
         return True

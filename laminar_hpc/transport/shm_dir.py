@@ -30,7 +30,8 @@ class SharedMemoryError(RunDirError):
     owner and what to do."""
 
 
-def _who(uid: int) -> str:
+def user_name(uid: int) -> str:
+    """'uid 1000 (alice)', for the messages that say who owns a path."""
     try:
         return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
     except KeyError:
@@ -42,8 +43,8 @@ def check_private(st: os.stat_result, path: str | os.PathLike, what: str) -> Non
     and neither group nor others have any access: else it is someone else's, or theirs to swap."""
     me = os.geteuid()
     if st.st_uid != me:
-        raise SharedMemoryError(f"{path}: this {what} is owned by {_who(st.st_uid)}, not by {_who(me)} who runs "
-                                "the campaign (another user created it first); remove it (as its owner or root) "
+        raise SharedMemoryError(f"{path}: this {what} is owned by {user_name(st.st_uid)}, not by {user_name(me)} "
+                                "who runs the campaign (another user created it first); remove it (as its owner or root) "
                                 "and resume the run, or set relay.shm_dir to a directory only you can write")
     if st.st_mode & 0o077:
         raise SharedMemoryError(f"{path}: this {what} has mode {stat.S_IMODE(st.st_mode):04o}, so other users "

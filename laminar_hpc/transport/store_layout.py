@@ -7,7 +7,12 @@ role may import the other, so it lives here, with the store.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def rollout_dtype(cfg) -> str:
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
+
+
+def rollout_dtype(cfg: Config) -> str:
     """The dtype of the layout rollouts load (`rollout.weight_dtype`, else the published one)."""
     return cfg.rollout.weight_dtype or cfg.trainer.publish_dtype

@@ -253,11 +253,12 @@ def _fuzz_controller(run_dir):
     from laminar_hpc.config import load_config
     from laminar_hpc.controller import main
     from laminar_hpc.metrics.trace import Tracer
-    from laminar_hpc.transport import security
+    from laminar_hpc.transport import endpoint, security
 
     class Recording:
         def __init__(self, *args, **kwargs):
             self.address, self.dropped, self.sent = "tcp://127.0.0.1:0", 0, []
+            self.connections: dict[str, int] = {}  # (a real Server's socket monitor counts)
             self.max_frame_bytes = args[1] if len(args) > 1 else kwargs.get("max_frame_bytes", protocol.MAX_FRAME_BYTES)
 
         def send(self, ident, msg):
@@ -272,13 +273,13 @@ def _fuzz_controller(run_dir):
     (run_dir / "run.json").write_text(json.dumps({"run_id": "fuzz"}))
     security.ensure_keys(run_dir)
     cfg = load_config(Path(REPO) / "configs" / "tiny-emulated.yaml", ["controller.max_frame_mb=0.01"])
-    real = main.Server
-    main.Server = Recording
+    real = endpoint.Server
+    endpoint.Server = Recording  # what transport/endpoint.py's bind() builds
     try:
         return main.Controller(run_dir, cfg, logging.getLogger("fuzz-controller"),
                                Tracer(run_dir, "controller-0", enabled=False))
     finally:
-        main.Server = real
+        endpoint.Server = real
 
 
 @st.composite
@@ -286,7 +287,7 @@ def _steps(draw, ctl):
     """One frame: any valid message, or one aimed at the controller's current trajectories with
     fields (tokens, log-probs, groups, prompts) drawn to be right or wrong."""
     sender = draw(st.sampled_from(SENDERS))
-    ids = sorted(ctl.dp.partials)
+    ids = sorted(ctl.data_plane.partials)
     kind = draw(st.sampled_from(["any", "crafted_map", "finished", "stream", "chunks", "columns", "migrated"] if ids
                                 else ["any", "crafted_map"]))
     if kind == "any":
@@ -295,7 +296,7 @@ def _steps(draw, ctl):
         return sender, draw(st.sampled_from([lambda m: protocol.TrainStep(metrics=m),
                                              lambda m: protocol.LogEvent(event=draw(st.sampled_from(
                                                  ["relay", "phase", "x"])), fields=m)]))(draw(CRAFTED_MAPS))
-    p = ctl.dp.partials[draw(st.sampled_from(ids))]
+    p = ctl.data_plane.partials[draw(st.sampled_from(ids))]
     owner = f"rollout-{p.rollout}" if p.rollout is not None else sender
     sender = draw(st.sampled_from([owner, sender]))
     n = draw(st.integers(0, 6))
@@ -309,7 +310,7 @@ def _steps(draw, ctl):
     if kind == "chunks":  # a rollout's frame in columns, its chunks right or wrong
         picked = draw(st.lists(st.sampled_from(ids), min_size=1, max_size=4))
         items = [protocol.StreamItem(traj_id=t, tokens=tokens, logprobs=logprobs[:n] + [-0.5] * (n - len(logprobs)),
-                                     version=draw(st.integers(0, 3)), offset=ctl.dp.partials[t].n_tokens
+                                     version=draw(st.integers(0, 3)), offset=ctl.data_plane.partials[t].n_tokens
                                      + draw(st.sampled_from([0, 0, 0, 1, -1]))) for t in picked]
         for it in items:
             it.version = items[0].version
@@ -355,11 +356,11 @@ def test_no_valid_frame_breaks_the_controller_or_reaches_the_trainer_unchecked(d
             admitted: dict[int, list[int]] = {}
             for _ in range(data.draw(st.integers(1, 25))):
                 ctl.schedule()
-                admitted.update({p.group_id: p.prompt for p in ctl.dp.partials.values()})
+                admitted.update({p.group_id: p.prompt for p in ctl.data_plane.partials.values()})
                 ident, msg = data.draw(_steps(ctl))
                 ctl.receive(ident, msg)
                 assert ctl.frames.handler_errors == 0, f"handling {msg!r} from {ident} raised"
-                check_ledger(ctl.dp)
+                check_ledger(ctl.data_plane)
             ctl.schedule()
             write_status(Path(tmp) / "status.json", ctl.status())
             assert read_status(Path(tmp) / "status.json").epoch == ctl.epoch
@@ -371,7 +372,7 @@ def test_no_valid_frame_breaks_the_controller_or_reaches_the_trainer_unchecked(d
                             handed = type("Handed", (), dict(group_id=g.group_id, problem=g.problem,
                                                               prompt=admitted[g.group_id],
                                                               max_new_tokens=ctl.cfg.rollout.max_new_tokens))
-                            assert trajectory_refusal(t, handed, ctl.dp.limits, finished=True) is None, t
+                            assert trajectory_refusal(t, handed, ctl.data_plane.limits, finished=True) is None, t
                             assert t.reward is not None and math.isfinite(t.reward)
         finally:
             ctl.wal.close()

@@ -19,8 +19,9 @@ DOC = Path(REPO) / "docs" / "architecture.md"
 # never import the launcher or a role; the simulator may use the controller's socket-free parts.
 ALLOWED: dict[str, set[str]] = {
     "rundir": set(),
+    "walformat": set(),
     "policy": set(),
-    "tasks": set(),
+    "tasks": {"config"},
     "config": {"rundir"},
     "transport": {"config", "rundir"},
     "model": {"config", "rundir", "transport"},
@@ -28,12 +29,12 @@ ALLOWED: dict[str, set[str]] = {
     "metrics": {"config", "rundir", "transport"},
     "analysis": {"config", "metrics", "policy", "rundir"},
     "launch": {"config", "metrics", "policy", "rundir", "transport"},
-    "controller": {"config", "launch", "metrics", "model", "policy", "rundir", "tasks", "transport"},
+    "controller": {"config", "launch", "metrics", "model", "policy", "rundir", "tasks", "transport", "walformat"},
     "trainer": {"config", "emulation", "launch", "metrics", "model", "policy", "rundir", "tasks", "transport"},
     "rollout": {"config", "emulation", "launch", "metrics", "model", "policy", "rundir", "tasks", "transport"},
     "relay": {"config", "launch", "metrics", "model", "rundir", "transport"},
     "sim": {"config", "controller", "emulation", "metrics", "policy", "rundir", "tasks", "transport"},
-    "cli": {"analysis", "config", "controller", "launch", "metrics", "model", "rundir", "sim", "tasks", "transport"},
+    "cli": {"analysis", "config", "launch", "metrics", "model", "rundir", "sim", "tasks", "transport", "walformat"},
 }
 ROLES = {"controller", "trainer", "rollout", "relay"}
 LOWER = {"config", "transport", "metrics", "policy", "model", "tasks"}  # the issue's rule, verbatim
@@ -131,6 +132,7 @@ def test_the_map_is_layered():
     for role in ROLES:
         assert not ALLOWED[role] & (ROLES | {"sim", "cli", "analysis"}), role
     assert ALLOWED["rundir"] == set(), "the run directory is the leaf every layer may use"
+    assert ALLOWED["walformat"] == set(), "the write-ahead log's format is a leaf (the controller and cli read it)"
 
 
 def doc_map() -> dict[str, set[str]]:
@@ -153,13 +155,6 @@ def test_the_document_shows_the_same_map():
 
 
 # -- the module graph: no import cycles -----------------------------------------------------------
-
-# cycles another change of issue 29 still has to break: the test passes while every cycle it finds
-# is one of these (and lists them all when one is not). Empty it once they are gone.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"laminar_hpc.tasks.remote", "laminar_hpc.tasks.rewards"}),
-    frozenset({"laminar_hpc.controller.moves", "laminar_hpc.controller.pools", "laminar_hpc.controller.streams"}),
-}
 
 
 def module_imports(path: Path, known: set[str]) -> set[str]:
@@ -235,15 +230,16 @@ def test_the_cycle_finder_finds_every_cycle():
 
 def test_the_import_graph_has_no_cycles():
     cycles = import_cycles(module_graph())
-    unknown = [c for c in cycles if frozenset(c) not in KNOWN_CYCLES]
-    assert not unknown, "modules that import each other (directly or through others):\n  " + "\n  ".join(
-        " <-> ".join(c) + ("" if frozenset(c) not in KNOWN_CYCLES else "   (known)") for c in cycles)
+    assert not cycles, "modules that import each other (directly or through others):\n  " + "\n  ".join(
+        " <-> ".join(c) for c in cycles)
 
 
 # -- classes: components, not mixins ---------------------------------------------------------------
 
-# classes with more than one project base, left to another change of issue 29 (controller/)
-KNOWN_MULTIPLE_BASES = {"laminar_hpc.controller.pools.DataPlane"}
+# the packages whose classes are components, not mixins (issue 29): the roles' code
+COMPONENT_PACKAGES = ("laminar_hpc.controller.", "laminar_hpc.rollout.", "laminar_hpc.trainer.")
+# "class: base" still built as a mixin (none: the test fails if one comes back)
+KNOWN_MIXINS: set[str] = set()
 # bases that add nothing to what a class sets or reads
 _NEUTRAL_BASES = {"object", "ABC", "Protocol", "Generic", "Exception", "RuntimeError", "ValueError"}
 # a class whose annotated fields its generated constructor sets (dataclasses, pydantic, msgspec)
@@ -334,23 +330,36 @@ def test_the_mixin_finder_sees_state_a_base_never_sets():
         "laminar_hpc.trainer.x.Scaled: Layer reads scale, which it never sets"]
 
 
-def test_no_trainer_class_inherits_state_its_base_never_sets():
-    bad = unset_state(_sources(), "laminar_hpc.trainer.")
+def mixins(sources: dict[str, str]) -> list[str]:
+    """`unset_state` over every package of COMPONENT_PACKAGES."""
+    return [line for under in COMPONENT_PACKAGES for line in unset_state(sources, under)]
+
+
+def test_the_mixin_check_covers_every_role_package():
+    mixin = "class Mixin:\n    def total(self):\n        return self.items\nclass Bad(Mixin):\n    items = 3\n"
+    for pkg in ("controller", "rollout", "trainer"):
+        found = mixins({f"laminar_hpc.{pkg}.x": mixin})
+        assert found == [f"laminar_hpc.{pkg}.x.Bad: Mixin reads items, which it never sets"]
+    assert mixins({"laminar_hpc.sim.x": mixin}) == []  # (not a role)
+
+
+def test_no_role_class_inherits_state_its_base_never_sets():
+    found = mixins(_sources())
+    bad = [line for line in found if line.split(" reads ")[0] not in KNOWN_MIXINS]
     assert not bad, "bases that read state they never set (make them components, or set it):\n  " + "\n  ".join(bad)
+    gone = KNOWN_MIXINS - {line.split(" reads ")[0] for line in found}
+    assert not gone, f"no longer mixins: remove them from KNOWN_MIXINS: {sorted(gone)}"
 
 
 def test_no_class_has_two_project_bases():
     classes = project_classes(_sources())
     names = {cls.name for cls in classes.values()}
     many = {q for q, cls in classes.items() if len([b for b in base_names(cls) if b in names]) > 1}
-    assert many <= KNOWN_MULTIPLE_BASES, f"classes built from several project classes (mixins): {sorted(many)}"
+    assert not many, f"classes built from several project classes (mixins): {sorted(many)}"
 
 
 # -- one owner for the checkpoint format; no private names across modules ---------------------------
 
-# private names imported from another module, left to other changes of issue 29: (importer, name)
-KNOWN_PRIVATE_IMPORTS = {("laminar_hpc.launch.ownership", "_who"),  # transport/shm_dir.py would publish it
-                         ("laminar_hpc.tasks.tools", "_import_module"), ("laminar_hpc.tasks.tools", "_load_file")}
 
 
 def test_only_the_run_directory_spells_a_checkpoint_file_name():
@@ -368,19 +377,10 @@ def test_no_private_name_is_imported_from_another_module():
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("laminar_hpc")):
                 found.update((module_name(p), a.name) for a in node.names if a.name.startswith("_"))
-    assert found <= KNOWN_PRIVATE_IMPORTS, f"private names imported across modules: {sorted(found - KNOWN_PRIVATE_IMPORTS)}"
+    assert not found, f"private names imported across modules (make them public where they live): {sorted(found)}"
 
 
 # -- typed contracts: every config parameter is annotated -----------------------------------------
-
-# files whose `cfg` parameters another change of issue 29 still annotates; empty it as they go
-KNOWN_UNTYPED_CFG = {
-    "cli.py", "controller/endpoint.py", "controller/evaluation.py", "controller/main.py", "controller/membership.py",
-    "controller/rollout_manager.py", "controller/validate.py", "tasks/__init__.py", "tasks/demo_tokens.py",
-    "tasks/demos.py", "tasks/episode_play.py", "tasks/preflight.py", "tasks/remote.py", "tasks/reward_pool.py",
-    "tasks/rewards.py", "tasks/tools.py", "trainer/warmup.py", "trainer/warmup_episodes.py", "transport/security.py",
-    "transport/store_layout.py",
-}
 
 
 def test_every_config_parameter_is_annotated():
@@ -392,8 +392,7 @@ def test_every_config_parameter_is_annotated():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a lambda cannot say
                 a = node.args
                 bad += [f"{rel}:{node.lineno} {arg.arg}" for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs)
-                        if (arg.arg == "cfg" or arg.arg.endswith("_cfg")) and arg.annotation is None
-                        and rel not in KNOWN_UNTYPED_CFG]
+                        if (arg.arg == "cfg" or arg.arg.endswith("_cfg")) and arg.annotation is None]
     assert not bad, "config parameters without a type:\n  " + "\n  ".join(bad)
 
 

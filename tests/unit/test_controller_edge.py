@@ -45,7 +45,7 @@ def _ready(ctl: main.Controller, credit: int = 8) -> dict:
 
 
 def _finish(ctl, w, tokens, **over):
-    rank = ctl.dp.partials[w.traj_id].rollout
+    rank = ctl.data_plane.partials[w.traj_id].rollout
     t = result(w, tokens, rollout=rank, reward=1.0, finish="eos", **over)
     ctl.receive(f"rollout-{rank}", Finished(trajectory=t))
     return t
@@ -73,7 +73,7 @@ def test_a_handler_error_drops_the_frame_in_one_line_and_the_controller_goes_on(
     def broken(state):
         raise ValueError("boom\nsecond line")
 
-    monkeypatch.setattr(ctl.rm, "report", broken)
+    monkeypatch.setattr(ctl.rollout_manager, "report", broken)
     state = RolloutState(version=0, waiting=0, running=0, kv_tokens=0, kv_peak=0, traj_ids=[], busy_s=0.0,
                          weight_wait_s=0.0)
     with caplog.at_level(logging.ERROR, logger="test-controller"):
@@ -92,7 +92,7 @@ def test_unknown_fields_are_neither_stored_nor_forwarded(make):
     work = _ready(ctl)
     group = [work[f"0.{j}"] for j in range(4)]
     for w in group:
-        rank = ctl.dp.partials[w.traj_id].rollout
+        rank = ctl.data_plane.partials[w.traj_id].rollout
         traj = msgspec.to_builtins(result(w, [5, 6], rollout=rank, reward=1.0, finish="eos"), builtin_types=(bytes,))
         frame = msgpack.packb({"type": "finished", "smuggled": {"x": [1, 2]},
                                "trajectory": {**traj, "smuggled": "payload-xyz", "reward_override": 99.0}})
@@ -134,10 +134,10 @@ def test_garbage_from_a_rollout_never_reaches_the_trainer(make):
     for w in group0[1:]:
         _finish(ctl, w, [5, 6])
     bad = group0[0]
-    rank = ctl.dp.partials[bad.traj_id].rollout
+    rank = ctl.data_plane.partials[bad.traj_id].rollout
     ctl.receive(f"rollout-{rank}", Stream(items=[StreamItem(traj_id=bad.traj_id, tokens=[7], logprobs=[math.nan],
                                                             version=0, offset=0)]))
-    assert not ctl.dp.partials[bad.traj_id].tokens
+    assert not ctl.data_plane.partials[bad.traj_id].tokens
     for attempt in range(1, MAX_REJECTIONS + 1):
         _finish(ctl, bad, [5, 100])  # id 100: outside the vocabulary of 100
         ctl.receive(f"rollout-{rank}", WantWork(credit=1, version=0))  # its slot is free again
@@ -156,10 +156,10 @@ def test_garbage_from_a_rollout_never_reaches_the_trainer(make):
 def test_a_hand_back_for_a_replica_that_does_not_exist_restarts_its_trajectories(make):
     ctl = make()
     work = _ready(ctl)
-    on0 = [w for w in work.values() if ctl.dp.partials[w.traj_id].rollout == 0][:2]
+    on0 = [w for w in work.values() if ctl.data_plane.partials[w.traj_id].rollout == 0][:2]
     ctl.receive("rollout-0", Migrated(dest=99, trajectories=[result(w, [5]) for w in on0]))
     assert ctl.server.take() == []  # nothing sent to a rollout-99
-    assert list(ctl.dp.queue)[:2] == [w.traj_id for w in reversed(on0)]
+    assert list(ctl.data_plane.queue)[:2] == [w.traj_id for w in reversed(on0)]
 
 
 # -- frames out: split by encoded size ---------------------------------------------------------
@@ -182,7 +182,7 @@ def test_an_oversized_delivery_is_split_and_a_group_too_big_alone_is_dropped_fir
     delivered = [g.group_id for m in frames for g in m.groups]
     assert delivered == [0, 1, 3, 4, 5, 6, 7]
     st = ctl.status()
-    assert st.oversize_refused == 1 and st.frames_split == 1 and ctl.dp.ledger.dropped == {2: "oversize"}
+    assert st.oversize_refused == 1 and st.frames_split == 1 and ctl.data_plane.ledger.dropped == {2: "oversize"}
     # what the write-ahead log says was delivered is exactly what was sent
     ctl.wal.flush()
     _, records = WriteAheadLog(ctl.rd.wal_dir).recover()
@@ -195,11 +195,12 @@ def test_a_task_whose_every_prompt_is_too_long_stops_the_run_with_the_reason(mak
     _ready(ctl)
     for _ in range(10):
         ctl.schedule()
-        if ctl.stop_reason:
+        if ctl.state.stop_reason:
             break
-    assert ctl.dp.groups_started == 0 and ctl.status().prompts_refused >= main.ALL_REFUSED_STOP
-    assert ctl.stop_reason.startswith(f"the first {ctl.dp.refused['prompts']} prompts of the task were all refused")
-    assert "raise model.max_seq_len" in ctl.stop_reason
+    assert ctl.data_plane.groups_started == 0 and ctl.status().prompts_refused >= main.ALL_REFUSED_STOP
+    why = ctl.state.stop_reason
+    assert why.startswith(f"the first {ctl.data_plane.refused['prompts']} prompts of the task were all refused")
+    assert "raise model.max_seq_len" in why
 
 
 def test_token_ids_are_checked_against_the_checkpoint_s_vocabulary(make, tmp_path):
@@ -210,20 +211,20 @@ def test_token_ids_are_checked_against_the_checkpoint_s_vocabulary(make, tmp_pat
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps(QWEN25_7B))
     ctl = make(TORCH, f"model.hf_path={hf}", "model.max_seq_len=64")  # the char tokenizer: 100 ids
-    assert ctl.dp.limits == Limits(vocab_size=QWEN25_7B["vocab_size"], max_seq_len=64)
+    assert ctl.data_plane.limits == Limits(vocab_size=QWEN25_7B["vocab_size"], max_seq_len=64)
 
 
 def test_work_too_big_for_any_frame_is_never_sent_and_its_group_dropped(make):
     ctl = make(EMULATED, "controller.max_frame_mb=0.001")  # 1048-byte frames
     work = _ready(ctl, credit=2)  # room left on every replica for what a dead one held
-    on2 = [w for w in work.values() if ctl.dp.partials[w.traj_id].rollout == 2]
+    on2 = [w for w in work.values() if ctl.data_plane.partials[w.traj_id].rollout == 2]
     big = on2[0]
     ctl.receive("rollout-2", Stream(items=[StreamItem(traj_id=big.traj_id, tokens=[5] * 150, logprobs=[-0.5] * 150,
                                                       version=0, offset=0)]))
-    credits = dict(ctl.rm.credits)
+    credits = dict(ctl.rollout_manager.credits)
     ctl.receive("launcher-0", protocol.RoleDown(role="rollout-2", code=-9))  # its work continues elsewhere...
     sent = ctl.server.take()  # (each frame passed the receiving side's limit)
     placed = [w.traj_id for _, m in sent if isinstance(m, Assign) for w in m.work]
     assert big.traj_id not in placed  # ...except what no frame can carry
-    assert ctl.dp.ledger.dropped == {big.group_id: "oversize"} and ctl.status().oversize_refused == 1
-    assert sum(ctl.rm.credits.values()) == sum(credits.values()) - len(placed)  # no slot charged for it
+    assert ctl.data_plane.ledger.dropped == {big.group_id: "oversize"} and ctl.status().oversize_refused == 1
+    assert sum(ctl.rollout_manager.credits.values()) == sum(credits.values()) - len(placed)  # no slot charged for it

@@ -109,7 +109,7 @@ def test_streamed_and_finished_trajectories_make_a_group_the_trainer_gets_when_i
     ctl.schedule()
     work = {w.traj_id: w for _, m in ctl.server.take() for w in m.work}
     group = [work[f"0.{j}"] for j in range(4)]
-    owner = {tid: ctl.dp.partials[tid].rollout for tid in work}
+    owner = {tid: ctl.data_plane.partials[tid].rollout for tid in work}
     for w in group:
         ctl.handle(f"rollout-{owner[w.traj_id]}",
                    Stream(items=[StreamItem(traj_id=w.traj_id, tokens=[1, 2], logprobs=[-0.1, -0.2], version=0,
@@ -127,18 +127,18 @@ def test_streamed_and_finished_trajectories_make_a_group_the_trainer_gets_when_i
     assert to == "trainer-0" and msg == Groups(groups=[Group(group_id=0, problem=0, trajectories=results[::-1])])
     st = ctl.status()
     assert st.trajectories_finished == 4 and st.tokens_generated == 12 and st.groups_consumed == 1
-    assert ctl.trainer_credit == 1
+    assert ctl.state.trainer_credit == 1
 
 
 def test_groups_dropped_before_a_delivery_are_told_to_the_trainer_first(make):
     # dynamic sampling drops group 0 (all rewards equal, one of them a failed reward call); group 1
     # is delivered, preceded by what was dropped, which the trainer reports in its next step
     ctl = make("laminar", "trainer.dynamic_sampling=drop", "trainer.dynamic_sampling_max_batches=3")
-    assert ctl.dp.ledger.max_no_signal_run == 3 * ctl.cfg.trainer.groups_per_step  # the guard, in groups
+    assert ctl.data_plane.ledger.max_no_signal_run == 3 * ctl.cfg.trainer.groups_per_step  # the guard, in groups
     _rollouts_ready(ctl)
     ctl.schedule()
     work = {w.traj_id: w for _, m in ctl.server.take() for w in m.work}
-    owner = {tid: ctl.dp.partials[tid].rollout for tid in work}
+    owner = {tid: ctl.data_plane.partials[tid].rollout for tid in work}
     for gid, rewards in ((0, [1.0] * 4), (1, [0.0, 1.0, 1.0, 1.0])):
         for j, r in enumerate(rewards):
             w = work[f"{gid}.{j}"]
@@ -161,16 +161,16 @@ def test_train_step_and_checkpoint_move_groups_through_the_ledger(make):
     ctl.schedule()
     work = [w for _, m in ctl.server.take() for w in m.work if w.group_id == 0]
     for w in work:
-        ctl.handle(f"rollout-{ctl.dp.partials[w.traj_id].rollout}", Finished(trajectory=_result(w, [4])))
+        ctl.handle(f"rollout-{ctl.data_plane.partials[w.traj_id].rollout}", Finished(trajectory=_result(w, [4])))
     ctl.handle("trainer-0", WantGroups(n=1))
     ctl.schedule()
     ctl.server.take()
     ctl.handle("trainer-0", TrainStep(metrics={"step": 1, "loss": 0.25}, groups=[0]))
     st = ctl.status()
     assert st.step == 1 and st.phase == "rl" and st.metrics == {"step": 1, "loss": 0.25}
-    assert ctl.dp.ledger.trained_at == {0: 1}
+    assert ctl.data_plane.ledger.trained_at == {0: 1}
     ctl.handle("trainer-0", CheckpointSaved(step=1, version=1, path="ckpt", groups=[0]))
-    assert ctl.status().groups_committed == 1 and ctl.dp.ledger.committed == {0}
+    assert ctl.status().groups_committed == 1 and ctl.data_plane.ledger.committed == {0}
     assert sorted(p.name for p in (ctl.run_dir / "wal").iterdir()) == ["seg-000001.log", "snapshot-000001.msgpack"]
 
 
@@ -185,7 +185,7 @@ def test_a_repack_move_goes_to_its_destination_and_a_rejected_one_restarts(make)
     assert to == "rollout-1" and isinstance(msg, Assign)
     assert [(w.traj_id, w.token_list(), w.version) for w in msg.work] == [(moved.traj_id, [7, 8], 0)]
     ctl.handle("rollout-1", MigrateReject(traj_ids=[moved.traj_id]))
-    assert ctl.dp.queue[0] == moved.traj_id and ctl.status().repack["migrations_restarted"] == 1
+    assert ctl.data_plane.queue[0] == moved.traj_id and ctl.status().repack["migrations_restarted"] == 1
 
 
 def test_a_dead_rollout_s_trajectories_continue_where_their_version_is_held(make):
@@ -210,7 +210,7 @@ def test_rollout_reports_from_another_role_are_ignored(make):
                          weight_wait_s=0.5)
     ctl.handle("trainer-0", state)
     ctl.handle("rollout-3", state)
-    assert set(ctl.rm.replicas) == {3}
+    assert set(ctl.rollout_manager.replicas) == {3}
     assert ctl.status().rollout_util == {3: Utilisation(busy_s=1.5, weight_wait_s=0.5)}
     ctl.handle("rollout-0", Assign(work=[]))  # a message for the rollouts, not the controller: ignored
     assert ctl.server.take() == []
@@ -227,7 +227,7 @@ def test_partial_rollout_publish_starts_a_global_update_of_every_rollout(make):
     assert ctl.server.take() == []
     ctl.handle("trainer-0", Published(version=1, stall_s=0.01))
     assert ctl.server.take() == [(f"rollout-{r}", UpdateWeights(version=1)) for r in range(4)]
-    assert ctl.dp.meta == {"max_version": 1, "version_base": 0, "published": 2}
+    assert ctl.data_plane.meta == {"max_version": 1, "version_base": 0, "published": 2}
     for r in range(3):
         ctl.handle(f"rollout-{r}", WeightsLoaded(version=1, pull_s=0.1))
     ctl.schedule()
@@ -244,7 +244,7 @@ def test_sync_mode_tells_every_rollout_to_load_the_next_version_after_a_batch(ma
     ctl.handle("trainer-0", Published(version=0, stall_s=0.0))
     ctl.schedule()  # the batch of version 0: 4 groups
     assert sum(len(m.work) for _, m in ctl.server.take()) == 16
-    for tid, p in list(ctl.dp.partials.items()):
+    for tid, p in list(ctl.data_plane.partials.items()):
         ctl.handle(f"rollout-{p.rollout}", Finished(trajectory=_result(p.work(), [1], rollout=p.rollout)))
     ctl.handle("trainer-0", Published(version=1, stall_s=0.0))
     ctl.schedule()
@@ -258,13 +258,13 @@ def test_trainer_done_stops_and_every_role_is_told(make):
     _hello(ctl, "rollout-0")
     _hello(ctl, "trainer-0")
     ctl.handle("launcher-0", StopAll(reason="asked"))
-    assert ctl.stop_reason == "asked"
-    ctl.stop_reason = None
+    assert ctl.state.stop_reason == "asked"
+    ctl.state.stop_reason = None
     ctl.handle("trainer-0", TrainerDone(steps=6))
     ctl.schedule()  # no evaluation configured: it stops at once (else after a last evaluation round)
-    assert ctl.stop_reason == "trainer finished 6 steps"
+    assert ctl.state.stop_reason == "trainer finished 6 steps"
     ctl.server.take()
-    ctl.broadcast_stop(ctl.stop_reason)
+    ctl.broadcast_stop(ctl.state.stop_reason)
     assert ctl.server.take() == [(i, Stop(reason="trainer finished 6 steps")) for i in ("rollout-0", "trainer-0")]
 
 
@@ -274,7 +274,7 @@ def test_status_and_final_stats_round_trip_through_their_files(make, tmp_path):
     ctl.schedule()
     for _, m in ctl.server.take():
         for w in m.work:
-            ctl.handle(f"rollout-{ctl.dp.partials[w.traj_id].rollout}", Finished(trajectory=_result(w, [1, 2])))
+            ctl.handle(f"rollout-{ctl.data_plane.partials[w.traj_id].rollout}", Finished(trajectory=_result(w, [1, 2])))
     ctl.handle("trainer-0", TrainStep(metrics={"step": 1, "loss": 0.5}, groups=[0], stale=[1]))
     ctl.handle("relay-0", VersionReady(rank=0, version=2, nbytes=10, bcast_s=0.1))
     ctl.handle("relay-0", LogEvent(event="relay", fields={"dropped_frames": 3}))
@@ -285,7 +285,7 @@ def test_status_and_final_stats_round_trip_through_their_files(make, tmp_path):
     assert st.groups_dropped == 1 and st.trajectories_finished == 32
     write_status(tmp_path / "status.json", st)
     assert read_status(tmp_path / "status.json") == st
-    ctl.stop_reason = "done"
+    ctl.state.stop_reason = "done"
     final = ctl.final_stats()
     assert final.stop_reason == "done" and final.metrics == {}
     assert final.ledger["groups_admitted"] == 8 and final.ledger["groups_dropped"] == {"staleness": 1}

@@ -57,25 +57,33 @@ def test_registration_admits_a_role_that_joins_later():
     assert members.admits("rollout-4") and members.refused == 1
 
 
+def test_a_launcher_tool_under_a_rank_of_its_own_is_heard():
+    """tools/bench_controller.py's heartbeat probe and tools/controller_replay.py connect with the
+    launcher's key as `launcher-1` beside the launcher: a launcher's rank gets it no work."""
+    members = Membership.of(load_config(CONFIG))
+    assert members.admits("launcher-1") and members.admits("launcher-12.hb") and members.refused == 0
+    assert not members.admits("launcher-x") and not members.admits("launcher-1-rollout-3") and members.refused == 2
+
+
 def test_a_result_from_a_rollout_that_does_not_hold_the_work_is_refused_and_counted(ctl):
     (w, *_) = _assigned(ctl, 0)
     other = result(w, [7, 8], 0, rollout=1, t_start=1.0, reward=1.0, t_end=2.0, finish="eos")
     ctl.receive("rollout-1", Finished(trajectory=other))
-    p = ctl.dp.partials[w.traj_id]
-    assert p.rollout == 0 and p.rejected == 0 and w.traj_id not in ctl.dp.queue  # the holder goes on
+    p = ctl.data_plane.partials[w.traj_id]
+    assert p.rollout == 0 and p.rejected == 0 and w.traj_id not in ctl.data_plane.queue  # the holder goes on
     assert ctl.status().work_not_held == 1 and ctl.status().trajectories_finished == 0
     mine = result(w, [7, 8], 0, rollout=0, t_start=1.0, reward=1.0, t_end=2.0, finish="eos")
     ctl.receive("rollout-0", Finished(trajectory=mine))
-    assert w.traj_id not in ctl.dp.partials and ctl.status().trajectories_finished == 1
+    assert w.traj_id not in ctl.data_plane.partials and ctl.status().trajectories_finished == 1
 
 
 def test_a_queued_trajectory_cannot_be_finished_by_anyone(ctl):
-    ctl.dp.admit(1)
-    tid = ctl.dp.queue[0]
-    p = ctl.dp.partials[tid]
+    ctl.data_plane.admit(1)
+    tid = ctl.data_plane.queue[0]
+    p = ctl.data_plane.partials[tid]
     fake = result(p.work(), [7], 0, rollout=2, t_start=1.0, reward=1.0, t_end=2.0, finish="eos")
     ctl.receive("rollout-2", Finished(trajectory=fake))
-    assert tid in ctl.dp.partials and tid in ctl.dp.queue and ctl.status().work_not_held == 1
+    assert tid in ctl.data_plane.partials and tid in ctl.data_plane.queue and ctl.status().work_not_held == 1
 
 
 def test_stream_chunks_from_a_rollout_that_does_not_hold_the_work_are_refused_and_counted(ctl):
@@ -84,9 +92,9 @@ def test_stream_chunks_from_a_rollout_that_does_not_hold_the_work_are_refused_an
              StreamItem(traj_id=b.traj_id, tokens=[5], logprobs=[-0.1], version=0, offset=0)]
     ctl.receive("rollout-2", stream_frame(items))  # columns
     ctl.receive("rollout-2", Stream(items=items))  # one by one
-    assert ctl.dp.partials[a.traj_id].n_tokens == 0 and ctl.status().work_not_held == 4
+    assert ctl.data_plane.partials[a.traj_id].n_tokens == 0 and ctl.status().work_not_held == 4
     ctl.receive("rollout-0", stream_frame(items))
-    assert ctl.dp.partials[a.traj_id].token_list() == [5, 6] and ctl.status().work_not_held == 4
+    assert ctl.data_plane.partials[a.traj_id].token_list() == [5, 6] and ctl.status().work_not_held == 4
 
 
 @pytest.mark.parametrize("bad", [50.0, 1e-3, float("nan"), float("inf"), -float("inf")])
@@ -104,5 +112,5 @@ def test_a_result_with_a_positive_log_prob_is_refused_and_regenerated(ctl):
     bad = result(w, [7, 8], 0, rollout=0, t_start=1.0, reward=1.0, t_end=2.0, finish="eos")
     bad.logprobs = pack_logprobs([-0.5, 50.0])
     ctl.receive("rollout-0", Finished(trajectory=bad))
-    p = ctl.dp.partials[w.traj_id]
-    assert p.rejected == 1 and w.traj_id in ctl.dp.queue and ctl.status().trajectories_refused == 1
+    p = ctl.data_plane.partials[w.traj_id]
+    assert p.rejected == 1 and w.traj_id in ctl.data_plane.queue and ctl.status().trajectories_refused == 1

@@ -13,8 +13,8 @@ from laminar_hpc.transport.protocol import StreamChunks, StreamItem, pack_logpro
 
 
 def _plane(n_groups: int = 2, journal=None) -> tuple[DataPlane, list]:
-    dp = data_plane(group_size=4, max_new_tokens=16, journal=journal)
-    dp.limits = Limits(vocab_size=5000)  # (the prompts: id 1000 and characters)
+    dp = data_plane(group_size=4, max_new_tokens=16, journal=journal,
+                    limits=Limits(vocab_size=5000))  # (the prompts: id 1000 and characters)
     dp.admit(n_groups)
     work = dp.assign(rollout=0, n=4) + dp.assign(rollout=1, n=4)
     return dp, work

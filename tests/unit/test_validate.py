@@ -19,7 +19,7 @@ LIMITS = Limits(vocab_size=100, max_seq_len=10)
 
 @dataclass
 class Handed:
-    """What the controller handed out under a trajectory id (a pools.Partial's fields)."""
+    """What the controller handed out under a trajectory id (a partial.Partial's fields)."""
     group_id: int = 0
     problem: int = 0
     prompt: tuple = (1, 2, 3)

@@ -19,7 +19,7 @@ from dataplane_driver import make_dp, make_traj, Recorder, replayed, drive_rando
 
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
-from laminar_hpc.controller.walformat import read_snapshot
+from laminar_hpc.walformat import read_snapshot
 from laminar_hpc.transport.protocol import StreamItem, Trajectory
 
 

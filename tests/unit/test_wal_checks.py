@@ -1,4 +1,4 @@
-"""A write-ahead log that checks itself (controller/walformat.py): a flipped byte, a changed
+"""A write-ahead log that checks itself (laminar_hpc/walformat.py): a flipped byte, a changed
 length, a record duplicated, reordered or missing stop replay at that record with one error that
 names the segment, the offset and the records read intact; no file is compacted over it, and a
 resume refuses such a log as it refuses a missing one. A crash's torn tail is still survivable."""
@@ -13,7 +13,7 @@ from dataplane_driver import make_dp, replayed
 
 from laminar_hpc.controller.recovery import recover
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
-from laminar_hpc.controller.walformat import HEADER_BYTES, SEGMENT_MAGIC, check_log
+from laminar_hpc.walformat import HEADER_BYTES, SEGMENT_MAGIC, check_log
 from laminar_hpc.rundir import RunDir
 
 N = 32  # records in the segment (the issue's case: a bad byte at the 11th, "10 of 32 replayed")

@@ -383,7 +383,7 @@ def test_repack_moves_episodes_waiting_for_tools_and_their_calls_run_again(monke
     monkeypatch.setattr(sim_rollout.SimRollout, "_take_held", spy)
     # pure laminar repacks; fewer slots than work keep work waiting, as a round plans moves only then
     sim, admitted, finished = _simulate(["rollout.refresh_in_flight=never", "rollout.max_batch=8"], steps=6)
-    assert any(pending for _, pending in moved) and sim.ctl.rm.repack_stats["moves"] > 0
+    assert any(pending for _, pending in moved) and sim.ctl.rollout_manager.repack_stats["moves"] > 0
     done = {t.tid for t in finished}
     assert done | set(sim.pool.partials) == {t.tid for t in admitted} and len(done) == len(finished)
     assert all(t.tokens == t.plan.total and t.turn == t.plan.calls for t in finished)

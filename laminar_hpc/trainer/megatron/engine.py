@@ -73,7 +73,7 @@ class MegatronEngine:
         if control_group is None and self.on_gpu:
             control_group = dist.new_group(backend="gloo")
         self.group = control_group
-        self.dp = check_shape(args, self.mcfg, dist.get_world_size())
+        self.data_parallel = check_shape(args, self.mcfg, dist.get_world_size())
         init_parallel(self.mcfg, seed)
         self.gpt, self.tcfg = build_gpt(args, self.mcfg, on_gpu=self.on_gpu)
         load_hf(self.gpt, hf_state, args)  # before DDP and the optimizer copy the parameters
@@ -104,12 +104,12 @@ class MegatronEngine:
         """This DP rank's micro-batches (rows padded with masked-out rows), their count, width."""
         from megatron.core import parallel_state as ps
         mbs = self.mcfg.micro_batch_size
-        per = -(-b.inputs.shape[0] // self.dp)
+        per = -(-b.inputs.shape[0] // self.data_parallel)
         per = -(-per // mbs) * mbs  # every DP rank runs the same number of full micro-batches
         width = b.inputs.shape[1]
         if self.tcfg.sequence_parallel:  # the sequence is split over TP ranks
             width = -(-width // self.mcfg.tensor_parallel) * self.mcfg.tensor_parallel
-        rows = per * self.dp
+        rows = per * self.data_parallel
         full = {"inputs": _pad(b.inputs, rows, width), "targets": _pad(b.targets, rows, width),
                 "mask": _pad(b.mask, rows, width), "behaviour_logp": _pad(b.behaviour_logp, rows, width),
                 "advantages": _pad(b.advantages, rows, 1),
@@ -129,7 +129,7 @@ class MegatronEngine:
         micro, n_micro, width = self._microbatches(b)
         # each micro-batch's loss is already its share of the whole batch's (coef); the schedule
         # divides it by n_micro and DDP averages over dp: scale back
-        scale = n_micro * self.dp
+        scale = n_micro * self.data_parallel
         positions = torch.arange(width, device=self.device).expand(self.mcfg.micro_batch_size, width)
 
         def loss_func(mb: dict, logits: torch.Tensor):
