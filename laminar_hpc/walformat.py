@@ -119,6 +119,9 @@ def scan_segment(data: bytes, expected: int | None) -> Scan:
         if end - pos < HEADER_BYTES:
             out.torn = end - pos
             break
+        if not any(data[pos:]):  # a crash left the block it was writing zero-filled: cut short, not damage
+            out.torn = end - pos
+            break
         head = data[pos:pos + _HEAD.size]
         length, seq = _HEAD.unpack(head)
         head_crc, body_crc = _CRCS.unpack_from(data, pos + _HEAD.size)

@@ -12,6 +12,7 @@ from helpers import data_plane, trajectory
 
 from laminar_hpc.controller.ledger import DELIVERED, GENERATING, READY, TRAINED
 from laminar_hpc.controller.pools import DataPlane
+from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.transport.protocol import StreamItem, Trajectory, stream_frame
 
 ROLLOUTS = 3
@@ -19,6 +20,18 @@ ROLLOUTS = 3
 
 def make_dp(group_size=3, journal=None) -> DataPlane:
     return data_plane(group_size=group_size, journal=journal)
+
+
+def logged_dp(root, **wal_options) -> tuple[WriteAheadLog, DataPlane]:
+    """A write-ahead log under `root` and a data plane journalling into it, started as the
+    controller starts them, with two groups admitted and four trajectories assigned, flushed."""
+    wal = WriteAheadLog(root, **wal_options)
+    dp = make_dp(journal=wal.append)
+    wal.start(dp.state_dict())
+    dp.admit(2)
+    dp.assign(0, 4)
+    wal.flush()
+    return wal, dp
 
 
 def make_traj(tid: str, gid: int, tokens: list[int], version: int = 0, reward=0.0) -> Trajectory:

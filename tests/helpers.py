@@ -53,6 +53,14 @@ def laminar(*args: str, timeout: float = 120, cwd=REPO, env: dict | None = None)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def controller_process(run: Path, log: Path) -> subprocess.Popen:
+    """`python -m laminar_hpc.controller` on `run` (config, run.json and keys written), its output
+    in `log`, in a session of its own: the caller stops it by its pid."""
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "laminar_hpc.controller", "--run-dir", str(run)], cwd=REPO,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
 def assert_nested_equal(a, b, path: str = "") -> None:
     """Bit-exact equality of nested state (state_dicts, optimizer state): tensors by dtype, shape
     and value; containers element by element; `path` names the first difference."""

@@ -69,6 +69,7 @@ from laminar_hpc.transport.protocol import Assign, Drops, Groups, Message, Stop
 from laminar_hpc.transport.security import server_keys
 
 
+FINAL_WRITE_S = 10.0  # how long the last status and controller_stats.json are retried (no free descriptor)
 HANDLE_BUDGET_S = 0.25  # the longest the loop handles messages before it schedules and writes its status
 ALL_REFUSED_STOP = 200  # prompts refused before any was admitted: the task cannot run with this config
 # finished versions are forgotten (an O(trajectories in flight) count) at most this often; a version
@@ -375,10 +376,15 @@ def main(argv: list[str] | None = None) -> None:
         ctl.broadcast_stop(reason)
     finally:
         ctl.wal.close()
-        ctl.status_writer.write(run_dir.status, ctl.status())
-        ctl.status_writer.write(run_dir.controller_stats, ctl.final_stats())
-        tracer.flush()
+        last, final = ctl.status(), ctl.final_stats()  # (they read the server's connection counts)
+        # closing the server first frees the descriptors its connections hold: under a flood of
+        # connections the last writes would otherwise find none free
         ctl.server.close(linger_ms=2000)
+        for path, status in ((run_dir.status, last), (run_dir.controller_stats, final)):
+            deadline = time.monotonic() + FINAL_WRITE_S
+            while not ctl.status_writer.write(path, status) and time.monotonic() < deadline:
+                time.sleep(0.1)  # a descriptor or disk space may come free: the run's record depends on it
+        tracer.flush()
 
 
 if __name__ == "__main__":

@@ -276,7 +276,10 @@ class DataPlane:
 
     def _finish(self, traj: Trajectory) -> int | None:
         self.pool.partials.pop(traj.traj_id, None)
-        if traj.traj_id in self.pool.queue:  # a late result of a requeued trajectory: it wins, the requeue is void
+        # a result without a sender (the simulator's, or one replayed from the log) of a trajectory
+        # requeued meanwhile: it wins, the requeue is void. (A rollout's result for work it no longer
+        # holds never gets here: `finish` refuses it, and the queued copy is generated again.)
+        if traj.traj_id in self.pool.queue:
             self.pool.queue.remove(traj.traj_id)
         self.trajectories_finished += 1
         self.tokens_generated += traj.n_tokens

@@ -89,8 +89,8 @@ class Status(msgspec.Struct, kw_only=True):
     # writes refused for a passing reason (a full disk, no free file descriptor), each retried:
     # "status", "wal", "trace", "metrics" -> failures so far
     write_failures: dict[str, int] = {}
-    # the control-plane socket's monitor (transport/monitor.py): accepted, accept_failed (no free
-    # descriptor), authenticated, handshake_failed, closed, cut (a frame over MAXMSGSIZE), open (now)
+    # the control-plane socket's monitor (transport/monitor.py): accepted, authenticated,
+    # handshake_failed, closed, cut (a frame over MAXMSGSIZE), open (now)
     connections: dict[str, int] = {}
     unknown_roles: int = 0  # frames from a role name the launcher did not start (controller/membership.py)
     work_not_held: int = 0  # results and stream chunks from a rollout that does not hold that work: refused

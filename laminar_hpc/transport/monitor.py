@@ -5,13 +5,12 @@ libzmq handles connections in its own I/O thread and tells the application nothi
 a peer that never completes the CURVE handshake holds a descriptor until HANDSHAKE_IVL ends it,
 and a frame over MAXMSGSIZE makes libzmq close the sender's connection, the frame lost, with no
 error anywhere (its decoder fails with EMSGSIZE; the monitor reports only a disconnect). This
-monitor reads the events (ACCEPTED and DISCONNECTED name the connection's descriptor; ACCEPT_FAILED
-its errno; HANDSHAKE_SUCCEEDED and _FAILED_* name nothing) and keeps `counts`:
+monitor reads the events (ACCEPTED and DISCONNECTED name the connection's descriptor;
+HANDSHAKE_SUCCEEDED and _FAILED_* name nothing) and keeps `counts`:
 
-- accepted; accept_failed: refused by the kernel (EMFILE: no descriptor free), logged the first
-  time and then at most once a minute, with the count.
+- accepted.
 - authenticated: handshakes completed; handshake_failed: a timeout, a foreign key, a protocol
-  error or a peer gone during it (logged as accept_failed is).
+  error or a peer gone during it (logged the first time, then at most once a minute).
 - closed: connections that ended, for any reason.
 - cut: a frame over the limit (or another ZMTP error) from an authenticated peer. libzmq reports
   that only as a disconnect, so it is told from a peer that left by what follows: the same role
@@ -21,6 +20,14 @@ its errno; HANDSHAKE_SUCCEEDED and _FAILED_* name nothing) and keeps `counts`:
   connection's descriptor (ZMQ_SRCFD): `seen`, called by the server for every frame it decodes.
   A peer cut on its very first frame is counted in `closed` only (it had no name yet), and so
   is one whose descriptor number a new connection took before its last frame was read.
+
+The monitor must never push back on libzmq: its I/O thread, which every socket of the process
+shares, sends each event with a blocking send, so a full event queue would stop all traffic
+until the application read it. The events' queue is therefore unbounded (the receiving end's
+RCVHWM is 0), ACCEPT_FAILED is not watched (out of descriptors, libzmq retries its accept in a
+tight loop: 22 million events in 97 s, measured; running out of descriptors is counted where it
+hurts, as `write_failures` of status.json), and one `drain` takes at most MAX_EVENTS_PER_DRAIN,
+so a flood of connections cannot hold the server's loop either.
 
 Descriptor numbers are reused: the server drains the monitor at least every DRAIN_EVERY_S, well
 under the 100 ms before a cut peer is back, so a disconnect is always taken before the next
@@ -33,7 +40,7 @@ connection's first frame on the same number.
 """
 from __future__ import annotations
 
-import errno
+import itertools
 import logging
 import time
 
@@ -43,25 +50,30 @@ from zmq.utils.monitor import parse_monitor_message
 from laminar_hpc.transport.protocol import Hello
 
 log = logging.getLogger(__name__)
+_MONITORS = itertools.count()  # one inproc address per monitor of this process
 
-EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 DRAIN_EVERY_S = 0.05  # under libzmq's reconnect interval (100 ms): see the module doc
 RECONNECT_MIN_S = 0.05  # a DEALER is back 100-200 ms after its connection closed, never sooner
 RECONNECT_WINDOW_S = 60.0  # past this a role's next frame is not judged (a lull, or a new start)
-# unauthenticated failures and refused accepts: logged the first time, then at most once a minute
-# (out of descriptors, libzmq retries its accept in a loop: 22 million refusals in 97 s, measured)
-NOISY_EVERY_S = 60.0
+NOISY_EVERY_S = 60.0  # failed handshakes: logged the first time, then at most once a minute
+MAX_NAMES = 4096  # role names followed for `cut` (a keyed peer could make up names without end)
+MAX_EVENTS_PER_DRAIN = 10_000  # one drain's share: the rest waits for the next (see the module doc)
 
 
 class ConnectionMonitor:
     def __init__(self, sock: zmq.Socket, what: str, limit_bytes: int):
-        self.sock = sock.get_monitor_socket(EVENTS)
+        # (not sock.get_monitor_socket: its receiving end keeps libzmq's default RCVHWM of 1,000)
+        address = f"inproc://laminar-monitor.{next(_MONITORS)}"  # (an id() may be reused while bound)
+        sock.monitor(address, EVENTS)
+        self.sock = sock.context.socket(zmq.PAIR)
+        self.sock.setsockopt(zmq.RCVHWM, 0)  # unbounded: an inproc pipe with either end at 0 has no limit
+        self.sock.connect(address)
         self.what, self.limit_bytes = what, limit_bytes
-        self.counts = {"accepted": 0, "accept_failed": 0, "authenticated": 0, "handshake_failed": 0, "closed": 0,
-                       "cut": 0}
+        self.counts = {"accepted": 0, "authenticated": 0, "handshake_failed": 0, "closed": 0, "cut": 0}
         self._open: set[int] = set()  # descriptors of the connections open now
         self._names: dict[int, str] = {}  # descriptor -> the role name of its frames
         self._gone: dict[str, float] = {}  # role name -> when its connection closed (until it sends again)
@@ -69,8 +81,8 @@ class ConnectionMonitor:
         self._logged_at: dict[str, float] = {}  # count name -> when it was last logged
 
     def drain(self) -> None:
-        """Take every event waiting (never blocks)."""
-        while True:
+        """Take the events waiting, at most MAX_EVENTS_PER_DRAIN (never blocks)."""
+        for _ in range(MAX_EVENTS_PER_DRAIN):
             try:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:  # zmq.Again: none waiting; else the monitored socket was closed
@@ -91,7 +103,7 @@ class ConnectionMonitor:
             c["closed"] += 1
             self._open.discard(value)
             name = self._names.pop(value, None)
-            if name is not None:
+            if name is not None and (name in self._gone or len(self._gone) < MAX_NAMES):
                 self._gone[name] = time.monotonic()
         elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             c["authenticated"] += 1
@@ -101,12 +113,6 @@ class ConnectionMonitor:
                 log.warning("%s: a connection failed its handshake (%d so far): a peer without this run's key, "
                             "no ZeroMQ peer, or one that waited past the handshake timeout", self.what,
                             c["handshake_failed"])
-        elif event == zmq.EVENT_ACCEPT_FAILED:
-            c["accept_failed"] += 1
-            if self._due("accept_failed"):
-                log.warning("%s: could not accept a connection (%s; %d so far)%s", self.what,
-                            errno.errorcode.get(value, value), c["accept_failed"],
-                            ": no file descriptor is free" if value in (errno.EMFILE, errno.ENFILE) else "")
 
     def _due(self, count: str) -> bool:
         """Whether a noisy count is logged now (the first time, then once per NOISY_EVERY_S)."""
@@ -128,7 +134,7 @@ class ConnectionMonitor:
         pid = getattr(msg, "pid", None)
         if self._gone and identity in self._gone:
             self._judge(identity, msg, pid)
-        if pid is not None:
+        if pid is not None and (identity in self._pids or len(self._pids) < MAX_NAMES):
             self._pids[identity] = pid
 
     def _judge(self, identity: str, msg, pid: int | None) -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 import time
 
 import pytest
 
-from helpers import REPO, sample, small_model
+from helpers import REPO, controller_process, sample, small_model
 
 from laminar_hpc.config import load_config, save_config
 from laminar_hpc.launch.role import RoleContext
@@ -159,9 +158,7 @@ def test_the_controller_refuses_local_peers_without_the_right_key(tmp_path, clos
     RunDir(run).record_start("authtest")
     ensure_keys(run)  # as the launcher does at every start
     log = tmp_path / "controller.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.controller", "--run-dir", str(run)], cwd=REPO,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = controller_process(run, log)
     try:
         address = wait_endpoint(run, "controller", timeout_s=120)
         # any local user: no key at all

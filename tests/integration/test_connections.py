@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, controller_process
 
 from laminar_hpc.config import load_config, save_config
 from laminar_hpc.rundir import RunDir
@@ -121,9 +119,7 @@ def test_a_live_controller_counts_an_oversized_frame_in_its_status(tmp_path, clo
     RunDir(run).record_start("oversize")
     ensure_keys(run)
     log = tmp_path / "controller.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.controller", "--run-dir", str(run)], cwd=REPO,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = controller_process(run, log)
     try:
         address = wait_endpoint(run, "controller", timeout_s=120)
         assert address.startswith("ipc://")  # every role on this machine: no TCP port at all

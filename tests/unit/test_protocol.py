@@ -393,9 +393,11 @@ def test_recv_timeout_counts_dropped_frames_against_the_deadline(raw_dealer):
         sock = raw_dealer(server.address, b"noisy")
         for _ in range(50):
             sock.send(b"\xc1")
-        t0 = time.monotonic()
-        assert server.recv(timeout_s=0.5) is None
-        assert time.monotonic() - t0 < 5.0
+        deadline = time.monotonic() + 60  # (a loaded machine may deliver them over several calls)
+        while server.dropped < 50 and time.monotonic() < deadline:
+            t0 = time.monotonic()
+            assert server.recv(timeout_s=0.5) is None  # bad frames only: nothing to return
+            assert time.monotonic() - t0 < 5.0  # however many arrive meanwhile
         assert server.dropped == 50
     finally:
         server.close()

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane_driver import make_dp, make_traj, Recorder, replayed, drive_randomly
+from dataplane_driver import logged_dp, make_dp, make_traj, Recorder, replayed, drive_randomly
 
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
@@ -103,12 +103,7 @@ def test_wal_recovery_is_exact_across_compaction(tmp_path, seed):
 
 def test_recovered_controller_continues_in_a_new_segment(tmp_path):
     root = tmp_path / "wal"
-    wal = WriteAheadLog(root)
-    dp = make_dp(journal=wal.append)
-    wal.start(dp.state_dict())
-    dp.admit(2)
-    dp.assign(0, 4)
-    wal.flush()
+    wal, dp = logged_dp(root)
     # the restart: recover, then start() as Controller.recover does, then carry on logging
     wal2 = WriteAheadLog(root)
     dp2 = replayed(*reversed(wal2.recover()))

@@ -9,7 +9,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from dataplane_driver import make_dp, replayed
+from dataplane_driver import logged_dp, make_dp, replayed
 
 from laminar_hpc.controller.recovery import recover
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
@@ -158,14 +158,23 @@ def test_a_torn_tail_loses_only_its_record_and_the_next_segment_follows(tmp_path
     assert WriteAheadLog(root).recover()[1] == [*recs[:4], ("note", {"steps": 99})]
 
 
+def test_a_zero_filled_tail_is_a_crash_cut_short_not_damage(tmp_path):
+    """Some filesystems leave the block a crash was writing full of zeros: the records before it
+    replay, the tail counts as torn, and the controller starts (before: 'does not match its
+    checksum', a refused start)."""
+    root = tmp_path / "wal"
+    recs = _log(root, n=5)
+    seg = root / "seg-000000.log"
+    seg.write_bytes(seg.read_bytes() + bytes(4096))
+    assert WriteAheadLog(root, fsync_s=3600).recover() == ({}, recs)
+    seg.write_bytes(seg.read_bytes()[:-4096] + b"\1" + bytes(4095))  # not all zeros: damage, as before
+    with pytest.raises(WalError, match="damaged"):
+        WriteAheadLog(root, fsync_s=3600).recover()
+
+
 def test_replay_after_a_restart_keeps_numbering_across_snapshots(tmp_path):
     root = tmp_path / "wal"
-    wal = WriteAheadLog(root, fsync_s=3600)
-    dp = make_dp(journal=wal.append)
-    wal.start(dp.state_dict())
-    dp.admit(2)
-    dp.assign(0, 4)
-    wal.flush()
+    wal, dp = logged_dp(root, fsync_s=3600)
     wal2 = WriteAheadLog(root)
     state, records = wal2.recover()
     dp2 = replayed(records, state)
