@@ -168,13 +168,18 @@ def try_ipc(stop_fd: int, paths: list[str]) -> dict:
 
 @contextlib.contextmanager
 def _killed_at_exit(proc: subprocess.Popen):
-    """`proc`, SIGKILLed (its own pid) if a failed assertion leaves it running."""
+    """`proc` (the launcher), stopped by its pid if a failed assertion leaves it running: SIGTERM
+    first, so that it stops its roles and removes its shared memory, SIGKILL if it does not end."""
     try:
         yield proc
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=60)
 
 
 def _finished(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
