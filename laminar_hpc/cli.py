@@ -4,6 +4,8 @@
     laminar submit CONFIG --cluster slurm|local|debug [--run-dir DIR] [key.path=value ...]
     laminar render-sbatch CONFIG [--run-dir DIR] [key.path=value ...] > job.sbatch
     laminar status RUN_DIR
+    laminar attach RUN_DIR --rollouts N [--kind NAME] [rollout.key=value ...]   # extra rollouts, a job of their own
+    laminar attach RUN_DIR --cluster slurm --rollouts N --partition P [--qos Q] [--time MIN] [--nodes K]
     laminar resume RUN_DIR [--cluster slurm|local|debug]
     laminar drive CONFIG --run-dir DIR          # inside an allocation (what job.sbatch runs)
     laminar trace summary RUN_DIR [--buckets N] [--json]       # throughput, bubbles, staleness, sync latency
@@ -158,6 +160,30 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attach(args: argparse.Namespace) -> int:
+    from laminar_hpc.launch.attach import AttachError, attach
+    if args.rollouts < 1 or args.nodes < 1 or args.time < 1:
+        print("laminar: error: --rollouts, --nodes and --time must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        if args.cluster == "slurm":
+            from laminar_hpc.launch.attach import joiner_config
+            from laminar_hpc.launch.elastic import submit_attach
+            from laminar_hpc.rundir import RunDir
+            cfg = joiner_config(RunDir(args.run_dir), args.overrides)
+            per_node = -(-args.rollouts // args.nodes)
+            job = submit_attach(Path(args.run_dir), cfg, rollouts_per_node=per_node, nodes=args.nodes,
+                                partition=args.partition, qos=args.qos, time_min=args.time,
+                                overrides=args.overrides, kind=args.kind)
+            print(f"attach job {job}: {per_node} rollouts on each of {args.nodes} node(s) once it starts; "
+                  f"`laminar status {args.run_dir}` shows them, `scancel {job}` makes them leave")
+            return 0
+        return attach(Path(args.run_dir), args.rollouts, args.overrides, kind=args.kind)
+    except AttachError as err:
+        print(f"laminar: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
 def _resume(args: argparse.Namespace) -> int:
     from laminar_hpc.rundir import RunDir, RunDirError, read_json
     rd = RunDir(args.run_dir)
@@ -296,6 +322,20 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="job, steps, versions, throughput, last checkpoint of a run")
     st.add_argument("run_dir")
     st.set_defaults(func=_status)
+
+    at = sub.add_parser("attach", help="extra rollouts for a running campaign, in a job of their own (they leave "
+                                       "on SIGTERM or Ctrl-C)")
+    at.add_argument("run_dir")
+    at.add_argument("overrides", nargs="*", help="the joiners' own rollout.* settings, e.g. rollout.max_batch=128")
+    at.add_argument("--rollouts", type=int, required=True, help="how many rollouts to add")
+    at.add_argument("--kind", help="a name for these replicas in traces and summaries (default <backend>-b<max_batch>)")
+    at.add_argument("--cluster", choices=["local", "slurm"], default="local",
+                    help="local: on this machine, in the foreground; slurm: submit a job of their own and return")
+    at.add_argument("--partition", help="(slurm) the partition, e.g. a preemptible one (default: the cluster's)")
+    at.add_argument("--qos", help="(slurm) the QOS")
+    at.add_argument("--time", type=int, default=60, help="(slurm) the job's time limit in minutes (default 60)")
+    at.add_argument("--nodes", type=int, default=1, help="(slurm) nodes; the rollouts are spread over them (default 1)")
+    at.set_defaults(func=_attach)
 
     re_ = sub.add_parser("resume", help="continue a run from its last checkpoint (resubmits a submitted one)")
     re_.add_argument("run_dir")

@@ -18,6 +18,8 @@
       megatron/              rendezvous files of the Megatron trainer's ranks
       hf/                    `laminar export-hf`'s default output
       submitit/              the submitted job's files (`laminar submit`)
+      elastic/<job>/         an attach job's config (the campaign's, with its overrides)
+      elastic/jobs.json      slurm.elastic's attach jobs; elastic/submitit/: their submitit files
       .lock                  held by the live campaign (launch/prepare.py)
       summary.json           written at the end of each start
       tensorboard/           TensorBoard event files (logging.tensorboard)
@@ -228,6 +230,18 @@ class RunDir:
     @property
     def submitit_dir(self) -> Path:
         return self.path / "submitit"
+
+    def joiner_dir(self, job: str) -> Path:
+        """An attach job's folder (`laminar attach`: its config.yaml)."""
+        return self.path / "elastic" / job
+
+    @property
+    def elastic_jobs(self) -> Path:
+        return self.path / "elastic" / "jobs.json"  # slurm.elastic's attach jobs (launch/elastic.py)
+
+    @property
+    def elastic_submitit_dir(self) -> Path:
+        return self.path / "elastic" / "submitit"  # the attach jobs' submitit files
 
     @property
     def lineage(self) -> Path:

@@ -3,6 +3,8 @@ nothing was lost or trained twice and report how long each recovery took.
 
     .venv/bin/python tools/chaos.py configs/quickstart.yaml --kills 20 --seed 0 --json chaos.json
     .venv/bin/python tools/chaos.py configs/tiny.yaml --kills 4 --seed 1 --json /tmp/c.json trainer.total_steps=40
+    # with 5 attach jobs joining and leaving during the kills (elastic capacity; laminar mode):
+    .venv/bin/python tools/chaos.py configs/quickstart.yaml --kills 20 --attach 5 --json chaos-elastic.json
     # on a Slurm cluster (roles as job steps), one of the kills a whole node's roles at once:
     .venv/bin/python tools/chaos.py configs/quickstart-slurm.yaml --cluster slurm --node-kills 1 \
         --kills 20 --json chaos-slurm.json trainer.total_steps=400
@@ -18,6 +20,12 @@ process from its `role_start` trace event), as a node that lost its processes wo
 = kill -> the new process doing its job again (the supervisor's recoveries.json). The campaign
 runs with checkpoints every `--checkpoint-every` steps and enough restarts allowed for the
 schedule. Every kill is by pid; the tool stops only the campaign it started.
+
+With `--attach N` (local only), N attach jobs (`laminar attach`, 2 rollouts each, every other one
+with twice `rollout.max_batch`) join in turn during the schedule and leave (SIGTERM) one or more
+kills later; joiners are never picked as victims (no supervisor of the campaign restarts them).
+`ok` then also needs every attach job to end with code 0 and every joiner's trace to show the
+weight versions it pulled.
 
 JSON: the ledger counts of summary.json, `kills` per role, `recovery_s` per role (one per kill),
 `recovery_s_max` per role, the kill log, and `ok` (campaign completed, ledger clean, every
@@ -86,13 +94,23 @@ def pick_node_victims(status: Status, run_dir: Path, rng: random.Random) -> list
     return by_node[rng.choice(sorted(by_node))] if by_node else []
 
 
+def joiner_names(status: Status) -> set[str]:
+    """The role names of rollouts that joined from attach jobs, and of their leaf relays."""
+    out = set()
+    for rank, j in status.elastic.items():
+        out |= {f"rollout-{rank}", f"relay-{j.get('relay')}"}
+    return out
+
+
 def pick_victim(kind: str, status: Status, rng: random.Random) -> tuple[str, int] | None:
-    """(role identity, pid) of a live process of `kind`, from the controller's status."""
+    """(role identity, pid) of a live process of `kind` that the campaign started, from the
+    controller's status (joiners are their attach job's: nothing of the campaign restarts them)."""
     if kind == "controller":
         pid = status.controller.pid
         return ("controller-0", pid) if pid else None
+    joiners = joiner_names(status)
     live = [(name, e.pid) for name, e in sorted(status.roles.items())
-            if name.startswith(kind + "-") and not e.down and e.ready_t]
+            if name.startswith(kind + "-") and not e.down and e.ready_t and name not in joiners]
     return rng.choice(live) if live else None
 
 
@@ -104,6 +122,55 @@ def wait_recovered(run_dir: Path, ident: str, t_kill: float, timeout_s: float, c
                 return rec
         time.sleep(0.2)  # polling a file the supervisor rewrites
     return None
+
+
+class Attacher:
+    """Attach jobs that join the campaign in turn and leave (SIGTERM) at the next `toggle`."""
+
+    def __init__(self, run_dir: Path, rollouts: int = 2):
+        self.run_dir, self.rollouts = run_dir, rollouts
+        self.proc: subprocess.Popen | None = None
+        self.jobs: list[dict] = []
+
+    def toggle(self) -> None:
+        if self.proc is not None:
+            self.leave()
+            return
+        batch = ["rollout.max_batch=" + str(2 * self.max_batch)] if len(self.jobs) % 2 else []
+        log = open(self.run_dir.parent / f"{self.run_dir.name}.attach{len(self.jobs)}.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "attach", str(self.run_dir),
+                                      "--rollouts", str(self.rollouts), "--kind", f"chaos{len(self.jobs)}", *batch],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.jobs.append({"kind": f"chaos{len(self.jobs)}", "t_start": time.time(), "overrides": batch})
+        print(f"chaos: attach job {len(self.jobs) - 1} started ({self.rollouts} rollouts {' '.join(batch)})", flush=True)
+
+    @property
+    def max_batch(self) -> int:
+        import yaml
+        return int((yaml.safe_load((self.run_dir / "config.yaml").read_text()).get("rollout") or {}).get("max_batch", 64))
+
+    def leave(self) -> None:
+        if self.proc is None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            code = self.proc.wait()
+        self.jobs[-1].update(t_end=time.time(), code=code)
+        print(f"chaos: attach job {len(self.jobs) - 1} left (code {code})", flush=True)
+        self.proc = None
+
+    def report(self) -> list[dict]:
+        """Each job with its joiners and the versions each pulled (from their traces)."""
+        events = read_run(self.run_dir).events
+        kinds = {e["role"]: e.get("kind") for e in events if e["ev"] == "replica"}
+        for j in self.jobs:
+            mine = sorted(r for r, k in kinds.items() if k == j["kind"])
+            j["joiners"] = {r: sorted({e["version"] for e in events if e["role"] == r and e["ev"] == "weights_pulled"})
+                            for r in mine}
+        return self.jobs
 
 
 class LocalCampaign:
@@ -164,6 +231,7 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--node-kills", type=int, default=0, help="how many of the kills take a whole node's roles")
     ap.add_argument("--cluster", choices=("local", "slurm"), default="local")
+    ap.add_argument("--attach", type=int, default=0, help="attach jobs that join and leave during the kills (local)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", required=True, help="where to write the result")
     ap.add_argument("--run-dir", default=None, help="default: runs/chaos-<seed>")
@@ -184,6 +252,9 @@ def main() -> int:
     camp = (SlurmCampaign if args.cluster == "slurm" else LocalCampaign)(args, overrides, run_dir)
     rng = random.Random(args.seed)
     kills: list[dict] = []
+    attacher = Attacher(run_dir) if args.attach else None
+    # kill indices after which an attach job starts or leaves: 2 per job, spread over the schedule
+    toggles = {round(i * args.kills / (2 * args.attach)) for i in range(2 * args.attach)} if args.attach else set()
     try:
         total, st = None, Status()
         while camp.running():  # wait until the campaign trains (after the warm-up)
@@ -197,7 +268,9 @@ def main() -> int:
         def over() -> bool:
             return not camp.running() or bool(total and st.step >= total - max(10, total // 20))
 
-        for kind in schedule(args.kills, args.seed, args.node_kills):
+        for i, kind in enumerate(schedule(args.kills, args.seed, args.node_kills)):
+            if attacher is not None and i in toggles and not over():
+                attacher.toggle()
             time.sleep(rng.uniform(*args.gap_s))  # a seeded random moment
             victims, give_up = [], time.monotonic() + 15.0
             while not victims and time.monotonic() < give_up:  # the role table may be refilling
@@ -236,8 +309,12 @@ def main() -> int:
                                                  for k, r in recs.items()}})
             print(f"chaos: {kills[-1]['role']} " + ("did not recover" if recovery is None else
                                                     f"recovered in {recovery:.1f}s"), flush=True)
+        if attacher is not None:
+            attacher.leave()
         camp.wait(args.end_timeout_s)
     finally:
+        if attacher is not None:
+            attacher.leave()
         camp.stop()
     summary = read_json(run_dir / "summary.json")
     kinds = (*KINDS, "node") if args.node_kills else KINDS  # `node` only where node kills were asked for
@@ -252,12 +329,22 @@ def main() -> int:
         "recovery_s_max_by_role": {k: max((r for r in v if r is not None), default=None) for k, v in per_kind.items()},
         "kill_log": kills,
     }
+    if attacher is not None:
+        result["attach_jobs"] = attacher.report()
     result["ok"] = bool(summary.get("outcome") == "completed" and summary.get("groups_lost") == 0
                         and summary.get("groups_duplicated") == 0 and len(kills) >= args.kills
                         and all(k["recovery_s"] is not None for k in kills))
+    if attacher is not None:  # every attach job joined, pulled versions and left cleanly
+        jobs = result["attach_jobs"]
+        result["ok"] = result["ok"] and len(jobs) >= args.attach and all(
+            j.get("code") == 0 and j["joiners"] and all(j["joiners"].values()) for j in jobs)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("ok", "outcome", "kills", "recovery_s_max_by_role", "groups_lost",
                                              "groups_duplicated", "groups_consumed", "reward_first", "reward_last")}))
+    if attacher is not None:
+        print(json.dumps([{"kind": j["kind"], "code": j.get("code"), "joiners": {r: len(v) for r, v in
+                                                                               j["joiners"].items()}}
+                          for j in result["attach_jobs"]]))
     return 0 if result["ok"] else 1
 
 

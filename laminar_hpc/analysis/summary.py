@@ -106,6 +106,7 @@ def summarize(run: RunTrace, metrics_rows: list[dict] | None = None, *, buckets:
     d["totals"] = _totals(tl, start, end)
     d["rollouts"], d["bubbles"] = rollout_figures(tl, start, end, max_batch, long_tail_frac)
     d["utilisation"] = d["bubbles"].pop("utilisation")
+    d["kinds"] = by_kind(run.events, d["rollouts"])
     d["trainer"] = _trainer(tl, metrics_rows or [])
     d["staleness"] = lag_hist(metrics_rows or [])  # version lag (as summary.json has it)
     d["offpolicy"] = offpolicy_health(metrics_rows or [])
@@ -123,6 +124,22 @@ def summarize(run: RunTrace, metrics_rows: list[dict] | None = None, *, buckets:
                         "up_s": None if o.up is None else o.up - tl.t0, "recovery_s": o.recovery_s, "source": o.source}
                        for o in tl.outages]
     return d
+
+
+def by_kind(events: list[dict], replicas: dict[str, dict]) -> dict[str, dict]:
+    """The replicas' figures summed per kind (`replica` events: the campaign's own, and each attach
+    job's kind of joiner); a rollout that traced no kind counts as the campaign's."""
+    kind_of = {e["role"]: str(e.get("kind") or "campaign") for e in events if e["ev"] == "replica"}
+    out: dict[str, dict] = {}
+    for role, x in replicas.items():
+        k = out.setdefault(kind_of.get(role, "campaign"), {"replicas": 0, "trajectories": 0, "tokens": 0,
+                                                          "busy_s": 0.0, "wall_s": 0.0})
+        k["replicas"] += 1
+        for f in ("trajectories", "tokens", "busy_s", "wall_s"):
+            k[f] += x.get(f) or 0
+    for k in out.values():
+        k["tokens_per_busy_s"] = k["tokens"] / k["busy_s"] if k["busy_s"] > 0 else None
+    return out
 
 
 def _throughput(tl: Timeline, start: float, end: float, buckets: int) -> list[dict]:
@@ -233,6 +250,11 @@ def format_summary(d: dict) -> str:
             for r, x in d["rollouts"].items()]
     out += table(["replica", "wall_s", "busy_s", "util", "weights_s", "(counter)", "long_tail_s",
                   *(["tools_s"] if tools else []), "trainer_bound_s", "failed_s", "trajs", "tokens"], rows)
+    if len(d.get("kinds") or {}) > 1:  # elastic joiners of other kinds: the work each kind did
+        out += ["", "work by replica kind (attach jobs' joiners and the campaign's own rollouts)"]
+        out += table(["kind", "replicas", "trajs", "tokens", "busy_s", "wall_s", "tokens/busy_s"],
+                     [[k, x["replicas"], x["trajectories"], x["tokens"], x["busy_s"], x["wall_s"],
+                       x["tokens_per_busy_s"]] for k, x in d["kinds"].items()])
     cap = b["capacity_s"]
     share = (lambda x: fmt(x / cap, "%")) if cap else (lambda x: "-")
     out += ["", "bubbles by cause (replica-seconds; share of the measured rollout time)"]

@@ -33,6 +33,43 @@ class SlurmLayoutCfg(Section):
     rollout: StepResources = Field(default_factory=StepResources)
 
 
+class SlurmElasticCfg(Section):
+    """Capacity from other jobs (`laminar submit` asks for it beside the campaign's job; the
+    campaign driver asks again whenever one ends or is preempted, until the campaign ends).
+    Each elastic job runs `rollouts_per_node` rollouts on each node it gets: between
+    ceil(min_rollouts / rollouts_per_node) (at least 1) and `nodes` nodes (sbatch --nodes=MIN-MAX),
+    so a backfill window smaller than the whole request is used too."""
+    rollouts: NonNegInt = 0  # 0: no elastic capacity
+    rollouts_per_node: PosInt = 4
+    min_rollouts: NonNegInt = 0
+    partition: str | None = None  # e.g. a preemptible partition; None: the campaign's
+    qos: str | None = None
+    time_min: PosInt = 60
+    # the joiners' own settings (`laminar attach`'s overrides): rollout.* and repack.kv_capacity_tokens
+    overrides: list[str] = Field(default_factory=list)
+    kind: str | None = None  # what traces call these replicas (default <backend>-b<max_batch>)
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.rollouts // self.rollouts_per_node)
+
+    @property
+    def min_nodes(self) -> int:
+        return max(1, -(-self.min_rollouts // self.rollouts_per_node))
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> "SlurmElasticCfg":
+        if self.min_rollouts > self.rollouts:
+            raise ValueError(f"slurm.elastic.min_rollouts={self.min_rollouts} exceeds slurm.elastic.rollouts="
+                             f"{self.rollouts}: lower min_rollouts")
+        for o in self.overrides:
+            if not (o.startswith("rollout.") or o.startswith("repack.kv_capacity_tokens=")) \
+                    or o.startswith("rollout.count=") or "=" not in o:
+                raise ValueError(f"slurm.elastic.overrides: {o!r}: a joiner may only set its own rollout.* "
+                                 "(not rollout.count) and repack.kv_capacity_tokens, as key=value")
+        return self
+
+
 class SlurmCfg(Section):
     """sbatch knobs (units in the names) and the per-role layout."""
     partition: str | None = None  # None: the cluster's default partition
@@ -51,6 +88,7 @@ class SlurmCfg(Section):
     # more sbatch options, e.g. {comment: "x", exclusive: true}: a long option's name and its value
     additional_parameters: dict[str, Union[str, int, float, bool]] = Field(default_factory=dict)
     layout: SlurmLayoutCfg = Field(default_factory=SlurmLayoutCfg)
+    elastic: SlurmElasticCfg = Field(default_factory=SlurmElasticCfg)
 
     @field_validator("additional_parameters", mode="after")
     @classmethod

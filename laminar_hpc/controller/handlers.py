@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from laminar_hpc.controller.elastic import Elastic
 from laminar_hpc.controller.evaluation import Evaluation
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.recovery import Recovery
@@ -28,8 +29,8 @@ from laminar_hpc.controller.validate import as_int
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.metrics.trace import Tracer
-from laminar_hpc.transport.protocol import (CheckpointSaved, Finished, Heartbeat, Hello, HelloAck, LogEvent, Message,
-                                            Migrated, MigrateReject, Published, Resync, RoleDown, RolloutState,
+from laminar_hpc.transport.protocol import (CheckpointSaved, Finished, Heartbeat, Hello, HelloAck, Join, Leaving,
+                                            LogEvent, Message, Migrated, MigrateReject, Published, Resync, RoleDown, RolloutState,
                                             Stop, StopAll, Stream, TrainerDone, TrainerSync, TrainStep, Trajectory,
                                             VersionReady, WantGroups, WantWork, WeightsLoaded, version_mismatch)
 
@@ -64,13 +65,13 @@ class MessageHandlers:
     def __init__(self, state: ControllerState, *, data_plane: DataPlane, rollout_manager: RolloutManager,
                  sync: WeightSync,
                  roles: RoleTable, recovery: Recovery, wal: WriteAheadLog, tracer: Tracer, evaluation: Evaluation,
-                 log: logging.Logger, send: Callable[[str, Message], None], epoch: str, run_id: str, rollouts: int):
+                 log: logging.Logger, send: Callable[[str, Message], None], epoch: str, run_id: str, elastic: Elastic):
         self.state = state
         self.data_plane, self.rollout_manager, self.sync = data_plane, rollout_manager, sync
         self.roles, self.recovery = roles, recovery
         self.wal, self.tracer, self.evaluation, self.log = wal, tracer, evaluation, log
         self.send = send  # the controller's write-ahead-then-send (`Controller.send`)
-        self.epoch, self.run_id, self.rollouts = epoch, run_id, rollouts
+        self.epoch, self.run_id, self.elastic = epoch, run_id, elastic
 
     def handle(self, ident: str, msg: Message) -> None:
         """One message from `ident` ('rollout-3', 'trainer-0', ...), dispatched on its type. Types
@@ -160,6 +161,10 @@ class MessageHandlers:
                 self.recovery.trainer_sync(msg)
             case RoleDown(role=name, code=code):
                 self.role_down(name, code)
+            case Join() if role == "launcher":
+                self.send(ident, self.elastic.join(msg))
+            case Leaving(held=held) if rollout:
+                self.leaving(ident, rank, held)
             case StopAll(reason=reason):
                 self.state.stop_reason = reason
 
@@ -224,7 +229,7 @@ class MessageHandlers:
     def migrated(self, source: int, dest: int, trajs: list[Trajectory]) -> None:
         """A source handed its trajectories back: they go to `dest`, first in its queue (a
         replica that does not exist: they start again from the prompt)."""
-        if not 0 <= dest < self.rollouts or dest == source:
+        if not self.elastic.live(dest) or dest == source:
             parts = self.data_plane.partials
             mine = [t.traj_id for t in trajs if t.traj_id in parts and parts[t.traj_id].rollout == source]
             restarted = self.rollout_manager.rejected(self.data_plane, mine)
@@ -236,6 +241,28 @@ class MessageHandlers:
         self.tracer.emit("migrated", source=source, dest=dest, trajectories=len(work),
                          version=trajs[0].version if trajs else None, traj_ids=[w.traj_id for w in work])
 
+    def leaving(self, ident: str, rank: int, held: list[str]) -> None:
+        """A joiner leaves (its job ends or is preempted): it streamed every token it holds, so its
+        trajectories continue elsewhere from there; its names are refused from now on."""
+        if not self.elastic.is_joiner(rank):
+            self.log.warning("%s said it leaves, but it is one of the campaign's own rollouts: ignored", ident)
+            return
+        self.tracer.emit("joiner_left", role=ident, held=len(held))
+        self.role_down(ident, 0)
+
+    def reap_silent_joiners(self, now: float) -> None:
+        """A joiner silent for `timeouts.heartbeat_s` is gone (its node or job lost: no launcher of
+        this campaign can kill and restart it); the campaign never waits for it."""
+        for name in self.roles.hung(now):
+            role, _, rank_s = name.rpartition("-")
+            if role == "rollout" and rank_s.isdigit() and self.elastic.is_joiner(int(rank_s)):
+                self.log.warning("%s (a joiner) has been silent for over %.0fs: taken as gone", name,
+                                 self.roles.timeout_s)
+                self.role_down(name, -9)
+            elif role == "relay" and rank_s.isdigit() and not self.elastic.rollouts_of_relay(int(rank_s)) \
+                    and int(rank_s) >= self.elastic.cfg.relay.count:
+                self.roles.down(name)  # a joiner's leaf relay whose rollouts are all gone
+
     def role_down(self, name: str, code: int) -> None:
         role, _, rank_s = name.rpartition("-")
         self.tracer.emit("role_down", role=name, code=code)
@@ -243,6 +270,7 @@ class MessageHandlers:
         if role == "rollout" and rank_s.isdigit():
             self.recovery.rollout_down(name, int(rank_s), code)
             self.evaluation.rollout_lost(int(rank_s))
+            self.elastic.left(int(rank_s))  # a joiner does not come back: its rank is never reused
         elif role == "trainer":
             self.state.trainer_credit = 0  # the restarted trainer re-sends its lineage (trainer_sync)
         elif name == "relay":

@@ -40,6 +40,7 @@ import msgspec
 
 from laminar_hpc.config import Config, load_config
 from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.controller.elastic import Elastic
 from laminar_hpc.controller.evaluation import Evaluation
 from laminar_hpc.controller.frames import Frames
 from laminar_hpc.controller.handlers import ControllerState, MessageHandlers
@@ -122,6 +123,9 @@ class Controller:
             interval_s=interval,
             kv_capacity=kv_capacity(cfg), expiry_s=move_expiry_s(interval), send=self.send, emit=tracer.emit,
             now=time.monotonic(), pins_versions=spec.pins_versions(cfg.rollout.refresh_in_flight))
+        # rollouts that join from jobs of their own (after recovery: the log holds who joined)
+        self.elastic = Elastic(cfg, data_plane=self.data_plane, members=self.members,
+                               rollout_manager=self.rollout_manager, sync=self.sync, log=log)
         self.repack_on = spec.repacks(enabled=cfg.repack.enabled, refresh=cfg.rollout.refresh_in_flight)
         self.recovery = Recovery(self.data_plane, self.rollout_manager, self.sync, self.roles, log, tracer,
                                  self.t_start)
@@ -143,7 +147,7 @@ class Controller:
         self.handlers = MessageHandlers(self.state, data_plane=self.data_plane, rollout_manager=self.rollout_manager,
                                         sync=self.sync, roles=self.roles, recovery=self.recovery, wal=self.wal,
                                         tracer=tracer, evaluation=self.evaluation, log=log, send=self.send, epoch=self.epoch,
-                                        run_id=self.run_id, rollouts=cfg.rollout.count)
+                                        run_id=self.run_id, elastic=self.elastic)
 
     def send(self, ident: str, msg: Message) -> None:
         """Every message the controller sends goes through here (its components get this as their
@@ -188,7 +192,7 @@ class Controller:
         n = admission(cfg.mode, groups_started=self.data_plane.groups_started, steps_trained=st.steps_trained,
                       groups_per_step=cfg.trainer.groups_per_step, max_ahead_steps=cfg.controller.max_ahead_steps,
                       queued_trajs=len(self.data_plane.queue), group_size=cfg.trainer.group_size,
-                      max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch,
+                      max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch + self.elastic.extra_slots(),
                       in_flight=len(self.data_plane.partials),
                       rollout_versions=self.sync.versions, version_base=self.sync.version_base,
                       max_staleness=cfg.trainer.max_staleness,
@@ -311,7 +315,7 @@ class Controller:
             recovery={**self.rollout_manager.placed, "wal": self.recovered}, wal_error=self.wal.error,
             write_failures={"status": self.status_writer.failures, "wal": self.wal.failures,
                             "trace": self.tracer.write_errors, "metrics": self.metrics_out.failures},
-            connections=conns, unknown_roles=self.members.refused,
+            connections=conns, unknown_roles=self.members.refused, elastic=self.elastic.status(),
             work_not_held=dp.not_held + self.evaluation.not_held)
 
     def final_stats(self) -> Status:
@@ -368,6 +372,8 @@ def main(argv: list[str] | None = None) -> None:
             if ctl.wal.wants_snapshot:
                 ctl.wal.start_forked(ctl.data_plane.state_dict)  # written by a child: this loop goes on
             if time.monotonic() - last_status >= cfg.controller.status_interval_s:
+                if time.time() > ctl.backlog_until:  # (behind, heartbeats wait in the queue: nobody is silent)
+                    ctl.handlers.reap_silent_joiners(time.time())  # a lost joiner node: nobody else reports it
                 # a write refused for want of a descriptor (a flood) or disk space: retried next loop
                 if ctl.status_writer.write(run_dir.status, ctl.status()):
                     last_status = time.monotonic()

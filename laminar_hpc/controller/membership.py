@@ -11,8 +11,8 @@ nothing (it is handed no work), and the campaign's tools (`tools/bench_controlle
 any other name are dropped and counted (`unknown_roles` in status.json), the first from each
 name logged.
 
-`register` is the seam for roles that join a running campaign (elastic rollouts): whoever admits
-them at run time adds their names here.
+Roles that join a running campaign (elastic capacity, controller/elastic.py) are registered at
+run time and unregistered when they leave.
 
     members = Membership.of(cfg)
     members.admits("rollout-3")      # True
@@ -47,6 +47,10 @@ class Membership:
     def register(self, name: str) -> None:
         """Admit `name` from now on (a role that joined the running campaign)."""
         self.names.add(name)
+
+    def unregister(self, name: str) -> None:
+        """Frames from `name` are refused from now on (a joiner that left: its rank is never reused)."""
+        self.names.discard(name)
 
     def admits(self, identity: str) -> bool:
         """Whether a frame from `identity` (a role name, or its heartbeat socket's) is handled;

@@ -121,6 +121,8 @@ class RolloutManager:
         self.last_repack = now
         self.repack_stats = {"rounds": 0, "moves": 0, "trajectories_migrated": 0, "migrations_restarted": 0}
         self.placed = {"continued": 0, "restarted": 0}  # detached trajectories
+        # rank -> (max_batch, kv_capacity) of replicas unlike the campaign's own (elastic joiners)
+        self.capacity: dict[int, tuple[int, int]] = {}
 
     # -- credit and assignment -----------------------------------------------------------------
     def credit(self, rank: int, n: int) -> None:
@@ -167,6 +169,11 @@ class RolloutManager:
         self.credits.pop(rank, None)
         self.replicas.pop(rank, None)
 
+    def set_capacity(self, rank: int, max_batch: int, kv_capacity: int) -> None:
+        """Replica `rank` holds `max_batch` sequences and `kv_capacity` KV tokens (a joiner of
+        another size: repack and placement fill each replica to its own capacity)."""
+        self.capacity[rank] = (max_batch, kv_capacity)
+
     # -- repack ------------------------------------------------------------------------------------
     def repack(self, now: float, queued: int = 1) -> None:
         """A repack round if one is due and can pay (`policy.repack.pays`: `queued` trajectories wait
@@ -180,10 +187,11 @@ class RolloutManager:
         self.repack_due, self.last_repack = False, now
         states = [ReplicaState(*r) for k, r in sorted(self.replicas.items()) if k not in self.moving]
         if self.policy == "consolidate":
-            moves = consolidate.plan_consolidation(states, kv_capacity=self.kv_capacity, max_batch=self.max_batch)
+            moves = consolidate.plan_consolidation(states, kv_capacity=self.kv_capacity, max_batch=self.max_batch,
+                                                   capacity=self.capacity)
         else:
             moves = repack.plan_repack(states, kv_capacity=self.kv_capacity, max_batch=self.max_batch,
-                                       fall_ratio=self.fall_ratio)
+                                       fall_ratio=self.fall_ratio, capacity=self.capacity)
         self.repack_stats["rounds"] += 1
         for m in moves:
             self.send(f"rollout-{m.source}", Migrate(traj_ids=list(m.traj_ids), dest=m.dest))
@@ -235,7 +243,8 @@ class RolloutManager:
             if p.rollout is not None:
                 load[p.rollout] = load.get(p.rollout, 0) + 1
         plan = recovery.place_detached([(p.traj_id, p.version) for p in detached], live, load, self.max_batch,
-                                       any_version=not self.pins_versions)
+                                       any_version=not self.pins_versions,
+                                       capacity={r: b for r, (b, _) in self.capacity.items()})
         by_dest: dict[int, list] = {}
         restarted = 0
         for tid, dest in plan.items():

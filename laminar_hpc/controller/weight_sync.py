@@ -56,6 +56,11 @@ class WeightSync:
         if 0 <= rank < len(self.versions):
             self.versions[rank] = version
 
+    def add_rollout(self, rank: int) -> None:
+        """A rollout joined the running campaign (elastic capacity: laminar only, which needs no
+        global update): it holds nothing until it loads."""
+        self.versions.extend([-1] * (rank + 1 - len(self.versions)))
+
     def forget(self, rank: int) -> None:
         """A rollout died: it holds nothing until it loads again."""
         self.loaded(rank, -1)

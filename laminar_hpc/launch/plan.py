@@ -54,7 +54,7 @@ class SlurmPlan:
         return len(self.components) > 1
 
 
-def _res(r, *, exact: bool = True) -> list[str]:
+def step_resources(r, *, exact: bool = True) -> list[str]:
     opts = ["--exact"] if exact else []
     opts += [f"--cpus-per-task={r.cpus}"]
     if r.gpus:
@@ -70,7 +70,7 @@ def trainer_tasks(cfg: Config) -> tuple[int, list[str]]:
     lay = cfg.slurm.layout
     world = trainer_backend(cfg).ranks(cfg)
     if world == 1:
-        return 1, _res(lay.trainer)
+        return 1, step_resources(lay.trainer)
     if lay.trainer.cpus < world or lay.trainer.cpus % world:
         raise LayoutError(f"slurm.layout.trainer.cpus={lay.trainer.cpus} must be a multiple of the Megatron world "
                           f"size {world} (trainer.megatron tensor x pipeline x data parallel): one task per rank")
@@ -79,7 +79,7 @@ def trainer_tasks(cfg: Config) -> tuple[int, list[str]]:
                           f"world size {world}: one task per rank, each with its GPUs")
     per_task = type(lay.trainer)(cpus=lay.trainer.cpus // world, gpus=lay.trainer.gpus // world,
                                  mem_gb=lay.trainer.mem_gb / world if lay.trainer.mem_gb else None)
-    return world, [f"--ntasks-per-node={world}", *_res(per_task)]
+    return world, [f"--ntasks-per-node={world}", *step_resources(per_task)]
 
 
 def slurm_plan(cfg: Config) -> SlurmPlan:
@@ -111,25 +111,25 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
                   "gpus_per_node": lay.trainer.gpus or None},
                  {"nodes": lay.rollout_nodes, "ntasks_per_node": rollout_cpus, "cpus_per_task": 1,
                   "gpus_per_node": gpus_rollout or None}]
-        steps["controller-0"] = [["--het-group=0", "-N1", "-n1", *_res(lay.controller), *common]]
+        steps["controller-0"] = [["--het-group=0", "-N1", "-n1", *step_resources(lay.controller), *common]]
         steps["trainer-0"] = [["--het-group=0", "-N1", f"-n{n_trainer}", *trainer_res, *common]]
         # ONE MPI world across both components: the master relay in group 0, one relay per rollout node
-        steps["relay"] = [["--mpi=pmix", "--het-group=0", "-N1", "-n1", *_res(lay.relay), *relay_exit],
+        steps["relay"] = [["--mpi=pmix", "--het-group=0", "-N1", "-n1", *step_resources(lay.relay), *relay_exit],
                           ["--het-group=1", f"-N{lay.rollout_nodes}", f"-n{lay.rollout_nodes}", "--ntasks-per-node=1",
-                           *_res(lay.relay)]]
+                           *step_resources(lay.relay)]]
         for i, node in rollout_node.items():
-            steps[f"rollout-{i}"] = [["--het-group=1", "-N1", "-n1", f"--relative={node - t0}", *_res(lay.rollout),
+            steps[f"rollout-{i}"] = [["--het-group=1", "-N1", "-n1", f"--relative={node - t0}", *step_resources(lay.rollout),
                                       *common]]
     else:
         busiest = max(trainer_cpus + (rollout_cpus - lay.relay.cpus if t0 == 0 else 0), rollout_cpus)
         gpus = max(lay.trainer.gpus + (gpus_rollout if t0 == 0 else 0), gpus_rollout, s.gpus_per_node)
         comps = [{"nodes": nodes, "ntasks_per_node": busiest, "cpus_per_task": 1, "gpus_per_node": gpus or None}]
-        steps["controller-0"] = [["-N1", "-n1", "--relative=0", *_res(lay.controller), *common]]
+        steps["controller-0"] = [["-N1", "-n1", "--relative=0", *step_resources(lay.controller), *common]]
         steps["trainer-0"] = [["-N1", f"-n{n_trainer}", "--relative=0", *trainer_res, *common]]
         steps["relay"] = [["--mpi=pmix", f"-N{nodes}", f"-n{nodes}", "--ntasks-per-node=1", "--relative=0",
-                           *_res(lay.relay), *relay_exit]]
+                           *step_resources(lay.relay), *relay_exit]]
         for i, node in rollout_node.items():
-            steps[f"rollout-{i}"] = [["-N1", "-n1", f"--relative={node}", *_res(lay.rollout), *common]]
+            steps[f"rollout-{i}"] = [["-N1", "-n1", f"--relative={node}", *step_resources(lay.rollout), *common]]
     if s.gpus_per_node and s.hetjob:
         comps[0]["gpus_per_node"] = comps[0]["gpus_per_node"] or s.gpus_per_node
     return SlurmPlan(nodes, relay_count, comps, steps, rollout_node)

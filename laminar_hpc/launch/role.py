@@ -94,12 +94,15 @@ def setup_logging(name: str) -> logging.Logger:
     return logging.getLogger(name)
 
 
-def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = True) -> RoleContext:
+def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = True,
+               config: str | Path | None = None) -> RoleContext:
+    """`config`: the role's own config file (an attach job's joiners: the campaign's with their
+    overrides, launch/attach.py), else the run's."""
     name = f"{role}-{rank}"
     log = setup_logging(name)
     raise_fd_limit(log)  # a batch job's soft limit of 1,024 descriptors is no match for a flood of connections
     check_run_dir(run_dir)  # before reading anything in it: a directory another user could change is refused
-    cfg = load_config(RunDir(run_dir).config)
+    cfg = load_config(Path(config) if config else RunDir(run_dir).config)
     rundir = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)
     RoleLock(rundir.path, grace_s=cfg.timeouts.shutdown_s).start_watch(log=log)  # stop if the launcher dies
     tracer = Tracer(rundir, name, enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from laminar_hpc.config import Config
+from laminar_hpc.launch.elastic import ElasticJobs
 from laminar_hpc.launch.local import role_argv, run_campaign
 from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
 from laminar_hpc.launch.processes import mpi_env, role_env
@@ -120,14 +121,24 @@ class Driver:
         # nodes are other hosts unless Slurm says node 0 is loopback (virtual nodes of one machine);
         # when scontrol cannot tell, MPI is not pinned to loopback (Open MPI leaves it out itself)
         self.env = step_env(cross_host=self.plan.nodes > 1 and not (addr and is_loopback(addr)))
+        # slurm.elastic: attach jobs beside this one, asked for again when one ends (launch/elastic.py)
+        self.elastic = ElasticJobs(self.cfg, self.run_dir, log=lambda line: print(f"laminar: {line}", flush=True)) \
+            if self.cfg.slurm.elastic.rollouts else None
 
     def command(self, spec: RoleSpec) -> tuple[list[str], dict]:
         return step_command(self.plan, spec, self.run_dir, self.python), self.env
 
     def _on_start(self, sup) -> None:
         self.supervisor = sup
+        if self.elastic is not None:
+            sup.on_tick = self.elastic.tick
         for spec in slurm_specs(self.cfg):
             sup.progress.message(f"step {spec.name}: {shlex.join(self.command(spec)[0])}")
+
+    def _on_end(self, rd: RunDir) -> None:
+        if self.elastic is not None:
+            self.elastic.stop()  # the campaign ends (or is requeued: its next start asks again)
+        self._cleanup_nodes(rd)
 
     def _cleanup_nodes(self, rd: RunDir) -> None:
         """Remove the start's shared-memory directory on every node (roles remove their own stores;
@@ -160,7 +171,7 @@ class Driver:
         with launcher_signals(RunDir(self.run_dir).log("launcher")), CampaignLock(self.run_dir):
             summary = run_campaign(self.cfg, self.run_dir, self.command, slurm_specs(self.cfg),
                                    progress=Progress(f"laminar: {self.cfg.name}", stream=sys.stdout),
-                                   on_start=self._on_start, on_end=self._cleanup_nodes)
+                                   on_start=self._on_start, on_end=self._on_end)
         if summary["outcome"] == "interrupted":
             self.requeue()  # exits if it could requeue
             raise CampaignInterrupted(f"the campaign stopped at step {summary['train_steps']} before its end and "

@@ -33,6 +33,21 @@ def slurm_steps(job_id: str) -> tuple[str, list[tuple[str, str, str]]]:
     return state, rows
 
 
+def elastic_line(joiners: dict[str, dict]) -> str:
+    """The attach jobs and their rollouts: `job 812 (vllm-b128): rollouts 4-7 live | job 790: 2 left`."""
+    jobs: dict[str, list] = {}
+    for rank, j in sorted(joiners.items(), key=lambda kv: int(kv[0])):
+        jobs.setdefault(str(j.get("job") or "?"), []).append((int(rank), j))
+    parts = []
+    for job, rows in jobs.items():
+        live = [r for r, j in rows if not j.get("left")]
+        kind = rows[0][1].get("kind")
+        parts.append(f"job {job} ({kind}): " + (f"rollouts {','.join(map(str, live))} live" if live else "")
+                     + (", " if live and len(live) < len(rows) else "")
+                     + (f"{len(rows) - len(live)} left" if len(live) < len(rows) else ""))
+    return " | ".join(parts)
+
+
 def status_report(run_dir: Path) -> str:
     """Reads only files (and asks Slurm); imports no torch, so it answers at once."""
     rd = RunDir.of(run_dir)
@@ -55,6 +70,11 @@ def status_report(run_dir: Path) -> str:
                      f"{st.trajectories_per_s:.1f} trajectories/s (phase {st.phase})")
         lines.append(f"relays      versions {st.relay_versions}")
         lines.append(f"rollouts    versions {st.rollout_versions}")
+        if st.elastic:
+            lines.append("elastic     " + elastic_line(st.elastic))
+    jobs = (read_json(rd.elastic_jobs) or {}).get("jobs") or []
+    if jobs:  # slurm.elastic's attach jobs (launch/elastic.py), as the campaign driver last saw them
+        lines.append("elastic jobs " + " | ".join(f"{j.get('job_id')} {j.get('state')}" for j in jobs[-6:]))
     ckpts = rd.checkpoints()
     if ckpts:
         meta = read_json(ckpts[-1] / META_FILE) or {}

@@ -53,6 +53,7 @@ class Supervisor:
         self.stop_requested = False  # set from a signal handler: wind down, expect the trainer's 75
         self.signalled: dict[str, tuple[float, int]] = {}  # role -> (when, code): stopped by a signal
         self.status = Status()  # the controller's status.json, as last read
+        self.on_tick: Callable[[], None] | None = None  # run each loop while the campaign runs (slurm.elastic)
         # failures and recoveries, on the run's timeline
         self.tracer = Tracer(self.run_dir, "launcher-0", enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
 
@@ -178,6 +179,8 @@ class Supervisor:
                 self._restart_due()
                 self._kill_hung()
                 self._check_recoveries()
+                if self.on_tick is not None:
+                    self.on_tick()
             self.progress.update(self.status)
             if finishing_since is not None:
                 # with evaluation the controller runs a last round after the trainer (within

@@ -94,6 +94,8 @@ class Status(msgspec.Struct, kw_only=True):
     connections: dict[str, int] = {}
     unknown_roles: int = 0  # frames from a role name the launcher did not start (controller/membership.py)
     work_not_held: int = 0  # results and stream chunks from a rollout that does not hold that work: refused
+    # rollouts that joined from jobs of their own (controller/elastic.py): rank -> relay, max_batch, kind, job, left
+    elastic: dict[str, dict[str, Scalar]] = {}
     # controller_stats.json only
     stop_reason: str | None = None
     ledger: dict[str, int | list[int] | dict[str, int]] | None = None  # GroupLedger.summary()

@@ -68,6 +68,8 @@ EVENTS = (
     "tool_call", "tool_wait", "tool_rerun",
     # laminar's refresh in flight: a rollout loaded a newer version under its running sequences
     "refreshed_in_flight",
+    # elastic capacity: a replica's kind (an attach job's joiners), a joiner that left and the controller's view of it
+    "replica", "left", "joiner_left",
 )
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 ROW = np.dtype([("t", "f8"), ("ev", "u2"), ("off", "u8"), ("len", "u4")])

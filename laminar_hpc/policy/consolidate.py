@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from laminar_hpc.policy.repack import Migration, ReplicaState
+from laminar_hpc.policy.repack import Capacity, Migration, ReplicaState
 
 
 def hosts_needed(group: list[ReplicaState], *, kv_capacity: int, max_batch: int) -> int:
@@ -32,10 +32,24 @@ def hosts_needed(group: list[ReplicaState], *, kv_capacity: int, max_batch: int)
     return max(1, math.ceil(seqs / max_batch), math.ceil(kv / kv_capacity))
 
 
+def _hosts_of(group: list[ReplicaState], cap: Capacity, max_batch: int, kv_capacity: int) -> int:
+    """How many of `group` (fullest first) hold all its work, each under its own capacity."""
+    seqs = sum(r.running + r.waiting for r in group)
+    kv = sum(r.kv_tokens for r in group)
+    for n, r in enumerate(group, start=1):
+        b, c = cap.get(r.rank, (max_batch, kv_capacity))
+        seqs, kv = seqs - b, kv - c
+        if seqs <= 0 and kv <= 0:
+            return n
+    return len(group)
+
+
 def plan_consolidation(replicas: list[ReplicaState], *, kv_capacity: int, max_batch: int,
-                       newest: int | None = None) -> list[Migration]:
+                       newest: int | None = None, capacity: Capacity | None = None) -> list[Migration]:
     """Moves that pack every version older than `newest` (default: the newest any replica holds)
-    onto `hosts_needed` replicas. Several moves may leave one source (to different hosts)."""
+    onto `hosts_needed` replicas. Several moves may leave one source (to different hosts).
+    `capacity`: (max_batch, kv_capacity) of replicas unlike the rest (policy/repack.py)."""
+    cap = capacity or {}
     live = [r for r in replicas if r.version >= 0]
     if not live:
         return []
@@ -43,12 +57,14 @@ def plan_consolidation(replicas: list[ReplicaState], *, kv_capacity: int, max_ba
     moves: list[Migration] = []
     for version in sorted({r.version for r in live if r.version < top}):
         group = [r for r in live if r.version == version and r.running + r.waiting > 0]
-        keep = hosts_needed(group, kv_capacity=kv_capacity, max_batch=max_batch)
+        group.sort(key=lambda r: (-(r.running + r.waiting), -r.kv_tokens, r.rank))  # fullest first
+        keep = (_hosts_of(group, cap, max_batch, kv_capacity) if cap
+                else hosts_needed(group, kv_capacity=kv_capacity, max_batch=max_batch))
         if len(group) <= keep:
             continue
-        group.sort(key=lambda r: (-(r.running + r.waiting), -r.kv_tokens, r.rank))  # fullest first
         hosts, sources = group[:keep], group[keep:]
-        room = {h.rank: [max_batch - h.running - h.waiting, kv_capacity - h.kv_tokens] for h in hosts}
+        room = {h.rank: [cap.get(h.rank, (max_batch, kv_capacity))[0] - h.running - h.waiting,
+                         cap.get(h.rank, (max_batch, kv_capacity))[1] - h.kv_tokens] for h in hosts}
         for src in reversed(sources):  # emptiest first
             if src.waiting or not src.traj_ids:
                 continue

@@ -30,6 +30,12 @@ class ModeSpec:
     def barrier(self) -> bool:
         return self.barrier_lag is not None
 
+    @property
+    def admits_joiners(self) -> bool:
+        """Whether rollouts may join and leave the running campaign (elastic capacity): only where
+        each replica takes weights on its own; a barrier or a global update waits for every replica."""
+        return self.per_replica_refresh
+
     def repacks(self, *, enabled: bool, refresh: str) -> bool:
         """Repack consolidates the long tail of superseded versions so that the replicas it empties
         can refresh (policy/repack.py). Only laminar drains for weights; refreshing in flight with

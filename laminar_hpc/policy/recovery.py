@@ -12,18 +12,22 @@ if none does, starts again from its prompt. Where versions are recorded per toke
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 def place_detached(trajs: list[tuple[str, int | None]], replica_versions: dict[int, int],
                    load: dict[int, int], max_batch: int | None = None,
-                   any_version: bool = False) -> dict[str, int | None]:
+                   any_version: bool = False, capacity: Mapping[int, int] | None = None) -> dict[str, int | None]:
     """trajs: (traj_id, version); replica_versions: live replicas and the version each holds;
     load: trajectories each replica runs or has queued. Returns traj_id -> replica, or None for
-    "restart from the prompt". A replica takes at most `max_batch` in total, when given."""
+    "restart from the prompt". A replica takes at most `max_batch` in total, when given (or its
+    own `capacity[rank]`: an elastic joiner's max_batch)."""
     load = {r: load.get(r, 0) for r in replica_versions}
+    limit = {r: (capacity or {}).get(r, max_batch) for r in replica_versions}
     out: dict[str, int | None] = {}
     for tid, version in trajs:
         fits = [r for r, v in replica_versions.items()
-                if version is not None and (any_version or v == version) and (max_batch is None or load[r] < max_batch)]
+                if version is not None and (any_version or v == version) and (limit[r] is None or load[r] < limit[r])]
         if not fits:
             out[tid] = None
             continue

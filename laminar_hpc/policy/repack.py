@@ -14,10 +14,16 @@ the simulator call this same function.
 
     moves = plan_repack(states, kv_capacity=C_max, max_batch=B)
     for m in moves: ...   # m.source sends m.traj_ids to m.dest, which re-prefills them
+
+Replicas may differ (elastic joiners with their own `max_batch` and KV capacity): `capacity`
+maps a rank to its own (B, C_max); the others have the campaign's.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+Capacity = Mapping[int, tuple[int, int]]  # rank -> (max_batch, kv_capacity) of replicas unlike the rest
 
 
 @dataclass(frozen=True)
@@ -56,14 +62,21 @@ def is_source(r: ReplicaState, *, max_batch: int, fall_ratio: float) -> bool:
 
 
 def plan_repack(replicas: list[ReplicaState], *, kv_capacity: int, max_batch: int,
-                fall_ratio: float = 0.9) -> list[Migration]:
+                fall_ratio: float = 0.9, capacity: Capacity | None = None) -> list[Migration]:
     """Which replicas hand all their running trajectories to which other replica."""
+    cap = capacity or {}
+
+    def batch(rank: int) -> int:
+        return cap.get(rank, (max_batch, kv_capacity))[0]
+
+    def kv(rank: int) -> int:
+        return cap.get(rank, (max_batch, kv_capacity))[1]
     moves: list[Migration] = []
     versions = sorted({r.version for r in replicas if r.version >= 0})
     for version in versions:
         group = [r for r in replicas if r.version == version]
         load = {r.rank: [r.kv_tokens, r.running + r.waiting] for r in group}
-        sources = sorted((r for r in group if is_source(r, max_batch=max_batch, fall_ratio=fall_ratio)),
+        sources = sorted((r for r in group if is_source(r, max_batch=batch(r.rank), fall_ratio=fall_ratio)),
                          key=lambda r: (r.kv_tokens, r.rank))
         emptied: set[int] = set()
         received: set[int] = set()
@@ -72,8 +85,8 @@ def plan_repack(replicas: list[ReplicaState], *, kv_capacity: int, max_batch: in
                 continue  # it took in stragglers already: it stays
             fits = [d for d in group  # an idle replica is no destination: moving there frees nothing
                     if d.rank != src.rank and d.rank not in emptied and load[d.rank][1] > 0
-                    and load[d.rank][0] + src.kv_tokens <= kv_capacity
-                    and load[d.rank][1] + src.running <= max_batch]
+                    and load[d.rank][0] + src.kv_tokens <= kv(d.rank)
+                    and load[d.rank][1] + src.running <= batch(d.rank)]
             if not fits:
                 continue
             dest = max(fits, key=lambda d: (load[d.rank][0], -d.rank))  # the fullest that fits

@@ -124,10 +124,12 @@ def chain_trailer(comm, trailer: Header | None, timeout_s: float) -> Header:
 
 
 def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s: float,
-                timings: list[float] | None = None, ready=None, arrived=None) -> None:
+                timings: list[float] | None = None, ready=None, arrived=None, sent=None) -> None:
     """Broadcast buf[:nbytes] from rank 0 down the chain; other ranks receive into buf.
     Rank 0: `ready()`, if given, says how many leading bytes of buf are filled so far (the master
-    copies while it sends): a chunk is sent as soon as it is filled. Other ranks: `arrived(n)`, if
+    copies while it sends): a chunk is sent as soon as it is filled; `sent(offset, n)`, if given,
+    is told each time a chunk's send is posted (chunks in order: buf[:offset + n] is filled), e.g.
+    to pass it on to the leaf relays (relay/leaf.py); not called when R = 1. Other ranks: `arrived(n)`, if
     given, is told each time the first n bytes have all arrived (the follower hashes them while
     the rest arrives). `timings`, if given, gets the monotonic time at which each chunk arrived."""
     from mpi4py import MPI
@@ -142,7 +144,7 @@ def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s:
     sends, recvs = [], []
     try:
         if rank == 0:
-            send_when_ready(comm, buf, bounds, sends, ready, deadline)
+            send_when_ready(comm, buf, bounds, sends, ready, deadline, sent)
         else:
             # post every receive up front so chunk i+1 lands while chunk i is forwarded
             recvs = [comm.Irecv([buf[o:o + n], MPI.BYTE], source=rank - 1, tag=TAG_DATA) for o, n in bounds]
@@ -165,18 +167,24 @@ def chain_bytes(comm, buf: memoryview, nbytes: int, chunk_bytes: int, timeout_s:
         raise
 
 
-def send_when_ready(comm, buf: memoryview, bounds: list[tuple[int, int]], sends: list, ready, deadline: float) -> None:
-    """Rank 0: post each chunk's Isend as soon as `ready()` covers it. Between posts it keeps
-    testing the posted sends (the transfer moves only inside MPI calls) and yields the core to
-    the threads filling the buffer."""
+def send_when_ready(comm, buf: memoryview, bounds: list[tuple[int, int]], sends: list, ready, deadline: float,
+                    sent=None) -> None:
+    """Rank 0: post each chunk's Isend as soon as `ready()` covers it, then tell `sent(o, n)`, if
+    given. Between posts it keeps testing the posted sends (the transfer moves only inside MPI
+    calls) and yields the core to the threads filling the buffer."""
     from mpi4py import MPI
     posted = 0
     while posted < len(bounds):
         filled = ready() if ready is not None else bounds[-1][0] + bounds[-1][1]
+        first = posted
         while posted < len(bounds) and sum(bounds[posted]) <= filled:
             o, n = bounds[posted]
             sends.append(comm.Isend([buf[o:o + n], MPI.BYTE], dest=1, tag=TAG_DATA))
             posted += 1
+        if sent is not None:  # after posting: the chain goes first
+            for o, n in bounds[first:posted]:
+                sent(o, n)
+                MPI.Request.Testall(sends)  # (the chain's transfers move on meanwhile)
         if posted < len(bounds):
             if time.monotonic() > deadline:
                 raise ChainTimeout(f"timed out waiting for the master's copy of chunk {posted}/{len(bounds)}")

@@ -13,7 +13,11 @@ with the weights they hold meanwhile. A restarted master rebinds its old address
 socket reconnects by itself) and broadcasts the newest version in the trainer's hand-off store
 at once, without waiting for the next publish.
 
+The master also feeds the leaf relays of joining jobs over ZeroMQ (relay/leaf.py: `LeafServer`,
+polled each loop and fed chunk by chunk during a broadcast); a leaf relay runs without MPI.
+
     mpirun -n 2 python -m laminar_hpc.relay --run-dir runs/x
+    python -m laminar_hpc.relay --run-dir runs/x --leaf-rank 5      # a joiner's leaf relay
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_rol
 from laminar_hpc.relay.chain import (
     DISCARD, SEALED, STOP, WEIGHTS, Header, announce, chain_bytes, chain_trailer, poll_header,
 )
+from laminar_hpc.relay.leaf import LeafServer, run_leaf
 from laminar_hpc.relay.pipeline import PieceCopy, PieceHasher, copy_then_hash
 from laminar_hpc.relay.reshard import Reshard
 from laminar_hpc.transport.channel import publish_endpoint
@@ -52,6 +57,7 @@ class RelayNode:
         self.timeout_s = ctx.cfg.timeouts.mpi_s
         self.threads = threads
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix=f"relay{self.rank}-piece")
+        self.leaves: LeafServer | None = None  # the master's server for leaf relays (run_master)
 
     def slot_for(self, version: int, nbytes: int) -> tuple[int, memoryview]:
         if self.store is None or self.store.capacity < nbytes:
@@ -134,6 +140,7 @@ def run_master(node: RelayNode, flags: dict) -> None:
     handoff_srv = bind(ctx.rundir, ctx.cfg, "relay_master", server_keys(ctx.rundir, "relay", ctx.cfg.controller))
     publish_endpoint(ctx.rundir, "relay_master", handoff_srv.address)
     handoff = Handoff(ctx.rundir.shm_path("handoff"))
+    node.leaves = LeafServer(ctx.rundir, ctx.cfg, ctx.log)  # joiners' leaf relays (relay/leaf.py)
     beat = Heartbeat(ctx, background=True)  # a broadcast may outlast the heartbeat timeout
     reshard = Reshard.from_config(ctx.cfg)  # rollouts load another dtype than the trainer publishes
     if reshard is not None:
@@ -156,6 +163,8 @@ def run_master(node: RelayNode, flags: dict) -> None:
                 if isinstance(msg, Stop):
                     ctx.told_to_stop(msg)
                     flags["stop"] = True
+            # subscriptions and expiry; catch-up only when no broadcast is due (it would send the newest)
+            node.leaves.poll(node.store, catch_up=pending <= last_sent)
             if handoff_srv.dropped != dropped:  # malformed frames at the hand-off socket: counted, visible
                 dropped = handoff_srv.dropped
                 ctx.ctrl.send(LogEvent(event="relay", fields={"dropped_frames": dropped}))
@@ -166,12 +175,16 @@ def run_master(node: RelayNode, flags: dict) -> None:
         announce(node.comm, Header(kind=STOP), node.timeout_s)
         handoff_srv.close()
         handoff.close()
+        node.leaves.close()
+        node.leaves = None
 
 
 def broadcast_latest(node: RelayNode, handoff: WeightStore, reshard: Reshard | None = None) -> int:
     """Copy the newest hand-off version into our store (in the rollouts' layout, `reshard`) piece
     by piece on `node.pool`, sending each chunk down the chain as soon as it is copied and hashed,
-    then the checksum in the trailer. Returns the version sent, -1 if there was none."""
+    then the checksum in the trailer. Idle leaf relays (`node.leaves`) get the same: the header
+    when the tier does, each chunk once it is sent down the chain (or, with no chain, copied),
+    the trailer after the chain's. Returns the version sent, -1 if there was none."""
     while (got := handoff.snapshot()) is not None:
         t0 = time.monotonic()
         info, src = got
@@ -182,17 +195,24 @@ def broadcast_latest(node: RelayNode, handoff: WeightStore, reshard: Reshard | N
                                "disagree")
         slot, buf = node.slot_for(info.version, nbytes)
         hdr = Header(WEIGHTS, info.version, nbytes, 0, digest, info.t_commit_ns)
-        copy = None
+        copy, leaves = None, None
         try:
             announce(node.comm, hdr, node.timeout_s)  # first: each follower takes a while to notice it
+            if node.leaves is not None and node.leaves.begin(info.version, nbytes, digest, info.t_commit_ns, buf):
+                leaves = node.leaves  # (none waiting: no extra copy at all)
             copy = PieceCopy(node.pool, node.threads, nbytes,
                              copy_then_hash(src, buf) if reshard is None else reshard.pieces(src, buf))
-            chain_bytes(node.comm, buf, nbytes, node.chunk_bytes, node.timeout_s, ready=copy.filled_bytes)
+            chain_bytes(node.comm, buf, nbytes, node.chunk_bytes, node.timeout_s, ready=copy.filled_bytes,
+                        sent=leaves.sent if leaves is not None else None)
+            if leaves is not None and node.comm.Get_size() == 1:  # no chain paced the chunks
+                leaves.feed(copy.filled_bytes, time.monotonic() + node.timeout_s)
             csum = copy.checksum(time.monotonic() + node.timeout_s)
         except BaseException:
             if copy is not None:
                 copy.cancel()
             node.store.abort(slot)
+            if leaves is not None:
+                leaves.end(sealed=False, checksum=0)
             raise
         overtaken = not handoff.unchanged(info)  # the trainer rewrote the slot while we copied it
         if overtaken:
@@ -201,6 +221,8 @@ def broadcast_latest(node: RelayNode, handoff: WeightStore, reshard: Reshard | N
             node.store.commit(slot, info.version, nbytes, csum, digest)
         chain_trailer(node.comm, Header(DISCARD if overtaken else SEALED, info.version, nbytes, csum, digest,
                                         info.t_commit_ns), node.timeout_s)
+        if leaves is not None:
+            leaves.end(sealed=not overtaken, checksum=csum)
         if not overtaken:
             node.ready(hdr, time.monotonic() - t0)
             return info.version
@@ -233,7 +255,11 @@ def run_follower(node: RelayNode, flags: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--leaf-rank", type=int, default=None,
+                    help="run a joiner's leaf relay of this relay rank (relay/leaf.py), without MPI")
     args = ap.parse_args(argv)
+    if args.leaf_rank is not None:
+        return leaf_main(args.run_dir, args.leaf_rank)
     from mpi4py import MPI  # only the relay role needs MPI
     comm = MPI.COMM_WORLD
     flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
@@ -255,6 +281,23 @@ def main(argv: list[str] | None = None) -> None:
         # one relay down ends the whole tier at once (else the others would wait on it until a
         # heartbeat timeout): the supervisor restarts the tier as one MPI job
         comm.Abort(1)
+
+
+def leaf_main(run_dir: str, rank: int) -> None:
+    """`--leaf-rank N`: role relay rank N, pulling from the master relay over ZeroMQ (no MPI)."""
+    flags = install_stop_handlers()
+    ctx = start_role("relay", rank, run_dir)
+    failed = False
+    try:
+        run_leaf(ctx, flags)
+    except Exception:
+        failed = True
+        ctx.log.exception("leaf relay %d failed", rank)
+    finally:
+        ctx.tracer.flush()
+        ctx.log.info("stopped")
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

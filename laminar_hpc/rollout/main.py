@@ -49,7 +49,7 @@ from laminar_hpc.rollout.updates import build_updates
 from laminar_hpc.tasks import build_task
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import (
-    Assign, Finished, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, StreamItem,
+    Assign, Finished, Leaving, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, StreamItem,
     Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, packed, record_version, stream_frame, unpacked,
 )
 
@@ -449,21 +449,43 @@ class Rollout:
                                      behind_s=getattr(getattr(self.engine, "clock", None), "behind_s", 0.0))
         self.ctx.tracer.emit("util", busy_s=self.busy_s, weight_wait_s=self.weight_wait_s, running=0, kv=0)
 
+    def leave(self, grace_s: float) -> None:
+        """A joiner's job ends or is preempted (SIGTERM, with a grace time): stream every token held,
+        send the rewards that come back within `grace_s`, then say `leaving` with what is still held
+        (the controller continues it elsewhere from the streamed tokens; controller/elastic.py)."""
+        self.flush_streams()
+        deadline = time.monotonic() + grace_s
+        while self.scoring.waiting and time.monotonic() < deadline:
+            self.send_scored()
+            self.ctx.ctrl.waiting(0.01)  # (a pause while the reward pool works; nothing is read)
+        self.send_scored()
+        held = [*self.running, *(w.traj_id for w in self.queue), *self.scoring.pending_ids()]
+        self.ctx.ctrl.send(Leaving(held=held), timeout_s=grace_s)
+        self.ctx.tracer.emit("left", held=len(held))
+        self.ctx.log.info("left the campaign: %d trajectories continue elsewhere", len(held))
+
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--relay", default="auto", help="relay rank to pull from, or 'auto': the relay on this node")
+    ap.add_argument("--config", help="this rollout's own config (an attach job's joiners: launch/attach.py)")
+    ap.add_argument("--kind", default="campaign", help="what traces call this replica's kind (an attach job's joiners)")
     args = ap.parse_args(argv)
     flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
-    ctx = start_role("rollout", args.rank, args.run_dir)
+    ctx = start_role("rollout", args.rank, args.run_dir, config=args.config)
     try:
         relay = find_local_relay(ctx) if args.relay == "auto" else int(args.relay)
         ctx.log.info("pulling weights from relay %d", relay)
+        # traces and `laminar trace summary` attribute work per kind of replica (elastic joiners)
+        ctx.tracer.emit("replica", kind=args.kind, max_batch=ctx.cfg.rollout.max_batch, relay=relay,
+                        joiner=args.rank >= ctx.cfg.rollout.count)
         rollout = Rollout(ctx, relay)
         try:
             rollout.run(flags)
+            if args.rank >= ctx.cfg.rollout.count and flags.get("stop") and not rollout.stopping:
+                rollout.leave(grace_s=ctx.cfg.timeouts.shutdown_s / 2)  # a joiner whose job ends
         finally:
             rollout.scoring.close()  # the reward pool's workers
             rollout.episodes.close()  # the tool loop (running tool processes are killed)

@@ -26,9 +26,12 @@ type of transport/protocol.py has an entry).
 | published, checkpoint_saved, trainer_done,     |                                  |
 | publish (to the master relay's hand-off)       |                                  |
 | version_ready                                  | relay                            |
-| role_down, stop_all                            | launcher                         |
+| role_down, stop_all, join                      | launcher                         |
+| leaving                                        | rollout                          |
+| leaf_subscribe (to the master relay's leaf server) | relay                        |
 | assign, migrate, update_weights, resume,       | nobody (the controller sends     |
-| weights_synced, groups, hello_ack, stop        | them; no server accepts them)    |
+| weights_synced, groups, hello_ack, stop,       | them; no server accepts them)    |
+| joined, leaf_header, leaf_chunk, leaf_trailer  | (the master relay sends the leaf_*) |
 
 A heartbeat thread's socket (identity `<role>-<rank>.hb`) may send `heartbeat` only. The
 launcher's heartbeat is the liveness probe of tools/bench_controller.py.
@@ -48,6 +51,7 @@ KINDS = ("launcher", "trainer", "rollout", "relay")
 ADMITS: dict[str, tuple[str, ...]] = {
     "controller": KINDS,
     "relay": ("trainer",),
+    "relay_leaves": ("relay",),  # the master relay's server for joiners' leaf relays (relay/leaf.py)
 }
 
 _ALL = frozenset(KINDS)
@@ -61,9 +65,12 @@ SENDERS: dict[str, frozenset[str]] = {
                                           "checkpoint_saved", "trainer_done", "publish")},
     "version_ready": frozenset({"relay"}),
     "role_down": frozenset({"launcher"}),
+    "join": frozenset({"launcher"}),
+    "leaving": frozenset({"rollout"}),
+    "leaf_subscribe": frozenset({"relay"}),
     "stop_all": frozenset({"launcher"}),
     **{t: frozenset() for t in ("assign", "migrate", "update_weights", "resume", "weights_synced", "groups", "drops",
-                               "hello_ack", "stop")},
+                               "hello_ack", "stop", "joined", "leaf_header", "leaf_chunk", "leaf_trailer")},
 }
 HEARTBEAT_ONLY = ".hb"  # the identity suffix of a role's heartbeat-thread socket
 

@@ -2,7 +2,8 @@
 on this machine, TCP otherwise (`controller.transport`, config/schema.py).
 
 Two roles bind a server: the controller (`controller`) and the master relay (`relay_master`,
-which takes the trainer's publish notices). `auto` binds ipc:// when `controller.host` is loopback
+which takes the trainer's publish notices, and `relay_leaves`, which feeds joiners' leaf relays:
+relay/leaf.py). `auto` binds ipc:// when `controller.host` is loopback
 (a loopback TCP socket is reachable only from this machine, so every role is here anyway): the
 socket file is `endpoints/<name>.sock` in the run directory, which only its owner may enter
 (launch/ownership.py checks it at every start), or, when that path is over the 107 bytes of an
@@ -26,7 +27,7 @@ from laminar_hpc.transport.channel import AF_UNIX_PATH_MAX, Server
 from laminar_hpc.transport.security import ServerKeys, is_loopback
 from laminar_hpc.transport.shm_dir import open_private_dir
 
-SERVER_ENDPOINTS = ("controller", "relay_master")  # the endpoint names of the roles that bind a server
+SERVER_ENDPOINTS = ("controller", "relay_master", "relay_leaves")  # the endpoint names of the roles that bind a server
 
 
 def socket_name(name: str) -> str:

@@ -39,8 +39,9 @@ from laminar_hpc.transport.tokens import pack_tokens, packed, same_tokens, token
 from laminar_hpc.transport.tokens import token_count, token_list, unpacked  # noqa: F401
 
 MAX_FRAME_BYTES = 64 << 20
-# 1: the untyped dict protocol (no `protocol` in hello); 3: `Drops`; 4: version spans; 5: token arrays as bytes
-PROTOCOL_VERSION = 5
+# 1: the untyped dict protocol (no `protocol` in hello); 3: `Drops`; 4: version spans; 5: token arrays as bytes;
+# 6: elastic capacity (`Join`, `Joined`, `Leaving`) and the joiners' leaf relays (`Leaf*`)
+PROTOCOL_VERSION = 6
 
 # values of the free-form maps (train metrics, log-event fields): scalars only, so that a frame
 # that decodes can always be written to status.json
@@ -372,6 +373,59 @@ class Publish(Message, tag="publish"):
     nbytes: int
     layout: str
     t: float
+
+
+# -- elastic capacity: an attach job -> controller (launch/attach.py, controller/elastic.py) ----
+class Join(Message, tag="join"):
+    """An attach job asks for `rollouts` rollout ranks and one relay rank (its leaf relay) for
+    replicas of its own capacity (`max_batch`, `kv_capacity` KV tokens) and `kind` (a name
+    traces and summaries attribute their work to)."""
+    rollouts: int
+    max_batch: int
+    kv_capacity: int
+    kind: str
+    job: str | None = None  # its Slurm job id (status.json)
+
+
+class Joined(Message, tag="joined"):
+    """The controller's answer: the ranks registered for the job (never reused), or why not."""
+    ranks: list[int] = []
+    relay: int = -1
+    refused: str | None = None
+
+
+class Leaving(Message, tag="leaving"):
+    """A joiner's rollout leaves (its job ends or is preempted): it has streamed every token it
+    holds; these trajectories continue elsewhere."""
+    held: list[str]
+
+
+# -- a joiner's leaf relay <-> the master relay (relay/leaf.py) -------------------------------
+class LeafSubscribe(Message, tag="leaf_subscribe"):
+    """A leaf relay asks for every version newer than `have`, the newest it holds (sent every
+    second: its liveness). `done`: the last version it was sent that it has finished with,
+    committed or dropped (the master sends a leaf one version at a time)."""
+    have: int
+    done: int = -1
+
+
+class LeafHeader(Message, tag="leaf_header"):
+    version: int
+    nbytes: int
+    digest: int
+    t_ns: int  # when the trainer published it
+
+
+class LeafChunk(Message, tag="leaf_chunk"):
+    version: int
+    offset: int
+    data: bytes
+
+
+class LeafTrailer(Message, tag="leaf_trailer"):
+    version: int
+    sealed: bool  # False: the master's copy was overtaken, drop the version
+    checksum: int
 
 
 # -- launcher / campaign driver -> controller; controller -> any role --------------------------

@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SERVERS = tuple(ADMITS)  # "controller", "relay": whose server keys a client may need
-KEYPAIRS = ("controller", *KINDS)  # the relay's keypair doubles as the hand-off server's
+SERVERS = tuple(ADMITS)  # "controller", "relay", "relay_leaves": whose server keys a client may need
+KEYPAIRS = ("controller", *KINDS)  # the relay's keypair doubles as the hand-off and leaf servers'
+SERVER_KEYPAIR = {"relay_leaves": "relay"}  # a server whose keypair is another's (default: its own name)
 _Z85_KEY_LEN = 40  # a 32-byte Curve25519 key in Z85
 
 
@@ -119,7 +120,8 @@ def client_keys(run_dir: RunDir | Path, kind: str, controller_cfg: ControllerCfg
     if not _authenticating(controller_cfg):
         return None
     public, secret = _read_keypair(key_file(run_dir, kind))
-    return ClientKeys(server_public=_read_public(public_file(run_dir, server)), public=public, secret=secret)
+    server_pub = public_file(run_dir, SERVER_KEYPAIR.get(server, server))
+    return ClientKeys(server_public=_read_public(server_pub), public=public, secret=secret)
 
 
 def server_keys(run_dir: RunDir | Path, server: str = "controller",
@@ -130,7 +132,7 @@ def server_keys(run_dir: RunDir | Path, server: str = "controller",
         raise ValueError(f"no server keys for {server!r}: servers are {SERVERS}")
     if not _authenticating(controller_cfg):
         return None
-    public, secret = _read_keypair(key_file(run_dir, server))
+    public, secret = _read_keypair(key_file(run_dir, SERVER_KEYPAIR.get(server, server)))
     clients = {_read_public(public_file(run_dir, kind)): kind for kind in ADMITS[server]}
     return ServerKeys(public=public, secret=secret, clients=clients)
 
