@@ -74,13 +74,21 @@ def submit_attach(run_dir: Path, cfg: Config, *, rollouts_per_node: int, nodes: 
 
 
 def job_state(job_id: str) -> str | None:
-    """The job's state in squeue (None: squeue no longer lists it, or cannot be asked)."""
+    """The job's state in squeue; once squeue no longer lists it, how it ended as sacct says
+    (PREEMPTED, COMPLETED, CANCELLED...; None while sacct does not know yet)."""
     try:
         out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        lines = out.stdout.split()
+        if out.returncode == 0 and lines:
+            return lines[0]
+        if out.returncode != 0 and "Invalid job id" not in out.stderr:
+            return "UNKNOWN"  # slurmctld did not answer: assume it lives (a new job would double the capacity)
+        acct = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State"], capture_output=True,
+                              text=True, timeout=30).stdout.split()
     except (OSError, subprocess.TimeoutExpired):
-        return "UNKNOWN"  # squeue itself failed: assume it lives (a new job would double the capacity)
-    lines = out.stdout.split()
-    return lines[0] if out.returncode == 0 and lines else None
+        return "UNKNOWN"  # Slurm cannot be asked: assume it lives (a new job would double the capacity)
+    state = acct[0] if acct else None
+    return None if state in LIVE_STATES else state  # (sacct lags squeue: a job gone from squeue has ended)
 
 
 class ElasticJobs:

@@ -108,11 +108,12 @@ class Rollout:
             self.engine.wake = self.arrived
 
     # -- weights --------------------------------------------------------------------------
-    def wait_first_version(self, flags: dict, beat: Heartbeat) -> None:
+    def wait_first_version(self, flags: dict, beat: Heartbeat) -> bool:
+        """Load the first version; False if told to stop first."""
         deadline = time.monotonic() + self.ctx.cfg.timeouts.weights_s
         while self.weights.newest() < 0:
             if flags.get("stop") or self._drain_control():
-                raise SystemExit(0)
+                return False
             if time.monotonic() > deadline:
                 raise WaitTimeout(f"waited {self.ctx.cfg.timeouts.weights_s:.0f}s for the first weight "
                                   f"version in {self.weights.path} (is the relay tier up?)")
@@ -121,6 +122,7 @@ class Rollout:
             if msg is not None:
                 self._apply(msg)
         self.pull()
+        return True
 
     def pull(self, in_flight: bool = False) -> None:
         """Load the relay's newest version (in_flight: under the sequences in the engine, their KV kept)."""
@@ -399,7 +401,8 @@ class Rollout:
 
     def run(self, flags: dict) -> None:
         beat = self.beat
-        self.wait_first_version(flags, beat)
+        if not self.wait_first_version(flags, beat):
+            return
         self.credit_to_return = self.capacity
         every = self.ctx.cfg.rollout.stream_every_tokens
         last_util = 0.0

@@ -16,14 +16,20 @@ from pathlib import Path
 import pytest
 
 from helpers import laminar
+
+from laminar_hpc.metrics.trace import role_events
 from test_slurm import submit, wait_done
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.elastic]
 
 
 def joiners(run_dir: Path) -> dict:
+    return status(run_dir).get("elastic") or {}
+
+
+def status(run_dir: Path) -> dict:
     try:
-        return json.loads((run_dir / "status.json").read_text()).get("elastic") or {}
+        return json.loads((run_dir / "status.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
 
@@ -51,8 +57,9 @@ def test_preempted_elastic_capacity_is_asked_for_again_and_the_quickstart_still_
                  "slurm.elastic.time_min=20")
     urgent = None
     try:
-        first = wait_until(lambda: [r for r, j in joiners(run_dir).items() if not j["left"]],
-                           "the first elastic job's rollouts to join", 300, job)
+        first = wait_until(lambda: (live := [r for r, j in joiners(run_dir).items() if not j["left"]])
+                           and set(live) <= set(status(run_dir).get("rollout_versions", {})) and live,
+                           "the first elastic job's rollouts to hold weights", 300, job)
         first_job = joiners(run_dir)[first[0]]["job"]
         nodes = subprocess.run(["squeue", "-h", "-j", str(first_job), "-o", "%N"], capture_output=True, text=True,
                                timeout=30).stdout.strip()
@@ -72,7 +79,12 @@ def test_preempted_elastic_capacity_is_asked_for_again_and_the_quickstart_still_
     assert s["reward_last"] - s["reward_first"] >= 0.3, s
     jobs = elastic_jobs(run_dir)
     assert jobs[0]["ended"] and all(j["ended"] for j in jobs)  # the last cancelled when the campaign ended
-    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", str(first_job), "-o", "State"], capture_output=True,
-                         text=True, timeout=30).stdout
-    assert "PREEMPTED" in out, out
+    # Slurm preempted the first job for the urgent one (its joiners left within the grace time, so
+    # it ended on its own: sacct says COMPLETED): it ended before the urgent job could start
+    rows = subprocess.run(["sacct", "-n", "-P", "-X", "-j", f"{first_job},{urgent}", "-o", "JobID,State,Start,End"],
+                          capture_output=True, text=True, timeout=30).stdout.split()
+    got = {r.split("|")[0]: r.split("|")[1:] for r in rows}
+    assert got[urgent][0] == "COMPLETED" and got[str(first_job)][2] <= got[urgent][1], got
+    for rank in first:  # each joiner streamed what it held and left
+        assert [e for e in role_events(run_dir, f"rollout-{rank}") if e["ev"] == "left"], rank
     assert "elastic jobs" in laminar("status", str(run_dir)).stdout

@@ -13,7 +13,7 @@ from helpers import FakeChannel, close_rollout, role_context, work_item
 
 from laminar_hpc.rollout.main import Rollout
 from laminar_hpc.transport.protocol import (
-    Assign, Finished, Heartbeat, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, Stream,
+    Assign, Finished, Heartbeat, Leaving, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, Stream,
     UpdateWeights, WantWork, WeightsLoaded,
 )
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
@@ -240,9 +240,24 @@ def test_partial_rollout_continues_interrupted_trajectories_on_the_new_version(m
 def test_stop_before_the_first_weights_ends_the_role(make):
     r = make()
     ctrl(r).inbox.append(Stop(reason="the campaign is over"))
-    with pytest.raises(SystemExit) as end:
-        r.wait_first_version({}, r.beat)
-    assert end.value.code == 0
+    assert r.wait_first_version({}, r.beat) is False
+    r.run({})  # returns at once: nothing was generated or asked for
+    assert not ctrl(r).of(WantWork) and r.engine.version < 0
+
+
+def test_a_leaving_joiner_streams_every_token_it_holds_before_it_says_so(make):
+    r = started(make(*LONG))
+    tell(r, Assign(work=[work_item(0, max_new_tokens=400), work_item(1, max_new_tokens=400)]))
+    r.admit(draining=False)
+    r.handle(r.engine.step())  # tokens generated, not streamed yet (stream_every_tokens)
+    held = {t: len(r.running[t].tokens) + len(r.stream_buf.get(t, ([], []))[0]) for t in r.running}
+    r.leave(grace_s=1.0)  # (main() calls it for a joiner on SIGTERM)
+    (msg,) = ctrl(r).of(Leaving)
+    assert sorted(msg.held) == ["0.0", "0.1"]
+    sent = ctrl(r).sent
+    assert all(isinstance(m, Stream) for m in sent[sent.index(msg) - 1:sent.index(msg)])  # streamed first
+    for t in held:
+        assert len(streamed(r, t)[1]) == r.streamed[t] > 0  # every token it had reached the pool
 
 
 def test_the_loop_serves_assigned_work_until_stop(make):
