@@ -9,6 +9,7 @@ Figures (trained trajectories/s from metrics.jsonl's per-step `wall` and `trajec
 - `rate_before`: the window before the attach job starts;
 - `join_s`: attach job started -> its first rollout holds weights (its leaf relay's first version);
 - `rate_with`: the window starting at that moment; `gain` = rate_with / rate_before;
+- `rate_at_30s`: the window ending 30 s after the attach job started; `gain_at_30s`;
 - `rate_after`: the window starting 2 steps after the joiners left; `after_vs_before`;
 - weight path: publish -> ready of the campaign's relays and of the joiners' leaf relay (median
   `since_publish_s` of their `relay_ready` events), and their ratio;
@@ -141,6 +142,7 @@ def analyse(run_dir: Path, times: dict, args) -> dict:
     n = args.window
     before = rate_before(rows, t_attach, n)
     with_, _ = rate(rows, first_weights, n) if first_weights else (None, 0)
+    within = rate_before(rows, t_attach + 30.0, n)  # the n steps up to 30 s after the attach job started
     left_rows = [r for r in rows if r["wall"] > t_left]  # 2 steps while the joiners' work finishes elsewhere
     after = rate(rows, left_rows[1]["wall"], n)[0] if len(left_rows) > n + 2 else None
     ready: dict[str, list[float]] = {}
@@ -157,6 +159,7 @@ def analyse(run_dir: Path, times: dict, args) -> dict:
            "attach_at_step": args.attach_at, "leave_at_step": args.leave_at,
            "rate_before": before, "join_s": (first_weights - t_attach) if first_weights else None,
            "rate_with": with_, "gain": with_ / before if with_ and before else None,
+           "rate_at_30s": within, "gain_at_30s": within / before if within and before else None,
            "rate_after": after, "after_vs_before": after / before if after and before else None,
            "leave_s": t_left - t_leave, "attach_exit_code": times["attach_code"],
            "campaign_exit_code": times["campaign_code"],

@@ -33,6 +33,7 @@ from laminar_hpc.config import Config, ConfigError, load_config, save_config
 from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.launch.ownership import check_run_dir
 from laminar_hpc.launch.processes import ProcessGroup, role_env
+from laminar_hpc.launch.runlock import holder
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
 from laminar_hpc.transport.protocol import Join, Joined, RoleDown
@@ -66,6 +67,10 @@ def kv_capacity_tokens(cfg: Config) -> int:
 
 def connect(rd: RunDir, cfg: Config) -> Client:
     """A connection to the campaign's controller as a launcher (the run's launcher key)."""
+    who = holder(rd.path)
+    if who is None or who.kind != "launcher":  # an endpoint file outlives its campaign: ask the lock
+        raise AttachError(f"no campaign is running in {rd.path} (its lock is free): start or resume it first "
+                          "(`laminar run ... --run-dir`, `laminar resume`)")
     try:
         address = wait_endpoint(rd, "controller", cfg.timeouts.startup_s)
     except WaitTimeout as err:
@@ -75,8 +80,11 @@ def connect(rd: RunDir, cfg: Config) -> Client:
 
 def request_ranks(ctrl: Client, cfg: Config, rollouts: int, kind: str, job: str | None) -> Joined:
     """Ask the controller for `rollouts` rollout ranks and a relay rank; waits at most timeouts.startup_s."""
-    ctrl.send(Join(rollouts=rollouts, max_batch=cfg.rollout.max_batch, kv_capacity=kv_capacity_tokens(cfg),
-                   kind=kind, job=job), timeout_s=cfg.timeouts.startup_s)
+    try:
+        ctrl.send(Join(rollouts=rollouts, max_batch=cfg.rollout.max_batch, kv_capacity=kv_capacity_tokens(cfg),
+                       kind=kind, job=job), timeout_s=cfg.timeouts.startup_s)
+    except WaitTimeout as err:
+        raise AttachError(f"{err}: is the campaign's controller up?") from None
     deadline = time.monotonic() + cfg.timeouts.startup_s
     while time.monotonic() < deadline:
         msg = ctrl.recv(timeout_s=max(0.0, deadline - time.monotonic()))
@@ -166,11 +174,11 @@ def attach(run_dir: Path, rollouts: int, overrides: list[str], *, kind: str | No
     job = job or os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
     kind = kind or f"{cfg.rollout.backend}-b{cfg.rollout.max_batch}"
     rd = RunDir(rd.path, shm_dir=cfg.relay.shm_dir)  # this start's run id: the campaign's shared memory names
-    config_path = rd.joiner_dir(job) / "config.yaml"
-    config_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    save_config(cfg, config_path)
     ctrl = connect(rd, cfg)
+    config_path = rd.joiner_dir(job) / "config.yaml"
     try:
+        config_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        save_config(cfg, config_path)
         groups = [request_ranks(ctrl, cfg, rollouts, kind, job) for _ in range(nodes)]  # one leaf relay per node
     except BaseException:
         ctrl.close()

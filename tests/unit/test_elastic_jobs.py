@@ -91,3 +91,14 @@ def test_attach_steps_place_each_process_on_its_node():
     step = attach_step(cfg)
     assert step("rollout-7", 1)[:6] == ["srun", "--job-name=rollout-7", "-N1", "-n1", "--relative=1", "--exact"]
     assert "--cpus-per-task=2" in step("rollout-7", 1) and "--cpus-per-task=1" in step("relay-3", 0)
+
+
+def test_attach_to_a_run_directory_without_a_live_campaign_says_so(tmp_path):
+    from laminar_hpc.launch.attach import attach
+    (tmp_path / "config.yaml").write_text(CONFIG.read_text())
+    tmp_path.chmod(0o700)
+    (tmp_path / "endpoints").mkdir(mode=0o700)  # an endpoint file outlives its campaign
+    (tmp_path / "endpoints" / "controller.json").write_text('{"address": "tcp://127.0.0.1:9", "t": 1}')
+    with pytest.raises(AttachError, match="no campaign is running"):
+        attach(tmp_path, 2, [], log=lambda line: None)
+    assert not (tmp_path / "elastic").exists()  # nothing written
