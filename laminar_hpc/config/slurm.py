@@ -33,6 +33,20 @@ class SlurmLayoutCfg(Section):
     rollout: StepResources = Field(default_factory=StepResources)
 
 
+# what an elastic joiner may set differently from the campaign (`laminar attach` overrides,
+# slurm.elastic.overrides): its own capacity and engine, and on Slurm its nodes' kind (a GPU type)
+JOINER_OVERRIDES = ("rollout.", "repack.kv_capacity_tokens=", "slurm.constraint=", "slurm.layout.rollout.")
+
+
+def joiner_override_refusal(override: str) -> str | None:
+    """Why a joiner may not set `override` (key=value), or None."""
+    if "=" not in override or not override.startswith(JOINER_OVERRIDES) or override.startswith("rollout.count="):
+        return (f"{override!r}: a joiner may only set its own rollout.* (not rollout.count), "
+                "repack.kv_capacity_tokens, slurm.constraint and slurm.layout.rollout.*, as key=value; the rest is "
+                "the campaign's")
+    return None
+
+
 class SlurmElasticCfg(Section):
     """Capacity from other jobs (`laminar submit` asks for it beside the campaign's job; the
     campaign driver asks again whenever one ends or is preempted, until the campaign ends).
@@ -63,10 +77,8 @@ class SlurmElasticCfg(Section):
             raise ValueError(f"slurm.elastic.min_rollouts={self.min_rollouts} exceeds slurm.elastic.rollouts="
                              f"{self.rollouts}: lower min_rollouts")
         for o in self.overrides:
-            if not (o.startswith("rollout.") or o.startswith("repack.kv_capacity_tokens=")) \
-                    or o.startswith("rollout.count=") or "=" not in o:
-                raise ValueError(f"slurm.elastic.overrides: {o!r}: a joiner may only set its own rollout.* "
-                                 "(not rollout.count) and repack.kv_capacity_tokens, as key=value")
+            if (why := joiner_override_refusal(o)) is not None:
+                raise ValueError(f"slurm.elastic.overrides: {why}")
         return self
 
 

@@ -9,8 +9,9 @@ elastic.py: N rollout ranks and one relay rank, never reused), then starts, on i
   to the controller like the campaign's own.
 
 It authenticates with the run's keys (`secrets/`: same user, no new trust) as a launcher. A
-joiner may have its own capacity and engine: `key=value` overrides of `rollout.*` (not
-`rollout.count`) and `repack.kv_capacity_tokens`, saved as `elastic/<job>/config.yaml`.
+joiner may have its own capacity, engine and node kind: `key=value` overrides of `rollout.*` (not
+`rollout.count`), `repack.kv_capacity_tokens`, and on Slurm `slurm.constraint` (e.g. a GPU type) and
+`slurm.layout.rollout.*`, saved as `elastic/<job>/config.yaml`.
 
 Leaving: SIGTERM (the job's end, `scancel`, a preemption) or Ctrl-C stops the rollouts with
 SIGTERM: each streams what it holds and says `leaving` (rollout/main.py `leave`), then the
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from laminar_hpc.config import Config, ConfigError, load_config, save_config
 from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.slurm import joiner_override_refusal
 from laminar_hpc.launch.ownership import check_run_dir
 from laminar_hpc.launch.processes import ProcessGroup, role_env
 from laminar_hpc.launch.runlock import holder
@@ -40,8 +42,6 @@ from laminar_hpc.transport.protocol import Join, Joined, RoleDown
 from laminar_hpc.transport.security import client_keys
 
 POLL_S = 0.25  # how often the attach job looks at its children
-# what a joiner may set differently from the campaign (its own capacity and engine)
-OVERRIDABLE = ("rollout.", "repack.kv_capacity_tokens=")
 
 
 class AttachError(RuntimeError):
@@ -51,9 +51,8 @@ class AttachError(RuntimeError):
 def joiner_config(rd: RunDir, overrides: list[str]) -> Config:
     """The campaign's config with the joiner's overrides; any other key is refused, naming it."""
     for o in overrides:
-        if not o.startswith(OVERRIDABLE) or o.startswith("rollout.count="):
-            raise AttachError(f"override {o!r}: a joiner may only set its own rollout.* (not rollout.count) and "
-                              "repack.kv_capacity_tokens; the rest is the campaign's")
+        if (why := joiner_override_refusal(o)) is not None:
+            raise AttachError(f"override {why}")
     try:
         return load_config(rd.config, overrides)
     except ConfigError as err:

@@ -66,7 +66,7 @@ def submit_attach(run_dir: Path, cfg: Config, *, rollouts_per_node: int, nodes: 
     lo = min(nodes, min_nodes or nodes)
     extra = {"nodes": f"{lo}-{nodes}" if lo < nodes else nodes, "requeue": True}
     ex.update_parameters(job_name=f"{cfg.slurm.job_name or cfg.name}-elastic", partition=partition, qos=qos,
-                         time=time_min, ntasks_per_node=per_node, cpus_per_task=1,
+                         time=time_min, constraint=cfg.slurm.constraint, ntasks_per_node=per_node, cpus_per_task=1,
                          gpus_per_node=(rollouts_per_node * lay.rollout.gpus) or None, stderr_to_stdout=True,
                          additional_parameters=extra, use_srun=False)
     job = ex.submit(AttachInAllocation(), str(rd.path), rollouts_per_node, list(overrides), kind)

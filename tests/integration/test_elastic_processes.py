@@ -18,7 +18,9 @@ from processes import kill_run_leftovers
 
 from laminar_hpc.metrics.trace import role_events
 
-TINY = str(REPO / "configs" / "tiny-emulated.yaml")  # 4 emulated rollouts x 8 slots, 2 relays
+# 4 emulated rollouts x 8 slots, 2 relays, rollout-bound (generation runs up to 6 steps ahead), a step
+# about every second: versions change slowly enough for repack to find replicas of one version
+CONFIG = str(REPO / "configs" / "bench" / "elastic.yaml")
 pytestmark = [pytest.mark.elastic, pytest.mark.slow]
 
 
@@ -60,20 +62,20 @@ def finished_by(run_dir: Path, rank: int, since: float, until: float) -> int:
 
 def test_rollouts_of_another_size_attach_get_work_and_leave_losing_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    campaign = start(["run", TINY, "--run-dir", str(run_dir), "trainer.total_steps=400",
+    campaign = start(["run", CONFIG, "--run-dir", str(run_dir), "trainer.total_steps=70",
                       "rollout.refresh_in_flight=never"], tmp_path / "campaign.out")
     attach = None
     try:
         wait_for(run_dir, [campaign], lambda s: s.get("step", 0) >= 2, "the campaign's second step")
-        attach = start(["attach", str(run_dir), "--rollouts", "2", "--kind", "big", "rollout.max_batch=16"],
-                       tmp_path / "attach.out")
+        attach = start(["attach", str(run_dir), "--rollouts", "2", "--kind", "big", "rollout.max_batch=16",
+                        "repack.kv_capacity_tokens=8192"], tmp_path / "attach.out")
         # the joiners get ranks after the campaign's own, a leaf relay of their own, and weights from it
         st = wait_for(run_dir, [campaign, attach],
                       lambda s: {"4", "5"} <= set(s.get("rollout_versions", {})) and "2" in s.get("relay_versions", {}),
                       "the joiners to load weights from their leaf relay")
         assert st["elastic"]["4"]["max_batch"] == 16 and st["elastic"]["4"]["relay"] == 2
         step0 = st["step"]
-        wait_for(run_dir, [campaign, attach], lambda s: s.get("step", 0) >= step0 + 20, "20 steps with the joiners")
+        wait_for(run_dir, [campaign, attach], lambda s: s.get("step", 0) >= step0 + 40, "40 steps with the joiners")
         assert stop(attach) == 0, (tmp_path / "attach.out").read_text()[-3000:]  # they leave
         st = wait_for(run_dir, [campaign], lambda s: s.get("elastic", {}).get("5", {}).get("left"),
                       "the joiners to leave")
@@ -98,6 +100,9 @@ def test_rollouts_of_another_size_attach_get_work_and_leave_losing_nothing(tmp_p
         assert [e for e in events if e["ev"] == "replica"][0]["kind"] == "big"
         assert {e["version"] for e in events if e["ev"] == "weights_pulled"}  # versions in its traces
         assert [e for e in events if e["ev"] == "left"]
+    # repack moved long-tail work onto the joiners (twice the slots and KV: the fullest that fits)
+    moved = [e for e in role_events(run_dir, "controller-0") if e["ev"] == "migrated" and e["dest"] in (4, 5)]
+    assert moved, "no repack move onto a joiner"
     leaf = role_events(run_dir, "relay-2")
     assert len([e for e in leaf if e["ev"] == "relay_ready"]) >= 2
     summary = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", "trace", "summary", str(run_dir), "--json"],
