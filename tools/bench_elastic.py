@@ -3,6 +3,9 @@ mid-run, then leaves (SIGTERM, as a preemption or scancel sends it). One table, 
 
     python tools/bench_elastic.py configs/bench/elastic.yaml --json docs/bench-elastic.json   # ~4 min
     python tools/bench_elastic.py configs/bench/elastic.yaml --joiners 4 --attach-at 30 --leave-at 90
+    # on the multi-host test cluster: 4 rollouts on 2 nodes, the attach job on a third (TCP, CURVE)
+    SLURM_CONF=/tmp/laminar-slurm-mh/etc/slurm.conf python tools/bench_elastic.py configs/bench/elastic.yaml \
+        --cluster slurm slurm.partition=debug slurm.layout.trainer_nodes=0 slurm.layout.rollout_nodes=2
 
 Figures (trained trajectories/s from metrics.jsonl's per-step `wall` and `trajectories`, over
 `--window` train steps):
@@ -43,7 +46,8 @@ def steps(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir) if "step" in r and "wall" in r]
 
 
-def wait_step(run_dir: Path, step: int, procs: list[subprocess.Popen], timeout_s: float) -> float:
+def wait_step(run_dir: Path, step: int, procs: list, timeout_s: float) -> float:
+    """Wait for train step `step`; `procs`: what must stay alive meanwhile (Popen or SlurmJob)."""
     deadline = time.monotonic() + timeout_s
     while True:
         rows = steps(run_dir)
@@ -80,6 +84,68 @@ def launch(argv: list[str], log: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
+class SlurmJob:
+    """A submitted job, polled like a Popen (`--cluster slurm`: SLURM_CONF names the cluster)."""
+
+    def __init__(self, job_id: str, what: str):
+        self.job_id, self.args, self.returncode = job_id, ["", "", "", what], None
+
+    def state(self) -> str:
+        out = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], capture_output=True, text=True,
+                             timeout=30).stdout.split()
+        return out[0] if out else "ENDED"
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.state() == "ENDED":
+            self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"job {self.job_id} ({self.args[3]}) still running after {timeout:.0f}s")
+            time.sleep(1.0)  # polling Slurm
+        return self.returncode
+
+
+def laminar(*argv: str) -> str:
+    res = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", *argv], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    if res.returncode != 0:
+        raise SystemExit(f"laminar {argv[0]} failed: {res.stderr[-2000:]}")
+    return res.stdout
+
+
+def run_on_slurm(args, run_dir: Path) -> dict:
+    """The campaign submitted as job steps, the attach job a job of its own (`--partition`), left by scancel."""
+    laminar("submit", args.config, "--cluster", "slurm", "--run-dir", str(run_dir), *args.overrides)
+    campaign = SlurmJob(json.loads((run_dir / "job.json").read_text())["job_id"], "the campaign")
+    attach = None
+    try:
+        wait_step(run_dir, args.attach_at, [campaign], 900)
+        out = laminar("attach", str(run_dir), "--cluster", "slurm", "--rollouts", str(args.joiners), "--kind", "joiner",
+                      "--partition", args.partition, *args.joiner_override)
+        attach = SlurmJob(out.split()[2].rstrip(":"), "the attach job")
+        deadline = time.monotonic() + 300
+        while attach.state() != "RUNNING":  # the job's start, not its submission, is when the joiners begin
+            if time.monotonic() > deadline:
+                raise SystemExit(f"attach job {attach.job_id} did not start within 300s")
+            time.sleep(0.5)  # polling Slurm
+        t_attach = time.time()
+        wait_step(run_dir, args.leave_at, [campaign, attach], 1800)
+        t_leave = time.time()
+        subprocess.run(["scancel", attach.job_id], check=True, timeout=30)  # SIGTERM to its steps: they leave
+        attach.wait(timeout=120)
+        t_left = time.time()
+        campaign.wait(timeout=1800)
+        return {"t_attach": t_attach, "t_leave": t_leave, "t_left": t_left, "attach_code": 0, "campaign_code": 0}
+    finally:
+        for j in (attach, campaign):
+            if j is not None and j.poll() is None:
+                subprocess.run(["scancel", j.job_id], timeout=30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
@@ -92,7 +158,10 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench-elastic", help="run directory's parent (replaced)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--analyse-only", action="store_true", help="only analyse the run already in --out")
-    args = ap.parse_args()
+    ap.add_argument("--cluster", choices=["local", "slurm"], default="local",
+                    help="slurm: the campaign as job steps, the joiners a job of their own (SLURM_CONF names the cluster)")
+    ap.add_argument("--partition", default="scavenger", help="(slurm) the attach job's partition")
+    args = ap.parse_intermixed_args()
     out = Path(args.out)
     run_dir = out / "run"
     if args.analyse_only:
@@ -100,6 +169,10 @@ def main() -> None:
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     out.mkdir(parents=True, exist_ok=True)
+    if args.cluster == "slurm":
+        times = run_on_slurm(args, run_dir)
+        (out / "times.json").write_text(json.dumps(times))
+        return report(analyse(run_dir, times, args), args)
     campaign = launch(["run", args.config, "--run-dir", str(run_dir), *args.overrides], out / "campaign.log")
     attach = None
     try:

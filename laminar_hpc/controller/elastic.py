@@ -67,7 +67,8 @@ class Elastic:
         if msg.max_batch < 1 or msg.kv_capacity < 1:
             return f"max_batch={msg.max_batch}, kv_capacity={msg.kv_capacity}: both must be at least 1"
         if self.next_rank + msg.rollouts - self.cfg.rollout.count > MAX_JOINERS:
-            return f"this campaign has handed out {self.next_rank - self.cfg.rollout.count} joiner ranks (at most {MAX_JOINERS})"
+            given = self.next_rank - self.cfg.rollout.count
+            return f"this campaign has handed out {given} joiner ranks (at most {MAX_JOINERS})"
         return None
 
     def join(self, msg: Join) -> Joined:

@@ -30,8 +30,8 @@ from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport.protocol import (CheckpointSaved, Finished, Heartbeat, Hello, HelloAck, Join, Leaving,
-                                            LogEvent, Message, Migrated, MigrateReject, Published, Resync, RoleDown, RolloutState,
-                                            Stop, StopAll, Stream, TrainerDone, TrainerSync, TrainStep, Trajectory,
+                                            LogEvent, Message, Migrated, MigrateReject, Published, Resync, RoleDown,
+                                            RolloutState, Stop, StopAll, Stream, TrainerDone, TrainerSync, TrainStep, Trajectory,
                                             VersionReady, WantGroups, WantWork, WeightsLoaded, version_mismatch)
 
 MAX_EVENT_METRICS = 256  # distinct log-event fields kept for status.json (a chatty peer cannot grow it forever)

@@ -118,8 +118,8 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
                           ["--het-group=1", f"-N{lay.rollout_nodes}", f"-n{lay.rollout_nodes}", "--ntasks-per-node=1",
                            *step_resources(lay.relay)]]
         for i, node in rollout_node.items():
-            steps[f"rollout-{i}"] = [["--het-group=1", "-N1", "-n1", f"--relative={node - t0}", *step_resources(lay.rollout),
-                                      *common]]
+            steps[f"rollout-{i}"] = [["--het-group=1", "-N1", "-n1", f"--relative={node - t0}",
+                                      *step_resources(lay.rollout), *common]]
     else:
         busiest = max(trainer_cpus + (rollout_cpus - lay.relay.cpus if t0 == 0 else 0), rollout_cpus)
         gpus = max(lay.trainer.gpus + (gpus_rollout if t0 == 0 else 0), gpus_rollout, s.gpus_per_node)

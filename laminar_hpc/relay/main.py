@@ -13,7 +13,7 @@ with the weights they hold meanwhile. A restarted master rebinds its old address
 socket reconnects by itself) and broadcasts the newest version in the trainer's hand-off store
 at once, without waiting for the next publish.
 
-The master also feeds the leaf relays of joining jobs over ZeroMQ (relay/leaf.py: `LeafServer`,
+The master also feeds the leaf relays of joining jobs over ZeroMQ (relay/leaf_server.py: `LeafServer`,
 polled each loop and fed chunk by chunk during a broadcast); a leaf relay runs without MPI.
 
     mpirun -n 2 python -m laminar_hpc.relay --run-dir runs/x
@@ -31,7 +31,8 @@ from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_rol
 from laminar_hpc.relay.chain import (
     DISCARD, SEALED, STOP, WEIGHTS, Header, announce, chain_bytes, chain_trailer, poll_header,
 )
-from laminar_hpc.relay.leaf import LeafServer, run_leaf
+from laminar_hpc.relay.leaf import run_leaf
+from laminar_hpc.relay.leaf_server import LeafServer
 from laminar_hpc.relay.pipeline import PieceCopy, PieceHasher, copy_then_hash
 from laminar_hpc.relay.reshard import Reshard
 from laminar_hpc.transport.channel import publish_endpoint
@@ -140,7 +141,7 @@ def run_master(node: RelayNode, flags: dict) -> None:
     handoff_srv = bind(ctx.rundir, ctx.cfg, "relay_master", server_keys(ctx.rundir, "relay", ctx.cfg.controller))
     publish_endpoint(ctx.rundir, "relay_master", handoff_srv.address)
     handoff = Handoff(ctx.rundir.shm_path("handoff"))
-    node.leaves = LeafServer(ctx.rundir, ctx.cfg, ctx.log)  # joiners' leaf relays (relay/leaf.py)
+    node.leaves = LeafServer(ctx.rundir, ctx.cfg, ctx.log)  # joiners' leaf relays (relay/leaf_server.py)
     beat = Heartbeat(ctx, background=True)  # a broadcast may outlast the heartbeat timeout
     reshard = Reshard.from_config(ctx.cfg)  # rollouts load another dtype than the trainer publishes
     if reshard is not None:

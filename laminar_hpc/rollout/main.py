@@ -49,7 +49,8 @@ from laminar_hpc.rollout.updates import build_updates
 from laminar_hpc.tasks import build_task
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import (
-    Assign, Finished, Leaving, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, StreamItem,
+    Assign, Finished, Leaving, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop,
+    StreamItem,
     Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, packed, record_version, stream_frame, unpacked,
 )
 

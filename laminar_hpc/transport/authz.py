@@ -51,7 +51,7 @@ KINDS = ("launcher", "trainer", "rollout", "relay")
 ADMITS: dict[str, tuple[str, ...]] = {
     "controller": KINDS,
     "relay": ("trainer",),
-    "relay_leaves": ("relay",),  # the master relay's server for joiners' leaf relays (relay/leaf.py)
+    "relay_leaves": ("relay",),  # the master relay's server for joiners' leaf relays (relay/leaf_server.py)
 }
 
 _ALL = frozenset(KINDS)

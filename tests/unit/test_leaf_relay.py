@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.relay.leaf import LeafReceiver, LeafRelay, LeafServer, leaf_chunk_bytes
+from laminar_hpc.relay.leaf import LeafReceiver, LeafRelay
+from laminar_hpc.relay.leaf_server import LeafServer, leaf_chunk_bytes
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.protocol import LeafChunk, LeafHeader, LeafSubscribe, LeafTrailer, VersionReady, encode
 from laminar_hpc.transport.security import ensure_keys
