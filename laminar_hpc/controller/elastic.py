@@ -21,6 +21,7 @@ restarted controller keeps their names, capacities and the next free ranks.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Protocol
 
 from laminar_hpc.config import Config
@@ -55,6 +56,10 @@ class Elastic:
         for rank, j in self.joiners.items():  # a restarted controller: the joiners still there
             if not j["left"]:
                 self._admit(rank, j)
+        # joiners of the log this controller has not heard from yet: gone with an earlier start of
+        # the campaign (a resume), unless they speak within timeouts.heartbeat_s
+        self.unheard = {r for r, j in self.joiners.items() if not j["left"]}
+        self.started = time.monotonic()
 
     # -- joining ----------------------------------------------------------------------------------
     def refusal(self, msg: Join) -> str | None:
@@ -122,6 +127,17 @@ class Elastic:
             self.members.unregister(f"relay-{j['relay']}")
         self.log.info("joiner rollout-%d (job %s) left", rank, j["job"] or "?")
         return True
+
+    def heard(self, rank: int) -> None:
+        self.unheard.discard(rank)
+
+    def never_heard(self, now: float | None = None) -> list[int]:
+        """Joiners restored from the log that have not spoken within timeouts.heartbeat_s of this
+        controller's start: their processes ended with an earlier start of the campaign."""
+        now = time.monotonic() if now is None else now
+        if not self.unheard or now - self.started <= self.cfg.timeouts.heartbeat_s:
+            return []
+        return sorted(r for r in self.unheard if self.live(r))
 
     def relay_of(self, rank: int) -> int | None:
         j = self.joiners.get(rank)

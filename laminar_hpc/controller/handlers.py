@@ -86,6 +86,8 @@ class MessageHandlers:
         role, _, rank_s = ident.rpartition("-")
         rank = int(rank_s) if rank_s.isdigit() else -1
         rollout, trainer = role == "rollout", role == "trainer"
+        if rollout and self.elastic.unheard:
+            self.elastic.heard(rank)
         match msg:  # the rollouts' traffic, most of all messages, first
             case Stream(items=items, chunks=chunks) if rollout:
                 if chunks is not None:  # (a rollout's chunks, in columns)
@@ -253,6 +255,10 @@ class MessageHandlers:
     def reap_silent_joiners(self, now: float) -> None:
         """A joiner silent for `timeouts.heartbeat_s` is gone (its node or job lost: no launcher of
         this campaign can kill and restart it); the campaign never waits for it."""
+        for rank in self.elastic.never_heard():
+            self.log.warning("rollout-%d (a joiner of an earlier start) never spoke to this controller: taken as gone",
+                             rank)
+            self.role_down(f"rollout-{rank}", -9)
         for name in self.roles.hung(now):
             role, _, rank_s = name.rpartition("-")
             if role == "rollout" and rank_s.isdigit() and self.elastic.is_joiner(int(rank_s)):

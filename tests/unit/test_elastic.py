@@ -167,3 +167,17 @@ def test_status_names_the_jobs_and_their_replicas():
                          "5": {"job": "812", "kind": "vllm-b128", "left": True},
                          "6": {"job": "790", "kind": "torch-b8", "left": True}})
     assert line == "job 812 (vllm-b128): rollouts 4 live, 1 left | job 790 (torch-b8): 1 left"
+
+
+def test_joiners_of_an_earlier_start_that_never_speak_are_taken_as_gone(make):
+    ctl = make()
+    _join(ctl, 2)
+    ctl.wal.flush()
+    ctl.wal.close()
+    again = make()  # a resume: the joiners' processes ended with the first start
+    _hello(again, "rollout-5")  # ...but one of them is still there and speaks
+    assert again.elastic.never_heard() == []  # (within timeouts.heartbeat_s of the start: not yet)
+    again.elastic.started -= again.cfg.timeouts.heartbeat_s + 1
+    again.handlers.reap_silent_joiners(0.0)
+    assert not again.elastic.live(4) and again.elastic.live(5)
+    assert again.elastic.extra_slots() == 16
