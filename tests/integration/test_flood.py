@@ -241,6 +241,20 @@ def _every_role_raised_its_limit(proc: subprocess.Popen, want: int, timeout_s: f
         select.select([], [], [], 0.2)
 
 
+def _training(proc: subprocess.Popen, run: Path, timeout_s: float = 120.0) -> None:
+    """Wait until the campaign trains (every role connected): status.json's step, written by the controller."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if json.loads((run / "status.json").read_text()).get("step", 0) >= 1:
+                return
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the campaign did not train its first step within {timeout_s:.0f} s")
+        select.select([], [], [], 0.2)  # a file another process writes
+
+
 def _no_controller_restart(run: Path) -> None:
     rec = json.loads((run / "recoveries.json").read_text())
     assert not [r for r in rec["recoveries"] + rec["unrecovered"] if r["role"].startswith("controller")], rec
@@ -260,6 +274,10 @@ def test_a_campaign_with_a_batch_jobs_descriptor_limit_survives_a_flood_of_idle_
     with _killed_at_exit(campaign) as proc:
         address = wait_endpoint(run_dir, "controller", timeout_s=120)
         assert address.startswith("tcp://127.0.0.1:")
+        # a running campaign is flooded: with a hard limit of 1,024 a flood that starts before the
+        # roles have connected keeps them out for good (nothing limits connections per peer on
+        # TCP; on one machine the default ipc:// socket admits no other user: the test below)
+        _training(proc, run_dir)
         with as_nobody(flood, int(address.rsplit(":", 1)[1])) as stop:
             limits = _every_role_raised_its_limit(proc, hard or resource.getrlimit(resource.RLIMIT_NOFILE)[1])
             out, err = _finished(proc, timeout_s=300)
