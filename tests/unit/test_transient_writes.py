@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import logging
 import os
 import resource
@@ -23,7 +24,11 @@ from laminar_hpc.transport.fdlimit import raise_fd_limit
 @contextlib.contextmanager
 def no_free_descriptor():
     """Every descriptor this process may open is taken until the block ends (then all are freed and
-    the limit restored)."""
+    the limit restored). Objects of earlier tests that still hold a descriptor are collected first,
+    and the collector waits meanwhile: a finalizer closing a socket or a file inside the block would
+    free a descriptor (the likely cause of one failure in the full suite)."""
+    gc.collect()
+    gc.disable()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held = []
     resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
@@ -39,6 +44,7 @@ def no_free_descriptor():
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        gc.enable()
 
 
 def test_status_writes_wait_for_a_descriptor_counted_and_logged_once(tmp_path, caplog):
