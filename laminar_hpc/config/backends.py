@@ -116,3 +116,10 @@ def rollout_backend(cfg: "Config") -> RolloutBackendSpec:
 
 def trainer_backend(cfg: "Config") -> TrainerBackendSpec:
     return TRAINER_BACKENDS[cfg.trainer.backend]
+
+
+def kv_capacity(cfg: "Config") -> int:
+    """C_max, the KV tokens a replica holds: `repack.kv_capacity_tokens`, or by default every decode
+    slot at the longest sequence its engine allows (the rollout manager's, and an attach job's for
+    its joiners)."""
+    return cfg.repack.kv_capacity_tokens or cfg.rollout.max_batch * rollout_backend(cfg).longest_sequence(cfg)

@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
-from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.backends import kv_capacity  # noqa: F401 - the controller and simulator read it here
 from laminar_hpc.policy import consolidate, recovery, repack, scheduling
 from laminar_hpc.policy.repack import ReplicaState
 from laminar_hpc.transport.protocol import Assign, Message, Migrate
@@ -89,13 +89,6 @@ def move_expiry_s(interval_s: float, second: float = 1.0) -> float:
     """How long a repack move may go unanswered: ten rounds and five wall seconds (`second`: one
     wall second on the caller's clock)."""
     return 10 * interval_s + 5.0 * second
-
-
-def kv_capacity(cfg: Config) -> int:
-    """C_max, the KV tokens a replica holds: `repack.kv_capacity_tokens`, or by default every decode
-    slot at the longest sequence its engine allows."""
-    longest = rollout_backend(cfg).longest_sequence(cfg)
-    return cfg.repack.kv_capacity_tokens or cfg.rollout.max_batch * longest
 
 
 class RolloutManager:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from laminar_hpc.config import Config, ConfigError, load_config, save_config
-from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.backends import kv_capacity
 from laminar_hpc.config.slurm import joiner_override_refusal
 from laminar_hpc.launch.ownership import check_run_dir
 from laminar_hpc.launch.processes import ProcessGroup, role_env
@@ -59,11 +59,6 @@ def joiner_config(rd: RunDir, overrides: list[str]) -> Config:
         raise AttachError(str(err)) from None
 
 
-def kv_capacity_tokens(cfg: Config) -> int:
-    """The KV tokens one replica holds (controller/rollout_manager.kv_capacity's rule)."""
-    return cfg.repack.kv_capacity_tokens or cfg.rollout.max_batch * rollout_backend(cfg).longest_sequence(cfg)
-
-
 def connect(rd: RunDir, cfg: Config) -> Client:
     """A connection to the campaign's controller as a launcher (the run's launcher key)."""
     who = holder(rd.path)
@@ -80,7 +75,7 @@ def connect(rd: RunDir, cfg: Config) -> Client:
 def request_ranks(ctrl: Client, cfg: Config, rollouts: int, kind: str, job: str | None) -> Joined:
     """Ask the controller for `rollouts` rollout ranks and a relay rank; waits at most timeouts.startup_s."""
     try:
-        ctrl.send(Join(rollouts=rollouts, max_batch=cfg.rollout.max_batch, kv_capacity=kv_capacity_tokens(cfg),
+        ctrl.send(Join(rollouts=rollouts, max_batch=cfg.rollout.max_batch, kv_capacity=kv_capacity(cfg),
                        kind=kind, job=job), timeout_s=cfg.timeouts.startup_s)
     except WaitTimeout as err:
         raise AttachError(f"{err}: is the campaign's controller up?") from None
