@@ -34,15 +34,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sized
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from laminar_hpc.config.backends import kv_capacity  # noqa: F401 - the controller and simulator read it here
 from laminar_hpc.policy import consolidate, recovery, repack, scheduling
 from laminar_hpc.policy.repack import ReplicaState
 from laminar_hpc.transport.protocol import Assign, Message, Migrate
-
-if TYPE_CHECKING:
-    from laminar_hpc.config.schema import Config
 
 Send = Callable[[str, Message], None]
 
