@@ -13,7 +13,7 @@ from helpers import data_plane, trajectory
 from laminar_hpc.controller.ledger import DELIVERED, GENERATING, READY, TRAINED
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.wal import WriteAheadLog
-from laminar_hpc.transport.protocol import StreamItem, Trajectory, stream_frame
+from laminar_hpc.transport.protocol import StreamItem, Trajectory, finished_tail, stream_frame
 
 ROLLOUTS = 3
 
@@ -123,6 +123,8 @@ def drive_randomly(dp: DataPlane, rng: random.Random, steps: int, after=None) ->
             reward = None if r < 0.02 else math.nan if r < 0.04 else float(rng.randint(0, 1))
             t = make_traj(p.traj_id, p.group_id, p.token_list() + [rng.randrange(500)],
                       p.version if p.version is not None else rng.randint(0, 4), reward)
+            if p.n_tokens and rng.random() < 0.5:  # sent as its tail (protocol 7); now and then one that does not fit
+                t = finished_tail(t, p.n_tokens + (1 if rng.random() < 0.05 else 0))
             sent.append(t)
             dp.finish(t)
         elif op == "take":

@@ -384,9 +384,41 @@ class FakeChannel:
         self.sent: list[Message] = []
         self.inbox: deque[Message] = deque()
         self.script = script
+        self.handed: dict[str, protocol.WorkItem] = {}  # the work the role received, by trajectory id
+        self.tails: list[protocol.Trajectory] = []  # finished results as they came (protocol 7: tails)
 
     def send(self, msg: Message, timeout_s: float | None = None) -> None:
-        self.sent.append(_token_lists(decode(encode(msg))))
+        msg = _token_lists(decode(encode(msg)))
+        if isinstance(msg, protocol.Finished) and msg.trajectory.offset is not None:
+            self.tails.append(msg.trajectory)
+            msg = protocol.Finished(trajectory=self._whole(msg.trajectory))  # as the controller's pool joins it
+        self.sent.append(msg)
+
+    def _whole(self, tail: protocol.Trajectory) -> protocol.Trajectory:
+        """A result sent as its tail joined to what its work item and its stream chunks carried before
+        (controller/partial.py: `Partial.completed`, here for what the rollout's tests compare)."""
+        w = self.handed[tail.traj_id]
+        toks, lps = list(w.token_list() if w.tokens else []), list(w.logprob_list() if w.logprobs else [])
+        mask = list(w.mask) if w.mask is not None else None
+        for m in self.of(protocol.Stream):
+            for it in m.items:
+                if it.traj_id == tail.traj_id and it.offset == len(toks):
+                    if mask is not None or it.mask is not None:
+                        mask = (mask if mask is not None else [1] * len(toks)) + \
+                            (list(it.mask) if it.mask is not None else [1] * len(it.tokens))
+                    toks, lps = toks + list(it.tokens), lps + list(it.logprobs)
+        assert len(toks) == tail.offset, f"{tail.traj_id}: its streams delivered {len(toks)} tokens, its tail says {tail.offset}"
+        if mask is not None or tail.mask is not None:
+            mask = (mask if mask is not None else [1] * len(toks)) + \
+                (list(tail.mask) if tail.mask is not None else [1] * len(tail.tokens))
+        return msgspec.structs.replace(tail, prompt=w.prompt_list(), tokens=toks + list(tail.tokens),
+                                       logprobs=lps + list(tail.logprobs), mask=mask, offset=None)
+
+    def _received(self, msgs: list[Message]) -> list[Message]:
+        for m in msgs:
+            if isinstance(m, protocol.Assign):
+                self.handed.update((w.traj_id, w) for w in m.work)
+        return msgs
 
     def _refill(self) -> None:
         if not self.inbox and self.script is not None:
@@ -394,7 +426,7 @@ class FakeChannel:
 
     def recv(self, timeout_s: float) -> Message | None:
         self._refill()
-        return self.inbox.popleft() if self.inbox else None
+        return self._received([self.inbox.popleft()])[0] if self.inbox else None
 
     def waiting(self, timeout_s: float) -> bool:
         return bool(self.inbox)
@@ -403,7 +435,7 @@ class FakeChannel:
         self._refill()
         out = list(self.inbox)
         self.inbox.clear()
-        return out
+        return self._received(out)
 
     def of(self, cls: type) -> list:
         return [m for m in self.sent if isinstance(m, cls)]

@@ -116,7 +116,9 @@ class Replica:
             for s in done:
                 del self.slots[s[0]]
                 traj = d.trajectory(s, self.rank, s[4], reward=float(d.rng.random() < 0.5), t_end=self.t)
-                self.send(P.Finished(trajectory=traj), "finished", token_count(traj.prompt) + s[4])
+                # every token went in the stream frames: the result is its tail, empty (protocol 7)
+                tail = P.finished_tail(traj, s[4]) if hasattr(P, "finished_tail") else traj  # (a baseline: protocol < 7)
+                self.send(P.Finished(trajectory=tail), "finished", token_count(tail.prompt) + tail.n_tokens)
                 self.credit += 1
             self.kv_peak = max(self.kv_peak, kv)
         else:

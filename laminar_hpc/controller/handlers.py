@@ -203,7 +203,7 @@ class MessageHandlers:
         self.state.finish_times.append(now)
         spans = {"spans": [list(x) for x in traj.version_spans]} if traj.version_spans else {}  # several versions
         self.tracer.emit("traj_finished", traj=traj.traj_id, version=traj.version, rollout=traj.rollout,
-                         tokens=traj.n_tokens, reward=traj.reward, **spans)
+                         tokens=traj.n_tokens + (traj.offset or 0), reward=traj.reward, **spans)
         if traj.version not in self.state.versions_seen:
             self.track_versions()
         self.state.versions_stale = True  # it may have been its version's last trajectory

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+import msgspec
+
 from laminar_hpc.controller.trajqueue import TrajQueue
-from laminar_hpc.transport.protocol import WorkItem, logprob_list, token_list
+from laminar_hpc.transport.protocol import Trajectory, WorkItem, logprob_list, pack_logprobs, pack_tokens, token_list
 
 
 # slots: tens of thousands of partials, touched a few times a stream frame each (compact, and
@@ -68,6 +70,17 @@ class Partial:
 
     def logprob_list(self) -> list[float]:
         return logprob_list(self.logprob_bytes())
+
+    def completed(self, tail: Trajectory) -> Trajectory:
+        """The whole trajectory of a result sent as its tail (`Trajectory.offset`, which the caller
+        checked is this partial's `n_tokens`): this prompt, these tokens and then the tail's."""
+        mask = None
+        if self.mask is not None or tail.mask is not None:  # an episode: the model's tokens where none is given
+            mask = (self.mask if self.mask is not None else [1] * self.n_tokens) + \
+                (list(tail.mask) if tail.mask is not None else [1] * tail.n_tokens)
+        return msgspec.structs.replace(
+            tail, prompt=self.prompt, tokens=self.token_bytes() + pack_tokens(tail.tokens),
+            logprobs=self.logprob_bytes() + pack_logprobs(tail.logprobs), mask=mask, offset=None)
 
     def work(self) -> WorkItem:
         w = WorkItem(traj_id=self.traj_id, group_id=self.group_id, problem=self.problem, prompt=self.prompt,

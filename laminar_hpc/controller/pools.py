@@ -275,7 +275,9 @@ class DataPlane:
         return f"restarted from its prompt (refusal {p.rejected} of {MAX_REJECTIONS})"
 
     def _finish(self, traj: Trajectory) -> int | None:
-        self.pool.partials.pop(traj.traj_id, None)
+        p = self.pool.partials.pop(traj.traj_id, None)
+        if traj.offset is not None:  # sent as its tail (`finish` checked that it continues `p`)
+            traj = p.completed(traj)
         # a result without a sender (the simulator's, or one replayed from the log) of a trajectory
         # requeued meanwhile: it wins, the requeue is void. (A rollout's result for work it no longer
         # holds never gets here: `finish` refuses it, and the queued copy is generated again.)

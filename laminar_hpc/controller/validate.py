@@ -63,11 +63,14 @@ def limits_for(cfg: Config, vocab_size: int) -> Limits:
 
 
 class Expected(Protocol):
-    """What the controller handed out under a trajectory id (a partial.Partial)."""
+    """What the controller handed out under a trajectory id (a partial.Partial), and the tokens
+    its pool holds of it (a result sent as its tail continues them: `Trajectory.offset`)."""
     group_id: int
     problem: int
     prompt: bytes  # protocol.pack_tokens
     max_new_tokens: int
+    n_tokens: int
+    gap: bool
 
 
 _BUFFERS = (bytes, bytearray, memoryview)
@@ -180,32 +183,37 @@ def trajectory_refusal(traj: Trajectory, expected: Expected, limits: Limits | No
     if traj.group_id != expected.group_id or traj.problem != expected.problem:
         return (f"it claims group {traj.group_id} / problem {traj.problem}, but was handed out for group "
                 f"{expected.group_id} / problem {expected.problem}")
+    before = traj.offset or 0  # a tail: the pool's tokens, checked when they were streamed, come first
+    if traj.offset is not None and (traj.offset != expected.n_tokens or expected.gap):
+        held = f"{expected.n_tokens}{' with a gap' if expected.gap else ''}"
+        return f"its result continues after token {traj.offset}, but the partial-response pool holds {held}"
     if limits is None:
         return None
-    if not same_tokens(traj.prompt, expected.prompt):
+    if traj.offset is None and not same_tokens(traj.prompt, expected.prompt):
         return "its prompt is not the prompt it was handed out with"
     if traj.version < 0:
         return f"weight version {traj.version} is negative"
-    if (why := spans_refusal(traj)) is not None:
+    if (why := spans_refusal(traj, before + traj.n_tokens)) is not None:
         return why
     if finished and traj.finish not in FINISH_OK:
         return f"the rollout reported: {' '.join(traj.finish[:300].split())}"
-    return tokens_refusal(traj.tokens, traj.logprobs, limits, prompt_len=traj.n_prompt, before=0,
+    return tokens_refusal(traj.tokens, traj.logprobs, limits, prompt_len=len(expected.prompt) >> 2, before=before,
                           max_new_tokens=expected.max_new_tokens) or mask_refusal(traj.mask, traj.n_tokens)
 
 
-def spans_refusal(traj: Trajectory) -> str | None:
+def spans_refusal(traj: Trajectory, n_tokens: int | None = None) -> str | None:
     """Why a trajectory's version spans (protocol.record_version) do not describe its tokens, or None:
     the first starts at token 0, each later one after the previous and at most at its last token
     (a span may hold no token yet: an episode switched while at its tools that then ended), the
-    versions differ from span to span and the oldest is `version`."""
+    versions differ from span to span and the oldest is `version`. `n_tokens`: its whole length (a
+    result sent as its tail has more than it carries)."""
     spans = traj.version_spans
     if not spans:
         return None
+    n = traj.n_tokens if n_tokens is None else n_tokens
     starts, versions = [s[0] for s in spans], [s[1] for s in spans]
-    if len(spans) < 2 or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) \
-            or starts[-1] > traj.n_tokens:
-        return f"version spans {spans[:8]} do not split its {traj.n_tokens} tokens in order"
+    if len(spans) < 2 or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] > n:
+        return f"version spans {spans[:8]} do not split its {n} tokens in order"
     if any(a == b for a, b in zip(versions, versions[1:])) or min(versions) != traj.version:
         return f"version spans {spans[:8]} do not go with its version {traj.version}"
     return None

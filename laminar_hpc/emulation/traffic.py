@@ -4,7 +4,7 @@ second, by message type, derived from the config (its cost model, lengths and ca
 The campaign runs at its ideal (emulation/ideal.py: `lambda` trajectories/s over R replicas
 decoding B' sequences each; docs/goodput.md). What reaches the controller per second:
 
-    finished        lambda                          prompt P + response L tokens, L log-probs each
+    finished        lambda                          no token: its stream frames delivered them (protocol 7)
     want_work       lambda                          at most one per finish (credit goes back at once)
     stream (admit)  lambda                          the prefill's first token of each admitted one
     stream (decode) R * steps_per_s / k             B' items of k tokens each on average
@@ -21,8 +21,10 @@ engine call is one decode step for a real engine ("decode-step" cadence) but a m
 emulated one ("engine-call": up to `emulation.max_macro_steps` steps, never past the next sequence
 to finish and, with emulation.step_interrupts, ended by a control message's arrival: `call_steps`;
 `mean_macro_steps` is a seeded Monte Carlo of one full replica). Tokens count token ids
-in frames to the controller (a response token is streamed once and sent again in its finished
-trajectory, with the prompt); each response token also carries a float32 log-prob.
+in frames to the controller: each response token crosses once, in a stream frame, with its
+float32 log-prob; a finished result carries only what its frames did not deliver
+(`Trajectory.offset`: at most the last engine call's tokens, counted here with the frames) and
+no prompt, which the controller holds since admission.
 
     t = campaign_traffic(cfg)                       # cfg: a (scaled) preset, e.g. 512 x B=64
     t.messages_per_s, t.tokens_per_s, t.by_type["rollout_state"]
@@ -160,7 +162,7 @@ def campaign_traffic(cfg: Config, *, cadence: str | None = None, ideal: Ideal | 
     tokens = {
         "stream_decode": lam * max(0.0, L - 1),
         "stream_admit": lam,
-        "finished": lam * (P + L),
+        "finished": 0.0,
     }
     return Traffic(ideal_trajectories_per_s=lam, replicas=R, batch=B, decode_step_s=step_s, steps_per_call=per_call,
                    steps_per_stream=k, mean_response=L, prompt_tokens=P, cadence=cadence,

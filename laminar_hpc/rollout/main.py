@@ -50,8 +50,8 @@ from laminar_hpc.tasks import build_task
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import (
     Assign, Finished, Leaving, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop,
-    StreamItem,
-    Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, packed, record_version, stream_frame, unpacked,
+    StreamItem, Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, finished_tail, packed, record_version,
+    stream_frame, unpacked,
 )
 
 
@@ -81,6 +81,10 @@ class Rollout:
         self.running: dict[str, Trajectory] = {}
         self.stream_buf: dict[str, tuple[list[int], list[float]]] = {}
         self.streamed: dict[str, int] = {}  # tokens of each trajectory the partial-response pool holds
+        # a finished one's tokens the pool holds: its result carries the rest (protocol.finished_tail);
+        # held across a controller restart (`resync`), 0: the restarted pool may lack some, all go
+        self.delivered: dict[str, int] = {}
+        self.resend_whole: set[str] = set()
         self.first_token: set[str] = set()  # trajectories whose first new token was traced
         self.last_sample = 0.0  # when a decode step was last sampled for the trace (calibration)
         self.credit_to_return = 0
@@ -170,6 +174,8 @@ class Rollout:
         held = [*self.running, *(w.traj_id for w in self.queue)]
         free = max(0, self.capacity - len(held))  # one waiting for its reward gave its slot back already
         held += self.scoring.pending_ids()  # still this rollout's: its result comes from here
+        self.resend_whole.update(self.running)  # the restarted pool may lack chunks: results go whole
+        self.delivered.update(dict.fromkeys(self.scoring.pending_ids(), 0))
         self.ctx.ctrl.send(Resync(held=held, free=free, version=self.engine.version, pid=os.getpid()))
         self.credit_to_return = 0  # `free` replaces every credit the old controller knew of
 
@@ -302,6 +308,9 @@ class Rollout:
         except Exception as err:  # noqa: BLE001 - the task's code, any error
             self.fail(req, f"its problem cannot be read: {type(err).__name__}: {err}")
             return
+        whole = req.traj_id in self.resend_whole
+        self.resend_whole.discard(req.traj_id)
+        self.delivered[req.traj_id] = 0 if whole else self.streamed.get(req.traj_id, 0)
         traj = self._partial(req)
         if traj.version_spans:  # several versions generated it (partial-rollout, refresh in flight)
             traj.version_last = traj.version_spans[-1][1]
@@ -341,8 +350,8 @@ class Rollout:
         lps.extend(logprobs)
 
     def send_scored(self) -> None:
-        for traj in self.scoring.ready():
-            self.ctx.ctrl.send(Finished(trajectory=packed(traj)))
+        for traj in self.scoring.ready():  # each token once: what the streams delivered stays out
+            self.ctx.ctrl.send(Finished(trajectory=finished_tail(packed(traj), self.delivered.pop(traj.traj_id, 0))))
 
     def flush_streams(self) -> None:
         items = []

@@ -40,8 +40,9 @@ from laminar_hpc.transport.tokens import token_count, token_list, unpacked  # no
 
 MAX_FRAME_BYTES = 64 << 20
 # 1: the untyped dict protocol (no `protocol` in hello); 3: `Drops`; 4: version spans; 5: token arrays as bytes;
-# 6: elastic capacity (`Join`, `Joined`, `Leaving`) and the joiners' leaf relays (`Leaf*`)
-PROTOCOL_VERSION = 6
+# 6: elastic capacity (`Join`, `Joined`, `Leaving`) and the joiners' leaf relays (`Leaf*`); 7: a finished
+# trajectory carries only the tokens its stream frames did not deliver (`Trajectory.offset`), no prompt
+PROTOCOL_VERSION = 7
 
 # values of the free-form maps (train metrics, log-event fields): scalars only, so that a frame
 # that decodes can always be written to status.json
@@ -107,6 +108,11 @@ class Trajectory(_TokenItem):
     mask: list[int] | None = None
     tool_calls: int = 0  # tool calls the episode made (each counted once, even when re-run after a move)
     tool_errors: int = 0  # of which returned an error or timed out (the model saw it as its observation)
+    # a rollout's finished result sent as its tail (`finished_tail`): `offset` tokens (and their log-probs
+    # and mask) came before `tokens` in its stream frames, and the prompt is the one it was handed out
+    # with (sent empty): the partial-response pool holds both, so no token crosses the wire twice.
+    # None: `prompt`, `tokens`, `logprobs` and `mask` are whole
+    offset: int | None = None
 
 
 class WorkItem(_TokenItem):
@@ -480,6 +486,19 @@ def stream_frame(items: list[StreamItem]) -> Stream:
                 tokens=pack_tokens([x for t in toks for x in t]),
                 logprobs=pack_logprobs([x for lp in lps for x in lp])))
     return Stream(items=pack_items(items))
+
+
+def finished_tail(traj: Trajectory, offset: int) -> Trajectory:
+    """What a rollout sends for a finished `traj` (whole tokens, log-probs and mask) of which its
+    stream frames delivered the first `offset` tokens: the rest, with `offset` set and no prompt
+    (the partial-response pool joins them back: `Trajectory.offset`). `offset` 0: `traj` as it is."""
+    if offset <= 0:
+        return traj
+    def rest(v, pack):  # a list is cut before it is packed, bytes at the offset's byte
+        return pack(v[offset:]) if isinstance(v, list) else pack(v)[4 * offset:]
+    return msgspec.structs.replace(
+        traj, prompt=b"", tokens=rest(traj.tokens, pack_tokens), logprobs=rest(traj.logprobs, pack_logprobs),
+        mask=None if traj.mask is None else list(traj.mask[offset:]), offset=offset)
 
 
 def stream_items(msg: Stream) -> list[StreamItem]:

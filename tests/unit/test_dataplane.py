@@ -9,7 +9,7 @@ import pytest
 
 from helpers import data_plane, problem, result, tokenize
 
-from laminar_hpc.transport.protocol import Group, StreamItem, WorkItem, token_list
+from laminar_hpc.transport.protocol import Group, StreamItem, WorkItem, finished_tail, token_list
 
 
 # ------------------------------------------------------------------------------------------
@@ -116,6 +116,32 @@ def test_finish_returns_group_only_when_last_member_finishes():
     assert dp.tokens_generated == 2 + 1 + 3 + 0 + 1 + 2
     assert list(dp.ledger.ready) == [0, 1]
     assert dp.partials == {}
+
+
+def test_a_result_sent_as_its_tail_is_joined_to_the_streamed_tokens():
+    """Protocol 7: the pool holds the prompt and the streamed tokens; the result brings the rest."""
+    dp = data_plane(group_size=1)
+    dp.admit(1)
+    w = dp.assign(0, 1)[0]
+    whole = result(w, [5, 6, 7], version=2, reward=1.0, finish="eos")
+    dp.stream(w.traj_id, [5, 6], whole.logprob_list()[:2], version=2, offset=0)
+    tail = finished_tail(whole, 2)
+    assert token_list(tail.tokens) == [7] and tail.prompt == b"" and tail.offset == 2
+    assert dp.finish(tail, rollout=0) == 0
+    (got,) = dp.ledger.groups[0].finished.values()
+    assert got.offset is None and got.token_list() == [5, 6, 7] and got.prompt_list() == token_list(w.prompt)
+    assert got.logprob_list() == pytest.approx(whole.logprob_list()) and dp.tokens_generated == 3
+
+
+def test_a_tail_that_does_not_continue_the_pool_is_refused_and_restarts():
+    dp = data_plane(group_size=1)
+    dp.admit(1)
+    w = dp.assign(0, 1)[0]
+    dp.stream(w.traj_id, [5, 6], [-0.5, -0.25], version=2, offset=0)
+    assert dp.finish(finished_tail(result(w, [5, 6, 7, 8], version=2), 3), rollout=0) is None
+    (kind, tid, why), = dp.take_refusals()
+    assert (kind, tid) == ("trajectory", w.traj_id) and "continues after token 3" in why and "holds 2" in why
+    assert dp.partials[w.traj_id].n_tokens == 0 and w.traj_id in dp.queue  # from its prompt again
 
 
 def test_duplicate_finish_is_ignored():

@@ -137,6 +137,38 @@ def test_finished_trajectories_carry_their_work_item_and_every_token(make):
     assert ctrl(r).of(WantWork)[-1] == WantWork(credit=2, version=0)
 
 
+def test_a_finished_result_carries_no_token_its_streams_delivered_nor_its_prompt(make):
+    """Protocol 7: each token crosses the wire once. The result is the tail after what the stream
+    frames delivered (`offset`), without the prompt the pool holds since admission."""
+    r = started(make(*LONG))
+    work = [work_item(i, prompt=(5, 6, 7, 8)) for i in range(3)]
+    tell(r, Assign(work=work))
+    r.admit(draining=False)
+    generate(r)
+    tails = {t.traj_id: t for t in ctrl(r).tails}
+    assert sorted(tails) == [w.traj_id for w in work]
+    for w in work:
+        tail, whole = tails[w.traj_id], next(m.trajectory for m in ctrl(r).of(Finished) if m.trajectory.traj_id == w.traj_id)
+        start, sent = streamed(r, w.traj_id)
+        assert start == 0 and tail.offset == len(sent) > 0 and tail.prompt == []
+        assert len(sent) + len(tail.tokens) == len(whole.tokens) and len(tail.logprobs) == len(tail.tokens)
+
+
+def test_after_a_controller_restart_results_go_whole(make):
+    """The restarted controller's pool may lack chunks sent before it went down: what was held at
+    the resync finishes with every token and its prompt (no `offset`)."""
+    r = started(make(*LONG))
+    tell(r, Heartbeat(t=1.0, epoch="first"), Assign(work=[work_item(0, prompt=(5, 6, 7))]))
+    r.admit(draining=False)
+    generate(r, steps=2)
+    tell(r, Heartbeat(t=2.0, epoch="second"), Assign(work=[work_item(1, prompt=(5, 6, 7))]))
+    r.admit(draining=False)
+    generate(r)
+    assert [t.traj_id for t in ctrl(r).tails] == ["0.1"]  # taken after the resync: its streams went to this pool
+    (whole,) = [m.trajectory for m in ctrl(r).of(Finished) if m.trajectory.traj_id == "0.0"]
+    assert whole.offset is None and whole.prompt == [5, 6, 7] and len(whole.tokens) > 2
+
+
 def test_migrated_work_goes_first_and_continues_its_tokens(make):
     r = started(make())
     fresh = work_item(0)

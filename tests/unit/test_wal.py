@@ -25,7 +25,7 @@ from laminar_hpc.transport.protocol import StreamItem, Trajectory
 
 # --- 1. replay determinism (in memory) ---
 
-@pytest.mark.parametrize("seed", [2, 4, 5, 7])  # (seeds whose runs take every path below)
+@pytest.mark.parametrize("seed", [1, 4, 5, 7])  # (seeds whose runs take every path below)
 def test_replay_of_the_journal_rebuilds_the_same_state(seed):
     rec = Recorder()
     dp = make_dp(journal=rec)
@@ -35,6 +35,7 @@ def test_replay_of_the_journal_rebuilds_the_same_state(seed):
     assert {"admit", "assign", "stream", "chunks", "finish", "deliver", "trained", "commit", "drop", "requeue",
             "detach", "place", "migrate", "restart", "trainer_sync", "note"} <= ops
     assert "bad_reward" in dp.ledger.dropped.values() and dp.ledger.committed
+    assert any(op == "finish" and args["traj"].offset is not None for op, args in rec)  # results sent as tails
     again = replayed(rec)
     assert again.state_dict() == dp.state_dict()
     # and a prefix of the journal replays onto a snapshot of the same prefix
