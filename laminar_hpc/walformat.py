@@ -7,6 +7,8 @@ themselves.
         payload  msgpack [op, args]
     snapshot-000003.msgpack   SNAPSHOT_MAGIC, next sequence number u64, payload length u64,
                               CRC32C of the payload u32, then the payload: msgpack of the state
+    synced                    MARK_MAGIC, the sequence number after the last record made durable
+                              (fsync) u64, CRC32C of those 16 bytes u32: rewritten after each fsync
 
 Every record of a run has the next sequence number (across segments and restarts), and a
 snapshot says which number the first record after it has. Replay (`read_log`) checks each
@@ -18,9 +20,13 @@ and no file is touched, so a controller refuses to start on such a log (as on a 
 and the next compaction cannot delete the evidence.
 
 The one thing a crash does to a log is cut its last write short: a segment that ends inside a
-record (a header or payload incomplete, with both checksums of what is there unknown) loses only
-that record, which nothing depended on (the controller sends only after a write returned), and
-replay goes on with the next segment, whose first number must follow.
+record (a header or payload incomplete, with both checksums of what is there unknown), or in the
+zero-filled blocks a file system leaves for data it had not written, loses only what came after
+the last fsync, which nothing depended on (the controller sends only after a write returned), and
+replay goes on with the next segment, whose first number must follow. What was fsynced is
+promised by `synced`: a log that ends before that number (cut at a record boundary, or zeroed
+over records that had reached the disk) lost records a crash cannot explain, and is refused as a
+damaged one is.
 
 A log written before these checks (no magic: plain msgpack records and snapshots) is replayed
 unchecked, as it was before, with one warning; a record that does not decode there refuses the
@@ -47,6 +53,9 @@ _HEAD = struct.Struct("<IQ")  # payload length, sequence number
 _CRCS = struct.Struct("<II")  # CRC32C of the _HEAD bytes, CRC32C of the payload
 HEADER_BYTES = _HEAD.size + _CRCS.size
 _SNAP = struct.Struct("<QQI")  # next sequence number, payload length, CRC32C of the payload
+MARK_NAME = "synced"
+MARK_MAGIC = b"LAMSYN\x01\n"
+_MARK = struct.Struct("<Q")  # the sequence number after the last durable record (then CRC32C u32)
 MAX_RECORD_BYTES = 1 << 31  # a length above this is a damaged header, never a record
 _CHUNK = 16 << 20  # google_crc32c takes bytes only: a view is checked in copies of this size
 
@@ -76,6 +85,28 @@ def record_header(seq: int, payload: bytes) -> bytes:
 
 def snapshot_header(next_seq: int, payload: bytes) -> bytes:
     return SNAPSHOT_MAGIC + _SNAP.pack(next_seq, len(payload), crc32c(payload))
+
+
+def mark_bytes(next_seq: int) -> bytes:
+    """The `synced` file's bytes: every record numbered below `next_seq` is on disk."""
+    body = MARK_MAGIC + _MARK.pack(next_seq)
+    return body + struct.pack("<I", crc32c(body))
+
+
+def read_mark(root: Path) -> int | None:
+    """The sequence number `synced` promises, or None (no mark: a log written before it; or one
+    cut short or damaged, which only weakens the check and is said in the log)."""
+    try:
+        data = (Path(root) / MARK_NAME).read_bytes()
+    except FileNotFoundError:
+        return None
+    size = len(MARK_MAGIC) + _MARK.size
+    if len(data) != size + 4 or not data.startswith(MARK_MAGIC) or \
+            struct.unpack_from("<I", data, size)[0] != crc32c(data[:size]):
+        log.warning("write-ahead log %s: its %s mark is unreadable; records lost before it cannot be told "
+                    "from a crash's", root, MARK_NAME)
+        return None
+    return _MARK.unpack_from(data, len(MARK_MAGIC))[0]
 
 
 def read_snapshot(data: bytes) -> tuple[dict, int | None]:
@@ -191,6 +222,7 @@ def read_log(root: Path) -> Recovered:
         raise WalError(f"write-ahead log {root} cannot be recovered: no readable snapshot for its segments "
                        f"(see the errors above); {_WHAT_TO_DO.format(root=root)}")
     records: list[tuple[str, dict]] = []
+    torn: list[tuple[Path, int]] = []  # (segment, bytes a crash cut short): said once the log is trusted
     for seg in segments:
         if index_of(seg) < start:
             continue
@@ -212,9 +244,18 @@ def read_log(root: Path) -> Recovered:
                            f"replayed, every file kept. The controller does not start on a log it cannot trust: "
                            f"{_WHAT_TO_DO.format(root=root)}")
         if scan.torn:
-            log.warning("write-ahead log %s ends with %d bytes of a record cut short by a crash: that record "
-                        "is ignored (nothing was sent after it)", seg, scan.torn)
+            torn.append((seg, scan.torn))
         expected = scan.next_seq
+    promised = None if legacy else read_mark(root)
+    if promised is not None and (expected or 0) < promised:
+        raise WalError(f"write-ahead log {root} ends before record {promised - 1}, which was made durable ({MARK_NAME}): "
+                       f"{promised - (expected or 0)} records that reached the disk are missing (a segment cut at a "
+                       f"record or zero-filled); {len(records)} records after the snapshot were read, none replayed, "
+                       f"every file kept. The controller does not start on a log it cannot trust: "
+                       f"{_WHAT_TO_DO.format(root=root)}")
+    for seg, n in torn:
+        log.warning("write-ahead log %s ends with %d bytes of a record cut short by a crash: that record "
+                    "is ignored (nothing was sent after it)", seg, n)
     if legacy:
         log.warning("write-ahead log %s was written before records carried checksums: replayed unchecked "
                     "(%d records); its next snapshot is checked", root, len(records))

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from laminar_hpc.config.backends import context_refusal
 from laminar_hpc.config.schema import Config
 from laminar_hpc.config.task import TASK_TYPES
 from laminar_hpc.rundir import atomic_write_text
@@ -151,12 +152,18 @@ def config_from_dict(data: Any, source: str = "<config>", overrides: list[str] |
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_one_line(err, _blame(err, source, overrides or []))) from None
     except RecursionError:  # YAML aliases can build self-referencing data
         raise ConfigError(f"{source}: the config refers to itself (YAML anchors/aliases); "
                           "write the values out") from None
+    why = context_refusal(cfg)  # (here: the engines' rules read the validated config)
+    if why is not None:
+        set_by = [ov for ov in overrides or [] if ov.split("=", 1)[0].strip() in ("rollout.max_new_tokens",
+                                                                                   "model.max_seq_len")]
+        raise ConfigError(f"{f'command line override {_cut(set_by[-1])!r}' if set_by else source}: {why}")
+    return cfg
 
 
 def _blame(err: ValidationError, source: str, overrides: list[str]) -> str:
@@ -186,8 +193,9 @@ def _parse_yaml(text: str, source: str) -> Any:
 def parse_config_text(text: str, source: str = "<text>", overrides: list[str] | None = None) -> Config:
     """A Config from YAML text; every problem with it is a one-line ConfigError naming `source`."""
     data = _parse_yaml(text, source)
-    if data is None:
-        data = {}
+    if data is None:  # an empty file is a wrong path or a truncated copy far more often than a wish for defaults
+        raise ConfigError(f"{source}: the config is empty; name at least one section (configs/quickstart.yaml "
+                          "is a complete example)")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (e.g. 'trainer:'), "
                           f"got {type(data).__name__}")

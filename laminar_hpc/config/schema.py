@@ -122,14 +122,18 @@ class VllmCfg(Section):
 
 
 RolloutBackend = Literal["torch", "emulated", "vllm"]
+# sizes a typo could turn into exhausted memory (an engine allocates per sequence and per token):
+# far above any campaign's, and bounded again by the engine's context where it has one (`_sizes`)
+MAX_NEW_TOKENS = 1 << 20
+MAX_BATCH = 1 << 16
 
 
 class RolloutCfg(Section):
     backend: RolloutBackend = "torch"
     device: str = "cpu"
     count: PosInt = 4
-    max_batch: PosInt = 64
-    max_new_tokens: PosInt = 24
+    max_batch: Annotated[int, Field(gt=0, le=MAX_BATCH)] = 64
+    max_new_tokens: Annotated[int, Field(gt=0, le=MAX_NEW_TOKENS)] = 24
     temperature: PosFloat = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: NonNegInt = 0  # 0: off. mu and the trainer's pi are log-probs under the distribution sampled from

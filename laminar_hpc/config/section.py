@@ -23,7 +23,9 @@ Prob = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # allow_inf_nan: no float of a campaign is meant to be infinite or NaN (`trainer.lr=inf` would
+    # start a campaign whose weights turn NaN at its first step)
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
     # fields whose text goes to the model, never to a shell or a file name: line breaks allowed
     multiline: ClassVar[frozenset[str]] = frozenset()
 

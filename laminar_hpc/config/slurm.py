@@ -39,8 +39,11 @@ JOINER_OVERRIDES = ("rollout.", "repack.kv_capacity_tokens=", "slurm.constraint=
 
 
 def joiner_override_refusal(override: str) -> str | None:
-    """Why a joiner may not set `override` (key=value), or None."""
-    if "=" not in override or not override.startswith(JOINER_OVERRIDES) or override.startswith("rollout.count="):
+    """Why a joiner may not set `override` (key=value), or None. The key is read as the loader
+    reads it (`config/load.apply_override`: the text before the first '=', stripped), so spaces
+    around it cannot slip a campaign key past this check."""
+    key = override.split("=", 1)[0].strip()
+    if "=" not in override or not f"{key}=".startswith(JOINER_OVERRIDES) or key == "rollout.count":
         return (f"{override!r}: a joiner may only set its own rollout.* (not rollout.count), "
                 "repack.kv_capacity_tokens, slurm.constraint and slurm.layout.rollout.*, as key=value; the rest is "
                 "the campaign's")

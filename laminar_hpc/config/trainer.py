@@ -47,8 +47,8 @@ class TrainerCfg(Section):
     backend: TrainerBackend = "torch"
     device: str = "cpu"
     total_steps: PosInt = 300
-    groups_per_step: PosInt = 16
-    group_size: Annotated[int, Field(ge=2)] = 8
+    groups_per_step: Annotated[int, Field(gt=0, le=1 << 16)] = 16  # (bounds: a batch held in memory)
+    group_size: Annotated[int, Field(ge=2, le=1 << 12)] = 8
     lr: PosFloat = 1e-3
     lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: decays to lr * lr_min_ratio at total_steps
     lr_min_ratio: Prob = 0.1

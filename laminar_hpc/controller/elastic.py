@@ -21,6 +21,7 @@ restarted controller keeps their names, capacities and the next free ranks.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Protocol
 
@@ -33,6 +34,15 @@ from laminar_hpc.transport.protocol import Join, Joined
 
 MAX_JOIN_ROLLOUTS = 4096  # rollouts one attach job may ask for (a typo's 10**9 must not allocate names)
 MAX_JOINERS = 65536  # rollout ranks ever handed out to joiners (each keeps a journalled record)
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")  # a Slurm job id (12345, 12345_7, 12345+1), local-<pid>
+KIND_CHARS = 64  # of a joiner's kind kept (status.json, traces, logs)
+
+
+def _shown(text: str, n: int = KIND_CHARS) -> str:
+    """`text` as a peer sent it, cut to `n` characters and with control characters escaped
+    (\\n, \\x1b): one short line in a log, whatever the peer put in it."""
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:n])
+    return shown[:n] + ("..." if len(text) > n or len(shown) > n else "")
 
 
 class Journal(Protocol):
@@ -71,6 +81,8 @@ class Elastic:
             return f"rollouts={msg.rollouts}: ask for 1 to {MAX_JOIN_ROLLOUTS}"
         if msg.max_batch < 1 or msg.kv_capacity < 1:
             return f"max_batch={msg.max_batch}, kv_capacity={msg.kv_capacity}: both must be at least 1"
+        if msg.job is not None and not JOB_NAME.fullmatch(msg.job):
+            return f"job {_shown(msg.job)}: a job id is 1 to 64 letters, digits and _.+- (a Slurm job id, local-<pid>)"
         if self.next_rank + msg.rollouts - self.cfg.rollout.count > MAX_JOINERS:
             given = self.next_rank - self.cfg.rollout.count
             return f"this campaign has handed out {given} joiner ranks (at most {MAX_JOINERS})"
@@ -88,12 +100,12 @@ class Elastic:
         self.next_relay += 1
         for rank in ranks:
             self.joiners[rank] = {"relay": relay, "max_batch": msg.max_batch, "kv_capacity": msg.kv_capacity,
-                                  "kind": msg.kind[:64], "job": msg.job, "left": False}
+                                  "kind": _shown(msg.kind), "job": msg.job, "left": False}
         self._journal()
         for rank in ranks:
             self._admit(rank, self.joiners[rank])
         self.log.info("job %s joined: rollouts %s (%s, max_batch %d) and leaf relay %d", msg.job or "?",
-                      f"{ranks[0]}..{ranks[-1]}", msg.kind, msg.max_batch, relay)
+                      f"{ranks[0]}..{ranks[-1]}", self.joiners[ranks[0]]["kind"], msg.max_batch, relay)
         return Joined(ranks=ranks, relay=relay)
 
     def _admit(self, rank: int, j: dict) -> None:

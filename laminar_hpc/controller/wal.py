@@ -52,7 +52,8 @@ from typing import Callable
 import msgspec
 
 from laminar_hpc.rundir import TRANSIENT_ERRORS, transient_hint
-from laminar_hpc.walformat import SEGMENT_MAGIC, WalError, index_of, read_log, record_header, snapshot_header
+from laminar_hpc.walformat import (MARK_NAME, SEGMENT_MAGIC, WalError, index_of, mark_bytes, read_log, record_header,
+                                   snapshot_header)
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class WriteAheadLog:
         self.last_sync = time.monotonic()
         self.records = 0
         self.seq = 0  # the sequence number of the next record (walformat.py)
+        self._mark_fd: int | None = None  # `synced`: what the last fsync made durable (walformat.py)
         self._child: tuple[int, int, int, int] | None = None  # a forked snapshot writer: pid, pipe, index, failures
         self._encoder = msgspec.msgpack.Encoder()  # structs, dicts and lists (msgpack's own packer takes no structs)
 
@@ -147,6 +149,7 @@ class WriteAheadLog:
             return False
         self._needs_snapshot = False
         self._check_clear()
+        self._mark_durable()  # the snapshot holds every record so far, and its name is durable
         self._forget_before(self.seg)
         return True
 
@@ -294,8 +297,22 @@ class WriteAheadLog:
                 # (the whole state) makes the log trustworthy again
                 self._failed(err, f"fsync of seg-{self.seg:06d}.log", snapshot=True)
                 return False
+            self._mark_durable()
         self._check_clear()
         return not self.unwritten
+
+    def _mark_durable(self) -> None:
+        """Every record appended is on disk (the caller fsynced them): say so in `synced`, so that a
+        log that later lacks one of them is refused (walformat.read_log). One small in-place write
+        and fsync a second; one that fails leaves an older mark, which only checks less."""
+        try:
+            if self._mark_fd is None:
+                self._mark_fd = os.open(self.root / MARK_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.pwrite(self._mark_fd, mark_bytes(self.seq), 0)
+            os.fsync(self._mark_fd)
+        except OSError as err:
+            if err.errno not in TRANSIENT_ERRORS:
+                raise
 
     def _failed(self, err: OSError, what: str, snapshot: bool = False) -> None:
         if err.errno not in TRANSIENT_ERRORS:
@@ -351,4 +368,10 @@ class WriteAheadLog:
         if self.unwritten or self.buf:
             log.error("write-ahead log %s: %d bytes of records could not be written before exit (%s)", self.root,
                       len(self.unwritten) + sum(map(len, self.buf)), self.error)
-        self._close_segment()
+        pending = bool(self.unwritten or self.buf) or self.fd is None
+        self._close_segment()  # (fsyncs it)
+        if not pending:
+            self._mark_durable()
+        if self._mark_fd is not None:
+            fd, self._mark_fd = self._mark_fd, None
+            os.close(fd)

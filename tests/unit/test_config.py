@@ -224,9 +224,14 @@ def test_top_level_list_via_dict_api():
     assert "mapping" in msg
 
 
-def test_empty_file_gives_defaults(tmp_path):
-    p = _write(tmp_path, "")
-    assert load_config(p) == Config()
+@pytest.mark.parametrize("text", ["", "\n# only a comment\n", "---\n"])
+def test_an_empty_file_is_refused_with_one_line(tmp_path, text):
+    """Round 3, finding 7: an empty file (a wrong path, a truncated copy) started a campaign of defaults."""
+    p = _write(tmp_path, text)
+    with pytest.raises(ConfigError, match="the config is empty") as err:
+        load_config(p)
+    assert str(p) in str(err.value) and "\n" not in str(err.value)
+    assert config_from_dict({}) == Config()  # (the defaults themselves are still a config)
 
 
 # ------------------------------------------------------------------------------------------
@@ -301,7 +306,7 @@ def test_override_unknown_key_errors_like_file_key(tmp_path):
 
 
 def test_override_out_of_range_names_key(tmp_path):
-    p = _write(tmp_path, "")
+    p = _write(tmp_path, "name: x\n")
     with pytest.raises(ConfigError, match=r"'relay\.slots'"):
         load_config(p, ["relay.slots=1"])
 
@@ -311,8 +316,8 @@ def test_override_without_equals_errors(tmp_path, bad):
     with pytest.raises(ConfigError) as err:
         apply_override({}, bad)
     assert "=" in str(err.value)
-    p = _write(tmp_path, "")
-    with pytest.raises(ConfigError):
+    p = _write(tmp_path, "name: x\n")
+    with pytest.raises(ConfigError, match="="):
         load_config(p, [bad])
 
 

@@ -191,7 +191,7 @@ def test_an_oversized_delivery_is_split_and_a_group_too_big_alone_is_dropped_fir
 
 
 def test_a_task_whose_every_prompt_is_too_long_stops_the_run_with_the_reason(make):
-    ctl = make(TORCH, "model.max_seq_len=6")  # every built-in prompt is longer
+    ctl = make(TORCH, "model.max_seq_len=6", "rollout.max_new_tokens=4")  # every built-in prompt is longer
     _ready(ctl)
     for _ in range(10):
         ctl.schedule()

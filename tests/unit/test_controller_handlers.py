@@ -171,7 +171,8 @@ def test_train_step_and_checkpoint_move_groups_through_the_ledger(make):
     assert ctl.data_plane.ledger.trained_at == {0: 1}
     ctl.handle("trainer-0", CheckpointSaved(step=1, version=1, path="ckpt", groups=[0]))
     assert ctl.status().groups_committed == 1 and ctl.data_plane.ledger.committed == {0}
-    assert sorted(p.name for p in (ctl.run_dir / "wal").iterdir()) == ["seg-000001.log", "snapshot-000001.msgpack"]
+    assert sorted(p.name for p in (ctl.run_dir / "wal").iterdir()) == ["seg-000001.log", "snapshot-000001.msgpack",
+                                                                         "synced"]
 
 
 def test_a_repack_move_goes_to_its_destination_and_a_rejected_one_restarts(make):

@@ -13,7 +13,7 @@ from dataplane_driver import logged_dp, make_dp, replayed
 
 from laminar_hpc.controller.recovery import recover
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
-from laminar_hpc.walformat import HEADER_BYTES, SEGMENT_MAGIC, check_log
+from laminar_hpc.walformat import HEADER_BYTES, MARK_NAME, SEGMENT_MAGIC, check_log, mark_bytes
 from laminar_hpc.rundir import RunDir
 
 N = 32  # records in the segment (the case: a bad byte at the 11th, "10 of 32 replayed")
@@ -149,6 +149,7 @@ def test_a_torn_tail_loses_only_its_record_and_the_next_segment_follows(tmp_path
     recs = _log(root, n=5)
     seg = root / "seg-000000.log"
     seg.write_bytes(seg.read_bytes()[:-3])
+    (root / MARK_NAME).write_bytes(mark_bytes(4))  # the crash came before the last record's fsync
     wal = WriteAheadLog(root, fsync_s=3600)
     state, got = wal.recover()
     assert state == {} and got == recs[:4] and wal.seq == 4

@@ -1,0 +1,148 @@
+"""Hardening round 3 (issue 35), findings 5 to 8, as the reviewer ran them: through the `laminar`
+command and a real controller process, each refused where it enters with one line, nothing written.
+
+- 6: a joiner override with a space before its '=' (`rollout.count =99`) passed the allowlist,
+  which read the raw text, while the loader strips the key.
+- 7: `trainer.lr=inf` (or NaN) and an empty config file started campaigns; `rollout.max_new_tokens`
+  had no upper bound.
+- 8: a `join`'s `kind` was logged whole (10 kB, line breaks included), its `job` stored unchecked.
+- 5: a write-ahead log that lost records that had reached the disk resumed.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from helpers import REPO, controller_process, laminar
+
+from laminar_hpc.config import load_config, save_config
+from laminar_hpc.controller.wal import WriteAheadLog
+from laminar_hpc.rundir import RunDir
+from laminar_hpc.transport.channel import Client, wait_endpoint
+from laminar_hpc.transport.protocol import Join, Joined, StopAll
+from laminar_hpc.transport.security import client_keys, ensure_keys
+from laminar_hpc.walformat import HEADER_BYTES, SEGMENT_MAGIC
+
+pytestmark = pytest.mark.slow
+
+
+def _campaign_dir(tmp_path, config: str = "tiny-emulated.yaml", *overrides: str):
+    """A run directory as the launcher leaves it (config, run id, keys), no role started."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    save_config(load_config(REPO / "configs" / config, list(overrides)), RunDir(run).config)
+    RunDir(run).record_start("round3")
+    ensure_keys(run)
+    return run
+
+
+def _one_line_refusal(res, *words: str) -> str:
+    assert res.returncode != 0, f"accepted:\n{res.stdout[-1500:]}"
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr[-1500:]
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_joiner_override_with_spaces_cannot_set_a_campaign_key(tmp_path):
+    run = _campaign_dir(tmp_path)
+    for override in ("rollout.count =99", "rollout.count\t=99"):
+        res = laminar("attach", str(run), "--rollouts", "1", override, timeout=60)
+        _one_line_refusal(res, "a joiner may only set", "rollout.count")
+    assert not (run / "elastic").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("override, key", [
+    ("trainer.lr=inf", "trainer.lr"), ("rollout.temperature=.inf", "rollout.temperature"),
+    ("eval.success_threshold=.nan", "eval.success_threshold"),
+    ("rollout.max_new_tokens=100000000", "rollout.max_new_tokens"),
+    ("rollout.max_new_tokens=32", "rollout.max_new_tokens"),  # the torch engine's context is model.max_seq_len=32
+    ("rollout.max_batch=10000000", "rollout.max_batch"),
+])
+def test_non_finite_floats_and_sizes_that_exhaust_memory_are_refused_before_a_run_starts(tmp_path, override, key):
+    out = tmp_path / "run"
+    res = laminar("run", "configs/tiny.yaml", "--run-dir", str(out), override, timeout=60)
+    _one_line_refusal(res, key)
+    assert not out.exists()
+
+
+def test_an_empty_config_file_is_refused(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    out = tmp_path / "run"
+    res = laminar("run", str(empty), "--run-dir", str(out), timeout=60)
+    _one_line_refusal(res, str(empty), "the config is empty")
+    assert not out.exists()
+
+
+def test_a_join_cannot_flood_the_log_or_store_an_unchecked_job(tmp_path, closing):
+    run = _campaign_dir(tmp_path)
+    log = tmp_path / "controller.log"
+    proc = controller_process(run, log)
+    try:
+        address = wait_endpoint(run, "controller", timeout_s=120)
+        launcher = closing(Client(address, "launcher-9", keys=client_keys(run, "launcher")))
+        flood = "x\nFORGED controller line\n" * 500  # 12 kB of lines a log reader would take for the controller's
+        launcher.send(Join(rollouts=1, max_batch=4, kv_capacity=400, kind="k", job="1\nFORGED job"))
+        refused = launcher.recv(timeout_s=60)
+        assert isinstance(refused, Joined) and not refused.ranks and "job" in refused.refused
+        launcher.send(Join(rollouts=1, max_batch=4, kv_capacity=400, kind=flood, job="4242"))
+        joined = launcher.recv(timeout_s=60)
+        assert isinstance(joined, Joined) and joined.ranks == [4]
+        deadline = time.monotonic() + 60
+        while True:  # status.json is rewritten every second
+            st = json.loads((run / "status.json").read_text()) if (run / "status.json").exists() else {}
+            if st.get("elastic"):
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.1)
+        (joiner,) = st["elastic"].values()
+        assert joiner["job"] == "4242" and "\n" not in joiner["kind"] and len(joiner["kind"]) <= 67
+        launcher.send(StopAll(reason="done"))
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    text = log.read_text()
+    assert "FORGED" not in "".join(ln[:12] for ln in text.splitlines())  # no line of the peer's making
+    assert max(map(len, text.splitlines())) < 1000
+
+
+def _record_starts(data: bytes) -> list[int]:
+    """The byte offset of each record in a segment's bytes (walformat: a header, then its payload)."""
+    starts, pos = [], len(SEGMENT_MAGIC)
+    while pos + HEADER_BYTES <= len(data):
+        starts.append(pos)
+        pos += HEADER_BYTES + int.from_bytes(data[pos:pos + 4], "little")
+    return starts
+
+
+@pytest.mark.parametrize("loss", ["cut at a record", "zero-filled"])
+def test_a_write_ahead_log_that_lost_durable_records_is_refused_at_resume(tmp_path, loss):
+    """Finding 5: a log cut at a record boundary resumed silently with fewer records, and one whose
+    second half was zeroed was taken for one record a crash cut short."""
+    run = tmp_path / "run"
+    assert laminar("run", "configs/tiny.yaml", "--run-dir", str(run), timeout=300).returncode == 0
+    # the campaign's last records (how many follow its last compaction depends on timing): more
+    # records as a restarted controller appends them, in a segment of their own, each fsynced
+    wal = WriteAheadLog(run / "wal", fsync_s=0.0)
+    state, _ = wal.recover()
+    wal._switch(wal.seg + 1)
+    for _ in range(6):
+        wal.append("note", {"steps": state["meta"].get("steps", 0)})
+        wal.flush()
+    wal.close()
+    seg = max((run / "wal").glob("seg-*.log"))
+    data = seg.read_bytes()
+    starts = _record_starts(data)
+    assert len(starts) >= 3, "the finished campaign's last segment should hold its last records"
+    cut = starts[len(starts) // 2]
+    seg.write_bytes(data[:cut] if loss == "cut at a record" else data[:cut] + bytes(len(data) - cut))
+    before = {p.name: p.read_bytes() for p in (run / "wal").iterdir()}
+    res = laminar("run", "configs/tiny.yaml", "--run-dir", str(run), "--resume", timeout=120)
+    line = _one_line_refusal(res, "made durable", "records that reached the disk are missing")
+    assert str(run / "wal") in line
+    assert {p.name: p.read_bytes() for p in (run / "wal").iterdir()} == before  # nothing replayed, every file kept
