@@ -57,6 +57,7 @@ class ControllerState:
     finish_times: list[float] = field(default_factory=list)  # when trajectories finished (trajectories_per_s)
     stop_reason: str | None = None
     trainer_done: tuple[str, float] | None = None  # (why, when): stop once the last evaluation is in
+    trainer_progress: float | None = None  # when (monotonic) the trainer's loop last sent a frame not a heartbeat
 
 
 class MessageHandlers:
@@ -88,6 +89,8 @@ class MessageHandlers:
         rollout, trainer = role == "rollout", role == "trainer"
         if rollout and self.elastic.unheard:
             self.elastic.heard(rank)
+        if trainer and not isinstance(msg, Heartbeat):
+            self.state.trainer_progress = time.monotonic()
         match msg:  # the rollouts' traffic, most of all messages, first
             case Stream(items=items, chunks=chunks) if rollout:
                 if chunks is not None:  # (a rollout's chunks, in columns)
@@ -112,7 +115,9 @@ class MessageHandlers:
                 if pid is not None and ident not in self.roles.roles:
                     self.roles.joined(ident, pid, now)  # a role that was there before this controller
                     self.roles.ready(ident, now)
-                self.send(ident, Heartbeat(t=time.time(), epoch=self.epoch, echo=t))
+                progress = self.state.trainer_progress
+                quiet = None if progress is None else round(time.monotonic() - progress, 3)
+                self.send(ident, Heartbeat(t=time.time(), epoch=self.epoch, echo=t, trainer_quiet_s=quiet))
             case WeightsLoaded(version=version) if rollout:
                 self.sync.loaded(rank, version)
                 self.roles.ready(ident, now)

@@ -85,12 +85,14 @@ class History:
             step = m.get("warmup.step")
             if isinstance(step, int) and isinstance(m.get("warmup.greedy_reward"), (int, float)):
                 self.warmup[step] = float(m["warmup.greedy_reward"])
-            self.first.setdefault("warmup", (st.elapsed_s, step if isinstance(step, int) else 0))
+            self.first.setdefault("warmup", (st.elapsed_s, warmup_step(m)))
         else:
             step = m.get("step", st.step)
             if isinstance(step, int) and isinstance(m.get("reward_mean"), (int, float)):
                 self.rewards[step] = float(m["reward_mean"])
-            if st.phase != "?":  # "?": the trainer has not said yet (it may be loading or about to warm up)
+            if st.phase != "?" and st.step >= 1:
+                # the pace of train steps counts from the first one seen: the time before it (loading,
+                # a warm-up the display did not see, the first batch's generation) is not a step's
                 self.first.setdefault("rl", (st.elapsed_s, st.step))
         ev = st.eval or {}
         if isinstance(ev.get("eval_step"), int) and isinstance(ev.get("eval_reward"), (int, float)):
@@ -115,13 +117,24 @@ def progress_text(step: int, total: int | None, pace: float | None, at_most: boo
     return f"{bar(step / total)} {step}/{total} {step / total:.0%}{rate} · ETA {eta}"
 
 
+def warmup_step(m: dict) -> int:
+    """The warm-up's newest step: its progress reports (each heartbeat interval) or evaluations."""
+    steps = [m.get("warmup.step"), m.get("warmup_progress.step")]
+    return max([s for s in steps if isinstance(s, int)], default=0)
+
+
+def warmup_total(m: dict) -> int | None:
+    total = m.get("warmup.max_steps", m.get("warmup_progress.max_steps"))
+    return total if isinstance(total, int) else None
+
+
 def eta_text(st: Status, history: History | None) -> str:
     """' ETA 1m20s' for the plain line, or ''."""
     if history is None:
         return ""
     if st.phase == "warmup":
-        step, total = st.metrics.get("warmup.step", 0), st.metrics.get("warmup.max_steps")
-        pace = history.pace("warmup", step if isinstance(step, int) else 0, st.elapsed_s)
+        step, total = warmup_step(st.metrics), warmup_total(st.metrics)
+        pace = history.pace("warmup", step, st.elapsed_s)
     else:
         step, total, pace = st.step, st.total_steps, history.pace("rl", st.step, st.elapsed_s)
     if not isinstance(total, int) or pace is None:
@@ -133,7 +146,7 @@ def eta_text(st: Status, history: History | None) -> str:
 def status_line(st: Status, history: History | None = None) -> str:
     m = st.metrics
     if st.phase == "warmup":
-        return (f"warm-up step {m.get('warmup.step', 0)} greedy reward {_fmt(m.get('warmup.greedy_reward'))}"
+        return (f"warm-up step {warmup_step(m)} greedy reward {_fmt(m.get('warmup.greedy_reward'))}"
                 f"{warmup_failures(m, ' rewards failed ')} elapsed {st.elapsed_s:.0f}s{eta_text(st, history)}")
     return (f"step {st.step}/{_total(st)} reward {_fmt(m.get('reward_mean'))}{eval_text(st)} "
             f"traj/s {_fmt(st.trajectories_per_s, '.1f')} "
@@ -209,10 +222,8 @@ class Progress:
         t.add_column("value")
         if st.phase == "warmup":
             t.add_row("phase", "supervised warm-up")
-            step, total = m.get("warmup.step", 0), m.get("warmup.max_steps")
-            step = step if isinstance(step, int) else 0
-            t.add_row("warm-up", progress_text(step, total if isinstance(total, int) else None,
-                                               h.pace("warmup", step, st.elapsed_s), at_most=True))
+            step = warmup_step(m)
+            t.add_row("warm-up", progress_text(step, warmup_total(m), h.pace("warmup", step, st.elapsed_s), at_most=True))
             t.add_row("greedy reward", f"{_fmt(m.get('warmup.greedy_reward'))}  {sparkline(h.series(h.warmup))}")
             if warmup_failures(m):
                 t.add_row("rewards failed (scored 0)", warmup_failures(m))

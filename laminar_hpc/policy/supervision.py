@@ -158,3 +158,11 @@ def stop_order(names: Iterable[str]) -> list[str]:
     """Who is stopped first: the trainer (it checkpoints), the rollouts, the relays, the controller
     last (it takes every role's last message)."""
     return ["trainer-0", *[n for n in names if n.startswith("rollout")], "relay", "controller-0"]
+
+
+def first_weights_overdue(waited_s: float, trainer_quiet_s: float | None, limit_s: float) -> bool:
+    """Whether a rollout waiting for its first weight version gives up (`timeouts.weights_s` =
+    `limit_s`): only once it has waited that long AND the trainer has reported no progress for as
+    long (`trainer_quiet_s`, as the controller last told it and aged since; None: not heard of).
+    A warm-up that makes progress can last hours; a trainer gone silent cannot."""
+    return waited_s > limit_s and (trainer_quiet_s is None or trainer_quiet_s > limit_s)

@@ -39,6 +39,7 @@ from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import MODES
+from laminar_hpc.policy.supervision import first_weights_overdue
 from laminar_hpc.rollout.base import SeqRequest, StepOutput
 from laminar_hpc.rollout.episode_turns import EpisodeTurns
 from laminar_hpc.rollout.episodes import Episodes
@@ -48,6 +49,7 @@ from laminar_hpc.rollout.scoring import Scoring
 from laminar_hpc.rollout.updates import build_updates
 from laminar_hpc.tasks import build_task
 from laminar_hpc.transport.channel import WaitTimeout
+from laminar_hpc.transport.protocol import Heartbeat as HeartbeatAnswer  # (the controller's: Heartbeat beats)
 from laminar_hpc.transport.protocol import (
     Assign, Finished, Leaving, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop,
     StreamItem, Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, finished_tail, packed, record_version,
@@ -85,6 +87,7 @@ class Rollout:
         # held across a controller restart (`resync`), 0: the restarted pool may lack some, all go
         self.delivered: dict[str, int] = {}
         self.resend_whole: set[str] = set()
+        self.trainer_quiet: tuple[float, float] | None = None  # (the trainer's quiet seconds, when told)
         self.first_token: set[str] = set()  # trajectories whose first new token was traced
         self.last_sample = 0.0  # when a decode step was last sampled for the trace (calibration)
         self.credit_to_return = 0
@@ -114,14 +117,18 @@ class Rollout:
 
     # -- weights --------------------------------------------------------------------------
     def wait_first_version(self, flags: dict, beat: Heartbeat) -> bool:
-        """Load the first version; False if told to stop first."""
-        deadline = time.monotonic() + self.ctx.cfg.timeouts.weights_s
+        """Load the first version; False if told to stop first. Waits past `timeouts.weights_s`
+        while the controller says the trainer progresses (a warm-up can take hours)."""
+        start, limit = time.monotonic(), self.ctx.cfg.timeouts.weights_s
         while self.weights.newest() < 0:
             if flags.get("stop") or self._drain_control():
                 return False
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"waited {self.ctx.cfg.timeouts.weights_s:.0f}s for the first weight "
-                                  f"version in {self.weights.path} (is the relay tier up?)")
+            now = time.monotonic()
+            quiet = None if self.trainer_quiet is None else self.trainer_quiet[0] + now - self.trainer_quiet[1]
+            if first_weights_overdue(now - start, quiet, limit):
+                heard = "never heard of" if quiet is None else f"silent for {quiet:.0f}s"
+                raise WaitTimeout(f"waited {now - start:.0f}s for the first weight version in {self.weights.path} "
+                                  f"and the trainer was {heard} (timeouts.weights_s={limit:.0f}): is the relay tier up?")
             beat.tick()
             msg = self.ctx.ctrl.recv(timeout_s=0.05)
             if msg is not None:
@@ -152,6 +159,8 @@ class Rollout:
             self.resync()
             return
         match msg:
+            case HeartbeatAnswer(trainer_quiet_s=quiet) if quiet is not None:
+                self.trainer_quiet = (quiet, time.monotonic())
             case Assign(work=work):
                 for w in map(unpacked, work):  # token arrays as lists here; packed again to send
                     if w.version is not None:  # a migrated trajectory: it goes first

@@ -93,6 +93,7 @@ class Trainer:
         self.lineage: list[Segment] = []  # every trainer start of this run (policy/lineage.py)
         # logging: the one writer to TensorBoard / W&B / MLflow, a thread forwarding metrics.jsonl
         self.trackers = TrackerWriter.start(cfg, ctx.rundir, log=ctx.log)
+        self._progress_sent = 0.0  # when a warm-up step was last reported (monotonic)
 
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
     def initialise(self) -> None:
@@ -139,7 +140,16 @@ class Trainer:
         task = build_task(cfg.task, cfg.seed)
         return run_warmup(model, task, self.tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
                           report=self._warmup_report, should_stop=lambda: bool(self.flags.get("stop")),
-                          reward=cfg.task.reward, env=cfg.env)
+                          reward=cfg.task.reward, env=cfg.env, progress=self._warmup_progress)
+
+    def _warmup_progress(self, step: int) -> None:
+        """A warm-up step ended: the controller hears it (at most every heartbeat interval), and the
+        rollouts waiting for the first weights keep waiting (policy/supervision.first_weights_overdue)."""
+        now = time.monotonic()
+        if now - self._progress_sent >= self.ctx.cfg.supervisor.heartbeat_interval_s:
+            self._progress_sent = now
+            self.ctx.ctrl.send(LogEvent(event="warmup_progress",
+                                        fields={"step": step, "max_steps": self.ctx.cfg.warmup.max_steps}))
 
     def _warmup_report(self, r: dict) -> None:
         self.ctx.log.info("warm-up step %d loss %.3f greedy reward %.3f", r["step"], r["loss"], r["greedy_reward"])

@@ -115,9 +115,9 @@ def fits(prompt: list[int], max_seq_len: int) -> bool:
 
 def run_warmup(model: Transformer, task, tok, cfg: WarmupCfg, seed: int, max_new_tokens: int,
                report: Callable[[dict], None], should_stop: Callable[[], bool] = lambda: False, *, reward,
-               env=None) -> dict:
-    """Returns {'steps', 'greedy_reward', 'seconds'}; `report` gets one dict per evaluation.
-    Ends early (incomplete) when `should_stop()` turns true."""
+               env=None, progress: Callable[[int], None] = lambda step: None) -> dict:
+    """Returns {'steps', 'greedy_reward', 'seconds'}; `report` gets one dict per evaluation,
+    `progress` each step number as it ends. Ends early (incomplete) when `should_stop()` turns true."""
     w = cfg
     opt = torch.optim.AdamW(model.parameters(), lr=w.lr, weight_decay=0.0)
     rng = random.Random(seed)
@@ -166,6 +166,7 @@ def run_warmup(model: Transformer, task, tok, cfg: WarmupCfg, seed: int, max_new
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        progress(step)
         if step % w.eval_every == 0 or step == w.max_steps:
             failed, made = Counter(), []
             score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward, env, failed, made)

@@ -231,6 +231,9 @@ class Heartbeat(Message, tag="heartbeat"):
     pid: int | None = None
     epoch: str | None = None
     echo: float | None = None
+    # controller -> role: seconds since the trainer's loop last sent anything but a heartbeat (a
+    # warm-up reports its steps): a rollout waiting for its first weights waits while it progresses
+    trainer_quiet_s: float | None = None
 
 
 class LogEvent(Message, tag="log_event"):

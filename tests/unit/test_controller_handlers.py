@@ -85,6 +85,26 @@ def test_a_heartbeat_is_echoed_and_introduces_a_role_of_a_previous_controller(ma
     assert ctl.server.take() == []
 
 
+def test_heartbeat_answers_say_how_long_the_trainer_has_been_quiet(make):
+    """What a rollout waiting for its first weights reads (issue 35): None until the trainer's loop
+    sent something; a trainer's heartbeats (its thread's or its loop's) are not progress."""
+    ctl = make()
+    ctl.handle("rollout-0", Heartbeat(t=1.0, pid=5))
+    ((_, hb),) = ctl.server.take()
+    assert hb.trainer_quiet_s is None
+    ctl.handle("trainer-0", LogEvent(event="warmup_progress", fields={"step": 3, "max_steps": 100}))
+    ctl.handle("rollout-0", Heartbeat(t=2.0, pid=5))
+    ((_, hb),) = ctl.server.take()
+    assert 0.0 <= hb.trainer_quiet_s < 1.0
+    ctl.state.trainer_progress -= 30.0  # 30 s later, with only heartbeats from the trainer
+    ctl.handle("trainer-0.hb", Heartbeat(t=3.0))
+    ctl.handle("trainer-0", Heartbeat(t=3.0, pid=7))
+    ctl.server.take()
+    ctl.handle("rollout-0", Heartbeat(t=4.0, pid=5))
+    ((_, hb),) = ctl.server.take()
+    assert 30.0 <= hb.trainer_quiet_s < 31.0
+
+
 # -- the data plane through messages -----------------------------------------------------------
 
 def test_want_work_is_answered_with_assignments_at_the_next_schedule(make):

@@ -84,8 +84,20 @@ def test_the_training_pace_starts_after_the_warm_up():
     h.add(Status(t=1.0, elapsed_s=5.0, phase="?"))  # before the trainer said which phase it is in
     h.add(warm(100, 60.0, 0.7))
     h.add(rl(0, 120.0, 0.2))  # training begins after two minutes of warm-up
+    h.add(rl(1, 125.0, 0.2))
     h.add(rl(3, 135.0, 0.3))
     assert h.pace("rl", 3, 135.0) == 5.0 and eta_text(rl(3, 135.0, 0.3), h) == " ETA 45s"
+
+
+def test_the_training_pace_counts_from_the_first_step_not_from_the_start():
+    """Issue 35: a warm-up of 1,073 s the display never saw as such (or loading, or the first batch's
+    generation) made step 1 of 80 show 'ETA 24h05m': the time before the first step is no step's."""
+    h = History()
+    h.add(rl(0, 1073.0, 0.0))
+    h.add(rl(1, 1090.0, 0.1))
+    assert h.pace("rl", 1, 1090.0) is None and eta_text(rl(1, 1090.0, 0.1), h) == ""
+    h.add(rl(2, 1100.0, 0.1))
+    assert h.pace("rl", 2, 1100.0) == 10.0 and eta_text(rl(2, 1100.0, 0.1), h) == " ETA 1m40s"  # 10 steps left
 
 
 def test_plain_lines_carry_the_eta():

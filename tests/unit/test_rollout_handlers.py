@@ -12,6 +12,7 @@ import pytest
 from helpers import FakeChannel, close_rollout, role_context, work_item
 
 from laminar_hpc.rollout.main import Rollout
+from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import (
     Assign, Finished, Heartbeat, Leaving, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop, Stream,
     UpdateWeights, WantWork, WeightsLoaded,
@@ -393,3 +394,28 @@ def test_a_message_or_a_newer_version_ends_an_emulated_macro_step(make, mode):
     assert not r.arrived(0.0)
     ctrl(r).inbox.append(Assign(work=[]))
     assert r.arrived(0.0)
+
+
+def test_the_first_weights_are_waited_for_past_the_timeout_while_the_trainer_progresses(make):
+    """Issue 35: a warm-up longer than timeouts.weights_s killed every rollout waiting for the first
+    version, again and again. The controller's heartbeat answers say how long the trainer has been
+    quiet: a rollout waits while that stays under the timeout."""
+    r = make("timeouts.weights_s=0.2")
+    t0 = time.monotonic()
+
+    def controller(ch: FakeChannel):
+        if time.monotonic() - t0 > 0.6:
+            publish(r, 0)  # the warm-up ends: the first version reaches the relay
+        return [Heartbeat(t=1.0, epoch="e", echo=0.0, trainer_quiet_s=0.01)]
+
+    ctrl(r).script = controller
+    assert r.wait_first_version({}, r.beat) and r.engine.version == 0
+    assert time.monotonic() - t0 > 0.6  # three times the timeout
+
+
+@pytest.mark.parametrize("quiet", [50.0, None])
+def test_a_rollout_gives_up_on_the_first_weights_once_the_trainer_is_silent(make, quiet):
+    r = make("timeouts.weights_s=0.2")
+    ctrl(r).script = lambda ch: [Heartbeat(t=1.0, epoch="e", echo=0.0, trainer_quiet_s=quiet)]
+    with pytest.raises(WaitTimeout, match="silent for 50s" if quiet else "never heard of"):
+        r.wait_first_version({}, r.beat)

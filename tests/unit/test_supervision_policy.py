@@ -175,3 +175,11 @@ def test_the_campaign_ends_when_all_exited_or_the_shutdown_time_is_over():
 def test_stop_order_trainer_first_controller_last():
     names = ["controller-0", "relay", "trainer-0", "rollout-0", "rollout-1"]
     assert stop_order(names) == ["trainer-0", "rollout-0", "rollout-1", "relay", "controller-0"]
+
+
+def test_a_rollout_gives_up_on_the_first_weights_only_once_the_trainer_is_silent_too():
+    from laminar_hpc.policy.supervision import first_weights_overdue
+    assert not first_weights_overdue(waited_s=10.0, trainer_quiet_s=None, limit_s=60.0)
+    assert first_weights_overdue(waited_s=61.0, trainer_quiet_s=None, limit_s=60.0)  # never heard of
+    assert not first_weights_overdue(waited_s=3600.0, trainer_quiet_s=5.0, limit_s=60.0)  # an hour's warm-up
+    assert first_weights_overdue(waited_s=3600.0, trainer_quiet_s=61.0, limit_s=60.0)
