@@ -46,14 +46,14 @@ from laminar_hpc.rollout.episodes import Episodes
 from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineCalls  # noqa: F401 - re-exported
 from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
 from laminar_hpc.rollout.scoring import Scoring
+from laminar_hpc.rollout.streams import StreamOut
 from laminar_hpc.rollout.updates import build_updates
 from laminar_hpc.tasks import build_task
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import Heartbeat as HeartbeatAnswer  # (the controller's: Heartbeat beats)
 from laminar_hpc.transport.protocol import (
     Assign, Finished, Leaving, Message, Migrate, Migrated, MigrateReject, Resume, Resync, RolloutState, Stop,
-    StreamItem, Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, finished_tail, packed, record_version,
-    stream_frame, unpacked,
+    Trajectory, UpdateWeights, WantWork, WeightsLoaded, WorkItem, packed, record_version, unpacked,
 )
 
 
@@ -81,17 +81,12 @@ class Rollout:
         self.queue: deque[WorkItem] = deque()  # assigned, not yet admitted
         # admitted: each trajectory as it will be sent, less the tokens the engine holds meanwhile
         self.running: dict[str, Trajectory] = {}
-        self.stream_buf: dict[str, tuple[list[int], list[float]]] = {}
-        self.streamed: dict[str, int] = {}  # tokens of each trajectory the partial-response pool holds
-        # a finished one's tokens the pool holds: its result carries the rest (protocol.finished_tail);
-        # held across a controller restart (`resync`), 0: the restarted pool may lack some, all go
-        self.delivered: dict[str, int] = {}
-        self.resend_whole: set[str] = set()
+        # what goes to the partial-response pool, and what results carry (each token once)
+        self.stream = StreamOut(send=ctx.ctrl.send, episodes=self.episodes, version=lambda: self.engine.version)
         self.trainer_quiet: tuple[float, float] | None = None  # (the trainer's quiet seconds, when told)
         self.first_token: set[str] = set()  # trajectories whose first new token was traced
         self.last_sample = 0.0  # when a decode step was last sampled for the trace (calibration)
         self.credit_to_return = 0
-        self.steps_since_flush = 0
         self.errors = 0  # trajectories finished as errors (refused or failed in the engine)
         self.stopping = False
         # utilisation (wall seconds): generating, and idle or loading because of weights
@@ -109,7 +104,7 @@ class Rollout:
         self.calls = EngineCalls(self.engine, ctx.log, busy=self.busy, outputs=self.handle, failed=self.fail,
                                  at_call=self.episodes.at_call)
         self.turns = EpisodeTurns(self.episodes, self.engine, self.scoring, self.running, self.eval_ids,
-                                  buffer=self.buffer, finish=self.finish, fail=self.fail)
+                                  buffer=self.stream.add, finish=self.finish, fail=self.fail)
         self.newest_seen = -1  # the relay's newest version when the loop last looked
         self.per_replica = MODES[cfg.mode].per_replica_refresh
         if hasattr(self.engine, "wake"):  # the emulated engine's macro steps end when something arrives
@@ -183,8 +178,7 @@ class Rollout:
         held = [*self.running, *(w.traj_id for w in self.queue)]
         free = max(0, self.capacity - len(held))  # one waiting for its reward gave its slot back already
         held += self.scoring.pending_ids()  # still this rollout's: its result comes from here
-        self.resend_whole.update(self.running)  # the restarted pool may lack chunks: results go whole
-        self.delivered.update(dict.fromkeys(self.scoring.pending_ids(), 0))
+        self.stream.controller_restarted(list(self.running), self.scoring.pending_ids())
         self.ctx.ctrl.send(Resync(held=held, free=free, version=self.engine.version, pid=os.getpid()))
         self.credit_to_return = 0  # `free` replaces every credit the old controller knew of
 
@@ -192,8 +186,7 @@ class Rollout:
     def _partial(self, req: SeqRequest) -> Trajectory:
         """The trajectory of `req`, which leaves the engine, with every token it has."""
         traj = self.running.pop(req.traj_id)
-        self.stream_buf.pop(req.traj_id, None)  # the trajectory carries every token
-        self.streamed.pop(req.traj_id, None)
+        self.stream.forget(req.traj_id)  # the trajectory carries every token
         self.first_token.discard(req.traj_id)
         self.eval_ids.discard(req.traj_id)
         traj.tokens, traj.logprobs = req.tokens, req.logprobs
@@ -233,7 +226,7 @@ class Rollout:
         tools) goes on under `version` from the tokens it has (streams are flushed: `streamed`)."""
         ids = [t for t in self.running if t not in self.eval_ids]
         for t in ids:
-            record_version(self.running[t], self.streamed.get(t, 0), version)
+            record_version(self.running[t], self.stream.streamed.get(t, 0), version)
         return ids
 
     # -- generation -----------------------------------------------------------------------
@@ -264,7 +257,7 @@ class Rollout:
                 self.eval_ids.add(w.traj_id)
             resumed = w.tokens or []
             record_version(traj, len(resumed), self.engine.version)  # continued here: a span of this version
-            self.streamed[w.traj_id] = len(resumed)
+            self.stream.started(w.traj_id, len(resumed))
             self.ctx.tracer.emit("traj_started", traj=w.traj_id, version=version, prompt_tokens=len(w.prompt),
                                  resumed_tokens=len(resumed))
             req = SeqRequest(w.traj_id, list(w.prompt), w.max_new_tokens, list(resumed),
@@ -289,9 +282,7 @@ class Rollout:
                 self.first_token.add(o.traj_id)
                 self.ctx.tracer.emit("traj_first_token", traj=o.traj_id)
             if o.traj_id not in self.eval_ids:  # evaluation work is not streamed: nothing resumes it
-                toks, lps = self.stream_buf.setdefault(o.traj_id, ([], []))
-                toks.extend(o.tokens)
-                lps.extend(o.logprobs)
+                self.stream.add(o.traj_id, o.tokens, o.logprobs)
             if o.error is not None:
                 self.fail(o.request, o.error)
             elif o.finished:
@@ -317,9 +308,7 @@ class Rollout:
         except Exception as err:  # noqa: BLE001 - the task's code, any error
             self.fail(req, f"its problem cannot be read: {type(err).__name__}: {err}")
             return
-        whole = req.traj_id in self.resend_whole
-        self.resend_whole.discard(req.traj_id)
-        self.delivered[req.traj_id] = 0 if whole else self.streamed.get(req.traj_id, 0)
+        self.stream.finished(req.traj_id)
         traj = self._partial(req)
         if traj.version_spans:  # several versions generated it (partial-rollout, refresh in flight)
             traj.version_last = traj.version_spans[-1][1]
@@ -352,32 +341,12 @@ class Rollout:
                              t_end=traj.t_end, tokens=0, reward=None, error=traj.finish)
         self.credit_to_return += 1
 
-    def buffer(self, traj_id: str, tokens: list[int], logprobs: list[float]) -> None:
-        """Tokens of a trajectory for its next stream chunk."""
-        toks, lps = self.stream_buf.setdefault(traj_id, ([], []))
-        toks.extend(tokens)
-        lps.extend(logprobs)
-
     def send_scored(self) -> None:
         for traj in self.scoring.ready():  # each token once: what the streams delivered stays out
-            self.ctx.ctrl.send(Finished(trajectory=finished_tail(packed(traj), self.delivered.pop(traj.traj_id, 0))))
+            self.ctx.ctrl.send(Finished(trajectory=self.stream.result(traj)))
 
     def flush_streams(self) -> None:
-        items = []
-        for t, (toks, lps) in self.stream_buf.items():
-            if toks:
-                offset = self.streamed.get(t, 0)
-                item = StreamItem(traj_id=t, tokens=toks, logprobs=lps, version=self.engine.version, offset=offset)
-                if self.episodes.enabled:
-                    ep = self.episodes.fields(t, offset + len(toks))
-                    item.mask = self.episodes.chunk_mask(t, offset, len(toks))
-                    item.tool_calls, item.tool_errors = ep.get("tool_calls"), ep.get("tool_errors")
-                items.append(item)
-                self.streamed[t] = self.streamed.get(t, 0) + len(toks)
-        if items:
-            self.ctx.ctrl.send(stream_frame(items))  # in columns, token arrays as bytes
-        self.stream_buf = {t: ([], []) for t in self.stream_buf}
-        self.steps_since_flush = 0
+        self.stream.flush()
 
     def ask_for_work(self, draining: bool) -> None:
         if self.credit_to_return and not draining:
@@ -450,8 +419,8 @@ class Rollout:
                                          steps=max((len(o.tokens) for o in outs), default=1))
                 self.kv_peak = max(self.kv_peak, self.engine.kv_tokens())
                 self.handle(outs)
-                self.steps_since_flush += 1
-                if self.steps_since_flush >= every or not self.engine.num_active():
+                self.stream.steps_since_flush += 1
+                if self.stream.steps_since_flush >= every or not self.engine.num_active():
                     self.flush_streams()
             else:
                 self.flush_streams()

@@ -283,14 +283,14 @@ def test_a_leaving_joiner_streams_every_token_it_holds_before_it_says_so(make):
     tell(r, Assign(work=[work_item(0, max_new_tokens=400), work_item(1, max_new_tokens=400)]))
     r.admit(draining=False)
     r.handle(r.engine.step())  # tokens generated, not streamed yet (stream_every_tokens)
-    held = {t: len(r.running[t].tokens) + len(r.stream_buf.get(t, ([], []))[0]) for t in r.running}
+    held = {t: len(r.running[t].tokens) + len(r.stream.buf.get(t, ([], []))[0]) for t in r.running}
     r.leave(grace_s=1.0)  # (main() calls it for a joiner on SIGTERM)
     (msg,) = ctrl(r).of(Leaving)
     assert sorted(msg.held) == ["0.0", "0.1"]
     sent = ctrl(r).sent
     assert all(isinstance(m, Stream) for m in sent[sent.index(msg) - 1:sent.index(msg)])  # streamed first
     for t in held:
-        assert len(streamed(r, t)[1]) == r.streamed[t] > 0  # every token it had reached the pool
+        assert len(streamed(r, t)[1]) == r.stream.streamed[t] > 0  # every token it had reached the pool
 
 
 def test_the_loop_serves_assigned_work_until_stop(make):
