@@ -30,7 +30,7 @@ from laminar_hpc.transport.channel import Client, WaitTimeout, publish_endpoint,
 from laminar_hpc.transport.protocol import (
     DecodeError, LeafHeader, LeafSubscribe, LeafTrailer, Stop, VersionReady, decode, encode,
 )
-from laminar_hpc.transport.security import client_keys
+from laminar_hpc.transport.security import client_keys, plain_client_keys
 from laminar_hpc.transport.weight_store import WeightStore
 
 SUBSCRIBE_EVERY_S = 1.0  # a leaf's LeafSubscribe: its liveness, and what it holds
@@ -161,7 +161,7 @@ class LeafRelay:
             address = wait_endpoint(ctx.rundir, "relay_leaves", cfg.timeouts.startup_s)
         self.client = Client(address, f"relay-{self.rank}", max_frame_bytes=self.max_frame,
                              keys=client_keys(ctx.rundir, "relay", cfg.controller, server="relay_leaves")
-                             if encrypted(cfg) else None)
+                             if encrypted(cfg) else plain_client_keys(ctx.rundir, "relay", "relay_leaves", cfg.controller))
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix=f"leaf{self.rank}-hash")
         self.rx = LeafReceiver(ctx, self.rank, self.pool)
         self.dropped = 0

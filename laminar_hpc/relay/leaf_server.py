@@ -27,7 +27,7 @@ from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.channel import publish_endpoint
 from laminar_hpc.transport.endpoint import bind, uses_ipc
 from laminar_hpc.transport.protocol import LeafChunk, LeafHeader, LeafSubscribe, LeafTrailer, encode
-from laminar_hpc.transport.security import server_keys
+from laminar_hpc.transport.security import plain_server_keys, server_keys
 from laminar_hpc.transport.weight_store import WeightStore
 
 LEAF_NAME = re.compile(r"relay-\d+")
@@ -38,10 +38,13 @@ KEEP_PUBLISH_TIMES = 16  # versions whose publish time the master remembers for 
 def encrypted(cfg: Config) -> bool:
     """Whether the leaf socket runs CURVE: on TCP (across nodes) always, as the control plane. On
     ipc:// (every role on this machine) the socket sits in a directory only this user may enter,
-    and ZMQ_IPC_FILTER_UID refuses other users' connections (transport/endpoint.py); any process of
-    this user can read the run's keys anyway. There CURVE would add no trust, only its encryption on
-    one I/O thread per connection: measured (tools/bench_relay_leaf.py, 256 MiB) 0.71 GiB/s, a
-    version at the leaf 2.0x later than at a tier relay, against 1.0x without it."""
+    and ZMQ_IPC_FILTER_UID refuses other users' connections (transport/endpoint.py): nobody can read
+    the bytes on the way, so CURVE's encryption (one I/O thread per connection: measured with
+    tools/bench_relay_leaf.py, 256 MiB, 0.71 GiB/s, a version at the leaf 2.0x later than at a tier
+    relay against 1.0x without it) buys nothing there. But a process of this user without the
+    run's keys (tool code in its sandbox) could connect and take a leaf's name: there the socket
+    runs ZeroMQ PLAIN, a relay's password derived from its key (transport/security.py), proven at
+    the handshake and never encrypting a byte."""
     return not uses_ipc(cfg.controller)
 
 
@@ -76,7 +79,8 @@ class LeafServer:
     def __init__(self, rundir: RunDir, cfg: Config, log: logging.Logger | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.log = log or logging.getLogger(__name__)
-        keys = server_keys(rundir, "relay_leaves", cfg.controller) if encrypted(cfg) else None
+        keys = server_keys(rundir, "relay_leaves", cfg.controller) if encrypted(cfg) else \
+            plain_server_keys(rundir, "relay_leaves", cfg.controller)  # ipc://: proven, not encrypted
         self.server = bind(rundir, cfg, "relay_leaves", keys)
         publish_endpoint(rundir, "relay_leaves", self.server.address)
         self.address = self.server.address

@@ -60,8 +60,9 @@ from laminar_hpc.rundir import RunDir, atomic_write_json, read_json
 from laminar_hpc.transport import authz
 from laminar_hpc.transport.monitor import DRAIN_EVERY_S, ConnectionMonitor
 from laminar_hpc.transport.protocol import MAX_FRAME_BYTES, TYPE_NAMES, DecodeError, Message, decode, encode
-from laminar_hpc.transport.security import ClientKeys, ServerKeys
+from laminar_hpc.transport.security import ClientKeys, PlainClientKeys, PlainServerKeys, ServerKeys
 from laminar_hpc.transport.zap import zap_register as _zap_register
+from laminar_hpc.transport.zap import zap_register_plain
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,8 @@ class Server:
     (ipc://; a restarted server binds it again). Its connections are counted by `monitor`."""
 
     def __init__(self, host: str = "127.0.0.1", max_frame_bytes: int = MAX_FRAME_BYTES,
-                 port: int | None = None, keys: ServerKeys | None = None, ipc: str | os.PathLike | None = None):
+                 port: int | None = None, keys: ServerKeys | PlainServerKeys | None = None,
+                 ipc: str | os.PathLike | None = None):
         self.sock = _socket(zmq.ROUTER, max_frame_bytes, SERVER_HWM, SERVER_HWM)
         self.sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
         self._zap_domain, self._zap_check = None, None
@@ -139,7 +141,11 @@ class Server:
         self.monitor: ConnectionMonitor | None = None
         try:
             self.monitor = ConnectionMonitor(self.sock, "server", limit_bytes=self.sock.getsockopt(zmq.MAXMSGSIZE))
-            if keys is not None:
+            if isinstance(keys, PlainServerKeys):  # ipc:// peers that prove a kind, unencrypted
+                self._zap_domain, self._zap_check = zap_register_plain(keys.passwords)
+                self.sock.setsockopt(zmq.ZAP_DOMAIN, self._zap_domain.encode())
+                self.sock.setsockopt(zmq.PLAIN_SERVER, 1)
+            elif keys is not None:
                 self._zap_domain, self._zap_check = _zap_register(keys.clients)
                 self.sock.setsockopt(zmq.ZAP_DOMAIN, self._zap_domain.encode())
                 self.sock.setsockopt(zmq.CURVE_SERVER, 1)
@@ -306,12 +312,15 @@ class Client:
     """DEALER socket connected to a Server, identified by role name."""
 
     def __init__(self, address: str, identity: str, max_frame_bytes: int = MAX_FRAME_BYTES,
-                 keys: ClientKeys | None = None):
+                 keys: ClientKeys | PlainClientKeys | None = None):
         self.sock = _socket(zmq.DEALER, max_frame_bytes, CLIENT_SNDHWM, CLIENT_RCVHWM)
         self.keys = keys  # a second socket of the same role (its heartbeat thread) reuses them
         try:
             self.sock.setsockopt(zmq.IDENTITY, identity.encode())
-            if keys is not None:
+            if isinstance(keys, PlainClientKeys):
+                self.sock.setsockopt(zmq.PLAIN_USERNAME, keys.kind.encode())
+                self.sock.setsockopt(zmq.PLAIN_PASSWORD, keys.password.encode())
+            elif keys is not None:
                 self.sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
                 self.sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
                 self.sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)

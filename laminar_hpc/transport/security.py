@@ -26,6 +26,8 @@ are created once and kept on a resumed run; a run directory from before per-kind
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -71,6 +73,49 @@ class ServerKeys:
     public: bytes
     secret: bytes = field(repr=False)
     clients: dict[bytes, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class PlainServerKeys:
+    """An ipc:// server that authenticates its peers without encrypting (ZeroMQ PLAIN): each
+    admitted kind's password (`plain_password`). On ipc:// nobody can read the bytes on the way
+    (a socket in a 0700 directory, other users refused by ZMQ_IPC_FILTER_UID); what PLAIN adds is
+    that a process of this user without the run's keys (tool code in its sandbox) is refused."""
+    passwords: dict[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class PlainClientKeys:
+    """A PLAIN client: its kind (the user name) and that kind's password."""
+    kind: str
+    password: str = field(repr=False)
+
+
+def plain_password(secret: bytes, server: str) -> str:
+    """A kind's password on `server`: derived from its CURVE secret (never the secret itself)."""
+    return hmac.new(secret, f"laminar PLAIN {server}".encode(), hashlib.sha256).hexdigest()
+
+
+def plain_server_keys(run_dir: RunDir | Path, server: str,
+                      controller_cfg: ControllerCfg | None = None) -> PlainServerKeys | None:
+    """PLAIN passwords of the kinds `server` admits (authz.ADMITS), from their key files, which
+    its process may read (the leaf relays' server: the relay's own); None under `auth: none`."""
+    if server not in SERVERS:
+        raise ValueError(f"no server keys for {server!r}: servers are {SERVERS}")
+    if not _authenticating(controller_cfg):
+        return None
+    return PlainServerKeys(passwords={kind: plain_password(_read_keypair(key_file(run_dir, kind))[1], server)
+                                      for kind in ADMITS[server]})
+
+
+def plain_client_keys(run_dir: RunDir | Path, kind: str, server: str,
+                      controller_cfg: ControllerCfg | None = None) -> PlainClientKeys | None:
+    """A `Client`'s PLAIN credentials as `kind` on `server`; None under `auth: none`."""
+    if kind not in KINDS or server not in SERVERS:
+        raise ValueError(f"no client keys for kind {kind!r} and server {server!r}")
+    if not _authenticating(controller_cfg):
+        return None
+    return PlainClientKeys(kind=kind, password=plain_password(_read_keypair(key_file(run_dir, kind))[1], server))
 
 
 def key_file(run_dir: RunDir | Path, name: str) -> Path:

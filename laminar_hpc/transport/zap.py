@@ -53,28 +53,52 @@ class _Authenticator(ThreadAuthenticator):
     def curve_user_id(self, client_public_key: bytes) -> str:
         return self.admission.kinds.get(z85.encode(client_public_key), "")
 
+    def _authenticate_plain(self, domain: str, username: str, password: str) -> tuple[bool, bytes]:
+        # (a PLAIN peer's User-Id is its user name: the kind whose password it proved)
+        allowed, reason = super()._authenticate_plain(domain, username, password)
+        if not allowed:
+            n = self.admission.rejected[domain] = self.admission.rejected.get(domain, 0) + 1
+            if n == 1 or n % 1000 == 0:
+                log.warning("rejected a PLAIN connection without a password of this run on %s (%d so far)", domain, n)
+        return allowed, reason
+
 
 _zap_lock = threading.Lock()
 _zap: tuple[int, _Authenticator, _Admission] | None = None
 _zap_domains = itertools.count()
 
 
+def _handler() -> tuple[_Authenticator, _Admission]:
+    """This process's ZAP handler thread (the caller holds `_zap_lock`)."""
+    global _zap
+    if _zap is None or _zap[0] != os.getpid():  # Context.instance() is per process, after fork too
+        admission = _Admission()
+        auth = _Authenticator(admission)
+        auth.start()
+        _zap = (os.getpid(), auth, admission)
+    return _zap[1], _zap[2]
+
+
 def zap_register(clients: dict[bytes, str]) -> tuple[str, _Admission]:
     """A fresh ZAP domain admitting `clients` (public key -> kind), on this process's handler."""
-    global _zap
     with _zap_lock:
-        if _zap is None or _zap[0] != os.getpid():  # Context.instance() is per process, after fork too
-            admission = _Admission()
-            auth = _Authenticator(admission)
-            auth.start()
-            _zap = (os.getpid(), auth, admission)
-        _, auth, admission = _zap
+        auth, admission = _handler()
         domain = f"laminar-{os.getpid()}-{next(_zap_domains)}"
         admission.kinds.update(clients)
         admission.domains[domain] = dict(clients)
         # providers are never removed (close only forgets the keys): the handler thread looks
         # the domain up without a lock
         auth.configure_curve_callback(domain, credentials_provider=admission)
+        return domain, admission
+
+
+def zap_register_plain(passwords: dict[str, str]) -> tuple[str, _Admission]:
+    """A fresh ZAP domain admitting PLAIN peers that prove one of `passwords` (kind -> password):
+    for ipc:// servers, which need authentication but no encryption (transport/security.py)."""
+    with _zap_lock:
+        auth, admission = _handler()
+        domain = f"laminar-{os.getpid()}-{next(_zap_domains)}"
+        auth.configure_plain(domain, passwords=dict(passwords))
         return domain, admission
 
 

@@ -146,3 +146,37 @@ def test_a_write_ahead_log_that_lost_durable_records_is_refused_at_resume(tmp_pa
     line = _one_line_refusal(res, "made durable", "records that reached the disk are missing")
     assert str(run / "wal") in line
     assert {p.name: p.read_bytes() for p in (run / "wal").iterdir()} == before  # nothing replayed, every file kept
+
+
+def test_the_leaf_socket_on_ipc_takes_no_peer_without_the_runs_keys(tmp_path, closing):
+    """Finding 1's last step: tool code (this user, no access to the run's keys) connected to the
+    master relay's `relay_leaves.sock` on ipc://, took `relay-77` without a key and was sent weights.
+    The socket now runs ZeroMQ PLAIN there: a relay's password, derived from its key."""
+    import logging
+
+    from laminar_hpc.relay.leaf_server import LeafServer
+    from laminar_hpc.transport.protocol import LeafSubscribe
+    from laminar_hpc.transport.security import PlainClientKeys, plain_client_keys
+
+    (tmp_path / "shm").mkdir()
+    rd = RunDir(tmp_path, shm_dir=tmp_path / "shm", run_id="leafattack")
+    ensure_keys(tmp_path)
+    cfg = load_config(REPO / "configs" / "tiny-emulated.yaml", [f"relay.shm_dir={tmp_path / 'shm'}"])
+    server = closing(LeafServer(rd, cfg, logging.getLogger("master")))
+    assert server.address.startswith("ipc://")  # one machine: the leaf socket is a UNIX socket
+    rogue = closing(Client(server.address, "relay-77"))  # no key at all
+    rogue.send(LeafSubscribe(have=-1))
+    guesser = closing(Client(server.address, "relay-78", keys=PlainClientKeys(kind="relay", password="guess")))
+    guesser.send(LeafSubscribe(have=-1))
+    joiner = closing(Client(server.address, "relay-5", keys=plain_client_keys(rd, "relay", "relay_leaves", cfg.controller)))
+    joiner.send(LeafSubscribe(have=-1))
+    deadline = time.monotonic() + 30
+
+    def refused() -> tuple[int, int]:  # (wrong passwords, handshakes failed: no password at all)
+        return server.server.rejected, server.server.connections["handshake_failed"]
+
+    while "relay-5" not in server.leaves or min(refused()) < 1:
+        assert time.monotonic() < deadline, f"leaves {sorted(server.leaves)}, refused {refused()}"
+        server.intake()
+        time.sleep(0.01)  # polling the server's socket, as the master relay's loop does
+    assert sorted(server.leaves) == ["relay-5"]
