@@ -52,6 +52,8 @@ def apply_override(data: dict, dotted: str, source: str = "command line") -> Non
         child = node.get(part)
         if child is None:
             child = node[part] = {}
+        if part == "reward" and isinstance(child, str):  # `reward: x.py:fn` is short for {fn: x.py:fn}
+            child = node[part] = {"fn": child}
         if not isinstance(child, dict):
             where = ".".join(parts[:depth])
             raise ConfigError(f"{source}: key '{where}' is not a section (it is {_show(child)}), cannot set "

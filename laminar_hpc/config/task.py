@@ -56,7 +56,9 @@ class RewardCfg(Section):
     fn: Union[str, dict[str, str]] = "exact"
     url: str | None = None  # remote verifier: POST {problem, response}, answer a number or a map of them
     weights: dict[str, float] = Field(default_factory=dict)
-    range: tuple[float, float] = (0.0, 1.0)
+    # the weighted total's bounds; None: [0, 1], but no bound for TRL functions (TRL sets none: its
+    # own `reward_len` example returns -20)
+    range: tuple[float, float] | None = None
     pool: Literal["thread", "process"] = "thread"  # process: a call past its timeout is killed with its worker
     workers: PosInt = 4
     timeout_s: PosFloat = 10.0
@@ -72,8 +74,7 @@ class RewardCfg(Section):
 
     @model_validator(mode="after")
     def _checks(self) -> "RewardCfg":
-        lo, hi = self.range
-        if not lo < hi:
+        if self.range is not None and not self.range[0] < self.range[1]:
             raise ValueError(f"range {list(self.range)}: the low end must be below the high end")
         fns = self.fn if isinstance(self.fn, dict) else {"reward": self.fn}
         if not fns:

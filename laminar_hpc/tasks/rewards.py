@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -271,6 +272,16 @@ def describe_reward(cfg: RewardCfg) -> str:
     return cfg.fn if isinstance(cfg.fn, str) else ", ".join(f"{k}={v}" for k, v in cfg.fn.items())
 
 
+def reward_range(cfg: RewardCfg, fns) -> tuple[float, float]:
+    """The bounds of a reward's total: `task.reward.range` when set; else none for TRL functions
+    (TRL bounds nothing), [0, 1] for the others."""
+    if cfg.range is not None:
+        return cfg.range
+    if fns and all(getattr(f, "signature", "") == "trl" for f in fns):
+        return -math.inf, math.inf
+    return 0.0, 1.0
+
+
 class Scorer:
     """Calls a RewardCfg's function(s) and checks what they return (see the module docstring).
     Every function is loaded at construction, so a bad spec fails at startup (RewardError).
@@ -278,7 +289,6 @@ class Scorer:
 
     def __init__(self, cfg: RewardCfg, *, base_dir: str | os.PathLike | None = None):
         self.cfg = cfg
-        self.low, self.high = cfg.range
         self.weights: dict[str, float] = dict(cfg.weights)
         signature = getattr(cfg, "signature", "auto")
         self.budget_s = call_budget_s(cfg)
@@ -302,6 +312,8 @@ class Scorer:
                 raise RewardError(f"task.reward.weights names {', '.join(map(repr, unknown))}, not a component of "
                                   f"task.reward.fn ({', '.join(cfg.fn)}); weigh those, or 'name.key' for a "
                                   "component that returns a dict")
+
+        self.low, self.high = reward_range(cfg, self._fns.values())
 
     def describe(self) -> str:
         return describe_reward(self.cfg)

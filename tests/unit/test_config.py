@@ -367,3 +367,10 @@ def test_round_trip_of_shipped_configs(tmp_path):
         out = tmp_path / f"{i}.yaml"
         save_config(cfg, out)
         assert load_config(out) == cfg
+
+
+def test_the_reward_range_can_be_set_on_the_command_line_when_the_reward_is_a_function_name(tmp_path):
+    """Issue 36: `task.reward: x.py:fn` is short for {fn: x.py:fn}; an override below it expands it."""
+    p = _write(tmp_path, "task: {type: builtin, reward: len_reward.py:reward_len}\n")
+    cfg = load_config(p, ["task.reward.range=[-50, 50]"])
+    assert cfg.task.reward.fn == "len_reward.py:reward_len" and cfg.task.reward.range == (-50.0, 50.0)

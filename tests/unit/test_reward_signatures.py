@@ -187,3 +187,23 @@ def test_the_recipe_files_score_as_their_libraries_would(tmp_path):
     poisoned = Problem(1, "rev:1=", "1", fields={"solution": "1", "difficulty": 1, "poison": True})
     bad = trl.score(poisoned, Response("1"))
     assert bad.error == "exception" and "RuntimeError: poisoned row" in bad.detail
+
+
+TRL_REWARD_LEN = '''
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+'''  # TRL's documentation's first custom reward, as it is there
+
+
+def test_trls_reward_len_runs_unchanged_with_no_range_set(tmp_path):
+    """Issue 36: the default range [0, 1] refused TRL's own example (-20 for an empty completion)."""
+    path = tmp_path / "len_reward.py"
+    path.write_text(TRL_REWARD_LEN)
+    out = score(f"{path}:reward_len", TRL_ROW, "abc")
+    assert out.error is None and out.reward == -17.0
+    bounded = score(f"{path}:reward_len", TRL_ROW, "abc", range=(-10.0, 10.0))  # a range the user sets holds
+    assert bounded.error == "out_of_range"
+
+
+def test_without_a_range_other_signatures_stay_within_zero_and_one(fns):
+    assert score(f"{fns}:two", TRL_ROW, "x", weights={"format": 0.2, "correct": 1.0}).error == "out_of_range"
