@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import bench_modes  # noqa: E402
 from laminar_hpc.config import ConfigError, load_config  # noqa: E402
+from laminar_hpc.sim.scaling import variant_conflict  # noqa: E402
 from laminar_hpc.metrics.goodput import cause_cells, cause_header  # noqa: E402
 
 DEFAULT_SWEEP = "controller.max_ahead_steps=1,2,3,4,6"
@@ -211,6 +212,9 @@ def run(args) -> int:
     if unknown:
         raise UsageError(f"--modes: unknown mode {unknown[0]!r}; allowed: {', '.join(bench_modes.MODES)}")
     cfg = load_config(args.config, args.overrides)  # fails early, one line, on a bad config or override
+    for point, mode in itertools.product(points, modes):  # what a mode would replace is refused, not ignored
+        if (why := variant_conflict(mode, args.overrides + overrides_of(point))) is not None:
+            raise UsageError(why)
     steps = args.steps or cfg.trainer.total_steps
     if steps <= args.skip or args.skip < 0:
         raise UsageError(f"--steps {steps} must be above --skip {args.skip} (>= 0)")

@@ -36,7 +36,7 @@ from laminar_hpc.config import load_config  # noqa: E402
 from laminar_hpc.metrics.status import read_status  # noqa: E402
 from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
 from laminar_hpc.metrics.trace import read_trace, role_events  # noqa: E402
-from laminar_hpc.sim.scaling import DEFAULT_VARIANTS, VARIANTS, variant_overrides  # noqa: E402
+from laminar_hpc.sim.scaling import DEFAULT_VARIANTS, VARIANTS, variant_conflict, variant_overrides  # noqa: E402
 
 # name -> overrides: the simulator's variants (sim/scaling.py VARIANTS), partial-rollout-areal over AReaL's
 # default update path (the trainer broadcasts each version to every rollout, blocked meanwhile; issue 15)
@@ -147,6 +147,9 @@ def main() -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         sys.exit(f"bench_modes: unknown mode(s) {', '.join(unknown)}; allowed: {', '.join(MODES)}")
+    for mode in modes:  # an override a mode would replace is refused, as `laminar simulate` refuses it
+        if (why := variant_conflict(mode, args.overrides)) is not None:
+            sys.exit(f"bench_modes: {why}")
     cfg = load_config(args.config, args.overrides)
     scale = cfg.emulation.time_scale if cfg.rollout.backend == "emulated" and cfg.emulation.time_scale > 0 else 1.0
     steps = args.steps or cfg.trainer.total_steps

@@ -96,7 +96,7 @@ def run(args) -> int:
     from laminar_hpc.sim import calibrate as cal_mod
     from laminar_hpc.sim import report
     from laminar_hpc.sim.presets import read_spec
-    from laminar_hpc.sim.scaling import DEFAULT_VARIANTS, VARIANTS, run_modes, scaling_curve
+    from laminar_hpc.sim.scaling import DEFAULT_VARIANTS, VARIANTS, run_modes, scaling_curve, variant_conflict
 
     t0 = time.perf_counter()
     cfg = load_config(args.config, args.overrides + ([f"seed={args.seed}"] if args.seed is not None else []))
@@ -105,6 +105,9 @@ def run(args) -> int:
     unknown = [m for m in modes if m not in VARIANTS]
     if unknown:
         raise UsageError(f"--modes: unknown mode {unknown[0]!r}; allowed: {', '.join(VARIANTS)}")
+    for m in modes:  # an override a mode would replace is refused, never silently ignored
+        if (why := variant_conflict(m, args.overrides)) is not None:
+            raise UsageError(why)
     for name in ("steps", "barrier_steps", "scaling_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")

@@ -74,6 +74,31 @@ def variant_overrides(name: str, update_path: str = "relay") -> list[str]:
             for o in VARIANTS[name]]
 
 
+def variant_conflict(name: str, overrides: list[str]) -> str | None:
+    """One line for an override (the user's `key=value`) that variant `name` sets otherwise, or
+    None: the variant's value would replace it without a word (`repack.enabled=false` with
+    `laminar-pure` ran with repack on). Names the variants that do run it."""
+    import yaml
+
+    def sets(variant: str) -> dict[str, str]:
+        return {k.strip(): v for k, _, v in (o.partition("=") for o in VARIANTS[variant])
+                if v != AREAL}  # (AReaL's stand-in takes the config's own path)
+
+    mine = sets(name)
+    for ov in overrides:
+        key, _, text = ov.partition("=")
+        key = key.strip()
+        if key in mine and yaml.safe_load(text) != yaml.safe_load(mine[key]):
+            # the variants that run the same but with this value (or leave it to the config)
+            fits = [v for v, s in ((v, sets(v)) for v in VARIANTS)
+                    if yaml.safe_load(s.get(key, text)) == yaml.safe_load(text)
+                    and all(s.get(k) == x for k, x in mine.items() if k != key) and set(s) <= set(mine) | {key}]
+            hint = f"use --modes {', '.join(fits)}" if fits else "drop it"
+            return (f"override {ov!r}: mode {name} sets {key}={mine[key]} (sim/scaling.py VARIANTS), which would "
+                    f"replace it; {hint}")
+    return None
+
+
 def mode_config(cfg: Config, name: str):
     """`cfg` as variant `name` runs it (VARIANTS)."""
     from laminar_hpc.config.load import apply_override, config_from_dict

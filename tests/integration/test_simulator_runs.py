@@ -32,3 +32,14 @@ def test_python_dash_m_runs_the_simulator():
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "laminar |" in res.stdout
+
+
+def test_an_override_a_mode_would_replace_is_refused_not_ignored():
+    """Issue 37: `repack.enabled=false --modes laminar-pure` ran with repack on (25.44 traj/s, as
+    without the override), because the mode's table sets it."""
+    from helpers import laminar
+    res = laminar("simulate", "configs/bench/longtail-math.yaml", "repack.enabled=false", "--seed", "0", "--steps", "5",
+                  "--modes", "laminar-pure", timeout=120)
+    assert res.returncode != 0
+    line = res.stderr.strip().splitlines()[-1]
+    assert "repack.enabled=false" in line and "laminar-pure" in line and "--modes laminar-pure-norepack" in line

@@ -369,3 +369,13 @@ def test_work_that_arrives_mid_step_starts_at_the_next_decode_step(interrupts):
     bound = sim.params.cost.decode_steps_s(cfg.rollout.max_batch, 200_000, 1) + sim.params.pull_s
     late = [d for d in delays if d > bound]
     assert delays and (not late if interrupts else len(late) > len(delays) / 10)
+
+
+def test_a_mode_that_would_replace_an_override_says_so_and_which_modes_run_it():
+    from laminar_hpc.sim.scaling import variant_conflict
+    why = variant_conflict("laminar-pure", ["repack.enabled=false"])
+    assert "mode laminar-pure sets repack.enabled=true" in why and why.endswith("use --modes laminar-pure-norepack")
+    assert "use --modes laminar-norepack" in variant_conflict("laminar", ["repack.enabled=false"])
+    assert "partial-rollout-areal" in variant_conflict("partial-rollout", ["partial_rollout.update_path=broadcast"])
+    assert variant_conflict("laminar-pure", ["repack.enabled=true", "trainer.lr=1e-4"]) is None  # the same, or untouched
+    assert variant_conflict("laminar", ["rollout.refresh_in_flight=never"]) is None  # laminar runs the config's own
