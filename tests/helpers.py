@@ -379,6 +379,7 @@ class FakeChannel:
 
     address = "tcp://127.0.0.1:9"  # for a heartbeat thread's own socket (tests keep it asleep)
     keys = None  # the heartbeat thread's socket reuses its channel's keys: none here
+    endpoint = None  # (and follows the same endpoint file: none)
 
     def __init__(self, script: Callable[["FakeChannel"], list[Message]] | None = None):
         self.sent: list[Message] = []

@@ -110,7 +110,8 @@ def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = Tru
     if connect:
         addr = wait_endpoint(rundir, "controller", cfg.timeouts.startup_s)
         ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20),
-                      keys=client_keys(rundir, role, cfg.controller))  # only this role kind's secret
+                      keys=client_keys(rundir, role, cfg.controller),  # only this role kind's secret
+                      endpoint=rundir.endpoint("controller"))  # a restarted controller may have moved
     ctx = RoleContext(role, rank, cfg, rundir.path, rundir.run_id, ctrl, tracer, log)
     if ctrl is not None:
         ctx.hello()
@@ -142,7 +143,8 @@ class Heartbeat:
 
     def _beat(self, limit_s: float, until_tick: bool) -> None:
         ctx = self.ctx
-        sock = Client(ctx.ctrl.address, f"{ctx.name}.hb", keys=ctx.ctrl.keys)  # the role's own key
+        sock = Client(ctx.ctrl.address, f"{ctx.name}.hb", keys=ctx.ctrl.keys,  # the role's own key
+                      endpoint=ctx.ctrl.endpoint)
         while True:
             time.sleep(self.every_s)  # the beat's period
             if until_tick and self.ticked:

@@ -160,6 +160,7 @@ class LeafRelay:
         if address is None:
             address = wait_endpoint(ctx.rundir, "relay_leaves", cfg.timeouts.startup_s)
         self.client = Client(address, f"relay-{self.rank}", max_frame_bytes=self.max_frame,
+                             endpoint=ctx.rundir.endpoint("relay_leaves"),
                              keys=client_keys(ctx.rundir, "relay", cfg.controller, server="relay_leaves")
                              if encrypted(cfg) else plain_client_keys(ctx.rundir, "relay", "relay_leaves", cfg.controller))
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix=f"leaf{self.rank}-hash")

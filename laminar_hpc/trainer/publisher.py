@@ -40,7 +40,7 @@ class Publisher:
         self.store = WeightStore.create(ctx.rundir.shm_path("handoff"), slots=3, capacity=layout.nbytes)
         addr = wait_endpoint(ctx.run_dir, "relay_master", ctx.cfg.timeouts.startup_s)
         self.relay = Client(addr, "trainer-0", max_frame_bytes=int(ctx.cfg.controller.max_frame_mb * 2**20),
-                            keys=keys)
+                            keys=keys, endpoint=ctx.rundir.endpoint("relay_master"))
         self.digest = digest_to_int(layout.digest)
         self.stalls: list[float] = []
         self.packed: tuple[int, memoryview] | None = None  # the last version handed off, in its slot

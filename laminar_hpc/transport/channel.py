@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 # a closed socket releases its port asynchronously (libzmq's I/O thread): a server rebinding a
 # port in the same process may briefly see it busy
 REBIND_WAIT_S = 1.0
+FOLLOW_EVERY_S = 1.0  # how often a client looks whether its server's endpoint file changed
 
 
 SEND_TIMEOUT_S = 60.0  # the longest a role waits to hand a message to a server it has no connection to
@@ -81,6 +82,13 @@ class WaitTimeout(TimeoutError):
 
 class AddressInUse(OSError):
     """A server could not bind its fixed port because something else holds it."""
+
+
+def _mtime_ns(path: Path | None) -> int | None:
+    try:
+        return None if path is None else os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 def publish_endpoint(run_dir: RunDir | Path, name: str, address: str, **extra) -> None:
@@ -309,10 +317,13 @@ class Server:
 
 
 class Client:
-    """DEALER socket connected to a Server, identified by role name."""
+    """DEALER socket connected to a Server, identified by role name. With `endpoint` (the file the
+    server publishes its address in) it follows the server when a restart moved it: a port another
+    process took (transport/endpoint.bind) is left for the new address at the next call after the
+    file changed (looked at once a second at most)."""
 
     def __init__(self, address: str, identity: str, max_frame_bytes: int = MAX_FRAME_BYTES,
-                 keys: ClientKeys | PlainClientKeys | None = None):
+                 keys: ClientKeys | PlainClientKeys | None = None, endpoint: Path | None = None):
         self.sock = _socket(zmq.DEALER, max_frame_bytes, CLIENT_SNDHWM, CLIENT_RCVHWM)
         self.keys = keys  # a second socket of the same role (its heartbeat thread) reuses them
         try:
@@ -335,12 +346,36 @@ class Client:
         self.dropped = 0
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
+        self.endpoint, self._next_look, self._seen_ns = endpoint, 0.0, _mtime_ns(endpoint)
+
+    def _follow(self) -> None:
+        """Reconnect to the address `endpoint` names now, if it names another (see the class doc)."""
+        now = time.monotonic()
+        if self.endpoint is None or now < self._next_look:
+            return
+        self._next_look = now + FOLLOW_EVERY_S
+        seen = _mtime_ns(self.endpoint)
+        if seen is None or seen == self._seen_ns:
+            return
+        self._seen_ns = seen
+        address = (read_json(self.endpoint) or {}).get("address")
+        if not isinstance(address, str) or not address or address == self.address:
+            return
+        try:
+            self.sock.disconnect(self.address)
+        except zmq.ZMQError:
+            pass  # (not connected there any more)
+        self.sock.connect(address)
+        log.warning("%s: the server moved from %s to %s (%s): reconnected", self.identity, self.address, address,
+                    self.endpoint)
+        self.address = address
 
     def send(self, msg: Message, timeout_s: float | None = None) -> None:
         """Queue `msg` for the server. A DEALER blocks while it has no pipe to any peer (e.g. its
         handshake was refused), so this waits at most `timeout_s` (default SEND_TIMEOUT_S) and
         then raises WaitTimeout naming the server, instead of hanging the role."""
         data = encode(msg)
+        self._follow()
         try:
             self.sock.send(data, zmq.NOBLOCK)
             return
@@ -353,6 +388,7 @@ class Client:
         self.sock.send(data, zmq.NOBLOCK)
 
     def recv(self, timeout_s: float) -> Message | None:
+        self._follow()
         deadline = time.monotonic() + timeout_s
         while True:
             left = max(0.0, deadline - time.monotonic())

@@ -18,16 +18,18 @@ old TCP port.
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from laminar_hpc.config.schema import Config, ControllerCfg
 from laminar_hpc.rundir import RunDir, RunDirError, read_json
-from laminar_hpc.transport.channel import AF_UNIX_PATH_MAX, Server
+from laminar_hpc.transport.channel import AF_UNIX_PATH_MAX, AddressInUse, Server
 from laminar_hpc.transport.security import ServerKeys, is_loopback
 from laminar_hpc.transport.shm_dir import open_private_dir
 
 SERVER_ENDPOINTS = ("controller", "relay_master", "relay_leaves")  # the endpoint names of the roles that bind a server
+log = logging.getLogger(__name__)
 
 
 def socket_name(name: str) -> str:
@@ -73,4 +75,12 @@ def bind(rd: RunDir, cfg: Config, name: str, keys: ServerKeys | None) -> Server:
     old = read_json(rd.endpoint(name)) or {}
     address = str(old.get("address", ""))
     port = int(address.rsplit(":", 1)[1]) if address.startswith("tcp://") else None  # a restart keeps its address
-    return Server(ctl.host, max_frame, port=port, keys=keys)
+    if port is None:
+        return Server(ctl.host, max_frame, keys=keys)
+    try:
+        return Server(ctl.host, max_frame, port=port, keys=keys)
+    except AddressInUse:  # another process (another user's, on a shared node) took it meanwhile
+        server = Server(ctl.host, max_frame, keys=keys)
+        log.warning("%s: its port %d is taken by another process: bound %s instead; the roles read it from %s "
+                    "when they reconnect", name, port, server.address, rd.endpoint(name))
+        return server

@@ -180,3 +180,72 @@ def test_the_leaf_socket_on_ipc_takes_no_peer_without_the_runs_keys(tmp_path, cl
         server.intake()
         time.sleep(0.01)  # polling the server's socket, as the master relay's loop does
     assert sorted(server.leaves) == ["relay-5"]
+
+
+def _squat(stop_fd: int, port: int) -> dict:
+    """Another user's listener on `port` (what a process of `nobody` can do after a crash freed it)."""
+    import os
+    import select
+    import socket
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (the killed controller's connections linger)
+    s.bind(("127.0.0.1", port))
+    s.listen(64)
+    select.select([stop_fd], [], [])  # until the parent closes its end
+    s.close()
+    return {"uid": os.getuid()}
+
+
+def _taken(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def test_a_restarted_controller_whose_port_another_user_took_binds_a_new_one_and_roles_follow(tmp_path, closing):
+    """Finding 3: in TCP mode another user bound the controller's old port after a crash; the
+    restarted controller failed three times with AddressInUse, and the campaign with it."""
+    from test_flood import as_nobody
+
+    from laminar_hpc.transport.protocol import Heartbeat
+    run = _campaign_dir(tmp_path, "tiny-emulated.yaml", "controller.transport=tcp")
+    proc = controller_process(run, tmp_path / "first.log")
+    try:
+        address = wait_endpoint(run, "controller", timeout_s=120)
+        assert address.startswith("tcp://")
+        port = int(address.rsplit(":", 1)[1])
+        role = closing(Client(address, "rollout-0", keys=client_keys(run, "rollout"),
+                              endpoint=RunDir(run).endpoint("controller")))
+        role.send(Heartbeat(t=1.0, pid=1))
+        assert isinstance(role.recv(timeout_s=60), Heartbeat)
+        proc.kill()
+        proc.wait(timeout=30)
+        with as_nobody(_squat, port) as finish:
+            deadline = time.monotonic() + 30
+            while not _taken(port):
+                assert time.monotonic() < deadline, "the squatter never bound the port"
+                time.sleep(0.05)  # its bind, in another process
+            log = tmp_path / "second.log"
+            proc = controller_process(run, log)
+            deadline = time.monotonic() + 60
+            while (moved := json.loads(RunDir(run).endpoint("controller").read_text())["address"]) == address:
+                assert proc.poll() is None, f"the restarted controller exited {proc.returncode}:\n{log.read_text()[-2000:]}"
+                assert time.monotonic() < deadline, "the restarted controller published no new address"
+                time.sleep(0.1)  # polling the endpoint file it writes
+            answered = None
+            while answered is None:  # the role follows the endpoint file (looked at once a second)
+                assert time.monotonic() < deadline, "the role never reached the moved controller"
+                role.send(Heartbeat(t=2.0, pid=1))
+                answered = role.recv(timeout_s=0.5)
+            assert role.address == moved != address
+            assert finish()["uid"] != 0  # the squatter was another user all along
+        lines = [ln for ln in log.read_text().splitlines() if "is taken by another process" in ln]
+        assert len(lines) == 1 and f"port {port}" in lines[0] and moved in lines[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
