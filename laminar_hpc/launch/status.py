@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from laminar_hpc.metrics.progress import versions_text
 from laminar_hpc.metrics.status import read_status
 from laminar_hpc.rundir import META_FILE, RunDir, read_json
 
@@ -68,8 +69,8 @@ def status_report(run_dir: Path) -> str:
         total = "?" if st.total_steps is None else st.total_steps
         lines.append(f"trainer     step {st.step}/{total}, version {st.trainer_version}, "
                      f"{st.trajectories_per_s:.1f} trajectories/s (phase {st.phase})")
-        lines.append(f"relays      versions {st.relay_versions}")
-        lines.append(f"rollouts    versions {st.rollout_versions}")
+        lines.append(f"relays      {versions_text(st.relay_versions)}")  # 'v6 x2': two relays hold version 6
+        lines.append(f"rollouts    {versions_text(st.rollout_versions)}")
         if st.elastic:
             lines.append("elastic     " + elastic_line(st.elastic))
     jobs = (read_json(rd.elastic_jobs) or {}).get("jobs") or []
