@@ -1,0 +1,253 @@
+"""A verl run script, as its users write it, read into a laminar config (`laminar import verl`).
+
+A verl recipe is a shell script that runs `python3 -m verl.trainer.main_ppo key=value ...` (Hydra
+overrides), often with variables set above it (`MODEL=...`, `$HOME/data/gsm8k`), line
+continuations and quoted values. `read_verl_script` finds that command and its overrides:
+variables from the script's own assignments, then the environment; quotes, `[a,b]` lists and
+`${VAR}` as a shell and Hydra read them. `from_verl` maps each override to the laminar key that
+means the same (`VERL_KEYS`), says which it ignored because laminar decides them otherwise
+(`VERL_DECIDED`: FSDP, Ray, GPU memory, micro-batches), and which it does not know, one line each.
+
+    overrides = read_verl_script(Path("run_qwen_grpo.sh").read_text())
+    data, lines = from_verl(overrides)       # a config dict (config_from_dict validates it), the report
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+VERL_ENTRY = re.compile(r"verl\.trainer\.main_\w+|verl/trainer/main_\w+\.py")
+_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class RecipeImportError(ValueError):
+    """The script holds no verl command, or a value cannot be read; the message says which."""
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """`$VAR`, `${VAR}` and `${VAR:-default}` as the shell expands them (unset: empty, or the default)."""
+    return _VAR.sub(lambda m: env.get(m.group(1) or m.group(3), m.group(2) or ""), text)
+
+
+def read_verl_script(text: str, environ: dict[str, str] | None = None) -> list[str]:
+    """The Hydra overrides of the verl command in a run script (or of a list of overrides, one a
+    line): line continuations joined, variables expanded (the script's own assignments first, in
+    order, then `environ`), each `key=value` as the shell hands it to Python."""
+    env = dict(os.environ if environ is None else environ)
+    logical, buf = [], ""
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        logical.append(buf + line)
+        buf = ""
+    if buf:
+        logical.append(buf)
+    command: list[str] | None = None
+    for line in logical:
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if (m := _ASSIGN.match(stripped)) and not VERL_ENTRY.search(stripped):
+            words = shlex.split(m.group(2), comments=True) or [""]
+            env[m.group(1)] = _expand(words[0], env)
+            continue
+        if VERL_ENTRY.search(stripped):
+            words = shlex.split(stripped, comments=True)
+            command = [_expand(w, env) for w in words]
+            break
+    if command is None:  # a bare list of overrides (one or more a line)
+        words = [w for line in logical if not line.strip().startswith("#") for w in shlex.split(line, comments=True)]
+        command = [_expand(w, env) for w in words]
+    else:
+        command = command[next(i for i, w in enumerate(command) if VERL_ENTRY.search(w)) + 1:]
+    return [w for w in command if "=" in w and not w.startswith("-")]
+
+
+def _value(text: str):
+    """A Hydra override's value: YAML (numbers, booleans, null, [lists]), else the text."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _first(v):
+    return v[0] if isinstance(v, list) and v else v
+
+
+# verl key -> (laminar key, how the value is turned into laminar's). verl's names are those of
+# verl/trainer/config/ppo_trainer.yaml (verl 0.4-0.5, read for their meaning; nothing copied).
+VERL_KEYS: dict[str, tuple[str, Callable]] = {
+    "data.train_files": ("task.path", _first),
+    "data.val_files": ("task.validation_path", _first),
+    "data.train_batch_size": ("trainer.groups_per_step", int),
+    "data.max_prompt_length": ("task.max_prompt_tokens", int),
+    "data.max_response_length": ("rollout.max_new_tokens", int),
+    "data.prompt_key": ("task.prompt_field", str),
+    "actor_rollout_ref.rollout.n": ("trainer.group_size", int),
+    "actor_rollout_ref.rollout.temperature": ("rollout.temperature", float),
+    "actor_rollout_ref.rollout.top_p": ("rollout.top_p", float),
+    "actor_rollout_ref.rollout.top_k": ("rollout.top_k", lambda v: max(0, int(v))),  # verl's -1: off
+    "actor_rollout_ref.model.path": ("model.hf_path", str),
+    "actor_rollout_ref.actor.optim.lr": ("trainer.lr", float),
+    "actor_rollout_ref.actor.optim.weight_decay": ("trainer.weight_decay", float),
+    "actor_rollout_ref.actor.grad_clip": ("trainer.grad_clip", float),
+    "actor_rollout_ref.actor.kl_loss_coef": ("trainer.kl_coef", float),
+    "actor_rollout_ref.actor.loss_agg_mode": ("trainer.loss_agg", str),
+    "actor_rollout_ref.actor.clip_ratio": ("trainer.clip_eps", float),
+    "actor_rollout_ref.actor.clip_ratio_low": ("trainer.clip_eps", float),
+    "trainer.total_training_steps": ("trainer.total_steps", int),
+    "trainer.test_freq": ("eval.every_steps", lambda v: max(0, int(v))),  # -1: never
+    "trainer.save_freq": ("checkpoint.every_steps", int),
+    "trainer.val_before_train": ("eval.at_start", bool),
+    "trainer.experiment_name": ("name", str),
+    "trainer.seed": ("seed", int),
+    "data.seed": ("seed", int),
+}
+
+# what laminar decides itself (its processes, memory, parallelism): read, then left out, with why
+VERL_DECIDED: dict[str, str] = {
+    "actor_rollout_ref.actor.fsdp_config": "laminar's trainer backend shards (trainer.backend, trainer.megatron)",
+    "actor_rollout_ref.ref.": "the reference policy's placement and batches are laminar's",
+    "critic.": "laminar trains GRPO: no critic",
+    "ray_init.": "laminar runs without Ray (Slurm steps, processes)",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "rollout.vllm sizes its own KV cache",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "set rollout.vllm.tensor_parallel_size for vLLM",
+    "actor_rollout_ref.rollout.name": "rollout.backend picks the engine",
+    "actor_rollout_ref.rollout.mode": "laminar's rollouts are asynchronous by design",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "micro-batches are laminar's",
+    "actor_rollout_ref.rollout.enforce_eager": "vLLM's settings are laminar's (rollout.vllm)",
+    "actor_rollout_ref.rollout.free_cache_engine": "vLLM's settings are laminar's (rollout.vllm)",
+    "actor_rollout_ref.rollout.val_kwargs": "evaluation decodes greedily (eval.samples for pass@k)",
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "micro-batches are laminar's",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "micro-batches are laminar's",
+    "actor_rollout_ref.actor.use_dynamic_bsz": "micro-batches are laminar's",
+    "actor_rollout_ref.actor.ppo_epochs": "each group is trained on once (the ledger's exactly-once)",
+    "actor_rollout_ref.actor.kl_loss_type": "laminar's KL term is k3 against the reference (trainer.kl_coef)",
+    "actor_rollout_ref.actor.entropy_coeff": "laminar adds no entropy bonus",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "memory is laminar's to manage",
+    "actor_rollout_ref.model.use_remove_padding": "laminar packs no padding",
+    "actor_rollout_ref.model.enable_activation_offload": "memory is laminar's to manage",
+    "actor_rollout_ref.hybrid_engine": "laminar's trainer and rollouts are separate processes",
+    "trainer.n_gpus_per_node": "placement is slurm.layout's",
+    "trainer.nnodes": "placement is slurm.layout's",
+    "trainer.logger": "set logging: (tensorboard, wandb, mlflow)",
+    "trainer.project_name": "set logging.wandb.project",
+    "trainer.critic_warmup": "laminar trains GRPO: no critic",
+    "trainer.default_local_dir": "checkpoints go to the run directory (--run-dir)",
+    "trainer.resume_mode": "laminar run --resume",
+    "data.filter_overlong_prompts": "longer prompts than task.max_prompt_tokens are always skipped and counted",
+    "data.truncation": "prompts are never truncated: skipped and counted",
+    "data.return_raw_chat": "chat rows are rendered with the model's own template",
+    "algorithm.use_kl_in_reward": "laminar's KL is a loss term (trainer.kl_coef)",
+    "algorithm.kl_ctrl": "laminar's KL is a loss term (trainer.kl_coef)",
+}
+
+
+def from_verl(overrides: list[str], base_dir: Path | None = None) -> tuple[dict, list[str]]:
+    """(a laminar config as a dict, one line per override: mapped, ignored or unknown)."""
+    seen = {k.strip(): _value(v) for k, _, v in (o.partition("=") for o in overrides)}
+    data: dict = {"mode": "laminar", "task": {"type": "dataset", "layout": "verl"}}
+    lines: list[str] = []
+
+    def put(key: str, value) -> None:
+        node = data
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+
+    for key, value in seen.items():
+        if key in VERL_KEYS:
+            target, convert = VERL_KEYS[key]
+            try:
+                put(target, convert(value))
+            except (TypeError, ValueError):
+                raise RecipeImportError(f"{key}={value!r}: not a value for {target}; fix it in the script") from None
+            lines.append(f"mapped   {key}={value} -> {target}")
+        elif key in ("custom_reward_function.path", "custom_reward_function.name"):
+            continue  # below, as one
+        elif key == "actor_rollout_ref.actor.use_kl_loss":
+            lines.append(f"mapped   {key}={value} -> trainer.kl_coef (0 when false)")
+        elif key == "algorithm.adv_estimator":
+            lines.append(f"{'mapped  ' if value == 'grpo' else 'ignored '} {key}={value}"
+                         + ("" if value == "grpo" else ": laminar trains GRPO (group-relative advantages)"))
+        elif key == "algorithm.norm_adv_by_std_in_grpo":
+            put("trainer.adv_norm", "population-std" if value else "none")
+            lines.append(f"mapped   {key}={value} -> trainer.adv_norm")
+        elif key == "trainer.total_epochs":
+            lines.append(f"mapped   {key}={value} -> trainer.total_steps (epochs x rows / train_batch_size)")
+        elif key == "actor_rollout_ref.actor.ppo_mini_batch_size":
+            lines.append(f"mapped   {key}={value} -> trainer.minibatches (train_batch_size / it)")
+        elif key == "actor_rollout_ref.actor.clip_ratio_high":
+            lines.append(f"mapped   {key}={value} -> trainer.clip_eps, if it equals clip_ratio_low (one bound here)")
+        elif (why := next((w for p, w in VERL_DECIDED.items() if key.startswith(p)), None)) is not None:
+            lines.append(f"ignored  {key}={value}: {why}")
+        else:
+            lines.append(f"unknown  {key}={value}: not read (check what it does in verl and set its laminar key)")
+    # what several verl keys decide together
+    if seen.get("actor_rollout_ref.actor.use_kl_loss") is False:
+        put("trainer.kl_coef", 0.0)
+    clip = data.get("trainer", {}).get("clip_eps")
+    if clip is not None:  # verl's loss is PPO's clip against the policy that sampled
+        put("trainer.correction", "none")
+        high = seen.get("actor_rollout_ref.actor.clip_ratio_high")
+        if high is not None and float(high) != clip:
+            lines.append(f"note     clip_ratio_high={high} differs from the low bound {clip}: laminar clips at "
+                         f"1 +- {clip} (trainer.clip_eps)")
+    path, name = seen.get("custom_reward_function.path"), seen.get("custom_reward_function.name") or "compute_score"
+    if path:
+        put("task.reward", f"{path}:{name}")
+        lines.append(f"mapped   custom_reward_function.path={path}, .name={name} -> task.reward")
+    if data.get("model", {}).get("hf_path"):
+        put("model.tokenizer", "hf")
+    prompt, response = data.get("task", {}).get("max_prompt_tokens"), data.get("rollout", {}).get("max_new_tokens")
+    if prompt and response:
+        put("model.max_seq_len", int(prompt) + int(response))
+        lines.append(f"derived  model.max_seq_len={int(prompt) + int(response)} (max_prompt_length + max_response_length)")
+    _steps_of_epochs(seen, data, lines, base_dir)
+    if "path" not in data["task"]:
+        raise RecipeImportError("the script sets no data.train_files: a laminar campaign needs its training rows")
+    return data, lines
+
+
+def _steps_of_epochs(seen: dict, data: dict, lines: list[str], base_dir: Path | None) -> None:
+    """trainer.total_steps from total_epochs (rows counted in the training file, when readable)
+    and trainer.minibatches from ppo_mini_batch_size, unless set outright."""
+    trainer = data.setdefault("trainer", {})
+    batch = trainer.get("groups_per_step")
+    mini = seen.get("actor_rollout_ref.actor.ppo_mini_batch_size")
+    if batch and mini and int(batch) % int(mini) == 0:
+        trainer["minibatches"] = int(batch) // int(mini)
+    epochs = seen.get("trainer.total_epochs")
+    if epochs is None or "total_steps" in trainer:
+        return
+    rows = _rows(data["task"].get("path"), base_dir)
+    if rows is None or not batch:
+        lines.append(f"note     trainer.total_epochs={epochs}: the training file could not be counted; set "
+                     "trainer.total_steps yourself")
+        return
+    trainer["total_steps"] = max(1, int(epochs) * rows // int(batch))
+    lines.append(f"derived  trainer.total_steps={trainer['total_steps']} ({epochs} epochs of {rows} rows, "
+                 f"{batch} prompts a step)")
+
+
+def _rows(path, base_dir: Path | None) -> int | None:
+    if not path:
+        return None
+    p = Path(path) if Path(path).is_absolute() or base_dir is None else base_dir / path
+    try:
+        if p.suffix == ".parquet":
+            import pyarrow.parquet as pq
+            return pq.ParquetFile(p).metadata.num_rows
+        return sum(1 for line in p.open() if line.strip())
+    except (OSError, ValueError, ImportError):
+        return None
