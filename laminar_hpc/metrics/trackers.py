@@ -49,7 +49,8 @@ def points(row: dict) -> tuple[str, int, dict[str, float]] | None:
     a train step, an evaluation round or an event."""
     if "eval_round" in row:  # controller/evaluation.py: round_row
         kind, step = "eval", row.get("eval_step")
-        values = {(k[5:] if k.startswith("eval_") else k): v for k, v in row.items()}
+        # 'pass@4' as 'pass_4' for every tracker: MLflow refuses '@', and one name across trackers
+        values = {(k[5:] if k.startswith("eval_") else k).replace("@", "_"): v for k, v in row.items()}
     elif "event" in row:
         kind, step = str(row["event"]), row.get("step", 0)
         values = {k: v for k, v in row.items() if k != "event"}
