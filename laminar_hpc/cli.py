@@ -117,21 +117,33 @@ def _run(args: argparse.Namespace) -> int:
     from laminar_hpc.launch.local import RoleFailed, run_local
     if args.resume and not args.run_dir:
         raise ConfigError("--resume continues an existing run: name it with --run-dir DIR")
-    cfg = _load(args)
-    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
-    if args.resume:
-        _check_resume(cfg, run_dir)
-    try:
+    run_dir = None
+    try:  # Ctrl-C at any point, the start check and the roles' start-up included, gets its line
+        cfg = _load(args)
+        run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+        if args.resume:
+            _check_resume(cfg, run_dir)
         summary = run_local(cfg, run_dir, resume=args.resume, overwrite=args.overwrite)
     except RoleFailed as err:
         print(f"laminar: error: {err}\nlaminar: run directory: {run_dir}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"\nlaminar: interrupted; every role was stopped. Continue with: laminar run {args.config} "
-              f"--run-dir {run_dir} --resume", file=sys.stderr)
+        print("\n" + interrupted_line(args.config, run_dir), file=sys.stderr)
         return 130
     _print_summary(summary, run_dir)
     return 0 if summary["outcome"] == "completed" else 75
+
+
+def interrupted_line(config: str, run_dir: Path | None) -> str:
+    """What a Ctrl-C kept and how to go on, in one line."""
+    from laminar_hpc.rundir import RunDir
+    ckpts = RunDir(run_dir).checkpoints() if run_dir is not None and run_dir.is_dir() else []
+    if not ckpts:
+        where = f" --run-dir {run_dir} --overwrite" if run_dir is not None and run_dir.exists() else ""
+        return (f"laminar: interrupted before the first checkpoint: every role was stopped, nothing to resume; "
+                f"start again with: laminar run {config}{where}")
+    return (f"laminar: interrupted; every role was stopped; kept {ckpts[-1]} (and the run's logs and traces in "
+            f"{run_dir}). Continue with: laminar run {config} --run-dir {run_dir} --resume")
 
 
 def _submit(args: argparse.Namespace) -> int:

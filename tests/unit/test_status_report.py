@@ -19,3 +19,13 @@ def test_the_versions_relays_and_rollouts_hold_read_as_text_not_a_dict(tmp_path)
     lines = dict(line.split(None, 1) for line in text.splitlines())
     assert lines["relays"] == "v6 x2" and lines["rollouts"] == "v6 x1, v5 x1, none x1"
     assert "{" not in text and "step 6/12, version 6" in lines["trainer"]
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tmp_path):
+    """Issue 36: a Ctrl-C during the start printed only '^C'; one before any checkpoint offered
+    --resume, which has nothing to continue from."""
+    from laminar_hpc.cli import interrupted_line
+    line = interrupted_line("configs/tiny.yaml", None)  # before the run directory was chosen
+    assert "nothing to resume" in line and "--resume" not in line and "\n" not in line
+    line = interrupted_line("configs/tiny.yaml", tmp_path)  # made, no checkpoint yet
+    assert f"--run-dir {tmp_path} --overwrite" in line and "--resume" not in line
