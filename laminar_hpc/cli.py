@@ -110,7 +110,10 @@ def _failures_line(summary: dict) -> str:
     parts = [part("rewards", summary.get("reward_failures") or {}, "by_reason")]
     if "tool_failures" in summary:
         parts.append(part("tools", summary["tool_failures"], "by_outcome"))
-    return "failures: " + " ".join(parts)
+    firsts = (summary.get("reward_failures") or {}).get("first") or {}
+    # each reason's first detail: what failed, without opening the logs
+    return "failures: " + " ".join(parts) + "".join(f"\n  first {reason}: {_one_line(detail)}"
+                                                   for reason, detail in firsts.items())
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -135,10 +135,14 @@ def failure_summary(events: list[dict]) -> dict:
     training work's rewards scored 0 because the call failed (`reward_failed` events; evaluation
     work's apart, as `eval`), zero when none did; and for a run that called tools (as
     tool_summary), `tool_failures` {total, by_outcome} of the calls that did not end "ok"."""
-    rewards = Counter(str(e.get("reason")) for e in events if e.get("ev") == "reward_failed" and not e.get("eval"))
-    evals = sum(1 for e in events if e.get("ev") == "reward_failed" and e.get("eval"))
+    failed = sorted((e for e in events if e.get("ev") == "reward_failed"), key=lambda e: e.get("t", 0.0))
+    rewards = Counter(str(e.get("reason")) for e in failed if not e.get("eval"))
+    evals = sum(1 for e in failed if e.get("eval"))
+    first: dict[str, str] = {}  # each reason's first detail (what the user's code said), evaluation's too
+    for e in failed:
+        first.setdefault(str(e.get("reason")), str(e.get("detail", ""))[:300])
     out: dict = {"reward_failures": {"total": sum(rewards.values()), "by_reason": dict(sorted(rewards.items())),
-                                     "eval": evals}}
+                                     "eval": evals, "first": dict(sorted(first.items()))}}
     if any(e.get("ev") in TOOL_EVENTS for e in events):
         tools = Counter(str(e.get("outcome")) for e in events
                         if e.get("ev") == "tool_call" and e.get("outcome") != "ok")

@@ -55,7 +55,7 @@ eval: {max_problems: 8}
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["outcome"] == "completed" and s["train_steps"] == 4 and s["groups_lost"] == 0
     # every call got verl's arguments (compute_score raises otherwise) and returned a usable dict
-    assert s["reward_failures"] == {"total": 0, "by_reason": {}, "eval": 0}
+    assert s["reward_failures"] == {"total": 0, "by_reason": {}, "eval": 0, "first": {}}
     assert "failures: rewards=0\n" in res.stdout
     rows = steps(tmp_path / "run")
     assert len(rows) == 4 and all(r["reward_failed"] == 0 for r in rows)

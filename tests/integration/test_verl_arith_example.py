@@ -41,7 +41,7 @@ def test_the_example_runs_with_verls_layout_and_logs_the_rewards_extra_key(tmp_p
     s = json.loads((run / "summary.json").read_text())
     assert s["outcome"] == "completed" and s["train_steps"] == 3 and s["groups_lost"] == 0
     # compute_score raises unless it gets verl's data_source: no call failed
-    assert s["reward_failures"] == {"total": 0, "by_reason": {}, "eval": 0}
+    assert s["reward_failures"] == {"total": 0, "by_reason": {}, "eval": 0, "first": {}}
     assert s["eval_last"] is not None
     rows = [r for r in read_objects(run / "metrics.jsonl") if isinstance(r.get("step"), int) and "event" not in r]
     assert len(rows) == 3

@@ -23,23 +23,28 @@ def test_summary_json_counts_reward_and_tool_failures(tmp_path, capsys):
     rd = RunDir(tmp_path)
     rd.trace_dir.mkdir(parents=True)
     tracer = Tracer(rd, "rollout-0", flush_s=0)
-    for reason in ("exception", "exception", "timeout"):
-        tracer.emit("reward_failed", traj="1.0", reason=reason, detail="r.py:score raised", eval=False)
+    for i, reason in enumerate(("exception", "exception", "timeout")):
+        tracer.emit("reward_failed", traj="1.0", reason=reason, detail=f"r.py:score raised (call {i})", eval=False)
     tracer.emit("reward_failed", traj="eval-1", reason="exception", detail="r.py:score raised", eval=True)
     for outcome in ("ok", "error", "timeout", "ok"):
         tracer.emit("tool_call", traj="1.1", name="calc", t_start=0.0, latency_s=0.01, outcome=outcome, obs_tokens=3)
     tracer.close()
     s = build_summary(tmp_path, mode="laminar", wall_s=1.0)
-    assert s["reward_failures"] == {"total": 3, "by_reason": {"exception": 2, "timeout": 1}, "eval": 1}
+    assert s["reward_failures"] == {"total": 3, "by_reason": {"exception": 2, "timeout": 1}, "eval": 1,
+                                    "first": {"exception": "r.py:score raised (call 0)",
+                                              "timeout": "r.py:score raised (call 2)"}}
     assert s["tool_failures"] == {"total": 2, "by_outcome": {"error": 1, "timeout": 1}}
     json.dumps(s)  # as summary.json holds it
     _print_summary({**s, "outcome": "completed"}, tmp_path)
-    assert "failures: rewards=3 (exception 2, timeout 1) tools=2 (error 1, timeout 1)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "failures: rewards=3 (exception 2, timeout 1) tools=2 (error 1, timeout 1)" in out
+    # each reason's first detail, in the printed summary too (issue 36: it stayed in the logs)
+    assert "\n  first exception: r.py:score raised (call 0)\n  first timeout: r.py:score raised (call 2)\n" in out
 
 
 def test_a_run_without_failures_says_so(tmp_path, capsys):
     s = build_summary(tmp_path, mode="laminar", wall_s=1.0)
-    assert s["reward_failures"] == {"total": 0, "by_reason": {}, "eval": 0}
+    assert s["reward_failures"] == {"total": 0, "by_reason": {}, "eval": 0, "first": {}}
     assert "tool_failures" not in s  # a run without tools keeps no tool keys
     _print_summary(s, tmp_path)
     assert "failures: rewards=0\n" in capsys.readouterr().out
