@@ -149,6 +149,8 @@ class Server:
         self.monitor: ConnectionMonitor | None = None
         try:
             self.monitor = ConnectionMonitor(self.sock, "server", limit_bytes=self.sock.getsockopt(zmq.MAXMSGSIZE))
+            if keys is not None:  # no ZAP handler answering: refuse the handshake (libzmq would admit it)
+                self.sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
             if isinstance(keys, PlainServerKeys):  # ipc:// peers that prove a kind, unencrypted
                 self._zap_domain, self._zap_check = zap_register_plain(keys.passwords)
                 self.sock.setsockopt(zmq.ZAP_DOMAIN, self._zap_domain.encode())

@@ -84,7 +84,7 @@ def test_the_write_ahead_log_rides_out_a_full_filesystem(small_fs):
         wal.append(*recs[-1])
         assert wal.flush() is False
     assert wal.start({"v": 1, "pad": "y" * 100_000}) is False  # a compaction: refused, nothing half-written
-    assert sorted(p.name for p in root.iterdir()) == ["seg-000000.log", "snapshot-000000.msgpack"]
+    assert sorted(p.name for p in root.iterdir()) == ["seg-000000.log", "snapshot-000000.msgpack", "synced"]
     state, written = WriteAheadLog(root).recover()  # a restart now: the complete records before the cut
     assert state == {"v": 0} and written == recs[:len(written)] and len(written) >= 20
     small_fs.free()
