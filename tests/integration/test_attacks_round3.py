@@ -19,7 +19,7 @@ from helpers import REPO, controller_process, laminar
 from laminar_hpc.config import load_config, save_config
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.rundir import RunDir
-from laminar_hpc.transport.channel import Client, wait_endpoint
+from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
 from laminar_hpc.transport.protocol import Join, Joined, StopAll
 from laminar_hpc.transport.security import client_keys, ensure_keys
 from laminar_hpc.walformat import HEADER_BYTES, SEGMENT_MAGIC
@@ -165,9 +165,12 @@ def test_the_leaf_socket_on_ipc_takes_no_peer_without_the_runs_keys(tmp_path, cl
     server = closing(LeafServer(rd, cfg, logging.getLogger("master")))
     assert server.address.startswith("ipc://")  # one machine: the leaf socket is a UNIX socket
     rogue = closing(Client(server.address, "relay-77"))  # no key at all
-    rogue.send(LeafSubscribe(have=-1))
     guesser = closing(Client(server.address, "relay-78", keys=PlainClientKeys(kind="relay", password="guess")))
-    guesser.send(LeafSubscribe(have=-1))
+    for peer in (rogue, guesser):
+        try:
+            peer.send(LeafSubscribe(have=-1), timeout_s=1.0)  # queued, or refused outright: no pipe once refused
+        except WaitTimeout:
+            pass
     joiner = closing(Client(server.address, "relay-5", keys=plain_client_keys(rd, "relay", "relay_leaves", cfg.controller)))
     joiner.send(LeafSubscribe(have=-1))
     deadline = time.monotonic() + 30
@@ -239,7 +242,10 @@ def test_a_restarted_controller_whose_port_another_user_took_binds_a_new_one_and
             answered = None
             while answered is None:  # the role follows the endpoint file (looked at once a second)
                 assert time.monotonic() < deadline, "the role never reached the moved controller"
-                role.send(Heartbeat(t=2.0, pid=1))
+                try:
+                    role.send(Heartbeat(t=2.0, pid=1), timeout_s=1.0)
+                except WaitTimeout:  # no pipe to the old address any more: the next try, after following
+                    continue
                 answered = role.recv(timeout_s=0.5)
             assert role.address == moved != address
             assert finish()["uid"] != 0  # the squatter was another user all along
