@@ -170,20 +170,13 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    """`laminar import verl SCRIPT`: a verl run script as a laminar config (config/recipe_import.py)."""
-    import yaml
-
-    from laminar_hpc.config import config_from_dict
-    from laminar_hpc.config.recipe_import import RecipeImportError, from_verl, read_verl_script
+    """`laminar import verl SCRIPT` / `trl CONFIG`: a verl run script or a TRL GRPOConfig as a laminar
+    config (config/recipe_import.py)."""
+    from laminar_hpc.config.recipe_import import import_recipe
     from laminar_hpc.rundir import atomic_write_text
-    try:
-        data, lines = from_verl(read_verl_script(Path(args.script).read_text()), base_dir=Path.cwd())
-    except RecipeImportError as err:
-        raise ConfigError(f"{args.script}: {err}") from None
-    for line in lines:  # what became of each override, one line each
+    text, lines = import_recipe(args.source, Path(args.script), base_dir=Path.cwd())
+    for line in lines:  # what became of each setting, one line each
         print(line, file=sys.stderr)
-    config_from_dict(data, f"{args.script} (as imported)")  # one line naming the key if it is not a config
-    text = f"# imported from {args.script} by `laminar import verl`\n" + yaml.safe_dump(data, sort_keys=False)
     if args.output:
         atomic_write_text(Path(args.output), text)
         print(f"wrote {args.output}", file=sys.stderr)
@@ -357,10 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--run-dir", help="default RUN_DIR in the script (default runs/<name>)")
     rs.set_defaults(func=_render)
 
-    im = sub.add_parser("import", help="a verl run script (python -m verl.trainer.main_ppo key=value ...) as a "
-                                       "laminar config; each override mapped, ignored or unknown, one line each")
-    im.add_argument("source", choices=["verl"])
-    im.add_argument("script", help="the run script, or a file of its Hydra overrides")
+    im = sub.add_parser("import", help="a verl run script (python -m verl.trainer.main_ppo key=value ...) or a TRL "
+                                       "GRPOConfig (YAML, or --key value) as a laminar config; each setting mapped, "
+                                       "ignored or unknown, one line each")
+    im.add_argument("source", choices=["verl", "trl"])
+    im.add_argument("script", help="verl: the run script or its Hydra overrides; trl: the YAML or the CLI arguments")
     im.add_argument("-o", "--output", help="the config to write (default: printed)")
     im.set_defaults(func=_import)
 

@@ -1,4 +1,5 @@
-"""A verl run script, as its users write it, read into a laminar config (`laminar import verl`).
+"""A verl run script or a TRL GRPOConfig, as their users write them, read into a laminar config
+(`laminar import verl SCRIPT`, `laminar import trl CONFIG`).
 
 A verl recipe is a shell script that runs `python3 -m verl.trainer.main_ppo key=value ...` (Hydra
 overrides), often with variables set above it (`MODEL=...`, `$HOME/data/gsm8k`), line
@@ -10,6 +11,7 @@ means the same (`VERL_KEYS`), says which it ignored because laminar decides them
 
     overrides = read_verl_script(Path("run_qwen_grpo.sh").read_text())
     data, lines = from_verl(overrides)       # a config dict (config_from_dict validates it), the report
+    data, lines = from_trl(read_trl(Path("grpo.yaml").read_text()))   # TRL: a YAML of GRPOConfig, or --key value
 """
 from __future__ import annotations
 
@@ -251,3 +253,154 @@ def _rows(path, base_dir: Path | None) -> int | None:
         return sum(1 for line in p.open() if line.strip())
     except (OSError, ValueError, ImportError):
         return None
+
+
+# -- TRL ---------------------------------------------------------------------------------------
+def read_trl(text: str) -> dict:
+    """A TRL `GRPOConfig` as its users give it: a YAML mapping (`trl grpo --config grpo.yaml`), or
+    the `--key value` / `--key=value` arguments of TRL's CLI (one or more a line, `\\` continued)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    if isinstance(data, dict):
+        return data
+    words = shlex.split(text.replace("\\\n", " "), comments=True)
+    out: dict = {}
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("--"):
+            key, eq, val = w[2:].partition("=")
+            if not eq:
+                if i + 1 < len(words) and not words[i + 1].startswith("--"):
+                    val, i = words[i + 1], i + 1
+                else:
+                    val = "true"  # a flag
+            out[key.replace("-", "_")] = _value(val)
+        i += 1
+    if not out:
+        raise RecipeImportError("neither a YAML mapping of GRPOConfig fields nor --key value arguments")
+    return out
+
+
+# GRPOConfig field -> (laminar key, conversion); TRL's names (trl/trainer/grpo_config.py and its
+# documentation, read for their meaning)
+TRL_KEYS: dict[str, tuple[str, Callable]] = {
+    "model_name_or_path": ("model.hf_path", str),
+    "learning_rate": ("trainer.lr", float),
+    "weight_decay": ("trainer.weight_decay", float),
+    "max_grad_norm": ("trainer.grad_clip", float),
+    "num_generations": ("trainer.group_size", int),
+    "max_prompt_length": ("task.max_prompt_tokens", int),
+    "max_completion_length": ("rollout.max_new_tokens", int),
+    "temperature": ("rollout.temperature", float),
+    "top_p": ("rollout.top_p", float),
+    "top_k": ("rollout.top_k", lambda v: 0 if v is None else max(0, int(v))),
+    "beta": ("trainer.kl_coef", float),
+    "epsilon": ("trainer.clip_eps", float),
+    "max_steps": ("trainer.total_steps", int),
+    "save_steps": ("checkpoint.every_steps", int),
+    "eval_steps": ("eval.every_steps", int),
+    "seed": ("seed", int),
+    "run_name": ("name", str),
+    "dataset_name": ("task.path", str),  # a local file: laminar reads no Hub dataset at run time
+}
+TRL_LOSS = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
+            "dr_grpo": "seq-mean-token-sum-norm"}
+TRL_DECIDED: dict[str, str] = {
+    "output_dir": "the run directory is --run-dir",
+    "per_device_train_batch_size": "read with gradient_accumulation_steps: prompts a step",
+    "gradient_accumulation_steps": "read with per_device_train_batch_size: prompts a step",
+    "bf16": "precision is trainer.publish_dtype / rollout.weight_dtype",
+    "fp16": "precision is trainer.publish_dtype / rollout.weight_dtype",
+    "gradient_checkpointing": "memory is laminar's to manage",
+    "use_vllm": "rollout.backend picks the engine",
+    "vllm_mode": "laminar's rollouts are separate processes by design",
+    "vllm_gpu_memory_utilization": "rollout.vllm sizes its own KV cache",
+    "logging_steps": "every step is logged",
+    "report_to": "set logging: (tensorboard, wandb, mlflow)",
+    "push_to_hub": "laminar export-hf writes a checkpoint as a Hugging Face directory",
+    "log_completions": "laminar trace summary and the traces hold every completion's figures",
+    "num_iterations": "each group is trained on once (the ledger's exactly-once)",
+    "steps_per_generation": "generation never waits for a step: trajectory-level asynchrony",
+    "ds3_gather_for_generation": "laminar's trainer backend shards",
+    "dataset_config": "a local file of the dataset: task.path",
+}
+
+
+def from_trl(fields: dict, base_dir: Path | None = None) -> tuple[dict, list[str]]:
+    """(a laminar config as a dict, one line per field: mapped, ignored or unknown)."""
+    data: dict = {"mode": "laminar", "task": {"type": "dataset", "layout": "trl"}}
+    lines: list[str] = []
+
+    def put(key: str, value) -> None:
+        node = data
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+
+    for key, value in fields.items():
+        if key in TRL_KEYS:
+            target, convert = TRL_KEYS[key]
+            try:
+                put(target, convert(value))
+            except (TypeError, ValueError):
+                raise RecipeImportError(f"{key}={value!r}: not a value for {target}; fix it in the config") from None
+            lines.append(f"mapped   {key}={value} -> {target}")
+        elif key == "loss_type" and value in TRL_LOSS:
+            put("trainer.loss_agg", TRL_LOSS[value])
+            lines.append(f"mapped   {key}={value} -> trainer.loss_agg={TRL_LOSS[value]}")
+        elif key == "scale_rewards":
+            put("trainer.adv_norm", "population-std" if value not in (False, "none") else "none")
+            lines.append(f"mapped   {key}={value} -> trainer.adv_norm")
+        elif key == "reward_funcs":
+            funcs = value if isinstance(value, list) else [value]
+            put("task.reward", {"fn": {f"r{i}": str(f) for i, f in enumerate(funcs)}} if len(funcs) > 1
+                else str(funcs[0]))
+            lines.append(f"mapped   {key}={value} -> task.reward (each a path/to/file.py:function or module:function)")
+        elif key == "epsilon_high":
+            lines.append(f"note     {key}={value}: laminar clips at 1 +- epsilon (trainer.clip_eps), one bound")
+        elif key == "num_train_epochs":
+            lines.append(f"note     {key}={value}: laminar counts train steps; set trainer.total_steps (max_steps)")
+        elif key in TRL_DECIDED:
+            lines.append(f"{'mapped  ' if 'read with' in TRL_DECIDED[key] else 'ignored '} {key}={value}: "
+                         f"{TRL_DECIDED[key]}")
+        elif key == "dataset_train_split":
+            lines.append(f"ignored  {key}={value}: task.path is the training file itself")
+        else:
+            lines.append(f"unknown  {key}={value}: not read (check what it does in TRL and set its laminar key)")
+    per_device, accum = fields.get("per_device_train_batch_size"), fields.get("gradient_accumulation_steps", 1)
+    group = data.get("trainer", {}).get("group_size") or 8  # TRL's default num_generations
+    if per_device:
+        completions = int(per_device) * int(accum or 1)
+        put("trainer.groups_per_step", max(1, completions // int(group)))
+        lines.append(f"derived  trainer.groups_per_step={max(1, completions // int(group))} (per_device_train_batch_size "
+                     f"x gradient_accumulation_steps / num_generations, on one device: multiply by the devices "
+                     "the TRL run had)")
+    if data.get("model", {}).get("hf_path"):
+        put("model.tokenizer", "hf")
+    prompt, response = data.get("task", {}).get("max_prompt_tokens"), data.get("rollout", {}).get("max_new_tokens")
+    if prompt and response:
+        put("model.max_seq_len", int(prompt) + int(response))
+        lines.append(f"derived  model.max_seq_len={int(prompt) + int(response)} (max_prompt_length + max_completion_length)")
+    if data.get("trainer", {}).get("clip_eps") is not None:
+        put("trainer.correction", "none")  # TRL's loss is PPO's clip against the policy that sampled
+    if "path" not in data["task"]:
+        raise RecipeImportError("it names no dataset_name: a laminar campaign needs its training rows (a file)")
+    return data, lines
+
+
+def import_recipe(source: str, path: Path, base_dir: Path | None = None) -> tuple[str, list[str]]:
+    """(the laminar config's YAML text, one line per setting) of the verl script or TRL config at
+    `path`; ConfigError, naming the file, for what cannot be imported or is not a valid config."""
+    from laminar_hpc.config.load import ConfigError, config_from_dict
+    try:
+        text = path.read_text()
+        data, lines = from_verl(read_verl_script(text), base_dir) if source == "verl" else \
+            from_trl(read_trl(text), base_dir)
+    except (OSError, UnicodeDecodeError, RecipeImportError, ValueError) as err:
+        raise ConfigError(f"{path}: {err}") from None
+    config_from_dict(data, f"{path} (as imported)")  # one line naming the key if it is not a config
+    return f"# imported from {path} by `laminar import {source}`\n" + yaml.safe_dump(data, sort_keys=False), lines

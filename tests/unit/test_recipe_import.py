@@ -73,3 +73,45 @@ def test_each_override_is_mapped_ignored_or_unknown_and_the_config_validates(tmp
 def test_a_script_without_training_data_is_refused():
     with pytest.raises(RecipeImportError, match="data.train_files"):
         from_verl(read_verl_script("python3 -m verl.trainer.main_ppo data.train_batch_size=8\n", {}))
+
+
+GRPO_YAML = """# trl grpo --config grpo.yaml
+model_name_or_path: Qwen/Qwen2-0.5B-Instruct
+dataset_name: data/train.jsonl
+output_dir: Qwen2-0.5B-GRPO
+learning_rate: 1.0e-6
+per_device_train_batch_size: 8
+gradient_accumulation_steps: 2
+num_generations: 4
+max_prompt_length: 256
+max_completion_length: 512
+beta: 0.04
+epsilon: 0.2
+loss_type: dr_grpo
+max_steps: 100
+bf16: true
+use_vllm: true
+logging_steps: 10
+reward_funcs: [rewards.py:reward_len]
+some_future_field: 1
+"""
+
+
+@pytest.mark.parametrize("form", ["yaml", "cli"])
+def test_a_trl_grpo_config_becomes_a_laminar_config(form):
+    from laminar_hpc.config.recipe_import import from_trl, read_trl
+    if form == "yaml":
+        text = GRPO_YAML
+    else:  # the same as TRL's CLI arguments, as a shell script would pass them
+        import yaml
+        text = " \\\n".join(f"--{k} {v if not isinstance(v, list) else v[0]}" for k, v in yaml.safe_load(GRPO_YAML).items())
+    data, lines = from_trl(read_trl(text))
+    cfg = config_from_dict(data)
+    assert (cfg.task.layout, cfg.task.path, cfg.task.reward.fn) == ("trl", "data/train.jsonl", "rewards.py:reward_len")
+    assert (cfg.trainer.group_size, cfg.trainer.groups_per_step) == (4, 4)  # 8 x 2 completions / 4 per prompt
+    assert cfg.trainer.kl_coef == 0.04 and cfg.trainer.loss_agg == "seq-mean-token-sum-norm"
+    assert (cfg.trainer.correction, cfg.trainer.clip_eps, cfg.trainer.total_steps) == ("none", 0.2, 100)
+    assert (cfg.task.max_prompt_tokens, cfg.rollout.max_new_tokens, cfg.model.max_seq_len) == (256, 512, 768)
+    kinds = {line.split()[1].split("=")[0]: line.split()[0] for line in lines if line.split()[0] != "derived"}
+    assert kinds["bf16"] == "ignored" and kinds["use_vllm"] == "ignored" and kinds["some_future_field"] == "unknown"
+    assert kinds["learning_rate"] == "mapped"
