@@ -154,6 +154,37 @@ VERL_DECIDED: dict[str, str] = {
 }
 
 
+def _put(data: dict, key: str, value) -> None:
+    node = data
+    *parents, last = key.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+
+
+def _mapped(table: dict, key: str, value, data: dict, lines: list[str], where: str) -> bool:
+    """Set `table`'s laminar key for `key` (False: not in the table)."""
+    if key not in table:
+        return False
+    target, convert = table[key]
+    try:
+        _put(data, target, convert(value))
+    except (TypeError, ValueError):
+        raise RecipeImportError(f"{key}={value!r}: not a value for {target}; fix it in the {where}") from None
+    lines.append(f"mapped   {key}={value} -> {target}")
+    return True
+
+
+def _model_and_lengths(data: dict, lines: list[str], names: str) -> None:
+    """A checkpoint's own tokenizer, and the context the prompt and response limits add up to."""
+    if data.get("model", {}).get("hf_path"):
+        _put(data, "model.tokenizer", "hf")
+    prompt, response = data.get("task", {}).get("max_prompt_tokens"), data.get("rollout", {}).get("max_new_tokens")
+    if prompt and response:
+        _put(data, "model.max_seq_len", int(prompt) + int(response))
+        lines.append(f"derived  model.max_seq_len={int(prompt) + int(response)} ({names})")
+
+
 def from_verl(overrides: list[str], base_dir: Path | None = None) -> tuple[dict, list[str]]:
     """(a laminar config as a dict, one line per override: mapped, ignored or unknown)."""
     seen = {k.strip(): _value(v) for k, _, v in (o.partition("=") for o in overrides)}
@@ -161,20 +192,11 @@ def from_verl(overrides: list[str], base_dir: Path | None = None) -> tuple[dict,
     lines: list[str] = []
 
     def put(key: str, value) -> None:
-        node = data
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
+        _put(data, key, value)
 
     for key, value in seen.items():
-        if key in VERL_KEYS:
-            target, convert = VERL_KEYS[key]
-            try:
-                put(target, convert(value))
-            except (TypeError, ValueError):
-                raise RecipeImportError(f"{key}={value!r}: not a value for {target}; fix it in the script") from None
-            lines.append(f"mapped   {key}={value} -> {target}")
+        if _mapped(VERL_KEYS, key, value, data, lines, "script"):
+            continue
         elif key in ("custom_reward_function.path", "custom_reward_function.name"):
             continue  # below, as one
         elif key == "actor_rollout_ref.actor.use_kl_loss":
@@ -209,12 +231,7 @@ def from_verl(overrides: list[str], base_dir: Path | None = None) -> tuple[dict,
     if path:
         put("task.reward", f"{path}:{name}")
         lines.append(f"mapped   custom_reward_function.path={path}, .name={name} -> task.reward")
-    if data.get("model", {}).get("hf_path"):
-        put("model.tokenizer", "hf")
-    prompt, response = data.get("task", {}).get("max_prompt_tokens"), data.get("rollout", {}).get("max_new_tokens")
-    if prompt and response:
-        put("model.max_seq_len", int(prompt) + int(response))
-        lines.append(f"derived  model.max_seq_len={int(prompt) + int(response)} (max_prompt_length + max_response_length)")
+    _model_and_lengths(data, lines, "max_prompt_length + max_response_length")
     _steps_of_epochs(seen, data, lines, base_dir)
     if "path" not in data["task"]:
         raise RecipeImportError("the script sets no data.train_files: a laminar campaign needs its training rows")
@@ -335,20 +352,11 @@ def from_trl(fields: dict, base_dir: Path | None = None) -> tuple[dict, list[str
     lines: list[str] = []
 
     def put(key: str, value) -> None:
-        node = data
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
+        _put(data, key, value)
 
     for key, value in fields.items():
-        if key in TRL_KEYS:
-            target, convert = TRL_KEYS[key]
-            try:
-                put(target, convert(value))
-            except (TypeError, ValueError):
-                raise RecipeImportError(f"{key}={value!r}: not a value for {target}; fix it in the config") from None
-            lines.append(f"mapped   {key}={value} -> {target}")
+        if _mapped(TRL_KEYS, key, value, data, lines, "config"):
+            continue
         elif key == "loss_type" and value in TRL_LOSS:
             put("trainer.loss_agg", TRL_LOSS[value])
             lines.append(f"mapped   {key}={value} -> trainer.loss_agg={TRL_LOSS[value]}")
@@ -379,12 +387,7 @@ def from_trl(fields: dict, base_dir: Path | None = None) -> tuple[dict, list[str
         lines.append(f"derived  trainer.groups_per_step={max(1, completions // int(group))} (per_device_train_batch_size "
                      f"x gradient_accumulation_steps / num_generations, on one device: multiply by the devices "
                      "the TRL run had)")
-    if data.get("model", {}).get("hf_path"):
-        put("model.tokenizer", "hf")
-    prompt, response = data.get("task", {}).get("max_prompt_tokens"), data.get("rollout", {}).get("max_new_tokens")
-    if prompt and response:
-        put("model.max_seq_len", int(prompt) + int(response))
-        lines.append(f"derived  model.max_seq_len={int(prompt) + int(response)} (max_prompt_length + max_completion_length)")
+    _model_and_lengths(data, lines, "max_prompt_length + max_completion_length")
     if data.get("trainer", {}).get("clip_eps") is not None:
         put("trainer.correction", "none")  # TRL's loss is PPO's clip against the policy that sampled
     if "path" not in data["task"]:
