@@ -118,3 +118,69 @@ task: {type: arith, ops: [+], max_value: 9}
     res = laminar("render-sbatch", "config.yaml", cwd=tmp_path, env=env, timeout=180)
     assert res.returncode == 0 and res.stdout.startswith("#!/bin/bash"), res.stderr[-3000:]
     # not cached and offline: tests/integration/test_recipe_inputs.py
+
+
+# a verl run script as its users write it (the shape of verl's examples/grpo_trainer scripts): variables,
+# line continuations, quotes, FSDP/Ray/vLLM settings laminar decides itself, a custom reward file
+VERL_SCRIPT = r'''#!/usr/bin/env bash
+set -x
+MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}
+DATA=${DATA_DIR:-$HOME/data/reverse}
+
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files=$DATA/train.parquet \
+    data.val_files="$DATA/test.parquet" \
+    data.train_batch_size=4 \
+    data.max_prompt_length=40 \
+    data.max_response_length=8 \
+    data.filter_overlong_prompts=True \
+    actor_rollout_ref.model.path=$MODEL_PATH \
+    actor_rollout_ref.actor.optim.lr=1e-3 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=4 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
+    actor_rollout_ref.actor.use_kl_loss=False \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.n=4 \
+    custom_reward_function.path=$DATA/reward.py \
+    trainer.logger='["console"]' \
+    trainer.n_gpus_per_node=1 \
+    trainer.nnodes=1 \
+    trainer.test_freq=-1 \
+    trainer.save_freq=3 \
+    trainer.total_training_steps=3 $@
+'''
+
+
+def test_a_verl_run_script_imports_and_runs_three_steps(tmp_path):
+    """Issue 36: `laminar import verl` on a script not in the repository, then `laminar run` on what
+    it wrote, without edits."""
+    import torch
+
+    from laminar_hpc.config import config_from_dict
+    from laminar_hpc.model.factory import build_model, build_tokenizer
+    from laminar_hpc.model.hf import export_hf
+    data = tmp_path / "data"
+    data.mkdir()
+    write_verl_parquet(data / "train.parquet", 40)
+    write_verl_parquet(data / "test.parquet", 8, seed=1)
+    (data / "reward.py").write_text(VERL_REWARD)
+    small = config_from_dict({"model": {"tokenizer": "hf", "hf_tokenizer": str(chat_tokenizer(tmp_path / "tok")),
+                                        "dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}})
+    tok = build_tokenizer(small.model)
+    torch.manual_seed(0)
+    model_dir = export_hf(build_model(small.model, tok), tmp_path / "model", tokenizer=tok, dtype="float32")
+    (tmp_path / "run_grpo.sh").write_text(VERL_SCRIPT)
+    env = {"MODEL_PATH": str(model_dir), "DATA_DIR": str(data)}
+    res = laminar("import", "verl", "run_grpo.sh", "-o", "config.yaml", cwd=tmp_path, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    said = res.stderr.splitlines()
+    assert any(ln.startswith("ignored  actor_rollout_ref.rollout.gpu_memory_utilization") for ln in said)
+    assert any(ln.startswith("mapped   actor_rollout_ref.rollout.n=4 -> trainer.group_size") for ln in said)
+    run = laminar("run", "config.yaml", "--run-dir", "run", cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-2000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["outcome"] == "completed" and s["train_steps"] == 3 and s["groups_lost"] == 0
+    assert s["reward_failures"]["total"] == 0  # verl's compute_score, called as verl calls it
