@@ -154,24 +154,29 @@ python3 -m verl.trainer.main_ppo \
 '''
 
 
-def test_a_verl_run_script_imports_and_runs_three_steps(tmp_path):
-    """Issue 36: `laminar import verl` on a script not in the repository, then `laminar run` on what
-    it wrote, without edits."""
+def tiny_hf_model(out):
+    """A Hugging Face directory of a small random model with a chat tokenizer (what a user's path names)."""
     import torch
 
     from laminar_hpc.config import config_from_dict
     from laminar_hpc.model.factory import build_model, build_tokenizer
     from laminar_hpc.model.hf import export_hf
+    small = config_from_dict({"model": {"tokenizer": "hf", "hf_tokenizer": str(chat_tokenizer(out.parent / "tok")),
+                                        "dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}})
+    tok = build_tokenizer(small.model)
+    torch.manual_seed(0)
+    return export_hf(build_model(small.model, tok), out, tokenizer=tok, dtype="float32")
+
+
+def test_a_verl_run_script_imports_and_runs_three_steps(tmp_path):
+    """Issue 36: `laminar import verl` on a script not in the repository, then `laminar run` on what
+    it wrote, without edits."""
     data = tmp_path / "data"
     data.mkdir()
     write_verl_parquet(data / "train.parquet", 40)
     write_verl_parquet(data / "test.parquet", 8, seed=1)
     (data / "reward.py").write_text(VERL_REWARD)
-    small = config_from_dict({"model": {"tokenizer": "hf", "hf_tokenizer": str(chat_tokenizer(tmp_path / "tok")),
-                                        "dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}})
-    tok = build_tokenizer(small.model)
-    torch.manual_seed(0)
-    model_dir = export_hf(build_model(small.model, tok), tmp_path / "model", tokenizer=tok, dtype="float32")
+    model_dir = tiny_hf_model(tmp_path / "model")
     (tmp_path / "run_grpo.sh").write_text(VERL_SCRIPT)
     env = {"MODEL_PATH": str(model_dir), "DATA_DIR": str(data)}
     res = laminar("import", "verl", "run_grpo.sh", "-o", "config.yaml", cwd=tmp_path, env=env, timeout=60)
@@ -184,3 +189,38 @@ def test_a_verl_run_script_imports_and_runs_three_steps(tmp_path):
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["outcome"] == "completed" and s["train_steps"] == 3 and s["groups_lost"] == 0
     assert s["reward_failures"]["total"] == 0  # verl's compute_score, called as verl calls it
+
+
+GRPO_CONFIG = """# trl grpo --config grpo.yaml, as TRL's documentation writes one
+model_name_or_path: {model}
+dataset_name: train.jsonl
+output_dir: grpo-out
+learning_rate: 1.0e-3
+per_device_train_batch_size: 16
+gradient_accumulation_steps: 1
+num_generations: 4
+max_prompt_length: 40
+max_completion_length: 8
+beta: 0.0
+loss_type: dr_grpo
+max_steps: 3
+save_steps: 3
+bf16: false
+logging_steps: 1
+reward_funcs: [rewards.py:accuracy_reward]
+"""
+
+
+def test_a_trl_grpo_config_imports_and_runs_three_steps(tmp_path):
+    """Issue 36: `laminar import trl` on a GRPOConfig, then `laminar run` on what it wrote, without edits."""
+    write_jsonl(tmp_path / "train.jsonl", trl_rows(40))
+    (tmp_path / "rewards.py").write_text(TRL_REWARD)
+    (tmp_path / "grpo.yaml").write_text(GRPO_CONFIG.format(model=tiny_hf_model(tmp_path / "model")))
+    res = laminar("import", "trl", "grpo.yaml", "-o", "config.yaml", cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert any(ln.startswith("derived  trainer.groups_per_step=4") for ln in res.stderr.splitlines())
+    run = laminar("run", "config.yaml", "--run-dir", "run", cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-2000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["outcome"] == "completed" and s["train_steps"] == 3 and s["groups_lost"] == 0
+    assert s["reward_failures"]["total"] == 0  # TRL's batched function, called as TRL calls it
