@@ -226,10 +226,6 @@ def _read_text(path: str | os.PathLike) -> str:
         raise ConfigError(f"{p}: cannot read the config ({err.strerror})") from None
 
 
-def read_yaml(path: str | os.PathLike) -> Any:
-    return _parse_yaml(_read_text(path), str(path))
-
-
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> Config:
     return parse_config_text(_read_text(path), str(path), overrides)
 

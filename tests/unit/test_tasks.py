@@ -295,11 +295,6 @@ def test_plain_format_and_custom_fields(tmp_path):
     assert p.answer == "Paris"
 
 
-def test_the_old_name_still_imports():
-    from laminar_hpc.tasks import jsonl
-    assert jsonl.JsonlTasks is DatasetTasks and jsonl.DatasetError is DatasetError
-
-
 # ------------------------------------------------------------------------------------------
 # build_task from a config
 # ------------------------------------------------------------------------------------------
