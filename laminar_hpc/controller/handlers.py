@@ -128,7 +128,8 @@ class MessageHandlers:
                 restarted = self.rollout_manager.rejected(
                     self.data_plane, [t for t in traj_ids if t in parts and parts[t].rollout == rank])
                 self.tracer.emit("migration_restarted", rollout=rank, traj_ids=restarted)
-            case WantGroups(n=n, reset=reset) if trainer:
+            case WantGroups(n=n, reset=reset, stale=stale) if trainer:
+                self.data_plane.ledger.drop(stale or [], "staleness")
                 self.state.trainer_credit = max(0, n) + (0 if reset else self.state.trainer_credit)
             case TrainStep() if trainer:
                 self.train_step(ident, msg, now)
@@ -219,7 +220,6 @@ class MessageHandlers:
         step = as_int(st.metrics.get("step"))
         st.steps_trained = st.steps_trained if step is None else step
         self.data_plane.ledger.trained(msg.groups or [], st.steps_trained)
-        self.data_plane.ledger.drop(msg.stale or [], "staleness")
         self.data_plane.note(steps=st.steps_trained)
         self.roles.ready(ident, now)
         st.phase = "rl"

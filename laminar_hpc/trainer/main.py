@@ -83,11 +83,10 @@ class Trainer:
         self.metrics_path = ctx.rundir.metrics
         self.metrics_out = JsonlAppender(self.metrics_path)  # best-effort rows (metrics/jsonl.py)
         # the exactly-once ledger: groups trained on, in order (the first `committed_n` are in the
-        # newest checkpoint written), and groups dropped for staleness not yet reported
+        # newest checkpoint written)
         self.consumed: list[int] = []
         self.consumed_set: set[int] = set()
         self.committed_n = 0
-        self.stale: list[int] = []
         self.already: list[int] = []  # re-delivered groups this lineage trained on: reported, not retrained
         self.ckpt_pending: dict[int, int] = {}  # checkpoint step -> ledger length it holds
         self.lineage: list[Segment] = []  # every trainer start of this run (policy/lineage.py)
@@ -248,8 +247,8 @@ class Trainer:
         self.groups = [g for g in self.groups if not self._drop_if_stale(g)]
 
     def _drop_if_stale(self, g: Group) -> bool:
-        """Drop `g` if a member's step lag exceeds trainer.max_staleness now: counted, reported
-        to the controller with the step's ledger, and replaced by a new request."""
+        """Drop `g` if a member's step lag exceeds trainer.max_staleness now: counted, and
+        reported to the controller with the request that replaces it."""
         bound = self.ctx.cfg.trainer.max_staleness
         if bound is None:
             return False
@@ -257,10 +256,9 @@ class Trainer:
         if not too_stale([lag], bound):
             return False
         self.dropped_groups += 1
-        self.stale.append(g.group_id)
         self.ctx.tracer.emit("group_dropped", group=g.group_id, reason="staleness",
                              versions=sorted({t.version for t in g.trajectories}), step_lag=lag)
-        self.ctx.ctrl.send(WantGroups(n=1))  # replace it
+        self.ctx.ctrl.send(WantGroups(n=1, stale=[g.group_id]))  # replace it
         return True
 
     def _max_lag(self, g: Group) -> int:
@@ -367,8 +365,8 @@ class Trainer:
                                 **{k: m[k] for k in TRACED if k in m},
                                 **{k: v for k, v in m.items() if k.startswith("reward_failed")})
                 ctx.ctrl.send(TrainStep(metrics={k: v for k, v in m.items() if not k.endswith("_hist")},
-                                        groups=ids + self.already, stale=self.stale))
-                self.stale, self.already = [], []
+                                        groups=ids + self.already))
+                self.already = []
                 last = self.step == cfg.trainer.total_steps
                 if self.step % cfg.checkpoint.every_steps == 0 or last:
                     self.checkpoint(wait=last)

@@ -41,8 +41,9 @@ from laminar_hpc.transport.tokens import token_count, token_list, unpacked  # no
 MAX_FRAME_BYTES = 64 << 20
 # 1: the untyped dict protocol (no `protocol` in hello); 3: `Drops`; 4: version spans; 5: token arrays as bytes;
 # 6: elastic capacity (`Join`, `Joined`, `Leaving`) and the joiners' leaf relays (`Leaf*`); 7: a finished
-# trajectory carries only the tokens its stream frames did not deliver (`Trajectory.offset`), no prompt
-PROTOCOL_VERSION = 7
+# trajectory carries only the tokens its stream frames did not deliver (`Trajectory.offset`), no prompt;
+# 8: groups the trainer dropped as too stale go with the request that replaces them (`WantGroups.stale`)
+PROTOCOL_VERSION = 8
 
 # values of the free-form maps (train metrics, log-event fields): scalars only, so that a frame
 # that decodes can always be written to status.json
@@ -334,12 +335,15 @@ class HelloAck(Message, tag="hello_ack"):
 class WantGroups(Message, tag="want_groups"):
     n: int
     reset: bool | None = None  # n replaces the credit (after a resync)
+    # dropped as too stale, replaced by this request: reported at once, not with the next step,
+    # since admission counts them as replaced only once it knows (else a window of stale groups
+    # stalls the run: no step, no report, no admission)
+    stale: list[int] | None = None
 
 
 class TrainStep(Message, tag="train_step"):
     metrics: dict[str, Scalar]
     groups: list[int] | None = None  # trained in this step
-    stale: list[int] | None = None  # dropped for staleness since the last step
 
 
 class TrainerSync(Message, tag="trainer_sync"):

@@ -139,17 +139,21 @@ def test_requeue_with_node0_elsewhere_resumes_on_the_new_node0(tmp_path):
 def test_a_killed_relay_rank_on_another_node_restarts_the_whole_tier(tmp_path):
     """SIGKILL of the relay on the rollout node (one rank of the relay step's MPI world): the step
     must end as a whole (`--kill-on-bad-exit=1`; srun leaves the other ranks running otherwise,
-    and the master would go on with a broken chain that nothing restarts), and the tier comes back."""
+    and the master would go on with a broken chain that nothing restarts), and the tier comes back.
+
+    A staleness bound makes the trainer need the tier: without one the tiny campaign trains its
+    600 steps on whatever the rollout last pulled and may end before the new tier is ready (it did,
+    once under CI's load: recoveries {}, the relay listed as unrecovered)."""
     import signal
 
     from laminar_hpc.metrics.status import read_status
     run_dir = tmp_path / "relaykill"
     job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=600",
-                 "supervisor.restart_backoff_s=0.5")
+                 "trainer.max_staleness=2", "supervisor.restart_backoff_s=0.5")
     wait_step(run_dir, 5, job)
     pid = read_status(run_dir / "status.json").roles["relay-1"].pid
-    assert role_nodes(run_dir)["relay-1"] != {step_nodes(job)["controller-0"]}  # the other node's rank
     os.kill(pid, signal.SIGKILL)  # the nodes share this machine's pid namespace
+    assert role_nodes(run_dir)["relay-1"] != {step_nodes(job)["controller-0"]}  # the other node's rank
     assert wait_done(job, run_dir, timeout_s=400) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["outcome"] == "completed" and s["train_steps"] == 600

@@ -175,6 +175,31 @@ def test_groups_dropped_before_a_delivery_are_told_to_the_trainer_first(make):
     assert not [m for to, m in ctl.server.take() if isinstance(m, Drops)]  # told once
 
 
+def test_groups_the_trainer_drops_as_stale_are_replaced_before_it_trains_again(make):
+    """The whole admission window delivered and dropped as too stale, no train step in between (a
+    rollout on old weights while the relay tier restarts): admission must replace them at once.
+    It did so only after the trainer's next step, which could not come: the run stalled until
+    timeouts.trajectories_s killed the trainer."""
+    ctl = make("laminar", "trainer.max_staleness=2")
+    _rollouts_ready(ctl)
+    ctl.schedule()
+    work = [w for _, m in ctl.server.take() for w in m.work]
+    admitted = sorted({w.group_id for w in work})
+    assert admitted and ctl.data_plane.groups_started == len(admitted)
+    for w in work:
+        ctl.handle(f"rollout-{ctl.data_plane.partials[w.traj_id].rollout}", Finished(trajectory=_result(w, [4])))
+    ctl.handle("trainer-0", WantGroups(n=len(admitted)))
+    ctl.schedule()
+    assert ctl.data_plane.groups_started == len(admitted)  # the window is full: nothing more admitted
+    delivered = [g.group_id for _, m in ctl.server.take() if isinstance(m, Groups) for g in m.groups]
+    assert delivered == admitted
+    for gid in delivered:  # all too stale on arrival: each replaced by a request that names it
+        ctl.handle("trainer-0", WantGroups(n=1, stale=[gid]))
+    ctl.schedule()
+    assert ctl.data_plane.ledger.dropped_for("staleness") == len(admitted)
+    assert ctl.data_plane.groups_started == 2 * len(admitted)  # a new window, with no step trained
+
+
 def test_train_step_and_checkpoint_move_groups_through_the_ledger(make):
     ctl = make()
     _rollouts_ready(ctl)
@@ -296,7 +321,8 @@ def test_status_and_final_stats_round_trip_through_their_files(make, tmp_path):
     for _, m in ctl.server.take():
         for w in m.work:
             ctl.handle(f"rollout-{ctl.data_plane.partials[w.traj_id].rollout}", Finished(trajectory=_result(w, [1, 2])))
-    ctl.handle("trainer-0", TrainStep(metrics={"step": 1, "loss": 0.5}, groups=[0], stale=[1]))
+    ctl.handle("trainer-0", TrainStep(metrics={"step": 1, "loss": 0.5}, groups=[0]))
+    ctl.handle("trainer-0", WantGroups(n=1, stale=[1]))
     ctl.handle("relay-0", VersionReady(rank=0, version=2, nbytes=10, bcast_s=0.1))
     ctl.handle("relay-0", LogEvent(event="relay", fields={"dropped_frames": 3}))
     ctl.handle("rollout-0", RolloutState(version=0, waiting=0, running=0, kv_tokens=0, kv_peak=64, traj_ids=[],

@@ -40,8 +40,9 @@ def test_groups_are_kept_and_stale_ones_dropped_and_replaced(make):
     t.version = 3
     t._take(Groups(groups=[group(0, version=3), group(1, version=1), group(2, version=2)]))
     assert [g.group_id for g in t.groups] == [0, 2]
-    assert t.dropped_groups == 1 and t.stale == [1]
-    assert ctrl(t).of(WantGroups) == [WantGroups(n=1)]  # the dropped one is replaced
+    assert t.dropped_groups == 1
+    # the dropped one is replaced, and reported at once: admission replaces it only once it knows
+    assert ctrl(t).of(WantGroups) == [WantGroups(n=1, stale=[1])]
 
 
 def test_a_group_sent_again_is_never_trained_twice(make):
@@ -99,8 +100,9 @@ def test_a_restarted_controller_gets_the_lineage(make):
 
 def test_the_loop_trains_publishes_and_reports(make, tmp_path):
     """`run` as the process runs it, for two steps: the first trains groups 0 and 1; then a group of
-    version 0 is too stale for version 1 (max_staleness 0): dropped, reported with the next step,
-    as are the groups the controller dropped before that delivery (`Drops`)."""
+    version 0 is too stale for version 1 (max_staleness 0): dropped and reported with its
+    replacement request; the groups the controller dropped before that delivery (`Drops`) are
+    reported with the next step."""
     ensure_keys(tmp_path)
     relay = Server("127.0.0.1", keys=server_keys(tmp_path, "relay"))
     publish_endpoint(tmp_path, "relay_master", relay.address)
@@ -121,7 +123,8 @@ def test_the_loop_trains_publishes_and_reports(make, tmp_path):
         ctrl(t).script = controller
         assert t.run() == 0
         steps = ctrl(t).of(TrainStep)
-        assert [(s.groups, s.stale) for s in steps] == [([0, 1], []), ([3, 4], [2])]
+        assert [s.groups for s in steps] == [[0, 1], [3, 4]]
+        assert [w.stale for w in ctrl(t).of(WantGroups) if w.stale] == [[2]]
         assert [s.metrics["step"] for s in steps] == [1, 2] and steps[1].metrics["dropped_groups"] == 1
         assert not any(k in steps[0].metrics for k in drops)
         assert {k: steps[1].metrics[k] for k in drops} == drops
@@ -152,7 +155,8 @@ def test_the_bound_is_checked_when_a_group_enters_a_step_not_when_it_arrives(mak
     ctrl(t).inbox.append(Groups(groups=[group(2, version=6)]))
     batch, _ = t.collect(t.beat)
     assert [g.group_id for g in batch] == [2]
-    assert t.stale == [1] and t.dropped_groups == 1 and t.groups == []
+    assert t.dropped_groups == 1 and t.groups == []
+    assert [w.stale for w in ctrl(t).of(WantGroups) if w.stale] == [[1]]
 
 
 def test_under_a_bound_the_oldest_held_groups_train_first(make):
@@ -177,4 +181,5 @@ def test_staleness_after_a_restart_is_training_distance(make, tmp_path):
     assert t.lineage == [Segment(0, 0, None), Segment(10, 6, 6)]
     t.version, t.step = 12, 8
     t._take(Groups(groups=[group(0, version=10), group(1, version=8), group(2, version=6)]))
-    assert [g.group_id for g in t.groups] == [0, 2] and t.stale == [1]
+    assert [g.group_id for g in t.groups] == [0, 2]
+    assert [w.stale for w in ctrl(t).of(WantGroups) if w.stale] == [[1]]
