@@ -32,6 +32,10 @@ class SlurmLayoutCfg(Section):
     relay: StepResources = Field(default_factory=StepResources)
     rollout: StepResources = Field(default_factory=StepResources)
 
+    def campaign_gpus(self, rollouts: int) -> int:
+        """The GPUs the campaign's trainer and `rollouts` rollout steps ask Slurm for (0: none)."""
+        return self.trainer.gpus + rollouts * self.rollout.gpus
+
 
 # what an elastic joiner may set differently from the campaign (`laminar attach` overrides,
 # slurm.elastic.overrides): its own capacity and engine, and on Slurm its nodes' kind (a GPU type)

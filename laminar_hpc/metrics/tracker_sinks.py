@@ -5,8 +5,8 @@ has the same five calls:
 
     sink = SINKS["tensorboard"](rd, cfg.logging, run_name)
     state = sink.open(config_dict, state_or_None)   # what to keep in trackers.json: the run's id
-    sink.log("train", 7, {"reward_mean": 0.4})       # one row: tags "train/reward_mean" at step 7
-    sink.summary(12, {"reward_last": 0.8}, {"outcome": "completed"})
+    sink.log("train", 7, {"critic/score/mean": 0.4, "train/wait_s": 0.1})   # one row, full names, at step 7
+    sink.summary(12, {"reward_last": 0.8}, {"outcome": "completed"})     # the tracker's summary, not plots
     sink.flush(); sink.close()
 
 A sink may raise anywhere: metrics/trackers.py counts and logs it, and goes on.
@@ -77,13 +77,12 @@ class TensorBoardSink:
 
     def log(self, kind: str, step: int, values: dict[str, float]) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
-        self._event(step, summary=Summary(value=[Summary.Value(tag=f"{kind}/{k}", simple_value=v)
+        self._event(step, summary=Summary(value=[Summary.Value(tag=k, simple_value=v)
                                                  for k, v in values.items()]))
 
     def summary(self, step: int, numbers: dict[str, float], texts: dict[str, str]) -> None:
-        self.log("summary", step, numbers)
-        if texts:
-            self._text("summary/text", "\n".join(f"    {k}: {v}" for k, v in texts.items()), step)
+        # text, not scalars: one point each would only clutter the scalars tab
+        self._text("summary", "\n".join(f"    {k}: {v}" for k, v in {**numbers, **texts}.items()), step)
 
     def flush(self) -> None:
         self.writer.flush()
@@ -97,14 +96,15 @@ class WandbSink:
     """One W&B run per run directory (`wandb.init(id=..., resume="allow")` on every start, the id
     kept in trackers.json). Offline, each start leaves `<run dir>/wandb/offline-run-*-<id>`;
     `wandb sync` uploads them in order as one run. Rows of each kind are plotted against their
-    own step (`train/step`, `eval/step`), so an evaluation that ends after later train steps keeps
-    its points; a step trained again after a resume is logged again."""
+    own step (`train/step`, `eval/step`): each name's first part is tied to its kind's step on
+    first sight, so an evaluation that ends after later train steps keeps its points; a step trained
+    again after a resume is logged again."""
     name = "wandb"
 
     def __init__(self, rd: RunDir, cfg: LoggingCfg, run_name: str):
         self.rd, self.cfg, self.run_name = rd, cfg, run_name
         self.run = None
-        self.kinds: set[str] = set()
+        self.defined: set[str] = set()  # name prefixes tied to their kind's step metric
 
     def open(self, config: dict, state: dict | None) -> dict:
         wandb = _need("wandb", self.name)
@@ -117,11 +117,13 @@ class WandbSink:
         return {"id": run_id, "project": w.project, "mode": w.mode}
 
     def log(self, kind: str, step: int, values: dict[str, float]) -> None:
-        if kind not in self.kinds:
+        if kind not in self.defined:
             self.run.define_metric(f"{kind}/step")
-            self.run.define_metric(f"{kind}/*", step_metric=f"{kind}/step")
-            self.kinds.add(kind)
-        self.run.log({**{f"{kind}/{k}": v for k, v in values.items()}, f"{kind}/step": step})
+            self.defined.add(kind)
+        for prefix in {k.split("/")[0] for k in values} - self.defined:
+            self.run.define_metric(f"{prefix}/*", step_metric=f"{kind}/step")
+            self.defined.add(prefix)
+        self.run.log({**values, f"{kind}/step": step})
 
     def summary(self, step: int, numbers: dict[str, float], texts: dict[str, str]) -> None:
         self.run.summary.update({f"summary/{k}": v for k, v in {**numbers, **texts}.items()})
@@ -189,16 +191,16 @@ class MlflowSink:
     def log(self, kind: str, step: int, values: dict[str, float]) -> None:
         from mlflow.entities import Metric
         ms = int(time.time() * 1000)
-        metrics = [Metric(mlflow_key(f"{kind}/{k}"), v, ms, int(step)) for k, v in values.items()]
+        metrics = [Metric(mlflow_key(k), v, ms, int(step)) for k, v in values.items()]
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
     def summary(self, step: int, numbers: dict[str, float], texts: dict[str, str]) -> None:
         from mlflow.entities import RunTag
-        self.log("summary", step, numbers)
-        if texts:
-            self.client.log_batch(self.run_id, tags=[RunTag(mlflow_key(f"summary.{k}"), str(v)[:5000])
-                                                     for k, v in texts.items()])
+        # run tags (MLflow's run page lists them), not metrics: no one-point plot per figure
+        tags = [RunTag(mlflow_key(f"summary.{k}"), str(v)[:5000]) for k, v in {**numbers, **texts}.items()]
+        for i in range(0, len(tags), 100):
+            self.client.log_batch(self.run_id, tags=tags[i:i + 100])
 
     def flush(self) -> None:
         pass  # every call above is written before it returns

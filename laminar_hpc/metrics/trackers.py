@@ -19,9 +19,11 @@ may be sent twice, never lost). A tracker that fails (package missing, no networ
 trackers.json, in the step rows (`tracker_failures`) and summary.json, and logged (the first
 failure and every 100th); it never raises into training.
 
-Each row becomes one point per numeric field under a prefix: step rows `train/<key>` at their
-step; evaluation rows `eval/<key without eval_>` at `eval_step`; event rows (`warm-up done`)
-`<event>/<key>`; the summary `summary/<key>` (nested keys joined by '.') at the last step.
+Each row becomes one point per numeric field, named in full: a step row's figures under verl's
+names where verl has one (`actor/entropy`, `response_length/mean`, ...; metrics/names.py), else
+`train/<key>`, at their step; evaluation rows `eval/<key without eval_>` at `eval_step`; event rows
+(`warm-up done`) `<event>/<key>`. The summary (nested keys joined by '.') goes to each tracker's
+summary, not its plots: W&B's run summary, MLflow's run tags, TensorBoard's text.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from laminar_hpc.metrics.names import tracker_key
 from laminar_hpc.metrics.tracker_sinks import SINKS, flatten
 from laminar_hpc.rundir import DISK_ERRORS, RunDir, atomic_write_json, read_json
 
@@ -41,25 +44,28 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 SKIP = frozenset({"wall"})  # epoch seconds: float32 plots would round them to minutes
+# in step rows, for files rather than plots: seconds since the start, the version (the step's twin)
+TRAIN_SKIP = frozenset({"t", "version", "tracker_failures"})
 LOG_EVERY = 100  # after the first failure of a tracker, every 100th is logged
 
 
 def points(row: dict) -> tuple[str, int, dict[str, float]] | None:
-    """(kind, step, {key: number}) of a metrics.jsonl row, or None for a row that is none of
-    a train step, an evaluation round or an event."""
+    """(kind, step, {full name: number}) of a metrics.jsonl row, or None for a row that is none
+    of a train step, an evaluation round or an event."""
     if "eval_round" in row:  # controller/evaluation.py: round_row
         kind, step = "eval", row.get("eval_step")
         # 'pass@4' as 'pass_4' for every tracker: MLflow refuses '@', and one name across trackers
-        values = {(k[5:] if k.startswith("eval_") else k).replace("@", "_"): v for k, v in row.items()}
+        names = {k: "eval/" + (k[5:] if k.startswith("eval_") else k).replace("@", "_") for k in row}
     elif "event" in row:
         kind, step = str(row["event"]), row.get("step", 0)
-        values = {k: v for k, v in row.items() if k != "event"}
+        names = {k: f"{kind}/{k}" for k in row if k != "event"}
     else:
-        kind, step, values = "train", row.get("step"), row
+        kind, step = "train", row.get("step")
+        names = {k: tracker_key(k) for k in row if k not in TRAIN_SKIP}
     if not isinstance(step, int) or isinstance(step, bool):
         return None
-    nums = {k: float(v) for k, v in values.items()
-            if k != "step" and k not in SKIP and isinstance(v, (int, float))}
+    nums = {name: float(row[k]) for k, name in names.items()
+            if name != f"{kind}/step" and k not in SKIP and isinstance(row[k], (int, float))}
     return kind, step, nums
 
 

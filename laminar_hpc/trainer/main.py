@@ -37,6 +37,7 @@ from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
 from laminar_hpc.metrics.jsonl import JsonlAppender
+from laminar_hpc.metrics.names import standard_names
 from laminar_hpc.metrics.trackers import TrackerWriter
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.lineage import Segment
@@ -47,7 +48,7 @@ from laminar_hpc.trainer.backend import TrainBackend
 from laminar_hpc.trainer.backends import build_backend
 from laminar_hpc.trainer.checkpoint import list_checkpoints, remove_unfinished
 from laminar_hpc.trainer.publisher import Publisher
-from laminar_hpc.trainer.reward_stats import reward_metrics
+from laminar_hpc.trainer.reward_stats import batch_figures, reward_metrics
 from laminar_hpc.trainer.staleness import TRACED, group_lags, lag_metrics, start_lineage
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
@@ -334,7 +335,9 @@ class Trainer:
             if areal:  # a global update this publish starts (after a trainer restart) loads it from there
                 self.send_version(pub, self.version)
             self.sync_controller()
-            t_start = time.monotonic()
+            t_start = t_prev = time.monotonic()
+            # per-GPU throughput where Slurm gives GPUs; else the campaign's (metrics/names.py)
+            gpus = cfg.slurm.layout.campaign_gpus(cfg.rollout.count) if cfg.cluster == "slurm" else 0
             while self.step < cfg.trainer.total_steps and not flags.get("stop"):
                 groups, wait_s = self.collect(beat)
                 # at the version the step trains on
@@ -356,9 +359,13 @@ class Trainer:
                 if stall and global_update:
                     stall += send_s + self.wait_synced(self.version, beat)
                 ctx.ctrl.send(WantGroups(n=len(groups)))
+                now = time.monotonic()
                 m.update(step=self.step, version=self.version, wait_s=wait_s, train_s=train_s,
                          publish_stall_s=stall, update_send_s=send_s, dropped_groups=self.dropped_groups,
-                         t=time.monotonic() - t_start, wall=time.time())
+                         t=now - t_start, wall=time.time())
+                m.update(batch_figures(groups, step_s=now - t_prev, gpus=gpus))
+                m.update(standard_names(m))  # the figures verl's users know, under verl's names too
+                t_prev = now
                 self._append_metrics(m)
                 ctx.tracer.emit("train_step", step=self.step, version=self.version, train_s=train_s,
                                 wait_s=wait_s, tokens=m["tokens"], loss=m["loss"], reward=m["reward_mean"],

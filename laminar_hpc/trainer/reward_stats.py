@@ -11,13 +11,24 @@ per trajectory), `tool_errors` (their sum of failed calls) and `env_tokens_frac`
 step's response tokens that the environment inserted, which the trainer does not train on).
 
     m.update(reward_metrics(groups))   # trainer/main.py, each step's metrics row (episode_metrics included)
+
+Lengths, the reward range and throughput (`batch_figures`) go under verl's names (metrics/names.py).
 """
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from laminar_hpc.metrics.names import step_figures
 from laminar_hpc.trainer.batch import model_tokens
 from laminar_hpc.transport.protocol import Group
+
+
+def batch_figures(groups: list[Group], *, step_s: float | None, gpus: int) -> dict[str, float]:
+    """The step's lengths, reward range and throughput under verl's names (metrics/names.py)."""
+    return step_figures(trajectories=[(t.n_prompt, t.n_tokens, t.finish == "length")
+                                      for g in groups for t in g.trajectories],
+                        rewards=[[float(t.reward or 0.0) for t in g.trajectories] for g in groups],
+                        step_s=step_s, gpus=gpus)
 
 
 def reward_metrics(groups: list[Group]) -> dict[str, float | int]:

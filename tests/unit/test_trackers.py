@@ -23,7 +23,9 @@ def cfg(**logging_section):
 
 
 def step_row(step: int) -> dict:
-    return {"step": step, "reward_mean": step / 10, "loss": 1.0 / step, "staleness_hist": {"0": 4}, "wall": 1.7e9}
+    return {"step": step, "reward_mean": step / 10, "critic/score/mean": step / 10, "loss": 1.0 / step,
+            "wait_s": 0.5, "response_length/mean": 10.0 + step, "staleness_hist": {"0": 4}, "wall": 1.7e9,
+            "t": 3.0 * step, "version": step}
 
 
 def write_rows(rd: RunDir, rows) -> None:
@@ -73,11 +75,15 @@ def recorder():
 
 
 def test_rows_become_points_under_their_kind():
-    assert points(step_row(3)) == ("train", 3, {"reward_mean": 0.3, "loss": 1 / 3})  # no dicts, no wall clock
+    # verl's names where verl has one (a figure the row holds under both names goes once), else
+    # train/<key>; no dicts, no wall clock, no seconds-since-start or version (issue 36: clutter)
+    assert points(step_row(3)) == ("train", 3, {"critic/score/mean": 0.3, "actor/pg_loss": 1 / 3,
+                                                "train/wait_s": 0.5, "response_length/mean": 13.0})
     # one name in every tracker: MLflow refuses '@' (issue 36: MLflow had eval/pass_1, the others eval/pass@1)
-    assert points(EVAL) == ("eval", 2, {"round": 1.0, "version": 2.0, "reward": 0.5, "pass_4": 0.75})
+    assert points(EVAL) == ("eval", 2, {"eval/round": 1.0, "eval/version": 2.0, "eval/reward": 0.5,
+                                        "eval/pass_4": 0.75})
     assert points({"event": "warmup_done", "steps": 20, "greedy_reward": 0.8}) == \
-        ("warmup_done", 0, {"steps": 20.0, "greedy_reward": 0.8})
+        ("warmup_done", 0, {"warmup_done/steps": 20.0, "warmup_done/greedy_reward": 0.8})
     assert points({"note": "no step"}) is None
 
 
@@ -189,10 +195,13 @@ def test_tensorboard_event_files_hold_every_row_and_a_resume_continues_them(tmp_
     assert t.failures_total == 0
     ea = EventAccumulator(str(rd.tensorboard_dir))
     ea.Reload()
-    assert [(e.step, round(e.value, 6)) for e in ea.Scalars("train/reward_mean")] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert [(e.step, round(e.value, 6)) for e in ea.Scalars("critic/score/mean")] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert [(e.step, e.value) for e in ea.Scalars("response_length/mean")] == [(1, 11.0), (2, 12.0), (3, 13.0)]
     assert [(e.step, e.value) for e in ea.Scalars("eval/pass_4")] == [(2, 0.75)]
-    assert [(e.step, e.value) for e in ea.Scalars("summary/reward_last")] == [(3, pytest.approx(0.3))]
-    assert "train/wall" not in ea.Tags()["scalars"]
+    assert not {"train/wall", "train/t", "train/version", "train/reward_mean"} & set(ea.Tags()["scalars"])
+    assert not [t for t in ea.Tags()["scalars"] if t.startswith("summary")]  # the summary is text
+    (summary,) = ea.Tensors("summary")
+    assert b"reward_last: 0.3" in summary.tensor_proto.string_val[0] and summary.step == 3
     (cfg_text,) = ea.Tensors("run/config")  # once, by the first start
     assert b"lr: 0.0003" in cfg_text.tensor_proto.string_val[0]
     assert ea.Tensors("run/name")[0].tensor_proto.string_val[0] == b"tb-run"
@@ -213,7 +222,7 @@ def test_an_offline_wandb_run_holds_the_same_rows_and_a_resume_keeps_its_id(tmp_
     assert first["id"] == second["id"] == run_id  # `wandb sync` uploads both into one run
     assert first["name"] == "my-run" and first["project"] == "laminar-test"
     assert first["config"]["trainer"]["lr"] == 3e-4 and first["config"]["name"] == "unit"
-    train = [(h["train/step"], h["train/reward_mean"]) for r in (first, second) for h in r["history"]
+    train = [(h["train/step"], h["critic/score/mean"]) for r in (first, second) for h in r["history"]
              if "train/step" in h]
     assert train == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert [(h["eval/step"], h["eval/reward"]) for h in first["history"] if "eval/step" in h] == [(2, 0.5)]
@@ -233,8 +242,8 @@ def test_an_mlflow_file_store_holds_the_rows_params_and_summary(tmp_path):
     run = client.get_run(state["run_id"])
     assert run.info.run_name == "ml-run" and run.info.status == "FINISHED"
     assert run.data.params["trainer.lr"] == "0.0003"
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/reward_mean")] == \
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "critic/score/mean")] == \
         [(1, 0.1), (2, 0.2)]
-    assert run.data.metrics["eval/pass_4"] == 0.75 and run.data.metrics["summary/reward_last"] == 0.3
-    assert run.data.tags["summary.outcome"] == "completed"
+    assert run.data.metrics["eval/pass_4"] == 0.75 and not [k for k in run.data.metrics if k.startswith("summary")]
+    assert run.data.tags["summary.outcome"] == "completed" and run.data.tags["summary.reward_last"] == "0.3"
     assert client.get_experiment(run.info.experiment_id).name == "unit"
