@@ -14,7 +14,7 @@ No `tools` and no `environment`: single-turn trajectories, as before.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -28,6 +28,11 @@ class SandboxCfg(Section):
     cpu_s: PosFloat = 2.0
     mem_mb: PosInt = 256
     wall_s: PosFloat = 5.0
+    # bwrap: model-written code runs inside bubblewrap's namespaces and a seccomp filter
+    # (tasks/bwrap.py), then Landlock, rlimits and an audit hook; without bubblewrap the call fails
+    # closed. landlock: those inner layers alone, on purpose (a machine without bubblewrap)
+    isolation: Literal["bwrap", "landlock"] = "bwrap"
+    max_processes: PosInt = 32  # processes the code may run at once (inside bwrap's user namespace)
 
 
 class EnvCfg(Section):

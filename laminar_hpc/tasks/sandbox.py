@@ -12,8 +12,10 @@ traceback, trimmed to the user's frames); "timeout" (`wall_s` passed: the proces
 stdout and stderr merged (unbuffered, so in order), head and tail kept within `max_output_chars`
 around a "... [output truncated: N chars omitted] ..." marker, plus a "[sandbox: ...]" line saying
 which limit ended the run. `exit_code` is the return code as `subprocess` gives it (-9: SIGKILL).
-`isolation` is "netns+landlock+audit" or "landlock+audit" ("none" if the child died before its
-set-up finished).
+`isolation` is "bwrap+seccomp+landlock+audit" (the default: `SandboxLimits.isolation` "bwrap",
+tasks/bwrap.py puts the child in bubblewrap's namespaces and a seccomp filter first), or with
+"landlock" "netns+landlock+audit" / "landlock+audit" ("none" if the child died before its set-up
+finished). What follows are the layers inside.
 
 What the child gets: `sys.executable -I -S -B -u` (no site-packages, no PYTHON* variables), a fresh
 temporary working directory that is removed afterwards (HOME and TMPDIR point there), an
@@ -69,6 +71,7 @@ _CHILD_PATH = "/usr/bin:/bin"
 _CODE_FILE = ".sandbox_main.py"  # written by the parent, read and deleted by the child
 _LANDLOCK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landlock.py")  # loaded by the child
 _FILENAME = "main.py"  # the user's code in tracebacks
+ISOLATIONS = ("bwrap", "landlock")
 
 
 class SandboxError(RuntimeError):
@@ -81,11 +84,16 @@ class SandboxLimits:
     mem_mb: int = 256  # address space of the child, MiB
     wall_s: float = 5.0  # wall-clock seconds from the start of the child
     max_output_chars: int = 2000
+    # bwrap: the child inside bubblewrap's namespaces and a seccomp filter (tasks/bwrap.py), then
+    # the layers below; landlock: those layers alone (a machine without bubblewrap, on purpose)
+    isolation: str = "bwrap"
+    max_processes: int = 32  # RLIMIT_NPROC inside bwrap's user namespace
 
     def __post_init__(self) -> None:
-        if not (self.cpu_s > 0 and self.wall_s > 0 and self.mem_mb >= 32 and self.max_output_chars >= 200):
-            raise ValueError(f"sandbox limits {self}: cpu_s and wall_s must be > 0, mem_mb >= 32 and "
-                             "max_output_chars >= 200")
+        if not (self.cpu_s > 0 and self.wall_s > 0 and self.mem_mb >= 32 and self.max_output_chars >= 200
+                and self.isolation in ISOLATIONS and self.max_processes >= 1):
+            raise ValueError(f"sandbox limits {self}: cpu_s and wall_s must be > 0, mem_mb >= 32, "
+                             f"max_output_chars >= 200, max_processes >= 1 and isolation one of {ISOLATIONS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,16 +190,30 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         status_r, status_w = os.pipe()
         try:
             config = {"status_fd": status_w, "cpu_s": limits.cpu_s, "mem_mb": limits.mem_mb,
-                      "netns": list(_NETNS_METHODS), "landlock": _LANDLOCK_FILE}
+                      "netns": list(_NETNS_METHODS), "landlock": _LANDLOCK_FILE, "nproc": None, "outer": ""}
+            argv, extra_fds, me = [sys.executable], [], os.path.abspath(__file__)
+            if limits.isolation == "bwrap":
+                from laminar_hpc.tasks.bwrap import INSIDE_FILES, BwrapUnavailable, bwrap_command
+                try:
+                    argv, extra_fds, _ = bwrap_command(workdir, {"sandbox.py": me, "landlock.py": _LANDLOCK_FILE})
+                except BwrapUnavailable as err:
+                    raise SandboxError(f"{err}; or set env.python.isolation=landlock to run the python tool "
+                                       "under Landlock and an audit hook alone, on purpose") from None
+                me = f"{INSIDE_FILES}/sandbox.py"
+                # bwrap made the network namespace; the child limits its processes in its user namespace
+                config.update(netns=[], landlock=f"{INSIDE_FILES}/landlock.py", nproc=limits.max_processes,
+                              outer="bwrap+seccomp+")
             output = _Output(limits.max_output_chars)
             try:
                 transport, proto = await loop.subprocess_exec(
-                    lambda: _Protocol(loop, output), sys.executable, "-I", "-S", "-B", "-u",
-                    os.path.abspath(__file__), json.dumps(config), stdin=subprocess.DEVNULL,
+                    lambda: _Protocol(loop, output), *argv, "-I", "-S", "-B", "-u",
+                    me, json.dumps(config), stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
-                    env={"PATH": _CHILD_PATH, "HOME": workdir, "TMPDIR": workdir}, pass_fds=(status_w,))
+                    env={"PATH": _CHILD_PATH, "HOME": workdir, "TMPDIR": workdir}, pass_fds=(status_w, *extra_fds))
             finally:
                 os.close(status_w)  # the child holds the only write end: EOF once it is gone
+                for fd in extra_fds:
+                    os.close(fd)
             timed_out = False
             try:
                 try:  # shield: wait_for must not cancel the protocol's future on timeout
@@ -224,6 +246,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
     finally:
         _remove_tree(workdir)
     rc = transport.get_returncode()
+    if limits.isolation == "bwrap" and rc is not None and rc > 128 and not timed_out:
+        rc = 128 - rc  # bwrap exits 128 + N for a child killed by signal N: as subprocess gives it, -N
     if not status.startswith("ok ") and not timed_out:
         raise SandboxError(f"the sandbox's child failed to start (exit code {rc}): "
                            f"{status.removeprefix('fail ') or output.clipped(limits.max_output_chars)}")
@@ -287,12 +311,15 @@ def _drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def _set_limits(cpu_s: float, mem_mb: int) -> None:
+def _set_limits(cpu_s: float, mem_mb: int, nproc: int | None) -> None:
     import resource
     cpu = max(1, math.ceil(cpu_s))
-    for which, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, mem_mb << 20, mem_mb << 20),
-                              (resource.RLIMIT_FSIZE, 16 << 20, 16 << 20), (resource.RLIMIT_CORE, 0, 0),
-                              (resource.RLIMIT_NOFILE, 128, 128)):
+    limits = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, mem_mb << 20, mem_mb << 20),
+              (resource.RLIMIT_FSIZE, 16 << 20, 16 << 20), (resource.RLIMIT_CORE, 0, 0),
+              (resource.RLIMIT_NOFILE, 128, 128)]
+    if nproc is not None:  # only in bwrap's user namespace, where this uid is the sandbox's alone
+        limits.append((resource.RLIMIT_NPROC, nproc, nproc))
+    for which, soft, hard in limits:
         resource.setrlimit(which, (soft, hard))
 
 
@@ -421,12 +448,12 @@ def _child_main(config_text: str) -> None:
         landlock = _load_file_module("_sandbox_landlock", config["landlock"])  # before it hides its own file
         netns = _isolate_network(config["netns"])
         _drop_capabilities()  # sets no_new_privs, which Landlock needs
-        _set_limits(config["cpu_s"], config["mem_mb"])
+        _set_limits(config["cpu_s"], config["mem_mb"], config["nproc"])
         landlock.restrict(landlock.sandbox_paths(root))  # raises when unavailable: no code runs then
     except BaseException as e:  # noqa: B036 - any failure is the sandbox's, reported to the parent
         os.write(status_fd, f"fail {type(e).__name__}: {e}".encode())
         os._exit(_SETUP_EXIT)
-    os.write(status_fd, f"ok {netns + '+' if netns else ''}landlock+audit".encode())
+    os.write(status_fd, f"ok {config['outer']}{netns + '+' if netns else ''}landlock+audit".encode())
     os.close(status_fd)
     _install_audit_hook(root)
     _run_user_code(code)

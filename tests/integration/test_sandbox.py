@@ -15,8 +15,10 @@ import pytest
 from laminar_hpc.tasks import sandbox
 from laminar_hpc.tasks.sandbox import SandboxLimits, run_python, run_python_sync
 
-FAST = SandboxLimits(cpu_s=1, wall_s=3)
-ISOLATIONS = ("netns+landlock+audit", "landlock+audit")
+FAST = SandboxLimits(cpu_s=1, wall_s=3)  # bubblewrap around the layers below (the default)
+INNER = SandboxLimits(cpu_s=1, wall_s=3, isolation="landlock")  # the layers inside it, alone
+ISOLATIONS = ("bwrap+seccomp+landlock+audit", "netns+landlock+audit", "landlock+audit")
+BOTH = pytest.mark.parametrize("isolation", ["bwrap", "landlock"])
 
 
 def _children() -> set[int]:
@@ -94,7 +96,7 @@ def test_the_network_namespace_has_no_way_out():
     r = run_python_sync("import os\nprint(os.readlink('/proc/self/ns/net'))\nprint(open('/proc/self/net/dev').read())",
                         FAST)
     assert r.outcome == "ok", r.text
-    if r.isolation != "netns+landlock+audit":
+    if r.isolation == "landlock+audit":
         pytest.skip("no network namespace on this machine (neither root nor user namespaces)")
     assert r.text.splitlines()[0] != os.readlink("/proc/self/ns/net")
     interfaces = [line.split(":")[0].strip() for line in r.text.splitlines()[3:] if ":" in line]
@@ -108,27 +110,33 @@ def test_each_isolation_path(monkeypatch, methods, isolation):
     monkeypatch.setattr(sandbox, "_NETNS_METHODS", methods)
     code = ("import socket, os\nopen('f.txt', 'w').write('x')\nprint(os.listdir('.'))\n"
             "try:\n    socket.socket()\nexcept PermissionError as e:\n    print(e)\n")
-    r = run_python_sync(code, FAST)
+    r = run_python_sync(code, INNER)
     if isolation == "netns+landlock+audit" and r.isolation == "landlock+audit":
         pytest.skip("user namespaces are not available here")
     assert (r.outcome, r.isolation) == ("ok", isolation), r.text
     assert r.text == "['f.txt']\nsandbox: network access is disabled in the sandbox (socket.__new__)\n"
 
 
-def test_a_runaway_loop_ends_at_the_cpu_limit_and_the_child_is_gone():
-    limits = SandboxLimits(cpu_s=1, wall_s=30)  # the wall limit far away: the CPU limit must end it
+@BOTH
+def test_a_runaway_loop_ends_at_the_cpu_limit_and_the_child_is_gone(isolation):
+    # the wall limit far away: the CPU limit must end it
+    limits = SandboxLimits(cpu_s=1, wall_s=30, isolation=isolation)
     r = run_python_sync("import os\nprint(os.getpid())\nwhile True:\n    pass", limits)
     assert r.outcome == "cpu_limit", r.text
     assert r.exit_code in (-24, -9)  # SIGXCPU, or SIGKILL at the hard limit
     assert r.text.endswith("[sandbox: CPU time limit of 1s reached; the process was killed]")
-    assert _gone(int(r.text.split()[0]))
+    if isolation == "landlock":  # (inside bwrap the pid is its namespace's; the fixture sees bwrap gone)
+        assert _gone(int(r.text.split()[0]))
 
 
-def test_a_sleeping_child_ends_at_the_wall_limit_and_its_group_is_killed():
-    r = run_python_sync("import os, time\nprint(os.getpid())\ntime.sleep(60)", SandboxLimits(cpu_s=1, wall_s=2))
+@BOTH
+def test_a_sleeping_child_ends_at_the_wall_limit_and_its_group_is_killed(isolation):
+    r = run_python_sync("import os, time\nprint(os.getpid())\ntime.sleep(60)",
+                        SandboxLimits(cpu_s=1, wall_s=2, isolation=isolation))
     assert (r.outcome, r.exit_code) == ("timeout", -9), r.text
     assert r.text.endswith("[sandbox: wall-clock limit of 2s reached; the process was killed]")
-    assert _gone(int(r.text.split()[0]))
+    if isolation == "landlock":
+        assert _gone(int(r.text.split()[0]))
 
 
 @pytest.mark.parametrize("code", ["x = bytearray(10**10)",
@@ -185,10 +193,12 @@ def test_the_callers_environment_is_not_visible(monkeypatch):
     r = run_python_sync("import os\nprint(sorted(os.environ))\nprint(os.environ.get('LAMINAR_TEST_SECRET'))", FAST)
     names, value = r.text.splitlines()
     assert value == "None" and "s3cret" not in r.text
-    assert set(eval(names)) <= {"PATH", "HOME", "TMPDIR", "LC_CTYPE"}  # noqa: S307 - our own printed list
+    # (PWD: bwrap's --chdir sets it to /work)
+    assert set(eval(names)) <= {"PATH", "HOME", "TMPDIR", "LC_CTYPE", "PWD"}  # noqa: S307 - our own printed list
 
 
-def test_writes_stay_in_the_working_directory_which_is_removed(tmp_path, nothing_left_behind):
+@BOTH
+def test_writes_stay_in_the_working_directory_which_is_removed(tmp_path, nothing_left_behind, isolation):
     outside = tmp_path / "outside.txt"
     keep = tmp_path / "keep.txt"
     keep.write_text("mine")
@@ -201,17 +211,22 @@ def test_writes_stay_in_the_working_directory_which_is_removed(tmp_path, nothing
             "                lambda: open('../escape.txt', 'a'), lambda: os.rename('inside.txt', '/tmp/x'),\n"
             f"                lambda: os.open('dirfd.txt', os.O_WRONLY | os.O_CREAT, dir_fd=os.open({str(tmp_path)!r}, 0))):\n"
             "    try:\n        attempt()\n        print('ALLOWED')\n"
-            "    except PermissionError as e:\n        print(e)\n")
-    r = run_python_sync(code, FAST)
+            "    except (PermissionError, FileNotFoundError) as e:\n        print(e)\n")
+    r = run_python_sync(code, SandboxLimits(cpu_s=1, wall_s=3, isolation=isolation))
     assert r.outcome == "ok", r.text
     lines = r.text.splitlines()
     workdir = lines[0]
-    assert os.path.dirname(workdir) == str(nothing_left_behind) and lines[1] == "True"
-    assert all(line.startswith("sandbox: writing outside the working directory") for line in lines[2:6]), r.text
-    # the directory outside cannot even be opened as a dir_fd (Landlock; before it, the hook refused
-    # the relative os.open, whose dir_fd it cannot see)
-    assert lines[6:] == [f"[Errno 13] Permission denied: {str(tmp_path)!r}"]
-    assert not os.path.exists(workdir)  # removed, the unreadable folder included
+    if isolation == "bwrap":  # the call's directory, bound at /work; nothing else of the caller's exists
+        assert workdir == "/work" and lines[1] == "True"
+        assert all(line.startswith("sandbox: writing outside the working directory") for line in lines[2:6]), r.text
+        assert lines[6].startswith("[Errno 2] No such file or directory") and len(lines) == 7, r.text
+    else:
+        assert os.path.dirname(workdir) == str(nothing_left_behind) and lines[1] == "True"
+        assert all(line.startswith("sandbox: writing outside the working directory") for line in lines[2:6]), r.text
+        # the directory outside cannot even be opened as a dir_fd (Landlock; before it, the hook refused
+        # the relative os.open, whose dir_fd it cannot see)
+        assert lines[6:] == [f"[Errno 13] Permission denied: {str(tmp_path)!r}"]
+    assert list(nothing_left_behind.iterdir()) == []  # removed, the unreadable folder included
     assert not outside.exists() and keep.read_text() == "mine" and not (tmp_path / "dirfd.txt").exists()
     assert not (nothing_left_behind / "escape.txt").exists()
 
@@ -236,7 +251,7 @@ def test_no_file_outside_the_working_directory_can_be_read(tmp_path):
             "    try:\n"
             "        got = open(path, 'rb').read() if how == 'read' else os.listdir(path)\n"
             "        print('READ', path, repr(got)[:60])\n"
-            "    except PermissionError as e:\n"
+            "    except (PermissionError, FileNotFoundError) as e:\n"  # refused, or absent from bwrap's mounts
             "        print('refused', e.filename)\n"
             "print(sum(range(5)), open('/dev/null').read() == '', len(open('/dev/urandom', 'rb').read(8)))\n")
     try:
@@ -268,8 +283,8 @@ def test_without_landlock_the_tool_refuses_to_run_with_one_line(tmp_path, monkey
         sandbox_paths, restrict = real.sandbox_paths, real.restrict
     """))
     monkeypatch.setattr(sandbox, "_LANDLOCK_FILE", str(stub))
-    with pytest.raises(sandbox.SandboxError) as err:
-        run_python_sync("print('the code ran')", FAST)
+    with pytest.raises(sandbox.SandboxError) as err:  # (the stub's paths exist outside bwrap's mounts only)
+        run_python_sync("print('the code ran')", INNER)
     msg = str(err.value)
     assert "\n" not in msg and "the code ran" not in msg
     assert "needs Landlock to hide files from the code it runs, and it is not available here: this kernel has no " \

@@ -1,0 +1,134 @@
+"""Hardening round 3 (issue 35), finding 1, through a real campaign's tool path: model-written code
+in the built-in `python` tool that escapes the sandbox's audit hook (it clears the hook's deny list
+through the frame of its own PermissionError) and then, where no hook reaches, tries what the
+review did: a subinterpreter connects to a UNIX socket outside the sandbox, and `_posixsubprocess`
+starts a process in a session of its own that should outlive the call.
+
+Inside bubblewrap (env.python.isolation=bwrap, the default) the escape from the hook still
+happens, and nothing comes of it: the socket's path does not exist in the sandbox's mount
+namespace, and the process dies with the sandbox's PID namespace. With the inner layers alone
+(`isolation=landlock`, which is what the python tool was before) the same code reached the
+listener (docs/reliability.md, round 3).
+
+A tool-call format of the test's own (`env.format: file.py:Class`, user code the config names)
+makes every first turn of every episode call `run` with the attack, whatever the tiny model wrote,
+and records each observation the sandbox returned in a file, so the test reads what the attack saw.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import textwrap
+
+import pytest
+from helpers import REPO, laminar
+
+pytestmark = pytest.mark.slow
+
+MARKER = "37.125"  # the survivor's sleep: how the test finds it in /proc
+
+ATTACK = textwrap.dedent('''
+    import os, sys
+    try:
+        import _xxsubinterpreters as subs
+    except PermissionError as e:
+        tb = e.__traceback__
+        while tb.tb_next:
+            tb = tb.tb_next
+        tb.tb_frame.f_locals["denied_imports"].clear()  # the hook's own state, from its frame
+        import _xxsubinterpreters as subs
+    print("hook escaped")
+    subs.run_string(subs.create(), """
+    import socket
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(SOCKET)
+        s.sendall(b"escaped")
+        print("connected")
+    except OSError as e:
+        print("connect failed:", e.strerror)
+    """.replace("SOCKET", repr(SOCKET)))
+    import _posixsubprocess
+    r, w = os.pipe()
+    exe = os.fsencode(sys.executable)
+    pid = _posixsubprocess.fork_exec([exe, b"-I", b"-S", b"-c", b"import time; time.sleep(MARKER)"], [exe], True,
+                                     (), None, None, -1, -1, -1, -1, -1, -1, r, w, True, True, -1, None, None,
+                                     None, -1, None, False)
+    os.close(w)
+    print("survivor started:", os.read(r, 100) == b"" and os.path.exists(f"/proc/{pid}"))
+''')
+
+FORMAT = textwrap.dedent('''
+    import json
+    from laminar_hpc.tasks.episode import HermesFormat, ToolCall
+
+    class AttackFormat(HermesFormat):
+        """Every model turn ends with a call of `run` with the attack; observations are recorded."""
+        def stopped(self, tok, ids):
+            return False
+
+        def turn_calls(self, tok, ids):
+            return [ToolCall("run", {"code": CODE})]
+
+        def observation_text(self, results):
+            with open(SEEN, "a") as f:
+                for r in results:
+                    f.write(json.dumps({"text": r.text, "outcome": r.outcome}) + "\\n")
+            return super().observation_text(results)
+''')
+
+
+def _survivors() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if MARKER.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue  # exited while we looked
+    return found
+
+
+@pytest.fixture
+def listener(tmp_path):
+    """A UNIX socket of the caller's, outside any sandbox (as tmux's, docker's, the run's)."""
+    path = tmp_path / "outside.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    sock.listen()
+    sock.setblocking(False)
+    yield path, sock
+    sock.close()
+
+
+def test_code_that_escapes_the_audit_hook_reaches_nothing_and_leaves_nothing(tmp_path, listener):
+    path, sock = listener
+    seen = tmp_path / "seen.jsonl"
+    code = ATTACK.replace("SOCKET", repr(str(path))).replace("MARKER", MARKER)
+    fmt = tmp_path / "attack_format.py"
+    fmt.write_text(FORMAT.replace("CODE", repr(code)).replace("SEEN", repr(str(seen))))
+    before = set(_survivors())
+    run = tmp_path / "run"
+    res = laminar("run", str(REPO / "configs" / "tiny.yaml"), "--run-dir", str(run), "trainer.total_steps=2",
+                  "rollout.count=1", "relay.count=1", "model.max_seq_len=256", "env.tools={run: python}",
+                  f"env.format={fmt}:AttackFormat", "env.max_turns=2", "env.observation_max_chars=300",
+                  "env.python.wall_s=10", timeout=300)
+    try:
+        assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+        results = [json.loads(line) for line in seen.read_text().splitlines()]
+        assert results, "no tool call ran"
+        for r in results:  # the hook was escaped in every call, and that reached nothing
+            assert r["outcome"] == "ok" and r["text"].startswith("hook escaped\n"), r
+            assert "connect failed: No such file or directory" in r["text"] and "connected\n" not in r["text"], r
+            assert "survivor started: True" in r["text"], r  # it ran, inside the sandbox
+        with pytest.raises(BlockingIOError):
+            sock.accept()  # no connection ever arrived
+        assert set(_survivors()) - before == set(), "a process started by tool code outlived its call"
+        s = json.loads((run / "summary.json").read_text())
+        assert s["outcome"] == "completed" and s["tool_outcomes"]["ok"] > 0 and s["tool_outcomes"]["error"] == 0
+    finally:
+        for pid in set(_survivors()) - before:
+            os.kill(pid, 9)  # (only on failure) what the attack left, by PID
