@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -166,6 +167,21 @@ def _render(args: argparse.Namespace) -> int:
     from laminar_hpc.launch.submit import render_sbatch
     cfg = _load(args)
     sys.stdout.write(render_sbatch(cfg, args.config, args.overrides, run_dir=args.run_dir))
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    """`laminar config CONFIG [KEY ...] [key=value ...]`: the resolved config, defaults included,
+    each key with its meaning (config/reference.py)."""
+    from laminar_hpc.config import load_config
+    from laminar_hpc.config.reference import resolved
+    overrides = [x for x in args.items if "=" in x]
+    wanted = [x for x in args.items if "=" not in x]
+    rows = resolved(load_config(args.config, overrides), wanted)
+    if wanted and not rows:
+        raise SystemExit(f"laminar: error: no key {', '.join(wanted)} in the schema (docs/config.md lists them)")
+    for key, value, meaning in rows:
+        print(f"{key} = {json.dumps(value)}" + (f"    # {meaning}" if meaning else ""))
     return 0
 
 
@@ -349,6 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     rs = with_config("render-sbatch", "print a plain sbatch script for the campaign")
     rs.add_argument("--run-dir", help="default RUN_DIR in the script (default runs/<name>)")
     rs.set_defaults(func=_render)
+
+    cf = sub.add_parser("config", help="the resolved config with defaults, each key with its meaning (docs/config.md)")
+    cf.add_argument("config", help="YAML config (see configs/)")
+    cf.add_argument("items", nargs="*", help="keys or sections to show (e.g. trainer.max_staleness controller), "
+                                             "and dotted overrides (trainer.lr=3e-4)")
+    cf.set_defaults(func=_config)
 
     im = sub.add_parser("import", help="a verl run script (python -m verl.trainer.main_ppo key=value ...) or a TRL "
                                        "GRPOConfig (YAML, or --key value) as a laminar config; each setting mapped, "

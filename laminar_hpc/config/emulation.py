@@ -45,8 +45,8 @@ def _bounds(min_tokens: int, max_tokens: int) -> None:
 
 class LatencyCfg(Section):
     """A tool call's latency: log-normal, in emulated seconds (scaled by emulation.time_scale)."""
-    median_s: PosFloat = 2.0
-    p99_s: PosFloat = 30.0
+    median_s: PosFloat = 2.0  # median tool latency (emulated seconds)
+    p99_s: PosFloat = 30.0  # 99th percentile tool latency (emulated seconds)
 
     @model_validator(mode="after")
     def _order(self) -> "LatencyCfg":
@@ -57,10 +57,10 @@ class LatencyCfg(Section):
 
 class ObservationCfg(Section):
     """Tokens a tool call returns (appended to the episode, loss mask 0): log-normal, bounded."""
-    median: PosFloat = 200.0
-    p99_over_median: Ratio = 3.0
-    min_tokens: PosInt = 1
-    max_tokens: PosInt = 4096
+    median: PosFloat = 200.0  # median observation length (tokens)
+    p99_over_median: Ratio = 3.0  # the observation lengths' p99 / median
+    min_tokens: PosInt = 1  # shortest observation (tokens)
+    max_tokens: PosInt = 4096  # longest observation (tokens)
 
     @model_validator(mode="after")
     def _check(self) -> "ObservationCfg":
@@ -72,8 +72,8 @@ class ToolsCfg(Section):
     """Tool use of the trajectories of a component: each is an episode of `calls` tool calls (one
     per model turn but the last), each call waits its latency and returns an observation."""
     calls: list[NonNegInt] = Field(default_factory=lambda: [2, 6])  # [low, high], inclusive, uniform; a number: exactly
-    latency: LatencyCfg = Field(default_factory=LatencyCfg)
-    observation: ObservationCfg = Field(default_factory=ObservationCfg)
+    latency: LatencyCfg = Field(default_factory=LatencyCfg)  # each call's latency
+    observation: ObservationCfg = Field(default_factory=ObservationCfg)  # each call's observation length
 
     @field_validator("calls", mode="before")
     @classmethod
@@ -101,7 +101,8 @@ class EmpiricalCfg(Section):
     groups, as `laminar simulate --calibrate` reads them). Read once per process, by every
     emulated rollout and the simulator: a relative path is relative to their working directory
     (where `laminar run` started). A file is the cheaper source for many rollouts."""
-    file: str | None = None
+    file: str | None = None  # a JSON list of lengths, or one integer per line
+    # a run directory (or a directory of runs) whose finished trajectories' lengths are resampled
     trace: str | None = None
 
     @model_validator(mode="after")
@@ -121,11 +122,11 @@ def _shape_error(median, p99, empirical, where: str) -> str | None:
 class ComponentCfg(Section):
     """One component of a mixture: its weight (normalised over the components), a log-normal or
     an empirical distribution, and optionally tool use."""
-    weight: PosFloat
-    median: PosFloat | None = None
+    weight: PosFloat  # the component's share of trajectories (normalised over components)
+    median: PosFloat | None = None  # a log-normal component's median length (tokens)
     p99_over_median: Ratio | None = None  # default 10 for a log-normal component
-    empirical: EmpiricalCfg | None = None
-    tools: ToolsCfg | None = None
+    empirical: EmpiricalCfg | None = None  # lengths resampled from a file or a trace instead of a log-normal
+    tools: ToolsCfg | None = None  # this component's trajectories are tool-use episodes
 
     @model_validator(mode="after")
     def _shape(self) -> "ComponentCfg":
@@ -146,11 +147,11 @@ class LengthsCfg(Section):
     `empirical` list; `tools` makes them tool-use episodes. min/max_tokens bound every draw."""
     median: PosFloat | None = None  # 1024 for a plain log-normal
     p99_over_median: Ratio | None = None  # 10 for a plain log-normal
-    min_tokens: PosInt = 1
-    max_tokens: PosInt = 16384
+    min_tokens: PosInt = 1  # shortest emulated response (tokens)
+    max_tokens: PosInt = 16384  # longest emulated response (tokens; longer ones are cut)
     mixture: dict[str, ComponentCfg] | None = Field(default=None, min_length=1)  # name -> component
-    empirical: EmpiricalCfg | None = None
-    tools: ToolsCfg | None = None
+    empirical: EmpiricalCfg | None = None  # lengths resampled from a file or a trace instead of a log-normal
+    tools: ToolsCfg | None = None  # every trajectory is a tool-use episode with these calls
 
     @model_validator(mode="after")
     def _check(self) -> "LengthsCfg":
@@ -182,15 +183,17 @@ class EmulationCfg(Section):
     weight_mb: SizeMb = 16.0  # real bytes published, broadcast and pulled per version
     nominal_weight_gb: Annotated[float, Field(ge=0.0)] = 15.2  # the model they stand for (7B bf16)
     pull_gbps: Annotated[float, Field(ge=0.0)] = 25.0  # relay shared memory -> GPU; 0: no load time
-    prefill_base_ms: Annotated[float, Field(ge=0.0)] = 5.0
-    prefill_per_token_us: Annotated[float, Field(ge=0.0)] = 20.0
-    decode_base_ms: Annotated[float, Field(ge=0.0)] = 10.0
-    decode_per_seq_us: Annotated[float, Field(ge=0.0)] = 100.0
+    prefill_base_ms: Annotated[float, Field(ge=0.0)] = 5.0  # emulated prefill: fixed cost per call (ms)
+    prefill_per_token_us: Annotated[float, Field(ge=0.0)] = 20.0  # emulated prefill: cost per prompt token (us)
+    decode_base_ms: Annotated[float, Field(ge=0.0)] = 10.0  # emulated decode step: fixed cost (ms)
+    decode_per_seq_us: Annotated[float, Field(ge=0.0)] = 100.0  # emulated decode step: cost per running sequence (us)
+    # emulated decode step: cost per KV-cache token held (ns)
     decode_per_kv_token_ns: Annotated[float, Field(ge=0.0)] = 50.0
-    train_per_token_us: Annotated[float, Field(ge=0.0)] = 12.9
+    train_per_token_us: Annotated[float, Field(ge=0.0)] = 12.9  # emulated train step: cost per trained token (us)
     max_macro_steps: PosInt = 128  # decode steps one engine call may advance (never past a finish)
     # a macro step ends at the first decode-step boundary after a control message (or, in laminar mode,
     # a newer weight version) arrives, as a real engine's loop, which runs once per decode step, would
     # take it; false: the whole macro step runs first (up to max_macro_steps x ~17 ms of delay)
+    # a message (a new version, a repack) ends an emulated macro step at the next decode step, as a real engine sees it
     step_interrupts: bool = True
     lengths: LengthsCfg = Field(default_factory=LengthsCfg)

@@ -25,9 +25,9 @@ BUILTIN_TOOLS = ("calculator", "python")
 
 class SandboxCfg(Section):
     """Limits of the built-in `python` tool (tasks/sandbox.py): a subprocess without network."""
-    cpu_s: PosFloat = 2.0
-    mem_mb: PosInt = 256
-    wall_s: PosFloat = 5.0
+    cpu_s: PosFloat = 2.0  # CPU seconds per python call (rounded up to whole seconds)
+    mem_mb: PosInt = 256  # address space per python call, MiB
+    wall_s: PosFloat = 5.0  # wall-clock seconds per python call; past it the call is killed (outcome timeout)
     # bwrap: model-written code runs inside bubblewrap's namespaces and a seccomp filter
     # (tasks/bwrap.py), then Landlock, rlimits and an audit hook; without bubblewrap the call fails
     # closed. landlock: those inner layers alone, on purpose (a machine without bubblewrap)
@@ -37,6 +37,7 @@ class SandboxCfg(Section):
 
 class EnvCfg(Section):
     environment: str | None = None  # "module:Class" or "file.py:Class"; None: tools only
+    # the name the model calls -> a built-in (calculator, python) or user code ('file.py:function')
     tools: dict[str, str] = Field(default_factory=dict)
     args: dict[str, Any] = Field(default_factory=dict)  # given to the environment (EnvContext.args)
     # the tool-call format: hermes (`<tool_call>{json}</tool_call>`), or "module:Class" with the
@@ -48,7 +49,7 @@ class EnvCfg(Section):
     stop_at_call: bool = True
     max_turns: PosInt = 4  # model turns per episode: the last one's calls are not run
     max_tool_calls: PosInt = 8  # per episode, over all its turns
-    tool_timeout_s: PosFloat = 10.0
+    tool_timeout_s: PosFloat = 10.0  # a tool call past this is the observation 'timed out' (outcome timeout)
     max_concurrent: PosInt = 64  # tool calls running at once on one rollout
     # episodes a rollout holds beyond its decode batch (while tools run they leave the batch,
     # and these fill it); None: as many as rollout.max_batch

@@ -55,20 +55,24 @@ class ModelCfg(Section):
     are ignored, except max_seq_len (RoPE table and KV cache: prompt + answer must fit);
     `tokenizer: hf` then uses the checkpoint's tokenizer (`hf_tokenizer` for a GGUF file whose
     tokenizer lives elsewhere)."""
+    # char: the built-in character tokenizer; hf: the checkpoint's (needs hf_path or hf_tokenizer)
     tokenizer: Literal["char", "hf"] = "char"
+    # a Hugging Face checkpoint (directory, .gguf, hub name in the cache, package:NAME); unset: a fresh model of the
+    # shape below
     hf_path: str | None = None
-    hf_tokenizer: str | None = None
+    hf_tokenizer: str | None = None  # where the tokenizer lives when hf_path has none (a GGUF file)
     dtype: Literal["float32", "bfloat16"] = "float32"  # parameters of the trainer's and torch rollouts' model
-    dim: PosInt = 64
-    n_layers: PosInt = 2
-    n_heads: PosInt = 4
+    dim: PosInt = 64  # hidden size (fresh models only): larger learns more per step, costs more per token
+    n_layers: PosInt = 2  # decoder layers (fresh models only)
+    n_heads: PosInt = 4  # attention heads; dim must be a multiple
+    # key/value heads (grouped-query attention); n_heads must be a multiple. Fewer: a smaller KV cache
     n_kv_heads: PosInt = 2
-    ffn_dim: PosInt = 192
-    max_seq_len: PosInt = 64
-    rope_theta: PosFloat = 10000.0
-    norm_eps: PosFloat = 1e-5
-    tie_embeddings: bool = True
-    attention_bias: bool = False
+    ffn_dim: PosInt = 192  # the MLP's inner size (fresh models only)
+    max_seq_len: PosInt = 64  # tokens of prompt + answer a sequence may hold (RoPE table, KV cache), checkpoints too
+    rope_theta: PosFloat = 10000.0  # RoPE base frequency (fresh models only)
+    norm_eps: PosFloat = 1e-5  # RMSNorm epsilon (fresh models only)
+    tie_embeddings: bool = True  # share the input embedding and the output head (fresh models only)
+    attention_bias: bool = False  # biases in the attention projections (fresh models only)
 
     @model_validator(mode="after")
     def _shapes(self) -> "ModelCfg":
@@ -88,17 +92,18 @@ class WarmupCfg(Section):
     initial checkpoint is given. Label noise replaces answer characters at random so the
     warmed-up policy knows the format and roughly the skill but samples many wrong answers:
     RL then has a policy to improve. It stops once greedy decoding reaches the target."""
-    enabled: bool = True
-    max_steps: NonNegInt = 1500
-    batch_size: PosInt = 64
-    lr: PosFloat = 3e-3
+    enabled: bool = True  # run the supervised warm-up before RL (skipped with trainer.init_checkpoint)
+    max_steps: NonNegInt = 1500  # warm-up steps at most (it stops earlier at target_greedy_reward)
+    batch_size: PosInt = 64  # sequences per warm-up step
+    lr: PosFloat = 3e-3  # the warm-up's learning rate (AdamW)
+    # fraction of answer characters replaced at random: more keeps sampled answers wrong, leaving RL room
     label_noise: Prob = 0.3
-    target_greedy_reward: Prob = 0.8
+    target_greedy_reward: Prob = 0.8  # the warm-up stops once greedy decoding reaches this reward
     # steps before the target may end it: a skill that appears at once (copying: greedy 0 -> 1 in a
     # few steps) still needs steps to make sampled answers mostly right
     min_steps: NonNegInt = 0
-    eval_every: PosInt = 10
-    eval_size: PosInt = 128
+    eval_every: PosInt = 10  # warm-up steps between greedy evaluations
+    eval_size: PosInt = 128  # problems per warm-up evaluation
     # a JSONL file of demonstrations (chat messages, tool calls included: laminar_hpc/tasks/demos.py):
     # the warm-up learns their assistant turns instead of the task's gold answers, on a model.hf_path
     # checkpoint too (which otherwise starts RL as it is)
@@ -107,15 +112,16 @@ class WarmupCfg(Section):
 
 class VllmCfg(Section):
     """vLLM rollout backend (`rollout.backend: vllm`, extra `vllm`, GPU nodes only)."""
-    tensor_parallel_size: PosInt = 1
+    tensor_parallel_size: PosInt = 1  # GPUs per vLLM replica
+    # fraction of GPU memory vLLM may take (weights + KV cache)
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
-    enforce_eager: bool = False
-    enable_sleep_mode: bool = True
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"  # vLLM's compute dtype
+    enforce_eager: bool = False  # no CUDA graphs: faster start, slower decode
+    enable_sleep_mode: bool = True  # vLLM's sleep mode (frees KV memory while weights load)
     # how a pulled version reaches the engine: vLLM's weight-transfer API (init/start/update/
     # finish_weight_update) or a collective_rpc("reload_weights") on every worker
     weight_update: Literal["transfer_engine", "reload_weights"] = "transfer_engine"
-    max_model_len: PosInt | None = None
+    max_model_len: PosInt | None = None  # vLLM's context; unset: model.max_seq_len
     # transfer_engine: a pulled version goes to the GPU in chunks of at most this size (one
     # update_weights call each); it must fit in the memory gpu_memory_utilization leaves free
     staging_mb: PosFloat = 1024.0
@@ -129,20 +135,25 @@ MAX_BATCH = 1 << 16
 
 
 class RolloutCfg(Section):
+    # torch: this package's engine (CPU or GPU); vllm: vLLM (GPU nodes); emulated: timed by the emulation section
     backend: RolloutBackend = "torch"
-    device: str = "cpu"
-    count: PosInt = 4
+    device: str = "cpu"  # torch engine's device (cpu, cuda, cuda:1)
+    count: PosInt = 4  # rollout replicas the campaign starts (elastic joiners come on top)
+    # sequences one replica decodes at once: more fills the engine, holds more KV
     max_batch: Annotated[int, Field(gt=0, le=MAX_BATCH)] = 64
+    # the response's length cap (tokens); responses cut here count in response_length/clip_ratio
     max_new_tokens: Annotated[int, Field(gt=0, le=MAX_NEW_TOKENS)] = 24
-    temperature: PosFloat = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    temperature: PosFloat = 1.0  # sampling temperature (mu's distribution)
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0  # nucleus sampling; 1: off
     top_k: NonNegInt = 0  # 0: off. mu and the trainer's pi are log-probs under the distribution sampled from
+    # a running trajectory's new tokens go to the controller every this many: fewer messages, more lost on a rollout's
+    # death
     stream_every_tokens: PosInt = 8
     # re-check each pulled version's checksum (hashed during the copy: ~1.8x a bare copy). Off by
     # default: every relay verifies a version before it becomes readable, and the store's seqlock
     # guarantees a pull copies exactly that version
     verify_checksum: bool = False
-    torch_threads: PosInt = 1
+    torch_threads: PosInt = 1  # CPU threads of the torch engine
     # the layout rollouts load; unset: trainer.publish_dtype. When it differs, the master relay
     # converts each version once before the broadcast (relay/reshard.py)
     weight_dtype: Literal["float32", "bfloat16"] | None = None
@@ -152,6 +163,7 @@ class RolloutCfg(Section):
     # drain while the batch holds >= refresh_below x max_batch sequences, switch in flight below that.
     # The default won the learning bench's time to target (docs/frontier.md, docs/learning.md)
     refresh_in_flight: Literal["never", "underfull", "always"] = "always"
+    # refresh_in_flight=underfull's threshold, a fraction of max_batch
     refresh_below: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
     # a switch in flight re-prefills the sequences' KV under the new weights (recompute) or keeps the
     # KV computed under the old ones (keep: PipelineRL's in-flight update, no re-prefill; on the
@@ -161,11 +173,11 @@ class RolloutCfg(Section):
 
 
 class RelayCfg(Section):
-    count: PosInt = 2
+    count: PosInt = 2  # relay ranks of the local MPI tier (on Slurm: one per rollout node, plus the master)
     slots: Annotated[int, Field(ge=2)] = 3  # versions kept per relay: a pull never blocks a publish
-    chunk_mb: SizeMb = 4.0
-    shm_dir: str = "/dev/shm"
-    mpi_launcher: str = "mpirun"
+    chunk_mb: SizeMb = 4.0  # broadcast chunk (MiB): smaller pipelines the chain sooner, costs more messages
+    shm_dir: str = "/dev/shm"  # where each relay's version store lives (node-local shared memory)
+    mpi_launcher: str = "mpirun"  # the local launcher's MPI starter for the relay tier
 
 
 class ControllerCfg(Section):
@@ -189,13 +201,13 @@ class ControllerCfg(Section):
     wal_snapshot_mb: PosFloat = 64.0  # compact the log into a snapshot once it grows past this
     # generation may run this many train steps ahead of the trainer: bounds staleness
     max_ahead_steps: NonNegInt = 2
-    status_interval_s: PosFloat = 1.0
-    max_frame_mb: SizeMb = 64.0
+    status_interval_s: PosFloat = 1.0  # status.json is rewritten this often (seconds)
+    max_frame_mb: SizeMb = 64.0  # a control-plane frame over this size is refused and counted
 
 
 class RepackCfg(Section):
     """Dynamic repack of long-tail trajectories (laminar mode; see laminar_hpc/policy/repack.py)."""
-    enabled: bool = True
+    enabled: bool = True  # move long-tail trajectories off replicas that fall empty (laminar mode)
     interval_s: PosFloat = 5.0  # also right after each publish; emulated seconds under emulation
     fall_ratio: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9  # KV below this x its plateau: falling (best-fit)
     # consolidate: pack each superseded version onto as few replicas as its sequences and KV need
@@ -213,7 +225,7 @@ class PartialRolloutCfg(Section):
     NCCL group of its rank 0 and every rollout GPU, buckets of 1024 MB sent one after another: its
     default `weight_update_mode: xccl`; or a save to shared storage that the rollouts load) and is
     blocked until every rollout has loaded it. The costs are what the simulator and emulated runs spend."""
-    update_path: Literal["relay", "broadcast", "filesystem"] = "relay"
+    update_path: Literal["relay", "broadcast", "filesystem"] = "relay"  # how each version reaches the rollouts (above)
     # after the update the paused sequences continue with their KV re-prefilled under the new
     # weights (recompute, as AReaL) or with the KV computed under the old ones kept (keep, as
     # PipelineRL's in-flight weight update)
@@ -227,8 +239,8 @@ class PartialRolloutCfg(Section):
     # parallel filesystem (assumed, a mid-size all-flash one): one writer process, the aggregate read
     # bandwidth all readers share, one reader's (client's) own limit
     filesystem_write_gbps: PosFloat = 5.0
-    filesystem_read_gbps: PosFloat = 100.0
-    filesystem_client_gbps: PosFloat = 10.0
+    filesystem_read_gbps: PosFloat = 100.0  # the filesystem's aggregate read bandwidth, GB/s (assumed)
+    filesystem_client_gbps: PosFloat = 10.0  # one client's read or write limit, GB/s (assumed)
 
     def broadcast_s(self, nbytes: float, receivers: int) -> float:
         """Chunk-pipelined (NCCL ring): one pass over the trainer's link plus the fill, per bucket."""
@@ -245,25 +257,26 @@ class PartialRolloutCfg(Section):
 
 class TraceCfg(Section):
     """Per-process event traces in run_dir/trace/ (HDF5; laminar_hpc/metrics/trace.py)."""
-    enabled: bool = True
+    enabled: bool = True  # write the per-process traces (laminar trace ...); off saves a little CPU
     flush_s: PosFloat = 1.0  # buffered events reach the file at least this often (and every 512 events)
 
 
 class CheckpointCfg(Section):
-    every_steps: PosInt = 100
-    keep: PosInt = 2
+    every_steps: PosInt = 100  # train steps between checkpoints: fewer loses less work on a crash, costs more writes
+    keep: PosInt = 2  # newest checkpoints kept (older ones are removed)
 
 
 class TimeoutsCfg(Section):
     """Every blocking wait names what it waited for when one of these runs out."""
-    startup_s: PosFloat = 120.0
+    startup_s: PosFloat = 120.0  # a role that has not joined this long after its start fails the start
     heartbeat_s: PosFloat = 30.0  # a role silent this long is declared hung, killed and restarted
     busy_s: PosFloat = 1800.0  # the longest one train step or one weight broadcast may keep a role's loop busy
     checkpoint_s: PosFloat = 600.0  # a checkpoint write that takes longer fails
+    # a rollout waiting for its first weights gives up after this, if the trainer is as quiet
     weights_s: PosFloat = 600.0
-    trajectories_s: PosFloat = 600.0
-    shutdown_s: PosFloat = 15.0
-    mpi_s: PosFloat = 120.0
+    trajectories_s: PosFloat = 600.0  # the trainer gives up waiting for a batch's groups after this
+    shutdown_s: PosFloat = 15.0  # roles get this long to stop on their own before SIGTERM/SIGKILL
+    mpi_s: PosFloat = 120.0  # the relay tier's MPI start and each collective wait at most this
 
 
 class SupervisorCfg(Section):
@@ -276,8 +289,8 @@ class SupervisorCfg(Section):
 
 
 class Config(Section):
-    name: str = "run"
-    seed: NonNegInt = 0
+    name: str = "run"  # the run's name (trackers' experiment, the display); not a path
+    seed: NonNegInt = 0  # seeds sampling, the task's problems and the model's initial weights: same seed, same campaign
     # laminar: trajectory-level asynchrony + relay pull + repack; the rest are baselines in the
     # same runtime: sync (on-policy, as verl), one-step-off, partial-rollout (as AReaL)
     mode: Literal["laminar", "sync", "one-step-off", "partial-rollout"] = "laminar"

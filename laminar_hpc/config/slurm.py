@@ -17,8 +17,8 @@ from laminar_hpc.config.values import SBATCH_OPTION
 
 
 class StepResources(Section):
-    cpus: PosInt = 1
-    gpus: NonNegInt = 0
+    cpus: PosInt = 1  # CPUs per task of this step (--cpus-per-task)
+    gpus: NonNegInt = 0  # GPUs per task of this step (--gpus-per-task)
     mem_gb: PosFloat | None = None  # per step; leave unset where memory is not a Slurm resource
 
 
@@ -26,7 +26,7 @@ class SlurmLayoutCfg(Section):
     """Which nodes of the allocation run which roles. One relay runs on every node that hosts
     rollouts, plus the master relay on the trainer's node when the trainer has its own."""
     trainer_nodes: Annotated[int, Field(ge=0, le=1)] = 1  # 0: trainer + controller share the first rollout node
-    rollout_nodes: PosInt = 1
+    rollout_nodes: PosInt = 1  # nodes that run rollouts (one relay each)
     controller: StepResources = Field(default_factory=StepResources)
     trainer: StepResources = Field(default_factory=lambda: StepResources(cpus=2))
     relay: StepResources = Field(default_factory=StepResources)
@@ -61,11 +61,11 @@ class SlurmElasticCfg(Section):
     ceil(min_rollouts / rollouts_per_node) (at least 1) and `nodes` nodes (sbatch --nodes=MIN-MAX),
     so a backfill window smaller than the whole request is used too."""
     rollouts: NonNegInt = 0  # 0: no elastic capacity
-    rollouts_per_node: PosInt = 4
-    min_rollouts: NonNegInt = 0
+    rollouts_per_node: PosInt = 4  # rollouts per elastic job's node
+    min_rollouts: NonNegInt = 0  # the driver asks for more elastic jobs while fewer than this many joiners are live
     partition: str | None = None  # e.g. a preemptible partition; None: the campaign's
-    qos: str | None = None
-    time_min: PosInt = 60
+    qos: str | None = None  # the elastic jobs' QOS; unset: the campaign's
+    time_min: PosInt = 60  # each elastic job's time limit, minutes
     # the joiners' own settings (`laminar attach`'s overrides): rollout.* and repack.kv_capacity_tokens
     overrides: list[str] = Field(default_factory=list)
     kind: str | None = None  # what traces call these replicas (default <backend>-b<max_batch>)
@@ -92,16 +92,16 @@ class SlurmElasticCfg(Section):
 class SlurmCfg(Section):
     """sbatch knobs (units in the names) and the per-role layout."""
     partition: str | None = None  # None: the cluster's default partition
-    account: str | None = None
-    qos: str | None = None
-    time_min: PosInt = 60
-    constraint: str | None = None
+    account: str | None = None  # sbatch --account
+    qos: str | None = None  # sbatch --qos
+    time_min: PosInt = 60  # the job's time limit, minutes: before it, the campaign checkpoints and requeues
+    constraint: str | None = None  # sbatch --constraint (a node feature, e.g. a GPU type)
     mem_gb: PosFloat | None = None  # per node
-    gpus_per_node: NonNegInt = 0
+    gpus_per_node: NonNegInt = 0  # sbatch --gpus-per-node for the whole job; 0: none asked
     hetjob: bool = False  # trainer nodes and rollout nodes as separate components of one job
     # USR2 this long before the time limit: checkpoint and requeue (Slurm takes at most 65535)
     signal_delay_s: Annotated[int, Field(gt=0, le=65535)] = 90
-    max_requeues: NonNegInt = 3
+    max_requeues: NonNegInt = 3  # requeues (time limit, preemption) before the campaign gives up
     job_name: str | None = None  # default: the config's name
     python: str | None = None  # interpreter on the compute nodes (default: the submitting one)
     # more sbatch options, e.g. {comment: "x", exclusive: true}: a long option's name and its value

@@ -53,15 +53,18 @@ class RewardCfg(Section):
     `signature` says how a function is called: laminar `(problem, response)`, verl
     `compute_score(data_source, solution_str, ground_truth, extra_info)` or TRL's batched
     `f(prompts, completions, **columns) -> list[float]`; auto reads it from the parameter names."""
+    # a built-in (exact, math_verify, final_number, coin_flip) or 'file.py:fn' / 'module:fn'; a map name -> fn for
+    # components
     fn: Union[str, dict[str, str]] = "exact"
     url: str | None = None  # remote verifier: POST {problem, response}, answer a number or a map of them
+    # components' weights in the total reward (name -> weight); unset components weigh 1
     weights: dict[str, float] = Field(default_factory=dict)
     # the weighted total's bounds; None: [0, 1], but no bound for TRL functions (TRL sets none: its
     # own `reward_len` example returns -20)
     range: tuple[float, float] | None = None
     pool: Literal["thread", "process"] = "thread"  # process: a call past its timeout is killed with its worker
-    workers: PosInt = 4
-    timeout_s: PosFloat = 10.0
+    workers: PosInt = 4  # reward calls running at once per rollout
+    timeout_s: PosFloat = 10.0  # a reward call past this is 0 by rule (reward_failed.timeout) and counted
     retries: NonNegInt = 2  # remote verifier: attempts after the first, on connection errors and 5xx
     backoff_s: PosFloat = 0.2  # remote verifier: the first retry's wait, doubled after each
     # how a function is called (tasks/reward_signatures.py); auto: from its parameter names
@@ -94,11 +97,13 @@ def _reward(fn: str):
 
 
 class BuiltinTaskCfg(Section):
-    type: Literal["builtin"] = "builtin"
+    type: Literal["builtin"] = "builtin"  # builtin: digit-string puzzles generated on the fly (no data file)
+    # which puzzles: reverse, sort, add, repeat
     kinds: list[Literal["reverse", "sort", "add", "repeat"]] = Field(default_factory=lambda: ["reverse"], min_length=1)
-    weights: list[PosFloat] | None = None
-    min_len: PosInt = 2
-    max_len: PosInt = 8
+    weights: list[PosFloat] | None = None  # how often each kind is drawn (one per kind); unset: equally
+    min_len: PosInt = 2  # shortest digit string
+    max_len: PosInt = 8  # longest digit string
+    # power-law exponent of the lengths: lower makes long problems (the long tail) likelier; 0: uniform
     tail_alpha: Annotated[float, Field(ge=0.0)] = 1.0
     reward: RewardCfg = _reward("exact")
 
@@ -136,6 +141,8 @@ class DatasetTaskCfg(Section):
     messages_field: str | None = None  # a row holding this field is a chat; null: none
     answer_field: str | None = None  # null (trl's default): rows have no gold answer
     answer_format: Literal["gsm8k", "plain"] | None = None  # gsm8k: the gold answer follows '#### '
+    # a Python format string over the row's fields for the prompt (e.g. 'Q: {question}'); unset: the prompt field as it
+    # is
     prompt_template: str | None = None
     # true: text prompts too are rendered with the tokenizer's own chat template (model.tokenizer:
     # hf); false: a text prompt is the model's text as written and chat rows are refused; null:
@@ -143,7 +150,7 @@ class DatasetTaskCfg(Section):
     chat_template: bool | None = None
     system_prompt: str | None = None  # the chat's system message (chat_template only); null: none
     max_prompt_tokens: PosInt | None = None  # longer prompts are skipped at admission and counted
-    shuffle: bool = True
+    shuffle: bool = True  # draw rows in a seeded random order (else file order)
     on_bad_row: Literal["fail", "skip"] = "fail"  # a row without a mapped field: stop, or skip and count
     reward: RewardCfg = _reward("math_verify")
 
@@ -171,8 +178,9 @@ class ArithTaskCfg(Section):
     7 + 12? Answer with just the number.'; reward 1 when the response's last number is the value."""
     multiline: ClassVar[frozenset[str]] = frozenset({"instruction", "system_prompt"})
     type: Literal["arith"] = "arith"
+    # operators the questions use
     ops: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
-    operands: Annotated[int, Field(ge=2, le=4)] = 2
+    operands: Annotated[int, Field(ge=2, le=4)] = 2  # numbers per question (2 to 4)
     max_value: PosInt = 20  # operands are drawn from 0..max_value
     instruction: str = "Answer with just the number."  # appended to each question
     # true: the question is a user message rendered with the tokenizer's own chat template
@@ -184,8 +192,8 @@ class ArithTaskCfg(Section):
 
 class SyntheticTaskCfg(Section):
     """Fixed-length prompts and a coin-flip reward: for emulated engines, which read no tokens."""
-    type: Literal["synthetic"] = "synthetic"
-    prompt_tokens: PosInt = 512
+    type: Literal["synthetic"] = "synthetic"  # synthetic: fixed-size random prompts, for timing (emulated engines)
+    prompt_tokens: PosInt = 512  # tokens of each synthetic prompt
     reward: RewardCfg = _reward("coin_flip")
 
 
@@ -197,7 +205,7 @@ class ToolCalcTaskCfg(Section):
     Needs `env.tools: {calc: calculator}`."""
     type: Literal["tool_calc"] = "tool_calc"
     min_operand: PosInt = 3163  # 3163**2 > 10**7: with 4-digit operands every product has 8 digits
-    max_operand: PosInt = 9999
+    max_operand: PosInt = 9999  # largest operand
     reward: RewardCfg = _reward("exact")
 
     @model_validator(mode="after")
@@ -223,6 +231,7 @@ class EvalCfg(Section):
     samples: PosInt = 1  # per problem; 1: greedy, more: sampled at rollout.temperature (pass@k)
     pass_k: PosInt = 1  # pass@k is reported for k = 1 and pass_k (at most `samples`)
     max_problems: PosInt | None = None  # the validation split's first problems only
+    # share of each rollout's slots an evaluation round may take, so training goes on beside it
     capacity_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.25
     success_threshold: float = 1.0  # a sample counts as solved (pass@k) at this reward or above
 

@@ -19,11 +19,11 @@ from laminar_hpc.config.section import Section
 
 class WandbCfg(Section):
     """Weights & Biases: one W&B run per run directory, resumed by its id on every start."""
-    project: str = "laminar-hpc"
+    project: str = "laminar-hpc"  # the W&B project
     entity: str | None = None  # unset: the account's default entity (online mode)
     mode: Literal["offline", "online"] = "offline"  # offline: no network; `wandb sync <run dir>/wandb/offline-run-*`
-    group: str | None = None
-    tags: list[str] = Field(default_factory=list)
+    group: str | None = None  # W&B run group
+    tags: list[str] = Field(default_factory=list)  # W&B run tags
 
 
 class MlflowCfg(Section):
@@ -38,9 +38,9 @@ class LoggingCfg(Section):
     """Trackers that get every step row, evaluation round and the summary, written by the trainer
     (and, for what comes after it, the launcher). A tracker that fails is counted and logged; it
     never stops training. Needs the extra `trackers` (`pip install -e '.[trackers]'`)."""
-    tensorboard: bool = False
-    wandb: WandbCfg | None = None
-    mlflow: MlflowCfg | None = None
+    tensorboard: bool = False  # TensorBoard event files in <run dir>/tensorboard
+    wandb: WandbCfg | None = None  # Weights & Biases (true: the defaults below)
+    mlflow: MlflowCfg | None = None  # MLflow (true: the defaults below)
     run_name: str | None = None  # the tracker runs' display name; unset: the run directory's name
 
     @field_validator("wandb", "mlflow", mode="before")

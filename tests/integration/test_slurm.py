@@ -97,20 +97,22 @@ def train_rows(run_dir: Path) -> list[dict]:
     return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
 
 
-def test_quickstart_runs_as_job_steps_and_learns(tmp_path):
+def test_quickstart_runs_as_job_steps(tmp_path):
+    """The quickstart's roles as job steps, each COMPLETED, and `laminar status` of the job. A
+    short campaign: that the Slurm quickstart learns (250 steps) is
+    test_multinode.py's, on the same config across two nodes."""
     run_dir = tmp_path / "qs"
-    job = submit(run_dir, "configs/quickstart-slurm.yaml")
+    job = submit(run_dir, "configs/quickstart-slurm.yaml", "trainer.total_steps=40", "checkpoint.every_steps=20")
     assert wait_done(job, run_dir, timeout_s=900) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["outcome"] == "completed" and s["train_steps"] == 250
-    # the bar itself (>= 0.7, rise >= 0.3) is measured in the issue notes; this guards it with a margin
-    assert s["reward_last"] >= 0.65 and s["reward_last"] - s["reward_first"] >= 0.25, s
+    assert s["outcome"] == "completed" and s["train_steps"] == 40
+    assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
     steps = {name: state for jid, name, state in sacct(job) if "." in jid}
     for role in ("controller-0", "trainer-0", "relay", "rollout-0", "rollout-1", "rollout-2", "rollout-3"):
         assert steps.get(role) == "COMPLETED", steps
     status = laminar("status", str(run_dir))
     assert status.returncode == 0 and f"job         {job} (slurm): COMPLETED" in status.stdout
-    assert "step 250/250" in status.stdout and "step_000250" in status.stdout
+    assert "step 40/40" in status.stdout and "step_000040" in status.stdout
 
 
 @pytest.mark.parametrize("role", ["rollout-0", "trainer-0", "relay", "controller-0"])

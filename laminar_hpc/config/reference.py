@@ -1,0 +1,147 @@
+"""The configuration reference, from the schema itself: every key, its type, default and meaning.
+
+A key's meaning is its field's `description` where it has one, else the comment written with the
+field in its section's source (the comment at the end of its line, or the comment lines right
+above it): the schema's comments are the descriptions, kept where the code is read.
+
+    laminar config configs/quickstart.yaml [trainer.max_staleness ...]   # resolved, with meanings
+    keys(Config)                 # [(dotted key, Key), ...] for every leaf of the schema
+    markdown()                   # docs/config.md (tests/unit/test_config_reference.py keeps it fresh)
+
+Imports neither torch, mpi4py nor vLLM.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class Key:
+    type: str
+    default: Any
+    meaning: str
+    section: type[BaseModel]
+
+
+@functools.lru_cache(maxsize=None)
+def _comments(cls: type) -> dict[str, str]:
+    """field name -> the comment written with it in `cls`'s source (end of line, else above)."""
+    try:
+        lines, _ = inspect.getsourcelines(cls)
+    except (OSError, TypeError):
+        return {}
+    src = textwrap.dedent("".join(lines))
+    body = src.splitlines()
+    out: dict[str, str] = {}
+    for node in ast.parse(src).body[0].body:
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        first, last = node.lineno - 1, node.end_lineno - 1
+        trailing = body[last].split("  # ", 1)[1].strip() if "  # " in body[last] else ""
+        above: list[str] = []
+        i = first - 1
+        while i >= 0 and body[i].strip().startswith("#"):
+            above.insert(0, body[i].strip().lstrip("#").strip())
+            i -= 1
+        out[node.target.id] = " ".join(x for x in (" ".join(above), trailing) if x)
+    return out
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic sections an annotation holds (a union of task layouts, an optional section)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        out += _models(arg)
+    return out
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    text = repr(annotation).replace("typing.", "")
+    for noise in ("Annotated[", "laminar_hpc.config."):
+        text = text.replace(noise, "")
+    return text if len(text) < 80 else text[:77] + "..."
+
+
+def keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Key]]:
+    """Every leaf key of `model` and of the sections it holds, dotted, in declaration order."""
+    out: list[tuple[str, Key]] = []
+    notes = _comments(model)
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        sections = _models(field.annotation)
+        if sections:
+            seen = set()
+            for sec in sections:
+                for k, v in keys(sec, dotted + "."):
+                    if k not in seen:
+                        seen.add(k)
+                        out.append((k, v))
+            if type(None) not in typing.get_args(field.annotation) and not isinstance(field.annotation, types.UnionType):
+                continue
+        default = field.get_default(call_default_factory=True) if not field.is_required() else "(required)"
+        if isinstance(default, BaseModel):
+            default = default.model_dump(mode="json")
+        out.append((dotted, Key(_type_name(field.annotation), default,
+                                (field.description or notes.get(name, "")).strip(), model)))
+    return out
+
+
+def undocumented(model: type[BaseModel]) -> list[str]:
+    return [k for k, v in keys(model) if not v.meaning]
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, str):
+        return v if v else '""'
+    return "null" if v is None else str(v).replace("True", "true").replace("False", "false")
+
+
+def markdown() -> str:
+    """docs/config.md: every key of the schema, grouped by section, with type, default, meaning."""
+    from laminar_hpc.config.schema import Config
+    out = ["# Configuration reference", "",
+           "Every key of a laminar config, generated from the schema (`laminar_hpc/config/reference.py`;",
+           "`tests/unit/test_config_reference.py` keeps this page fresh). `laminar config CONFIG [key ...]`",
+           "prints a config's resolved values with the same meanings. A key is set in the YAML file or on",
+           "the command line as `section.key=value`.", ""]
+    section = None
+    for key, k in keys(Config):
+        top = key.split(".")[0] if "." in key else "(top level)"
+        if top != section:
+            section = top
+            out += ["", f"## {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        meaning = k.meaning.replace("|", "\\|")
+        out.append(f"| `{key}` | `{k.type.replace('|', '∣')}` | `{_value(k.default).replace('|', '∣')}` | {meaning} |")
+    return "\n".join(out) + "\n"
+
+
+def resolved(cfg: BaseModel, wanted: list[str] | None = None) -> list[tuple[str, Any, str]]:
+    """(key, its value in `cfg`, meaning) for every leaf (or the `wanted` keys and their sub-keys)."""
+    from laminar_hpc.config.schema import Config
+    meanings = {k: v.meaning for k, v in keys(Config)}
+    flat: dict[str, Any] = {}
+
+    def walk(d: Any, prefix: str) -> None:
+        if isinstance(d, dict) and (not prefix or prefix.rstrip(".") not in meanings):
+            for name, value in d.items():
+                walk(value, f"{prefix}{name}.")
+        else:
+            flat[prefix.rstrip(".")] = d
+    walk(cfg.model_dump(mode="json"), "")
+    rows = [(k, v, meanings.get(k, "")) for k, v in flat.items()]
+    if wanted:
+        rows = [r for r in rows if any(r[0] == w or r[0].startswith(w + ".") for w in wanted)]
+    return rows
