@@ -72,10 +72,11 @@ def role_nodes(run_dir: Path) -> dict[str, set[str]]:
 
 def test_quickstart_across_two_nodes_learns_with_curve_and_node_local_stores(tmp_path):
     run_dir = tmp_path / "qs"
-    job = submit(run_dir, "configs/quickstart-slurm.yaml")
+    # 150 of the quickstart's 250 steps: the rise is there by then (0.46 -> 0.82 in the suite's run)
+    job = submit(run_dir, "configs/quickstart-slurm.yaml", "trainer.total_steps=150")
     assert wait_done(job, run_dir, timeout_s=1200) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["outcome"] == "completed" and s["train_steps"] == 250
+    assert s["outcome"] == "completed" and s["train_steps"] == 150
     assert s["reward_last"] >= 0.65 and s["reward_last"] - s["reward_first"] >= 0.25, s
     assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
     nodes = step_nodes(job)
@@ -99,15 +100,16 @@ def test_quickstart_across_two_nodes_learns_with_curve_and_node_local_stores(tmp
 @pytest.mark.parametrize("role", ["rollout-0", "relay"])
 def test_cancelling_one_step_restarts_that_role_alone_across_nodes(tmp_path, role):
     run_dir = tmp_path / "cancel"
-    job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=600",
-                 "supervisor.restart_backoff_s=0.5")
+    # a staleness bound: the campaign cannot end on old weights before the cancelled role is back
+    job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=300",
+                 "trainer.max_staleness=2", "supervisor.restart_backoff_s=0.5")
     wait_step(run_dir, 5, job)
     before = {n: j for j, n, st in sacct(job) if "." in j and st == "RUNNING"}
     assert {"controller-0", "relay", "rollout-0"} <= set(before), before
     subprocess.run(["scancel", before[role]], check=True, timeout=30)
     assert wait_done(job, run_dir, timeout_s=400) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["outcome"] == "completed" and s["train_steps"] == 600
+    assert s["outcome"] == "completed" and s["train_steps"] == 300
     assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
     assert s["recoveries"] == {role.split("-")[0]: 1}, s["recoveries"]
 
@@ -148,7 +150,7 @@ def test_a_killed_relay_rank_on_another_node_restarts_the_whole_tier(tmp_path):
 
     from laminar_hpc.metrics.status import read_status
     run_dir = tmp_path / "relaykill"
-    job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=600",
+    job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=300",
                  "trainer.max_staleness=2", "supervisor.restart_backoff_s=0.5")
     wait_step(run_dir, 5, job)
     pid = read_status(run_dir / "status.json").roles["relay-1"].pid
@@ -156,7 +158,7 @@ def test_a_killed_relay_rank_on_another_node_restarts_the_whole_tier(tmp_path):
     assert role_nodes(run_dir)["relay-1"] != {step_nodes(job)["controller-0"]}  # the other node's rank
     assert wait_done(job, run_dir, timeout_s=400) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["outcome"] == "completed" and s["train_steps"] == 600
+    assert s["outcome"] == "completed" and s["train_steps"] == 300
     assert s["recoveries"] == {"relay": 1}, s["recoveries"]
     relay_steps = [st for _, name, st in sacct(job) if name == "relay"]
     assert len(relay_steps) == 2, relay_steps  # the first ended whole, a new step took over

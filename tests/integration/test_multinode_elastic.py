@@ -63,7 +63,7 @@ def rate(run_dir: Path, t_from: float, n: int = WINDOW, before: bool = False) ->
 
 def test_an_attach_job_on_a_third_node_raises_the_rate_and_leaves_when_preempted(tmp_path):
     run_dir = tmp_path / "el"
-    job = submit(run_dir, CONFIG, "trainer.total_steps=160", "slurm.layout.trainer_nodes=0",
+    job = submit(run_dir, CONFIG, "trainer.total_steps=130", "slurm.layout.trainer_nodes=0",
                  "slurm.layout.rollout_nodes=2", "slurm.layout.trainer.cpus=1")
     urgent = attach = None
     try:

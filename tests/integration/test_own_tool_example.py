@@ -27,7 +27,7 @@ def test_the_warm_up_on_demonstrations_teaches_the_users_tool_call(tmp_path):
     run = tmp_path / "run"
     # the example's own 10 warm-up steps (6 left greedy episodes calling the tool 0.25 times), checked on 8 episodes
     short = ["warmup.max_steps=10", "warmup.min_steps=10", "warmup.eval_every=10", "warmup.eval_size=8",
-             "trainer.total_steps=1", "eval.every_steps=0", "relay.count=1"]
+             "trainer.total_steps=1", "trainer.groups_per_step=2", "eval.every_steps=0", "relay.count=1"]
     res = laminar("run", str(CONFIG), "--run-dir", str(run), *short, timeout=540, env=OFFLINE)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
     rows = list(read_objects(run / "metrics.jsonl"))
@@ -37,7 +37,7 @@ def test_the_warm_up_on_demonstrations_teaches_the_users_tool_call(tmp_path):
     assert w["demos"] == 400 and w["demos_too_long"] == 0 and w["steps"] == 10
     assert w["greedy_tool_calls"] > 0.5, w  # greedy episodes after the warm-up call the tool
     steps = [r for r in rows if isinstance(r.get("step"), int) and "event" not in r]
-    assert len(steps) == 1 and steps[0]["tool_calls_mean"] > 0.5, steps  # and so do sampled ones
+    assert len(steps) == 1 and steps[0]["tool_calls_mean"] > 0.5, steps  # and so do sampled ones (8 of them)
     s = json.loads((run / "summary.json").read_text())
     assert s["outcome"] == "completed" and s["groups_lost"] == 0
     assert s["tool_outcomes"].get("ok", 0) > 0  # the user's function answered

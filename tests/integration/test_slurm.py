@@ -118,8 +118,9 @@ def test_quickstart_runs_as_job_steps(tmp_path):
 @pytest.mark.parametrize("role", ["rollout-0", "trainer-0", "relay", "controller-0"])
 def test_cancelling_one_step_restarts_that_role_alone(tmp_path, role):
     run_dir = tmp_path / "cancel"
-    # one rollout: the campaign can only finish if a restarted rollout step takes over its work
-    job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=1000",
+    # one rollout and a staleness bound: the campaign can only finish once the cancelled role is
+    # back (without the bound it could end on the weights a rollout last pulled, a relay still down)
+    job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=300", "trainer.max_staleness=2",
                  "supervisor.restart_backoff_s=0.5")
     wait_step(run_dir, 5, job)
     before = {n: j for j, n, st in sacct(job) if "." in j and st == "RUNNING"}
@@ -127,7 +128,7 @@ def test_cancelling_one_step_restarts_that_role_alone(tmp_path, role):
     subprocess.run(["scancel", before[role]], check=True, timeout=30)
     assert wait_done(job, run_dir, timeout_s=300) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["outcome"] == "completed" and s["train_steps"] == 1000
+    assert s["outcome"] == "completed" and s["train_steps"] == 300
     assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
     assert s["recoveries"] == {role.split("-")[0]: 1}, s["recoveries"]
     rows = sacct(job)
