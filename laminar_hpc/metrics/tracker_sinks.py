@@ -98,7 +98,9 @@ class WandbSink:
     `wandb sync` uploads them in order as one run. Rows of each kind are plotted against their
     own step (`train/step`, `eval/step`): each name's first part is tied to its kind's step on
     first sight, so an evaluation that ends after later train steps keeps its points; a step trained
-    again after a resume is logged again."""
+    again after a resume is logged again. W&B's own step counter goes on across starts (kept in
+    trackers.json and given to every `log`): each start's offline run would begin again at 0, and
+    `wandb sync` drops a resumed run's points below the step it already has."""
     name = "wandb"
 
     def __init__(self, rd: RunDir, cfg: LoggingCfg, run_name: str):
@@ -114,7 +116,9 @@ class WandbSink:
                               name=self.run_name, id=run_id, resume="allow", dir=str(self.rd.path), mode=w.mode,
                               settings=wandb.Settings(silent=True, console="off"))
         self.run.config.update(config, allow_val_change=True)
-        return {"id": run_id, "project": w.project, "mode": w.mode}
+        # the state trackers.json keeps: this dict, updated in place as points are logged
+        self.saved = {"id": run_id, "project": w.project, "mode": w.mode, "step": int((state or {}).get("step", 0))}
+        return self.saved
 
     def log(self, kind: str, step: int, values: dict[str, float]) -> None:
         if kind not in self.defined:
@@ -123,7 +127,8 @@ class WandbSink:
         for prefix in {k.split("/")[0] for k in values} - self.defined:
             self.run.define_metric(f"{prefix}/*", step_metric=f"{kind}/step")
             self.defined.add(prefix)
-        self.run.log({**values, f"{kind}/step": step})
+        self.run.log({**values, f"{kind}/step": step}, step=self.saved["step"])
+        self.saved["step"] += 1
 
     def summary(self, step: int, numbers: dict[str, float], texts: dict[str, str]) -> None:
         self.run.summary.update({f"summary/{k}": v for k, v in {**numbers, **texts}.items()})

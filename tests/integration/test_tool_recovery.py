@@ -25,7 +25,7 @@ AGENTIC = ("emulation.lengths.median=null", "emulation.lengths.p99_over_median=n
 
 
 def test_rollouts_killed_with_tool_calls_in_flight_lose_no_episode(tmp_path):
-    r = chaos(tmp_path, str(REPO / "configs" / "tiny-emulated.yaml"), 3, 5, *AGENTIC, "trainer.total_steps=60",
+    r = chaos(tmp_path, str(REPO / "configs" / "tiny-emulated.yaml"), 3, 5, *AGENTIC, "trainer.total_steps=30",
               timeout=900)
     assert r["ok"], r["_stdout"][-3000:]
     assert r["kills"]["rollout"] >= 1

@@ -226,6 +226,8 @@ def test_an_offline_wandb_run_holds_the_same_rows_and_a_resume_keeps_its_id(tmp_
              if "train/step" in h]
     assert train == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert [(h["eval/step"], h["eval/reward"]) for h in first["history"] if "eval/step" in h] == [(2, 0.5)]
+    # W&B's own step goes on across starts: a resumed run's points below it would be dropped at sync
+    assert [h["_step"] for r in (first, second) for h in r["history"]] == [0, 1, 2, 3]
 
 
 def test_an_mlflow_file_store_holds_the_rows_params_and_summary(tmp_path):
