@@ -40,3 +40,26 @@ def refresh_action(*, setting: str, current: int, newest: int, held: int, runnin
     if setting == "always" or (setting == "underfull" and running < below * max_batch):
         return SWITCH
     return DRAIN
+
+
+# what a replica does with one queued item when it admits work (`admit_action`)
+START, WAIT, REJECT = "start", "wait", "reject"
+
+
+def admit_action(*, pinned: int | None, current: int, pins_versions: bool, draining: bool) -> str:
+    """One queued item at admission, on a replica holding `current`.
+
+    pinned: the version a migrated or recovered trajectory must continue under (None: new work,
+    it starts under `current`); pins_versions: the mode keeps one version per trajectory
+    (policy/modes.py). REJECT: pinned to a version this replica no longer holds, the manager
+    re-places it; WAIT: new work while draining, it waits for the new version; START."""
+    if pinned is not None and pinned != current and pins_versions:
+        return REJECT
+    if draining and pinned is None:
+        return WAIT
+    return START
+
+
+def pinned_waiting(pinned_versions, current: int, pins_versions: bool) -> int:
+    """Queued trajectories pinned to `current` (they hold a draining replica's version in flight)."""
+    return sum(1 for v in pinned_versions if v == current) if pins_versions else 0

@@ -39,6 +39,7 @@ from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import MODES
+from laminar_hpc.policy.refresh import REJECT, WAIT, admit_action, pinned_waiting
 from laminar_hpc.policy.supervision import first_weights_overdue
 from laminar_hpc.rollout.base import SeqRequest, StepOutput
 from laminar_hpc.rollout.episode_turns import EpisodeTurns
@@ -232,9 +233,7 @@ class Rollout:
     # -- generation -----------------------------------------------------------------------
     def _pinned(self) -> int:
         """Migrated trajectories waiting here that need the version this replica holds."""
-        if not self.pins_versions:
-            return 0
-        return sum(1 for w in self.queue if w.version == self.engine.version)
+        return pinned_waiting((w.version for w in self.queue), self.engine.version, self.pins_versions)
 
     def admit(self, draining: bool) -> None:
         # episodes back from their tools go first: their version is this one and they hold credit
@@ -242,10 +241,12 @@ class Rollout:
         while self.queue and len(reqs) < self.engine.free_slots():
             w = self.queue.popleft()
             pinned = w.version
-            if pinned is not None and pinned != self.engine.version and self.pins_versions:
+            action = admit_action(pinned=pinned, current=self.engine.version, pins_versions=self.pins_versions,
+                                  draining=draining)
+            if action == REJECT:
                 rejected.append(w.traj_id)  # this replica moved on; the manager re-places it
                 continue
-            if draining and pinned is None:
+            if action == WAIT:
                 keep.append(w)  # new work waits for the new version
                 continue
             version = self.engine.version if pinned is None else pinned

@@ -274,8 +274,9 @@ class SimRollout:
 
     # -- engine ---------------------------------------------------------------------------
     def _pinned(self) -> int:
-        v = self.version
-        return sum(1 for t in self.queue if t.pinned and t.version == v) if self.queue and self.pins_versions else 0
+        if not self.queue:
+            return 0
+        return refresh.pinned_waiting((t.version for t in self.queue if t.pinned), self.version, self.pins_versions)
 
     def _admit(self, drain: bool, t: float) -> float:
         free = self.max_batch - len(self.act)
@@ -285,10 +286,12 @@ class SimRollout:
             reqs.append(back.popleft())
         while queue and len(reqs) < free:
             w = queue.popleft()
-            if w.pinned and w.version != v and self.pins_versions:
+            action = refresh.admit_action(pinned=w.version if w.pinned else None, current=v,
+                                          pins_versions=self.pins_versions, draining=drain)
+            if action == refresh.REJECT:
                 rejected.append(w)  # this replica moved on: the manager restarts it
                 continue
-            if drain and not w.pinned:
+            if action == refresh.WAIT:
                 keep.append(w)  # new work waits for the new version
                 continue
             if not w.pinned:

@@ -124,3 +124,13 @@ def test_bad_spans_are_refused():
                            ([(0, 3), (4, 5)], 5), ([(0, 3)], 3), ([(0, 3), (6, 4), (5, 5)], 3)]:
         t.version_spans, t.version = spans, version
         assert spans_refusal(t) is not None, spans
+
+
+def test_admission_of_queued_work_one_rule_for_the_rollout_and_the_simulator():
+    from laminar_hpc.policy.refresh import REJECT, START, WAIT, admit_action, pinned_waiting
+    # pinned to a version this replica left, in a mode that keeps one version per trajectory
+    assert admit_action(pinned=3, current=4, pins_versions=True, draining=False) == REJECT
+    assert admit_action(pinned=3, current=4, pins_versions=False, draining=False) == START  # refresh in flight
+    assert admit_action(pinned=None, current=4, pins_versions=True, draining=True) == WAIT  # new work waits
+    assert admit_action(pinned=4, current=4, pins_versions=True, draining=True) == START  # its version: it goes on
+    assert pinned_waiting([4, 3, 4], 4, True) == 2 and pinned_waiting([4], 4, False) == 0
