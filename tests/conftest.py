@@ -3,7 +3,10 @@ tests/ on sys.path, so the modules of tests/unit and tests/integration import th
 (tests/helpers.py) and stand-ins (megatron_shim, vllm_standin) by name.
 
 tests/unit: in-process and fast (the inner loop: `pytest tests/unit`, under a minute).
-tests/integration: processes, MPI, Slurm, whole campaigns, real sockets and long fuzzing runs."""
+tests/integration: processes, MPI, Slurm, whole campaigns, real sockets and long fuzzing runs.
+
+`LAMINAR_TEST_ORDER=random:SEED pytest ...` runs the collected tests in a seeded random order, to
+find tests that depend on what ran before them (the seed is printed in the header)."""
 import os
 import sys
 
@@ -69,3 +72,15 @@ def controller(tmp_path, monkeypatch):
     yield build
     for ctl in built:
         ctl.wal.close()
+
+
+def pytest_report_header(config):
+    order = os.environ.get("LAMINAR_TEST_ORDER")
+    return f"test order: {order}" if order else None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    order = os.environ.get("LAMINAR_TEST_ORDER", "")
+    if order.startswith("random:"):
+        import random
+        random.Random(int(order.split(":", 1)[1])).shuffle(items)

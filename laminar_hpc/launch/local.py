@@ -56,6 +56,10 @@ def local_command(cfg: Config, run_dir: Path):
             relay_env = {"OMPI_MCA_btl_vader_backing_directory": str(shm), **env}  # a user setting wins
         except SharedMemoryError:
             relay_env = env  # squatted: the relay itself refuses the directory, naming its owner
+        # every rank on this machine: shared memory only (no TCP transport is loaded, so no rank
+        # listens on any interface; btl_tcp_if_include=lo alone still bound every one). Not for
+        # Slurm steps: virtual nodes of one machine are separate hosts to Open MPI
+        relay_env = {"OMPI_MCA_btl": "self,vader", **relay_env}  # a user setting wins
         return [launcher, "-n", str(cfg.relay.count), "--bind-to", "none", *argv], mpi_env(relay_env)
     return command
 

@@ -1,0 +1,74 @@
+"""Hardening round 3 (issue 35), finding 4, its part on one machine: the local launcher's relay
+tier (one `mpirun` job, every rank on this machine) talks over shared memory only, so none of its
+ranks listens on a TCP port. Before, each rank's TCP transport listened on every interface
+(`btl_tcp_if_include=lo` limits the interfaces it sends on, not its bind address): another user
+of the node reached the ranks with junk. mpirun's own listeners and the multi-node case are not
+covered here (docs/reliability.md)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+TINY = str(REPO / "configs" / "tiny.yaml")
+
+
+def _listening_inodes() -> dict[int, str]:
+    """Socket inode -> local address of every listening TCP socket (IPv4 and IPv6) in this network namespace."""
+    out = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    out[int(fields[9])] = fields[1]
+    return out
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed while we looked
+        if target.startswith("socket:["):
+            found.add(int(target[8:-1]))
+    return found
+
+
+def test_the_local_relay_tiers_ranks_listen_on_no_tcp_port(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),
+                             "trainer.total_steps=100000"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                st = json.loads((run_dir / "status.json").read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                st = {}
+            roles = st.get("roles") or {}
+            if st.get("step", 0) >= 2 and all(roles.get(f"relay-{r}", {}).get("ready_t") for r in (0, 1)):
+                break
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the campaign's relay tier never became ready"
+            time.sleep(0.2)  # poll a file the controller writes
+        listening = _listening_inodes()
+        for rank in (0, 1):
+            pid = roles[f"relay-{rank}"]["pid"]
+            held = {listening[i] for i in _socket_inodes(pid) if i in listening}
+            assert held == set(), f"relay rank {rank} (pid {pid}) listens on {held}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the launcher stops every role it started
+        proc.wait(timeout=60)
