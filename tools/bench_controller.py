@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -53,12 +54,15 @@ import time
 from pathlib import Path
 
 import yaml
+import zmq
 from controller_replay import Driver
 
+from laminar_hpc.config.shards import shard_count, shard_of
 from laminar_hpc.emulation.traffic import CADENCES, campaign_traffic
 from laminar_hpc.sim.presets import load_preset, scale_cluster
 from laminar_hpc.transport import protocol as P
 from laminar_hpc.transport.channel import Client
+from laminar_hpc.transport.fdlimit import raise_fd_limit
 from laminar_hpc.transport.security import client_keys, ensure_keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,14 +88,24 @@ def sample_window(args, pid: int) -> subprocess.Popen | None:
     if exe is None:
         raise SystemExit("--py-spy: no py-spy on PATH (pip install py-spy, or set PY_SPY)")
     return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(args.duration_s)), "--rate", "250",
-                             "--format", "raw", "--nonblocking", "--output", str(Path(args.py_spy).resolve())],
+                             "--format", "raw", "--nonblocking", "--gil", "--output", str(Path(args.py_spy).resolve())],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def scale_replicas(args) -> int:
+    cfg, spec = load_preset(args.config, args.overrides)
+    return scale_cluster(cfg, spec, args.gpus)[0].rollout.count if args.gpus else cfg.rollout.count
+
+
 def run(args) -> dict:
+    raise_fd_limit()  # a socket per replica: 2,048 of them at 4,096 GPUs (and libzmq's own cap, 1,023 by default)
+    zmq.Context.instance().set(zmq.MAX_SOCKETS, 4 * scale_replicas(args) + 64)
     cfg, spec = load_preset(args.config, args.overrides)
     if args.gpus:
         cfg, spec = scale_cluster(cfg, spec, args.gpus)
+    if args.shards is not None:
+        cfg = cfg.model_copy(update={"controller": cfg.controller.model_copy(update={"shards": args.shards})})
+    shards = shard_count(cfg)
     needs = campaign_traffic(cfg, cadence=args.cadence)
     args.cadence = needs.cadence
     raw = cfg.model_dump(mode="json")
@@ -108,20 +122,31 @@ def run(args) -> dict:
     proc = subprocess.Popen([sys.executable, *prof, "-m", "laminar_hpc.controller", "--run-dir", str(run_dir)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=env["PYTHONPATH"])
     ok = False
+    shard_procs: list[subprocess.Popen] = []
     try:
         address = wait_file(run_dir / "endpoints" / "controller.json", 120, proc)["address"]
+        addresses = {None: address}
+        for k in range(shards):  # the stream shards, as the launcher starts them (launch/plan.py)
+            shard_procs.append(subprocess.Popen(
+                [sys.executable, "-m", "laminar_hpc.controller.shard", "--run-dir", str(run_dir), "--rank", str(k)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=env["PYTHONPATH"]))
+        for k, sp in enumerate(shard_procs):
+            addresses[k] = wait_file(run_dir / "endpoints" / f"shard-{k}.json", 120, sp)["address"]
         keys = {k: None if args.auth == "none" else client_keys(run_dir, k) for k in ("rollout", "trainer", "launcher")}
-        driver = Driver(args, cfg, lambda ident, kind: Client(address, ident, keys=keys[kind]))
+        driver = Driver(args, cfg, lambda ident, kind, shard: Client(addresses[shard], ident, keys=keys[kind]), shards)
+        driver.shard_procs = shard_procs
         measured = driver.run(proc, on_window=lambda pid: sample_window(args, pid))
         ok = True
     finally:
-        if proc.poll() is None:
-            proc.terminate()  # SIGTERM: the controller stops its loop (and cProfile writes its stats)
+        for p in [*shard_procs, proc]:
+            if p.poll() is None:
+                p.terminate()  # SIGTERM: each stops its loop (and cProfile writes the controller's stats)
+        for p in [*shard_procs, proc]:
             try:
-                proc.wait(timeout=60)
+                p.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                p.kill()
+                p.wait()
         log.close()
         if ok:  # a failed run keeps its directory (controller.log, wal/) to look at
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -129,16 +154,30 @@ def run(args) -> dict:
             print(f"bench_controller: run directory kept: {run_dir}", file=sys.stderr)
     m = measured
     busiest = max(1e-9, m.pop("controller_busiest_thread_cpu_s"))
-    # sustainable: what the controller handles per CPU second of its busiest thread (one Python
-    # thread handles every frame; libzmq's I/O thread decrypts beside it), i.e. with a core each
-    h_msgs = m["messages"] / busiest / needs.messages_per_s
-    h_tokens = m["tokens"] / busiest / needs.tokens_per_s
+    # sustainable: what a process handles per CPU second of its busiest thread (one Python thread
+    # handles every frame; libzmq's I/O thread decrypts beside it), i.e. with a core each. Behind
+    # shards the controller takes no stream frame and no token: its share is every other message
+    streams = ("stream_admit", "stream_decode")
+    kept = [k for k in m["messages_by_type"] if not (shards and k in streams)]
+    ctl_msgs = sum(m["messages_by_type"][k] for k in kept)
+    ctl_need = needs.messages_per_s - (sum(needs.by_type.get(k, 0.0) for k in streams) if shards else 0.0)
+    h_msgs = ctl_msgs / busiest / ctl_need
+    h_tokens = m["tokens"] / busiest / needs.tokens_per_s if not shards else math.inf
+    h_ctl = min(h_msgs, h_tokens)
+    # each shard: its rollouts' share of the need (replicas of R), per CPU second of its busiest thread
+    h_shards = []
+    for k, sh in enumerate(m["shards"]):
+        share = sum(1 for r in range(cfg.rollout.count) if shard_of(r, shards) == k) / cfg.rollout.count
+        cpu = max(1e-9, sh["busiest_thread_cpu_s"])
+        h_shards.append(round(min(sh["messages"] / cpu / (needs.messages_per_s * share),
+                                  sh["tokens"] / cpu / (needs.tokens_per_s * share)), 2))
     w_msgs, w_tokens = m["messages_per_s"] / needs.messages_per_s, m["tokens_per_s"] / needs.tokens_per_s
     p99 = m["probe_rtt_ms_p99"]
     driver_bound = m["driver_cpu_util"] > 0.9 > m["controller_main_thread_util"]
     return {"config": args.config, "gpus": args.gpus, "cadence": needs.cadence, "protocol": P.PROTOCOL_VERSION,
-            "headroom": round(min(h_msgs, h_tokens), 2), "headroom_messages": round(h_msgs, 2),
-            "headroom_tokens": round(h_tokens, 2),
+            "shards": shards, "headroom": round(min([h_ctl, *h_shards]), 2),
+            "headroom_controller": round(h_ctl, 2), "headroom_shards": h_shards,
+            "headroom_messages": round(h_msgs, 2), "headroom_tokens": None if shards else round(h_tokens, 2),
             "headroom_closed_loop": round(min(w_msgs, w_tokens), 2), "rtt_bound_ms": args.rtt_bound_ms,
             "rtt_within_bound": p99 is not None and p99 <= args.rtt_bound_ms,
             "closed_loop_bound_by": "driver" if driver_bound else "controller",
@@ -164,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window", type=int, default=4, help="heartbeat probes allowed unanswered")
     ap.add_argument("--rtt-bound-ms", type=float, default=100.0, help="the probe's p99 round trip that counts")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shards", type=int, default=None,
+                    help="controller.shards (default: the config's, `auto` resolved for the scaled cluster)")
     ap.add_argument("--auth", choices=("auto", "none"), default="auto",
                     help="controller.auth: auto authenticates every peer (CURVE); none runs unkeyed")
     ap.add_argument("--code", default=str(REPO), help="checkout whose laminar_hpc the controller runs")

@@ -47,6 +47,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from laminar_hpc.config import load_config  # noqa: E402
+from laminar_hpc.config.shards import shard_count  # noqa: E402
 from laminar_hpc.metrics.status import Status, read_status  # noqa: E402
 from laminar_hpc.metrics.trace import read_run  # noqa: E402
 from laminar_hpc.policy.supervision import spec_of  # noqa: E402
@@ -63,11 +65,11 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def schedule(kills: int, seed: int, node_kills: int = 0) -> list[str]:
+def schedule(kills: int, seed: int, node_kills: int = 0, kinds: tuple[str, ...] = KINDS) -> list[str]:
     """Role kinds to kill, in order: every kind in turn (as evenly as `kills` allows), shuffled;
     `node_kills` of them are whole nodes."""
     rng = random.Random(seed)
-    order = ["node"] * node_kills + [KINDS[i % len(KINDS)] for i in range(kills - node_kills)]
+    order = ["node"] * node_kills + [kinds[i % len(kinds)] for i in range(kills - node_kills)]
     rng.shuffle(order)
     return order
 
@@ -255,6 +257,7 @@ def main() -> int:
     attacher = Attacher(run_dir) if args.attach else None
     # kill indices after which an attach job starts or leaves: 2 per job, spread over the schedule
     toggles = {round(i * args.kills / (2 * args.attach)) for i in range(2 * args.attach)} if args.attach else set()
+    kinds = KINDS
     try:
         total, st = None, Status()
         while camp.running():  # wait until the campaign trains (after the warm-up)
@@ -268,7 +271,9 @@ def main() -> int:
         def over() -> bool:
             return not camp.running() or bool(total and st.step >= total - max(10, total // 20))
 
-        for i, kind in enumerate(schedule(args.kills, args.seed, args.node_kills)):
+        # a campaign with stream shards (controller.shards) has them killed in turn too
+        kinds = KINDS + (("shard",) if shard_count(load_config(run_dir / "config.yaml")) else ())
+        for i, kind in enumerate(schedule(args.kills, args.seed, args.node_kills, kinds)):
             if attacher is not None and i in toggles and not over():
                 attacher.toggle()
             time.sleep(rng.uniform(*args.gap_s))  # a seeded random moment
@@ -317,7 +322,7 @@ def main() -> int:
             attacher.leave()
         camp.stop()
     summary = read_json(run_dir / "summary.json")
-    kinds = (*KINDS, "node") if args.node_kills else KINDS  # `node` only where node kills were asked for
+    kinds = (*kinds, "node") if args.node_kills else kinds  # `node` only where node kills were asked for
     per_kind = {k: [x["recovery_s"] for x in kills if x["kind"] == k] for k in kinds}
     result = {
         "config": args.config, "cluster": args.cluster, "seed": args.seed, "kills_requested": args.kills,

@@ -35,6 +35,11 @@ def token_count(v) -> int:
     return len(v) // UNIT if isinstance(v, (bytes, bytearray)) else len(v or ())
 
 
+def threads_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of `pid` (a shard: its main thread and libzmq's)."""
+    return {int(t): cpu_s(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
 def cpu_s(pid: int, tid: int | None = None) -> float:
     path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
@@ -42,12 +47,18 @@ def cpu_s(pid: int, tid: int | None = None) -> float:
 
 
 
+class _T(msgspec.Struct):
+    traj_id: str
+    shard: int | None = None
+
+
 class _G(msgspec.Struct):
     group_id: int
+    trajectories: list[_T] = []
 
 
 class _Groups(msgspec.Struct, tag="groups", tag_field="type"):
-    groups: list[_G]  # the trainer needs the ids only: the trajectories are skipped, not built
+    groups: list[_G]  # the trainer needs the ids (and the shards holding them) only: nothing more is built
 
 
 _groups = msgspec.msgpack.Decoder(_Groups)
@@ -57,8 +68,8 @@ class Replica:
     """One rollout replica in campaign time: B slots, each [traj id, work, version of its next
     tokens, tokens streamed, target length, its versions (protocol.record_version: version, spans)]."""
 
-    def __init__(self, rank: int, client, d: "Driver"):
-        self.rank, self.c, self.d = rank, client, d
+    def __init__(self, rank: int, client, d: "Driver", shard: int | None = None):
+        self.rank, self.c, self.d, self.shard = rank, client, d, shard
         self.t = d.rng.uniform(0, d.cost.decode_steps_s(1, 0, 1))  # replicas out of step
         self.slots: dict[str, list] = {}
         self.queue: list = []
@@ -69,7 +80,7 @@ class Replica:
 
     def send(self, msg: P.Message, kind: str, tokens: int = 0) -> None:
         self.c.send(msg)
-        self.d.count(kind, tokens)
+        self.d.count(kind, tokens, self.shard)
 
     def inbox(self) -> None:
         for msg in self.c.drain():
@@ -151,8 +162,11 @@ class Driver:
     """The replay: every replica, the trainer and the probe, each a client from `connect(identity,
     kind)` (a `Client` with its role kind's keys)."""
 
-    def __init__(self, args, cfg, connect):
-        self.args, self.cfg = args, cfg
+    def __init__(self, args, cfg, connect, shards: int = 0):
+        """`connect(identity, kind, shard)`: a client of the controller (shard None) or of that
+        stream shard; with `shards`, each replica talks to its shard (config/shards.shard_of) and the
+        trainer takes each delivered group's trajectories from the shards that hold them."""
+        self.args, self.cfg, self.shards = args, cfg, shards
         self.rng = np.random.default_rng(args.seed)
         self.cost = CostModel(cfg.emulation)
         self.batch = cfg.rollout.max_batch
@@ -172,15 +186,26 @@ class Driver:
         self.logprobs = PACK_LOGPROBS([-0.5] * longest)
         self.sent: dict[str, int] = {}
         self.sent_tokens = 0
-        self.replicas = [Replica(r, connect(f"rollout-{r}", "rollout"), self) for r in range(cfg.rollout.count)]
-        self.trainer = connect("trainer-0", "trainer")
-        self.probe = connect("launcher-1", "launcher")
+        # per shard (None: the controller): messages and tokens its rollouts sent, by type
+        self.by_shard: dict[int | None, dict[str, int]] = {}
+        self.replicas = []
+        for r in range(cfg.rollout.count):
+            k = r % shards if shards else None
+            self.replicas.append(Replica(r, connect(f"rollout-{r}", "rollout", k), self, k))
+        self.trainer = connect("trainer-0", "trainer", None)
+        self.fetchers = [connect("trainer-0", "trainer", k) for k in range(shards)]
+        self.fetched = 0
+        self.shard_procs: list[subprocess.Popen] = []  # their CPU is measured too (the bench starts them)
+        self.probe = connect("launcher-1", "launcher", None)
         self.held: list[int] = []
         self.step = 0
 
-    def count(self, kind: str, tokens: int = 0) -> None:
+    def count(self, kind: str, tokens: int = 0, shard: int | None = None) -> None:
         self.sent[kind] = self.sent.get(kind, 0) + 1
         self.sent_tokens += tokens
+        mine = self.by_shard.setdefault(shard, {})
+        mine[kind] = mine.get(kind, 0) + 1
+        mine["tokens"] = mine.get("tokens", 0) + tokens
 
     def target(self, traj_id: str, residual: bool) -> int:
         """A trajectory's response length (kept when it moves). The first wave's are what is left
@@ -236,9 +261,24 @@ class Driver:
             except zmq.Again:
                 break
             try:
-                self.held += [g.group_id for g in _groups.decode(frame).groups]
+                groups = _groups.decode(frame).groups
             except msgspec.DecodeError:
-                pass  # a heartbeat, hello_ack or drops
+                continue  # a heartbeat, hello_ack or drops
+            self.held += [g.group_id for g in groups]
+            wanted: dict[int, list[str]] = {}
+            for g in groups:
+                for t in g.trajectories:
+                    if t.shard is not None:
+                        wanted.setdefault(t.shard, []).append(t.traj_id)
+            for k, ids in wanted.items():  # as the trainer does (trainer/fetch.py); the answers are only drained
+                self.fetchers[k].send(P.Fetch(traj_ids=ids))
+                self.fetched += len(ids)
+        for c in self.fetchers:
+            while True:
+                try:
+                    c.sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
         while len(self.held) >= per_step:
             self.step += 1
             batch, self.held = self.held[:per_step], self.held[per_step:]
@@ -303,8 +343,10 @@ class Driver:
 
     def snapshot(self, proc: subprocess.Popen, frontier: float) -> dict:
         threads = {int(t): cpu_s(proc.pid, int(t)) for t in os.listdir(f"/proc/{proc.pid}/task")}
+        shards = [threads_cpu_s(p.pid) for p in self.shard_procs]
         return {"wall": time.monotonic(), "campaign": frontier, "cpu": cpu_s(proc.pid), "pid": proc.pid,
-                "threads": threads, "driver": time.process_time(), "sent": dict(self.sent), "tokens": self.sent_tokens}
+                "threads": threads, "driver": time.process_time(), "sent": dict(self.sent), "tokens": self.sent_tokens,
+                "by_shard": {k: dict(v) for k, v in self.by_shard.items()}, "shards": shards}
 
     def report(self, m0: dict, m1: dict, rtts: list[float]) -> dict:
         wall, campaign = m1["wall"] - m0["wall"], m1["campaign"] - m0["campaign"]
@@ -314,7 +356,18 @@ class Driver:
         per_thread = {t: c - m0["threads"].get(t, 0.0) for t, c in m1["threads"].items()}
         main = per_thread.pop(m1["pid"])  # the main thread's id is the process id
         other = max(per_thread.values(), default=0.0)  # the busiest other thread: libzmq's I/O (CURVE)
-        return {"wall_s": round(wall, 2), "campaign_s": round(campaign, 2),
+        # each shard: the messages and tokens its rollouts sent in the window, per CPU second of its
+        # busiest thread (cpu_s then is a list, one per thread: the delta is taken thread by thread)
+        shards = []
+        for k, (t0s, t1s) in enumerate(zip(m0["shards"], m1["shards"])):
+            busy = max([c - t0s.get(t, 0.0) for t, c in t1s.items()], default=0.0)
+            sent0, sent1 = m0["by_shard"].get(k, {}), m1["by_shard"].get(k, {})
+            d = {key: v - sent0.get(key, 0) for key, v in sent1.items()}
+            tok = d.pop("tokens", 0)
+            shards.append({"messages": sum(d.values()), "tokens": tok, "busiest_thread_cpu_s": round(busy, 3),
+                           "messages_by_type": d})
+        return {"wall_s": round(wall, 2), "campaign_s": round(campaign, 2), "shards": shards,
+                "trajectories_fetched": self.fetched,
                 "campaign_s_per_wall_s": round(campaign / wall, 3), "train_steps": self.step,
                 "messages": msgs, "messages_by_type": by_type, "controller_busiest_thread_cpu_s": max(main, other),
                 "messages_per_s": round(msgs / wall, 1),

@@ -67,8 +67,15 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 
 
 def _type_name(annotation: Any) -> str:
+    if annotation is type(None):
+        return "None"
     if isinstance(annotation, type):
         return annotation.__name__
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union and any(typing.get_origin(a) is typing.Annotated for a in args):
+        return " | ".join(_type_name(a) for a in args)  # (a constrained number or a word: `NonNegInt | "auto"`)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
     text = repr(annotation).replace("typing.", "")
     for noise in ("Annotated[", "laminar_hpc.config."):
         text = text.replace(noise, "")

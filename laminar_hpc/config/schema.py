@@ -203,6 +203,13 @@ class ControllerCfg(Section):
     max_ahead_steps: NonNegInt = 2
     status_interval_s: PosFloat = 1.0  # status.json is rewritten this often (seconds)
     max_frame_mb: SizeMb = 64.0  # a control-plane frame over this size is refused and counted
+    # stream shards (controller/shard.py): processes on the controller's node that hold the
+    # rollouts' token payloads (streamed partials, finished trajectories) and pass the controller
+    # only metadata, so its thread never carries a token. Each rollout talks to one shard (rank
+    # modulo the count); the trainer fetches each group's trajectories from them by id. 0: none,
+    # the controller takes the tokens itself; auto: none on one rollout node, else one per
+    # ROLLOUT_NODES_PER_SHARD rollout nodes (slurm.layout.rollout_nodes; `shard_count`)
+    shards: NonNegInt | Literal["auto"] = "auto"
 
 
 class RepackCfg(Section):

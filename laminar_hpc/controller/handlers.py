@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -54,10 +55,11 @@ class ControllerState:
     versions_seen: set[int] = field(default_factory=set)  # versions running at the last count (`track_versions`)
     versions_stale: bool = False  # a trajectory finished since that count
     versions_counted: float = 0.0  # when (monotonic)
-    finish_times: list[float] = field(default_factory=list)  # when trajectories finished (trajectories_per_s)
+    finish_times: deque[float] = field(default_factory=deque)  # when trajectories finished (trajectories_per_s)
     stop_reason: str | None = None
     trainer_done: tuple[str, float] | None = None  # (why, when): stop once the last evaluation is in
     trainer_progress: float | None = None  # when (monotonic) the trainer's loop last sent a frame not a heartbeat
+    shards: dict[str, dict] = field(default_factory=dict)  # stream shard -> its last report (controller/shard.py)
 
 
 class MessageHandlers:
@@ -82,13 +84,8 @@ class MessageHandlers:
         if ident.endswith(".hb"):  # a role's heartbeat thread (roles/steps that may be busy for long)
             self.roles.seen(ident[:-3], now)
             return
-        self.state.last_seen[ident] = now
-        self.roles.seen(ident, now)
-        role, _, rank_s = ident.rpartition("-")
-        rank = int(rank_s) if rank_s.isdigit() else -1
+        role, rank = self.seen(ident, now)
         rollout, trainer = role == "rollout", role == "trainer"
-        if rollout and self.elastic.unheard:
-            self.elastic.heard(rank)
         if trainer and not isinstance(msg, Heartbeat):
             self.state.trainer_progress = time.monotonic()
         match msg:  # the rollouts' traffic, most of all messages, first
@@ -112,9 +109,7 @@ class MessageHandlers:
                                 tuple(msg.traj_ids)))
                 self.state.util[rank] = (msg.busy_s, msg.weight_wait_s)
             case Heartbeat(t=t, pid=pid):
-                if pid is not None and ident not in self.roles.roles:
-                    self.roles.joined(ident, pid, now)  # a role that was there before this controller
-                    self.roles.ready(ident, now)
+                self.beat_pid(ident, pid, now)
                 progress = self.state.trainer_progress
                 quiet = None if progress is None else round(time.monotonic() - progress, 3)
                 self.send(ident, Heartbeat(t=time.time(), epoch=self.epoch, echo=t, trainer_quiet_s=quiet))
@@ -128,8 +123,12 @@ class MessageHandlers:
                 restarted = self.rollout_manager.rejected(
                     self.data_plane, [t for t in traj_ids if t in parts and parts[t].rollout == rank])
                 self.tracer.emit("migration_restarted", rollout=rank, traj_ids=restarted)
-            case WantGroups(n=n, reset=reset, stale=stale) if trainer:
+            case WantGroups(n=n, reset=reset, stale=stale, lost=lost) if trainer:
                 self.data_plane.ledger.drop(stale or [], "staleness")
+                if lost and (back := self.data_plane.ledger.lost(lost)):
+                    self.log.warning("the trainer found no stream shard holding groups %s (a shard restarted): "
+                                     "generated again", back[:20])
+                    self.tracer.emit("groups_lost", groups=back)
                 self.state.trainer_credit = max(0, n) + (0 if reset else self.state.trainer_credit)
             case TrainStep() if trainer:
                 self.train_step(ident, msg, now)
@@ -141,6 +140,9 @@ class MessageHandlers:
             case VersionReady(rank=relay, version=version):
                 self.state.relay_versions[relay] = version
                 self.roles.ready(ident, now)
+            case LogEvent(event=event, fields=fields) if role == "shard":
+                self.roles.ready(ident, now)  # it reports once it serves (its endpoint published)
+                self.state.shards[ident] = dict(fields)
             case LogEvent(event=event, fields=fields):
                 st = self.state
                 if event == "phase":
@@ -176,6 +178,29 @@ class MessageHandlers:
             case StopAll(reason=reason):
                 self.state.stop_reason = reason
 
+    def seen(self, ident: str, now: float) -> tuple[str, int]:
+        """`ident` (not a heartbeat socket's) sent a frame: it is alive. Its role kind and rank."""
+        self.state.last_seen[ident] = now
+        self.roles.seen(ident, now)
+        role, _, rank_s = ident.rpartition("-")
+        rank = int(rank_s) if rank_s.isdigit() else -1
+        if role == "rollout" and self.elastic.unheard:
+            self.elastic.heard(rank)
+        return role, rank
+
+    def beat_pid(self, ident: str, pid: int | None, now: float) -> None:
+        if pid and ident not in self.roles.roles:
+            self.roles.joined(ident, pid, now)  # a role that was there before this controller
+            self.roles.ready(ident, now)
+
+    def beat(self, ident: str, pid: int, now: float) -> None:
+        """A heartbeat a stream shard answered for its rollout `ident` (`Relayed.alive`)."""
+        if ident.endswith(".hb"):
+            self.roles.seen(ident[:-3], now)
+            return
+        self.seen(ident, now)
+        self.beat_pid(ident, pid, now)
+
     def hello(self, ident: str, role: str, rank: int, msg: Hello, now: float) -> None:
         """A role (re)started. One that speaks another protocol version is told to stop, with the
         reason in one line; its hello counts as a dropped frame."""
@@ -193,6 +218,8 @@ class MessageHandlers:
             self.rollout_manager.reset_credit(rank)  # a (re)started rollout holds nothing and asks afresh
             self.evaluation.rollout_lost(rank)
             self.recovery.place(self.data_plane.requeue_rollout(rank), exclude=rank)
+        elif role == "shard":  # (re)started: what went through the one before may be lost (`resync_rollout`)
+            self.recovery.shard_started[rank] = now
         elif role == "trainer":
             self.send(ident, HelloAck(run_id=self.run_id, max_version=self.data_plane.meta.get("max_version", -1)))
 

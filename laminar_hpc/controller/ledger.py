@@ -45,7 +45,7 @@ def _bad_reward(traj: Trajectory) -> bool:
 
 
 class GroupLedger:
-    OPS = frozenset({"deliver", "trained", "commit", "drop", "trainer_sync"})  # its journal records
+    OPS = frozenset({"deliver", "trained", "commit", "drop", "trainer_sync", "lost"})  # its journal records
 
     def __init__(self, journal: Callable[..., None], forget: Callable[[list[str]], None],
                  regenerate: Callable[[GroupRecord], None], drop_no_signal: bool = False,
@@ -139,6 +139,19 @@ class GroupLedger:
         g.state, g.finished, g.lost = GENERATING, {}, True
         self.trained_at.pop(gid, None)
         self._regenerate_trajs(g)
+
+    def lost(self, ids: list[int]) -> list[int]:
+        """Delivered groups whose trajectories the trainer could not fetch (their stream shard
+        restarted and held them no more): generated again, as a group the trainer lost is."""
+        ids = [g for g in ids if g in self.groups and self.groups[g].state == DELIVERED]
+        if ids:
+            self._log("lost", ids=ids)
+            self._lost(ids)
+        return ids
+
+    def _lost(self, ids: list[int]) -> None:
+        for gid in reversed(ids):
+            self._regenerate(gid)
 
     def trained(self, ids: list[int], step: int) -> None:
         ids = [g for g in ids if g in self.groups and (self.groups[g].state != GENERATING or self.groups[g].lost)]

@@ -4,7 +4,8 @@ A CURVE key proves a role KIND (transport/authz.py); the rank in a role's name i
 So a peer holding the rollout key could call itself `rollout-9` in a campaign of 4 rollouts and
 be handed work. The controller accepts frames only from the names of the campaign: `launcher-0`,
 `trainer-0`, `rollout-0` .. `rollout-<rollout.count - 1>`, `relay-0` .. `relay-<relay.count - 1>`
-(the Slurm driver writes the relay count of its allocation into the run's config), and their
+(the Slurm driver writes the relay count of its allocation into the run's config), `shard-0` ..
+`shard-<shards - 1>` (controller.shards, config/shards.py), and their
 heartbeat sockets (`<name>.hb`). Any `launcher-<n>` is admitted too: a rank gives a launcher
 nothing (it is handed no work), and the campaign's tools (`tools/bench_controller.py`'s probe,
 `tools/controller_replay.py`) connect beside the launcher under names of their own. Frames from
@@ -25,6 +26,7 @@ import logging
 import re
 
 from laminar_hpc.config import Config
+from laminar_hpc.config.shards import shard_count
 
 LAUNCHER = re.compile(r"launcher-\d+")  # the launcher's key holder, under any rank: see the docstring
 MAX_LOGGED = 20  # distinct unknown names logged (one line each); the rest are only counted
@@ -42,6 +44,7 @@ class Membership:
         names = {"launcher-0", "trainer-0"}
         names.update(f"rollout-{i}" for i in range(cfg.rollout.count))
         names.update(f"relay-{i}" for i in range(cfg.relay.count))
+        names.update(f"shard-{i}" for i in range(shard_count(cfg)))
         return cls(names, log)
 
     def register(self, name: str) -> None:

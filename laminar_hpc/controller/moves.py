@@ -41,7 +41,7 @@ class PartialMoves:
         """Detach every trajectory of a dead (or restarted) rollout. Those without tokens go back
         to the front of the queue; those with tokens are returned, for the caller to place on a
         replica holding their version (`place`) or to `restart` from the prompt."""
-        if not any(p.rollout == rollout for p in self.pool.partials.values()):
+        if rollout not in self.pool.ranks_given or not any(p.rollout == rollout for p in self.pool.partials.values()):
             return []
         self.log("requeue", rollout=rollout)
         return self._requeue(rollout)
@@ -64,10 +64,10 @@ class PartialMoves:
             if tid in self.pool.queue:
                 continue
             p.rollout, p.t_assigned = None, None
-            if p.n_tokens and not p.gap:
+            if p.resumable:
                 out.append(p)
             else:
-                p.reset()
+                self.pool.reset(p)
                 self.pool.queue.appendleft(p.traj_id)  # oldest work first: its group is waiting
         return out
 
@@ -88,7 +88,9 @@ class PartialMoves:
     def _place(self, traj_id: str, dest: int, t: float) -> WorkItem:
         p = self.pool.partials[traj_id]
         p.rollout, p.t_assigned = dest, t
-        return p.work()
+        w = p.work()
+        self.pool.placed(p)
+        return w
 
     def migrate(self, traj: Trajectory, dest: int, source: int | None = None) -> WorkItem | None:
         """A running trajectory moves from `source` to replica `dest` (repack): it keeps its tokens,
@@ -115,7 +117,10 @@ class PartialMoves:
         p.tool_calls, p.tool_errors = traj.tool_calls, traj.tool_errors
         p.gap = False
         p.rollout, p.t_assigned = dest, t
-        return p.work()
+        p.shard = traj.shard  # (sharded: the source's shard holds its tokens)
+        w = p.work()
+        self.pool.placed(p)
+        return w
 
     def restart(self, traj_id: str) -> bool:
         """Start a trajectory again from its prompt (no replica holds its version)."""
@@ -127,5 +132,5 @@ class PartialMoves:
         return True
 
     def _restart(self, traj_id: str) -> None:
-        self.pool.partials[traj_id].reset()
+        self.pool.reset(self.pool.partials[traj_id])
         self.pool.queue.appendleft(traj_id)

@@ -14,6 +14,7 @@ imports none of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Callable
 
 import msgspec
 
@@ -48,6 +49,9 @@ class Partial:
     mask: list[int] | None = None
     tool_calls: int = 0
     tool_errors: int = 0
+    # the stream shard that holds its tokens (controller.shards > 0; controller/shard.py): this pool
+    # then holds none of them (n_tokens 0) and resumed work names the shard (`WorkItem.shard`)
+    shard: int | None = None
 
     def state(self) -> dict:
         """Its fields for a snapshot, its chunks joined (`DataPlane.load_state_dict` reads it back)."""
@@ -89,12 +93,20 @@ class Partial:
             w.tokens, w.logprobs, w.version = self.token_bytes(), self.logprob_bytes(), self.version
             w.version_spans = self.version_spans
             w.mask, w.tool_calls, w.tool_errors = self.mask, self.tool_calls, self.tool_errors
+        elif self.shard is not None:  # resumed: its tokens (if any) are at its shard, which fills them in
+            w.shard, w.version = self.shard, self.version
         return w
+
+    @property
+    def resumable(self) -> bool:
+        """Whether it may have tokens to continue from (here, or at its shard)."""
+        return bool(self.n_tokens or self.shard is not None) and not self.gap
 
     def reset(self) -> None:
         """Back to its prompt, on no rollout: what a restart keeps (its refusal count stays)."""
         self.rollout, self.version, self.version_spans, self.t_assigned, self.gap = None, None, None, None, False
         self.tokens, self.logprobs, self.n_tokens, self.mask, self.tool_calls, self.tool_errors = [], [], 0, None, 0, 0
+        self.shard = None
 
 
 _FIELDS = tuple(f.name for f in fields(Partial))
@@ -108,3 +120,29 @@ class PartialPool:
     is what all of them see."""
     partials: dict[str, Partial] = field(default_factory=dict)
     queue: TrajQueue = field(default_factory=TrajQueue)
+    # ids whose tokens a stream shard may hold and no longer needs to (restarted from the prompt,
+    # dropped): the controller tells its shards and empties it (controller/main.py)
+    forgotten: list[str] = field(default_factory=list)
+    # sharded: the shard of a rollout (config/shards.shard_of) and the version a rollout holds
+    # (the estimate of a partial's version, whose tokens this pool never sees); set by the controller
+    shard_of: Callable[[int], int] | None = None
+    version_of: Callable[[int], int | None] | None = None
+
+    # rollouts ever given work: a (re)started rollout that never was holds nothing to requeue, found
+    # without a pass over every partial (thousands of rollouts say hello at the start of a campaign)
+    ranks_given: set[int] = field(default_factory=set)
+
+    def placed(self, p: Partial) -> None:
+        """`p` is now on `p.rollout`; sharded, it streams its tokens to that rollout's shard."""
+        if p.rollout is not None:
+            self.ranks_given.add(p.rollout)
+        if self.shard_of is not None and p.rollout is not None:
+            p.shard = self.shard_of(p.rollout)
+            if p.version is None and self.version_of is not None:
+                p.version = self.version_of(p.rollout)
+
+    def reset(self, p: Partial) -> None:
+        """`p` back to its prompt (`Partial.reset`); its shard forgets what it held of it."""
+        if p.shard is not None:
+            self.forgotten.append(p.traj_id)
+        p.reset()

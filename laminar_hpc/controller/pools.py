@@ -141,7 +141,7 @@ class DataPlane:
         and the next one is taken; at most MAX_REFUSED_SCAN refusals per call."""
         if n_groups <= 0:
             return
-        if self.limits is None:
+        if self.limits is None or self.pool.shard_of is not None:  # (sharded: each shard builds the prompts)
             self._log("admit", n=n_groups)
             self._admit(n_groups)
             return
@@ -184,7 +184,7 @@ class DataPlane:
 
     def _admit(self, n: int, prompts: dict[int, list[int]] | None = None) -> None:
         for _ in range(n):
-            prompt = pack_tokens(prompts[self.cursor] if prompts else self.tokenize(self.problems(self.cursor)))
+            prompt = self._prompt(self.cursor, prompts)
             gid = self.ledger.next_group
             ids = [f"{gid}.{j}" for j in range(self.group_size)]
             self.ledger.add(GroupRecord(gid, self.cursor, ids))
@@ -193,6 +193,27 @@ class DataPlane:
                 self.pool.queue.append(tid)
             self.cursor += 1
             self.groups_started += 1
+
+    def _prompt(self, problem: int, prompts: dict[int, list[int]] | None = None) -> bytes:
+        """A problem's prompt ids; none when stream shards build them (controller/shard.py, from the same
+        task): the controller's thread then never tokenizes a prompt nor carries its ids."""
+        if self.pool.shard_of is not None:
+            return b""
+        return pack_tokens(prompts[problem] if prompts else self.tokenize(self.problems(problem)))
+
+    def prompt_refused(self, traj_id: str, why: str) -> None:
+        """A shard found the prompt of `traj_id` unusable (controller/validate.prompt_refusal) and gave
+        it to no rollout: its problem is refused as admission refuses one, its group dropped
+        ("prompt_refused", which admission replaces; its other samples are refused alike, or forgotten)."""
+        p = self.pool.partials.get(traj_id)
+        if p is None:
+            return
+        self.refused["prompts"] += 1
+        if validate.TOO_LONG in why:
+            self.refused["prompts_too_long"] = self.refused.get("prompts_too_long", 0) + 1
+        self.refused_problems.append(p.problem)
+        self.refusals.append(("prompt", p.problem, why))
+        self.ledger.drop([p.group_id], "prompt_refused")
 
     def _new_partial(self, traj_id: str, group_id: int, problem: int, prompt: bytes) -> Partial:
         return Partial(traj_id, group_id, problem, prompt, self.max_new_tokens)
@@ -217,6 +238,7 @@ class DataPlane:
             p = partials[tid]
             p.rollout, p.t_assigned = rollout, t
             out.append(p.work())
+            self.pool.placed(p)
         return out
 
     def finish(self, traj: Trajectory, rollout: int | None = None) -> int | None:
@@ -224,6 +246,7 @@ class DataPlane:
         the group. One that fails validation is refused (`reject`) and recorded nowhere else."""
         p = self.pool.partials.get(traj.traj_id)
         if p is None:
+            self._unwanted(traj)
             return None  # a duplicate (e.g. re-sent after a reconnect) is ignored, never counted twice
         if rollout is not None and p.rollout != rollout:
             self.refuse_not_held("trajectory", traj.traj_id, rollout, p.rollout)
@@ -233,9 +256,15 @@ class DataPlane:
             self.reject(traj.traj_id, why, rollout)
             return None
         if not self.ledger.expects(traj):
+            self._unwanted(traj)
             return None
         self._log("finish", traj=traj)
         return self._finish(traj)
+
+    def _unwanted(self, traj: Trajectory) -> None:
+        """A result held at a shard that nothing here waits for: the shard lets it go."""
+        if traj.shard is not None:
+            self.pool.forgotten.append(traj.traj_id)
 
     def refuse_not_held(self, kind: str, traj_id: str, rollout: int, holder: int | None) -> None:
         """A result or chunk of `traj_id` from `rollout`, which does not hold it: ignored (the holder,
@@ -269,7 +298,7 @@ class DataPlane:
         if p.rejected >= MAX_REJECTIONS:
             self.ledger.fail(p.group_id, "invalid_trajectory")
             return f"refused {p.rejected} times: its group {p.group_id} is dropped (invalid_trajectory)"
-        p.reset()
+        self.pool.reset(p)
         if traj_id not in self.pool.queue:
             self.pool.queue.appendleft(traj_id)
         return f"restarted from its prompt (refusal {p.rejected} of {MAX_REJECTIONS})"
@@ -284,7 +313,7 @@ class DataPlane:
         if traj.traj_id in self.pool.queue:
             self.pool.queue.remove(traj.traj_id)
         self.trajectories_finished += 1
-        self.tokens_generated += traj.n_tokens
+        self.tokens_generated += traj.total_tokens
         return self.ledger.finished(traj)
 
     def _forget(self, traj_ids: list[str]) -> None:
@@ -292,10 +321,12 @@ class DataPlane:
         for tid in traj_ids:
             if self.pool.partials.pop(tid, None) is not None and tid in self.pool.queue:
                 self.pool.queue.remove(tid)
+        if self.pool.shard_of is not None:  # what a shard holds of them (partial, or finished) goes too
+            self.pool.forgotten.extend(traj_ids)
 
     def _regenerate(self, g: GroupRecord) -> None:
         """The ledger lost a delivered group with the trainer: its samples again, first in the queue."""
-        prompt = pack_tokens(self.tokenize(self.problems(g.problem)))
+        prompt = self._prompt(g.problem)
         for tid in reversed(g.traj_ids):
             self.pool.partials[tid] = self._new_partial(tid, g.group_id, g.problem, prompt)
             self.pool.queue.appendleft(tid)
@@ -368,6 +399,7 @@ class DataPlane:
         self.cursor, lg.next_group = s["cursor"], s["next_group"]
         self.pool.queue = TrajQueue(s["queue"])
         self.pool.partials = {p["traj_id"]: Partial(**p) for p in s["partials"]}
+        self.pool.ranks_given.update(p.rollout for p in self.pool.partials.values() if p.rollout is not None)
         for p in self.pool.partials.values():  # read back from disk, (offset, version) pairs are lists
             if p.version_spans:
                 p.version_spans = [tuple(x) for x in p.version_spans]

@@ -54,6 +54,8 @@ class Recovery:
         self.data_plane, self.rollout_manager, self.sync, self.roles = data_plane, rollout_manager, sync, roles
         self.log, self.tracer = log, tracer
         self.t_start = t_start  # this controller's start: assignments before it may never have been sent
+        # stream shard -> when it (re)started: work sent through it before then may have died with it
+        self.shard_started: dict[int, float] = {}
 
     def place(self, detached: list[Partial], exclude: int | None = None) -> None:
         """Continue detached trajectories on live replicas holding their version, or restart them."""
@@ -69,12 +71,15 @@ class Recovery:
         self.place(detached, exclude=rank)
 
     def resync_rollout(self, rank: int, held: list[str], free: int) -> None:
-        """A rollout re-sent its state to this (restarted) controller: what it no longer holds
-        (results lost with the old controller, assignments never sent) continues elsewhere, and
+        """A rollout re-sent its state to this (restarted) controller, or after its stream shard
+        restarted: what it no longer holds (results lost with the old controller or shard,
+        assignments never sent) continues elsewhere, and
         its free slots replace every credit the old controller knew of."""
         held_set = set(held)
+        shard_of = self.data_plane.pool.shard_of
+        since = max(self.t_start, self.shard_started.get(shard_of(rank), 0.0) if shard_of else 0.0)
         gone = [p.traj_id for p in self.data_plane.partials.values()
-                if p.rollout == rank and p.traj_id not in held_set and (p.t_assigned or 0.0) < self.t_start]
+                if p.rollout == rank and p.traj_id not in held_set and (p.t_assigned or 0.0) < since]
         self.place(self.data_plane.detach(gone))
         self.rollout_manager.reset_credit(rank, free)
         self.tracer.emit("rollout_resynced", rollout=rank, held=len(held), lost=len(gone), free=free)

@@ -55,5 +55,6 @@ class RoleTable:
         return sorted(n for n, e in self.roles.items() if not e.down and now - e.last_seen > self.timeout_s)
 
     def table(self) -> dict[str, RoleEntry]:
-        """A copy, by name (status.json's `roles`)."""
-        return {n: msgspec.structs.replace(e) for n, e in sorted(self.roles.items())}
+        """By name (status.json's `roles`): the entries themselves, for a status written at once
+        (a copy of each is a tenth of the controller's thread at 4,096 GPUs)."""
+        return dict(sorted(self.roles.items()))

@@ -183,6 +183,8 @@ def trajectory_refusal(traj: Trajectory, expected: Expected, limits: Limits | No
     if traj.group_id != expected.group_id or traj.problem != expected.problem:
         return (f"it claims group {traj.group_id} / problem {traj.problem}, but was handed out for group "
                 f"{expected.group_id} / problem {expected.problem}")
+    if traj.shard is not None:
+        return None  # held at a stream shard, which checked it as here (controller/shard_store.py)
     before = traj.offset or 0  # a tail: the pool's tokens, checked when they were streamed, come first
     if traj.offset is not None and (traj.offset != expected.n_tokens or expected.gap):
         held = f"{expected.n_tokens}{' with a gap' if expected.gap else ''}"

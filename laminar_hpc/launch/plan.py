@@ -5,7 +5,7 @@ tier under `mpirun`). `slurm_plan` places the same roles on the nodes of an allo
 steps. Nodes are addressed by position (`--relative`, or het groups), so one plan serves the
 campaign driver, `laminar render-sbatch` and the tests alike.
 
-    specs = role_specs(cfg)                 # controller-0, relay, trainer-0, rollout-0..N-1
+    specs = role_specs(cfg)                 # controller-0, shard-0..S-1, relay, trainer-0, rollout-0..N-1
     plan = slurm_plan(cfg)                  # allocation shape + srun options per role
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from laminar_hpc.config import Config
 from laminar_hpc.config.backends import trainer_backend
+from laminar_hpc.config.shards import shard_count
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,10 @@ def role_specs(cfg: Config, relay_of_rollout: dict[int, str] | None = None) -> l
     """Roles in start order. `relay_of_rollout` maps a rollout rank to its `--relay` value
     (a relay rank, or 'auto': the relay on the rollout's own node)."""
     relays = relay_of_rollout or {i: str(i % cfg.relay.count) for i in range(cfg.rollout.count)}
-    specs = [RoleSpec("controller-0", "controller"), RoleSpec("relay", "relay"), RoleSpec("trainer-0", "trainer")]
+    specs = [RoleSpec("controller-0", "controller")]
+    # stream shards (controller/shard.py) before the rollouts, which reach the controller through them
+    specs += [RoleSpec(f"shard-{k}", "controller.shard", ("--rank", str(k))) for k in range(shard_count(cfg))]
+    specs += [RoleSpec("relay", "relay"), RoleSpec("trainer-0", "trainer")]
     specs += [RoleSpec(f"rollout-{i}", "rollout", ("--rank", str(i), "--relay", relays[i]))
               for i in range(cfg.rollout.count)]
     return specs
@@ -103,7 +107,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
     rollout_node = {i: t0 + i % lay.rollout_nodes for i in range(cfg.rollout.count)}
 
     # tasks each node must hold: 1 for the campaign driver itself (node 0), then the roles
-    trainer_cpus = 1 + lay.controller.cpus + lay.trainer.cpus + lay.relay.cpus
+    trainer_cpus = 1 + (1 + shard_count(cfg)) * lay.controller.cpus + lay.trainer.cpus + lay.relay.cpus
     rollout_cpus = per_node * lay.rollout.cpus + lay.relay.cpus
     gpus_rollout = per_node * lay.rollout.gpus
     if s.hetjob:
@@ -112,6 +116,8 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
                  {"nodes": lay.rollout_nodes, "ntasks_per_node": rollout_cpus, "cpus_per_task": 1,
                   "gpus_per_node": gpus_rollout or None}]
         steps["controller-0"] = [["--het-group=0", "-N1", "-n1", *step_resources(lay.controller), *common]]
+        for k in range(shard_count(cfg)):  # the stream shards beside the controller, on its node
+            steps[f"shard-{k}"] = [["--het-group=0", "-N1", "-n1", *step_resources(lay.controller), *common]]
         steps["trainer-0"] = [["--het-group=0", "-N1", f"-n{n_trainer}", *trainer_res, *common]]
         # ONE MPI world across both components: the master relay in group 0, one relay per rollout node
         steps["relay"] = [["--mpi=pmix", "--het-group=0", "-N1", "-n1", *step_resources(lay.relay), *relay_exit],
@@ -125,6 +131,8 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
         gpus = max(lay.trainer.gpus + (gpus_rollout if t0 == 0 else 0), gpus_rollout, s.gpus_per_node)
         comps = [{"nodes": nodes, "ntasks_per_node": busiest, "cpus_per_task": 1, "gpus_per_node": gpus or None}]
         steps["controller-0"] = [["-N1", "-n1", "--relative=0", *step_resources(lay.controller), *common]]
+        for k in range(shard_count(cfg)):  # the stream shards beside the controller, on its node
+            steps[f"shard-{k}"] = [["-N1", "-n1", "--relative=0", *step_resources(lay.controller), *common]]
         steps["trainer-0"] = [["-N1", f"-n{n_trainer}", "--relative=0", *trainer_res, *common]]
         steps["relay"] = [["--mpi=pmix", f"-N{nodes}", f"-n{nodes}", "--ntasks-per-node=1", "--relative=0",
                            *step_resources(lay.relay), *relay_exit]]

@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path
 
 from laminar_hpc.config import Config, load_config
+from laminar_hpc.config.shards import shard_count, shard_of
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.launch.ownership import check_run_dir
 from laminar_hpc.launch.runlock import RoleLock
@@ -94,6 +95,13 @@ def setup_logging(name: str) -> logging.Logger:
     return logging.getLogger(name)
 
 
+def controller_endpoint(cfg: Config, role: str, rank: int) -> str:
+    """Where a role reaches the controller: a rollout through its stream shard, when the campaign
+    runs shards (controller.shards, controller/shard.py); every other role directly."""
+    n = shard_count(cfg)
+    return f"shard-{shard_of(rank, n)}" if role == "rollout" and n else "controller"
+
+
 def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = True,
                config: str | Path | None = None) -> RoleContext:
     """`config`: the role's own config file (an attach job's joiners: the campaign's with their
@@ -108,10 +116,11 @@ def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = Tru
     tracer = Tracer(rundir, name, enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
     ctrl = None
     if connect:
-        addr = wait_endpoint(rundir, "controller", cfg.timeouts.startup_s)
+        server = controller_endpoint(cfg, role, rank)
+        addr = wait_endpoint(rundir, server, cfg.timeouts.startup_s)
         ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20),
                       keys=client_keys(rundir, role, cfg.controller),  # only this role kind's secret
-                      endpoint=rundir.endpoint("controller"))  # a restarted controller may have moved
+                      endpoint=rundir.endpoint(server))  # a restarted controller may have moved
     ctx = RoleContext(role, rank, cfg, rundir.path, rundir.run_id, ctrl, tracer, log)
     if ctrl is not None:
         ctx.hello()

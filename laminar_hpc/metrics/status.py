@@ -96,6 +96,11 @@ class Status(msgspec.Struct, kw_only=True):
     work_not_held: int = 0  # results and stream chunks from a rollout that does not hold that work: refused
     # rollouts that joined from jobs of their own (controller/elastic.py): rank -> relay, max_batch, kind, job, left
     elastic: dict[str, dict[str, Scalar]] = {}
+    # stream shards (controller.shards, controller/shard.py): "shard-k" -> what it holds (partials,
+    # finished, token_bytes) and counts (resumed, stream_items_refused, not_held, forwarded), as it
+    # last reported; `relayed`: frames and batches that came through them
+    shards: dict[str, dict[str, Scalar]] = {}
+    relayed: dict[str, int] = {}
     # controller_stats.json only
     stop_reason: str | None = None
     ledger: dict[str, int | list[int] | dict[str, int]] | None = None  # GroupLedger.summary()

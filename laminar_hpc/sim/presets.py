@@ -85,7 +85,8 @@ def scale_cluster(cfg: Config, spec: ClusterSpec, gpus: int) -> tuple[Config, Cl
     if spec.weak_scaling:
         data["trainer"]["groups_per_step"] = max(1, round(cfg.trainer.groups_per_step * replicas / cfg.rollout.count))
     data["emulation"]["train_per_token_us"] = cfg.emulation.train_per_token_us * spec.trainer_gpus / trainer
+    nodes = -(-replicas * spec.rollout_tp // spec.gpus_per_node)
+    data["slurm"]["layout"]["rollout_nodes"] = min(nodes, replicas)  # (controller.shards: auto follows it)
     if spec.bcast_gbps:
-        nodes = -(-replicas * spec.rollout_tp // spec.gpus_per_node)
         data["relay"]["count"] = nodes + 1
     return Config.model_validate(data), dataclasses.replace(spec, trainer_gpus=trainer)

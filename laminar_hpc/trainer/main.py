@@ -49,6 +49,7 @@ from laminar_hpc.trainer.backends import build_backend
 from laminar_hpc.trainer.checkpoint import list_checkpoints, remove_unfinished
 from laminar_hpc.trainer.publisher import Publisher
 from laminar_hpc.trainer.reward_stats import batch_figures, reward_metrics
+from laminar_hpc.trainer.fetch import ShardFetch
 from laminar_hpc.trainer.staleness import TRACED, group_lags, lag_metrics, start_lineage
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
@@ -78,6 +79,7 @@ class Trainer:
         self.version = 0
         self.dropped_groups = 0
         self.drop_counts: Counter = Counter()  # the controller's drops since the last step (`Drops`)
+        self.fetch = ShardFetch(ctx)  # each group's tokens from the stream shards that hold them
         self.groups: list[Group] = []
         self.synced = -1  # partial-rollout: newest version every rollout has loaded
         self.checkpointed: set[int] = set()
@@ -232,6 +234,7 @@ class Trainer:
 
     def _intake(self, groups: list[Group]) -> None:
         held = {g.group_id for g in self.groups}
+        fresh = []
         for g in groups:
             if g.group_id in self.consumed_set or g.group_id in held:
                 # sent again by a controller that restarted or missed a notice: never trained twice
@@ -240,6 +243,11 @@ class Trainer:
                 self.ctx.ctrl.send(WantGroups(n=1))
                 continue
             held.add(g.group_id)
+            fresh.append(g)
+        fresh, lost = self.fetch.complete(fresh)  # their tokens, from the stream shards that hold them
+        if lost:  # no shard held them any more: the controller generates them again
+            self.ctx.ctrl.send(WantGroups(n=len(lost), lost=lost))
+        for g in fresh:
             if not self._drop_if_stale(g):
                 self.groups.append(g)
 

@@ -17,9 +17,9 @@ type of transport/protocol.py has an entry).
 
 | message type                                   | sent by                          |
 |------------------------------------------------|----------------------------------|
-| heartbeat                                      | launcher, trainer, rollout, relay |
-| hello                                          | trainer, rollout, relay          |
-| log_event                                      | trainer, relay                   |
+| heartbeat                                      | launcher, trainer, rollout, relay, shard |
+| hello                                          | trainer, rollout, relay, shard   |
+| log_event                                      | trainer, relay, shard            |
 | want_work, stream, finished, weights_loaded,   | rollout                          |
 | resync, rollout_state, migrated, migrate_reject|                                  |
 | want_groups, train_step, trainer_sync,         | trainer                          |
@@ -29,9 +29,12 @@ type of transport/protocol.py has an entry).
 | role_down, stop_all, join                      | launcher                         |
 | leaving                                        | rollout                          |
 | leaf_subscribe (to the master relay's leaf server) | relay                        |
+| relayed (a stream shard's rollouts' frames)    | shard                            |
+| fetch (to a stream shard)                      | trainer, shard                   |
 | assign, migrate, update_weights, resume,       | nobody (the controller sends     |
 | weights_synced, groups, hello_ack, stop,       | them; no server accepts them)    |
-| joined, leaf_header, leaf_chunk, leaf_trailer  | (the master relay sends the leaf_*) |
+| joined, leaf_header, leaf_chunk, leaf_trailer, | (the master relay sends the leaf_*, |
+| fetched                                        | a shard `fetched`)               |
 
 A heartbeat thread's socket (identity `<role>-<rank>.hb`) may send `heartbeat` only. The
 launcher's heartbeat is the liveness probe of tools/bench_controller.py.
@@ -44,7 +47,7 @@ from functools import lru_cache
 from laminar_hpc.transport import protocol
 
 # the role kinds a client key proves; each has its own keypair
-KINDS = ("launcher", "trainer", "rollout", "relay")
+KINDS = ("launcher", "trainer", "rollout", "relay", "shard")
 
 # server -> the client kinds it admits at the CURVE handshake. The controller's control plane
 # takes every role; the master relay's hand-off socket takes only the trainer's `publish`.
@@ -52,13 +55,15 @@ ADMITS: dict[str, tuple[str, ...]] = {
     "controller": KINDS,
     "relay": ("trainer",),
     "relay_leaves": ("relay",),  # the master relay's server for joiners' leaf relays (relay/leaf_server.py)
+    # a stream shard (controller/shard.py): its rollouts, the trainer and other shards fetching
+    "shard": ("rollout", "trainer", "shard"),
 }
 
 _ALL = frozenset(KINDS)
 SENDERS: dict[str, frozenset[str]] = {
     "heartbeat": _ALL,
-    "hello": frozenset({"trainer", "rollout", "relay"}),
-    "log_event": frozenset({"trainer", "relay"}),
+    "hello": frozenset({"trainer", "rollout", "relay", "shard"}),
+    "log_event": frozenset({"trainer", "relay", "shard"}),
     **{t: frozenset({"rollout"}) for t in ("want_work", "stream", "finished", "weights_loaded", "resync",
                                           "rollout_state", "migrated", "migrate_reject")},
     **{t: frozenset({"trainer"}) for t in ("want_groups", "train_step", "trainer_sync", "published",
@@ -69,8 +74,11 @@ SENDERS: dict[str, frozenset[str]] = {
     "leaving": frozenset({"rollout"}),
     "leaf_subscribe": frozenset({"relay"}),
     "stop_all": frozenset({"launcher"}),
+    "relayed": frozenset({"shard"}),
+    "fetch": frozenset({"trainer", "shard"}),
     **{t: frozenset() for t in ("assign", "migrate", "update_weights", "resume", "weights_synced", "groups", "drops",
-                               "hello_ack", "stop", "joined", "leaf_header", "leaf_chunk", "leaf_trailer")},
+                               "hello_ack", "stop", "joined", "leaf_header", "leaf_chunk", "leaf_trailer",
+                               "fetched")},
 }
 HEARTBEAT_ONLY = ".hb"  # the identity suffix of a role's heartbeat-thread socket
 

@@ -182,6 +182,7 @@ class Server:
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self.monitor.sock, zmq.POLLIN)
         self._monitor_due = 0.0
+        self.last_frame: zmq.Frame | None = None  # the last frame `recv` returned, undecoded
 
     def _bind_ipc(self, path: str) -> str:
         """Bind ipc://`path` (its directory must be ours alone: the caller's choice). libzmq removes
@@ -241,6 +242,7 @@ class Server:
             now = time.monotonic()
 
     def _seen(self, part: zmq.Frame, ident: str, msg: Message) -> None:
+        self.last_frame = part  # the frame as it came: a stream shard passes it on without encoding it again
         try:
             fd = part.get(zmq.SRCFD)
         except zmq.ZMQError:

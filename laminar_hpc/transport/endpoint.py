@@ -32,6 +32,12 @@ SERVER_ENDPOINTS = ("controller", "relay_master", "relay_leaves")  # the endpoin
 log = logging.getLogger(__name__)
 
 
+def is_shard(name: str) -> bool:
+    """A stream shard's endpoint name ('shard-3', controller/shard.py)."""
+    kind, _, rank = name.partition("-")
+    return kind == "shard" and rank.isdigit()
+
+
 def socket_name(name: str) -> str:
     return f"{name}.sock"
 
@@ -65,7 +71,7 @@ def _fits(path: Path) -> bool:
 def bind(rd: RunDir, cfg: Config, name: str, keys: ServerKeys | None) -> Server:
     """Server `name` (one of SERVER_ENDPOINTS) of this run: ipc:// or TCP, as `uses_ipc` says; on TCP a
     restart binds the port its endpoint file names."""
-    if name not in SERVER_ENDPOINTS:
+    if name not in SERVER_ENDPOINTS and not is_shard(name):
         raise ValueError(f"{name!r} is not a server of a run ({', '.join(SERVER_ENDPOINTS)})")
     ctl = cfg.controller
     max_frame = int(ctl.max_frame_mb * 2**20)

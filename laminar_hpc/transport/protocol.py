@@ -42,8 +42,11 @@ MAX_FRAME_BYTES = 64 << 20
 # 1: the untyped dict protocol (no `protocol` in hello); 3: `Drops`; 4: version spans; 5: token arrays as bytes;
 # 6: elastic capacity (`Join`, `Joined`, `Leaving`) and the joiners' leaf relays (`Leaf*`); 7: a finished
 # trajectory carries only the tokens its stream frames did not deliver (`Trajectory.offset`), no prompt;
-# 8: groups the trainer dropped as too stale go with the request that replaces them (`WantGroups.stale`)
-PROTOCOL_VERSION = 8
+# 8: groups the trainer dropped as too stale go with the request that replaces them (`WantGroups.stale`);
+# 9: stream shards (controller/shard.py): a rollout's frames reach the controller through its shard
+# (`Relayed`), finished trajectories as metadata held at a shard (`Trajectory.shard`), fetched by id
+# (`Fetch`, `Fetched`); `WantGroups.lost`
+PROTOCOL_VERSION = 9
 
 # values of the free-form maps (train metrics, log-event fields): scalars only, so that a frame
 # that decodes can always be written to status.json
@@ -114,6 +117,15 @@ class Trajectory(_TokenItem):
     # with (sent empty): the partial-response pool holds both, so no token crosses the wire twice.
     # None: `prompt`, `tokens`, `logprobs` and `mask` are whole
     offset: int | None = None
+    # held at stream shard `shard` (controller/shard.py): its prompt, tokens, log-probs and mask stay
+    # there (empty here) and `length` is its token count; the trainer fetches it by id (`Fetch`)
+    shard: int | None = None
+    length: int | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        """Its response length, wherever its tokens are (here, or at its shard)."""
+        return self.length if self.shard is not None and self.length is not None else self.n_tokens
 
 
 class WorkItem(_TokenItem):
@@ -132,6 +144,9 @@ class WorkItem(_TokenItem):
     mask: list[int] | None = None  # a resumed episode's loss mask over `tokens` (Trajectory.mask)
     tool_calls: int = 0  # a resumed episode's tool calls so far
     tool_errors: int = 0
+    # a resumed one whose tokens stream shard `shard` holds: the rollout's own shard fills them in
+    # (tokens, log-probs, version, spans, mask) before it passes the work on (controller/shard.py)
+    shard: int | None = None
 
 
 class StreamItem(_TokenItem):
@@ -339,6 +354,9 @@ class WantGroups(Message, tag="want_groups"):
     # since admission counts them as replaced only once it knows (else a window of stale groups
     # stalls the run: no step, no report, no admission)
     stale: list[int] | None = None
+    # groups delivered whose trajectories no stream shard held any more (a shard restarted): the
+    # controller generates them again
+    lost: list[int] | None = None
 
 
 class TrainStep(Message, tag="train_step"):
@@ -439,6 +457,37 @@ class LeafTrailer(Message, tag="leaf_trailer"):
     version: int
     sealed: bool  # False: the master's copy was overtaken, drop the version
     checksum: int
+
+
+# -- stream shards (controller/shard.py) --------------------------------------------------------
+class Relayed(Message, tag="relayed"):
+    """Frames in bulk between a stream shard and the controller: (identity, encoded frame) pairs.
+    Shard -> controller: what its rollouts sent, the token payloads kept at the shard. Controller
+    -> shard: what goes to its rollouts, after `forget` (trajectories the shard may drop)."""
+    frames: list[tuple[str, bytes]] = []
+    forget: list[str] = []
+    # shard -> controller: the rollouts (and their heartbeat sockets) that beat since the last batch,
+    # with their pids; the shard answered those heartbeats itself
+    alive: list[tuple[str, int]] = []
+    # shard -> controller: work whose prompt it built and found unusable (traj id, the rollout it was
+    # meant for, why): given to no rollout
+    refused: list[tuple[str, int, str]] = []
+
+
+class Fetch(Message, tag="fetch"):
+    """The trainer (finished trajectories) or another shard (partials, as work) asks a shard
+    for these trajectories; what it sends it no longer holds."""
+    traj_ids: list[str]
+    request: int = 0
+
+
+class Fetched(Message, tag="fetched"):
+    """A shard's answer to `Fetch`: the finished trajectories, or the partials as work items
+    (tokens set), and the ids it does not hold."""
+    request: int = 0
+    trajectories: list[Trajectory] = []
+    work: list[WorkItem] = []
+    missing: list[str] = []
 
 
 # -- launcher / campaign driver -> controller; controller -> any role --------------------------

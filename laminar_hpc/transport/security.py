@@ -50,7 +50,9 @@ log = logging.getLogger(__name__)
 
 SERVERS = tuple(ADMITS)  # "controller", "relay", "relay_leaves": whose server keys a client may need
 KEYPAIRS = ("controller", *KINDS)  # the relay's keypair doubles as the hand-off and leaf servers'
-SERVER_KEYPAIR = {"relay_leaves": "relay"}  # a server whose keypair is another's (default: its own name)
+# the relay's keypair serves joiners' leaf relays; the controller's its stream shards (a rollout's
+# key reaches its shard as it reaches the controller)
+SERVER_KEYPAIR = {"relay_leaves": "relay", "shard": "controller"}  # a server whose keypair is another's (default: its own name)
 _Z85_KEY_LEN = 40  # a 32-byte Curve25519 key in Z85
 
 

@@ -51,6 +51,7 @@ SENDING_CODE = {  # where each kind's messages are sent from
     "trainer": ["trainer/**/*.py", "launch/role.py"],
     "relay": ["relay/**/*.py", "launch/role.py"],
     "launcher": ["launch/supervisor.py"],
+    "shard": ["controller/shard.py", "launch/role.py"],
 }
 
 

@@ -41,8 +41,10 @@ def test_rollouts_spread_over_rollout_nodes():
     plan = slurm_plan(cfg_with(rollouts=5, layout={"trainer_nodes": 1, "rollout_nodes": 2}))
     assert plan.nodes == 3 and plan.relay_count == 3
     assert sorted(plan.rollout_node.values()) == [1, 1, 1, 2, 2]
-    # each rollout node holds ceil(5/2)=3 rollouts + its relay
-    assert plan.components[0]["ntasks_per_node"] == max(1 + 1 + 2 + 1, 3 + 1)
+    # each rollout node holds ceil(5/2)=3 rollouts + its relay; node 0 the driver, the controller, one
+    # stream shard (controller.shards: auto, two rollout nodes), the trainer and the master relay
+    assert plan.components[0]["ntasks_per_node"] == max(1 + 1 + 1 + 2 + 1, 3 + 1)
+    assert plan.steps["shard-0"] == [["-N1", "-n1", "--relative=0", "--exact", "--cpus-per-task=1", "--kill-on-bad-exit=0"]]
 
 
 def test_trainer_sharing_the_rollout_node():
