@@ -9,6 +9,7 @@ engine-call model of emulation/traffic.py, so what it sends is what `campaign_tr
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import os
 import subprocess
@@ -196,6 +197,7 @@ class Driver:
         self.fetchers = [connect("trainer-0", "trainer", k) for k in range(shards)]
         self.fetched = 0
         self.shard_procs: list[subprocess.Popen] = []  # their CPU is measured too (the bench starts them)
+        self.status_path: Path | None = None  # the controller's status.json (the bench sets it)
         self.probe = connect("launcher-1", "launcher", None)
         self.held: list[int] = []
         self.step = 0
@@ -345,8 +347,16 @@ class Driver:
         threads = {int(t): cpu_s(proc.pid, int(t)) for t in os.listdir(f"/proc/{proc.pid}/task")}
         shards = [threads_cpu_s(p.pid) for p in self.shard_procs]
         return {"wall": time.monotonic(), "campaign": frontier, "cpu": cpu_s(proc.pid), "pid": proc.pid,
+                "periodic": self.periodic_cpu_s(),
                 "threads": threads, "driver": time.process_time(), "sent": dict(self.sent), "tokens": self.sent_tokens,
                 "by_shard": {k: dict(v) for k, v in self.by_shard.items()}, "shards": shards}
+
+    def periodic_cpu_s(self) -> float:
+        """The controller's CPU seconds in its once-per-wall-interval work so far (its status.json)."""
+        try:
+            return float(json.loads(self.status_path.read_text())["controller"].get("periodic_cpu_s", 0.0))
+        except (AttributeError, OSError, ValueError, KeyError, TypeError):
+            return 0.0
 
     def report(self, m0: dict, m1: dict, rtts: list[float]) -> dict:
         wall, campaign = m1["wall"] - m0["wall"], m1["campaign"] - m0["campaign"]
@@ -366,7 +376,9 @@ class Driver:
             tok = d.pop("tokens", 0)
             shards.append({"messages": sum(d.values()), "tokens": tok, "busiest_thread_cpu_s": round(busy, 3),
                            "messages_by_type": d})
+        periodic = max(0.0, m1["periodic"] - m0["periodic"])
         return {"wall_s": round(wall, 2), "campaign_s": round(campaign, 2), "shards": shards,
+                "controller_periodic_cpu_s": round(periodic, 3),
                 "trajectories_fetched": self.fetched,
                 "campaign_s_per_wall_s": round(campaign / wall, 3), "train_steps": self.step,
                 "messages": msgs, "messages_by_type": by_type, "controller_busiest_thread_cpu_s": max(main, other),

@@ -145,6 +145,9 @@ class Controller:
         # what the messages change and this reads (counters, the trainer's credit, why it stops)
         self.state = ControllerState(steps_trained=meta.get("steps", 0), published=meta.get("published", 0))
         self.ready_t: float | None = None  # serving again after recovery (status.json)
+        # the thread's CPU seconds in work done once per wall interval, whatever the traffic (the status,
+        # the count of versions in flight): tools/bench_controller.py counts it per wall second
+        self.periodic_cpu_s = 0.0
         self.backlog_until = 0.0  # messages were waiting longer than a loop's budget until about then
         self.t0 = time.time()
         self.run_id = rd.run_id
@@ -228,7 +231,8 @@ class Controller:
         if not self.members.admits(ident):
             return
         self.frames.guarded(self.handlers.handle, ident, msg)
-        self.frames.log_refusals(self.data_plane.take_refusals(), ident)
+        if self.data_plane.refusals:  # (rare: a list made only then)
+            self.frames.log_refusals(self.data_plane.take_refusals(), ident)
 
     # -- scheduling -----------------------------------------------------------------------
     def schedule(self) -> None:
@@ -362,7 +366,8 @@ class Controller:
             rollout_util={k: Utilisation(busy_s=b, weight_wait_s=w) for k, (b, w) in sorted(st.util.items())},
             metrics=dict(st.metrics), eval=self.evaluation.last_row,
             # liveness: the supervisor kills `hung` roles and measures recoveries from `roles`
-            epoch=self.epoch, controller=ControllerInfo(pid=os.getpid(), t_start=self.t_start, ready_t=self.ready_t),
+            epoch=self.epoch, controller=ControllerInfo(pid=os.getpid(), t_start=self.t_start, ready_t=self.ready_t,
+                                                 periodic_cpu_s=round(self.periodic_cpu_s, 4)),
             roles=self.roles.table(), hung=self.roles.hung(now) if now > self.backlog_until else [],
             recovery={**self.rollout_manager.placed, "wal": self.recovered}, wal_error=self.wal.error,
             write_failures={"status": self.status_writer.failures, "wal": self.wal.failures,
@@ -371,7 +376,8 @@ class Controller:
             work_not_held=dp.not_held + self.evaluation.not_held
             + sum(int(v.get("not_held", 0) or 0) for v in st.shards.values()),
             shards=dict(st.shards), relayed={"frames": self.routes.relayed_in, "batches": self.routes.batches_in,
-                                             "dropped": self.routes.dropped} if self.routes.shards else {})
+                                             "dropped": self.routes.dropped, "with_tokens": self.routes.with_tokens}
+            if self.routes.shards else {})
 
     def final_stats(self) -> Status:
         """controller_stats.json: the last status with why it stopped and the ledger (no train metrics)."""
@@ -434,17 +440,21 @@ def main(argv: list[str] | None = None) -> None:
             ctl.schedule()
             every = max(TRACK_VERSIONS_S, TRACK_VERSIONS_PER_PARTIAL_S * len(ctl.data_plane.partials))
             if ctl.state.versions_stale and time.monotonic() - ctl.state.versions_counted >= every:
+                t0 = time.thread_time()
                 ctl.handlers.track_versions()
+                ctl.periodic_cpu_s += time.thread_time() - t0
             ctl.wal.flush()
             ctl.flush_routes()
             if ctl.wal.wants_snapshot:
                 ctl.wal.start_forked(ctl.data_plane.state_dict)  # written by a child: this loop goes on
             if time.monotonic() - last_status >= cfg.controller.status_interval_s:
+                t0 = time.thread_time()
                 if time.time() > ctl.backlog_until:  # (behind, heartbeats wait in the queue: nobody is silent)
                     ctl.handlers.reap_silent_joiners(time.time())  # a lost joiner node: nobody else reports it
                 # a write refused for want of a descriptor (a flood) or disk space: retried next loop
                 if ctl.status_writer.write(run_dir.status, ctl.status()):
                     last_status = time.monotonic()
+                ctl.periodic_cpu_s += time.thread_time() - t0
         reason = ctl.state.stop_reason or "controller asked to stop"
         log.info("stopping: %s", reason)
         ctl.broadcast_stop(reason)

@@ -20,7 +20,7 @@ import logging
 
 from laminar_hpc.config.shards import shard_of
 from laminar_hpc.transport import authz
-from laminar_hpc.transport.protocol import DecodeError, Message, Relayed, decode, encode
+from laminar_hpc.transport.protocol import DecodeError, Finished, Message, Migrated, Relayed, Stream, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ class Routes:
         self.dropped = 0  # relayed frames that failed to decode or were not a rollout's to send
         self.relayed_in = 0  # frames that came through shards
         self.batches_in = 0
+        # relayed messages that carried token ids (a result its shard could not join or check, passed
+        # on as it came: refused here as always); 0 in a campaign whose results are all in order
+        self.with_tokens = 0
         self._refusals: dict[tuple[str, type], str | None] = {}  # (identity, message type) -> why not
 
     def shard_for(self, ident: str) -> int | None:
@@ -85,6 +88,8 @@ class Routes:
                 self._drop(ident, inner, why)
                 continue
             self.front[int(inner.partition(".")[0].rpartition("-")[2])] = shard
+            if _carries_tokens(m):
+                self.with_tokens += 1
             out.append((inner, m))
         self.relayed_in += len(out)
         return out
@@ -93,3 +98,13 @@ class Routes:
         self.dropped += 1
         if self.dropped <= 10 or self.dropped % 1000 == 0:
             log.warning("dropped a frame %s relayed for %r (%d so far): %s", shard, inner, self.dropped, why)
+
+
+def _carries_tokens(m: Message) -> bool:
+    if isinstance(m, Stream):
+        return True
+    if isinstance(m, Finished):
+        return bool(m.trajectory.tokens or m.trajectory.prompt)
+    if isinstance(m, Migrated):
+        return any(t.tokens or t.prompt for t in m.trajectories)
+    return False

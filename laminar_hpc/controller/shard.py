@@ -219,9 +219,9 @@ class Shard:
             del self.pending[msg.request]
             self.hand_out(ident, int(ident.rpartition("-")[2]), work)
 
-    @staticmethod
-    def _resumed(w, held):
+    def _resumed(self, w, held):
         """`w` with the tokens `held` (another shard's partial as work), or from its prompt."""
+        self.store.counts["resumed" if held is not None and held.tokens else "resumed_without_tokens"] += 1
         if held is None or not held.tokens:
             return msgspec.structs.replace(w, shard=None, version=None, version_spans=None, mask=None,
                                            tool_calls=0, tool_errors=0)

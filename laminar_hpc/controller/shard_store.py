@@ -109,6 +109,7 @@ class ShardStore:
                 missing.append(tid)
             else:
                 out.append(p.work())
+        self.counts["handed_on"] += len(out)
         return out, missing
 
     def forget(self, ids: list[str]) -> None:
@@ -125,11 +126,12 @@ class ShardStore:
             self.intake.stream_items(items, rollout=rollout)
 
     def finish(self, traj: Trajectory, rollout: int) -> Trajectory | None:
-        """The metadata of a finished result this shard now keeps whole; None: pass it on as it came
-        (the controller refuses it, or it is evaluation work)."""
+        """The metadata of a finished result this shard now keeps whole (an evaluation result's, kept
+        nowhere); None: pass it on as it came (the controller refuses it)."""
         tid = traj.traj_id
-        if traj.eval_round is not None:
-            return None
+        if traj.eval_round is not None:  # evaluation: the controller scores its reward, no token is kept
+            return msgspec.structs.replace(traj, prompt=b"", tokens=b"", logprobs=b"", mask=None, offset=None,
+                                           length=(traj.offset or 0) + traj.n_tokens)
         p = self.pool.partials.get(tid)
         if p is None:
             if traj.offset is not None or tid in self.finished:

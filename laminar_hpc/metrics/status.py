@@ -33,6 +33,9 @@ class ControllerInfo(msgspec.Struct, kw_only=True):
     pid: int = 0
     t_start: float = 0.0
     ready_t: float | None = None  # serving again after a recovery
+    # CPU seconds of its thread spent in work done once per wall interval (this status, the count of
+    # versions in flight), whatever the traffic
+    periodic_cpu_s: float = 0.0
 
 
 class Utilisation(msgspec.Struct, kw_only=True):

@@ -39,12 +39,13 @@ def chaos(tmp_path: Path, config: str, kills: int, seed: int, *overrides: str, t
 
 
 def test_each_role_killed_once_run_completes_exactly_once(tmp_path):
-    # 4 kills: the seeded schedule covers rollout, relay, trainer and controller once each
+    # 5 kills: the seeded schedule covers rollout, relay, trainer, controller and stream shard once each
+    # (two shards: the rollouts' tokens live there, the controller takes metadata only)
     vader = set(glob.glob("/dev/shm/vader_segment.*"))  # Open MPI's, of other jobs on this machine
-    r = chaos(tmp_path, TINY, 4, 3, "trainer.total_steps=2500")
+    r = chaos(tmp_path, TINY, 5, 3, "trainer.total_steps=2500", "controller.shards=2")
     # the killed relay rank's Open MPI segments lived in the start's private directory, removed
     assert set(glob.glob("/dev/shm/vader_segment.*")) <= vader
-    assert r["kills"] == {"rollout": 1, "relay": 1, "trainer": 1, "controller": 1}, r["_stdout"]
+    assert r["kills"] == {"rollout": 1, "relay": 1, "trainer": 1, "controller": 1, "shard": 1}, r["_stdout"]
     assert r["outcome"] == "completed"
     assert r["groups_lost"] == 0 and r["groups_duplicated"] == 0 and r["groups_unknown"] == 0
     assert r["groups_consumed"] == 2500 * 4  # tiny: 4 groups per step; nothing dropped without staleness bound
@@ -52,7 +53,12 @@ def test_each_role_killed_once_run_completes_exactly_once(tmp_path):
     assert r["ok"]
     run = tmp_path / "run"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["recoveries"] == {"rollout": 1, "relay": 1, "trainer": 1, "controller": 1}
+    assert summary["recoveries"] == {"rollout": 1, "relay": 1, "trainer": 1, "controller": 1, "shard": 1}
+    stats = json.loads((run / "controller_stats.json").read_text())
+    # the tokens stayed at the shards: only results a shard could not join (its own restart, a
+    # rollout's) came on whole, for the controller to refuse or ignore
+    assert stats["relayed"]["frames"] > 1000 and stats["relayed"]["with_tokens"] <= 20
+    assert sorted(stats["shards"]) == ["shard-0", "shard-1"]
     ctl = role_events(run, "controller-0")
     # the restarted controller rebuilt its state from the write-ahead log
     rec = [e for e in ctl if e["ev"] == "controller_recovered"]
