@@ -3,6 +3,6 @@ from laminar_hpc.launch.signals import install_stop_handlers
 
 install_stop_handlers()  # first: Slurm's signals can arrive while torch/mpi4py still import
 
-from laminar_hpc.controller.main import main  # noqa: E402
+from laminar_hpc.controller.serve import main  # noqa: E402
 
 main()

@@ -15,8 +15,6 @@ recovery time as death -> ready of the next incarnation.
 """
 from __future__ import annotations
 
-import msgspec
-
 from laminar_hpc.metrics.status import RoleEntry  # one entry of status.json's role table
 
 

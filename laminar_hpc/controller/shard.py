@@ -38,7 +38,7 @@ from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.launch.signals import install_stop_handlers
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.tasks import build_task, encode_prompt
-from laminar_hpc.transport.channel import Client, publish_endpoint, wait_endpoint
+from laminar_hpc.transport.channel import Client, WaitTimeout, publish_endpoint, wait_endpoint
 from laminar_hpc.transport.endpoint import bind
 from laminar_hpc.transport.protocol import (Assign, Fetch, Fetched, Finished, Heartbeat as Beat, LogEvent, Migrated,
                                             Relayed, Stop, Stream, decode, encode)
@@ -184,19 +184,32 @@ class Shard:
                 self.hand_out(ident, rank, work)
             return
         req = next(self.requests)
+        asked = set()
         for shard, ids in remote.items():
-            self.peer(shard).send(Fetch(traj_ids=ids, request=req))
-        self.pending[req] = (ident, work, set(remote), time.monotonic() + FILL_TIMEOUT_S)
+            peer = self.peer(shard)
+            if peer is None:  # a shard this campaign does not run (any more): from their prompts
+                work = [self._resumed(w, None) if w.shard == shard else w for w in work]
+                continue
+            peer.send(Fetch(traj_ids=ids, request=req))
+            asked.add(shard)
+        if not asked:
+            self.hand_out(ident, rank, work)
+            return
+        self.pending[req] = (ident, work, asked, time.monotonic() + FILL_TIMEOUT_S)
 
     def hand_out(self, ident: str, rank: int, work: list) -> None:
         for w in work:
             self.store.register(rank, w)
         self.server.send(ident, Assign(work=work))
 
-    def peer(self, shard: int) -> Client:
+    def peer(self, shard: int) -> Client | None:
+        """A client of shard `shard` (None: it never published an endpoint)."""
         if shard not in self.peers:
             cfg, rd = self.ctx.cfg, self.ctx.rundir
-            addr = wait_endpoint(rd, f"shard-{shard}", cfg.timeouts.startup_s)
+            try:
+                addr = wait_endpoint(rd, f"shard-{shard}", 0.5)
+            except WaitTimeout:
+                return None
             c = Client(addr, self.name, max_frame_bytes=self.max_frame, keys=client_keys(rd, "shard", cfg.controller,
                                                                                          server="shard"),
                        endpoint=rd.endpoint(f"shard-{shard}"))

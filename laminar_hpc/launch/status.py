@@ -49,6 +49,13 @@ def elastic_line(joiners: dict[str, dict]) -> str:
     return " | ".join(parts)
 
 
+def shards_line(shards: dict[str, dict], relayed: dict[str, int]) -> str:
+    """'2: shard-0 14 partials 6 finished 0.1 MB, shard-1 ...; 4,821 frames relayed'."""
+    parts = [f"{name} {v.get('partials', 0)} partials {v.get('finished', 0)} finished "
+             f"{(v.get('token_bytes') or 0) / 2**20:.1f} MB" for name, v in sorted(shards.items())]
+    return f"{len(shards)}: " + ", ".join(parts) + f"; {relayed.get('frames', 0):,} frames relayed"
+
+
 def status_report(run_dir: Path) -> str:
     """Reads only files (and asks Slurm); imports no torch, so it answers at once."""
     rd = RunDir.of(run_dir)
@@ -71,6 +78,8 @@ def status_report(run_dir: Path) -> str:
                      f"{st.trajectories_per_s:.1f} trajectories/s (phase {st.phase})")
         lines.append(f"relays      {versions_text(st.relay_versions)}")  # 'v6 x2': two relays hold version 6
         lines.append(f"rollouts    {versions_text(st.rollout_versions)}")
+        if st.shards:  # stream shards (controller.shards): what each holds, as it last reported
+            lines.append("shards      " + shards_line(st.shards, st.relayed))
         if st.elastic:
             lines.append("elastic     " + elastic_line(st.elastic))
     jobs = (read_json(rd.elastic_jobs) or {}).get("jobs") or []

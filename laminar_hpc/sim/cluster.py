@@ -7,7 +7,8 @@ event queue, for one mode, and the figures `tools/bench_modes.py` measures on a 
 Figures are taken like bench_modes does: over a steady window from the end of train step
 `skip` to the last step (trajectories and tokens the trainer consumed, tokens the rollouts
 generated, rollout busy fraction, weight wait per rollout, staleness; with tool-use episodes the
-tool calls and the time episodes waited for them).
+tool calls and the time episodes waited for them), and the control plane's load over the same
+window (`controller_util`, `shard_util_max`, `control_plane`: sim/control_plane.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from laminar_hpc.metrics.goodput import attribute, lag_stats
+from laminar_hpc.sim.control_plane import ControlPlane
 from laminar_hpc.sim.controller import SimController
 from laminar_hpc.sim.events import EventQueue
 from laminar_hpc.sim.observe import Observer, sim_ideal
@@ -48,6 +50,8 @@ class Simulation:
         self.pulls = 0
         self.syncs: list[float] = []  # partial-rollout: each global update's duration (WeightSync's trace)
         self.failures = {"rollout": 0, "relay": 0, "trainer": 0}
+        self.rollouts: list[SimRollout] = []
+        self.cp = ControlPlane(self)  # the controller's thread and the stream shards
         self.ctl = SimController(self)
         self.rollouts = [SimRollout(self, r, relay_of(r, cfg, self.spec)) for r in range(cfg.rollout.count)]
         self.by_relay: dict[int, list[SimRollout]] = {}
@@ -79,7 +83,8 @@ class Simulation:
                 "seq_steps": sum(r.seq_steps for r in self.rollouts),
                 "decode_steps": sum(r.decode_steps for r in self.rollouts),
                 "tool_wait_s": sum(r.tool_wait_s for r in self.rollouts),
-                "tool_calls": sum(r.tool_calls for r in self.rollouts)}
+                "tool_calls": sum(r.tool_calls for r in self.rollouts),
+                "control_plane": self.cp.counters(self.q.now)}
 
     # -- failures -------------------------------------------------------------------------
     def _arm_failures(self) -> None:
@@ -187,6 +192,7 @@ def measure(sim: Simulation, skip: int) -> dict:
         "failures": dict(sim.failures),
         "recovered": dict(placed),
         "sim_time_s": sim.q.now, "sim_events": sim.q.events,
+        **sim.cp.window(a["control_plane"] if a else None, b["control_plane"], span),
         **_goodput(sim, trajs / span, t_a, b["wall"], skip),
     }
 

@@ -11,6 +11,12 @@ reach the controller at once; it runs `schedule()` one message latency plus its 
 after the first message since its last run (as its loop handles everything waiting, then
 schedules once).
 
+Its loop is one Python thread (`sim/control_plane.py`: `cp.ctl`, a server with a busy-until time):
+every message that reaches it costs that thread its measured CPU, and so does its own work per
+trajectory admitted or assigned. A round starts once the thread has worked through what arrived
+before it, and what the round sends leaves when the thread gets to it: a saturated controller
+hands out work, and groups, late.
+
 The policy functions are looked up on their modules at every call, so a test that replaces
 one (monkeypatch) sees the simulator call it.
 """
@@ -43,7 +49,7 @@ class SimController:
         self.alive = [True] * self.n
         self._poked = False
         self.delay = self.p.msg_latency_s + self.p.ctl_latency_s
-        self.busy_until = 0.0  # the controller's loop is one process: it schedules after its last round's work
+        self.cp = sim.cp  # its thread, `cp.ctl`: it schedules after the work that reached it first
         if self.repack_on:
             self.q.at(self.rollout_manager.interval_s, self._repack_timer)
 
@@ -51,8 +57,8 @@ class SimController:
     def send(self, to: str, msg: Message) -> None:
         """The components' `send` (the runtime's `Controller.send`)."""
         role, _, rank = to.rpartition("-")
-        if role == "rollout":
-            self.sim.rollouts[int(rank)].deliver(msg)
+        if role == "rollout":  # it leaves when the thread has worked through what came before
+            self.sim.rollouts[int(rank)].deliver(msg, sent=self.cp.ctl.free_at(self.q.now))
         elif isinstance(msg, WeightsSynced):  # the only message the components send the trainer
             self.sim.trainer.weights_synced(msg.version)
         else:
@@ -67,7 +73,14 @@ class SimController:
     def poke(self) -> None:
         if not self._poked:
             self._poked = True
-            self.q.at(max(self.q.now + self.delay, self.busy_until), self._schedule_event)
+            now = self.q.now
+            self.q.at(max(now + self.delay, self.cp.ctl.free_at(now)), self._schedule_event)
+
+    def _message(self) -> None:
+        """A message from the trainer reached the thread (the rollouts' come through `cp.send`)."""
+        ctl = self.cp.ctl
+        ctl.msgs += 1
+        ctl.charge(self.q.now, self.p.ctl_per_msg_s)
 
     def want_work(self, rank: int, credit: int, version: int) -> None:
         self.rollout_manager.credit(rank, credit)
@@ -92,14 +105,17 @@ class SimController:
         self.poke()
 
     def want_groups(self, n: int, reset: bool = False) -> None:
+        self._message()
         self.trainer_credit = max(0, n) + (0 if reset else self.trainer_credit)
         self.poke()
 
     def train_step(self, step: int) -> None:
+        self._message()
         self.steps_trained = step
         self.poke()
 
     def published_version(self, version: int) -> None:
+        self._message()
         self.rollout_manager.repack_due = True
         self.sync.published(version, self.q.now)
         self.poke()
@@ -121,7 +137,8 @@ class SimController:
             max_staleness=cfg.trainer.max_staleness, groups_replaced=self.sim.trainer.dropped,
             groups_wanted=cfg.trainer.total_steps * cfg.trainer.groups_per_step)
         self.sync.tick(groups_started=pool.groups_started, in_flight=in_flight, now=now)
-        t = now  # the controller's clock through this round: admitting and assigning take time
+        ctl = self.cp.ctl
+        t0 = t = ctl.free_at(now)  # the thread's clock through this round: admitting and assigning take time
         if n:
             pool.admit(n)
             t += n * cfg.trainer.group_size * self.p.ctl_per_traj_s
@@ -129,13 +146,14 @@ class SimController:
             for rank, work in self.rollout_manager.assign(pool):
                 t += len(work) * self.p.ctl_per_traj_s
                 self.sim.rollouts[rank].deliver(Assign(work=work), sent=t)
-        self.busy_until = t
+        if t > t0:
+            ctl.charge(t0, t - t0)
         if self.repack_on:
             self.rollout_manager.repack(now, queued=len(pool.queue))
         if self.trainer_credit > 0 and pool.ready:
             groups = pool.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)
-            self.sim.trainer.deliver(groups)
+            self.sim.trainer.deliver(groups, sent=t)
 
     def _repack_timer(self, _=None) -> None:
         if self.sim.done:

@@ -78,12 +78,12 @@ class Observer:
             for g in range(g0, pool.groups_started):
                 self.admitted[g] = sim.ctl.steps_trained
 
-        def delivered(groups: list) -> None:
+        def delivered(groups: list, sent: float | None = None) -> None:
             now, trained = sim.q.now, sim.ctl.steps_trained
             for g in groups:
                 if g and g[0].gid in self.admitted:
                     self.step_lags.append((now, trained - self.admitted.pop(g[0].gid)))
-            deliver(groups)
+            deliver(groups, sent)
 
         def stepped(step: int) -> None:
             rows, batch = sim.trainer.rows, getattr(sim.trainer, "batch", None)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.shards import shard_count
 from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel
@@ -30,6 +31,10 @@ from laminar_hpc.transport.weight_store import CHECKSUM_PIECE
 
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config
+
+# a stream shard passes what its rollouts sent on to the controller at most this often (wall seconds):
+# controller/shard.py BATCH_EVERY_S (not imported: that module loads zmq, which the simulator never does)
+SHARD_BATCH_S = 0.01
 
 
 @dataclass
@@ -71,6 +76,21 @@ class ClusterSpec:
     # the controller's own work per trajectory it admits or assigns (DataPlane admit + assign + msgpack of
     # the work items, measured on the 2-core CI machine: 12.6 ms for 64 groups x 16 of 512-token prompts)
     ctl_per_traj_us: float = 12.0
+    # The control plane's CPU per message and per token (sim/control_plane.py; docs/simulator.md "Control
+    # plane"). Measured with `tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024` on the 2-core
+    # dev machine, per CPU second of each process's busiest thread:
+    # - the controller's thread behind 4 stream shards took 0.12-0.16 CPU-s per campaign second for ~4,560
+    #   metadata messages/s (finished 1,420, want_work 1,420, rollout_state 1,143; heartbeats, 579, absorbed
+    #   by the shards): ~30 us per message it handles
+    ctl_per_msg_us: float = 30.0
+    # - without shards (controller.shards=0) it took all 8,793 messages/s and 2.35M tokens/s itself at ~0.76
+    #   CPU-s per campaign second (headroom 1.27): per message as above plus this per 1,000 token ids it
+    #   carries (stream frames), fitted so that the two give that measurement for that traffic
+    ctl_per_ktoken_us: float = 210.0
+    # - each shard (128 of 512 replicas, 1/4 of the traffic: ~2,200 messages/s, ~590k tokens/s) had a headroom
+    #   of 4-5, i.e. ~0.2-0.25 CPU-s per campaign second: these two are fitted to that (together ~0.22)
+    shard_per_msg_us: float = 60.0
+    shard_per_ktoken_us: float = 150.0
     idle_poll_ms: float = 20.0  # an idle rollout re-checks its relay this often (rollout/main.py)
     prompt_tokens: int = 256  # for tasks whose prompt length the config does not fix (non-synthetic)
     weak_scaling: bool = True  # scaling curve: the global batch grows with the rollout replicas
@@ -160,6 +180,16 @@ class SimParams:
     idle_poll_s: float
     state_interval_s: float  # rollout_state reports (repack.state_interval_s is wall seconds)
     moving_expiry_s: float  # a repack move without an answer is forgotten after this (rollout_manager.move_expiry_s)
+    # the control plane (sim/control_plane.py): CPU per message and per token id of the controller's thread and
+    # of a stream shard, emulated seconds; `shards` = config/shards.shard_count (0: the controller takes the
+    # tokens); heartbeats every `heartbeat_s`; a shard passes metadata on at most every `shard_batch_s`
+    ctl_per_msg_s: float = 0.0
+    ctl_per_token_s: float = 0.0
+    shard_per_msg_s: float = 0.0
+    shard_per_token_s: float = 0.0
+    shards: int = 0
+    heartbeat_s: float = 1.0
+    shard_batch_s: float = 0.0
     relay_count: int = 1
     length_mode: str = "exact"
     empirical_lengths: list[int] | None = None
@@ -222,11 +252,23 @@ class SimParams:
             src["update path"] = update["source"]
             if spec.bcast_gbps:  # AReaL hands nothing to a relay tier (the runtime's real-byte hand-off is kept)
                 copy_s = 0.0
+        shards = shard_count(cfg)
+        per_k = " per 1,000 tokens"
+        plane = (f"{shards} stream shards: controller thread {spec.ctl_per_msg_us:g} us per message, shard "
+                 f"{spec.shard_per_msg_us:g} us per message + {spec.shard_per_ktoken_us:g} us{per_k}" if shards else
+                 f"no stream shard: controller thread {spec.ctl_per_msg_us:g} us per message + "
+                 f"{spec.ctl_per_ktoken_us:g} us{per_k}")
+        src["control plane"] = (f"{plane} (config/shards.shard_count; tools/bench_controller.py, 7B at 1,024 GPUs "
+                                "on the 2-core dev machine)")
         p = cls(emu=e, cost=cost, time_scale=scale, prompt_tokens=prompt,
                 pull_s=pull, publish_stall_s=copy_s, relay_master_s=master_s, bcast_bytes=moved, bcast_bw=bw,
                 chunk_bytes=cfg.relay.chunk_mb * 2**20,
                 msg_latency_s=spec.msg_latency_ms * 1e-3 * wall, ctl_latency_s=spec.ctl_latency_ms * 1e-3 * wall,
                 ctl_per_traj_s=spec.ctl_per_traj_us * 1e-6 * wall,
+                ctl_per_msg_s=spec.ctl_per_msg_us * 1e-6 * wall, ctl_per_token_s=spec.ctl_per_ktoken_us * 1e-9 * wall,
+                shard_per_msg_s=spec.shard_per_msg_us * 1e-6 * wall,
+                shard_per_token_s=spec.shard_per_ktoken_us * 1e-9 * wall, shards=shards,
+                heartbeat_s=cfg.supervisor.heartbeat_interval_s * wall, shard_batch_s=SHARD_BATCH_S * wall,
                 idle_poll_s=spec.idle_poll_ms * 1e-3 * wall, state_interval_s=cfg.repack.state_interval_s * wall,
                 moving_expiry_s=move_expiry_s(cfg.repack.interval_s, second=wall), relay_count=cfg.relay.count,
                 length_mode=length_mode, failures=spec.failures, sources=src, relay_fill_s=fill_s, workload=wl,
@@ -271,5 +313,8 @@ class SimParams:
                 "update_send_s": self.update_send_s, "update_ready_s": self.update_ready_s,
                 "relay_ready_s": [round(self.bcast_ready_s(h), 6) for h in range(min(4, self.relay_count))],
                 "msg_latency_s": self.msg_latency_s,
+                "control_plane": {"shards": self.shards, "ctl_per_msg_s": self.ctl_per_msg_s,
+                                  "ctl_per_token_s": self.ctl_per_token_s, "shard_per_msg_s": self.shard_per_msg_s,
+                                  "shard_per_token_s": self.shard_per_token_s},
                 "time_scale": self.time_scale, "sources": self.sources}
 

@@ -63,8 +63,24 @@ def modes_table(results: dict) -> str:
         cells = [_cell(fmt, r.get(k)) for _, fmt, k in COLS[1:-1]] + [_cell(COLS[-1][1], _goodput(r))]
         lines.append(" | ".join([mode] + cells))
     ideal = next((r["ideal"] for r in results.values() if r.get("ideal")), None)
-    extra = [x for x in (tools_line(results), ideal_line(ideal), goodput_table(results)) if x]
+    extra = [x for x in (tools_line(results), control_plane_line(results), ideal_line(ideal), goodput_table(results))
+             if x]
     return "\n".join(lines + extra)
+
+
+def control_plane_line(results: dict) -> str:
+    """The simulator's control plane: per mode, the busy fraction of the controller's thread (and of
+    the busiest stream shard) over the window ("" for results without them, e.g. a real run's).
+    ~100% means the control plane, not the GPUs, set the pace (docs/simulator.md "Control plane")."""
+    rows = {m: r for m, r in results.items() if r.get("controller_util") is not None}
+    if not rows:
+        return ""
+    shards = next(iter(rows.values())).get("control_plane", {}).get("shards", 0)
+    head = (f"control plane busy (controller thread / busiest of {shards} stream shards): " if shards
+            else "control plane busy (controller thread, no stream shard): ")
+    return head + "; ".join(f"{m} {r['controller_util']:.0%}"
+                            + (f" / {r['shard_util_max']:.0%}" if r.get("shard_util_max") is not None else "")
+                            for m, r in rows.items())
 
 
 def tools_line(results: dict) -> str:

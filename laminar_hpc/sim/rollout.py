@@ -39,6 +39,7 @@ FIRST, CONTINUE, PAUSED, SWITCH = 0, 1, 2, 3  # what follows a weight load
 class SimRollout:
     def __init__(self, sim, rank: int, relay: int):
         self.sim, self.q, self.p, self.ctl = sim, sim.q, sim.params, sim.ctl
+        self.cp = sim.cp  # what it sends costs the control plane (sim/control_plane.py)
         self.rank, self.relay = rank, relay
         cfg = sim.cfg
         spec = MODES[cfg.mode]
@@ -60,6 +61,8 @@ class SimRollout:
         self.prompt = sim.params.prompt_tokens
         self.cost = sim.params.cost
         self.report_on = sim.ctl.repack_on
+        self.frames_per_call = 1.0 / cfg.rollout.stream_every_tokens  # a stream frame every so many engine calls
+        self.idle_reports = False  # in the idle loop, which reports its state every state_interval_s
         # rollout_state: RolloutManager.report, inlined (frequent)
         self.replica_states = sim.ctl.rollout_manager.replicas
         self.alive = True
@@ -135,6 +138,8 @@ class SimRollout:
 
     def _wake(self, t: float) -> None:
         self.idle = False
+        if self.idle_reports:
+            self._idle_reports(False)
         self.q.at(max(t, self.idle_at), self.iterate, self.epoch)
 
     def _apply_inbox(self, now: float) -> None:
@@ -153,7 +158,7 @@ class SimRollout:
                 case Migrate(traj_ids=traj_ids, dest=dest):
                     reqs = self._abort(traj_ids) + self._take_held(traj_ids)
                     if reqs:
-                        self.ctl.migrated(self.rank, dest, reqs)
+                        self.cp.send(self.rank, self.epoch, self.ctl.migrated, (self.rank, dest, reqs))
                         self.credit += len(reqs)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -162,6 +167,8 @@ class SimRollout:
             return
         now = self.q.now
         self.idle = False
+        if self.idle_reports:
+            self._idle_reports(False)
         if self.inbox:
             self._apply_inbox(now)
         newest = self.sim.relay_version[self.relay]
@@ -201,7 +208,7 @@ class SimRollout:
         if self.queue or self.back:
             t = self._admit(drain, t)
         if self.credit and not drain:
-            self.ctl.want_work(self.rank, self.credit, self.version)
+            self.cp.send(self.rank, self.epoch, self.ctl.want_work, (self.rank, self.credit, self.version))
             self.credit = 0
         if self.act:
             if self.idle_since is not None:
@@ -233,6 +240,7 @@ class SimRollout:
             return  # a step cut short ends at its new end (`_cut`), not here
         self.stepping = False
         act, heap = self.act, self.heap
+        self.cp.stream(self.rank, self.frames_per_call, self.step_batch * self.pending)  # the call's tokens
         self.S += self.pending
         S = self.S
         self.kv += len(act) * self.pending
@@ -249,20 +257,25 @@ class SimRollout:
             self._turn_end(t, now)
         if self.kv > self.kv_peak:
             self.kv_peak = self.kv
-        if self.report_on:
-            self._report(self.q.now)
+        self._report(now)
         self.iterate(epoch)
 
     def _go_idle(self, t: float, count: bool = True) -> None:
         self.idle, self.idle_at = True, t
         if count and self.idle_since is None:
             self.idle_since = t
-        if self.report_on and not self._report(t):  # throttled: the idle loop reports once the interval is up
+        if count and not self.idle_reports:  # (not while it waits for a version or a global update)
+            self._idle_reports(True)
+        if not self._report(t) and self.report_on:  # throttled: the idle loop reports once the interval is up
             self.q.at(self.last_state + self.p.state_interval_s, self._late_report, self.epoch)
         if self.inbox:  # messages on their way: it wakes when the first arrives
             self._wake(self.inbox[0][0])
         elif self.queue and not self.partial:
             self.q.at(t + self.p.idle_poll_s, self._poll, self.epoch)
+
+    def _idle_reports(self, on: bool) -> None:
+        self.idle_reports = on
+        self.cp.idle(self.rank, 1 if on else -1)
 
     def _poll(self, epoch: int) -> None:
         if epoch == self.epoch and self.idle:
@@ -303,7 +316,7 @@ class SimRollout:
         if keep:
             queue.extendleft(reversed(keep))
         if rejected:
-            self.ctl.migrate_reject(self.rank, rejected)
+            self.cp.send(self.rank, self.epoch, self.ctl.migrate_reject, (self.rank, rejected))
             self.credit += len(rejected)
         if reqs:
             t = self._add(reqs, t)
@@ -314,6 +327,7 @@ class SimRollout:
         prompt = self.prompt
         dt = self.cost.prefill_s(sum(prompt + r.tokens for r in reqs))
         self.busy_s += dt
+        self.cp.stream(self.rank, len(reqs), len(reqs))  # each one's first token (emulation/traffic.py's count)
         S, end = self.S, t + dt
         for r in reqs:
             k = r.tokens + 1  # prefill samples each one's next token
@@ -337,7 +351,7 @@ class SimRollout:
         if t.plan is not None and t.plan.is_call(t.turn):
             self._tool_start(t, now)
             return
-        self.ctl.finished(t)
+        self.cp.send(self.rank, self.epoch, self.ctl.finished, (t,))
         self.credit += 1
 
     def _tool_start(self, t: Traj, now: float) -> None:
@@ -389,9 +403,14 @@ class SimRollout:
         self.idle_since, self.idle_pull = None, 0.0
 
     def _report(self, t: float) -> bool:
+        """rollout_state, at most every state_interval_s: it costs the control plane whether repack
+        reads it or not; the manager's copy is written only when repack is on."""
         if t - self.last_state < self.p.state_interval_s:
             return False
         self.last_state = t
+        self.cp.report(self.rank)
+        if not self.report_on:
+            return True
         if self.kv > self.kv_peak:
             self.kv_peak = self.kv
         waiting = self._pinned() if self.draining else len(self.queue)
@@ -414,7 +433,7 @@ class SimRollout:
         if epoch != self.epoch:
             return
         self.version = version
-        self.ctl.weights_loaded(self.rank, version)
+        self.cp.send(self.rank, epoch, self.ctl.weights_loaded, (self.rank, version))
         if then == FIRST:
             self.credit = self.hold
             self.iterate(epoch)
@@ -469,6 +488,8 @@ class SimRollout:
             t.entry = None
         self.alive = False
         self.epoch += 1
+        if self.idle_reports:
+            self._idle_reports(False)
         self._reset()
         self.ctl.rollout_down(self.rank)
 

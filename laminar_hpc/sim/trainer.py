@@ -56,8 +56,9 @@ class SimTrainer:
         self._collect()
 
     # -- groups ---------------------------------------------------------------------------
-    def deliver(self, groups: list) -> None:
-        self.q.after(self.p.msg_latency_s, self._arrive, groups)
+    def deliver(self, groups: list, sent: float | None = None) -> None:
+        """Groups the controller sent at `sent` (default now), here one message latency later."""
+        self.q.at((self.q.now if sent is None else sent) + self.p.msg_latency_s, self._arrive, groups)
 
     def _arrive(self, groups: list) -> None:
         self.inbox.append(groups)

@@ -30,7 +30,8 @@ def test_render_sbatch_gives_a_submittable_gpu_script(inputs, laminar):
     for line in re.findall(r"^#   (srun .*)$", text, re.M):
         argv = shlex.split(line)
         steps[argv[1].removeprefix("--job-name=")] = argv
-    assert set(steps) == {"controller-0", "relay", "trainer-0", *(f"rollout-{i}" for i in range(32))}
+    # four rollout nodes: one stream shard (controller.shards: auto), a step beside the controller's
+    assert set(steps) == {"controller-0", "shard-0", "relay", "trainer-0", *(f"rollout-{i}" for i in range(32))}
     relay = steps["relay"]
     assert "--mpi=pmix" in relay and "-N5" in relay and "-n5" in relay and "--ntasks-per-node=1" in relay
     # one task per Megatron rank (TP2 x DP4), one GPU each

@@ -40,6 +40,8 @@ def test_a_sharded_campaign_keeps_every_token_off_the_controller(tmp_path):
         assert stats["roles"][f"shard-{k}"]["ready_t"] is not None
     ctl = role_events(run_dir, "controller-0")
     assert {e["role"] for e in ctl if e["ev"] == "role_joined"} >= {"shard-0", "shard-1", "rollout-0", "rollout-1"}
+    assert [e["shards"] for e in ctl if e["ev"] == "role_start"] == [2]  # the count, in the controller's trace
+    assert [e["ev"] for e in role_events(run_dir, "shard-1")][:1] == ["role_start"]  # each shard traces its own
     assert processes_mentioning(str(run_dir)) == []
 
 

@@ -29,3 +29,16 @@ def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tmp_
     assert "nothing to resume" in line and "--resume" not in line and "\n" not in line
     line = interrupted_line("configs/tiny.yaml", tmp_path)  # made, no checkpoint yet
     assert f"--run-dir {tmp_path} --overwrite" in line and "--resume" not in line
+
+
+def test_stream_shards_are_listed_with_what_they_hold(tmp_path):
+    rd = RunDir(tmp_path)
+    save_config(load_config(REPO / "configs" / "tiny.yaml"), rd.config)
+    write_status(rd.status, Status(t=1.0, phase="rl", step=6, relayed={"frames": 4821, "batches": 600},
+                                   shards={"shard-1": {"partials": 3, "finished": 2, "token_bytes": 3 << 20},
+                                           "shard-0": {"partials": 14, "finished": 6, "token_bytes": 2 << 19}}))
+    lines = dict(line.split(None, 1) for line in status_report(tmp_path).splitlines())
+    assert lines["shards"] == ("2: shard-0 14 partials 6 finished 1.0 MB, shard-1 3 partials 2 finished 3.0 MB; "
+                               "4,821 frames relayed")
+    write_status(rd.status, Status(t=1.0, phase="rl", step=6))
+    assert "shards" not in dict(line.split(None, 1) for line in status_report(tmp_path).splitlines())  # none
