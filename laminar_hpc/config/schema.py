@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from laminar_hpc.config.env import EnvCfg, SandboxCfg  # noqa: F401 - re-exported
 from laminar_hpc.config.emulation import (
@@ -210,6 +210,16 @@ class ControllerCfg(Section):
     # the controller takes the tokens itself; auto: none on one rollout node, else one per
     # ROLLOUT_NODES_PER_SHARD rollout nodes (slurm.layout.rollout_nodes; `shard_count`)
     shards: NonNegInt | Literal["auto"] = "auto"
+
+    @field_validator("shards", mode="before")
+    @classmethod
+    def _shards_word_or_count(cls, v):
+        """One line for a bad value (pydantic's would name each branch of the union)."""
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            return v
+        if isinstance(v, str) and v.isdigit():
+            return int(v)
+        raise ValueError("give a number of stream shards (0 or more), or auto")
 
 
 class RepackCfg(Section):

@@ -188,7 +188,7 @@ class Shard:
         for shard, ids in remote.items():
             peer = self.peer(shard)
             if peer is None:  # a shard this campaign does not run (any more): from their prompts
-                work = [self._resumed(w, None) if w.shard == shard else w for w in work]
+                work = [self.store.resumed(w, None) if w.shard == shard else w for w in work]
                 continue
             peer.send(Fetch(traj_ids=ids, request=req))
             asked.add(shard)
@@ -226,21 +226,11 @@ class Shard:
         got = {w.traj_id: w for w in msg.work}
         for i, w in enumerate(work):
             if w.shard == shard:
-                work[i] = self._resumed(w, got.get(w.traj_id))
+                work[i] = self.store.resumed(w, got.get(w.traj_id))
         waiting.discard(shard)
         if not waiting:
             del self.pending[msg.request]
             self.hand_out(ident, int(ident.rpartition("-")[2]), work)
-
-    def _resumed(self, w, held):
-        """`w` with the tokens `held` (another shard's partial as work), or from its prompt."""
-        self.store.counts["resumed" if held is not None and held.tokens else "resumed_without_tokens"] += 1
-        if held is None or not held.tokens:
-            return msgspec.structs.replace(w, shard=None, version=None, version_spans=None, mask=None,
-                                           tool_calls=0, tool_errors=0)
-        return msgspec.structs.replace(w, shard=None, tokens=held.tokens, logprobs=held.logprobs,
-                                       version=held.version, version_spans=held.version_spans, mask=held.mask,
-                                       tool_calls=held.tool_calls, tool_errors=held.tool_errors)
 
     def expire(self, now: float) -> None:
         """Work whose tokens another shard did not send in time starts from its prompt."""
@@ -251,7 +241,7 @@ class Shard:
                              "from their prompts", sorted(waiting), len(work), FILL_TIMEOUT_S)
             del self.pending[req]
             self.hand_out(ident, int(ident.rpartition("-")[2]),
-                          [self._resumed(w, None) if w.shard in waiting else w for w in work])
+                          [self.store.resumed(w, None) if w.shard in waiting else w for w in work])
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self, flags: dict) -> None:

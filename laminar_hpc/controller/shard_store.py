@@ -91,14 +91,19 @@ class ShardStore:
         """`w` (resumed, its tokens at this shard) with every token this shard holds of it; as it
         came, without tokens, when it holds none (then it starts from its prompt)."""
         p = self.pool.partials.pop(w.traj_id, None)
-        if p is None or not p.n_tokens or p.gap:
+        return self.resumed(w, p.work() if p is not None and p.n_tokens and not p.gap else None)
+
+    def resumed(self, w: WorkItem, held: WorkItem | None) -> WorkItem:
+        """`w` with the tokens of `held` (a partial as work, this shard's or another's), or from its
+        prompt when there are none."""
+        if held is None or not held.tokens:
             self.counts["resumed_without_tokens"] += 1
             return msgspec.structs.replace(w, shard=None, version=None, version_spans=None, mask=None,
                                            tool_calls=0, tool_errors=0)
         self.counts["resumed"] += 1
-        return msgspec.structs.replace(w, shard=None, tokens=p.token_bytes(), logprobs=p.logprob_bytes(),
-                                       version=p.version, version_spans=p.version_spans, mask=p.mask,
-                                       tool_calls=p.tool_calls, tool_errors=p.tool_errors)
+        return msgspec.structs.replace(w, shard=None, tokens=held.tokens, logprobs=held.logprobs,
+                                       version=held.version, version_spans=held.version_spans, mask=held.mask,
+                                       tool_calls=held.tool_calls, tool_errors=held.tool_errors)
 
     def take_partials(self, ids: list[str]) -> tuple[list[WorkItem], list[str]]:
         """Another shard's `Fetch` of partials it resumes: what this one holds of them, as work."""

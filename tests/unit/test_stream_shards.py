@@ -184,3 +184,15 @@ def test_auto_shards_follow_the_rollout_nodes():
         "layout": cfg.slurm.layout.model_copy(update={"rollout_nodes": 64})})})
     assert shard_count(many) == 4
     assert shard_count(cfg.model_copy(update={"controller": cfg.controller.model_copy(update={"shards": 3})})) == 3
+
+
+def test_a_bad_shard_count_is_one_plain_line():
+    import pytest
+    from pydantic import ValidationError
+
+    cfg = load_config(REPO / "configs" / "tiny.yaml")
+    for bad in (-1, "lots", True):
+        with pytest.raises(ValidationError) as err:
+            type(cfg.controller).model_validate({**cfg.controller.model_dump(), "shards": bad})
+        assert "0 or more), or auto" in str(err.value) and "constrained" not in str(err.value)
+    assert type(cfg.controller).model_validate({**cfg.controller.model_dump(), "shards": "3"}).shards == 3
