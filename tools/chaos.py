@@ -8,6 +8,9 @@ nothing was lost or trained twice and report how long each recovery took.
     # on a Slurm cluster (roles as job steps), one of the kills a whole node's roles at once:
     .venv/bin/python tools/chaos.py configs/quickstart-slurm.yaml --cluster slurm --node-kills 1 \
         --kills 20 --json chaos-slurm.json trainer.total_steps=400
+    # a rollout killed every 2 minutes of campaign time, throughput measured (tools/bench_faults.py runs it per mode):
+    .venv/bin/python tools/chaos.py configs/bench/longtail-math.yaml --kinds rollout --every-s 120 --kills 8 \
+        --measure-skip 1 --json faults.json trainer.total_steps=30
 
 The campaign is a real `laminar run` (every role its own process), or with `--cluster slurm` a
 real `laminar submit --cluster slurm` (every role its own job step). Once it trains, the tool
@@ -46,6 +49,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
 
 from laminar_hpc.config import load_config  # noqa: E402
 from laminar_hpc.config.shards import shard_count  # noqa: E402
@@ -72,6 +76,12 @@ def schedule(kills: int, seed: int, node_kills: int = 0, kinds: tuple[str, ...] 
     order = ["node"] * node_kills + [kinds[i % len(kinds)] for i in range(kills - node_kills)]
     rng.shuffle(order)
     return order
+
+
+def campaign_scale(cfg) -> float:
+    """Wall seconds per campaign second: an emulated engine's time_scale, else 1."""
+    emulated = cfg.rollout.backend == "emulated" and cfg.emulation.time_scale > 0
+    return cfg.emulation.time_scale if emulated else 1.0
 
 
 def nodes_of(run_dir: Path) -> dict[tuple[str, int], str]:
@@ -240,9 +250,22 @@ def main() -> int:
     ap.add_argument("--checkpoint-every", type=int, default=10, help="trainer checkpoint interval (steps)")
     ap.add_argument("--gap-s", type=float, nargs=2, default=(1.0, 4.0),
                     help="seconds between a recovery and the next kill (uniform in [A, B])")
+    ap.add_argument("--kinds", default=None,
+                    help=f"comma-separated role kinds to kill (default: all of {','.join(KINDS)}, and shard when run)")
+    ap.add_argument("--every-s", type=float, default=None,
+                    help="a kill every this many campaign seconds (emulated seconds for an emulated engine) from the "
+                         "first train step, instead of --gap-s after each recovery")
+    ap.add_argument("--measure-skip", type=int, default=None, metavar="STEPS",
+                    help="also measure throughput, staleness and goodput as tools/bench_modes.py does, leaving out "
+                         "this many train steps at the start")
     ap.add_argument("--recovery-timeout-s", type=float, default=120.0)
     ap.add_argument("--end-timeout-s", type=float, default=3600.0, help="the longest the campaign may run")
     args = ap.parse_intermixed_args()
+    asked = tuple(k.strip() for k in (args.kinds or "").split(",") if k.strip())
+    if bad := [k for k in asked if k not in (*KINDS, "shard")]:
+        ap.error(f"--kinds: unknown role kind {bad[0]!r}; allowed: {', '.join((*KINDS, 'shard'))}")
+    if args.every_s is not None and args.every_s <= 0:
+        ap.error(f"--every-s must be above 0 (got {args.every_s})")
     run_dir = Path(args.run_dir or f"runs/chaos-{args.seed}").absolute()
     overrides = [f"checkpoint.every_steps={args.checkpoint_every}", f"supervisor.max_role_restarts={args.kills + 1}",
                  "supervisor.restart_backoff_s=0.5", *args.overrides]
@@ -272,11 +295,19 @@ def main() -> int:
             return not camp.running() or bool(total and st.step >= total - max(10, total // 20))
 
         # a campaign with stream shards (controller.shards) has them killed in turn too
-        kinds = KINDS + (("shard",) if shard_count(load_config(run_dir / "config.yaml")) else ())
+        run_cfg = load_config(run_dir / "config.yaml")
+        kinds = asked or KINDS + (("shard",) if shard_count(run_cfg) else ())
+        t_first = time.monotonic()
         for i, kind in enumerate(schedule(args.kills, args.seed, args.node_kills, kinds)):
             if attacher is not None and i in toggles and not over():
                 attacher.toggle()
-            time.sleep(rng.uniform(*args.gap_s))  # a seeded random moment
+            if args.every_s is None:
+                time.sleep(rng.uniform(*args.gap_s))  # a seeded random moment
+            else:  # on the campaign's clock: an emulated second lasts time_scale wall seconds
+                due = t_first + (i + 1) * args.every_s * campaign_scale(run_cfg)
+                while time.monotonic() < due and not over():
+                    time.sleep(min(0.5, max(0.0, due - time.monotonic())))  # polling for the end as we wait
+                    st = read_status(run_dir / "status.json")
             victims, give_up = [], time.monotonic() + 15.0
             while not victims and time.monotonic() < give_up:  # the role table may be refilling
                 st = read_status(run_dir / "status.json")
@@ -336,8 +367,13 @@ def main() -> int:
     }
     if attacher is not None:
         result["attach_jobs"] = attacher.report()
+    if args.measure_skip is not None and summary.get("outcome") == "completed":
+        import bench_modes  # tools/: the same figures as the modes benchmark
+        cfg = load_config(run_dir / "config.yaml")
+        result["measured"] = bench_modes.measure(run_dir, args.measure_skip, campaign_scale(cfg), cfg, cfg.mode)
     result["ok"] = bool(summary.get("outcome") == "completed" and summary.get("groups_lost") == 0
-                        and summary.get("groups_duplicated") == 0 and len(kills) >= args.kills
+                        and summary.get("groups_duplicated") == 0
+                        and len(kills) >= (1 if args.every_s else args.kills)  # on a clock: as many as the run lasts
                         and all(k["recovery_s"] is not None for k in kills))
     if attacher is not None:  # every attach job joined, pulled versions and left cleanly
         jobs = result["attach_jobs"]

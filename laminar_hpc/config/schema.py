@@ -178,6 +178,11 @@ class RelayCfg(Section):
     chunk_mb: SizeMb = 4.0  # broadcast chunk (MiB): smaller pipelines the chain sooner, costs more messages
     shm_dir: str = "/dev/shm"  # where each relay's version store lives (node-local shared memory)
     mpi_launcher: str = "mpirun"  # the local launcher's MPI starter for the relay tier
+    # the local launcher's relay tier (mpirun and its ranks). private: a network namespace of its own
+    # when every role talks over ipc:// (launch/netns.py): Open MPI's listeners bind every interface,
+    # and there no socket of the node reaches them (where the kernel allows none, one log line says
+    # the listeners are open); host: the node's network
+    network: Literal["private", "host"] = "private"
 
 
 class ControllerCfg(Section):
@@ -201,6 +206,13 @@ class ControllerCfg(Section):
     wal_snapshot_mb: PosFloat = 64.0  # compact the log into a snapshot once it grows past this
     # generation may run this many train steps ahead of the trainer: bounds staleness
     max_ahead_steps: NonNegInt = 2
+    # laminar refreshing in flight: for at most this long after a publish, new work waits at the
+    # controller for replicas that do not hold the published version yet (seconds; 0: never). A
+    # trajectory started on the old version counts one version staler for its whole life (its
+    # oldest token's), though the replica switches a second later: on the 7B preset that put 37%
+    # of the trajectories one version behind. Longer than publish -> relay -> load (about 1.3 s on
+    # the 7B preset, over 5 s for 145 GB on the 72B one); it caps the wait when the relay tier is down
+    hold_for_newest_s: Annotated[float, Field(ge=0.0)] = 30.0
     status_interval_s: PosFloat = 1.0  # status.json is rewritten this often (seconds)
     max_frame_mb: SizeMb = 64.0  # a control-plane frame over this size is refused and counted
     # stream shards (controller/shard.py): processes on the controller's node that hold the
@@ -247,6 +259,12 @@ class PartialRolloutCfg(Section):
     # weights (recompute, as AReaL) or with the KV computed under the old ones kept (keep, as
     # PipelineRL's in-flight weight update)
     kv: Literal["recompute", "keep"] = "recompute"
+    # when a replica stops for a new version on the relay path: relay (the default, the stronger
+    # baseline) once its node's relay holds it, so it generates on while the version crosses the
+    # relay chain; publish: as soon as the trainer publishes, idle until its relay has it. AReaL's
+    # paths (broadcast, filesystem) always pause at the publish: the trainer sends the version to
+    # rollouts that have stopped
+    pause_at: Literal["publish", "relay"] = "relay"
     # the trainer's sending link: one NDR InfiniBand port (400 Gb/s = 50 GB/s line rate), 80% achieved (assumed)
     broadcast_gbps: PosFloat = 40.0
     # per receiving rank, per bucket (pipeline fill): one 512 KiB NCCL slice (NCCL_BUFFSIZE 4 MiB / 8

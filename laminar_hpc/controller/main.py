@@ -59,7 +59,7 @@ from laminar_hpc.metrics.status import ControllerInfo, Status, StatusWriter, Uti
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import MODES
-from laminar_hpc.policy.scheduling import admission
+from laminar_hpc.policy.scheduling import admission, held_for_newest
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.tasks import build_task, encode_prompt, validation_problems
 from laminar_hpc.transport.endpoint import bind
@@ -125,6 +125,8 @@ class Controller:
         self.elastic = Elastic(cfg, data_plane=self.data_plane, members=self.members,
                                rollout_manager=self.rollout_manager, sync=self.sync, log=log)
         self.repack_on = spec.repacks(enabled=cfg.repack.enabled, refresh=cfg.rollout.refresh_in_flight)
+        # new work waits briefly after a publish for replicas to load it (policy.scheduling.held_for_newest)
+        self.hold_s = cfg.controller.hold_for_newest_s if spec.starts_on_newest(cfg.rollout.refresh_in_flight) else 0.0
         self.recovery = Recovery(self.data_plane, self.rollout_manager, self.sync, self.roles, log, tracer,
                                  self.t_start)
         # what the messages change and this reads (counters, the trainer's credit, why it stops)
@@ -273,7 +275,10 @@ class Controller:
                 self.rollout_manager.credit(rank, -len(work))
                 self.send(f"rollout-{rank}", Assign(work=work))
         # every assignment journalled first: the first send writes their records at once (one write)
-        for rank, work in list(self.rollout_manager.assign(self.data_plane)):
+        sync = self.sync
+        hold = held_for_newest(sync.versions, sync.trainer_version, time.monotonic() - sync.published_t,
+                               self.hold_s) if self.hold_s else frozenset()
+        for rank, work in list(self.rollout_manager.assign(self.data_plane, hold)):
             self.send(f"rollout-{rank}", Assign(work=work))
         if self.repack_on:
             self.rollout_manager.repack(time.monotonic(), queued=len(self.data_plane.queue))

@@ -138,13 +138,19 @@ class RolloutManager:
             return {r: c for r, c in sorted(positive, key=lambda rc: (-rc[1], rc[0]))}
         return scheduling.assign_work(queued, dict(positive))
 
-    def assign(self, plane: Plane) -> Iterator[tuple[int, list]]:
+    def assign(self, plane: Plane, hold: frozenset[int] = frozenset()) -> Iterator[tuple[int, list]]:
         """Queued work for the rollouts with credit: yields (rank, work) in the plan's order, each
         taken from `plane` and charged as it is yielded. The caller sends each (the simulator
-        charges its controller's time per trajectory as it does)."""
+        charges its controller's time per trajectory as it does). `hold`: ranks given nothing this
+        round (`scheduling.held_for_newest`); they keep their credit for a later round."""
         if not self.credits or not plane.queue:
             return
-        for rank, count in self.assign_plan(len(plane.queue)).items():
+        held = {r: self.credits.pop(r) for r in hold if r in self.credits}
+        try:
+            plan = self.assign_plan(len(plane.queue))
+        finally:
+            self.credits.update(held)
+        for rank, count in plan.items():
             work = plane.assign(rank, count)
             self.credit(rank, -len(work))
             yield rank, work

@@ -24,6 +24,8 @@ is a trace hook (`Tracer.emit`).
 """
 from __future__ import annotations
 
+import math
+
 from typing import Callable
 
 from laminar_hpc.policy import scheduling
@@ -45,6 +47,7 @@ class WeightSync:
         self.send, self.emit = send, emit
         self.versions = [-1] * rollouts  # the version each rollout holds (-1: none known, or dead)
         self.trainer_version = trainer_version  # the newest published
+        self.published_t = -math.inf  # when it was (the caller's clock)
         self.version_base = version_base  # the first published in this start: barrier batches count from it
         self.pending: int | None = None  # partial-rollout: the version of the global update under way
         self.t0 = 0.0  # when it started
@@ -70,7 +73,7 @@ class WeightSync:
         return {r: v for r, v in enumerate(self.versions) if v >= 0}
 
     def published(self, version: int, now: float) -> None:
-        self.trainer_version = version
+        self.trainer_version, self.published_t = version, now
         if self.version_base < 0:
             self.version_base = version
         if self.spec.global_update and version > self.version_base:

@@ -8,6 +8,7 @@ on a role failure or Ctrl-C every process is stopped by PID. Writes summary.json
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -16,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from laminar_hpc.config import Config, save_config
+from laminar_hpc.launch.netns import private_network
 from laminar_hpc.launch.plan import RoleSpec, role_specs
 from laminar_hpc.launch.processes import mpi_env, role_env
 from laminar_hpc.launch.prepare import prepare_run_dir
@@ -26,10 +28,12 @@ from laminar_hpc.metrics.summary import build_summary
 from laminar_hpc.metrics.trackers import finish_run, missing_packages
 from laminar_hpc.rundir import RunDir, atomic_write_json
 from laminar_hpc.transport.fdlimit import raise_fd_limit
+from laminar_hpc.transport.endpoint import uses_ipc
 from laminar_hpc.transport.security import ensure_keys
 from laminar_hpc.transport.shm_dir import SharedMemoryError, open_private_dir, remove_private_dir
 
 __all__ = ["RoleFailed", "run_local", "run_campaign", "role_argv"]
+log = logging.getLogger(__name__)
 
 
 def role_argv(python: str, spec: RoleSpec, run_dir: Path) -> list[str]:
@@ -60,8 +64,22 @@ def local_command(cfg: Config, run_dir: Path):
         # listens on any interface; btl_tcp_if_include=lo alone still bound every one). Not for
         # Slurm steps: virtual nodes of one machine are separate hosts to Open MPI
         relay_env = {"OMPI_MCA_btl": "self,vader", **relay_env}  # a user setting wins
-        return [launcher, "-n", str(cfg.relay.count), "--bind-to", "none", *argv], mpi_env(relay_env)
+        return relay_network(cfg, [launcher, "-n", str(cfg.relay.count), "--bind-to", "none", *argv]), \
+            mpi_env(relay_env)
     return command
+
+
+def relay_network(cfg: Config, argv: list[str]) -> list[str]:
+    """mpirun's own listeners (its out-of-band channel, its PMIx server) bind every interface: the
+    tier runs in a network namespace of its own when it needs no network (every endpoint on ipc://),
+    so that no other user of the node reaches them (launch/netns.py)."""
+    if cfg.relay.network == "host" or not uses_ipc(cfg.controller):
+        return argv
+    wrapped, why_not = private_network(argv)
+    if why_not is not None:
+        log.warning("relay tier: %s; mpirun listens on every interface of this machine "
+                    "(relay.network=host silences this)", why_not)
+    return wrapped
 
 
 def cleanup_shm(rd: RunDir) -> None:

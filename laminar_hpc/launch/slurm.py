@@ -27,6 +27,7 @@ from pathlib import Path
 from laminar_hpc.config import Config
 from laminar_hpc.launch.elastic import ElasticJobs
 from laminar_hpc.launch.local import role_argv, run_campaign
+from laminar_hpc.launch.netns import network_of
 from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
 from laminar_hpc.launch.processes import mpi_env, role_env
 from laminar_hpc.launch.prepare import CampaignLock, prepare_run_dir
@@ -50,12 +51,16 @@ def effective_config(cfg: Config) -> tuple[Config, SlurmPlan]:
     return cfg, plan
 
 
-def step_env(cross_host: bool) -> dict:
+def step_env(cross_host: bool, job_network: str | None = None) -> dict:
     """The environment of every step. The relay tier's MPI keeps to loopback, as under the local
     launcher, only while every node is this host (`cross_host` False: one node, or virtual nodes
-    whose NodeAddr is loopback); across hosts Open MPI picks the nodes' interfaces (its TCP
-    transport leaves out 127.0.0.0/8 by default). A setting in the user's environment wins."""
+    whose NodeAddr is loopback); across hosts its TCP transport talks on the job's network, the one
+    that holds node 0's NodeAddr (`job_network`, a CIDR: `netns.network_of`), not on whatever other
+    network a node has. (Open MPI still binds its listener on every interface: its interface lists
+    choose where it sends; docs/reliability.md.) A setting in the user's environment wins."""
     env = mpi_env(role_env(), loopback=not cross_host)
+    if cross_host and job_network:
+        env.setdefault("OMPI_MCA_btl_tcp_if_include", job_network)
     for key in ("OMPI_MCA_plm", "OMPI_MCA_ras"):  # settings for mpirun-in-a-step; srun --mpi=pmix needs neither
         env.pop(key, None)
     return env
@@ -120,7 +125,8 @@ class Driver:
         self.supervisor = None
         # nodes are other hosts unless Slurm says node 0 is loopback (virtual nodes of one machine);
         # when scontrol cannot tell, MPI is not pinned to loopback (Open MPI leaves it out itself)
-        self.env = step_env(cross_host=self.plan.nodes > 1 and not (addr and is_loopback(addr)))
+        cross_host = self.plan.nodes > 1 and not (addr and is_loopback(addr))
+        self.env = step_env(cross_host, network_of(addr) if cross_host and addr else None)
         # slurm.elastic: attach jobs beside this one, asked for again when one ends (launch/elastic.py)
         self.elastic = ElasticJobs(self.cfg, self.run_dir, log=lambda line: print(f"laminar: {line}", flush=True)) \
             if self.cfg.slurm.elastic.rollouts else None

@@ -8,6 +8,7 @@ its `ModeSpec` instead of comparing mode names; a new mode is one more entry in 
     spec.barrier                      # sync, one-step-off: whole batches at a barrier
     spec.repacks(enabled=cfg.repack.enabled, refresh=cfg.rollout.refresh_in_flight)
     spec.pins_versions(cfg.rollout.refresh_in_flight)
+    spec.starts_on_newest(cfg.rollout.refresh_in_flight)
 """
 from __future__ import annotations
 
@@ -41,6 +42,15 @@ class ModeSpec:
         can refresh (policy/repack.py). Only laminar drains for weights; refreshing in flight with
         `always`, no replica ever drains, and a move would only cost its destination a re-prefill."""
         return self.per_replica_refresh and enabled and refresh != "always"
+
+    def starts_on_newest(self, refresh: str) -> bool:
+        """Whether new work waits, briefly after a publish, for replicas to load the published version
+        (`scheduling.held_for_newest`). laminar refreshing in flight: a replica switches within a
+        second of its relay getting the version, so work started just before counts a version staler
+        for nothing. Only with `always`: an `underfull` replica does not switch while its batch is
+        full enough, so its free slots would idle for the whole hold; pure laminar drains first.
+        The global-update and barrier modes start work on the newest version by construction."""
+        return self.per_replica_refresh and refresh == "always"
 
     def pins_versions(self, refresh: str) -> bool:
         """Whether a trajectory with tokens may only continue on a replica holding the version it

@@ -107,7 +107,6 @@ class Rollout:
         self.turns = EpisodeTurns(self.episodes, self.engine, self.scoring, self.running, self.eval_ids,
                                   buffer=self.stream.add, finish=self.finish, fail=self.fail)
         self.newest_seen = -1  # the relay's newest version when the loop last looked
-        self.per_replica = MODES[cfg.mode].per_replica_refresh
         if hasattr(self.engine, "wake"):  # the emulated engine's macro steps end when something arrives
             self.engine.wake = self.arrived
 
@@ -209,10 +208,11 @@ class Rollout:
 
     def arrived(self, left_s: float) -> bool:
         """Whether something this loop must see arrived during an engine call: a control message or,
-        for a laminar replica, a newer version in its relay (checked every 50 ms of the `left_s`)."""
+        for a laminar replica (or a partial-rollout one told of a version its relay lacks), a newer
+        version in its relay (checked every 50 ms of the `left_s`)."""
         if self.ctx.ctrl.waiting(min(left_s, 0.05)):
             return True
-        return self.per_replica and self.weights.newest() > self.newest_seen
+        return self.updates.watches_relay() and self.weights.newest() > self.newest_seen
 
     # -- what the weight updates see (rollout/updates.py: UpdateHost) -------------------------
     def held(self) -> int:

@@ -7,9 +7,10 @@
   in flight: their KV re-prefilled under the new weights (`rollout.refresh_kv: recompute`: they
   leave the engine and come back) or kept (`keep`: the engine loads under them). Either way each
   trajectory records the version of each token span from then on (`UpdateHost.switched`).
-- `GlobalUpdate` (partial-rollout, as AReaL): a publish pauses every replica; each loads the
-  version (from its relay, or the file the trainer sent: `partial_rollout.update_path`) and all
-  continue together once every one holds it (the controller's `resume`), re-prefilling their
+- `GlobalUpdate` (partial-rollout, as AReaL): a publish pauses every replica (on the relay path,
+  by default, only once its node's relay holds the version: `partial_rollout.pause_at: relay`);
+  each loads the version (from its relay, or the file the trainer sent: `partial_rollout.update_path`)
+  and all continue together once every one holds it (the controller's `resume`), re-prefilling their
   sequences (`partial_rollout.kv: recompute`) or with their KV kept (`keep`, as PipelineRL).
 - `BarrierLoad` (sync, one-step-off): load only when told, between batches.
 
@@ -70,6 +71,10 @@ class ReplicaRefresh:
         self.setting, self.below = rollout_cfg.refresh_in_flight, rollout_cfg.refresh_below
         self.keep_kv = rollout_cfg.refresh_kv == "keep"
 
+    def watches_relay(self) -> bool:
+        """A laminar replica acts on its relay's next version as soon as it is there."""
+        return True
+
     def tick(self, newest: int) -> bool:
         """Weights before admitting work; returns whether new work must wait (draining)."""
         engine = self.host.engine
@@ -106,6 +111,9 @@ class GlobalUpdate:
         self.host, self.cfg = host, cfg
         self.keep_kv = cfg.partial_rollout.kv == "keep"
         self.path = update_path(cfg)  # relay, or AReaL's: the file the trainer sent
+        # pause only once this node's relay holds the version (relay path only: AReaL's trainer
+        # sends the version to rollouts that have stopped)
+        self.pause_at_relay = self.path.via_relay and cfg.partial_rollout.pause_at == "relay"
         self.target_version = -1  # the version the controller told every replica to load
         self.resume_version = -1  # every replica holds this version: go on
         self.paused = False
@@ -123,9 +131,16 @@ class GlobalUpdate:
         self.paused = self._update(newest)
         return False
 
+    def watches_relay(self) -> bool:
+        """Told of a version its relay does not hold yet, generating meanwhile (`pause_at: relay`):
+        the loop must notice the relay's next version during an engine call, as laminar's does."""
+        return self.pause_at_relay and not self.paused and self.target_version > self.host.engine.version
+
     def _update(self, newest: int) -> bool:
         host, engine = self.host, self.host.engine
         if self.target_version > engine.version:
+            if not self.paused and self.pause_at_relay and newest < self.target_version:
+                return False  # generate on until the relay holds it: the pause is then the load alone
             if not self.paused:
                 # keep: the sequences stay in the engine, frozen, their KV kept for after the load
                 self.interrupted = [] if self.keep_kv else engine.abort(engine.active_ids())
@@ -195,6 +210,9 @@ class BarrierLoad:
 
     def told(self, version: int) -> None:
         self.target_version = max(self.target_version, version)
+
+    def watches_relay(self) -> bool:
+        return False  # loads between batches only: the loop sees the relay then
 
     def tick(self, newest: int) -> bool:
         if self.target_version > self.host.engine.version and newest >= self.target_version and self.host.idle():

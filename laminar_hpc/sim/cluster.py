@@ -9,6 +9,13 @@ Figures are taken like bench_modes does: over a steady window from the end of tr
 generated, rollout busy fraction, weight wait per rollout, staleness; with tool-use episodes the
 tool calls and the time episodes waited for them), and the control plane's load over the same
 window (`controller_util`, `shard_util_max`, `control_plane`: sim/control_plane.py).
+
+The data plane's ledger at the end of the run (`accounting`; it matters with failures): `trajectories_lost`
+counts admitted trajectories that are neither finished, nor queued, nor held by a live replica
+(running, queued, paused, waiting for a tool, or in a message on its way to it), nor in a message
+on its way to the controller: work that would never be trained nor requeued (`groups_lost`: their
+groups). `trajectories_duplicated` counts results that reached the controller for a trajectory
+already finished (discarded: the pool finishes a trajectory once, so no group is trained twice).
 """
 from __future__ import annotations
 
@@ -23,9 +30,10 @@ from laminar_hpc.sim.controller import SimController
 from laminar_hpc.sim.events import EventQueue
 from laminar_hpc.sim.observe import Observer, sim_ideal
 from laminar_hpc.sim.params import ClusterSpec, SimParams
-from laminar_hpc.sim.pool import Pool
+from laminar_hpc.sim.pool import Pool, Traj
 from laminar_hpc.sim.rollout import SimRollout
 from laminar_hpc.sim.trainer import SimRelays, SimTrainer
+from laminar_hpc.transport.protocol import Assign
 
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config
@@ -61,9 +69,18 @@ class Simulation:
         self.relays = SimRelays(self, cfg.relay.count)
         self.rng = np.random.default_rng([cfg.seed, 0xFA11])
         self.stalled = False
+        self.duplicates = 0  # results for a trajectory already finished (`accounting`)
+        finish = self.pool.finish
+
+        def counted(t):
+            if t.done:
+                self.duplicates += 1
+            return finish(t)
+        self.pool.finish = counted
         # watchdog: a first step may take as long as the longest response decoded at a full batch
         full = cfg.rollout.max_batch
         slowest = cfg.rollout.max_new_tokens * params.cost.decode_steps_s(full, full * cfg.rollout.max_new_tokens, 1)
+        slowest *= max(1.0, params.slow_decode) if params.slow_fraction else 1.0
         self._progress_t, self._progress_n, self._stall_s = 0.0, 0, max(3600.0, 20 * slowest)
 
     @property
@@ -92,6 +109,8 @@ class Simulation:
         if f.rollout_mtbf_s:
             for r in self.rollouts:
                 self.q.at(self.rng.exponential(f.rollout_mtbf_s), self._fail_rollout, r.rank)
+        if f.rollout_every_s:
+            self.q.at(f.rollout_every_s, self._kill_a_rollout)
         if f.relay_mtbf_s:
             self.q.at(self.rng.exponential(f.relay_mtbf_s), self._fail_relays)
         if f.trainer_mtbf_s:
@@ -105,6 +124,20 @@ class Simulation:
         self.rollouts[rank].die()
         self.q.after(f.rollout_recovery_s, lambda _: self.rollouts[rank].revive())
         self.q.after(f.rollout_recovery_s + self.rng.exponential(f.rollout_mtbf_s), self._fail_rollout, rank)
+
+    def _kill_a_rollout(self, _=None) -> None:
+        """The fleet-wide rate (`FailureSpec.rollout_every_s`): one live rollout, drawn from the seed,
+        dies now; the next one every so many seconds after."""
+        if self.done:
+            return
+        f = self.params.failures
+        live = [r.rank for r in self.rollouts if r.alive]
+        if live:
+            rank = live[int(self.rng.integers(len(live)))]
+            self.failures["rollout"] += 1
+            self.rollouts[rank].die()
+            self.q.after(f.rollout_recovery_s, lambda _: self.rollouts[rank].revive())
+        self.q.after(f.rollout_every_s, self._kill_a_rollout)
 
     def _fail_relays(self, _=None) -> None:
         if self.done:
@@ -151,6 +184,35 @@ class Simulation:
         return False
 
 
+def _trajs(x) -> list:
+    """The simulated trajectories in a message's arguments."""
+    if isinstance(x, Traj):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _trajs(y)]
+    return []
+
+
+def accounting(sim: Simulation) -> dict:
+    """The data plane's ledger at the end of the run (module docstring): lost and duplicated work."""
+    held: set[int] = set()
+    for r in sim.rollouts:
+        if not r.alive:
+            continue
+        for ts in (r.act.values(), r.queue, r.tools.values(), r.back, r.paused or ()):
+            held.update(id(t) for t in ts)
+        for _, msg in r.inbox:  # assigned, on its way
+            if isinstance(msg, Assign):
+                held.update(id(t) for t in msg.work)
+    for box in sim.cp.outbox:  # results and hand-backs a shard has not passed on yet
+        for _, rank, epoch, _fn, args in box:
+            if sim.rollouts[rank].epoch == epoch:
+                held.update(id(t) for t in _trajs(args))
+    lost = [t for t in sim.pool.partials.values() if not t.done and not t.queued and id(t) not in held]
+    return {"trajectories_lost": len(lost), "groups_lost": len({t.gid for t in lost}),
+            "trajectories_duplicated": sim.duplicates}
+
+
 def measure(sim: Simulation, skip: int) -> dict:
     rows = sim.trainer.rows
     if len(rows) <= skip:
@@ -191,6 +253,7 @@ def measure(sim: Simulation, skip: int) -> dict:
         "global_update_s_mean": sum(sim.syncs) / len(sim.syncs) if sim.syncs else None,
         "failures": dict(sim.failures),
         "recovered": dict(placed),
+        **accounting(sim),
         "sim_time_s": sim.q.now, "sim_events": sim.q.events,
         **sim.cp.window(a["control_plane"] if a else None, b["control_plane"], span),
         **_goodput(sim, trajs / span, t_a, b["wall"], skip),

@@ -45,6 +45,9 @@ class SimController:
             interval_s=cfg.repack.interval_s, kv_capacity=kv_capacity(cfg), expiry_s=self.p.moving_expiry_s,
             send=self.send, pins_versions=spec.pins_versions(refresh))
         self.trainer_credit = 0
+        # laminar refreshing in flight: new work waits briefly for replicas to load a published version
+        self.hold_s = cfg.controller.hold_for_newest_s if spec.starts_on_newest(refresh) else 0.0
+        self._hold_due = -1  # the version whose hold's end is scheduled
         self.steps_trained = 0
         self.alive = [True] * self.n
         self._poked = False
@@ -143,7 +146,7 @@ class SimController:
             pool.admit(n)
             t += n * cfg.trainer.group_size * self.p.ctl_per_traj_s
         if pool.queue and self.rollout_manager.credits:  # (what assign checks first, without making the generator)
-            for rank, work in self.rollout_manager.assign(pool):
+            for rank, work in self.rollout_manager.assign(pool, self._held(now)):
                 t += len(work) * self.p.ctl_per_traj_s
                 self.sim.rollouts[rank].deliver(Assign(work=work), sent=t)
         if t > t0:
@@ -154,6 +157,22 @@ class SimController:
             groups = pool.take_groups(self.trainer_credit)
             self.trainer_credit -= len(groups)
             self.sim.trainer.deliver(groups, sent=t)
+
+    def _held(self, now: float) -> frozenset[int]:
+        """`scheduling.held_for_newest`, as the runtime's loop asks it; a round is due when the hold
+        ends (the runtime's loop runs every few milliseconds anyway)."""
+        if not self.hold_s:
+            return frozenset()
+        sync = self.sync
+        held = scheduling.held_for_newest(sync.versions, sync.trainer_version, now - sync.published_t, self.hold_s)
+        if held and self._hold_due != sync.trainer_version:
+            self._hold_due = sync.trainer_version
+            self.q.at(sync.published_t + self.hold_s, self._hold_over, sync.trainer_version)
+        return held
+
+    def _hold_over(self, version: int) -> None:
+        if self.sync.trainer_version == version:
+            self.poke()
 
     def _repack_timer(self, _=None) -> None:
         if self.sim.done:

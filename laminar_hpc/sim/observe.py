@@ -135,9 +135,10 @@ class Observer:
                 continue
             n = len(r.act)
             # loading or awaiting a version it will load: laminar pulls as soon as it runs nothing,
-            # the baselines when the controller tells them (`target`)
+            # the baselines when the controller tells them (`target`; pausing at its relay, once it is there)
             if r.paused is not None or r.switching or (n == 0 and not getattr(r, "tools", None) and (
-                    r.version < sim.relay_version[r.relay] if self.laminar else r.target > r.version)):
+                    r.version < sim.relay_version[r.relay] if self.laminar else r.target > r.version and (
+                        not r.pause_at_relay or sim.relay_version[r.relay] >= r.target))):
                 acc[INDEX["weights"]] += 1.0
                 continue
             f = loss[n if n < top else top]

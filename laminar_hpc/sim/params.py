@@ -40,8 +40,15 @@ SHARD_BATCH_S = 0.01
 @dataclass
 class FailureSpec:
     """Injected failures: mean time between failures per role instance (emulated seconds;
-    None: never) and how long the role is gone before its restart is serving again."""
+    None: never) and how long the role is gone before its restart is serving again.
+
+    `rollout_every_s` is a fleet-wide rate instead: every so many emulated seconds from the start
+    of the campaign (t = every, 2 x every, ...) one live rollout, drawn from the seed, is killed,
+    whatever the fleet's size (a rollout killed every 2 minutes: 120). It may be combined with
+    `rollout_mtbf_s`. A killed rollout is gone `rollout_recovery_s`, then pulls the newest
+    version (its load, `pull_s`, comes on top) before it serves again."""
     rollout_mtbf_s: float | None = None
+    rollout_every_s: float | None = None
     rollout_recovery_s: float = 30.0
     relay_mtbf_s: float | None = None  # the whole relay tier is rebuilt (one MPI job)
     relay_recovery_s: float = 20.0
@@ -49,7 +56,8 @@ class FailureSpec:
     trainer_recovery_s: float = 60.0
 
     def any(self) -> bool:
-        return any(x is not None for x in (self.rollout_mtbf_s, self.relay_mtbf_s, self.trainer_mtbf_s))
+        return any(x is not None for x in (self.rollout_mtbf_s, self.rollout_every_s, self.relay_mtbf_s,
+                                           self.trainer_mtbf_s))
 
 
 @dataclass
@@ -94,11 +102,53 @@ class ClusterSpec:
     idle_poll_ms: float = 20.0  # an idle rollout re-checks its relay this often (rollout/main.py)
     prompt_tokens: int = 256  # for tasks whose prompt length the config does not fix (non-synthetic)
     weak_scaling: bool = True  # scaling curve: the global batch grows with the rollout replicas
+    # A heterogeneous fleet: the last `slow_fraction` of the rollout ranks (round(count x fraction) of
+    # them, the highest ranks: whole nodes of their own, as elastic joiners of an older GPU attach) decode
+    # `slow_decode` times slower (every decode step; prefill keeps the preset's cost) and load each version
+    # `slow_load` times slower (the engine's load, nominal_weight_gb / pull_gbps; what a global update's
+    # broadcast or filesystem read adds before it is unchanged). `SimParams.replica` applies them.
+    slow_fraction: float = 0.0
+    slow_decode: float = 1.0
+    slow_load: float = 1.0
     failures: FailureSpec = field(default_factory=FailureSpec)
 
     def __post_init__(self):
         if isinstance(self.failures, dict):
             self.failures = FailureSpec(**self.failures)
+        if not 0.0 <= self.slow_fraction <= 1.0 or self.slow_decode <= 0 or self.slow_load <= 0:
+            raise ValueError(f"slow_fraction must be in [0, 1] and slow_decode, slow_load > 0 (got "
+                             f"{self.slow_fraction}, {self.slow_decode}, {self.slow_load})")
+
+
+def slow_ranks(count: int, fraction: float) -> range:
+    """The rollout ranks of a heterogeneous fleet's slow part: the last round(count x fraction)."""
+    k = min(count, max(0, round(count * fraction)))
+    return range(count - k, count)
+
+
+class SlowerDecode:
+    """A replica's cost model whose decode steps take `factor` times the base model's: the engine of
+    an older GPU. Prefill, training and loads are the base model's (loads: `SimParams.replica`)."""
+
+    def __init__(self, base: CostModel, factor: float):
+        self.base, self.factor = base, factor
+        self.e = base.e
+
+    def prefill_s(self, tokens: int) -> float:
+        return self.base.prefill_s(tokens)
+
+    def decode_steps_s(self, batch: int, kv: int, steps: int) -> float:
+        return self.factor * self.base.decode_steps_s(batch, kv, steps)
+
+    def steps_within(self, batch: int, kv: int, seconds: float, most: int) -> int:
+        # this engine's step boundaries are the base's scaled by `factor`
+        return self.base.steps_within(batch, kv, seconds / self.factor, most)
+
+    def train_s(self, tokens: int) -> float:
+        return self.base.train_s(tokens)
+
+    def weight_load_s(self) -> float:
+        return self.base.weight_load_s()
 
 
 class Lengths:
@@ -204,6 +254,11 @@ class SimParams:
     update_send_s: float = 0.0
     update_ready_s: float = 0.0
     failures: FailureSpec = field(default_factory=FailureSpec)
+    # a heterogeneous fleet (ClusterSpec.slow_*): the last `slow_fraction` of the ranks decode `slow_decode`
+    # times slower and load `slow_load` times slower (`replica`)
+    slow_fraction: float = 0.0
+    slow_decode: float = 1.0
+    slow_load: float = 1.0
     sources: dict = field(default_factory=dict)  # parameter -> where its value came from
     # the workload of emu.lengths, built once (lengths, episode plans, the ideal): passed down, never looked up
     workload: Workload | None = field(default=None, compare=False, repr=False)
@@ -221,6 +276,10 @@ class SimParams:
         src = {"cost model": "config emulation.* (the emulated engines' own coefficients)",
                "lengths": f"config emulation.lengths ({kind}, {length_mode} draws"
                           + (", tool-use episodes: the runtime's own plans)" if wl.episodes else ")")}
+        if spec.slow_fraction and (spec.slow_decode != 1.0 or spec.slow_load != 1.0):
+            src["heterogeneous fleet"] = (f"the last {spec.slow_fraction:g} of the rollout ranks decode "
+                                          f"{spec.slow_decode:g}x slower and load {spec.slow_load:g}x slower "
+                                          "(#@sim slow_fraction, slow_decode, slow_load)")
         if spec.bcast_gbps:  # a cluster: the model's bytes, at its links' speeds
             moved, wall_b = e.nominal_weight_gb * 1e9, 1.0
             bw = spec.bcast_gbps * 1e9
@@ -272,6 +331,7 @@ class SimParams:
                 idle_poll_s=spec.idle_poll_ms * 1e-3 * wall, state_interval_s=cfg.repack.state_interval_s * wall,
                 moving_expiry_s=move_expiry_s(cfg.repack.interval_s, second=wall), relay_count=cfg.relay.count,
                 length_mode=length_mode, failures=spec.failures, sources=src, relay_fill_s=fill_s, workload=wl,
+                slow_fraction=spec.slow_fraction, slow_decode=spec.slow_decode, slow_load=spec.slow_load,
                 **({} if update is None else {"update_path": update["path"], "update_send_s": update["send_s"],
                                               "update_ready_s": update["ready_s"]}))
         return p
@@ -285,6 +345,16 @@ class SimParams:
     def lengths(self, cfg: Config) -> Lengths:
         return Lengths(self.emu.lengths, seed=cfg.seed, cap=cfg.rollout.max_new_tokens, mode=self.length_mode,
                        empirical=self.empirical_lengths, workload=self.workload)
+
+    def replica(self, rank: int, count: int) -> tuple:
+        """Rollout `rank`'s (of `count`) cost model and the time it takes to load a version: the
+        shared ones, or on a slow replica of a heterogeneous fleet (`slow_ranks`) decode steps
+        `slow_decode` times longer and the engine's load (`cost.weight_load_s()`) `slow_load` times
+        longer, on top of what else a load costs here (real bytes, a global update's transfer)."""
+        if rank not in slow_ranks(count, self.slow_fraction):
+            return self.cost, self.pull_s
+        cost = self.cost if self.slow_decode == 1.0 else SlowerDecode(self.cost, self.slow_decode)
+        return cost, self.pull_s + (self.slow_load - 1.0) * self.cost.weight_load_s()
 
     def bcast_ready_s(self, hop: int) -> float:
         """Publish -> readable at relay rank `hop` (0 = master). Copy, checksum and chain overlap
@@ -316,5 +386,7 @@ class SimParams:
                 "control_plane": {"shards": self.shards, "ctl_per_msg_s": self.ctl_per_msg_s,
                                   "ctl_per_token_s": self.ctl_per_token_s, "shard_per_msg_s": self.shard_per_msg_s,
                                   "shard_per_token_s": self.shard_per_token_s},
-                "time_scale": self.time_scale, "sources": self.sources}
+                "time_scale": self.time_scale, "sources": self.sources,
+                **({"heterogeneous": {"slow_fraction": self.slow_fraction, "slow_decode": self.slow_decode,
+                                      "slow_load": self.slow_load}} if self.slow_fraction else {})}
 

@@ -8,6 +8,13 @@ prefix), so every file under configs/ stays a valid runtime config:
     #@sim rollout_tp: 8          # GPUs per rollout replica (tensor parallel)
     #@sim bcast_gbps: 40         # relay chain link, GB/s
     #@sim failures: {rollout_mtbf_s: 86400}
+    #@sim failures: {rollout_every_s: 120, rollout_recovery_s: 5.7}   # one rollout killed every 2 minutes
+    #@sim slow_fraction: 0.25     # a heterogeneous fleet: the last quarter of the replicas ...
+    #@sim slow_decode: 2.0        # ... decode 2x slower ...
+    #@sim slow_load: 4.0          # ... and load each version 4x slower
+
+A preset may be written at its full size (configs/bench/barrier-*.yaml: 1,024 GPUs); `scale_cluster`
+of a preset to the size it already has changes nothing.
 
     cfg, spec = load_preset("configs/presets/72b-h100.yaml", ["mode=sync"])
     cfg2, spec2 = scale_cluster(cfg, spec, gpus=1024)     # same per-GPU costs, 1024 GPUs in all
@@ -56,7 +63,7 @@ def spec_from_dict(data: dict, source: str = "#@sim") -> ClusterSpec:
         data["failures"] = FailureSpec(**f)
     try:
         return ClusterSpec(**data)
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         raise ConfigError(f"{source}: {err}") from None
 
 

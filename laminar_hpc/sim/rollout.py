@@ -3,7 +3,8 @@
 One loop iteration, as in the runtime: handle the control messages that have arrived; decide
 about weights (laminar: `policy.refresh.refresh_action`: drain then pull, or load in flight and
 keep the sequences, re-prefilling their KV or keeping it; barrier modes: load when told, between
-batches; partial-rollout: the global update, interrupt + load + wait for `resume` + re-prefill,
+batches; partial-rollout: the global update, interrupt (once its relay holds the version, with
+`partial_rollout.pause_at: relay`) + load + wait for `resume` + re-prefill,
 or with `partial_rollout.kv: keep` no re-prefill); admit queued work into the free slots (prefill cost; migrated work
 first, pinned to its version, rejected if the replica moved on); return credit; then one
 engine macro-step: up to `emulation.max_macro_steps` decode steps, never past the next finish,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.policy import refresh
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.sim.pool import Traj
@@ -50,6 +52,8 @@ class SimRollout:
         self.refresh, self.refresh_below = ro.refresh_in_flight, ro.refresh_below
         self.keep_kv = ro.refresh_kv == "keep"  # laminar's switch in flight keeps the old KV
         self.pr_keep_kv = cfg.partial_rollout.kv == "keep"  # partial-rollout's update keeps it
+        # partial-rollout pauses once its relay holds the version (rollout/updates.py GlobalUpdate)
+        self.pause_at_relay = self.partial and update_path(cfg).via_relay and cfg.partial_rollout.pause_at == "relay"
         self.on_reprefill = None  # the observer's hook: re-prefill time a weight update costs (emulated s)
         self.episodes = getattr(sim.pool.lengths, "episodes", False)
         env = getattr(cfg, "env", None)
@@ -59,7 +63,8 @@ class SimRollout:
         self.interrupts = cfg.emulation.step_interrupts  # a message ends a macro step at the next decode step
         self.per_replica = spec.per_replica_refresh  # laminar: a newer relay version matters at once
         self.prompt = sim.params.prompt_tokens
-        self.cost = sim.params.cost
+        # its engine's costs and its load time: the cluster's, or a slow replica's (ClusterSpec.slow_*)
+        self.cost, self.pull_s = sim.params.replica(rank, cfg.rollout.count)
         self.report_on = sim.ctl.repack_on
         self.frames_per_call = 1.0 / cfg.rollout.stream_every_tokens  # a stream frame every so many engine calls
         self.idle_reports = False  # in the idle loop, which reports its state every state_interval_s
@@ -118,7 +123,8 @@ class SimRollout:
     def relay_ready(self) -> None:
         if self.idle:
             self._wake(self.q.now + self.p.idle_poll_s / 2)  # it re-checks its relay between polls
-        elif self.stepping and self.per_replica and self.interrupts:
+        elif self.stepping and self.interrupts and (self.per_replica or (
+                self.pause_at_relay and self.paused is None and self.target > self.version)):
             self._cut(self.q.now)  # its loop checks the relay every decode step
 
     def _cut(self, t: float) -> None:
@@ -421,7 +427,7 @@ class SimRollout:
 
     # -- weights ----------------------------------------------------------------------------
     def _pull(self, version: int, then: int) -> None:
-        d = self.p.pull_s
+        d = self.pull_s
         self.wait_s += d
         if self.idle_since is not None:
             self.idle_pull += d
@@ -456,6 +462,8 @@ class SimRollout:
     def _global_update(self, newest: int, now: float) -> bool:
         """partial-rollout, as AReaL: interrupt, load, wait for every replica, re-prefill."""
         if self.target > self.version:
+            if self.paused is None and self.pause_at_relay and newest < self.target:
+                return False  # generates on until its relay holds the version
             if self.paused is None:  # keep: the sequences stay in the engine with their KV, frozen
                 self.paused = [] if self.pr_keep_kv else self._abort(list(self.act))
                 self.pause_t0, self.pause_wait0 = now, self.wait_s

@@ -38,12 +38,16 @@ RELAY = "partial_rollout.update_path=relay"
 # `laminar` is laminar as shipped: the config's own rollout.refresh_in_flight (its default unless
 # set); `laminar-pure` is one version per trajectory (drain, then pull); the others pin one
 # refresh setting. partial-rollout re-prefills the interrupted sequences (AReaL), `-keep` keeps
-# their KV (PipelineRL's in-flight update).
+# their KV (PipelineRL's in-flight update); both take the config's `partial_rollout.pause_at`
+# (default: a replica pauses once its relay holds the version, the strongest baseline),
+# `-publish` pauses at the publish (the baseline before issue 34).
 VARIANTS: dict[str, list[str]] = {
     "sync": ["mode=sync", "repack.enabled=false", RELAY],
     "one-step-off": ["mode=one-step-off", "repack.enabled=false", RELAY],
     "partial-rollout": ["mode=partial-rollout", "repack.enabled=false", RELAY, "partial_rollout.kv=recompute"],
     "partial-rollout-keep": ["mode=partial-rollout", "repack.enabled=false", RELAY, "partial_rollout.kv=keep"],
+    "partial-rollout-publish": ["mode=partial-rollout", "repack.enabled=false", RELAY, "partial_rollout.kv=recompute",
+                                "partial_rollout.pause_at=publish"],
     "partial-rollout-areal": ["mode=partial-rollout", "repack.enabled=false", f"partial_rollout.update_path={AREAL}",
                               "partial_rollout.kv=recompute"],
     "laminar": ["mode=laminar", "repack.enabled=true", RELAY],

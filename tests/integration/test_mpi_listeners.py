@@ -2,8 +2,9 @@
 tier (one `mpirun` job, every rank on this machine) talks over shared memory only, so none of its
 ranks listens on a TCP port. Before, each rank's TCP transport listened on every interface
 (`btl_tcp_if_include=lo` limits the interfaces it sends on, not its bind address): another user
-of the node reached the ranks with junk. mpirun's own listeners and the multi-node case are not
-covered here (docs/reliability.md)."""
+of the node reached the ranks with junk. mpirun's own listeners (out-of-band, PMIx) bind every
+interface whatever its settings: the tier runs in a network namespace of its own
+(relay.network, launch/netns.py). The multi-node case: docs/reliability.md."""
 from __future__ import annotations
 
 import json
@@ -46,11 +47,20 @@ def _socket_inodes(pid: int) -> set[int]:
     return found
 
 
-def test_the_local_relay_tiers_ranks_listen_on_no_tcp_port(tmp_path):
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("network", ["private", "host"])
+def test_the_local_relay_tier_listens_on_no_tcp_port_of_this_machine(tmp_path, network):
+    """Ranks (btl self,vader) listen nowhere; mpirun's own out-of-band and PMIx listeners bind every
+    interface, so with relay.network (private) the tier runs in a network namespace of its own
+    and none of its listeners is a socket of this machine's network. With `host`, mpirun's are."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),
-                             "trainer.total_steps=100000"], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             "trainer.total_steps=100000", f"relay.network={network}"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -65,10 +75,17 @@ def test_the_local_relay_tiers_ranks_listen_on_no_tcp_port(tmp_path):
             assert time.monotonic() < deadline, "the campaign's relay tier never became ready"
             time.sleep(0.2)  # poll a file the controller writes
         listening = _listening_inodes()
-        for rank in (0, 1):
-            pid = roles[f"relay-{rank}"]["pid"]
+        ranks = [roles[f"relay-{rank}"]["pid"] for rank in (0, 1)]
+        mpirun = _parent(ranks[0])
+        for pid in ranks:
             held = {listening[i] for i in _socket_inodes(pid) if i in listening}
-            assert held == set(), f"relay rank {rank} (pid {pid}) listens on {held}"
+            assert held == set(), f"relay rank (pid {pid}) listens on {held}"
+        held = {listening[i] for i in _socket_inodes(mpirun) if i in listening}
+        if network == "private":
+            assert held == set(), f"mpirun (pid {mpirun}) listens on {held}"
+            assert os.readlink(f"/proc/{mpirun}/ns/net") != os.readlink("/proc/self/ns/net")
+        else:
+            assert held, "mpirun listens in this machine's network without a namespace of its own"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the launcher stops every role it started
         proc.wait(timeout=60)

@@ -123,6 +123,46 @@ def test_want_work_is_answered_with_assignments_at_the_next_schedule(make):
     assert ctl.server.take() == []  # credit spent
 
 
+@pytest.mark.parametrize("hold_s", [5.0, 0.0])
+def test_after_a_publish_new_work_waits_for_replicas_to_load_it(make, hold_s):
+    """laminar refreshing in flight (controller.hold_for_newest_s): work started on the old version
+    would count a version staler for its whole life, so a replica that asks before it holds the
+    published version gets it once it reports the load; with 0, at once."""
+    ctl = make("laminar", f"controller.hold_for_newest_s={hold_s}")
+    for r in range(4):
+        _hello(ctl, f"rollout-{r}", pid=100 + r)
+    ctl.handle("trainer-0", Published(version=0, stall_s=0.0))
+    ctl.handle("trainer-0", Published(version=1, stall_s=0.0))
+    ctl.server.take()
+    ctl.handle("rollout-0", WantWork(credit=8, version=1))
+    ctl.handle("rollout-1", WantWork(credit=8, version=0))  # its relay has not got version 1 yet
+    ctl.schedule()
+    sent = {to: len(m.work) for to, m in ctl.server.take() if isinstance(m, Assign)}
+    if not hold_s:
+        assert sent == {"rollout-0": 8, "rollout-1": 8}
+        return
+    assert sent == {"rollout-0": 8}
+    ctl.handle("rollout-1", WeightsLoaded(version=1, pull_s=0.5))
+    ctl.schedule()
+    assert {to: len(m.work) for to, m in ctl.server.take() if isinstance(m, Assign)} == {"rollout-1": 8}
+
+
+def test_the_hold_for_the_newest_version_ends_after_its_time(make):
+    """A relay tier that is down must not stall generation: past hold_for_newest_s the work goes."""
+    ctl = make("laminar", "controller.hold_for_newest_s=5")
+    for r in range(4):
+        _hello(ctl, f"rollout-{r}", pid=100 + r)
+    ctl.handle("trainer-0", Published(version=0, stall_s=0.0))
+    ctl.handle("trainer-0", Published(version=1, stall_s=0.0))
+    ctl.handle("rollout-2", WantWork(credit=8, version=0))
+    ctl.server.take()
+    ctl.schedule()
+    assert not [m for _, m in ctl.server.take() if isinstance(m, Assign)]
+    ctl.sync.published_t -= 5.0  # as if published 5 s ago (the controller's clock is time.monotonic)
+    ctl.schedule()
+    assert {to: len(m.work) for to, m in ctl.server.take() if isinstance(m, Assign)} == {"rollout-2": 8}
+
+
 def test_streamed_and_finished_trajectories_make_a_group_the_trainer_gets_when_it_asks(make):
     ctl = make()
     _rollouts_ready(ctl)

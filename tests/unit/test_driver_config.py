@@ -135,3 +135,17 @@ def test_single_copy_is_used_only_where_the_probe_found_it_works(monkeypatch):
 def test_the_single_copy_probe_answers_for_this_host():
     from laminar_hpc.launch.processes import single_copy_works
     assert single_copy_works.__wrapped__() in (True, False)  # the probe itself, not the cached answer
+
+
+def test_a_relay_tier_across_hosts_talks_on_the_job_network(monkeypatch):
+    """Across hosts the relay step's TCP transport is kept to the network that holds node 0's
+    NodeAddr; on one host it stays on loopback; a user's own setting wins."""
+    from laminar_hpc.launch.netns import network_of
+    from laminar_hpc.launch.slurm import step_env
+    assert network_of("127.0.0.1") == "127.0.0.0/8" and network_of("localhost") == "127.0.0.0/8"
+    assert network_of("203.0.113.77") is None  # no interface of this host holds it
+    monkeypatch.delenv("OMPI_MCA_btl_tcp_if_include", raising=False)
+    assert step_env(True, "10.77.0.0/24")["OMPI_MCA_btl_tcp_if_include"] == "10.77.0.0/24"
+    assert step_env(False, "10.77.0.0/24")["OMPI_MCA_btl_tcp_if_include"] == "lo"
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_if_include", "ib0")
+    assert step_env(True, "10.77.0.0/24")["OMPI_MCA_btl_tcp_if_include"] == "ib0"

@@ -270,6 +270,37 @@ def test_partial_rollout_continues_interrupted_trajectories_on_the_new_version(m
     assert (msg.trajectory.version, msg.trajectory.version_last) == (0, 1)
 
 
+def test_partial_rollout_generates_on_until_its_relay_holds_the_new_version(make):
+    """`partial_rollout.pause_at: relay` (the default): told of version 1 before its relay holds it,
+    the replica keeps decoding, its engine call ends when the version lands, then it pauses and loads."""
+    r = started(make("mode=partial-rollout", *LONG))
+    tell(r, Assign(work=[work_item(0)]))
+    r.admit(draining=False)
+    tell(r, UpdateWeights(version=1))
+    assert not paused(r, 0) and r.engine.active_ids() == ["0.0"]  # not in the relay yet: generating
+    generate(r, steps=1)
+    assert streamed(r, "0.0")[1]  # decoded (and streamed) meanwhile
+    r.newest_seen = r.weights.newest()  # what the loop looked at before this engine call
+    assert not r.arrived(0.0)  # nothing new in the relay
+    publish(r, 1)
+    assert r.arrived(0.0)  # the engine call ends at the next decode step
+    assert paused(r, 1) and r.engine.version == 1 and not r.engine.num_active()
+    tell(r, Resume(version=1))
+    assert not paused(r, 1) and r.engine.active_ids() == ["0.0"]
+
+
+def test_partial_rollout_pausing_at_the_publish_waits_idle_for_its_relay(make):
+    r = started(make("mode=partial-rollout", "partial_rollout.pause_at=publish", *LONG))
+    tell(r, Assign(work=[work_item(0)]))
+    r.admit(draining=False)
+    tell(r, UpdateWeights(version=1))
+    assert paused(r, 0) and not r.engine.num_active() and r.engine.version == 0  # stopped, nothing to load yet
+    r.newest_seen = r.weights.newest()
+    assert not r.arrived(0.0)  # a paused replica makes no engine call to cut short
+    publish(r, 1)
+    assert paused(r, 1) and r.engine.version == 1
+
+
 def test_stop_before_the_first_weights_ends_the_role(make):
     r = make()
     ctrl(r).inbox.append(Stop(reason="the campaign is over"))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_hpc.policy.scheduling import (admission, assign_work, groups_to_admit, staleness,
+from laminar_hpc.policy.scheduling import (admission, assign_work, groups_to_admit, held_for_newest, staleness,
                                            too_stale, training_order)
 
 
@@ -156,3 +156,16 @@ def test_admission_stops_at_the_groups_the_trainer_will_train():
     cont = dict(kw, rollout_versions=[0])  # the continuous modes keep their window to the end
     assert admission("laminar", groups_started=10, steps_trained=1, groups_wanted=12, **cont) == \
         admission("laminar", groups_started=10, steps_trained=1, **cont) == 6
+
+
+# ------------------------------------------------------------------------------------------
+# held_for_newest
+# ------------------------------------------------------------------------------------------
+
+def test_replicas_behind_a_fresh_publish_are_held_until_the_hold_ends():
+    versions = [3, 2, -1, 3, 1]  # rank 2 holds nothing (starting or dead): it loads the newest first anyway
+    assert held_for_newest(versions, 3, 0.4, 5.0) == {1, 4}
+    assert held_for_newest(versions, 3, 5.0, 5.0) == frozenset()  # past the hold: nothing waits
+    assert held_for_newest(versions, 3, 0.4, 0.0) == frozenset()  # off
+    assert held_for_newest(versions, -1, 0.0, 5.0) == frozenset()  # nothing published yet
+    assert held_for_newest([3, 3], 3, 0.1, 5.0) == frozenset()
