@@ -216,6 +216,7 @@ class MessageHandlers:
         self.send(ident, Heartbeat(t=now, epoch=self.epoch))
         if role == "rollout":
             self.rollout_manager.reset_credit(rank)  # a (re)started rollout holds nothing and asks afresh
+            self.sync.started(rank)
             self.evaluation.rollout_lost(rank)
             self.recovery.place(self.data_plane.requeue_rollout(rank), exclude=rank)
         elif role == "shard":  # (re)started: what went through the one before may be lost (`resync_rollout`)

@@ -64,6 +64,13 @@ class WeightSync:
         global update): it holds nothing until it loads."""
         self.versions.extend([-1] * (rank + 1 - len(self.versions)))
 
+    def started(self, rank: int) -> None:
+        """A rollout (re)started: during a global update it is told the pending version too. It loads
+        its relay's newest at start, which may be older if the relay does not hold the pending one
+        yet; untold, it would never load it and the update (and the trainer) would wait for good."""
+        if self.pending is not None:
+            self.send(f"rollout-{rank}", UpdateWeights(version=self.pending))
+
     def forget(self, rank: int) -> None:
         """A rollout died: it holds nothing until it loads again."""
         self.loaded(rank, -1)

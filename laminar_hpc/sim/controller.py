@@ -193,3 +193,4 @@ class SimController:
 
     def rollout_up(self, rank: int) -> None:
         self.alive[rank] = True
+        self.sync.started(rank)  # as the runtime's hello handler

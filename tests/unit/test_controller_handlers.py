@@ -324,6 +324,24 @@ def test_partial_rollout_publish_starts_a_global_update_of_every_rollout(make):
                                  + [("trainer-0", WeightsSynced(version=1))])
 
 
+def test_a_rollout_restarted_during_a_global_update_is_told_its_version(make):
+    """It loaded its relay's newest at start, older than the update's: untold, it never loads the
+    pending version and the update, and the trainer waiting for it, wait for good."""
+    ctl = make("partial-rollout")
+    for r in range(4):
+        _hello(ctl, f"rollout-{r}")
+    ctl.handle("trainer-0", Published(version=0, stall_s=0.0))
+    ctl.handle("trainer-0", Published(version=1, stall_s=0.01))
+    for r in range(3):
+        ctl.handle(f"rollout-{r}", WeightsLoaded(version=1, pull_s=0.1))
+    ctl.server.take()
+    _hello(ctl, "rollout-3", pid=999)  # restarted mid-update
+    assert ("rollout-3", UpdateWeights(version=1)) in ctl.server.take()
+    ctl.handle("rollout-3", WeightsLoaded(version=1, pull_s=0.1))
+    ctl.schedule()
+    assert ("trainer-0", WeightsSynced(version=1)) in ctl.server.take()
+
+
 def test_sync_mode_tells_every_rollout_to_load_the_next_version_after_a_batch(make):
     ctl = make("sync")
     _rollouts_ready(ctl)
