@@ -59,7 +59,7 @@ from laminar_hpc.metrics.status import ControllerInfo, Status, StatusWriter, Uti
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import MODES
-from laminar_hpc.policy.scheduling import admission, held_for_newest
+from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.tasks import build_task, encode_prompt, validation_problems
 from laminar_hpc.transport.endpoint import bind
@@ -275,9 +275,7 @@ class Controller:
                 self.rollout_manager.credit(rank, -len(work))
                 self.send(f"rollout-{rank}", Assign(work=work))
         # every assignment journalled first: the first send writes their records at once (one write)
-        sync = self.sync
-        hold = held_for_newest(sync.versions, sync.trainer_version, time.monotonic() - sync.published_t,
-                               self.hold_s) if self.hold_s else frozenset()
+        hold = self.sync.held_for_newest(time.monotonic(), self.hold_s)
         for rank, work in list(self.rollout_manager.assign(self.data_plane, hold)):
             self.send(f"rollout-{rank}", Assign(work=work))
         if self.repack_on:

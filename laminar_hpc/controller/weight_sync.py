@@ -64,6 +64,12 @@ class WeightSync:
         global update): it holds nothing until it loads."""
         self.versions.extend([-1] * (rank + 1 - len(self.versions)))
 
+    def held_for_newest(self, now: float, hold_s: float) -> frozenset[int]:
+        """The rollouts new work waits for now (`scheduling.held_for_newest`; hold_s 0: none)."""
+        if not hold_s:
+            return frozenset()
+        return scheduling.held_for_newest(self.versions, self.trainer_version, now - self.published_t, hold_s)
+
     def started(self, rank: int) -> None:
         """A rollout (re)started: during a global update it is told the pending version too. It loads
         its relay's newest at start, which may be older if the relay does not hold the pending one

@@ -161,10 +161,8 @@ class SimController:
     def _held(self, now: float) -> frozenset[int]:
         """`scheduling.held_for_newest`, as the runtime's loop asks it; a round is due when the hold
         ends (the runtime's loop runs every few milliseconds anyway)."""
-        if not self.hold_s:
-            return frozenset()
         sync = self.sync
-        held = scheduling.held_for_newest(sync.versions, sync.trainer_version, now - sync.published_t, self.hold_s)
+        held = sync.held_for_newest(now, self.hold_s)
         if held and self._hold_due != sync.trainer_version:
             self._hold_due = sync.trainer_version
             self.q.at(sync.published_t + self.hold_s, self._hold_over, sync.trainer_version)
