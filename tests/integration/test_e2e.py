@@ -30,7 +30,10 @@ pytestmark = pytest.mark.slow
 def tiny_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
     t0 = time.monotonic()
-    res = laminar("run", TINY, "--run-dir", str(run_dir))
+    # Work is given to a rollout before it loads the newest version (no hold), so that trajectories
+    # this short still run across a weight swap: with the default hold (controller.hold_for_newest_s)
+    # only those already running at a publish can, and in a tiny campaign they end before the load.
+    res = laminar("run", TINY, "--run-dir", str(run_dir), "controller.hold_for_newest_s=0")
     return run_dir, res, time.monotonic() - t0
 
 

@@ -20,6 +20,7 @@ from helpers import REPO, laminar
 from processes import processes_mentioning
 
 TINY = str(REPO / "configs" / "tiny.yaml")
+EMULATED, STEPS = str(REPO / "configs" / "tiny-emulated.yaml"), 40
 pytestmark = pytest.mark.slow
 
 
@@ -45,39 +46,67 @@ def test_a_sharded_campaign_keeps_every_token_off_the_controller(tmp_path):
     assert processes_mentioning(str(run_dir)) == []
 
 
-def _wait_for_step(run_dir, proc, step: int, timeout_s: float = 120.0) -> None:
+def _status(run_dir) -> dict:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _wait_for(run_dir, proc, what: str, until, timeout_s: float = 120.0) -> dict:
+    """status.json once `until(status)` holds; None when the campaign ended first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        try:
-            st = json.loads((run_dir / "status.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            st = {}
-        if st.get("phase") == "rl" and st.get("step", 0) >= step:
-            return
+        if proc.poll() is not None:
+            assert proc.returncode == 0, proc.communicate()[1][-3000:]
+            return None
+        st = _status(run_dir)
+        if st and until(st):
+            return st
         time.sleep(0.2)  # polling a file the controller rewrites every second
-    raise AssertionError(f"the campaign did not reach step {step} within {timeout_s:.0f}s")
+    raise AssertionError(f"waited {timeout_s:.0f}s for {what}")
+
+
+def _resumed(st: dict) -> int:
+    return sum(int(v.get("resumed", 0) or 0) for v in st.get("shards", {}).values())
+
+
+def _busy_s(st: dict) -> float | None:
+    """rollout-0's time decoding, as its process last reported it (a restarted one counts from 0)."""
+    return st.get("rollout_util", {}).get("0", {}).get("busy_s")
 
 
 def test_a_killed_rollouts_partials_continue_from_its_shard(tmp_path):
     run_dir = tmp_path / "run"
-    # killed in its stride (tiny trains about 25 steps a second), so its partials have tokens at its shard;
-    # three rollouts of 16 slots for the 32 trajectories admission keeps in flight: the others have room
-    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),
-                             "controller.shards=2", "rollout.count=3", "trainer.total_steps=600",
-                             "supervisor.restart_backoff_s=0.5"],
+    # emulated replicas (trajectories of 32 tokens and more, each token streamed): a kill finds its
+    # partials mid-response; the tiny model's answers are over in a few tokens while its replicas
+    # spend most of their time loading a version a step (25 a second), so its partials rarely hold any
+    # token at a kill. Three rollouts of 8 slots for the 16-32 trajectories admission keeps in flight.
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", EMULATED, "--run-dir", str(run_dir),
+                             "controller.shards=2", "rollout.count=3", f"trainer.total_steps={STEPS}",
+                             "supervisor.restart_backoff_s=0.5", "supervisor.max_role_restarts=8"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for_step(run_dir, proc, 100)
-        st = json.loads((run_dir / "status.json").read_text())
-        os.kill(st["roles"]["rollout-0"]["pid"], signal.SIGKILL)
+        st = _wait_for(run_dir, proc, "step 5", lambda st: st.get("phase") == "rl" and st.get("step", 0) >= 5)
+        # A kill may still find none of its partials with a token at its shard (they then start from
+        # their prompts): kill the restarted one again until a resumed partial took its tokens from a
+        # shard, at most 5 times.
+        kills = 0
+        while st is not None and _resumed(st) == 0:
+            assert kills < 5, f"{kills} kills of rollout-0 and no partial resumed with its tokens: {st['shards']}"
+            pid, busy_s = st["roles"]["rollout-0"]["pid"], _busy_s(st)
+            os.kill(pid, signal.SIGKILL)
+            kills += 1
+            st = _wait_for(run_dir, proc, "rollout-0 restarted and busy for 0.1 s, or a partial resumed with its tokens",
+                           lambda st: _resumed(st) > 0 or (st["roles"]["rollout-0"]["pid"] != pid
+                                                           and _busy_s(st) not in (None, busy_s) and _busy_s(st) > 0.1))
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err[-3000:]
         s = json.loads((run_dir / "summary.json").read_text())
-        assert s["train_steps"] == 600 and s["trajectories_consumed"] == 600 * 4 * 4
+        assert s["train_steps"] == STEPS and s["trajectories_consumed"] == STEPS * 4 * 4
         ctl = role_events(run_dir, "controller-0")
         placed = [e for e in ctl if e["ev"] == "placed"]
-        assert placed and sum(sum(e["continued"].values()) for e in placed) > 0  # not all from the prompt
+        assert kills and placed and sum(sum(e["continued"].values()) for e in placed) > 0  # not all from the prompt
         stats = json.loads((run_dir / "controller_stats.json").read_text())
         # shard 0 (rollout-0's) held their tokens: it or shard 1 (rollout-1's) handed them on
         assert sum(v.get("resumed", 0) for v in stats["shards"].values()) > 0, stats["shards"]
