@@ -11,6 +11,10 @@ import os
 import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# CI runs the suite as root: the tests' mpirun jobs and campaigns are allowed to run Open MPI as
+# root on purpose, by Open MPI's own variables (relay.mpi_as_root's refusal has its own test)
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pytest  # noqa: E402

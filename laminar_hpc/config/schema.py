@@ -183,6 +183,11 @@ class RelayCfg(Section):
     # and there no socket of the node reaches them (where the kernel allows none, one log line says
     # the listeners are open); host: the node's network
     network: Literal["private", "host"] = "private"
+    # the local launcher's mpirun when laminar runs as root: Open MPI refuses root unless told, and
+    # laminar no longer tells it on its own. true: allowed (a container whose only user is root; one
+    # log line says so); false: a start as root is refused with one line (or set Open MPI's own
+    # OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1). Slurm steps start ranks with srun
+    mpi_as_root: bool = False
 
 
 class ControllerCfg(Section):

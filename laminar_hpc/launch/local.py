@@ -19,7 +19,7 @@ from pathlib import Path
 from laminar_hpc.config import Config, save_config
 from laminar_hpc.launch.netns import private_network
 from laminar_hpc.launch.plan import RoleSpec, role_specs
-from laminar_hpc.launch.processes import mpi_env, role_env
+from laminar_hpc.launch.processes import mpi_env, mpi_root_refusal, role_env
 from laminar_hpc.launch.prepare import prepare_run_dir
 from laminar_hpc.launch.signals import launcher_signals
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
@@ -65,7 +65,7 @@ def local_command(cfg: Config, run_dir: Path):
         # Slurm steps: virtual nodes of one machine are separate hosts to Open MPI
         relay_env = {"OMPI_MCA_btl": "self,vader", **relay_env}  # a user setting wins
         return relay_network(cfg, [launcher, "-n", str(cfg.relay.count), "--bind-to", "none", *argv]), \
-            mpi_env(relay_env)
+            mpi_env(relay_env, as_root=cfg.relay.mpi_as_root)
     return command
 
 
@@ -136,10 +136,16 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
 def run_local(cfg: Config, run_dir: Path, *, resume: bool = False, overwrite: bool = False,
               progress: Progress | None = None) -> dict:
     run_dir = Path(run_dir)
+    if why := mpi_root_refusal(cfg.relay.mpi_as_root):  # before the run directory is touched
+        raise RoleFailed(why)
     cfg = cfg.as_configured()  # an address a Slurm driver derived for an earlier start is not the user's
     # the lock is taken before --overwrite removes anything and held to the end (no second launcher
     # can start in between); a closed terminal (SIGHUP) stops the campaign like Ctrl-C; the roles
     # also hold the lock and stop themselves should this process die without a word (launch/runlock.py)
     lock = prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, hold=True)
     with launcher_signals(RunDir(run_dir).log("launcher")), lock:
+        if os.geteuid() == 0:
+            print("laminar: the relay tier's Open MPI runs as root ("
+                  + ("relay.mpi_as_root=true)" if cfg.relay.mpi_as_root else "OMPI_ALLOW_RUN_AS_ROOT in the environment)"),
+                  file=sys.stderr)
         return run_campaign(cfg, run_dir, local_command(cfg, run_dir), role_specs(cfg), progress=progress)

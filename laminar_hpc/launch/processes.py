@@ -50,10 +50,11 @@ def role_env(base: dict | None = None) -> dict:
     return env
 
 
-def mpi_env(base: dict | None = None, *, loopback: bool = True) -> dict:
-    """Open MPI settings: ranks may outnumber cores (yield instead of busy-waiting), root allowed
-    in containers, and with `loopback` (a job on this machine: the local launcher's mpirun)
-    TCP on loopback only. A job across hosts passes loopback=False. Settings in `base` win.
+def mpi_env(base: dict | None = None, *, loopback: bool = True, as_root: bool = False) -> dict:
+    """Open MPI settings: ranks may outnumber cores (yield instead of busy-waiting), mpirun run by
+    root only with `as_root` (relay.mpi_as_root: an explicit choice, `mpi_root_refusal`), and with
+    `loopback` (a job on this machine: the local launcher's mpirun) TCP on loopback only. A job
+    across hosts passes loopback=False. Settings in `base` win.
 
     Ranks on this machine copy each message once, straight from the sender's memory (CMA), where
     `single_copy_works`; else twice, through a shared buffer. Measured (tools/bench_relay.py's
@@ -66,10 +67,23 @@ def mpi_env(base: dict | None = None, *, loopback: bool = True) -> dict:
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     # across hosts the probe would speak for this host only, and relays there are one per node anyway
     env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "cma" if loopback and single_copy_works() else "none")
-    if os.geteuid() == 0:
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    if as_root and os.geteuid() == 0:
+        env.update(dict.fromkeys(ROOT_VARIABLES, "1"))
     return env
+
+
+def mpi_root_refusal(as_root: bool, env: dict | None = None) -> str | None:
+    """Why the local launcher's mpirun may not start here, in one line: run by root, neither
+    allowed by `relay.mpi_as_root` nor by Open MPI's own variables in the environment (`env`:
+    this process's). None: it may start."""
+    env = os.environ if env is None else env
+    if os.geteuid() != 0 or as_root or all(env.get(k) == "1" for k in ROOT_VARIABLES):
+        return None
+    return ("the relay tier's mpirun would run as root, which Open MPI refuses: run laminar as another user, or "
+            "allow it on purpose with relay.mpi_as_root=true (a container whose only user is root)")
+
+
+ROOT_VARIABLES = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")  # Open MPI's own opt-in
 
 
 _PROBE = """

@@ -89,3 +89,18 @@ def test_the_local_relay_tier_listens_on_no_tcp_port_of_this_machine(tmp_path, n
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the launcher stops every role it started
         proc.wait(timeout=60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Open MPI's root refusal concerns runs as root")
+def test_running_the_relay_tier_as_root_is_an_explicit_setting(tmp_path, laminar):
+    """Finding 4's last part: laminar no longer allows Open MPI to run as root on its own. As root,
+    without relay.mpi_as_root or Open MPI's own variables, a start is refused in one line that names
+    the setting, before the run directory exists; with the setting it runs and one line says so."""
+    env = {k: "" for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")}  # not allowed
+    run_dir = tmp_path / "run"
+    res = laminar("run", TINY, "--run-dir", str(run_dir), env=env)
+    assert res.returncode == 1 and "relay.mpi_as_root=true" in res.stderr, res.stderr[-2000:]
+    assert "would run as root" in res.stderr.splitlines()[0] and not run_dir.exists()
+    res = laminar("run", TINY, "--run-dir", str(run_dir), "relay.mpi_as_root=true", "trainer.total_steps=2", env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "laminar: the relay tier's Open MPI runs as root (relay.mpi_as_root=true)" in res.stderr.splitlines()

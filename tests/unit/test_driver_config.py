@@ -149,3 +149,14 @@ def test_a_relay_tier_across_hosts_talks_on_the_job_network(monkeypatch):
     assert step_env(False, "10.77.0.0/24")["OMPI_MCA_btl_tcp_if_include"] == "lo"
     monkeypatch.setenv("OMPI_MCA_btl_tcp_if_include", "ib0")
     assert step_env(True, "10.77.0.0/24")["OMPI_MCA_btl_tcp_if_include"] == "ib0"
+
+
+def test_open_mpi_runs_as_root_only_when_told():
+    """issue 35 finding 4: mpi_env sets Open MPI's root variables only with as_root (relay.mpi_as_root)."""
+    from laminar_hpc.launch.processes import ROOT_VARIABLES, mpi_env, mpi_root_refusal
+    assert not set(ROOT_VARIABLES) & set(mpi_env({}))
+    if os.geteuid() == 0:
+        assert all(mpi_env({}, as_root=True)[k] == "1" for k in ROOT_VARIABLES)
+        assert "relay.mpi_as_root=true" in mpi_root_refusal(False, {})
+        assert mpi_root_refusal(False, dict.fromkeys(ROOT_VARIABLES, "1")) is None
+    assert mpi_root_refusal(True, {}) is None

@@ -31,7 +31,7 @@ cfg = {"name": "gpu-grpo", "seed": 0, "mode": "laminar",
        "trainer": {"device": DEVICE, "total_steps": STEPS, "groups_per_step": 8, "group_size": 8, "lr": 1.0e-5,
                    "lr_schedule": "cosine"},
        "rollout": {"device": DEVICE, "count": 2, "max_batch": 64, "max_new_tokens": 16, "temperature": 1.0},
-       "relay": {"count": 1, "slots": 2, "mpi_launcher": mpi_launcher(work)},
+       "relay": {"count": 1, "slots": 2, "mpi_launcher": mpi_launcher(work), "mpi_as_root": True},  # (a container)
        "controller": {"max_ahead_steps": 1},
        "checkpoint": {"every_steps": 1000, "keep": 1},
        "timeouts": {"startup_s": 240, "weights_s": 240, "trajectories_s": 240, "shutdown_s": 60}}
