@@ -37,7 +37,10 @@ if TYPE_CHECKING:
 
 
 def _load(args) -> Config:
-    cfg = load_config(args.config, args.overrides)
+    notes: list[str] = []
+    cfg = load_config(args.config, args.overrides, notes=notes)
+    for line in notes:  # paths read from the config's directory, where the working directory differs
+        print(f"laminar: {line}", file=sys.stderr)
     if cfg.model.hf_path or cfg.model.hf_tokenizer:  # so does a missing or unsupported checkpoint
         from laminar_hpc.model.hf import HFCheckpointError, preflight
         try:

@@ -1,4 +1,4 @@
-"""This example's reward, as user code: `task.reward: {fn: examples/caesar/reward.py:score}`.
+"""This example's reward, as user code: `task.reward: {fn: reward.py:score}` in config.yaml beside it.
 
 laminar-hpc calls `score(problem, response)` for every finished response, in a pool beside the
 rollout's decode loop (under task.reward.timeout_s). `problem` has `.prompt`, `.answer` (the

@@ -1,4 +1,4 @@
-"""This example's tool, as user code: `env.tools: {stock: examples/own-tool/tools.py:stock}`.
+"""This example's tool, as user code: `env.tools: {stock: tools.py:stock}` in config.yaml beside it.
 
 A warehouse's stock lookup: how many units of a SKU (a 5-digit code) are on the shelves. The
 counts live in the warehouse's system, not in any text the model has read, so the model can only

@@ -1,4 +1,4 @@
-"""This example's reward, written with verl's signature: `task.reward: examples/verl-arith/reward.py:compute_score`.
+"""This example's reward, written with verl's signature: `task.reward: reward.py:compute_score` in config.yaml beside it.
 
 verl calls `compute_score(data_source, solution_str, ground_truth, extra_info=None)` for every
 response (verl docs, "Implement Reward Function for Dataset"), and laminar-hpc calls it the same

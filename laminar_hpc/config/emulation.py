@@ -99,8 +99,8 @@ class EmpiricalCfg(Section):
     """Lengths resampled from a list: `file` (a JSON list of integers, or one integer per line) or
     `trace` (a run directory, or a directory of runs: the `traj_finished` tokens of its complete
     groups, as `laminar simulate --calibrate` reads them). Read once per process, by every
-    emulated rollout and the simulator: a relative path is relative to their working directory
-    (where `laminar run` started). A file is the cheaper source for many rollouts."""
+    emulated rollout and the simulator: a relative path is relative to the config file's directory
+    (on the command line, to the directory `laminar` runs in). A file is the cheaper source for many rollouts."""
     file: str | None = None  # a JSON list of lengths, or one integer per line
     # a run directory (or a directory of runs) whose finished trajectories' lengths are resampled
     trace: str | None = None

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from laminar_hpc.config.backends import context_refusal
+from laminar_hpc.config.paths import resolve_paths
 from laminar_hpc.config.schema import Config
 from laminar_hpc.config.task import TASK_TYPES
 from laminar_hpc.rundir import atomic_write_text
@@ -192,8 +193,11 @@ def _parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: malformed YAML: nested too deeply") from None
 
 
-def parse_config_text(text: str, source: str = "<text>", overrides: list[str] | None = None) -> Config:
-    """A Config from YAML text; every problem with it is a one-line ConfigError naming `source`."""
+def parse_config_text(text: str, source: str = "<text>", overrides: list[str] | None = None,
+                      config_dir: Path | None = None, notes: list[str] | None = None) -> Config:
+    """A Config from YAML text; every problem with it is a one-line ConfigError naming `source`.
+    `config_dir`: the file's directory, which its relative paths are read from (config/paths.py;
+    `notes` gets the line saying so where the working directory would have read other files)."""
     data = _parse_yaml(text, source)
     if data is None:  # an empty file is a wrong path or a truncated copy far more often than a wish for defaults
         raise ConfigError(f"{source}: the config is empty; name at least one section (configs/quickstart.yaml "
@@ -201,8 +205,14 @@ def parse_config_text(text: str, source: str = "<text>", overrides: list[str] | 
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (e.g. 'trainer:'), "
                           f"got {type(data).__name__}")
+    if config_dir is not None:  # before the overrides: those are typed where `laminar` runs
+        said = resolve_paths(data, config_dir)
+        if notes is not None:
+            notes.extend(f"{source}: {line}" for line in said)
     for ov in overrides or []:
         apply_override(data, ov)
+    if config_dir is not None and overrides:  # theirs from the working directory, made absolute too: the
+        resolve_paths(data, Path.cwd())      # run directory's copy is read by roles elsewhere
     return config_from_dict(data, source, overrides)
 
 
@@ -226,8 +236,11 @@ def _read_text(path: str | os.PathLike) -> str:
         raise ConfigError(f"{p}: cannot read the config ({err.strerror})") from None
 
 
-def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> Config:
-    return parse_config_text(_read_text(path), str(path), overrides)
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None,
+                notes: list[str] | None = None) -> Config:
+    """The config file at `path` with `overrides`; its relative paths are read from its directory
+    (`notes` gets one line where that differs from the working directory)."""
+    return parse_config_text(_read_text(path), str(path), overrides, config_dir=Path(path).parent, notes=notes)
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:

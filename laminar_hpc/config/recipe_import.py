@@ -399,11 +399,14 @@ def import_recipe(source: str, path: Path, base_dir: Path | None = None) -> tupl
     """(the laminar config's YAML text, one line per setting) of the verl script or TRL config at
     `path`; ConfigError, naming the file, for what cannot be imported or is not a valid config."""
     from laminar_hpc.config.load import ConfigError, config_from_dict
+    from laminar_hpc.config.paths import resolve_paths
     try:
         text = path.read_text()
         data, lines = from_verl(read_verl_script(text), base_dir) if source == "verl" else \
             from_trl(read_trl(text), base_dir)
     except (OSError, UnicodeDecodeError, RecipeImportError, ValueError) as err:
         raise ConfigError(f"{path}: {err}") from None
+    if base_dir is not None:  # the written config may live elsewhere: its paths are made absolute
+        resolve_paths(data, base_dir)
     config_from_dict(data, f"{path} (as imported)")  # one line naming the key if it is not a config
     return f"# imported from {path} by `laminar import {source}`\n" + yaml.safe_dump(data, sort_keys=False), lines

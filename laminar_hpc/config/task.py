@@ -39,7 +39,7 @@ class RewardCfg(Section):
     `task.reward: {fn: "x.py:score"}`.
 
     `fn` is a built-in (exact, math_verify, final_number, coin_flip), `package.module:function`
-    or `path/to/file.py:function` (relative to the directory `laminar` runs in), or a map of
+    or `path/to/file.py:function` (relative to the config file: config/paths.py), or a map of
     component name -> such a function. A function returns a float or a dict of named floats;
     each value must lie in `range`, and the reward is the sum of the components times their
     `weights` (a component without a weight weighs 1). With `url` the response goes to a remote

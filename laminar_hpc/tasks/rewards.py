@@ -203,8 +203,8 @@ def _load_file(head: str, target: str, base_dir: str | os.PathLike | None) -> Mo
     if path in _file_modules:
         return _file_modules[path]
     if not path.is_file():
-        raise RewardError(f"{head}: file {path} not found; give a path relative to the directory laminar runs in "
-                          f"({base_dir if base_dir is not None else os.getcwd()}) or an absolute one")
+        raise RewardError(f"{head}: file {path} not found; a path in a config file is read from the file's "
+                          "directory (on the command line, from the directory laminar runs in), or give an absolute one")
     # a unique module name per file (two files may share a stem), registered in sys.modules
     # before it runs so that dataclasses and pickling inside the file find their module
     stem = re.sub(r"\W", "_", path.stem)

@@ -37,7 +37,7 @@ def test_the_example_runs_with_verls_layout_and_logs_the_rewards_extra_key(tmp_p
     assert "returns format besides the reward: logged per step as reward.format, never added" in res.stderr
     ran = load_config(run / "config.yaml")
     assert ran.task.layout == "verl" and ran.task.answer_field == "reward_model.ground_truth"
-    assert ran.task.reward.fn == "examples/verl-arith/reward.py:compute_score"
+    assert ran.task.reward.fn == f"{REPO}/examples/verl-arith/reward.py:compute_score"  # (from the config's directory)
     s = json.loads((run / "summary.json").read_text())
     assert s["outcome"] == "completed" and s["train_steps"] == 3 and s["groups_lost"] == 0
     # compute_score raises unless it gets verl's data_source: no call failed

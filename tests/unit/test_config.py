@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import glob
 import os
+from pathlib import Path
 
 import pytest
 import yaml
 
 from laminar_hpc.config import Config, ConfigError, apply_override, config_from_dict, load_config, save_config
 from laminar_hpc.config.schema import BuiltinTaskCfg, JsonlTaskCfg, TrainerCfg
+from laminar_hpc.config.paths import resolve_paths
 
 from helpers import REPO
 
@@ -44,6 +46,7 @@ def test_every_shipped_config_loads(path):
     cfg = load_config(path)
     assert isinstance(cfg, Config)
     raw = yaml.safe_load(open(path))
+    resolve_paths(raw, Path(path).parent)  # (its paths are read from its directory: config/paths.py)
     # what the file says is what the Config holds (spot-check every scalar it sets)
     def assert_subset(written, held, where):
         if isinstance(written, dict):
@@ -345,9 +348,9 @@ def test_override_into_a_scalar_errors():
      "model": {"dim": 96, "n_heads": 6, "n_kv_heads": 3, "norm_eps": 1e-6, "tie_embeddings": False},
      "task": {"type": "builtin", "kinds": ["add", "repeat"], "weights": [0.25, 0.75], "tail_alpha": 0.0},
      "relay": {"shm_dir": "/tmp/x y", "chunk_mb": 0.5}},
-    {"task": {"type": "jsonl", "path": "data/gsm8k/train.jsonl", "prompt_template": "Q: {prompt}\n#: ",
+    {"task": {"type": "jsonl", "path": "/data/gsm8k/train.jsonl", "prompt_template": "Q: {prompt}\n#: ",
               "reward": "exact", "on_bad_row": "skip"},
-     "trainer": {"init_checkpoint": "runs/a/checkpoints/step_000010"}},
+     "trainer": {"init_checkpoint": "/runs/a/checkpoints/step_000010"}},
 ])
 def test_save_then_load_round_trip(tmp_path, data):
     cfg = config_from_dict(data)
@@ -373,4 +376,4 @@ def test_the_reward_range_can_be_set_on_the_command_line_when_the_reward_is_a_fu
     """Issue 36: `task.reward: x.py:fn` is short for {fn: x.py:fn}; an override below it expands it."""
     p = _write(tmp_path, "task: {type: builtin, reward: len_reward.py:reward_len}\n")
     cfg = load_config(p, ["task.reward.range=[-50, 50]"])
-    assert cfg.task.reward.fn == "len_reward.py:reward_len" and cfg.task.reward.range == (-50.0, 50.0)
+    assert cfg.task.reward.fn == f"{tmp_path / 'len_reward.py'}:reward_len" and cfg.task.reward.range == (-50.0, 50.0)
