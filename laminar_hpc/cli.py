@@ -60,7 +60,8 @@ def check_task(cfg: Config, source: str) -> None:
     from laminar_hpc.model.factory import build_tokenizer
     from laminar_hpc.tasks.preflight import StartCheckError, check_start
     try:
-        notes = check_start(cfg, tokenizer=lambda: build_tokenizer(cfg.model))
+        notes = check_start(cfg, tokenizer=lambda: build_tokenizer(cfg.model),
+                            say=lambda line: print(line, flush=True))  # (progress: stdout, as the display's)
     except StartCheckError as err:
         raise ConfigError(f"{_one_line(err)} (in {source})") from None
     for line in notes:

@@ -177,6 +177,12 @@ class Evaluation:
                       row["eval_problems"], row["eval_s"])
         return row
 
+    def progress(self) -> dict[str, int] | None:
+        """The running round for status.json (round, step, done, items), or None."""
+        rnd = self.current
+        return None if rnd is None else {"round": rnd.number, "step": rnd.step, "done": len(rnd.results),
+                                         "items": rnd.items}
+
     def rollout_lost(self, rank: int) -> None:
         """A rollout died or restarted: its evaluation items go back to the front of the queue."""
         lost = [t for t, r in self.running.items() if r == rank]

@@ -333,7 +333,8 @@ class Controller:
         dp, lg = self.data_plane, self.data_plane.ledger
         conns = self.server.connections  # the socket monitor's counts (transport/monitor.py)
         return Status(
-            t=now, elapsed_s=now - self.t0, phase=st.phase, pid=os.getpid(), step=st.steps_trained,
+            t=now, elapsed_s=now - self.t0, phase="finishing" if st.trainer_done else st.phase, pid=os.getpid(),
+            step=st.steps_trained, evaluating=self.evaluation.progress(),
             total_steps=self.cfg.trainer.total_steps, trainer_version=self.sync.trainer_version,
             relay_versions=dict(st.relay_versions), rollout_versions=self.sync.held(),
             # the versions running at the last count: a new one at once, a finished one gone within

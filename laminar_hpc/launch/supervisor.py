@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from laminar_hpc.config import Config
+from laminar_hpc.config.shards import shard_count
 from laminar_hpc.launch.plan import RoleSpec
 from laminar_hpc.launch.role import INTERRUPTED
 from laminar_hpc.launch.processes import ProcessGroup
@@ -58,6 +59,10 @@ class Supervisor:
         self.tracer = Tracer(self.run_dir, "launcher-0", enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
 
     def start(self, specs: list[RoleSpec]) -> None:
+        # the roles that report to the controller (the relay tier as its ranks, stream shards included)
+        cfg = self.cfg
+        self.progress.roles_expected = 1 + cfg.relay.count + cfg.rollout.count + shard_count(cfg)
+        self.progress.update(self.status)  # 'phase: starting the controller'
         for spec in specs:
             self.specs[spec.name] = spec
             self._launch(spec.name)
@@ -77,6 +82,7 @@ class Supervisor:
                 raise RoleFailed(f"{name} exited with code {rc} during start-up:\n{self.procs.tail(name)}")
             if time.monotonic() > deadline:
                 raise RoleFailed(f"the controller did not publish {path} within {self.cfg.timeouts.startup_s:.0f}s")
+            self.progress.update(self.status)  # (a line every few seconds while it starts)
             time.sleep(0.05)  # poll for a file the controller writes
         self.ctrl = Client(read_json(path)["address"], "launcher-0",
                            keys=client_keys(self.run_dir, "launcher", self.cfg.controller))

@@ -143,8 +143,33 @@ def eta_text(st: Status, history: History | None) -> str:
     return f" ETA {at_most}{duration(pace * max(0, total - step))}"
 
 
-def status_line(st: Status, history: History | None = None) -> str:
+def phase_of(st: Status, roles_expected: int | None = None) -> tuple[str, str]:
+    """(key, text) of the campaign's phase: starting (before the controller's status, then its roles
+    getting ready: model loading), warm-up, training, final evaluation (done/items), stopping. The
+    display says each key once as it begins ('phase: ...')."""
+    if not st.t:
+        return "starting", "starting the controller"
+    if st.phase in ("?", "starting"):
+        ready = sum(1 for e in st.roles.values() if e.ready_t is not None and not e.down)
+        total = roles_expected or len(st.roles)
+        if total and ready < total:
+            return "loading", f"starting: {ready} of {total} roles ready (loading the model, first weights)"
+        return "first batch", "generating the first batch"
+    if st.phase == "warmup":
+        return "warmup", "supervised warm-up"
+    if st.phase == "finishing":
+        ev = st.evaluating
+        if ev:
+            return "final evaluation", f"final evaluation {ev.get('done', 0)}/{ev.get('items', '?')} (step {ev.get('step')})"
+        return "stopping", "stopping the roles"
+    return "training", "training"
+
+
+def status_line(st: Status, history: History | None = None, roles_expected: int | None = None) -> str:
     m = st.metrics
+    key, text = phase_of(st, roles_expected)
+    if key not in ("warmup", "training"):
+        return f"{text}, elapsed {st.elapsed_s:.0f}s"
     if st.phase == "warmup":
         return (f"warm-up step {warmup_step(m)} greedy reward {_fmt(m.get('warmup.greedy_reward'))}"
                 f"{warmup_failures(m, ' rewards failed ')} elapsed {st.elapsed_s:.0f}s{eta_text(st, history)}")
@@ -191,6 +216,8 @@ class Progress:
         self.title, self.plain_every_s = title, plain_every_s
         self.last_plain = 0.0
         self.history = History()
+        self.roles_expected: int | None = None  # the launcher's roles, for 'k of M roles ready'
+        self.phase: str | None = None  # the key of the phase last said
         self.live = None
         if self.tty:
             from rich.console import Console
@@ -199,13 +226,23 @@ class Progress:
             self.live.start()
 
     def update(self, st: Status) -> None:
+        """Called about every 0.2 s by the launcher: a phase's first line at once, then (plain) a
+        line every `plain_every_s`, so that no phase stays silent."""
+        key, text = phase_of(st, self.roles_expected)
+        if key != self.phase:
+            self.phase = key
+            self.message(f"phase: {text}")
+            self.last_plain = time.monotonic()
         if not st.t:
-            return  # the controller has not written its status yet
+            if self.live is None and time.monotonic() - self.last_plain >= self.plain_every_s:
+                self.message(text)  # the controller has not written its status yet
+                self.last_plain = time.monotonic()
+            return
         self.history.add(st)
         if self.live is not None:
             self.live.update(self._table(st))
         elif time.monotonic() - self.last_plain >= self.plain_every_s:
-            print(status_line(st, self.history), file=self.stream, flush=True)
+            print(status_line(st, self.history, self.roles_expected), file=self.stream, flush=True)
             self.last_plain = time.monotonic()
 
     def message(self, text: str) -> None:
@@ -220,14 +257,15 @@ class Progress:
         t = Table(title=self.title, show_header=False, min_width=60)
         t.add_column("what", style="bold")
         t.add_column("value")
-        if st.phase == "warmup":
-            t.add_row("phase", "supervised warm-up")
+        key, text = phase_of(st, self.roles_expected)
+        t.add_row("phase", text)
+        if key == "warmup":
             step = warmup_step(m)
             t.add_row("warm-up", progress_text(step, warmup_total(m), h.pace("warmup", step, st.elapsed_s), at_most=True))
             t.add_row("greedy reward", f"{_fmt(m.get('warmup.greedy_reward'))}  {sparkline(h.series(h.warmup))}")
             if warmup_failures(m):
                 t.add_row("rewards failed (scored 0)", warmup_failures(m))
-        else:
+        elif key in ("training", "final evaluation", "stopping"):  # (the figures stay on at the end)
             t.add_row("steps", progress_text(st.step, st.total_steps, h.pace("rl", st.step, st.elapsed_s)))
             t.add_row("reward (batch mean)", f"{_fmt(m.get('reward_mean'))}  {sparkline(h.series(h.rewards))}")
             for name, value in reward_rows(m):
@@ -236,7 +274,8 @@ class Progress:
                 t.add_row("eval (validation)", eval_cell(st.eval))
                 if len(h.evals) > 1:
                     t.add_row("eval reward by round", sparkline(h.series(h.evals)))
-            t.add_row("trajectories/s", _fmt(st.trajectories_per_s, ".1f"))
+            if key == "training":  # (the last 10 s: a final evaluation's are not counted)
+                t.add_row("trajectories/s", _fmt(st.trajectories_per_s, ".1f"))
             t.add_row("staleness mean / max", f"{_fmt(m.get('staleness_mean'), '.2f')} / {m.get('staleness_max', '-')}"
                       f" versions, {_fmt(m.get('step_lag_mean'), '.2f')} / {m.get('step_lag_max', '-')} steps")
             t.add_row("pi/mu mean / max", f"{_fmt(m.get('is_ratio_mean'))} / {_fmt(m.get('is_ratio_max'))}")

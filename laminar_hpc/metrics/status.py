@@ -46,7 +46,7 @@ class Utilisation(msgspec.Struct, kw_only=True):
 class Status(msgspec.Struct, kw_only=True):
     t: float = 0.0  # when written (the supervisor judges freshness by it)
     elapsed_s: float = 0.0
-    phase: str = "?"
+    phase: str = "?"  # ? (starting), warmup, rl, finishing (the trainer is done: final evaluation, stop)
     pid: int = 0
     step: int = 0
     total_steps: int | None = None
@@ -83,6 +83,8 @@ class Status(msgspec.Struct, kw_only=True):
     epochs: float | None = None  # prompt_cursor / the dataset's training rows (None: a generated task)
     groups_dropped_by: dict[str, int] = {}  # reason -> groups (staleness, no_signal, bad_reward, ...)
     eval: dict[str, Scalar] | None = None  # the last evaluation round's row (controller/evaluation.py)
+    # the running evaluation round: round, step, done (items), items; None between rounds
+    evaluating: dict[str, int] | None = None
     epoch: str | None = None  # a new one means the controller restarted
     controller: ControllerInfo = msgspec.field(default_factory=ControllerInfo)
     roles: dict[str, RoleEntry] = {}

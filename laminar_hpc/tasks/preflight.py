@@ -39,12 +39,24 @@ def _one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def check_start(cfg: Config, tokenizer: Callable[[], Any]) -> list[str]:
+def check_start(cfg: Config, tokenizer: Callable[[], Any], say: Callable[[str], None] | None = None) -> list[str]:
     """Run every check on a validated Config; returns notes to show (warnings, what is logged
-    and not summed). Raises StartCheckError."""
+    and not summed). Raises StartCheckError. `say` gets 'start check i/N: what' as each begins
+    (a Hub tokenizer or a reward's first call may take a while)."""
     from laminar_hpc.tasks import build_task
     from laminar_hpc.tasks.dataset import DatasetError
+    checks = ["the task's data", *(["the tools and environment"] if cfg.env.enabled else []),
+              "prompts through the tokenizer", *(["the warm-up's data"] if warmup_runs(cfg) else []),
+              "the reward on a sample row"]
+    begun = iter(range(1, len(checks) + 1))
+
+    def begin() -> None:
+        i = next(begun)
+        if say is not None:
+            say(f"start check {i}/{len(checks)}: {checks[i - 1]}")
+
     notes: list[str] = []
+    begin()
     try:
         task = build_task(cfg.task, cfg.seed)
     except DatasetError as err:
@@ -59,9 +71,14 @@ def check_start(cfg: Config, tokenizer: Callable[[], Any]) -> list[str]:
                               "task.validation_path or task.validation_fraction, or eval.every_steps: 0")
     tokenizer = _once(tokenizer)  # a Hub or GGUF tokenizer takes seconds to build: once for every check
     if cfg.env.enabled:
+        begin()
         check_env(cfg.env)
+    begin()
     check_chat(task, cfg.task, tokenizer)
-    check_warmup(cfg, task, tokenizer)
+    if warmup_runs(cfg):
+        begin()
+        check_warmup(cfg, task, tokenizer)
+    begin()
     notes += check_reward(cfg.task.reward, task.problem(0), where(task, 0))
     return notes
 

@@ -23,7 +23,21 @@ def caesar_run(tmp_path_factory):
     res = laminar("run", CONFIG, "--run-dir", str(run_dir), f"trainer.total_steps={STEPS}", "eval.every_steps=10",
                   "eval.max_problems=60", "checkpoint.every_steps=10", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    (run_dir.parent / "stdout.txt").write_text(res.stdout)  # the plain display (not a terminal)
     return run_dir
+
+
+def test_the_plain_display_names_every_phase_as_it_begins(caesar_run):
+    """Issue 36 item 4: the start check's steps, then each phase of the campaign, in order (a
+    final evaluation shorter than the controller's status interval may pass unseen)."""
+    lines = (caesar_run.parent / "stdout.txt").read_text().splitlines()
+    checks = [x for x in lines if x.startswith("start check ")]
+    assert checks and checks[-1].startswith(f"start check {len(checks)}/{len(checks)}: the reward"), checks
+    phases = [x[7:].split(":")[0].split(" ")[0] for x in lines if x.startswith("phase: ")]
+    assert phases[:3] == ["starting", "starting", "supervised"] and phases[-1] == "stopping", phases
+    assert phases[3] == "training" and set(phases[4:-1]) <= {"final"}, phases
+    # and the training lines between them, one every 5 s
+    assert any(x.startswith(f"step ") and "ETA" in x for x in lines), lines
 
 
 def test_the_example_trains_and_evaluates_on_its_validation_file(caesar_run):

@@ -9,7 +9,7 @@ from rich.console import Console
 from laminar_hpc.metrics.progress import (
     History, Progress, bar, duration, eta_text, sparkline, status_line, versions_text,
 )
-from laminar_hpc.metrics.status import Status
+from laminar_hpc.metrics.status import RoleEntry, Status
 
 
 def rl(step: int, elapsed: float, reward: float, **kw) -> Status:
@@ -106,5 +106,33 @@ def test_plain_lines_carry_the_eta():
     p.update(rl(2, 10.0, 0.1))
     p.update(rl(4, 20.0, 0.2))
     p.close()
-    lines = stream.getvalue().splitlines()
+    lines = [x for x in stream.getvalue().splitlines() if not x.startswith("phase: ")]
     assert not lines[0].endswith("ETA 40s") and lines[1].endswith("ETA 40s")
+
+
+def test_every_phase_is_said_as_it_begins_and_none_stays_silent():
+    """Issue 36 item 4: plain lines name each phase as it starts (start-up with its roles getting
+    ready, warm-up, training, final evaluation with its items, stopping), then a line every
+    plain_every_s whatever the phase, before the controller's first status too."""
+    stream = io.StringIO()
+    p = Progress("laminar: test", plain_every_s=0.0, stream=stream)
+    p.roles_expected = 3
+    entry = {"pid": 1, "joined_t": 1.0, "last_seen": 1.0}
+    p.update(Status())  # no status.json yet
+    p.update(Status())
+    p.update(Status(t=1.0, elapsed_s=2.0, roles={"controller-0": RoleEntry(**entry, ready_t=1.0),
+                                                  "trainer-0": RoleEntry(**entry)}))
+    p.update(warm(10, 5.0, 0.1))
+    p.update(rl(1, 10.0, 0.1))
+    p.update(rl(2, 11.0, 0.2))
+    p.update(Status(t=1.0, elapsed_s=20.0, phase="finishing", step=12, total_steps=12,
+                    evaluating={"round": 2, "step": 12, "done": 5, "items": 64}))
+    p.update(Status(t=1.0, elapsed_s=25.0, phase="finishing", step=12, total_steps=12))
+    p.close()
+    lines = stream.getvalue().splitlines()
+    assert [x for x in lines if x.startswith("phase: ")] == [
+        "phase: starting the controller", "phase: starting: 1 of 3 roles ready (loading the model, first weights)",
+        "phase: supervised warm-up", "phase: training", "phase: final evaluation 5/64 (step 12)",
+        "phase: stopping the roles"]
+    assert lines[1] == "starting the controller"  # its plain line while nothing else is known
+    assert "final evaluation 5/64 (step 12), elapsed 20s" in lines
