@@ -45,6 +45,9 @@ def _load(args) -> Config:
         from laminar_hpc.model.hf import HFCheckpointError, preflight
         try:
             preflight(cfg.model)
+            if cfg.model.hf_path:  # a GGUF is dequantised once here, not by every role at every start
+                from laminar_hpc.model.gguf_cache import convert_once
+                convert_once(cfg.model.hf_path, say=lambda line: print(line, flush=True))
         except HFCheckpointError as err:
             key = "model.hf_path" if cfg.model.hf_path else "model.hf_tokenizer"
             raise ConfigError(f"{key}: {_one_line(err)} (in {args.config})") from None

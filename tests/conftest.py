@@ -23,6 +23,19 @@ import helpers  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _own_conversion_cache(tmp_path_factory):
+    """Converted GGUFs (model/gguf_cache.py) in a cache of this session's, not the user's: what a
+    test reads does not depend on runs before it (each campaign of the session converts once)."""
+    old = os.environ.get("LAMINAR_CACHE_DIR")
+    os.environ["LAMINAR_CACHE_DIR"] = str(tmp_path_factory.mktemp("laminar-cache"))
+    yield
+    if old is None:
+        os.environ.pop("LAMINAR_CACHE_DIR", None)
+    else:
+        os.environ["LAMINAR_CACHE_DIR"] = old
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     import torch
     torch.set_num_threads(1)

