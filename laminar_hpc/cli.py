@@ -93,7 +93,7 @@ def _default_run_dir(cfg: Config) -> Path:
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
     keys = ("reward_first", "reward_last", "train_steps", "trajectories_consumed", "max_versions_in_flight",
-            "mean_staleness", "max_staleness", "actor_stall_s_mean", "wall_s")
+            "mean_version_lag", "max_version_lag", "actor_stall_s_mean", "wall_s")
     print("summary: " + " ".join(f"{k}={summary[k]:.3f}" if isinstance(summary[k], float) else f"{k}={summary[k]}"
                                  for k in keys))
     for name in ("eval_first", "eval_last"):

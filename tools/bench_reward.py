@@ -61,7 +61,7 @@ def run(config: str, overrides: list[str], name: str, fn: str, workers: int, out
             "rollout_util": trace["utilisation"], "trainer_wait_s": tr["wait_s"], "train_s": tr["train_s"],
             "trajectories_consumed": summary["trajectories_consumed"], "wall_s": summary["wall_s"],
             "reward_first": summary["reward_first"], "reward_last": summary["reward_last"],
-            "mean_staleness": summary["mean_staleness"], "rollouts": t["rollouts"],
+            "mean_version_lag": summary["mean_version_lag"], "rollouts": t["rollouts"],
             # the decode loop's own rate: tokens per second of rollout busy time (a stalled loop
             # shows here; a run paced by its trainer or admission does not)
             "busy_tokens_per_s": t["tokens_per_s"] / trace["utilisation"] if trace["utilisation"] else None,
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
               "runs": rows, "slow_over_fast": ratio, "pool_capacity_traj_per_s": capacity,
               "pool_bound": bound}
     keys = ["gen_tokens_per_s", "gen_traj_per_s", "rollout_util", "busy_tokens_per_s", "trainer_wait_s",
-            "mean_staleness", "reward_first", "reward_last", "reward_failed", "wall_s"]
+            "mean_version_lag", "reward_first", "reward_last", "reward_failed", "wall_s"]
     print("run    " + " ".join(f"{k:>16}" for k in keys))
     for r in rows:
         print(f"{r['name']:6} " + " ".join(f"{r[k]:>16.3f}" if isinstance(r[k], float) else f"{r[k]:>16}"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from laminar_hpc.metrics.progress import versions_text
 from laminar_hpc.metrics.status import read_status
+from laminar_hpc.metrics.summary import read_summary
 from laminar_hpc.rundir import META_FILE, RunDir, read_json
 
 
@@ -91,7 +92,7 @@ def status_report(run_dir: Path) -> str:
         lines.append(f"checkpoint  {ckpts[-1]} (step {meta.get('step')}, version {meta.get('version')})")
     else:
         lines.append("checkpoint  none yet")
-    summary = read_json(rd.summary)
+    summary = read_summary(rd)
     if summary:
         lines.append(f"last end    {summary.get('outcome')}: {summary.get('train_steps')} steps, reward "
                      f"{summary.get('reward_first')} -> {summary.get('reward_last')}, "

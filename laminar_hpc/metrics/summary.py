@@ -34,6 +34,20 @@ def _window_mean(rows: list[dict], key: str, first: bool, frac: float = 0.1) -> 
     return sum(r[key] for r in part) / len(part)
 
 
+RENAMED = {"max_staleness": "max_version_lag", "mean_staleness": "mean_version_lag"}  # old key -> new
+
+
+def read_summary(run_dir: RunDir | Path) -> dict | None:
+    """A run's summary.json (None: none yet), keys of older runs under today's names."""
+    s = read_json(RunDir.of(run_dir).summary)
+    if not isinstance(s, dict):
+        return None
+    for old, new in RENAMED.items():
+        if old in s and new not in s:
+            s[new] = s.pop(old)
+    return s
+
+
 def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
     rd = RunDir.of(run_dir)
     rows = read_metrics(rd)
@@ -53,8 +67,10 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
         "tokens_generated": ctl.tokens_generated,
         "tokens_trained": sum(r["tokens"] for r in rows),
         "versions_published": ctl.published,
-        "max_staleness": max((r["staleness_max"] for r in rows), default=0),
-        "mean_staleness": stale_sum / trajs if trajs else 0.0,
+        # versions between the one a trajectory started on and the one that trained on it (runs
+        # before 2026-11-28 called these max_staleness and mean_staleness: read_summary)
+        "max_version_lag": max((r["staleness_max"] for r in rows), default=0),
+        "mean_version_lag": stale_sum / trajs if trajs else 0.0,
         # the bound (trainer.max_staleness) is on step lag: it differs from the version lag above
         # only across a trainer restart
         "max_step_lag": max((r.get("step_lag_max", r["staleness_max"]) for r in rows), default=0),

@@ -48,7 +48,7 @@ def test_tiny_campaign_completes_with_every_role(tiny_run):
     assert s["tokens_generated"] >= s["tokens_trained"] > 0
     assert s["versions_published"] >= 13  # the initial version + one per step
     assert s["max_versions_in_flight"] >= 1
-    for key in ("reward_first", "reward_last", "max_staleness", "mean_staleness", "actor_stall_s_mean", "wall_s"):
+    for key in ("reward_first", "reward_last", "max_version_lag", "mean_version_lag", "actor_stall_s_mean", "wall_s"):
         assert s[key] is not None
     # the run directory holds what is needed to understand and continue the run
     for name in ("config.yaml", "metrics.jsonl", "status.json", "controller_stats.json", "run.json"):

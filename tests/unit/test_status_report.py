@@ -1,6 +1,8 @@
 """`laminar status` (launch/status.py) reads a run directory's files and prints readable lines."""
 from __future__ import annotations
 
+import json
+
 from helpers import REPO
 
 from laminar_hpc.config import load_config, save_config
@@ -42,3 +44,14 @@ def test_stream_shards_are_listed_with_what_they_hold(tmp_path):
                                "4,821 frames relayed")
     write_status(rd.status, Status(t=1.0, phase="rl", step=6))
     assert "shards" not in dict(line.split(None, 1) for line in status_report(tmp_path).splitlines())  # none
+
+
+def test_a_summary_of_an_older_run_is_read_under_todays_names(tmp_path):
+    """Issue 37 item 5: summary.json says max_version_lag (what it is: trainer.max_staleness
+    bounds step lag); a run written before keeps its max_staleness, read as max_version_lag."""
+    from laminar_hpc.metrics.summary import read_summary
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    assert read_summary(rd) is None
+    (rd.path / "summary.json").write_text(json.dumps({"max_staleness": 3, "mean_staleness": 1.5, "train_steps": 4}))
+    assert read_summary(rd) == {"max_version_lag": 3, "mean_version_lag": 1.5, "train_steps": 4}
