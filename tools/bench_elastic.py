@@ -1,7 +1,7 @@
 """Elastic capacity, measured: a campaign starts with its own rollouts, an attach job adds more
 mid-run, then leaves (SIGTERM, as a preemption or scancel sends it). One table, one JSON.
 
-    python tools/bench_elastic.py configs/bench/elastic.yaml --json docs/bench-elastic.json   # ~4 min
+    python tools/bench_elastic.py configs/bench/elastic.yaml --json results/bench-elastic.json   # ~4 min
     python tools/bench_elastic.py configs/bench/elastic.yaml --joiners 4 --attach-at 30 --leave-at 90
     # on the multi-host test cluster: 4 rollouts on 2 nodes, the attach job on a third (TCP, CURVE)
     SLURM_CONF=/tmp/laminar-slurm-mh/etc/slurm.conf python tools/bench_elastic.py configs/bench/elastic.yaml \
