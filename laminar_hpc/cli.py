@@ -46,7 +46,7 @@ def _load(args) -> Config:
         try:
             preflight(cfg.model)
             if cfg.model.hf_path:  # a GGUF is dequantised once here, not by every role at every start
-                from laminar_hpc.model.gguf_cache import convert_once
+                from laminar_hpc.model.gguf_convert import convert_once
                 convert_once(cfg.model.hf_path, say=lambda line: print(line, flush=True))
         except HFCheckpointError as err:
             key = "model.hf_path" if cfg.model.hf_path else "model.hf_tokenizer"
@@ -76,7 +76,8 @@ def _check_resume(cfg: Config, run_dir: Path) -> None:
     controller log is gone, fail here in one line, before any process starts or anything in the
     run directory is rewritten."""
     from laminar_hpc.launch.prepare import check_resume_model
-    from laminar_hpc.rundir import RunDir, log_lost_under_checkpoints
+    from laminar_hpc.checkpoint_format import log_lost_under_checkpoints
+    from laminar_hpc.rundir import RunDir
     from laminar_hpc.walformat import check_log
     if why := log_lost_under_checkpoints(RunDir(run_dir)):
         raise ConfigError(why)
@@ -319,7 +320,8 @@ def _export_hf(args: argparse.Namespace) -> int:
     as a directory transformers loads (laminar_hpc/model/export.py)."""
     from laminar_hpc.model.export import export_run
     from laminar_hpc.model.hf import HFCheckpointError
-    from laminar_hpc.rundir import CheckpointError, RunDir, RunDirError
+    from laminar_hpc.checkpoint_format import CheckpointError
+    from laminar_hpc.rundir import RunDir, RunDirError
     rd = RunDir(args.run_dir)
     if not rd.config.is_file():
         raise RunDirError(f"{rd}: no config.yaml (is it a laminar run directory?); give the directory "

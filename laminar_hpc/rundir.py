@@ -1,4 +1,5 @@
-"""The run directory: every name and path in it, atomic writes, and the checkpoint folders' format.
+"""The run directory: every name and path in it, and atomic writes (the checkpoint folders'
+format: checkpoint_format.py).
 
     run_dir/
       config.yaml            resolved config (what actually ran)
@@ -11,7 +12,7 @@
       status.json            live status (controller, refreshed every second)
       controller_stats.json  the controller's counters at its end
       recoveries.json        the supervisor's restarts
-      checkpoints/step_<N>/  trainer checkpoints (format below)
+      checkpoints/step_<N>/  trainer checkpoints (checkpoint_format.py)
       weights/v<N>.bin       partial-rollout over AReaL's update path: the version the trainer sends (raw packed bytes)
       wal/                   the controller's write-ahead log
       secrets/               the control plane's CURVE keys
@@ -31,8 +32,8 @@
 
 `RunDir` is the only place that spells these names. It builds paths; the only file it touches
 is run.json (the run id, `record_start`), so any process may build one (transport/shm_dir.py makes,
-checks and removes the private shared-memory directory). This module is a leaf: it
-imports nothing from laminar_hpc, so every layer may use it, and it imports no torch.
+checks and removes the private shared-memory directory). It imports nothing from laminar_hpc
+but the checkpoint format (a leaf too), so every layer may use it, and it imports no torch.
 
     rd = RunDir("runs/qs", shm_dir=cfg.relay.shm_dir)
     rd.endpoint("controller")     # runs/qs/endpoints/controller.json
@@ -42,13 +43,14 @@ imports nothing from laminar_hpc, so every layer may use it, and it imports no t
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from laminar_hpc.checkpoint_format import checkpoint_name, list_checkpoints
 
 # the errors of a disk that refuses a write (full, over quota, failing, read-only): a writer that
 # must not end its role on them keeps its data and retries (controller/wal.py, metrics/jsonl.py)
@@ -65,7 +67,6 @@ def transient_hint(err: OSError) -> str:
         return "no file descriptor is free (too many open files or connections); retried by itself"
     return "free disk space; retried by itself"
 
-log = logging.getLogger("laminar_hpc.trainer.checkpoint")  # one logger name for all checkpoint messages
 
 NO_RUN_ID = "norun"  # the run id of a directory whose run.json is missing (roles started by hand, tests)
 
@@ -330,124 +331,3 @@ class RunDir:
         if self.shm_dir is None:
             raise ValueError(f"RunDir({str(self.path)!r}) was built without shm_dir (the config's relay.shm_dir)")
         return self.shm_dir
-
-
-# -- checkpoint folders, without torch ------------------------------------------------------------
-#
-#     checkpoints/step_000100/
-#       model.pt optim.pt rng.pt   state (trainer/checkpoint.py writes them)
-#       meta.json                  step, version, model shape
-#       ledger.json                the trainer's exactly-once ledger (absent in older checkpoints)
-#       manifest.json              sha256 of every file above
-#       COMPLETE                   written last: a folder without it is ignored
-#
-# Kept free of torch so that processes that only need the trainer's exactly-once ledger (the
-# controller, `status`, the summary) can read it without paying for a torch import.
-
-# every name inside a checkpoint folder is spelled here, and only here (trainer/checkpoint.py
-# writes and loads the tensors; everything else asks for these names)
-MODEL_FILE, OPTIM_FILE, RNG_FILE = TENSOR_FILES = ("model.pt", "optim.pt", "rng.pt")
-META_FILE = "meta.json"
-REQUIRED_FILES = (*TENSOR_FILES, META_FILE)
-LEDGER_FILE = "ledger.json"  # optional: checkpoints written before the ledger existed lack it
-MANIFEST_FILE = "manifest.json"
-COMPLETE_FILE = "COMPLETE"
-DIST_DIR = "dist"  # trainer.backend megatron: its dist_checkpointing shards (listed in the manifest)
-EMPTY_LEDGER = {"consumed": [], "dropped": {}}
-
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
-def checkpoint_step(path: Path) -> int:
-    return int(Path(path).name[len("step_"):])
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint directories under `root`, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step_*") if (p / COMPLETE_FILE).exists())
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def empty_ledger() -> dict:
-    return json.loads(json.dumps(EMPTY_LEDGER))  # a fresh copy: callers mutate it
-
-
-def verify(path: Path) -> dict:
-    """meta.json of a checkpoint, plus its ledger under "ledger", after checking every file
-    against its manifest. The ledger file is checked only when the manifest lists it, so older
-    checkpoints (no ledger) still load, while a listed-but-damaged ledger is refused like any file."""
-    path = Path(path)
-    try:
-        manifest = json.loads((path / MANIFEST_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path}: unreadable manifest ({err})") from None
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{path}: unreadable manifest (not an object)")
-    names = (*REQUIRED_FILES, LEDGER_FILE) if LEDGER_FILE in manifest else REQUIRED_FILES
-    for name in names:
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path}: {name} is missing")
-        if sha256(path / name) != manifest.get(name):
-            raise CheckpointError(f"{path}: {name} does not match its checksum")
-    try:
-        meta = json.loads((path / META_FILE).read_text())
-        ledger = json.loads((path / LEDGER_FILE).read_text()) if LEDGER_FILE in manifest else empty_ledger()
-    except (OSError, json.JSONDecodeError) as err:  # checksum fine but not JSON: written by something else
-        raise CheckpointError(f"{path}: unreadable meta or ledger ({err})") from None
-    meta["ledger"] = ledger
-    return meta
-
-
-def newest_verified(root: Path, quiet: bool = False) -> tuple[Path, dict] | None:
-    """(path, meta) of the newest complete checkpoint that verifies; each one skipped is logged
-    as an error (unless `quiet`: a check that resumes nothing), because resuming from an older
-    checkpoint repeats work and must be visible."""
-    for path in reversed(list_checkpoints(root)):
-        try:
-            return path, verify(path)
-        except CheckpointError as err:
-            if not quiet:
-                log.error("skipping checkpoint: %s; trying the previous one", err)
-    return None
-
-
-def log_lost_under_checkpoints(rd: "RunDir") -> str | None:
-    """One line when the run's checkpoints hold trained groups but the controller's write-ahead
-    log is gone (deleted, or moved aside): a data plane started afresh would give new groups the
-    ids, and prompts, the trainer's ledger already holds (exactly-once lost, problems trained
-    again); None otherwise. Checked before a resume starts anything and by the controller."""
-    wal = rd.wal_dir
-    if any(wal.glob("snapshot-*.msgpack")) or any(wal.glob("seg-*.log")):
-        return None
-    found = newest_verified(rd.checkpoints_dir, quiet=True)  # a resume logs what it skips
-    consumed = (found[1]["ledger"].get("consumed") or []) if found is not None else []
-    if not consumed:
-        return None
-    return (f"{rd.path}: the controller's write-ahead log ({wal}) is missing or empty, but checkpoint "
-            f"{found[0].name} holds {len(consumed)} trained groups; starting the data plane afresh would reuse "
-            f"their group ids and prompts. Restore {wal} from a copy, or start a new run directory from the "
-            f"weights: --run-dir NEW trainer.init_checkpoint={found[0] / MODEL_FILE} (Megatron: "
-            f"laminar export-hf it and set model.hf_path)")
-
-
-def read_ledger(root: Path) -> dict | None:
-    """The ledger of the checkpoint a resume would load (the newest that verifies): the empty
-    ledger for a checkpoint written without one, None when no checkpoint verifies."""
-    found = newest_verified(root)
-    return None if found is None else found[1]["ledger"]

@@ -26,7 +26,8 @@ from laminar_hpc.model.factory import build_tokenizer  # noqa: E402
 from laminar_hpc.model.hf import hf_model_args, load_hf_weights, resolve_hf_path  # noqa: E402
 from laminar_hpc.rollout.torch_engine import TorchEngine  # noqa: E402
 from laminar_hpc.rollout.evaluate import generate  # noqa: E402
-from laminar_hpc.rundir import MODEL_FILE, RunDir  # noqa: E402
+from laminar_hpc.checkpoint_format import MODEL_FILE  # noqa: E402
+from laminar_hpc.rundir import RunDir  # noqa: E402
 from laminar_hpc.tasks import encode_prompt  # noqa: E402
 from laminar_hpc.tasks.arith import ArithTasks  # noqa: E402
 from laminar_hpc.tasks.base import Response  # noqa: E402

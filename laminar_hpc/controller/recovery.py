@@ -19,7 +19,8 @@ from laminar_hpc.controller.roles import RoleTable
 from laminar_hpc.controller.rollout_manager import RolloutManager
 from laminar_hpc.controller.wal import WalError, WriteAheadLog
 from laminar_hpc.controller.weight_sync import WeightSync
-from laminar_hpc.rundir import RunDir, log_lost_under_checkpoints
+from laminar_hpc.checkpoint_format import log_lost_under_checkpoints
+from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.protocol import TrainerSync
 
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from laminar_hpc.launch.ownership import check_ancestors, check_run_dir, make_private_dir
 from laminar_hpc.launch.runlock import LauncherLock, held_message, holder
-from laminar_hpc.rundir import META_FILE, RunDir, RunDirError
+from laminar_hpc.checkpoint_format import META_FILE
+from laminar_hpc.rundir import RunDir, RunDirError
+
 
 __all__ = ["CampaignLock", "check_resume_model", "lock_holder", "prepare_run_dir"]
 

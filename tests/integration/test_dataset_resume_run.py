@@ -33,7 +33,8 @@ from helpers import REPO, laminar
 from processes import kill_run_leftovers
 from laminar_hpc.metrics.jsonl import read_steps
 from laminar_hpc.metrics.trace import read_file
-from laminar_hpc.rundir import RunDir, read_ledger
+from laminar_hpc.checkpoint_format import read_ledger
+from laminar_hpc.rundir import RunDir
 from laminar_hpc.tasks.dataset import DatasetTasks
 
 pytestmark = pytest.mark.slow

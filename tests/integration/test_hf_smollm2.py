@@ -24,7 +24,7 @@ pytest.importorskip("safetensors", reason="HF checkpoint tests need safetensors"
 
 from laminar_hpc.model.hf import (HFCheckpointError, HFTokenizer, export_hf, hf_model_args,  # noqa: E402
                                   load_hf_weights, resolve_hf_path)
-from laminar_hpc.model.gguf_cache import convert_once  # noqa: E402
+from laminar_hpc.model.gguf_convert import convert_once  # noqa: E402
 from laminar_hpc.model.llama import Transformer  # noqa: E402
 
 from helpers import REPO, max_logit_diff, needs_smollm2  # noqa: E402

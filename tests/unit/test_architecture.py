@@ -18,23 +18,29 @@ DOC = Path(REPO) / "docs" / "architecture.md"
 # package -> the other packages it may import. Roles never import each other; the lower layers
 # never import the launcher or a role; the simulator may use the controller's socket-free parts.
 ALLOWED: dict[str, set[str]] = {
-    "rundir": set(),
+    "checkpoint_format": set(),
+    "rundir": {"checkpoint_format"},
     "walformat": set(),
     "policy": set(),
     "tasks": {"config"},
-    "config": {"rundir"},
-    "transport": {"config", "rundir"},
-    "model": {"config", "rundir", "transport"},
+    "config": {"checkpoint_format", "rundir"},
+    "transport": {"checkpoint_format", "config", "rundir"},
+    "model": {"checkpoint_format", "config", "rundir", "transport"},
     "emulation": {"config", "tasks", "transport"},
-    "metrics": {"config", "rundir", "transport"},
-    "analysis": {"config", "metrics", "policy", "rundir"},
-    "launch": {"config", "metrics", "policy", "rundir", "transport"},
-    "controller": {"config", "launch", "metrics", "model", "policy", "rundir", "tasks", "transport", "walformat"},
-    "trainer": {"config", "emulation", "launch", "metrics", "model", "policy", "rundir", "tasks", "transport"},
-    "rollout": {"config", "emulation", "launch", "metrics", "model", "policy", "rundir", "tasks", "transport"},
-    "relay": {"config", "launch", "metrics", "model", "rundir", "transport"},
-    "sim": {"config", "controller", "emulation", "metrics", "policy", "rundir", "tasks", "transport"},
-    "cli": {"analysis", "config", "launch", "metrics", "model", "rundir", "sim", "tasks", "transport", "walformat"},
+    "metrics": {"checkpoint_format", "config", "rundir", "transport"},
+    "analysis": {"checkpoint_format", "config", "metrics", "policy", "rundir"},
+    "launch": {"checkpoint_format", "config", "metrics", "policy", "rundir", "transport"},
+    "controller": {"checkpoint_format", "config", "launch", "metrics", "model", "policy", "rundir", "tasks",
+                   "transport", "walformat"},
+    "trainer": {"checkpoint_format", "config", "emulation", "launch", "metrics", "model", "policy", "rundir",
+                "tasks", "transport"},
+    "rollout": {"checkpoint_format", "config", "emulation", "launch", "metrics", "model", "policy", "rundir",
+                "tasks", "transport"},
+    "relay": {"checkpoint_format", "config", "launch", "metrics", "model", "rundir", "transport"},
+    "sim": {"checkpoint_format", "config", "controller", "emulation", "metrics", "policy", "rundir", "tasks",
+            "transport"},
+    "cli": {"analysis", "checkpoint_format", "config", "launch", "metrics", "model", "rundir", "sim", "tasks",
+            "transport", "walformat"},
 }
 ROLES = {"controller", "trainer", "rollout", "relay"}
 LOWER = {"config", "transport", "metrics", "policy", "model", "tasks"}  # the rule, verbatim
@@ -131,7 +137,8 @@ def test_the_map_is_layered():
         assert not ALLOWED[low] & (ROLES | {"launch", "sim", "cli", "analysis"}), low
     for role in ROLES:
         assert not ALLOWED[role] & (ROLES | {"sim", "cli", "analysis"}), role
-    assert ALLOWED["rundir"] == set(), "the run directory is the leaf every layer may use"
+    assert ALLOWED["checkpoint_format"] == set() and ALLOWED["rundir"] == {"checkpoint_format"}, \
+        "the run directory (and the checkpoint format it names folders by) are the leaves every layer may use"
     assert ALLOWED["walformat"] == set(), "the write-ahead log's format is a leaf (the controller and cli read it)"
 
 
@@ -362,12 +369,13 @@ def test_no_class_has_two_project_bases():
 
 
 
-def test_only_the_run_directory_spells_a_checkpoint_file_name():
-    from laminar_hpc.rundir import COMPLETE_FILE, LEDGER_FILE, MANIFEST_FILE, META_FILE, TENSOR_FILES
+def test_only_the_checkpoint_format_spells_a_checkpoint_file_name():
+    from laminar_hpc.checkpoint_format import COMPLETE_FILE, LEDGER_FILE, MANIFEST_FILE, META_FILE, TENSOR_FILES
     names = {*TENSOR_FILES, META_FILE, LEDGER_FILE, MANIFEST_FILE, COMPLETE_FILE}
-    bad = [f"{p.relative_to(REPO)}:{node.lineno} {node.value!r}" for p in modules() if p.name != "rundir.py"
+    bad = [f"{p.relative_to(REPO)}:{node.lineno} {node.value!r}" for p in modules()
+           if p.name != "checkpoint_format.py"
            for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.Constant) and node.value in names]
-    assert not bad, "checkpoint file names spelled outside laminar_hpc/rundir.py (use its constants):\n  " + \
+    assert not bad, "checkpoint file names spelled outside laminar_hpc/checkpoint_format.py (use its constants):\n  " + \
         "\n  ".join(bad)
 
 

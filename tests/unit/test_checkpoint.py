@@ -242,7 +242,7 @@ def test_checkpoints_with_trained_groups_and_no_controller_log_are_refused(tmp_p
     from laminar_hpc.controller.pools import DataPlane
     from laminar_hpc.controller.recovery import recover
     from laminar_hpc.controller.wal import WalError, WriteAheadLog
-    from laminar_hpc.rundir import log_lost_under_checkpoints
+    from laminar_hpc.checkpoint_format import log_lost_under_checkpoints
     rd = RunDir(tmp_path / "run")
     model, opt = _model(0)
     save_checkpoint(rd.checkpoints_dir, step=0, version=0, model=model, optimizer=opt, meta={}, keep=3,

@@ -22,7 +22,7 @@ import torch
 
 from laminar_hpc.model.llama import Transformer
 from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.rundir import DIST_DIR, RNG_FILE, CheckpointError, newest_verified, sha256
+from laminar_hpc.checkpoint_format import DIST_DIR, RNG_FILE, CheckpointError, newest_verified, sha256
 from laminar_hpc.trainer.batch import Batch
 from laminar_hpc.trainer.checkpoint import DIST_OPTIMIZER, failure_line, snapshot, write_snapshot
 from laminar_hpc.trainer.megatron.runner import Ranks, start_ranks, stop_ranks
