@@ -24,19 +24,16 @@ with error isolation, rollout/errors.py), `EpisodeTurns` (multi-turn episodes, r
 episode_turns.py), `Scoring` (the reward pool, rollout/scoring.py) and the weight updates of its
 mode (rollout/updates.py).
 
-    python -m laminar_hpc.rollout --run-dir runs/x --rank 0
+    python -m laminar_hpc.rollout --run-dir runs/x --rank 0     (rollout/__main__.py starts it)
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections import deque
-from contextlib import contextmanager
 
 from laminar_hpc.config.backends import rollout_backend
-from laminar_hpc.launch.signals import install_stop_handlers
-from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
+from laminar_hpc.launch.role import Heartbeat, RoleContext
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.policy.refresh import REJECT, WAIT, admit_action, pinned_waiting
@@ -45,10 +42,11 @@ from laminar_hpc.rollout.base import SeqRequest, StepOutput
 from laminar_hpc.rollout.episode_turns import EpisodeTurns
 from laminar_hpc.rollout.episodes import Episodes
 from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineCalls  # noqa: F401 - re-exported
-from laminar_hpc.rollout.node import NodeWeights, build_engine, find_local_relay
+from laminar_hpc.rollout.node import NodeWeights, build_engine
 from laminar_hpc.rollout.scoring import Scoring
 from laminar_hpc.rollout.streams import StreamOut
 from laminar_hpc.rollout.updates import build_updates
+from laminar_hpc.rollout.utilisation import Utilisation
 from laminar_hpc.tasks import build_task
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import Heartbeat as HeartbeatAnswer  # (the controller's: Heartbeat beats)
@@ -90,11 +88,7 @@ class Rollout:
         self.credit_to_return = 0
         self.errors = 0  # trajectories finished as errors (refused or failed in the engine)
         self.stopping = False
-        # utilisation (wall seconds): generating, and idle or loading because of weights
-        self.busy_s = 0.0
-        self.weight_wait_s = 0.0
-        self.idle_since: float | None = None
-        self.idle_pull_s = 0.0  # weights loaded during the current idle period
+        self.util = Utilisation(self.engine)  # wall seconds generating, and waiting for weights
         self.kv_peak = 0  # the plateau: highest KV use since work was last admitted
         self.last_state = 0.0
         # a trajectory that carries tokens continues here only on its own version (pure laminar, barrier
@@ -102,7 +96,7 @@ class Rollout:
         self.pins_versions = MODES[cfg.mode].pins_versions(cfg.rollout.refresh_in_flight)
         self.draining = False  # a newer version exists: finishing this version's trajectories first
         self.updates = build_updates(cfg, self)  # how this mode takes new weights
-        self.calls = EngineCalls(self.engine, ctx.log, busy=self.busy, outputs=self.handle, failed=self.fail,
+        self.calls = EngineCalls(self.engine, ctx.log, busy=self.util.busy, outputs=self.handle, failed=self.fail,
                                  at_call=self.episodes.at_call)
         self.turns = EpisodeTurns(self.episodes, self.engine, self.scoring, self.running, self.eval_ids,
                                   buffer=self.stream.add, finish=self.finish, fail=self.fail)
@@ -137,9 +131,7 @@ class Rollout:
         old = self.engine.version
         v = self.weights.pull(self.engine, self.layout, self.ctx.cfg.rollout.verify_checksum, in_flight=in_flight)
         dt = time.monotonic() - t0
-        self.weight_wait_s += dt
-        if self.idle_since is not None:
-            self.idle_pull_s += dt  # the idle time around it becomes weight wait once work comes
+        self.util.loaded(dt)
         self.ctx.tracer.emit("weights_pulled", version=v, previous=old, pull_s=dt, relay=self.relay)
         self.ctx.ctrl.send(WeightsLoaded(version=v, pull_s=dt))
 
@@ -354,24 +346,6 @@ class Rollout:
             self.ctx.ctrl.send(WantWork(credit=self.credit_to_return, version=self.engine.version))
             self.credit_to_return = 0
 
-    @contextmanager
-    def busy(self):
-        """Count engine time as busy: the engine's own account where it keeps one (emulated:
-        the cost model's time, not the Python around it), else the wall time."""
-        own = getattr(self.engine, "busy_wall_s", None)
-        t0 = time.monotonic()
-        try:
-            yield
-        finally:
-            self.busy_s += (self.engine.busy_wall_s - own) if own is not None else time.monotonic() - t0
-
-    def _end_idle(self) -> None:
-        """Idle time that ended with new weights and then work counts as waiting for weights
-        (sync barriers: the batch waited for training and every replica's update)."""
-        if self.idle_since is not None and self.idle_pull_s > 0:
-            self.weight_wait_s += time.monotonic() - self.idle_since - self.idle_pull_s
-        self.idle_since, self.idle_pull_s = None, 0.0
-
     def report_state(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self.last_state < self.ctx.cfg.repack.state_interval_s:
@@ -386,7 +360,7 @@ class Rollout:
         ids = [t for t in [*self.engine.active_ids(), *self.episodes.held_ids()] if t not in self.eval_ids]
         self.ctx.ctrl.send(RolloutState(version=self.engine.version, waiting=waiting, running=self.engine.num_active(),
                                         kv_tokens=kv, kv_peak=self.kv_peak, traj_ids=ids,
-                                        busy_s=self.busy_s, weight_wait_s=self.weight_wait_s))
+                                        busy_s=self.util.busy_s, weight_wait_s=self.util.weight_wait_s))
 
     def run(self, flags: dict) -> None:
         beat = self.beat
@@ -411,7 +385,7 @@ class Rollout:
             self.admit(drain)
             self.ask_for_work(drain)
             if self.engine.num_active():
-                self._end_idle()
+                self.util.end_idle()
                 batch, kv, t0 = self.engine.num_active(), self.engine.kv_tokens(), time.monotonic()
                 outs = self.step()
                 if t0 - self.last_sample >= 0.5:  # decode cost vs batch and KV, for the simulator's calibration
@@ -425,8 +399,7 @@ class Rollout:
                     self.flush_streams()
             else:
                 self.flush_streams()
-                if self.idle_since is None:
-                    self.idle_since = time.monotonic()
+                self.util.idle()
                 if not self.queue or out_of_engine:  # idle: wait for work (or rewards, or tools) without spinning
                     polling = self.scoring.waiting or out_of_engine
                     msg = self.ctx.ctrl.recv(timeout_s=0.005 if polling else 0.02)
@@ -436,10 +409,10 @@ class Rollout:
             self.report_state()
             if time.monotonic() - last_util >= 1.0:
                 last_util = time.monotonic()
-                self.ctx.tracer.emit("util", busy_s=self.busy_s, weight_wait_s=self.weight_wait_s,
+                self.ctx.tracer.emit("util", busy_s=self.util.busy_s, weight_wait_s=self.util.weight_wait_s,
                                      running=self.engine.num_active(), kv=self.engine.kv_tokens(),
                                      behind_s=getattr(getattr(self.engine, "clock", None), "behind_s", 0.0))
-        self.ctx.tracer.emit("util", busy_s=self.busy_s, weight_wait_s=self.weight_wait_s, running=0, kv=0)
+        self.ctx.tracer.emit("util", busy_s=self.util.busy_s, weight_wait_s=self.util.weight_wait_s, running=0, kv=0)
 
     def leave(self, grace_s: float) -> None:
         """A joiner's job ends or is preempted (SIGTERM, with a grace time): stream every token held,
@@ -456,36 +429,3 @@ class Rollout:
         self.ctx.tracer.emit("left", held=len(held))
         self.ctx.log.info("left the campaign: %d trajectories continue elsewhere", len(held))
 
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--relay", default="auto", help="relay rank to pull from, or 'auto': the relay on this node")
-    ap.add_argument("--config", help="this rollout's own config (an attach job's joiners: launch/attach.py)")
-    ap.add_argument("--kind", default="campaign", help="what traces call this replica's kind (an attach job's joiners)")
-    args = ap.parse_args(argv)
-    flags = install_stop_handlers()  # already installed by __main__ before the heavy imports
-    ctx = start_role("rollout", args.rank, args.run_dir, config=args.config)
-    try:
-        relay = find_local_relay(ctx) if args.relay == "auto" else int(args.relay)
-        ctx.log.info("pulling weights from relay %d", relay)
-        # traces and `laminar trace summary` attribute work per kind of replica (elastic joiners)
-        ctx.tracer.emit("replica", kind=args.kind, max_batch=ctx.cfg.rollout.max_batch, relay=relay,
-                        joiner=args.rank >= ctx.cfg.rollout.count)
-        rollout = Rollout(ctx, relay)
-        try:
-            rollout.run(flags)
-            if args.rank >= ctx.cfg.rollout.count and flags.get("stop") and not rollout.stopping:
-                rollout.leave(grace_s=ctx.cfg.timeouts.shutdown_s / 2)  # a joiner whose job ends
-        finally:
-            rollout.scoring.close()  # the reward pool's workers
-            rollout.episodes.close()  # the tool loop (running tool processes are killed)
-    finally:
-        ctx.tracer.flush()
-        ctx.ctrl.close(linger_ms=1000)
-        ctx.log.info("stopped")
-
-
-if __name__ == "__main__":
-    main()

@@ -35,6 +35,7 @@ from laminar_hpc.transport.protocol import WeightsLoaded
 
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config, RolloutCfg
+    from laminar_hpc.rollout.utilisation import Utilisation
 
 
 class UpdateHost(Protocol):
@@ -42,7 +43,7 @@ class UpdateHost(Protocol):
     ctx: object  # RoleContext: cfg, ctrl channel, tracer, rundir
     engine: RolloutEngine
     layout: PublishedLayout
-    weight_wait_s: float
+    util: Utilisation  # its wall seconds generating and waiting for weights (rollout/utilisation.py)
 
     def pull(self, in_flight: bool = False) -> None:
         """Load the relay's newest version (in_flight: under the sequences in the engine, KV kept)."""
@@ -147,7 +148,7 @@ class GlobalUpdate:
                 host.flush_streams()
                 host.ctx.tracer.emit("interrupted", trajectories=engine.num_active() + len(self.interrupted),
                                      version=engine.version, kv="keep" if self.keep_kv else "recompute")
-                self.pause_t0, self.pause_wait0 = time.monotonic(), host.weight_wait_s
+                self.pause_t0, self.pause_wait0 = time.monotonic(), host.util.weight_wait_s
             previous = engine.version
             if not self.path.via_relay:
                 self.load_sent_version(self.target_version)
@@ -159,7 +160,7 @@ class GlobalUpdate:
         if self.paused:
             if self.resume_version < engine.version:
                 return True  # loaded; the others are still loading
-            host.weight_wait_s = self.pause_wait0 + time.monotonic() - self.pause_t0  # the whole pause, load included
+            host.util.weight_wait_s = self.pause_wait0 + time.monotonic() - self.pause_t0  # the whole pause, load included
             reqs, self.interrupted = self.interrupted, []
             host.add(reqs)
         return False
@@ -194,7 +195,7 @@ class GlobalUpdate:
         engine.load_weights(v, memoryview(buf), host.layout, checksum=False, in_flight=self.keep_kv)
         engine.version = v
         dt = time.monotonic() - t0
-        host.weight_wait_s += dt
+        host.util.weight_wait_s += dt  # (paused, not idle: no idle time around it to count)
         host.ctx.tracer.emit("weights_pulled", version=v, previous=old, pull_s=dt, relay=-1, path=pr.update_path)
         host.ctx.ctrl.send(WeightsLoaded(version=v, pull_s=dt))
 

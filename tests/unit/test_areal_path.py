@@ -343,7 +343,7 @@ def test_rollout_takes_a_newer_sent_version_and_refuses_a_wrong_size(rollout):
     atomic_write_bytes(r.ctx.rundir.weights_file(5), bytes(r.layout.nbytes - 1))
     with pytest.raises(RuntimeError, match=r"v00000005\.bin: .* bytes, the weight layout has"):
         paused(r, 0)
-    assert math.isfinite(r.weight_wait_s)
+    assert math.isfinite(r.util.weight_wait_s)
 
 
 def test_clear_weights_removes_every_version_and_half_written_file_only(tmp_path):
