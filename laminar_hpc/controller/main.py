@@ -58,7 +58,7 @@ from laminar_hpc.metrics.jsonl import JsonlAppender, read_objects
 from laminar_hpc.metrics.status import ControllerInfo, Status, StatusWriter, Utilisation
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
-from laminar_hpc.policy.modes import MODES
+from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.tasks import build_task, encode_prompt, validation_problems
@@ -113,20 +113,20 @@ class Controller:
         self.sync = WeightSync(cfg.mode, rollouts=cfg.rollout.count, groups_per_step=cfg.trainer.groups_per_step,
                                send=self.send, emit=tracer.emit, trainer_version=meta.get("max_version", -1),
                                version_base=meta.get("version_base", -1))
-        spec = MODES[cfg.mode]
+        self.plan = plan = mode_plan(cfg)  # what the mode decides with these settings, resolved once
         scale = rollout_backend(cfg).time_scale(cfg)
         interval = cfg.repack.interval_s * scale
         self.rollout_manager = RolloutManager(
             max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,
             interval_s=interval,
             kv_capacity=kv_capacity(cfg), expiry_s=move_expiry_s(interval), send=self.send, emit=tracer.emit,
-            now=time.monotonic(), pins_versions=spec.pins_versions(cfg.rollout.refresh_in_flight))
+            now=time.monotonic(), pins_versions=plan.pins_versions)
         # rollouts that join from jobs of their own (after recovery: the log holds who joined)
         self.elastic = Elastic(cfg, data_plane=self.data_plane, members=self.members,
                                rollout_manager=self.rollout_manager, sync=self.sync, log=log)
-        self.repack_on = spec.repacks(enabled=cfg.repack.enabled, refresh=cfg.rollout.refresh_in_flight)
+        self.repack_on = plan.repacks
         # new work waits briefly after a publish for replicas to load it (policy.scheduling.held_for_newest)
-        self.hold_s = cfg.controller.hold_for_newest_s if spec.starts_on_newest(cfg.rollout.refresh_in_flight) else 0.0
+        self.hold_s = cfg.controller.hold_for_newest_s if plan.starts_on_newest else 0.0
         self.recovery = Recovery(self.data_plane, self.rollout_manager, self.sync, self.roles, log, tracer,
                                  self.t_start)
         # what the messages change and this reads (counters, the trainer's credit, why it stops)
@@ -315,7 +315,7 @@ class Controller:
         why, since = self.state.trainer_done
         held = self.sync.held().values()
         newest = self.data_plane.meta.get("max_version", -1)
-        barrier = MODES[self.cfg.mode].barrier
+        barrier = self.plan.spec.barrier
         version = min(newest, max(held, default=newest)) if barrier else newest
         if not self.evaluation.final(self.state.steps_trained, version):
             self.state.stop_reason = why

@@ -6,9 +6,12 @@ its `ModeSpec` instead of comparing mode names; a new mode is one more entry in 
 
     spec = MODES[cfg.mode]
     spec.barrier                      # sync, one-step-off: whole batches at a barrier
-    spec.repacks(enabled=cfg.repack.enabled, refresh=cfg.rollout.refresh_in_flight)
-    spec.pins_versions(cfg.rollout.refresh_in_flight)
-    spec.starts_on_newest(cfg.rollout.refresh_in_flight)
+
+What a mode decides with the campaign's settings (refresh in flight, repack) is resolved once per
+role, as its `ModePlan`; each component asks the plan, not the spec with the settings again:
+
+    plan = mode_plan(cfg)             # (cfg: any object with mode, rollout.refresh_in_flight, repack.enabled)
+    plan.pins_versions, plan.starts_on_newest, plan.repacks, plan.spec.barrier
 """
 from __future__ import annotations
 
@@ -67,3 +70,20 @@ MODES: dict[str, ModeSpec] = {
     "one-step-off": ModeSpec("one-step-off", barrier_lag=1),
     "sync": ModeSpec("sync", barrier_lag=0),
 }
+
+
+@dataclass(frozen=True)
+class ModePlan:
+    """A mode's decisions for one campaign's settings, resolved once (`mode_plan`): a controller,
+    a rollout and the simulator's of both hold the same plan."""
+    spec: ModeSpec
+    pins_versions: bool  # a trajectory with tokens continues only on its own version (ModeSpec.pins_versions)
+    starts_on_newest: bool  # new work waits briefly for replicas to load a published version
+    repacks: bool  # the rollout manager consolidates the long tail (repack.enabled and the mode)
+
+
+def mode_plan(cfg) -> ModePlan:
+    """The plan of `cfg` (a Config, read by attribute: this layer imports no config)."""
+    spec, refresh = MODES[cfg.mode], cfg.rollout.refresh_in_flight
+    return ModePlan(spec, pins_versions=spec.pins_versions(refresh), starts_on_newest=spec.starts_on_newest(refresh),
+                    repacks=spec.repacks(enabled=cfg.repack.enabled, refresh=refresh))

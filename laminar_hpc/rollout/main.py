@@ -35,7 +35,7 @@ from collections import deque
 from laminar_hpc.config.backends import rollout_backend
 from laminar_hpc.launch.role import Heartbeat, RoleContext
 from laminar_hpc.model.factory import build_tokenizer
-from laminar_hpc.policy.modes import MODES
+from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.policy.refresh import REJECT, WAIT, admit_action, pinned_waiting
 from laminar_hpc.policy.supervision import first_weights_overdue
 from laminar_hpc.rollout.base import SeqRequest, StepOutput
@@ -93,7 +93,7 @@ class Rollout:
         self.last_state = 0.0
         # a trajectory that carries tokens continues here only on its own version (pure laminar, barrier
         # modes), or on any, recording the version of each token span (refresh in flight, partial-rollout)
-        self.pins_versions = MODES[cfg.mode].pins_versions(cfg.rollout.refresh_in_flight)
+        self.pins_versions = mode_plan(cfg).pins_versions
         self.draining = False  # a newer version exists: finishing this version's trajectories first
         self.updates = build_updates(cfg, self)  # how this mode takes new weights
         self.calls = EngineCalls(self.engine, ctx.log, busy=self.util.busy, outputs=self.handle, failed=self.fail,

@@ -25,7 +25,7 @@ from __future__ import annotations
 from laminar_hpc.controller.rollout_manager import RolloutManager, kv_capacity
 from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.policy import scheduling
-from laminar_hpc.policy.modes import MODES
+from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.sim.pool import Pool, Traj
 from laminar_hpc.transport.protocol import Assign, Message, WeightsSynced
 
@@ -38,15 +38,15 @@ class SimController:
         self.n = cfg.rollout.count
         self.sync = WeightSync(cfg.mode, rollouts=self.n, groups_per_step=cfg.trainer.groups_per_step,
                                send=self.send, emit=self._trace)
-        spec, refresh = MODES[cfg.mode], cfg.rollout.refresh_in_flight
-        self.repack_on = spec.repacks(enabled=cfg.repack.enabled, refresh=refresh)
+        plan = mode_plan(cfg)  # what the mode decides with these settings (the runtime controller's too)
+        self.repack_on = plan.repacks
         self.rollout_manager = RolloutManager(  # the simulator's clock is emulated seconds: the config's own intervals
             max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,
             interval_s=cfg.repack.interval_s, kv_capacity=kv_capacity(cfg), expiry_s=self.p.moving_expiry_s,
-            send=self.send, pins_versions=spec.pins_versions(refresh))
+            send=self.send, pins_versions=plan.pins_versions)
         self.trainer_credit = 0
         # laminar refreshing in flight: new work waits briefly for replicas to load a published version
-        self.hold_s = cfg.controller.hold_for_newest_s if spec.starts_on_newest(refresh) else 0.0
+        self.hold_s = cfg.controller.hold_for_newest_s if plan.starts_on_newest else 0.0
         self._hold_due = -1  # the version whose hold's end is scheduled
         self.steps_trained = 0
         self.alive = [True] * self.n

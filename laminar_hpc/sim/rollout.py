@@ -31,7 +31,7 @@ from collections import deque
 
 from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.policy import refresh
-from laminar_hpc.policy.modes import MODES
+from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.sim.pool import Traj
 from laminar_hpc.transport.protocol import Assign, Message, Migrate, Resume, UpdateWeights
 
@@ -44,9 +44,9 @@ class SimRollout:
         self.cp = sim.cp  # what it sends costs the control plane (sim/control_plane.py)
         self.rank, self.relay = rank, relay
         cfg = sim.cfg
-        spec = MODES[cfg.mode]
-        self.barrier, self.partial = spec.barrier, spec.global_update
-        self.pins_versions = spec.pins_versions(cfg.rollout.refresh_in_flight)
+        plan = mode_plan(cfg)  # (the runtime rollout's too)
+        self.barrier, self.partial = plan.spec.barrier, plan.spec.global_update
+        self.pins_versions = plan.pins_versions
         self.max_batch = cfg.rollout.max_batch
         ro = cfg.rollout
         self.refresh, self.refresh_below = ro.refresh_in_flight, ro.refresh_below
@@ -61,7 +61,7 @@ class SimRollout:
         self.hold = self.max_batch + ((self.max_batch if extra is None else extra) if self.episodes else 0)
         self.max_macro = cfg.emulation.max_macro_steps
         self.interrupts = cfg.emulation.step_interrupts  # a message ends a macro step at the next decode step
-        self.per_replica = spec.per_replica_refresh  # laminar: a newer relay version matters at once
+        self.per_replica = plan.spec.per_replica_refresh  # laminar: a newer relay version matters at once
         self.prompt = sim.params.prompt_tokens
         # its engine's costs and its load time: the cluster's, or a slow replica's (ClusterSpec.slow_*)
         self.cost, self.pull_s = sim.params.replica(rank, cfg.rollout.count)
