@@ -15,6 +15,7 @@
     laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT] # every mode and scaling curves, simulated
     laminar export-hf RUN_DIR [--step N | --live] [-o OUT_DIR] [--dtype D]   # a weight version as an HF dir
     laminar eval RUN_DIR_OR_HF_DIR [--config CONFIG] [--step N] [--samples N] [--json OUT]   # the validation split
+(`laminar simulate`'s arguments are sim/cli.py's.)
 """
 from __future__ import annotations
 
@@ -210,7 +211,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from laminar_hpc.launch.status import status_report
+    from laminar_hpc.launch.status_report import status_report
     print(status_report(Path(args.run_dir)))
     return 0
 
@@ -223,7 +224,7 @@ def _attach(args: argparse.Namespace) -> int:
     try:
         if args.cluster == "slurm":
             from laminar_hpc.launch.attach import joiner_config
-            from laminar_hpc.launch.elastic import submit_attach
+            from laminar_hpc.launch.attach_jobs import submit_attach
             from laminar_hpc.rundir import RunDir
             cfg = joiner_config(RunDir(args.run_dir), args.overrides)
             per_node = -(-args.rollouts // args.nodes)

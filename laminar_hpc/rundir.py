@@ -238,7 +238,7 @@ class RunDir:
 
     @property
     def elastic_jobs(self) -> Path:
-        return self.path / "elastic" / "jobs.json"  # slurm.elastic's attach jobs (launch/elastic.py)
+        return self.path / "elastic" / "jobs.json"  # slurm.elastic's attach jobs (launch/attach_jobs.py)
 
     @property
     def elastic_submitit_dir(self) -> Path:

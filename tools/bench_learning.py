@@ -37,7 +37,7 @@ import bench_modes  # noqa: E402
 from laminar_hpc.config import ConfigError, load_config  # noqa: E402
 from laminar_hpc.analysis.learning import (curve_spread, final_reward, reward_curve, spread,  # noqa: E402
                                            time_to_target, trailing, wall_spread)
-from laminar_hpc.config.trainer import CLIPPED  # noqa: E402
+from laminar_hpc.config.corrections import CLIPPED  # noqa: E402
 from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
 from laminar_hpc.rundir import RunDir  # noqa: E402
 

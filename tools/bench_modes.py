@@ -62,7 +62,7 @@ def goodput(run_dir: Path, rows: list[dict], window: tuple[float, float], throug
     seconds, as `throughput`), else the run's measured peak rates; the lost fraction by cause from
     the traces; version and step lags."""
     from laminar_hpc.analysis import load_run
-    from laminar_hpc.analysis.goodput import run_goodput
+    from laminar_hpc.analysis.trace_goodput import run_goodput
     from laminar_hpc.emulation.ideal import ideal_for_config
     emulated = cfg is not None and cfg.rollout.backend == "emulated" and cfg.task.type == "synthetic"
     ideal = ideal_for_config(cfg).as_dict() if emulated else None

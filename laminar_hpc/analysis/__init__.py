@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from laminar_hpc.analysis.compare import compare, format_compare
 from laminar_hpc.analysis.perfetto import export_perfetto, write_perfetto
-from laminar_hpc.analysis.summary import format_summary, summarize
+from laminar_hpc.analysis.trace_summary import format_summary, summarize
 from laminar_hpc.analysis.timeline import Timeline, TraceAnalysisError, load_run
 
 

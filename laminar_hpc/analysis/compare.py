@@ -6,7 +6,7 @@ ratio B/A where both are numbers.
 """
 from __future__ import annotations
 
-from laminar_hpc.analysis.summary import PERCENTILES, fmt, table
+from laminar_hpc.analysis.trace_summary import PERCENTILES, fmt, table
 
 
 def figures(d: dict) -> list[tuple[str, object, str]]:

@@ -1,6 +1,6 @@
 """Off-policy health of a run, from the trainer's metrics.jsonl: staleness and importance ratios.
 
-Shown by `laminar trace summary` (analysis/summary.py) under the trainer's figures:
+Shown by `laminar trace summary` (analysis/trace_summary.py) under the trainer's figures:
 
 - staleness of the trajectories trained on, as version lag (trainer version - generating
   version) and as step lag (train steps between the two weights, across restarts:

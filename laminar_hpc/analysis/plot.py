@@ -15,7 +15,7 @@ import numpy as np
 
 from laminar_hpc.analysis.perfetto import assign_lanes
 from laminar_hpc.analysis.bubbles import replica_stretches
-from laminar_hpc.analysis.summary import publish_to_pull_s, summarize
+from laminar_hpc.analysis.trace_summary import publish_to_pull_s, summarize
 from laminar_hpc.analysis.text import group_hist
 from laminar_hpc.analysis.timeline import Timeline, spread
 from laminar_hpc.metrics.trace import RunTrace

@@ -4,9 +4,15 @@ Every rule that depends on which engine generates or which backend trains lives 
 how long a sequence may be, the KV capacity repack assumes, whether time runs on the cost
 model's clock, whether the weights are a real model's tensors (reshard, export, resume checks,
 a model to validate), how many trainer ranks a job step needs. The rest of the code asks the
-spec (`rollout_backend(cfg)`, `trainer_backend(cfg)`) instead of comparing backend names; a new
-backend is one more class and one more entry below (and its builder: rollout/node.py's
-ENGINES, trainer/backends.py's BACKENDS). Imports no torch, vLLM or megatron.
+spec (`rollout_backend(cfg)`, `trainer_backend(cfg)`) instead of comparing backend names. The
+tables below are the only lists of backends: the config's `rollout.backend` and `trainer.backend`
+types derive from them, and each spec names its builder as a lazy-import path ("module:function",
+`resolve`; the builders are in rollout/engines.py and trainer/backends.py), so a new backend is
+its implementation's file plus one class and one entry here. Imports no torch, vLLM or megatron
+(a builder's module is imported when the backend is built).
+
+`Config` is the schema's (config/schema.py), named in annotations only: the schema imports
+these tables for its types, so importing it back, even for type checkers, would be a cycle.
 
     spec = rollout_backend(cfg)
     spec.max_seq_len(cfg)            # prompt + response tokens an engine holds (None: any)
@@ -15,10 +21,8 @@ ENGINES, trainer/backends.py's BACKENDS). Imports no torch, vLLM or megatron.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from laminar_hpc.config.schema import Config
+import importlib
+from typing import Any
 
 # a vLLM or emulated sequence's KV beyond its response when the config bounds only the response:
 # room for a prompt (repack's default KV capacity, rollout_manager.kv_capacity)
@@ -26,9 +30,12 @@ PROMPT_ALLOWANCE = 4096
 
 
 class RolloutBackendSpec:
-    """A rollout engine's rules. `emulated`: the engine's compute is the cost model's time
-    (emulation/cost.py) and its weights a byte count, not a model's tensors."""
+    """A rollout engine's rules. `builder`: "module:function" of the function that builds the
+    engine and its weight layout, `(cfg, seed, tok) -> (RolloutEngine, layout)`. `emulated`: the
+    engine's compute is the cost model's time (emulation/cost.py) and its weights a byte count,
+    not a model's tensors."""
     name = ""
+    builder = ""
     emulated = False
 
     def max_seq_len(self, cfg: "Config") -> int | None:
@@ -50,6 +57,7 @@ class RolloutBackendSpec:
 
 class TorchRollout(RolloutBackendSpec):
     name = "torch"
+    builder = "laminar_hpc.rollout.engines:torch_engine"
 
     def longest_sequence(self, cfg: "Config") -> int:
         return cfg.model.max_seq_len  # its slot KV cache is that long
@@ -57,6 +65,7 @@ class TorchRollout(RolloutBackendSpec):
 
 class VllmRollout(RolloutBackendSpec):
     name = "vllm"
+    builder = "laminar_hpc.rollout.engines:vllm_engine"
 
     def max_seq_len(self, cfg: "Config") -> int | None:
         limit = cfg.rollout.vllm.max_model_len
@@ -65,6 +74,7 @@ class VllmRollout(RolloutBackendSpec):
 
 class EmulatedRollout(RolloutBackendSpec):
     name = "emulated"
+    builder = "laminar_hpc.rollout.engines:emulated_engine"
     emulated = True
 
     def max_seq_len(self, cfg: "Config") -> int | None:
@@ -78,9 +88,11 @@ class EmulatedRollout(RolloutBackendSpec):
 
 
 class TrainerBackendSpec:
-    """A trainer backend's rules. `has_model`: it trains a real model (its versions can be
-    exported, its checkpoints hold that model's shape)."""
+    """A trainer backend's rules. `builder`: "module:function" of the function that builds it,
+    `(cfg, tok, run_dir, ckpt_root) -> TrainBackend`. `has_model`: it trains a real model (its
+    versions can be exported, its checkpoints hold that model's shape)."""
     name = ""
+    builder = ""
     has_model = True
 
     def ranks(self, cfg: "Config") -> int:
@@ -90,24 +102,38 @@ class TrainerBackendSpec:
 
 class TorchTrainer(TrainerBackendSpec):
     name = "torch"
+    builder = "laminar_hpc.trainer.backends:torch_trainer"
 
 
 class EmulatedTrainer(TrainerBackendSpec):
     name = "emulated"
+    builder = "laminar_hpc.trainer.backends:emulated_trainer"
     has_model = False  # it checkpoints emulation.weight_mb bytes: the model section is not its shape
 
 
 class MegatronTrainer(TrainerBackendSpec):
     name = "megatron"
+    builder = "laminar_hpc.trainer.backends:megatron_trainer"
 
     def ranks(self, cfg: "Config") -> int:
         m = cfg.trainer.megatron
         return m.tensor_parallel * m.pipeline_parallel * m.data_parallel
 
 
-ROLLOUT_BACKENDS: dict[str, RolloutBackendSpec] = {s.name: s for s in (TorchRollout(), VllmRollout(), EmulatedRollout())}
+# the backends the config accepts, in the order its error messages and docs/config.md list them
+ROLLOUT_BACKENDS: dict[str, RolloutBackendSpec] = {
+    s.name: s for s in (TorchRollout(), EmulatedRollout(), VllmRollout())}
 TRAINER_BACKENDS: dict[str, TrainerBackendSpec] = {
     s.name: s for s in (TorchTrainer(), EmulatedTrainer(), MegatronTrainer())}
+
+
+def resolve(path: str) -> Any:
+    """The object a lazy-import path "package.module:name" names, its module imported now: a
+    builder's heavy imports (torch, vLLM, megatron-core) happen only for the backend a run uses."""
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"{path!r} is not a lazy-import path 'package.module:name'")
+    return getattr(importlib.import_module(module), name)
 
 
 def rollout_backend(cfg: "Config") -> RolloutBackendSpec:

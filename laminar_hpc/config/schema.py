@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from laminar_hpc.config.backends import ROLLOUT_BACKENDS
 from laminar_hpc.config.env import EnvCfg, SandboxCfg  # noqa: F401 - re-exported
 from laminar_hpc.config.emulation import (
     ComponentCfg, EmpiricalCfg, EmulationCfg, LatencyCfg, LengthsCfg, ObservationCfg, ToolsCfg,
@@ -127,7 +128,7 @@ class VllmCfg(Section):
     staging_mb: PosFloat = 1024.0
 
 
-RolloutBackend = Literal["torch", "emulated", "vllm"]
+RolloutBackend = Literal[tuple(ROLLOUT_BACKENDS)]  # one entry each in config/backends.py
 # sizes a typo could turn into exhausted memory (an engine allocates per sequence and per token):
 # far above any campaign's, and bounded again by the engine's context where it has one (`_sizes`)
 MAX_NEW_TOKENS = 1 << 20

@@ -20,6 +20,7 @@ trainer is done, a last round measures its final version (`final`), in every slo
     ev.tick(steps_trained=10, newest_version=10)            # starts a due round
     for rank, work in ev.assign(credits, versions): ...     # evaluation items within each share
     row = ev.finished(traj, rollout=2)                      # the round's row once it is complete
+(The scores of a round, pass@k and the rest, are computed by metrics/evaluation.py.)
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@
   trainer its lineage (`trainer_sync`); what the old controller lost continues elsewhere.
 
 `Recovery` is a part of the `Controller` (`ctl.recovery`), given the parts it works on.
+(Its decisions are pure functions in policy/recovery.py.)
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ holder)` one from a rollout that does not hold its trajectory; `limits` are the 
 
     dp.stream_chunks(msg.chunks, rollout=3)   # a rollout's frame (protocol.stream_frame)
     dp.stream("0.3", [5, 9], [-0.1, -0.2], version=2, offset=0)   # one chunk, as an item
+(The rollout's side, what it streams, is rollout/streams.py.)
 """
 from __future__ import annotations
 

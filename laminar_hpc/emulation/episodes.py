@@ -17,6 +17,7 @@ returns the k-th observation as `OBS_ID` tokens.
 Token ids: the emulated engine samples ordinary tokens from [FIRST_ORDINARY_ID, vocab) (past
 the char tokenizer's pad, bos, eos, unk), so `TOOL_ID` (the unk id, 3) never appears
 where the model did not call; observations are the first ordinary id.
+(A rollout's running episodes, real or emulated, are rollout/episodes.py's.)
 """
 from __future__ import annotations
 

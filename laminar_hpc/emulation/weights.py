@@ -7,6 +7,7 @@ is anything with a uint8 numpy `array` of that size.
 
     layout = EmulatedWeights(nbytes=16 << 20)
     layout.pack(policy, buf); layout.unpack(buf, engine)
+(A real model's flat weight layout is model/weights.py.)
 """
 from __future__ import annotations
 

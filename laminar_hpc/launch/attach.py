@@ -159,7 +159,7 @@ class AttachJob:
 def attach(run_dir: Path, rollouts: int, overrides: list[str], *, kind: str | None = None,
            job: str | None = None, nodes: int = 1, step=None, log=print) -> int:
     """Join the campaign in `run_dir` with `rollouts` rollouts on each of `nodes` nodes (`step`
-    places a process on a node: launch/elastic.py in an allocation); returns the exit code."""
+    places a process on a node: launch/attach_jobs.py in an allocation); returns the exit code."""
     rd = RunDir.of(run_dir)
     check_run_dir(rd.path)
     if not rd.config.exists():

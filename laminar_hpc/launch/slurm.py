@@ -15,6 +15,7 @@ preemption (SIGTERM) the trainer checkpoints and exits early; the driver then re
 and its next start resumes from the checkpoint with version numbering and metrics continuing.
 
     python -m laminar_hpc.cli drive configs/quickstart-slurm.yaml --run-dir runs/qs   # inside sbatch
+(The `slurm:` section it reads is config/slurm.py.)
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 
 from laminar_hpc.config import Config
-from laminar_hpc.launch.elastic import ElasticJobs
+from laminar_hpc.launch.attach_jobs import ElasticJobs
 from laminar_hpc.launch.local import role_argv, run_campaign
 from laminar_hpc.launch.netns import network_of
 from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
@@ -127,7 +128,7 @@ class Driver:
         # when scontrol cannot tell, MPI is not pinned to loopback (Open MPI leaves it out itself)
         cross_host = self.plan.nodes > 1 and not (addr and is_loopback(addr))
         self.env = step_env(cross_host, network_of(addr) if cross_host and addr else None)
-        # slurm.elastic: attach jobs beside this one, asked for again when one ends (launch/elastic.py)
+        # slurm.elastic: attach jobs beside this one, asked for again when one ends (launch/attach_jobs.py)
         self.elastic = ElasticJobs(self.cfg, self.run_dir, log=lambda line: print(f"laminar: {line}", flush=True)) \
             if self.cfg.slurm.elastic.rollouts else None
 

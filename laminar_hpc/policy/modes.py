@@ -16,6 +16,7 @@ role, as its `ModePlan`; each component asks the plan, not the spec with the set
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,15 @@ class ModePlan:
     repacks: bool  # the rollout manager consolidates the long tail (repack.enabled and the mode)
 
 
-def mode_plan(cfg) -> ModePlan:
-    """The plan of `cfg` (a Config, read by attribute: this layer imports no config)."""
+class Settings(Protocol):
+    """What `mode_plan` reads of a Config (this layer imports no config)."""
+    mode: str
+    rollout: Any  # .refresh_in_flight
+    repack: Any  # .enabled
+
+
+def mode_plan(cfg: Settings) -> ModePlan:
+    """The plan of `cfg` (a Config)."""
     spec, refresh = MODES[cfg.mode], cfg.rollout.refresh_in_flight
     return ModePlan(spec, pins_versions=spec.pins_versions(refresh), starts_on_newest=spec.starts_on_newest(refresh),
                     repacks=spec.repacks(enabled=cfg.repack.enabled, refresh=refresh))

@@ -9,6 +9,7 @@ if none does, starts again from its prompt. Where versions are recorded per toke
 
     place_detached([("4.1", 7), ("4.2", 7), ("5.0", 6)], replica_versions={0: 7, 2: 7, 3: 8},
                    load={0: 10, 2: 3})   # -> {"4.1": 2, "4.2": 2, "5.0": None}
+(The controller's component that applies these decisions is controller/recovery.py.)
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ sequence that already has tokens and continues it. Imports no torch.
 Bad data never ends the rollout: `refuse(req)` names why an engine cannot take a request (the
 rollout asks before `add`, and finishes a refused one as an error result), and a sequence the
 engine gives up on while generating comes back from `add`/`step` finished with `error` set.
+(Not tasks/base.py: the problems and rewards of a task.)
 """
 from __future__ import annotations
 

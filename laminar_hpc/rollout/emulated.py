@@ -25,6 +25,7 @@ moved episode keeps it.
     engine.load_weights(3, buf, EmulatedWeights(16 << 20))
     engine.add([SeqRequest("0.1", prompt, max_new_tokens=16384)])
     outs = engine.step()
+(The emulated trainer backend is trainer/emulated.py.)
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ it started on: the rollout loads no new weights while any is out (one version pe
     ids = eps.stops(outs)                             # turns that wrote a call: abort them from the engine
     eps.turn_ended(req, finish)                       # True: parked for its tools; False: the episode is over
     for req in eps.collect(): ...                     # observations appended: add them back to the engine
+(Emulated episodes' workload, drawn from the config, is emulation/episodes.py.)
 """
 from __future__ import annotations
 

@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from laminar_hpc.config.backends import resolve, rollout_backend
 from laminar_hpc.launch.role import RoleContext, node_name
-from laminar_hpc.model.factory import model_args
 from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.rollout.base import RolloutEngine
 from laminar_hpc.rundir import read_json
 from laminar_hpc.transport.channel import WaitTimeout
-from laminar_hpc.transport.store_layout import rollout_dtype
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
 
 if TYPE_CHECKING:
@@ -81,42 +80,7 @@ def find_local_relay(ctx: RoleContext) -> int:
 
 
 def build_engine(cfg: Config, rank: int, tok) -> tuple[RolloutEngine, object]:
-    """The engine `rollout.backend` names, and the weight layout it loads (torch is imported
-    only for the torch and vLLM engines: 32 emulated replicas start in a fraction of the time;
-    vllm only for the vLLM engine, whose layout of HF names comes from the model's shape). The
-    backend's rules are its spec's (config/backends.py); its builder is here (ENGINES)."""
-    return ENGINES[cfg.rollout.backend](cfg, cfg.seed * 1000 + rank, tok)
-
-
-def _vllm_engine(cfg: Config, seed: int, tok):
-    from laminar_hpc.model.weights import layout_for
-    from laminar_hpc.rollout.vllm_engine import VllmEngine
-    layout = layout_for(model_args(cfg.model, tok.vocab_size), rollout_dtype(cfg))
-    return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
-
-
-def _emulated_engine(cfg: Config, seed: int, tok):
-    from laminar_hpc.emulation.weights import EmulatedWeights
-    from laminar_hpc.emulation.workload import build_workload
-    from laminar_hpc.rollout.emulated import EmulatedEngine, read_trace_events
-    layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
-    workload = build_workload(cfg.emulation.lengths, read_events=read_trace_events)  # once: the engine and its episodes
-    return EmulatedEngine(cfg.emulation, seed=seed, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
-                          max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed,
-                          workload=workload), layout
-
-
-def _torch_engine(cfg: Config, seed: int, tok):
-    import torch
-
-    from laminar_hpc.model.weights import WeightLayout
-    from laminar_hpc.rollout.torch_engine import TorchEngine
-    torch.set_num_threads(cfg.rollout.torch_threads)
-    engine = TorchEngine(model_args(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
-                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                         seed=seed, device=cfg.rollout.device)
-    return engine, WeightLayout.from_model(engine.model, rollout_dtype(cfg))
-
-
-# rollout.backend -> its builder (the backend's rules: config/backends.py ROLLOUT_BACKENDS, same keys)
-ENGINES = {"torch": _torch_engine, "vllm": _vllm_engine, "emulated": _emulated_engine}
+    """The engine `rollout.backend` names, and the weight layout it loads: its spec's builder
+    (config/backends.py: ROLLOUT_BACKENDS), imported now, so only the chosen engine's heavy
+    imports happen (the builders: rollout/engines.py)."""
+    return resolve(rollout_backend(cfg).builder)(cfg, cfg.seed * 1000 + rank, tok)

@@ -13,6 +13,7 @@ finishes whole (`controller_restarted`).
     out = StreamOut(send=ctrl.send, episodes=episodes, version=lambda: engine.version)
     out.started("3.1", resumed=0); out.add("3.1", [5, 9], [-0.1, -0.2]); out.flush()
     out.finished("3.1"); ctrl.send(Finished(trajectory=out.result(traj)))
+(The controller's intake of these streams is controller/streams.py.)
 """
 from __future__ import annotations
 

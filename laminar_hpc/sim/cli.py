@@ -11,6 +11,7 @@ CONFIG is a runtime config (its emulation section is the cost model) or a cluste
 per mode and its ratio to sync, measured as tools/bench_modes.py does (a steady window after
 --skip steps, emulated seconds; barrier modes run --barrier-steps, 4 by default as there), and
 with --scaling the same at each cluster size, plotted with matplotlib when it is installed.
+(The `laminar` command itself is cli.py, which hands `simulate` here.)
 """
 from __future__ import annotations
 

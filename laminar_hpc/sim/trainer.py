@@ -16,6 +16,7 @@ publish to `weights_synced`, time the trainer could not train.
 Relays (`relay/main.py`): the master takes the newest published version, copies and checksums
 it, and chain-broadcasts it; relay rank k holds it `bcast_ready_s(k)` after the broadcast
 started. A master that is still broadcasting skips to the newest version afterwards.
+(The `trainer:` section of the config is config/trainer.py.)
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ A reward function (tasks/rewards.py; built-in or the user's `module:function`) i
 `response` the generated text and token ids. A dict is a reward of named components, combined
 with `task.reward.weights` and logged each step. verl's `compute_score` and TRL's batched reward
 functions are called through adapters with their own signatures (tasks/reward_signatures.py).
+(Not rollout/base.py: the engine interface a rollout generates with.)
 """
 from __future__ import annotations
 

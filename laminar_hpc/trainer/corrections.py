@@ -5,6 +5,8 @@ Tokens were sampled from a behaviour policy mu (the rollout's weight version, lo
 per token, the loss term whose gradient it wants, the detached factor that multiplies
 -A * grad log pi (the importance weight), and which tokens were truncated, masked or clipped.
 Sources and formulas: docs/corrections.md. Aggregation and the KL term live in trainer/loss.py.
+Which corrections exist, and what each needs of the config and the backend, is their registry's
+(config/corrections.py: CORRECTION_SPECS); a new one is its function here plus one entry there.
 
     tok = prepare(logp, behaviour_logp, advantages, mask)
     terms = CORRECTIONS["aipo"](tok, rho=2.0, mask_low=0.5, clip_eps=None, prox_logp=None)
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from laminar_hpc.config.corrections import CORRECTION_SPECS
 
 # bound on log(pi / pi_old) inside a differentiable PPO ratio (verl's SAFETY_BOUND): exp(20) ~ 5e8.
 # Beyond it the ratio is constant (gradient 0) instead of overflowing to inf and NaN in backward.
@@ -160,7 +164,7 @@ def decoupled(tok: Tokens, *, rho: float, clip_eps: float | None, prox_logp: tor
     return Terms(torch.where(keep, w_behav * term, 0.0), w_behav * r, none, tok.valid & ~keep, clipped)
 
 
-CORRECTIONS: dict[str, Callable[..., Terms]] = {
-    "aipo": aipo, "tis-seq": tis_seq, "mis-token": mis_token, "mis-seq": mis_seq, "decoupled": decoupled,
-    "none": ppo_none,
-}
+# trainer.correction -> its function, from the one list of corrections (config/corrections.py:
+# each entry names its function here)
+CORRECTIONS: dict[str, Callable[..., Terms]] = {name: globals()[spec.function]
+                                                for name, spec in CORRECTION_SPECS.items()}

@@ -8,6 +8,7 @@ like the torch backend's model (with an AdamW over one dummy parameter, so the f
 
     backend = EmulatedBackend(cfg, run_dir / "checkpoints")
     metrics = backend.train_step(groups, step=0, version=3)
+(The emulated rollout engine is rollout/emulated.py.)
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from laminar_hpc.config.corrections import CORRECTION_SPECS
 from laminar_hpc.model.factory import build_model
 from laminar_hpc.model.llama import Transformer, token_logprobs
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, truncates
@@ -68,7 +69,7 @@ class TorchBackend(ModuleBackend):
             group["lr"] = lr
         parts = minibatches(b, cfg.minibatches)
         prox: list[torch.Tensor | None] = [None] * len(parts)
-        if cfg.correction == "decoupled" and len(parts) > 1:
+        if CORRECTION_SPECS[cfg.correction].needs_proximal and len(parts) > 1:
             # the proximal policy is the policy before the step's first optimizer step: scored once,
             # here. With one mini-batch it is the policy that scores it (loss.policy_loss uses pi).
             with torch.no_grad():

@@ -425,3 +425,19 @@ def test_backend_and_mode_rules_live_in_their_specs():
     found = name_comparisons()
     assert len(found) <= MAX_NAME_COMPARISONS, "compare names in a spec instead:\n  " + "\n  ".join(found)
     assert NAME_COMPARISON.search('if cfg.rollout.backend == "vllm":') and NAME_COMPARISON.search("mode in (")
+
+
+def test_modules_that_share_a_file_name_say_which_is_which():
+    """Issue 37 item 5: two modules with one file name only where each one's docstring names the
+    other (a role's loop is `<role>/main.py` in every role package: the package says which)."""
+    by_name: dict[str, list[Path]] = {}
+    for p in modules():
+        if p.name not in ("__init__.py", "__main__.py", "main.py"):
+            by_name.setdefault(p.name, []).append(p)
+    bad = []
+    for paths in by_name.values():
+        for p in paths:
+            doc = ast.get_docstring(ast.parse(p.read_text())) or ""
+            bad += [f"{p.relative_to(PKG)} does not name {q.relative_to(PKG)}" for q in paths
+                    if q != p and str(q.relative_to(PKG)) not in doc]
+    assert not bad, "modules of one file name whose docstrings do not say which is which:\n  " + "\n  ".join(bad)

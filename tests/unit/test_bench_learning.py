@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from laminar_hpc.config import load_config
+from laminar_hpc.config.corrections import CLIPPED
 from laminar_hpc.model.factory import build_model, build_tokenizer
 from laminar_hpc.tasks import build_task
 from laminar_hpc.tasks.builtin import BuiltinTasks
@@ -137,7 +138,7 @@ def test_plan_runs_every_mode_and_setting_once_with_equal_trajectories():
     dirs = [r["out"] / r["mode"] for r in runs if not r.get("reuse")]
     assert len(dirs) == len(set(dirs)) == 45
     for r in sweep:
-        assert ("trainer.clip_eps=0.2" in r["setting"]) == (r["correction"] in ("none", "decoupled"))
+        assert ("trainer.clip_eps=0.2" in r["setting"]) == (r["correction"] in CLIPPED)
         assert f"controller.max_ahead_steps={r['ahead']}" in r["setting"] and r["seed"] in (0, 1, 2)
     assert len([r for r in bl.plan(args_for(sweep_seeds=1), 40) if r["kind"] == "sweep"]) == 12
     assert not any(r.get("reuse") for r in bl.plan(args_for(modes=["sync"]), 40))

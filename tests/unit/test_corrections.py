@@ -11,9 +11,10 @@ import math
 import pytest
 import torch
 
+from laminar_hpc.config.corrections import CLIPPED, CORRECTION_SPECS
 from laminar_hpc.trainer.loss import agg_coef, merge, policy_loss
 
-CORRECTIONS = ["aipo", "tis-seq", "mis-token", "mis-seq", "decoupled", "none"]
+CORRECTIONS = list(CORRECTION_SPECS)
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 NORM_TOKENS = 9
 
@@ -295,7 +296,7 @@ def test_token_outside_pi_support_contributes_nothing_and_is_counted(correction)
 
 def test_bad_settings_are_refused_with_the_field():
     logp, mu, adv, mask, *_ = case()
-    for correction in ("none", "decoupled"):
+    for correction in CLIPPED:
         with pytest.raises(ValueError, match="clip_eps"):
             policy_loss(logp, mu, adv, mask, correction=correction, rho=2.0)
     with pytest.raises(ValueError, match="trainer.correction"):

@@ -11,7 +11,7 @@ from helpers import REPO
 
 from laminar_hpc.config import load_config
 from laminar_hpc.controller import main
-from laminar_hpc.launch.status import elastic_line
+from laminar_hpc.launch.status_report import elastic_line
 from laminar_hpc.policy.consolidate import plan_consolidation
 from laminar_hpc.policy.recovery import place_detached
 from laminar_hpc.policy.repack import ReplicaState, plan_repack

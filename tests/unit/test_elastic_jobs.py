@@ -1,4 +1,4 @@
-"""`slurm.elastic` (launch/elastic.py `ElasticJobs`): the campaign driver asks for its elastic
+"""`slurm.elastic` (launch/attach_jobs.py `ElasticJobs`): the campaign driver asks for its elastic
 capacity again whenever an attach job has ended, never while one lives, and cancels what is left
 at the end; and what a joiner may override (launch/attach.py, config/slurm.py)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from helpers import REPO
 
 from laminar_hpc.config import ConfigError, load_config
 from laminar_hpc.launch.attach import AttachError, joiner_config
-from laminar_hpc.launch.elastic import CHECK_EVERY_S, ElasticJobs, attach_step
+from laminar_hpc.launch.attach_jobs import CHECK_EVERY_S, ElasticJobs, attach_step
 from laminar_hpc.rundir import RunDir
 
 CONFIG = Path(REPO) / "configs" / "tiny-emulated.yaml"

@@ -1,5 +1,5 @@
 """Where evaluation while training shows up besides metrics.jsonl: `laminar trace summary`'s
-evaluation and reward-failure tables (analysis/rewards.py; evaluation work's failed reward calls
+evaluation and reward-failure tables (analysis/reward_summary.py; evaluation work's failed reward calls
 counted apart from training's, by the `eval` field rollout/scoring.py traces, or for older traces
 by the `eval-` trajectory id), from hand-built events and from real trace files through the
 command line; and the live display (metrics/progress.py) fed with a round's row as the controller
@@ -17,7 +17,7 @@ from test_trace_analysis import T, ev, write_run
 
 from helpers import trajectory
 from laminar_hpc.analysis import format_summary, load_run, summarize
-from laminar_hpc.analysis.rewards import is_eval_failure, render_task, task_figures
+from laminar_hpc.analysis.reward_summary import is_eval_failure, render_task, task_figures
 from laminar_hpc.cli import main as cli
 from laminar_hpc.controller.evaluation import Round, round_row
 from laminar_hpc.metrics.progress import Progress, eval_cell, eval_text, status_line

@@ -1,5 +1,5 @@
 """The ideal (emulation/ideal.py) on hand-checkable workloads, goodput and its attribution
-(metrics/goodput.py) on numbers, on a synthetic trace (analysis/goodput.py) and on an observed
+(metrics/goodput.py) on numbers, on a synthetic trace (analysis/trace_goodput.py) and on an observed
 simulation (sim/observe.py), and the tables that show them."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from laminar_hpc.analysis.goodput import measured_ideal, run_goodput, trace_lost
+from laminar_hpc.analysis.trace_goodput import measured_ideal, run_goodput, trace_lost
 from laminar_hpc.analysis.timeline import Timeline
 from laminar_hpc.config import load_config
 from laminar_hpc.emulation.cost import CostModel, response_length

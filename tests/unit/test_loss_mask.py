@@ -20,6 +20,7 @@ import torch
 from helpers import REPO
 
 from laminar_hpc.config import load_config
+from laminar_hpc.config.corrections import CORRECTION_SPECS
 from laminar_hpc.emulation.cost import Clock
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, sample_tokens
@@ -139,7 +140,7 @@ def direct(case: EpisodeCase, correction: str, agg: str) -> tuple[float, list[li
 
 def run(case: EpisodeCase, b: Batch, correction: str, agg: str = "token-mean", logp: torch.Tensor | None = None):
     logp = case.logp(b) if logp is None else logp
-    clip = EPS if correction in ("decoupled", "none") else None
+    clip = EPS if CORRECTION_SPECS[correction].clipped else None
     return policy_loss(logp, b.behaviour_logp, b.advantages, b.mask, correction=correction, rho=RHO, mask_low=LOW,
                        clip_eps=clip, loss_agg=agg, norm_tokens=b.norm_tokens)
 

@@ -1,4 +1,4 @@
-"""`laminar status` (launch/status.py) reads a run directory's files and prints readable lines."""
+"""`laminar status` (launch/status_report.py) reads a run directory's files and prints readable lines."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 from helpers import REPO
 
 from laminar_hpc.config import load_config, save_config
-from laminar_hpc.launch.status import status_report
+from laminar_hpc.launch.status_report import status_report
 from laminar_hpc.metrics.status import Status, write_status
 from laminar_hpc.rundir import RunDir
 

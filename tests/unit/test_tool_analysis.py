@@ -15,7 +15,7 @@ from test_trace_analysis import validate_trace_events
 import laminar_hpc.metrics.trace as trace_mod
 from laminar_hpc.analysis import compare, export_perfetto, format_summary, summarize
 from laminar_hpc.analysis.bubbles import replica_stretches
-from laminar_hpc.analysis.goodput import run_goodput, trace_lost
+from laminar_hpc.analysis.trace_goodput import run_goodput, trace_lost
 from laminar_hpc.analysis.timeline import Timeline
 from laminar_hpc.metrics.summary import build_summary, tool_summary
 from laminar_hpc.metrics.trace import RunTrace, Tracer

@@ -13,6 +13,7 @@ import torch
 from helpers import REPO, TRAIN_METRICS, assert_nested_equal
 
 from laminar_hpc.config import load_config
+from laminar_hpc.config.corrections import CORRECTION_SPECS
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, sample_tokens
 from laminar_hpc.trainer.backends import build_backend
@@ -108,7 +109,7 @@ def test_on_policy_every_correction_takes_the_same_step(tmp_path):
     """On-policy every correction is REINFORCE with weight 1: the same update (decoupled with one
     mini-batch: pi_prox = pi; none: r = 1 inside the clip)."""
     states = {}
-    for correction in ("aipo", "tis-seq", "mis-token", "mis-seq", "decoupled", "none"):
+    for correction in CORRECTION_SPECS:
         cfg, b = backend(tmp_path / correction, *SAMPLING, f"trainer.correction={correction}", "trainer.clip_eps=0.2")
         m = b.train_step(rescored(b.model, cfg, sampled_groups(b.model, cfg, seed=6)), step=0, version=0)
         assert m["is_ratio_mean"] == 1.0 and m["masked_frac"] == m["clipped_frac"] == 0.0, correction

@@ -351,14 +351,14 @@ def test_sleep_and_wake():
 # -- wiring -------------------------------------------------------------------------------------
 def test_build_engine_starts_vllm_with_dummy_weights_and_the_trainers_layout(tmp_path, monkeypatch):
     from laminar_hpc.model.tokenizer import CharTokenizer
-    from laminar_hpc.rollout import node
+    from laminar_hpc.rollout import engines, node
     (tmp_path / "config.json").write_text("{}")
     cfg = config_from_dict({"model": {"hf_path": str(tmp_path)},
                             "trainer": {"publish_dtype": "bfloat16"},
                             "rollout": {"backend": "vllm", "max_batch": 8,
                                         "vllm": {"tensor_parallel_size": 2, "max_model_len": 64}}})
     monkeypatch.setattr(vllm_engine, "load_vllm_api", standin_api)
-    monkeypatch.setattr(node, "model_args", lambda model_cfg, vocab: ARGS)  # the checkpoint's shape
+    monkeypatch.setattr(engines, "model_args", lambda model_cfg, vocab: ARGS)  # the checkpoint's shape
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
     engine, layout = node.build_engine(cfg, rank=1, tok=CharTokenizer())
     assert isinstance(engine, VllmEngine) and engine.max_batch == 8 and engine.eos_id == CharTokenizer().eos_id

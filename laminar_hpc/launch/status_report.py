@@ -85,7 +85,7 @@ def status_report(run_dir: Path) -> str:
         if st.elastic:
             lines.append("elastic     " + elastic_line(st.elastic))
     jobs = (read_json(rd.elastic_jobs) or {}).get("jobs") or []
-    if jobs:  # slurm.elastic's attach jobs (launch/elastic.py), as the campaign driver last saw them
+    if jobs:  # slurm.elastic's attach jobs (launch/attach_jobs.py), as the campaign driver last saw them
         lines.append("elastic jobs " + " | ".join(f"{j.get('job_id')} {j.get('state')}" for j in jobs[-6:]))
     ckpts = rd.checkpoints()
     if ckpts:

@@ -30,7 +30,7 @@ idle by its trajectory spans (traj_started/traj_finished, the controller's `migr
 Within a replica's measured windows every instant is in exactly one of: more sequences running
 than the long tail's bound, long tail, waiting for tools, loading, awaiting, trainer-bound
 (bubbles.replica_stretches).
-Tool calls (analysis/tools.py, runs with tool events only): calls, per episode, outcomes,
+Tool calls (analysis/tool_summary.py, runs with tool events only): calls, per episode, outcomes,
 latency and observation tokens, by tool name.
 Percentiles are nearest-rank (always an observed value).
 """
@@ -41,12 +41,12 @@ from collections import Counter
 from pathlib import Path
 
 from laminar_hpc.analysis.bubbles import concurrency, rollout_figures
-from laminar_hpc.analysis.goodput import run_goodput
+from laminar_hpc.analysis.trace_goodput import run_goodput
 from laminar_hpc.analysis.offpolicy import lag_hist, offpolicy_health, render_offpolicy
-from laminar_hpc.analysis.rewards import render_task, task_figures
+from laminar_hpc.analysis.reward_summary import render_task, task_figures
 from laminar_hpc.analysis.text import bar, fmt, table
 from laminar_hpc.analysis.timeline import Timeline, nearest_rank, spread
-from laminar_hpc.analysis.tools import render_tools, tool_figures
+from laminar_hpc.analysis.tool_summary import render_tools, tool_figures
 from laminar_hpc.metrics.goodput import CAUSES, LABELS
 from laminar_hpc.metrics.trace import RunTrace
 from laminar_hpc.rundir import RunDir

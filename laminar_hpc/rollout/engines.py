@@ -1,0 +1,52 @@
+"""The builders of the rollout engines: one public function per `rollout.backend`.
+
+Each spec in config/backends.py (`ROLLOUT_BACKENDS`) names its builder here as a lazy-import
+path ("laminar_hpc.rollout.engines:torch_engine"); `rollout/node.py: build_engine` resolves the
+one the config names. A builder imports its engine when called: torch only for the torch and
+vLLM engines (32 emulated replicas start in a fraction of the time), vllm only for the vLLM
+engine, so this module imports fine where neither is installed.
+
+    engine, layout = torch_engine(cfg, seed, tok)   # the engine and the weight layout it loads
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from laminar_hpc.model.factory import model_args
+from laminar_hpc.transport.store_layout import rollout_dtype
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
+
+
+def torch_engine(cfg: Config, seed: int, tok):
+    """This package's engine (continuous batching with a slot KV cache), on CPU or GPU."""
+    import torch
+
+    from laminar_hpc.model.weights import WeightLayout
+    from laminar_hpc.rollout.torch_engine import TorchEngine
+    torch.set_num_threads(cfg.rollout.torch_threads)
+    engine = TorchEngine(model_args(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
+                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                         seed=seed, device=cfg.rollout.device)
+    return engine, WeightLayout.from_model(engine.model, rollout_dtype(cfg))
+
+
+def vllm_engine(cfg: Config, seed: int, tok):
+    """vLLM's engine; its layout of HF names comes from the model's shape (it starts with dummy weights)."""
+    from laminar_hpc.model.weights import layout_for
+    from laminar_hpc.rollout.vllm_engine import VllmEngine
+    layout = layout_for(model_args(cfg.model, tok.vocab_size), rollout_dtype(cfg))
+    return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
+
+
+def emulated_engine(cfg: Config, seed: int, tok):
+    """The real loop with the cost model's compute; its weights are a byte count."""
+    from laminar_hpc.emulation.weights import EmulatedWeights
+    from laminar_hpc.emulation.workload import build_workload
+    from laminar_hpc.rollout.emulated import EmulatedEngine, read_trace_events
+    layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
+    workload = build_workload(cfg.emulation.lengths, read_events=read_trace_events)  # once: the engine and its episodes
+    return EmulatedEngine(cfg.emulation, seed=seed, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
+                          max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed,
+                          workload=workload), layout
