@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from laminar_hpc.launch.plan import LayoutError
-    from laminar_hpc.launch.signals import as_interrupt
+    from laminar_hpc.startup.signals import as_interrupt
     from laminar_hpc.launch.submit import SubmitError
     from laminar_hpc.rundir import RunDirError
     argv = sys.argv[1:] if argv is None else argv

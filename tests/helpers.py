@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from laminar_hpc.config import config_from_dict, load_config
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.validate import Limits
-from laminar_hpc.launch.role import RoleContext
+from laminar_hpc.startup.role import RoleContext
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.transport import protocol
 from laminar_hpc.transport.protocol import Group, Message, Trajectory, WorkItem, decode, encode

@@ -1,5 +1,5 @@
 """`python -m laminar_hpc.controller --run-dir DIR`"""
-from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.startup.signals import install_stop_handlers
 
 install_stop_handlers()  # first: Slurm's signals can arrive while torch/mpi4py still import
 

@@ -95,7 +95,7 @@ class Controller:
         if self.routes.shards:  # (before recovery: a replay admits as the log's writer did)
             self.data_plane.pool.shard_of = self.routes.shard_of_rank
             self.data_plane.pool.version_of = self._version_of
-        # what it sends is split under the limit its peers receive with (launch/role.py: the same setting)
+        # what it sends is split under the limit its peers receive with (startup/role.py: the same setting)
         self.frames = Frames(log, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20), task=task)
         self.recovered = recover(self.wal, self.data_plane, log, tracer, rd)
         # drops replayed from the log: reported before the restart, all but those after its last

@@ -17,9 +17,9 @@ from laminar_hpc.config import load_config
 from laminar_hpc.config.shards import shard_count
 from laminar_hpc.controller.main import Controller
 from laminar_hpc.controller.wal import WalError
-from laminar_hpc.launch.role import node_name, setup_logging
-from laminar_hpc.launch.runlock import RoleLock
-from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.startup.role import node_name, setup_logging
+from laminar_hpc.startup.runlock import RoleLock
+from laminar_hpc.startup.signals import install_stop_handlers
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.channel import publish_endpoint

@@ -34,8 +34,8 @@ import zmq
 
 from laminar_hpc.controller.shard_store import ShardStore
 from laminar_hpc.controller.validate import limits_for
-from laminar_hpc.launch.role import Heartbeat, RoleContext, start_role
-from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.startup.role import Heartbeat, RoleContext, start_role
+from laminar_hpc.startup.signals import install_stop_handlers
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.tasks import build_task, encode_prompt
 from laminar_hpc.transport.channel import Client, WaitTimeout, publish_endpoint, wait_endpoint

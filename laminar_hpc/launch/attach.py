@@ -33,9 +33,9 @@ from pathlib import Path
 from laminar_hpc.config import Config, ConfigError, load_config, save_config
 from laminar_hpc.config.backends import kv_capacity
 from laminar_hpc.config.slurm import joiner_override_refusal
-from laminar_hpc.launch.ownership import check_run_dir
+from laminar_hpc.startup.ownership import check_run_dir
 from laminar_hpc.launch.processes import ProcessGroup, role_env
-from laminar_hpc.launch.runlock import holder
+from laminar_hpc.startup.runlock import holder
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
 from laminar_hpc.transport.protocol import Join, Joined, RoleDown

@@ -21,7 +21,7 @@ from laminar_hpc.launch.netns import private_network
 from laminar_hpc.launch.plan import RoleSpec, role_specs
 from laminar_hpc.launch.processes import mpi_env, mpi_root_refusal, role_env
 from laminar_hpc.launch.prepare import prepare_run_dir
-from laminar_hpc.launch.signals import launcher_signals
+from laminar_hpc.startup.signals import launcher_signals
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.summary import build_summary
@@ -94,7 +94,7 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
     """Run one start of a campaign in a prepared run directory (caller holds the lock).
     `on_end(rd)` gets the RunDir of this start (its run id names the shared memory)."""
     rd = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)
-    raise_fd_limit()  # the launcher too (its roles raise their own: launch/role.py, controller/main.py)
+    raise_fd_limit()  # the launcher too (its roles raise their own: startup/role.py, controller/main.py)
     save_config(cfg, rd.config)
     ensure_keys(rd)  # the per-run keys every connection proves (kept across resumes; made even under
     # controller.auth: none, so that a resume without that setting authenticates)
@@ -141,7 +141,7 @@ def run_local(cfg: Config, run_dir: Path, *, resume: bool = False, overwrite: bo
     cfg = cfg.as_configured()  # an address a Slurm driver derived for an earlier start is not the user's
     # the lock is taken before --overwrite removes anything and held to the end (no second launcher
     # can start in between); a closed terminal (SIGHUP) stops the campaign like Ctrl-C; the roles
-    # also hold the lock and stop themselves should this process die without a word (launch/runlock.py)
+    # also hold the lock and stop themselves should this process die without a word (startup/runlock.py)
     lock = prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, hold=True)
     with launcher_signals(RunDir(run_dir).log("launcher")), lock:
         if os.geteuid() == 0:

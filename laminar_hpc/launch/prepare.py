@@ -16,8 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
-from laminar_hpc.launch.ownership import check_ancestors, check_run_dir, make_private_dir
-from laminar_hpc.launch.runlock import LauncherLock, held_message, holder
+from laminar_hpc.startup.ownership import check_ancestors, check_run_dir, make_private_dir
+from laminar_hpc.startup.runlock import LauncherLock, held_message, holder
 from laminar_hpc.checkpoint_format import META_FILE
 from laminar_hpc.rundir import RunDir, RunDirError
 
@@ -30,7 +30,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, hold: bool 
 
     An existing non-empty directory is only reused with `resume` (continue it) or emptied
     with `overwrite`; otherwise nothing in it is changed. A directory that is not ours alone
-    (launch/ownership.py: another user's, a symbolic link, open to group or others, under a
+    (startup/ownership.py: another user's, a symbolic link, open to group or others, under a
     directory others may write) is refused before anything else, with one line.
 
     `overwrite` empties it while holding the campaign's lock (everything but the lock file
@@ -102,7 +102,7 @@ def lock_holder(run_dir: Path) -> str | None:
 
 class CampaignLock(LauncherLock):
     """The launcher's lock on the run directory, held for the campaign's lifetime: POSIX record
-    locks that work on NFS and Lustre, shared with the roles (launch/runlock.py: a new launcher
+    locks that work on NFS and Lustre, shared with the roles (startup/runlock.py: a new launcher
     is refused while a role of an earlier campaign still lives)."""
 
 

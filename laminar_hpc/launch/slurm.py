@@ -32,7 +32,7 @@ from laminar_hpc.launch.netns import network_of
 from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
 from laminar_hpc.launch.processes import mpi_env, role_env
 from laminar_hpc.launch.prepare import CampaignLock, prepare_run_dir
-from laminar_hpc.launch.signals import launcher_signals
+from laminar_hpc.startup.signals import launcher_signals
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.security import is_loopback

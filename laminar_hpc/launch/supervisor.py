@@ -19,7 +19,7 @@ from typing import Callable
 from laminar_hpc.config import Config
 from laminar_hpc.config.shards import shard_count
 from laminar_hpc.launch.plan import RoleSpec
-from laminar_hpc.launch.role import INTERRUPTED
+from laminar_hpc.startup.role import INTERRUPTED
 from laminar_hpc.launch.processes import ProcessGroup
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.status import Status, read_status

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 
-from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name
+from laminar_hpc.startup.role import Heartbeat, RoleContext, node_name
 from laminar_hpc.relay.leaf_server import encrypted, leaf_chunk_bytes
 from laminar_hpc.relay.pipeline import PieceHasher
 from laminar_hpc.transport.channel import Client, WaitTimeout, publish_endpoint, wait_endpoint

@@ -26,8 +26,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from laminar_hpc.launch.signals import install_stop_handlers
-from laminar_hpc.launch.role import Heartbeat, RoleContext, node_name, start_role
+from laminar_hpc.startup.signals import install_stop_handlers
+from laminar_hpc.startup.role import Heartbeat, RoleContext, node_name, start_role
 from laminar_hpc.relay.chain import (
     DISCARD, SEALED, STOP, WEIGHTS, Header, announce, chain_bytes, chain_trailer, poll_header,
 )

@@ -1,11 +1,11 @@
 """`python -m laminar_hpc.rollout --run-dir DIR --rank N`: one rollout replica (rollout/main.py)."""
 import argparse
 
-from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.startup.signals import install_stop_handlers
 
 install_stop_handlers()  # first: Slurm's signals can arrive while torch/mpi4py still import
 
-from laminar_hpc.launch.role import start_role  # noqa: E402
+from laminar_hpc.startup.role import start_role  # noqa: E402
 from laminar_hpc.rollout.main import Rollout  # noqa: E402
 from laminar_hpc.rollout.node import find_local_relay  # noqa: E402
 

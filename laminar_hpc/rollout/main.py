@@ -33,7 +33,7 @@ import time
 from collections import deque
 
 from laminar_hpc.config.backends import rollout_backend
-from laminar_hpc.launch.role import Heartbeat, RoleContext
+from laminar_hpc.startup.role import Heartbeat, RoleContext
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.policy.refresh import REJECT, WAIT, admit_action, pinned_waiting

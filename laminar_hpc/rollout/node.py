@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from laminar_hpc.config.backends import resolve, rollout_backend
-from laminar_hpc.launch.role import RoleContext, node_name
+from laminar_hpc.startup.role import RoleContext, node_name
 from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.rollout.base import RolloutEngine
 from laminar_hpc.rundir import read_json

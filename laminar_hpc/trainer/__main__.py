@@ -1,7 +1,7 @@
 """`python -m laminar_hpc.trainer --run-dir DIR`: the trainer role, or a Megatron follower rank."""
 import sys
 
-from laminar_hpc.launch.signals import install_stop_handlers
+from laminar_hpc.startup.signals import install_stop_handlers
 
 install_stop_handlers()  # first: Slurm's signals can arrive while torch/mpi4py still import
 

@@ -18,7 +18,7 @@ import time
 
 import msgspec
 
-from laminar_hpc.launch.role import RoleContext
+from laminar_hpc.startup.role import RoleContext
 from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
 from laminar_hpc.transport.protocol import Fetch, Fetched, Group, Trajectory
 from laminar_hpc.transport.security import client_keys

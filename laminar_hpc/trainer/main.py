@@ -34,8 +34,8 @@ from collections import Counter
 import torch
 
 from laminar_hpc.config.update_paths import update_path
-from laminar_hpc.launch.signals import install_stop_handlers
-from laminar_hpc.launch.role import INTERRUPTED, Heartbeat, RoleContext, start_role
+from laminar_hpc.startup.signals import install_stop_handlers
+from laminar_hpc.startup.role import INTERRUPTED, Heartbeat, RoleContext, start_role
 from laminar_hpc.metrics.jsonl import JsonlAppender
 from laminar_hpc.metrics.names import standard_names
 from laminar_hpc.metrics.trackers import TrackerWriter

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-from laminar_hpc.launch.role import RoleContext
+from laminar_hpc.startup.role import RoleContext
 from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.transport.channel import Client, wait_endpoint
 from laminar_hpc.transport.protocol import Publish, Published

@@ -6,7 +6,7 @@ which takes the trainer's publish notices, and `relay_leaves`, which feeds joine
 relay/leaf.py). `auto` binds ipc:// when `controller.host` is loopback
 (a loopback TCP socket is reachable only from this machine, so every role is here anyway): the
 socket file is `endpoints/<name>.sock` in the run directory, which only its owner may enter
-(launch/ownership.py checks it at every start), or, when that path is over the 107 bytes of an
+(startup/ownership.py checks it at every start), or, when that path is over the 107 bytes of an
 AF_UNIX path, `<name>.sock` in the start's private shared-memory directory (transport/shm_dir.py:
 0700, created exclusively). No other local user can connect at all, so none can hold the
 server's descriptors; CURVE still authenticates every peer. A Slurm run across nodes binds TCP on

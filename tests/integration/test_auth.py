@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO, controller_process, sample, small_model
 
 from laminar_hpc.config import load_config, save_config
-from laminar_hpc.launch.role import RoleContext
+from laminar_hpc.startup.role import RoleContext
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport import protocol

@@ -122,7 +122,7 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
 
     from laminar_hpc import cli
     from laminar_hpc.launch.processes import mpi_env
-    from laminar_hpc.launch.role import start_role
+    from laminar_hpc.startup.role import start_role
     from laminar_hpc.model.weights import WeightLayout
     from laminar_hpc.rollout.torch_engine import TorchEngine
     from laminar_hpc.rollout.node import NodeWeights

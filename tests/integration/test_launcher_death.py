@@ -122,7 +122,7 @@ def test_sighup_from_kill_stops_the_campaign_like_ctrl_c(tmp_path):
 
 
 def test_roles_of_a_killed_launcher_stop_themselves(tmp_path):
-    """Needs launch/role.py's start_role to take the role's lock (RoleLock.start_watch)."""
+    """Needs startup/role.py's start_role to take the role's lock (RoleLock.start_watch)."""
     run_dir = tmp_path / "orphaned"
     proc = start_campaign(run_dir)
     try:

@@ -199,7 +199,7 @@ def test_a_posix_lock_of_another_process_is_seen(tmp_path):
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL])
 def test_a_filesystem_without_posix_locks_gets_one_line_naming_the_mount_option(tmp_path, monkeypatch, fstype,
                                                                                  option, code):
-    from laminar_hpc.launch import runlock
+    from laminar_hpc.startup import runlock
 
     def refuse(fd, cmd, arg=0):
         raise OSError(code, os.strerror(code))
@@ -221,8 +221,8 @@ def test_a_filesystem_without_posix_locks_gets_one_line_naming_the_mount_option(
 
 ROLE = textwrap.dedent("""
     import signal, sys
-    from laminar_hpc.launch.runlock import RoleLock
-    from laminar_hpc.launch.signals import install_stop_handlers
+    from laminar_hpc.startup.runlock import RoleLock
+    from laminar_hpc.startup.signals import install_stop_handlers
     flags = install_stop_handlers()
     keep_running = sys.argv[2] == "keep-running"  # reports the orphaning, lives on until stdin closes
     on_orphaned = (lambda: print("orphaned", flush=True)) if keep_running else None

@@ -47,11 +47,11 @@ def sent_messages(path: Path) -> set[str]:
 
 
 SENDING_CODE = {  # where each kind's messages are sent from
-    "rollout": ["rollout/**/*.py", "launch/role.py"],
-    "trainer": ["trainer/**/*.py", "launch/role.py"],
-    "relay": ["relay/**/*.py", "launch/role.py"],
+    "rollout": ["rollout/**/*.py", "startup/role.py"],
+    "trainer": ["trainer/**/*.py", "startup/role.py"],
+    "relay": ["relay/**/*.py", "startup/role.py"],
     "launcher": ["launch/supervisor.py"],
-    "shard": ["controller/shard.py", "launch/role.py"],
+    "shard": ["controller/shard.py", "startup/role.py"],
 }
 
 

@@ -1,4 +1,4 @@
-"""Run-directory ownership (launch/ownership.py) and `--overwrite` under the lock (launch/prepare.py).
+"""Run-directory ownership (startup/ownership.py) and `--overwrite` under the lock (launch/prepare.py).
 
 "Another user" is `nobody` (uid 65534): a child process that drops to it creates the directory
 (root only, skipped otherwise), or root chowns a file to it. Whole launches and role starts
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, sentinel_run
 
-from laminar_hpc.launch.ownership import check_run_dir
+from laminar_hpc.startup.ownership import check_run_dir
 from laminar_hpc.launch.prepare import prepare_run_dir
 from laminar_hpc.rundir import RunDir, RunDirError
 from laminar_hpc.transport.security import ensure_keys, key_file

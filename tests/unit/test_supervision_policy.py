@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from laminar_hpc.config.schema import SupervisorCfg
-from laminar_hpc.launch.role import INTERRUPTED
+from laminar_hpc.startup.role import INTERRUPTED
 from laminar_hpc.metrics.status import ControllerInfo, RoleEntry, Status
 from laminar_hpc.policy.supervision import (MAX_BACKOFF_S, STOPPED_BY_SIGNAL, WINDING_DOWN_GRACE_S, Restart,
                                             campaign_over, due, exit_meaning, grace_over, hung_to_kill, plan_restart,

@@ -54,7 +54,7 @@ try:
     res = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", "run", str(path), "--run-dir", str(run_dir)],
                          cwd=REPO, capture_output=True, text=True, timeout=budget)
     code, tail = res.returncode, (res.stderr or res.stdout).strip().splitlines()[-1:]
-except subprocess.TimeoutExpired:  # the CLI got no SIGTERM: the roles' run lock stops them (launch/runlock.py)
+except subprocess.TimeoutExpired:  # the CLI got no SIGTERM: the roles' run lock stops them (startup/runlock.py)
     code, tail = "timeout", [f"laminar run still ran after {budget:.0f}s"]
 summary = {}
 if (run_dir / "summary.json").exists():

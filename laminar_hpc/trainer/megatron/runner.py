@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--run-dir", required=True)
     a = ap.parse_args(argv)
     from laminar_hpc.config import load_config
-    from laminar_hpc.launch.ownership import check_run_dir
+    from laminar_hpc.startup.ownership import check_run_dir
     from laminar_hpc.model.factory import build_tokenizer
     check_run_dir(a.run_dir)  # as every role: a run directory another user could change is refused
     cfg = load_config(Path(a.run_dir) / "config.yaml")

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from laminar_hpc.launch.ownership import check_run_dir
+from laminar_hpc.startup.ownership import check_run_dir
 from laminar_hpc.rundir import RunDir, RunDirError
 
 __all__ = ["Holder", "LauncherLock", "RoleLock", "filesystem_of", "held_message", "holder"]
@@ -222,7 +222,7 @@ class LauncherLock:
 
 
 def _stop_self() -> None:
-    os.kill(os.getpid(), signal.SIGTERM)  # the role's own stop path runs (launch/signals.py)
+    os.kill(os.getpid(), signal.SIGTERM)  # the role's own stop path runs (startup/signals.py)
 
 
 class RoleLock:
@@ -250,7 +250,7 @@ class RoleLock:
     def start_watch(self, on_orphaned: Callable[[], None] | None = None,
                     log: logging.Logger | None = None) -> bool:
         """Take the role's lock; True when a watch on the launcher started. First checks that the
-        run directory is ours alone (launch/ownership.py: RunDirError, the one exception this
+        run directory is ours alone (startup/ownership.py: RunDirError, the one exception this
         raises), so every role, the controller included, refuses one another user could change."""
         check_run_dir(self.path.parent)
         logger = log or _log

@@ -21,8 +21,8 @@ from pathlib import Path
 from laminar_hpc.config import Config, load_config
 from laminar_hpc.config.shards import shard_count, shard_of
 from laminar_hpc.metrics.trace import Tracer
-from laminar_hpc.launch.ownership import check_run_dir
-from laminar_hpc.launch.runlock import RoleLock
+from laminar_hpc.startup.ownership import check_run_dir
+from laminar_hpc.startup.runlock import RoleLock
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport import protocol
 from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
