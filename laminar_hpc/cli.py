@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from laminar_hpc.config import ConfigError, load_config
 from laminar_hpc.config.backends import trainer_backend
@@ -37,7 +37,12 @@ if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config
 
 
-def _load(args) -> Config:
+def _load(args, progress: bool = False) -> Config:
+    """The config of `args`, checked before anything starts. `progress`: the start check's steps
+    and a GGUF's conversion are said on stdout, as the display's lines (`laminar run`); other
+    commands print only their own output there (render-sbatch's script) and these on stderr."""
+    say = (lambda line: print(line, flush=True)) if progress else (lambda line: print(f"laminar: {line}",
+                                                                                        file=sys.stderr))
     notes: list[str] = []
     cfg = load_config(args.config, args.overrides, notes=notes)
     for line in notes:  # paths read from the config's directory, where the working directory differs
@@ -48,15 +53,15 @@ def _load(args) -> Config:
             preflight(cfg.model)
             if cfg.model.hf_path:  # a GGUF is dequantised once here, not by every role at every start
                 from laminar_hpc.model.gguf_convert import convert_once
-                convert_once(cfg.model.hf_path, say=lambda line: print(line, flush=True))
+                convert_once(cfg.model.hf_path, say=say)
         except HFCheckpointError as err:
             key = "model.hf_path" if cfg.model.hf_path else "model.hf_tokenizer"
             raise ConfigError(f"{key}: {_one_line(err)} (in {args.config})") from None
-    check_task(cfg, args.config)
+    check_task(cfg, args.config, say=say if progress else None)
     return cfg
 
 
-def check_task(cfg: Config, source: str) -> None:
+def check_task(cfg: Config, source: str, say: Callable[[str], None] | None = None) -> None:
     """Before anything starts (tasks/preflight.py): the dataset loads, tools and environments
     import, a chat renders with the tokenizer's chat template, each reward function is called on a
     sample row in the reward pool under its timeout. One line on the first failure; warnings and
@@ -65,7 +70,7 @@ def check_task(cfg: Config, source: str) -> None:
     from laminar_hpc.tasks.preflight import StartCheckError, check_start
     try:
         notes = check_start(cfg, tokenizer=lambda: build_tokenizer(cfg.model),
-                            say=lambda line: print(line, flush=True))  # (progress: stdout, as the display's)
+                            say=say)
     except StartCheckError as err:
         raise ConfigError(f"{_one_line(err)} (in {source})") from None
     for line in notes:
@@ -132,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--resume continues an existing run: name it with --run-dir DIR")
     run_dir = None
     try:  # Ctrl-C at any point, the start check and the roles' start-up included, gets its line
-        cfg = _load(args)
+        cfg = _load(args, progress=True)
         run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
         if args.resume:
             _check_resume(cfg, run_dir)
