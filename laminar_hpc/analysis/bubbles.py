@@ -1,5 +1,5 @@
 """Where the rollouts' time went: busy, long tail, waiting for tools, waiting for weights,
-trainer-bound, failures (the definitions are in laminar_hpc/analysis/summary.py's docstring).
+trainer-bound, failures (the definitions are in laminar_hpc/analysis/trace_summary.py's docstring).
 
     per_replica, totals = rollout_figures(Timeline.build(run), start, end, max_batch=64, frac=0.25)
     stretches = replica_stretches(tl, "rollout-0", few=16)   # {"long_tail": [(a, b)...], "trainer_bound": ...}

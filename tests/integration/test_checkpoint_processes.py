@@ -79,7 +79,7 @@ def test_full_disk_keeps_previous_checkpoint(small_fs, mode):
 def test_read_ledger_without_torch(tmp_path):
     two_checkpoints_with_ledgers(tmp_path)
     (tmp_path / "step_000002" / "ledger.json").write_text("{}")
-    code = ("import json, sys\nfrom laminar_hpc.rundir import read_ledger\n"
+    code = ("import json, sys\nfrom laminar_hpc.checkpoint_format import read_ledger\n"
             "print(json.dumps(read_ledger(sys.argv[1])))\nassert 'torch' not in sys.modules, 'torch imported'\n")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
                           timeout=60)
