@@ -209,7 +209,9 @@ def test_a_validation_file_that_overlaps_training_is_a_warning_with_the_count(tm
     (tmp_path / "taken" / "notes.txt").write_text("not a run")  # then refused: nothing runs
     res = laminar("run", cfg, "--run-dir", "taken", cwd=tmp_path, timeout=60)
     assert res.returncode != 0 and "taken" in res.stderr
-    assert "laminar: warning: 2 training rows of train.jsonl also appear in the validation split" in res.stderr
+    # (the config's relative paths are read from its directory, here the working one: named in full)
+    assert f"laminar: warning: 2 training rows of {tmp_path / 'train.jsonl'} also appear in the validation split" \
+        in res.stderr, res.stderr
 
 
 # -- run directories --------------------------------------------------------------------------
