@@ -36,12 +36,13 @@ from laminar_hpc.config import load_config  # noqa: E402
 from laminar_hpc.metrics.status import read_status  # noqa: E402
 from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
 from laminar_hpc.metrics.trace import read_trace, role_events  # noqa: E402
-from laminar_hpc.sim.scaling import DEFAULT_VARIANTS, VARIANTS, variant_conflict, variant_overrides  # noqa: E402
+from laminar_hpc.sim.scaling import (  # noqa: E402
+    BARRIER, DEFAULT_VARIANTS, VARIANTS, variant_conflict, variant_overrides,
+)
 
 # name -> overrides: the simulator's variants (sim/scaling.py VARIANTS), partial-rollout-areal over AReaL's
 # default update path (the trainer broadcasts each version to every rollout, blocked meanwhile; issue 15)
 MODES = {name: variant_overrides(name) for name in VARIANTS}
-BARRIER = {"sync", "one-step-off"}
 
 
 def at(series: list[tuple[float, float]], t: float) -> float:

@@ -128,12 +128,16 @@ TRAINER_BACKENDS: dict[str, TrainerBackendSpec] = {
 
 
 def resolve(path: str) -> Any:
-    """The object a lazy-import path "package.module:name" names, its module imported now: a
-    builder's heavy imports (torch, vLLM, megatron-core) happen only for the backend a run uses."""
+    """The object a lazy-import path "package.module:name" names ("module:Class.method": a class's
+    method), its module imported now: a builder's heavy imports (torch, vLLM, megatron-core)
+    happen only for the backend a run uses."""
     module, sep, name = path.partition(":")
     if not sep or not module or not name:
         raise ValueError(f"{path!r} is not a lazy-import path 'package.module:name'")
-    return getattr(importlib.import_module(module), name)
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def rollout_backend(cfg: "Config") -> RolloutBackendSpec:

@@ -7,20 +7,50 @@ Imports neither torch, mpi4py nor vLLM; re-exported by `laminar_hpc.config.schem
       tool_timeout_s: 10           # per call; a call past it is the observation "timed out"
       python: {cpu_s: 2, mem_mb: 256, wall_s: 5}
 
-`tools` maps the name the model calls to a built-in (calculator, python) or to user code
-(`package.module:function`, `path/to/file.py:function`; plain or async, returns text). With
-`environment: "module:Class"` (a `tasks.episode.Environment`) the episode is the user's own.
-No `tools` and no `environment`: single-turn trajectories, as before.
+`tools` maps the name the model calls to a built-in or to user code (`package.module:function`,
+`path/to/file.py:function`; plain or async, returns text). With `environment: "module:Class"` (a
+`tasks.episode.Environment`) the episode is the user's own. No `tools` and no `environment`:
+single-turn trajectories, as before.
+
+`BUILTIN_TOOLS` is the only list of built-in tools and `TOOL_CALL_FORMATS` of built-in tool-call
+formats: this section's validator and tasks/tools.py (load_tools, load_format) read them, and each
+entry names its code as a lazy-import path ("module:name", config/backends.py: resolve), so a new
+built-in is its code plus one entry here.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from laminar_hpc.config.section import PosFloat, PosInt, Section
 
-BUILTIN_TOOLS = ("calculator", "python")
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str  # its value in `env.tools`
+    # "module:function" of its builder, `(env_cfg: EnvCfg) -> the tool` (a callable taking the
+    # call's arguments as keywords, plain or async, returning text or a tasks.episode.ToolResult)
+    builder: str
+    meaning: str  # one line: what it does
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    name: str  # its `env.format` value
+    cls: str  # "module:Class" with the methods of tasks.episode.HermesFormat
+    meaning: str  # one line: how a call is written
+
+
+BUILTIN_TOOLS: dict[str, ToolSpec] = {s.name: s for s in (
+    ToolSpec("calculator", "laminar_hpc.tasks.tools:calculator_builder", "arithmetic, no eval (tasks/calculator.py)"),
+    ToolSpec("python", "laminar_hpc.tasks.tools:python_builder",
+             "Python in a sandboxed subprocess with env.python's limits and no network (tasks/sandbox.py)"),
+)}
+TOOL_CALL_FORMATS: dict[str, FormatSpec] = {s.name: s for s in (
+    FormatSpec("hermes", "laminar_hpc.tasks.episode:HermesFormat", "`<tool_call>{json}</tool_call>`"),
+)}
 
 
 class SandboxCfg(Section):
@@ -37,12 +67,13 @@ class SandboxCfg(Section):
 
 class EnvCfg(Section):
     environment: str | None = None  # "module:Class" or "file.py:Class"; None: tools only
-    # the name the model calls -> a built-in (calculator, python) or user code ('file.py:function')
-    tools: dict[str, str] = Field(default_factory=dict)
+    tools: dict[str, str] = Field(default_factory=dict, description=(
+        f"the name the model calls -> a built-in ({', '.join(BUILTIN_TOOLS)}) or user code ('file.py:function')"))
     args: dict[str, Any] = Field(default_factory=dict)  # given to the environment (EnvContext.args)
-    # the tool-call format: hermes (`<tool_call>{json}</tool_call>`), or "module:Class" with the
-    # methods of tasks.episode.HermesFormat (stopped, turn_calls, observation_text)
-    format: str = "hermes"
+    format: str = Field("hermes", description=(
+        "the tool-call format: " + ", ".join(f"{n} ({s.meaning})" for n, s in TOOL_CALL_FORMATS.items())
+        + ', or "module:Class" with the methods of tasks.episode.HermesFormat (stopped, turn_calls, '
+        "observation_text)"))
     # true: a turn leaves the decode batch as soon as it has written a call (its tool starts at
     # once; one call a turn); false: the turn runs to its end-of-turn token and every call it wrote
     # runs, together (parallel calls, as Qwen writes several blocks in one message)
@@ -67,8 +98,9 @@ class EnvCfg(Section):
             if not name or not spec or (":" not in spec and spec not in BUILTIN_TOOLS):
                 raise ValueError(f"tools.{name}: {spec!r} is neither a built-in tool ({', '.join(BUILTIN_TOOLS)}) "
                                  "nor 'package.module:function' / 'path/to/file.py:function'")
-        if self.format != "hermes" and ":" not in self.format:
-            raise ValueError(f"format {self.format!r}: write hermes, or 'package.module:Class' / 'path/to/file.py:Class'")
+        if self.format not in TOOL_CALL_FORMATS and ":" not in self.format:
+            raise ValueError(f"format {self.format!r}: write {' or '.join(TOOL_CALL_FORMATS)}, or "
+                             "'package.module:Class' / 'path/to/file.py:Class'")
         if self.environment is not None and ":" not in self.environment:
             raise ValueError(f"environment {self.environment!r}: write 'package.module:Class' or 'path/to/file.py:Class'")
         return self

@@ -73,7 +73,7 @@ def _section_at(path: list[str], task_type: str) -> type[BaseModel] | None:
         if model is None or part not in model.model_fields:
             return None
         if model is Config and part == "task":  # tagged union: the member named by `type`
-            model = _TASK_TYPES.get(task_type)
+            model = _TASK_TYPES[task_type].section if task_type in _TASK_TYPES else None
             continue
         ann = model.model_fields[part].annotation
         model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None

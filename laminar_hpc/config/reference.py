@@ -90,12 +90,18 @@ def keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Key]]:
         dotted = f"{prefix}{name}"
         sections = _models(field.annotation)
         if sections:
-            seen = set()
+            seen: dict[str, int] = {}
             for sec in sections:
                 for k, v in keys(sec, dotted + "."):
                     if k not in seen:
-                        seen.add(k)
+                        seen[k] = len(out)
                         out.append((k, v))
+                    elif k.endswith(".type") and v.type.startswith("Literal["):
+                        # a union's tag (task.type): one row that lists every variant's values and meaning
+                        first = out[seen[k]][1]
+                        values = first.type[len("Literal["):-1] + ", " + v.type[len("Literal["):-1]
+                        meaning = "; ".join(m for m in (first.meaning, v.meaning) if m)
+                        out[seen[k]] = (k, Key(f"Literal[{values}]", first.default, meaning, first.section))
             if type(None) not in typing.get_args(field.annotation) and not isinstance(field.annotation, types.UnionType):
                 continue
         default = field.get_default(call_default_factory=True) if not field.is_required() else "(required)"

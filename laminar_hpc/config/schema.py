@@ -33,17 +33,20 @@ from laminar_hpc.config.task import (
 )
 from laminar_hpc.config.trainer import MegatronCfg, TrainerBackend, TrainerCfg
 from laminar_hpc.config.tracking import LoggingCfg, MlflowCfg, WandbCfg  # noqa: F401 - re-exported
+from laminar_hpc.config.update_paths import RELAY_PATH, UPDATE_PATHS, UpdatePathName
 from laminar_hpc.config.values import SizeMb
+from laminar_hpc.policy.modes import MODES
 
 __all__ = [  # re-exported names included: `from laminar_hpc.config.schema import X` works for each
     "ArithTaskCfg",
     "ComponentCfg", "EmpiricalCfg", "LatencyCfg", "ObservationCfg", "ToolsCfg",
     "BuiltinTaskCfg", "CheckpointCfg", "Config", "ControllerCfg", "DatasetTaskCfg", "EmulationCfg", "EvalCfg",
     "JsonlTaskCfg", "LengthsCfg",
-    "MegatronCfg", "ModelCfg", "NonNegInt", "PartialRolloutCfg", "PosFloat", "PosInt", "Prob", "RelayCfg", "RepackCfg",
+    "MegatronCfg", "Mode", "ModelCfg", "NonNegInt", "PartialRolloutCfg", "PosFloat", "PosInt", "Prob", "RelayCfg",
+    "RepackCfg",
     "RewardCfg", "RolloutBackend",
     "RolloutCfg", "Section", "SlurmCfg", "SlurmLayoutCfg", "StepResources", "SupervisorCfg", "SyntheticTaskCfg",
-    "TaskCfg", "TimeoutsCfg", "TraceCfg", "TrainerBackend", "TrainerCfg", "VllmCfg", "WarmupCfg",
+    "TaskCfg", "TimeoutsCfg", "TraceCfg", "TrainerBackend", "TrainerCfg", "UpdatePathName", "VllmCfg", "WarmupCfg",
 ]
 
 
@@ -260,7 +263,7 @@ class PartialRolloutCfg(Section):
     NCCL group of its rank 0 and every rollout GPU, buckets of 1024 MB sent one after another: its
     default `weight_update_mode: xccl`; or a save to shared storage that the rollouts load) and is
     blocked until every rollout has loaded it. The costs are what the simulator and emulated runs spend."""
-    update_path: Literal["relay", "broadcast", "filesystem"] = "relay"  # how each version reaches the rollouts (above)
+    update_path: UpdatePathName = RELAY_PATH  # how each version reaches the rollouts (above)
     # after the update the paused sequences continue with their KV re-prefilled under the new
     # weights (recompute, as AReaL) or with the KV computed under the old ones kept (keep, as
     # PipelineRL's in-flight weight update)
@@ -329,12 +332,15 @@ class SupervisorCfg(Section):
     heartbeat_interval_s: PosFloat = 1.0  # roles and the controller exchange heartbeats this often
 
 
+Mode = Literal[tuple(MODES)]  # one entry each in policy/modes.py
+
+
 class Config(Section):
     name: str = "run"  # the run's name (trackers' experiment, the display); not a path
     seed: NonNegInt = 0  # seeds sampling, the task's problems and the model's initial weights: same seed, same campaign
     # laminar: trajectory-level asynchrony + relay pull + repack; the rest are baselines in the
     # same runtime: sync (on-policy, as verl), one-step-off, partial-rollout (as AReaL)
-    mode: Literal["laminar", "sync", "one-step-off", "partial-rollout"] = "laminar"
+    mode: Mode = "laminar"
     cluster: Literal["slurm", "local", "debug"] | None = None  # for `laminar submit`; never guessed
     model: ModelCfg = Field(default_factory=ModelCfg)
     task: TaskCfg = Field(default_factory=BuiltinTaskCfg)
@@ -377,8 +383,9 @@ class Config(Section):
     @model_validator(mode="after")
     def _dynamic_sampling(self) -> "Config":
         # a dropped group is replaced by continuous admission; a barrier batch has a fixed size
-        if self.trainer.dynamic_sampling == "drop" and self.mode in ("sync", "one-step-off"):
-            raise ValueError(f"trainer.dynamic_sampling=drop needs mode laminar or partial-rollout (mode={self.mode!r} "
+        if self.trainer.dynamic_sampling == "drop" and MODES[self.mode].barrier:
+            continuous = " or ".join(name for name, spec in MODES.items() if not spec.barrier)
+            raise ValueError(f"trainer.dynamic_sampling=drop needs mode {continuous} (mode={self.mode!r} "
                              "admits fixed batches, which a dropped group would leave short): set "
                              "trainer.dynamic_sampling: keep or change the mode")
         return self
@@ -396,13 +403,17 @@ class Config(Section):
     @model_validator(mode="after")
     def _update_path(self) -> "Config":
         path, dtype = self.partial_rollout.update_path, self.rollout.weight_dtype
-        if path != "relay" and self.mode != "partial-rollout":
-            raise ValueError(f"partial_rollout.update_path={path!r} applies to mode 'partial-rollout' only (mode="
-                             f"{self.mode!r}): set partial_rollout.update_path=relay or mode=partial-rollout")
-        if path != "relay" and dtype not in (None, self.trainer.publish_dtype):  # no relay reshards it
+        if UPDATE_PATHS[path].via_relay:
+            return self
+        # the trainer sends the version itself: only a mode whose trainer waits for a global update
+        if not MODES[self.mode].global_update:
+            mode = next(name for name, spec in MODES.items() if spec.global_update)
+            raise ValueError(f"partial_rollout.update_path={path!r} applies to mode {mode!r} only (mode="
+                             f"{self.mode!r}): set partial_rollout.update_path={RELAY_PATH} or mode={mode}")
+        if dtype not in (None, self.trainer.publish_dtype):  # no relay reshards it
             raise ValueError(f"partial_rollout.update_path={path!r} sends trainer.publish_dtype="
                              f"{self.trainer.publish_dtype!r} weights, not rollout.weight_dtype={dtype!r}: "
-                             "unset rollout.weight_dtype or use update_path=relay")
+                             f"unset rollout.weight_dtype or use update_path={RELAY_PATH}")
         return self
 
     @model_validator(mode="after")

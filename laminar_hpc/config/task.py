@@ -14,31 +14,25 @@ mpi4py nor vLLM; re-exported by `laminar_hpc.config.schema`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, model_validator
 
+from laminar_hpc.config.layouts import LAYOUT_SPECS
+from laminar_hpc.config.rewards import BUILTIN_REWARDS, REWARD_SIGNATURES
 from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Section
 
-BUILTIN_REWARDS = ("exact", "math_verify", "final_number", "coin_flip")  # tasks/rewards.py
-# the columns each task.layout reads when the config names none (tasks/layouts.py reads the rows)
-LAYOUT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "laminar": {"prompt_field": "question", "messages_field": "messages", "answer_field": "answer",
-                "answer_format": "gsm8k", "prompt_template": "{prompt}\nAnswer: "},
-    # verl's RL Parquet: prompt (chat messages), data_source, reward_model.ground_truth, extra_info
-    "verl": {"prompt_field": "prompt", "messages_field": None, "answer_field": "reward_model.ground_truth",
-             "answer_format": "plain", "prompt_template": "{prompt}"},
-    # TRL's prompt-only datasets: prompt (text or messages); every other column goes to the reward
-    "trl": {"prompt_field": "prompt", "messages_field": None, "answer_field": None,
-            "answer_format": "plain", "prompt_template": "{prompt}"},
-}
+TaskLayout = Literal[tuple(LAYOUT_SPECS)]  # one entry each in config/layouts.py
+RewardSignature = Literal[("auto", *REWARD_SIGNATURES)]  # auto: read from the parameter names; config/rewards.py
 
 
 class RewardCfg(Section):
     """How a response is scored (tasks/rewards.py). `task.reward: "x.py:score"` is short for
     `task.reward: {fn: "x.py:score"}`.
 
-    `fn` is a built-in (exact, math_verify, final_number, coin_flip), `package.module:function`
+    `fn` is a built-in (config/rewards.py: BUILTIN_REWARDS), `package.module:function`
     or `path/to/file.py:function` (relative to the config file: config/paths.py), or a map of
     component name -> such a function. A function returns a float or a dict of named floats;
     each value must lie in `range`, and the reward is the sum of the components times their
@@ -53,9 +47,8 @@ class RewardCfg(Section):
     `signature` says how a function is called: laminar `(problem, response)`, verl
     `compute_score(data_source, solution_str, ground_truth, extra_info)` or TRL's batched
     `f(prompts, completions, **columns) -> list[float]`; auto reads it from the parameter names."""
-    # a built-in (exact, math_verify, final_number, coin_flip) or 'file.py:fn' / 'module:fn'; a map name -> fn for
-    # components
-    fn: Union[str, dict[str, str]] = "exact"
+    fn: Union[str, dict[str, str]] = Field("exact", description=(
+        f"a built-in ({', '.join(BUILTIN_REWARDS)}) or 'file.py:fn' / 'module:fn'; a map name -> fn for components"))
     url: str | None = None  # remote verifier: POST {problem, response}, answer a number or a map of them
     # components' weights in the total reward (name -> weight); unset components weigh 1
     weights: dict[str, float] = Field(default_factory=dict)
@@ -67,8 +60,8 @@ class RewardCfg(Section):
     timeout_s: PosFloat = 10.0  # a reward call past this is 0 by rule (reward_failed.timeout) and counted
     retries: NonNegInt = 2  # remote verifier: attempts after the first, on connection errors and 5xx
     backoff_s: PosFloat = 0.2  # remote verifier: the first retry's wait, doubled after each
-    # how a function is called (tasks/reward_signatures.py); auto: from its parameter names
-    signature: Literal["auto", "laminar", "verl", "trl"] = "auto"
+    # how a function is called (config/rewards.py, tasks/reward_signatures.py); auto: from its parameter names
+    signature: RewardSignature = "auto"
 
     @model_validator(mode="before")
     @classmethod
@@ -129,11 +122,11 @@ class DatasetTaskCfg(Section):
     `chat_template: true` so is a text prompt (as the user message, after `system_prompt`).
     Rows are shuffled by seed, a new order each epoch."""
     multiline: ClassVar[frozenset[str]] = frozenset({"prompt_template", "system_prompt"})
-    type: Literal["dataset", "jsonl"] = "dataset"
+    type: Literal["dataset", "jsonl"] = "dataset"  # dataset (or jsonl, its old name): rows of a JSONL or Parquet file
     path: str  # the training rows: *.jsonl or *.parquet
     format: Literal["auto", "jsonl", "parquet"] = "auto"  # auto: by the file's suffix
-    # whose data this is: sets the defaults of the fields below (LAYOUT_DEFAULTS)
-    layout: Literal["laminar", "verl", "trl"] = "laminar"
+    # whose data this is: sets the defaults of the fields below (config/layouts.py: LAYOUT_SPECS)
+    layout: TaskLayout = "laminar"
     validation_path: str | None = None  # the validation split's own file
     validation_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # else: held out of `path` by seed
     # unset: the layout's (laminar: question, messages, answer, gsm8k, "{prompt}\nAnswer: ")
@@ -159,7 +152,7 @@ class DatasetTaskCfg(Section):
         if self.validation_path is not None and self.validation_fraction > 0:
             raise ValueError(f"validation_path and validation_fraction={self.validation_fraction} both name a "
                              "validation split: set one of them")
-        for key, value in LAYOUT_DEFAULTS[self.layout].items():
+        for key, value in LAYOUT_SPECS[self.layout].defaults.items():
             if key not in self.model_fields_set:
                 object.__setattr__(self, key, value)  # the layout's default, written out in config.yaml
         for key, value in (("answer_format", "plain"), ("prompt_template", "{prompt}")):
@@ -177,7 +170,7 @@ class ArithTaskCfg(Section):
     """Generated arithmetic asked in words, answered with one number (tasks/arith.py): 'What is
     7 + 12? Answer with just the number.'; reward 1 when the response's last number is the value."""
     multiline: ClassVar[frozenset[str]] = frozenset({"instruction", "system_prompt"})
-    type: Literal["arith"] = "arith"
+    type: Literal["arith"] = "arith"  # arith: arithmetic asked in words ("What is 7 + 12?"), generated on the fly
     # operators the questions use
     ops: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
     operands: Annotated[int, Field(ge=2, le=4)] = 2  # numbers per question (2 to 4)
@@ -203,7 +196,7 @@ class ToolCalcTaskCfg(Section):
     Operands are drawn from [min_operand, max_operand]; the default keeps every operand at 4
     digits and every product at 8, so a small model copies at fixed offsets.
     Needs `env.tools: {calc: calculator}`."""
-    type: Literal["tool_calc"] = "tool_calc"
+    type: Literal["tool_calc"] = "tool_calc"  # tool_calc: multiplications to solve with a calculator tool call
     min_operand: PosInt = 3163  # 3163**2 > 10**7: with 4-digit operands every product has 8 digits
     max_operand: PosInt = 9999  # largest operand
     reward: RewardCfg = _reward("exact")
@@ -215,10 +208,26 @@ class ToolCalcTaskCfg(Section):
         return self
 
 
-TaskCfg = Annotated[Union[BuiltinTaskCfg, DatasetTaskCfg, ArithTaskCfg, SyntheticTaskCfg, ToolCalcTaskCfg],
-                    Field(discriminator="type")]
-TASK_TYPES = {"builtin": BuiltinTaskCfg, "dataset": DatasetTaskCfg, "jsonl": DatasetTaskCfg,
-              "arith": ArithTaskCfg, "synthetic": SyntheticTaskCfg, "tool_calc": ToolCalcTaskCfg}
+@dataclass(frozen=True)
+class TaskType:
+    """A `task.type`: its section of the config (the schema's `task:` union holds each section
+    once) and its source as a lazy-import path of `(section, seed) -> TaskSource` (tasks/base.py),
+    resolved by `tasks.build_task`."""
+    name: str
+    section: type[Section]
+    source: str
+
+
+# the one list of task types: the `task:` union, the unknown-type error and build_task derive from it
+TASK_TYPES: dict[str, TaskType] = {t.name: t for t in (
+    TaskType("builtin", BuiltinTaskCfg, "laminar_hpc.tasks.builtin:BuiltinTasks.from_config"),
+    TaskType("dataset", DatasetTaskCfg, "laminar_hpc.tasks.dataset:DatasetTasks.from_config"),
+    TaskType("jsonl", DatasetTaskCfg, "laminar_hpc.tasks.dataset:DatasetTasks.from_config"),  # the name before Parquet
+    TaskType("arith", ArithTaskCfg, "laminar_hpc.tasks.arith:ArithTasks.from_config"),
+    TaskType("synthetic", SyntheticTaskCfg, "laminar_hpc.tasks.synthetic:SyntheticTasks.from_config"),
+    TaskType("tool_calc", ToolCalcTaskCfg, "laminar_hpc.tasks.toolcalc:ToolCalcTasks.from_config"),
+)}
+TaskCfg = Annotated[Union[tuple(dict.fromkeys(t.section for t in TASK_TYPES.values()))], Field(discriminator="type")]
 
 
 class EvalCfg(Section):

@@ -7,14 +7,37 @@
 
 `wandb: true` and `mlflow: true` take the defaults (`logging.wandb=true` on the command line too).
 No tracker package is imported here: configs load without them.
+
+`TRACKERS` is the only list of trackers: each entry names its sink class as a lazy-import path
+("module:Class", config/backends.py: resolve; metrics/trackers.py builds it from there) and the
+package the sink needs. `LoggingCfg` has one field per entry, named as it (a test checks), and
+`LoggingCfg.enabled` reads the list: a new tracker is its sink, its field and one entry.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from laminar_hpc.config.section import Section
+
+
+@dataclass(frozen=True)
+class TrackerSpec:
+    name: str  # its field in `logging:` (LoggingCfg)
+    # "module:Class" of its sink, `(rd: RunDir, cfg: LoggingCfg, run_name: str)` with the calls of
+    # metrics/tracker_sinks.py (open, log, summary, flush, close)
+    sink: str
+    package: str  # what the sink imports when it opens (extra `trackers`)
+    title: str  # its name for people
+
+
+TRACKERS: dict[str, TrackerSpec] = {s.name: s for s in (
+    TrackerSpec("tensorboard", "laminar_hpc.metrics.tracker_sinks:TensorBoardSink", "tensorboard", "TensorBoard"),
+    TrackerSpec("wandb", "laminar_hpc.metrics.tracker_sinks:WandbSink", "wandb", "Weights & Biases"),
+    TrackerSpec("mlflow", "laminar_hpc.metrics.tracker_sinks:MlflowSink", "mlflow", "MLflow"),
+)}
 
 
 class WandbCfg(Section):
@@ -55,6 +78,5 @@ class LoggingCfg(Section):
 
     @property
     def enabled(self) -> list[str]:
-        """The trackers this section turns on, in a fixed order."""
-        return [name for name, on in (("tensorboard", self.tensorboard), ("wandb", self.wandb is not None),
-                                      ("mlflow", self.mlflow is not None)) if on]
+        """The trackers this section turns on, in TRACKERS' order (a field is true or a section)."""
+        return [name for name in TRACKERS if (on := getattr(self, name)) is not None and on is not False]

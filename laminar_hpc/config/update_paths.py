@@ -19,13 +19,15 @@ formulas (config/schema.py), which emulated runs and the simulator spend.
 
 `replicas` is the number of rollout replicas, `gpus` the GPUs of each (a broadcast reaches every
 GPU; a filesystem is read once per replica).
+
+`UPDATE_PATHS` is the only list of paths: the config's `partial_rollout.update_path` type derives
+from it (`UpdatePathName`), so a new path is one class and one entry here.
+`Config` and `PartialRolloutCfg` are the schema's, named in annotations only: the schema imports
+this table for its type, so importing them back, even for type checkers, would be a cycle.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from laminar_hpc.config.schema import Config, PartialRolloutCfg
+from typing import Literal
 
 
 class UpdatePath:
@@ -84,6 +86,9 @@ class FilesystemPath(UpdatePath):
 
 
 UPDATE_PATHS: dict[str, UpdatePath] = {p.name: p for p in (RelayPath(), BroadcastPath(), FilesystemPath())}
+UpdatePathName = Literal[tuple(UPDATE_PATHS)]  # the type of `partial_rollout.update_path` (config/schema.py)
+# the path through the relay tier: every mode's (only a global update may take another), the default
+RELAY_PATH = next(name for name, path in UPDATE_PATHS.items() if path.via_relay)
 
 
 def update_path(cfg: "Config") -> UpdatePath:

@@ -1,9 +1,11 @@
-"""The three tracker sinks behind metrics/trackers.py: TensorBoard, Weights & Biases, MLflow.
+"""The tracker sinks behind metrics/trackers.py: TensorBoard, Weights & Biases, MLflow. Each is
+named by its entry in config/tracking.py's TRACKERS (the only list of trackers), which metrics/
+trackers.py resolves.
 
-Each one imports its package only in `open` (configs and the other roles never load them) and
-has the same five calls:
+Each one imports its package (its entry's `package`) only in `open` (configs and the other roles
+never load them) and has the same five calls:
 
-    sink = SINKS["tensorboard"](rd, cfg.logging, run_name)
+    sink = resolve(TRACKERS["tensorboard"].sink)(rd, cfg.logging, run_name)
     state = sink.open(config_dict, state_or_None)   # what to keep in trackers.json: the run's id
     sink.log("train", 7, {"critic/score/mean": 0.4, "train/wait_s": 0.1})   # one row, full names, at step 7
     sink.summary(12, {"reward_last": 0.8}, {"outcome": "completed"})     # the tracker's summary, not plots
@@ -22,13 +24,15 @@ from pathlib import Path
 
 import yaml
 
-from laminar_hpc.config.tracking import LoggingCfg
+from laminar_hpc.config.tracking import TRACKERS, LoggingCfg
 from laminar_hpc.rundir import RunDir
 
 MISSING = "the {pkg} package is not installed: pip install -e '.[trackers]' (or set logging.{name} off)"
 
 
-def _need(pkg: str, name: str):
+def _need(name: str):
+    """The package tracker `name` needs (its TRACKERS entry's), imported; one line if it is missing."""
+    pkg = TRACKERS[name].package
     try:
         return __import__(pkg)
     except ImportError as err:
@@ -58,7 +62,7 @@ class TensorBoardSink:
         self.writer = None
 
     def open(self, config: dict, state: dict | None) -> dict:
-        _need("tensorboard", self.name)
+        _need(self.name)
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
         self.writer = EventFileWriter(str(self.rd.tensorboard_dir), flush_secs=10)
         if not state:  # once per run: its name and config, as text
@@ -109,7 +113,7 @@ class WandbSink:
         self.defined: set[str] = set()  # name prefixes tied to their kind's step metric
 
     def open(self, config: dict, state: dict | None) -> dict:
-        wandb = _need("wandb", self.name)
+        wandb = _need(self.name)
         w = self.cfg.wandb
         run_id = (state or {}).get("id") or uuid.uuid4().hex[:12]  # kept in trackers.json
         self.run = wandb.init(project=w.project, entity=w.entity, group=w.group, tags=w.tags or None,
@@ -173,7 +177,7 @@ class MlflowSink:
         uri = mlflow_uri(self.rd, self.cfg.mlflow.tracking_uri)
         if uri.startswith("file:"):  # MLflow 3 refuses its file store unless asked for it
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        _need("mlflow", self.name)
+        _need(self.name)
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
         self.client = MlflowClient(tracking_uri=uri)
@@ -213,6 +217,3 @@ class MlflowSink:
     def close(self) -> None:
         if self.client is not None and self.run_id is not None:
             self.client.set_terminated(self.run_id)
-
-
-SINKS = {"tensorboard": TensorBoardSink, "wandb": WandbSink, "mlflow": MlflowSink}

@@ -35,8 +35,10 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from laminar_hpc.config.backends import resolve
+from laminar_hpc.config.tracking import TRACKERS
 from laminar_hpc.metrics.names import tracker_key
-from laminar_hpc.metrics.tracker_sinks import SINKS, flatten
+from laminar_hpc.metrics.tracker_sinks import flatten
 from laminar_hpc.rundir import DISK_ERRORS, RunDir, atomic_write_json, read_json
 
 if TYPE_CHECKING:
@@ -84,7 +86,7 @@ class Trackers:
     def __init__(self, cfg: Config, rd: RunDir | str, *, log: logging.Logger | None = None, sinks: dict | None = None):
         self.cfg, self.rd = cfg, RunDir.of(rd)
         self.log = log or _log
-        self.kinds = sinks or SINKS
+        self.kinds = sinks  # name -> sink class (tests); None: each TRACKERS entry's own
         state = read_json(self.rd.trackers, {})
         self.state: dict = state if isinstance(state, dict) else {}
         self.cursor = int(self.state.get("cursor", 0) or 0)
@@ -119,7 +121,8 @@ class Trackers:
         config = self.cfg.model_dump(mode="json")
         for name in lc.enabled:
             try:
-                sink = self.kinds[name](self.rd, lc, run_name)
+                make = self.kinds[name] if self.kinds else resolve(TRACKERS[name].sink)
+                sink = make(self.rd, lc, run_name)
                 self.state[name] = sink.open(config, self.state.get(name))
                 self.sinks[name] = sink
             except Exception as err:

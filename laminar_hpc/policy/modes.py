@@ -2,7 +2,8 @@
 weights, whether repack runs and whether a trajectory must finish on the version it started with.
 
 The runtime (controller, rollout, trainer), the simulator and the tests read a mode's rules from
-its `ModeSpec` instead of comparing mode names; a new mode is one more entry in `MODES`.
+its `ModeSpec` instead of comparing mode names. `MODES` is the only list of modes: the config's
+`mode` type derives from it (config/schema.py: Mode), so a new mode is one more entry there.
 
     spec = MODES[cfg.mode]
     spec.barrier                      # sync, one-step-off: whole batches at a barrier
@@ -65,12 +66,13 @@ class ModeSpec:
         return not (self.per_replica_refresh and refresh != "never")
 
 
-MODES: dict[str, ModeSpec] = {
-    "laminar": ModeSpec("laminar", per_replica_refresh=True),
-    "partial-rollout": ModeSpec("partial-rollout", global_update=True),
-    "one-step-off": ModeSpec("one-step-off", barrier_lag=1),
-    "sync": ModeSpec("sync", barrier_lag=0),
-}
+# the modes the config accepts, in the order its error messages and docs/config.md list them
+MODES: dict[str, ModeSpec] = {s.name: s for s in (
+    ModeSpec("laminar", per_replica_refresh=True),
+    ModeSpec("sync", barrier_lag=0),
+    ModeSpec("one-step-off", barrier_lag=1),
+    ModeSpec("partial-rollout", global_update=True),
+)}
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,9 @@ def run(args) -> int:
     from laminar_hpc.sim import calibrate as cal_mod
     from laminar_hpc.sim import report
     from laminar_hpc.sim.presets import read_spec
-    from laminar_hpc.sim.scaling import DEFAULT_VARIANTS, VARIANTS, run_modes, scaling_curve, variant_conflict
+    from laminar_hpc.sim.scaling import (
+        BARRIER, DEFAULT_VARIANTS, VARIANTS, run_modes, scaling_curve, variant_conflict,
+    )
 
     t0 = time.perf_counter()
     cfg = load_config(args.config, args.overrides + ([f"seed={args.seed}"] if args.seed is not None else []))
@@ -113,7 +115,7 @@ def run(args) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     steps = args.steps or cfg.trainer.total_steps
-    fewest = min(steps, args.barrier_steps) if {"sync", "one-step-off"} & set(modes) else steps
+    fewest = min(steps, args.barrier_steps) if BARRIER & set(modes) else steps
     if args.skip < 0 or args.skip >= fewest:
         raise UsageError(f"--skip {args.skip}: must be >= 0 and below the {fewest} steps simulated per mode")
     gpus = _parse_list(args.scaling, "scaling") if args.scaling else []

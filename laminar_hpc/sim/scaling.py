@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from laminar_hpc.config.shards import shard_count
 from laminar_hpc.config.update_paths import UPDATE_PATHS
+from laminar_hpc.policy.modes import MODES as MODE_SPECS
 from laminar_hpc.sim.cluster import simulate
 from laminar_hpc.sim.params import ClusterSpec, SimParams
 from laminar_hpc.sim.presets import base_gpus, scale_cluster
@@ -67,7 +68,8 @@ VARIANTS: dict[str, list[str]] = {
 DEFAULT_VARIANTS = ("sync", "one-step-off", "partial-rollout", "partial-rollout-keep", "partial-rollout-areal",
                     "laminar", "laminar-pure", "laminar-norepack")
 MODES = VARIANTS  # (the name the simulator's callers knew)
-BARRIER = {"sync", "one-step-off"}
+# the variants of a barrier mode (policy/modes.py), which run `barrier_steps`
+BARRIER = {name for name, overrides in VARIANTS.items() if MODE_SPECS[overrides[0].removeprefix("mode=")].barrier}
 EXACT_LIMIT = 200_000  # `auto` lengths: the runtime's own draws (~25 us each) up to this many trajectories
 
 

@@ -13,22 +13,11 @@ if TYPE_CHECKING:
 
 
 def build_task(cfg: TaskCfg, seed: int) -> TaskSource:
-    """The task source a config's `task:` section describes (same seed -> same problems)."""
-    if cfg.type == "builtin":
-        from laminar_hpc.tasks.builtin import BuiltinTasks
-        return BuiltinTasks(list(cfg.kinds), seed, cfg.min_len, cfg.max_len, cfg.tail_alpha, cfg.weights)
-    if cfg.type == "synthetic":
-        from laminar_hpc.tasks.synthetic import SyntheticTasks
-        return SyntheticTasks(seed, cfg.prompt_tokens)
-    if cfg.type == "arith":
-        from laminar_hpc.tasks.arith import ArithTasks
-        return ArithTasks(seed, ops=list(cfg.ops), operands=cfg.operands, max_value=cfg.max_value,
-                          instruction=cfg.instruction, system_prompt=cfg.system_prompt, chat=cfg.chat_template)
-    if cfg.type == "tool_calc":
-        from laminar_hpc.tasks.toolcalc import ToolCalcTasks
-        return ToolCalcTasks(seed, cfg.min_operand, cfg.max_operand)
-    from laminar_hpc.tasks.dataset import DatasetTasks
-    return DatasetTasks.from_config(cfg, seed)
+    """The task source a config's `task:` section describes (same seed -> same problems): its
+    type's source in config/task.py's TASK_TYPES."""
+    from laminar_hpc.config.backends import resolve
+    from laminar_hpc.config.task import TASK_TYPES
+    return resolve(TASK_TYPES[cfg.type].source)(cfg, seed)
 
 
 # evaluation problems of generated tasks come from this index on: training never reaches it

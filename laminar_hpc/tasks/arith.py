@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import random
 import sys
+from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks.base import Problem
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.task import ArithTaskCfg
 
 OPS = ("+", "-", "*")
 INSTRUCTION = "Answer with just the number."
@@ -51,6 +55,12 @@ def evaluate(numbers: list[int], ops: list[str]) -> int:
 
 
 class ArithTasks:
+    @classmethod
+    def from_config(cls, cfg: "ArithTaskCfg", seed: int) -> "ArithTasks":
+        """The problems a `task:` section (ArithTaskCfg) describes; same seed -> same problems."""
+        return cls(seed, ops=list(cfg.ops), operands=cfg.operands, max_value=cfg.max_value,
+                   instruction=cfg.instruction, system_prompt=cfg.system_prompt, chat=cfg.chat_template)
+
     def __init__(self, seed: int, *, ops: list[str] | tuple[str, ...] = ("+", "-"), operands: int = 2,
                  max_value: int = 20, instruction: str = INSTRUCTION, system_prompt: str | None = None,
                  chat: bool = True):

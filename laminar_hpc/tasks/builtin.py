@@ -18,13 +18,22 @@ from __future__ import annotations
 
 import random
 import sys
+from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks.base import Problem
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.task import BuiltinTaskCfg
 
 KINDS = ("reverse", "sort", "add", "repeat")
 
 
 class BuiltinTasks:
+    @classmethod
+    def from_config(cls, cfg: "BuiltinTaskCfg", seed: int) -> "BuiltinTasks":
+        """The puzzles a `task:` section (BuiltinTaskCfg) describes; same seed -> same problems."""
+        return cls(list(cfg.kinds), seed, cfg.min_len, cfg.max_len, cfg.tail_alpha, cfg.weights)
+
     def __init__(self, kinds: list[str], seed: int, min_len: int, max_len: int, tail_alpha: float,
                  weights: list[float] | None = None):
         unknown = [k for k in kinds if k not in KINDS]

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from laminar_hpc.config.layouts import LAYOUT_SPECS
 from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.layouts import LAYOUTS, PathError, get_path, layout_problems, reward_fields
+from laminar_hpc.tasks.layouts import PathError, get_path, layout_problems, reward_fields
 from laminar_hpc.tasks.row_files import ROLES, BadRow, DatasetError, chat_pairs, read_jsonl, read_parquet
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ class DatasetTasks:
                  prompt_template: str = "{prompt}\nAnswer: ", chat_template: bool | None = False,
                  system_prompt: str | None = None, max_prompt_tokens: int | None = None, shuffle: bool = True,
                  on_bad_row: str = "fail", layout: str = "laminar"):
-        for key, value, allowed in (("format", format, ("auto", "jsonl", "parquet")), ("layout", layout, LAYOUTS),
+        for key, value, allowed in (("format", format, ("auto", "jsonl", "parquet")),
+                                    ("layout", layout, tuple(LAYOUT_SPECS)),
                                     ("answer_format", answer_format, ("gsm8k", "plain")),
                                     ("on_bad_row", on_bad_row, ("fail", "skip"))):
             if value not in allowed:

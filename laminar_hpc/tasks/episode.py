@@ -181,9 +181,6 @@ class HermesFormat:
         return "".join(f"<tool_response>{r.text}</tool_response>" for r in results)
 
 
-FORMATS = {"hermes": HermesFormat}
-
-
 def observation_ids(fmt, tok, results: list[ToolResult], *, ended_with_eos: bool) -> list[int]:
     """The tokens appended after a model turn that made calls: the results as the model's chat
     template writes tool messages (the rest of the assistant's turn, the tool turn, the next

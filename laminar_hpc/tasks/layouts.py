@@ -4,7 +4,8 @@ data (`task.layout`, config/task.py).
     get_path({"reward_model": {"ground_truth": "72"}}, "reward_model.ground_truth")   # "72"
     reward_fields(record, "verl", prompt_field="prompt", ...)   # what reaches Problem.fields
 
-Layouts:
+Layouts (config/layouts.py: LAYOUT_SPECS, the only list: their default columns, the fields a row
+must hold, whether the answer reaches the reward; this module asks the entry, never the name):
 - `laminar` (the default): `question` (text), `messages` (a chat), `answer` (GSM8K's '#### 72');
   the other columns reach the reward as `Problem.fields`.
 - `verl`: the rows verl's data preprocessing writes (docs/preparation/prepare_data.rst in
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-LAYOUTS = ("laminar", "verl", "trl")
+from laminar_hpc.config.layouts import LAYOUT_SPECS
+
 _MISSING = object()
 
 
@@ -57,21 +59,23 @@ def top(path: str | None) -> str | None:
 
 def reward_fields(record: dict, layout: str, *, prompt_field: str, messages_field: str | None,
                   answer_field: str | None) -> dict[str, Any]:
-    """The row's fields handed to the reward (`Problem.fields`). laminar: every column but the
-    mapped ones (a dotted path's column stays: its other keys may matter). verl and trl: every
-    column but the prompt, as those trainers hand them to their reward functions."""
+    """The row's fields handed to the reward (`Problem.fields`): every column but the prompt's (as
+    verl and TRL hand them to their reward functions), and but the answer's where the layout keeps
+    it out (laminar's: `LayoutSpec.answer_reaches_reward`; a dotted path's column stays: its other
+    keys may matter)."""
     used = {prompt_field, messages_field}
-    if layout == "laminar":
+    if not LAYOUT_SPECS[layout].answer_reaches_reward:
         used.add(answer_field)
     return {k: v for k, v in record.items() if k not in used}
 
 
 def layout_problems(record: dict, layout: str) -> str | None:
-    """What a row lacks for its layout, or None: a verl row names its `data_source` (verl picks
-    the reward by it and hands it to compute_score)."""
-    if layout == "verl" and get_path(record, "data_source") is None:
-        return "missing field 'data_source' (task.layout: verl rows name their dataset there)"
+    """What a row lacks for its layout (`LayoutSpec.required_fields`), or None: e.g. a verl row
+    names its `data_source` (verl picks the reward by it and hands it to compute_score)."""
+    for field, why in LAYOUT_SPECS[layout].required_fields.items():
+        if get_path(record, field) is None:
+            return f"missing field {field!r} (task.layout: {layout} {why})"
     return None
 
 
-__all__ = ["LAYOUTS", "PathError", "get_path", "layout_problems", "reward_fields", "top"]
+__all__ = ["PathError", "get_path", "layout_problems", "reward_fields", "top"]

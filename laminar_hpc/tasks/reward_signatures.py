@@ -14,6 +14,8 @@
   other column of the row as a keyword. It returns a list of floats, one per completion (`None`:
   not applicable).
 
+The signatures are config/rewards.py's `REWARD_SIGNATURES` (the only list: the names `auto`
+recognises, the keywords given, each adapter's path); nothing here compares a signature's name.
 `task.reward.signature: auto` (the default) picks by parameter names: `completions` is TRL's,
 `solution_str` (or `data_source` with `ground_truth`) verl's, else `(problem, response)`. A
 function whose names say none of these, or that cannot be called as its signature says, is
@@ -26,9 +28,11 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-SIGNATURES = ("laminar", "verl", "trl")
-FORMS = ("(problem, response); verl's compute_score(data_source, solution_str, ground_truth, extra_info=None); "
-         "or TRL's f(prompts, completions, **kwargs) -> list[float]")
+from laminar_hpc.config.backends import resolve
+from laminar_hpc.config.rewards import AUTO_FALLBACK, FORMS, REWARD_SIGNATURES, SignatureSpec
+
+# auto's candidates, in the order it tries them (config/rewards.py: SignatureSpec.auto_rank)
+_RECOGNISED = sorted((s for s in REWARD_SIGNATURES.values() if s.recognised_by), key=lambda s: s.auto_rank)
 
 
 class SignatureError(ValueError):
@@ -61,55 +65,49 @@ def detect(fn: Callable, declared: str, label: str) -> str:
     parameter names. `label` names it in errors, e.g. "compute_score"."""
     sig = _params(fn)
     if sig is None:
-        return "laminar" if declared == "auto" else declared
+        return AUTO_FALLBACK if declared == "auto" else declared
     names = set(sig.parameters)
     kind = declared
     if declared == "auto":
-        if "completions" in names:
-            kind = "trl"
-        elif "solution_str" in names or {"data_source", "ground_truth"} <= names:
-            kind = "verl"
-        else:
-            kind = "laminar"
-    _check(sig, kind, label, declared)
+        kind = next((s.name for s in _RECOGNISED if any(need <= names for need in s.recognised_by)), AUTO_FALLBACK)
+    _check(sig, REWARD_SIGNATURES[kind], label, declared)
     return kind
 
 
-def _check(sig: inspect.Signature, kind: str, label: str, declared: str) -> None:
+def _check(sig: inspect.Signature, spec: SignatureSpec, label: str, declared: str) -> None:
     how = "" if declared == "auto" else " (task.reward.signature: " + declared + ")"
-    if kind == "laminar":
+
+    def refuse() -> SignatureError:
+        called_as = spec.called_as.format(label=label, given=", ".join(spec.given))
+        return SignatureError(f"{label}{sig} cannot be called as {called_as}{how}; {spec.fix.format(forms=FORMS)}")
+    if spec.adapter is None:  # called positionally, as (problem, response)
         try:
             sig.bind(None, None)
         except TypeError:
-            raise SignatureError(f"{label}{sig} cannot be called as {label}(problem, response){how}; a reward "
-                                 f"takes {FORMS}") from None
+            raise refuse() from None
         return
-    given = {"verl": ("data_source", "solution_str", "ground_truth", "extra_info"),
-             "trl": ("prompts", "completions", "completion_ids", "completions_ids")}[kind]
     positional_only = [p.name for p in sig.parameters.values() if p.kind is p.POSITIONAL_ONLY]
     required = [p.name for p in sig.parameters.values()
                 if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-    if kind == "verl":
-        unknown = [n for n in required if n not in given]
-        if positional_only or unknown or not (takes_any or "solution_str" in sig.parameters):
-            raise SignatureError(f"{label}{sig} cannot be called as verl calls compute_score (keywords "
-                                 f"{', '.join(given)}){how}; name its parameters so, or take {FORMS}")
-    elif positional_only or not (takes_any or "completions" in sig.parameters):
-        raise SignatureError(f"{label}{sig} cannot be called as TRL calls reward functions (keywords prompts, "
-                             f"completions, completion_ids and the dataset's columns){how}; take "
-                             "completions and **kwargs")
+    unknown = [n for n in required if n not in spec.given] if spec.only_given else []
+    if positional_only or unknown or not (takes_any or spec.needs in sig.parameters):
+        raise refuse()
 
 
 def adapt(fn: Callable, kind: str, label: str) -> Callable:
-    """`fn` callable as (problem, response): itself for `laminar`, else an adapter."""
-    if kind == "laminar":
+    """`fn` callable as (problem, response): itself for a signature without an adapter (laminar's),
+    else wrapped in its signature's adapter."""
+    adapter = REWARD_SIGNATURES[kind].adapter
+    if adapter is None:
         return fn
-    return (VerlReward if kind == "verl" else TrlReward)(fn, label)
+    adapted = resolve(adapter)(fn, label)
+    adapted.signature = kind  # its entry's name: what the scorer asks of it (tasks/rewards.py: reward_range)
+    return adapted
 
 
 class _Adapter:
-    signature = ""
+    signature = ""  # the entry of config/rewards.py it adapts (set by `adapt`)
 
     def __init__(self, fn: Callable, label: str):
         self.fn, self.label = fn, label
@@ -132,7 +130,6 @@ class _Adapter:
 
 class VerlReward(_Adapter):
     """verl's compute_score, called as verl's reward managers call it (keywords)."""
-    signature = "verl"
 
     def __call__(self, problem, response) -> Any:
         fields = problem.fields
@@ -152,7 +149,6 @@ def trl_prompt(problem) -> Any:
 class TrlReward(_Adapter):
     """A TRL reward function, called with batches of one completion; returns that one's value
     (NOT_APPLICABLE for None)."""
-    signature = "trl"
 
     def __call__(self, problem, response) -> Any:
         completion: Any = response.text
@@ -175,7 +171,6 @@ class TrlReward(_Adapter):
 __all__ = [
     "FORMS",
     "NOT_APPLICABLE",
-    "SIGNATURES",
     "BadReturn",
     "SignatureError",
     "TrlReward",

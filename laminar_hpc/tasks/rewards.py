@@ -10,7 +10,7 @@ verl's `compute_score(data_source, solution_str, ground_truth, extra_info)` and 
 `f(prompts, completions, **kwargs)` are called through adapters (tasks/reward_signatures.py),
 chosen from the function's parameter names or `task.reward.signature`.
 
-`task.reward.fn` names one: a built-in (`exact`, `math_verify`, `final_number`, `coin_flip`),
+`task.reward.fn` names one: a built-in (config/rewards.py: BUILTIN_REWARDS; `exact`, `math_verify`, ...),
 `package.module:function` (imported) or `path/to/file.py:function` (loaded from the file, relative
 to the directory `laminar` runs in; its directory need not be a package, but what the file imports
 must be importable: a sibling module needs PYTHONPATH). Or a map of component name -> function.
@@ -51,6 +51,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from laminar_hpc.config.backends import resolve
+from laminar_hpc.config.rewards import BUILTIN_REWARDS, REWARD_SIGNATURES
 from laminar_hpc.tasks.base import Problem, Response, RewardFn
 from laminar_hpc.tasks.remote import RemoteError  # noqa: F401 - scored as "remote"; re-exported
 from laminar_hpc.tasks.reward_signatures import NOT_APPLICABLE, BadReturn, SignatureError, adapt, detect
@@ -132,16 +134,15 @@ def coin_flip(problem: Problem, response: Response) -> float:
     return float(zlib.crc32(response.text.encode()) % 2)
 
 
-BUILTINS: dict[str, RewardFn] = {"exact": exact, "math_verify": math_verify, "final_number": final_number,
-                                 "coin_flip": coin_flip}
-REWARDS = BUILTINS  # the name before user rewards
+# the built-ins' names are config/rewards.py's BUILTIN_REWARDS (the only list): each entry names its
+# function above as a lazy-import path, resolved when a reward is loaded (`load_reward_fn`)
 
 
 # ------------------------------------------------------------------------------------------
 # loading `task.reward.fn`
 # ------------------------------------------------------------------------------------------
 
-_FORMS = "'package.module:function', 'path/to/file.py:function' or one of " + ", ".join(BUILTINS)
+_FORMS = "'package.module:function', 'path/to/file.py:function' or one of " + ", ".join(BUILTIN_REWARDS)
 _file_modules: dict[Path, ModuleType] = {}  # one module per file, however many functions name it
 _load_lock = threading.Lock()
 
@@ -153,8 +154,8 @@ def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, *, key:
     verl or TRL function comes wrapped in its adapter (tasks/reward_signatures.py; `signature`
     "auto" reads which from its parameters). Raises RewardError, one line naming `key`, the spec
     and what to do."""
-    if spec in BUILTINS:
-        return BUILTINS[spec]
+    if spec in BUILTIN_REWARDS:
+        return resolve(BUILTIN_REWARDS[spec].path)
     head = f"{key} {spec!r}"
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
@@ -272,12 +273,20 @@ def describe_reward(cfg: RewardCfg) -> str:
     return cfg.fn if isinstance(cfg.fn, str) else ", ".join(f"{k}={v}" for k, v in cfg.fn.items())
 
 
+def _bounded(fn) -> bool:
+    """Whether `fn`'s signature bounds its total by default (config/rewards.py: SignatureSpec.bounded;
+    an adapter says which signature it adapts, a function of laminar's own has none)."""
+    name = getattr(fn, "signature", None)
+    spec = REWARD_SIGNATURES.get(name) if isinstance(name, str) else None
+    return spec is None or spec.bounded
+
+
 def reward_range(cfg: RewardCfg, fns) -> tuple[float, float]:
-    """The bounds of a reward's total: `task.reward.range` when set; else none for TRL functions
-    (TRL bounds nothing), [0, 1] for the others."""
+    """The bounds of a reward's total: `task.reward.range` when set; else none for functions of a
+    signature without bounds (TRL's: TRL bounds nothing), [0, 1] for the others."""
     if cfg.range is not None:
         return cfg.range
-    if fns and all(getattr(f, "signature", "") == "trl" for f in fns):
+    if fns and not any(_bounded(f) for f in fns):
         return -math.inf, math.inf
     return 0.0, 1.0
 

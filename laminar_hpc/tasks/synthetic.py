@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import random
 import string
+from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks.base import Problem
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.task import SyntheticTaskCfg
 
 
 class SyntheticTasks:
     name = "synthetic"
+
+    @classmethod
+    def from_config(cls, cfg: "SyntheticTaskCfg", seed: int) -> "SyntheticTasks":
+        """The prompts a `task:` section (SyntheticTaskCfg) describes."""
+        return cls(seed, cfg.prompt_tokens)
 
     def __init__(self, seed: int, prompt_tokens: int):
         self.seed, self.prompt_tokens = seed, prompt_tokens

@@ -18,13 +18,22 @@ from __future__ import annotations
 import json
 import random
 import sys
+from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks.base import Problem
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.task import ToolCalcTaskCfg
 
 TOOL = "calc"
 
 
 class ToolCalcTasks:
+    @classmethod
+    def from_config(cls, cfg: "ToolCalcTaskCfg", seed: int) -> "ToolCalcTasks":
+        """The problems a `task:` section (ToolCalcTaskCfg) describes."""
+        return cls(seed, cfg.min_operand, cfg.max_operand)
+
     def __init__(self, seed: int, min_operand: int = 3163, max_operand: int = 9999):
         self.name = f"tool_calc:{min_operand}-{max_operand}"
         self.seed, self.lo, self.hi = seed, min_operand, max_operand

@@ -1,7 +1,8 @@
 """Tools and environments named in the `env:` config, loaded for a rollout.
 
-Built-in tools: `calculator` (tasks/calculator.py: arithmetic, no eval) and `python`
-(tasks/sandbox.py: a subprocess with CPU, memory and wall limits and no network). User tools
+Built-in tools are config/env.py's BUILTIN_TOOLS (the only list), each built by its builder
+here: `calculator` (tasks/calculator.py: arithmetic, no eval) and `python` (tasks/sandbox.py: a
+subprocess with CPU, memory and wall limits and no network). User tools
 are `package.module:function` or `path/to/file.py:function`, plain or async, called with the
 call's arguments as keywords and returning text; an environment is `module:Class`, a
 subclass of `tasks.episode.Environment`.
@@ -12,12 +13,11 @@ subclass of `tasks.episode.Environment`.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from laminar_hpc.config.backends import resolve
+from laminar_hpc.config.env import BUILTIN_TOOLS, TOOL_CALL_FORMATS, EnvCfg
 from laminar_hpc.tasks.episode import Environment, ToolResult
-
-if TYPE_CHECKING:
-    from laminar_hpc.config.env import EnvCfg
 
 
 def calculator_tool(**arguments: Any) -> str:
@@ -43,6 +43,16 @@ def python_tool(limits) -> Callable[..., Any]:
         outcome = "ok" if res.outcome == "ok" else ("timeout" if res.outcome == "timeout" else "error")
         return ToolResult(res.text, outcome, name="python")
     return python
+
+
+def calculator_builder(cfg: EnvCfg) -> Callable[..., Any]:
+    """The `calculator` built-in (config/env.py: BUILTIN_TOOLS); it takes no settings."""
+    return calculator_tool
+
+
+def python_builder(cfg: EnvCfg) -> Callable[..., Any]:
+    """The `python` built-in (config/env.py: BUILTIN_TOOLS), with `env.python`'s limits."""
+    return python_tool(_Limits(cfg))
 
 
 class _Limits:
@@ -74,10 +84,8 @@ def load_tools(cfg: EnvCfg, base_dir: str | os.PathLike | None = None) -> dict[s
     """env.tools as name -> callable."""
     tools: dict[str, Callable[..., Any]] = {}
     for name, spec in cfg.tools.items():
-        if spec == "calculator":
-            tools[name] = calculator_tool
-        elif spec == "python":
-            tools[name] = python_tool(_Limits(cfg))
+        if spec in BUILTIN_TOOLS:
+            tools[name] = resolve(BUILTIN_TOOLS[spec].builder)(cfg)
         else:
             fn = load_object(spec, f"env.tools.{name}", "function", base_dir)
             if not callable(fn):
@@ -87,10 +95,9 @@ def load_tools(cfg: EnvCfg, base_dir: str | os.PathLike | None = None) -> dict[s
 
 
 def load_format(cfg: EnvCfg, base_dir: str | os.PathLike | None = None):
-    """An instance of env.format: the built-in hermes, or the user's class."""
-    from laminar_hpc.tasks.episode import FORMATS
-    if cfg.format in FORMATS:
-        return FORMATS[cfg.format]()
+    """An instance of env.format: a built-in (config/env.py: TOOL_CALL_FORMATS), or the user's class."""
+    if cfg.format in TOOL_CALL_FORMATS:
+        return resolve(TOOL_CALL_FORMATS[cfg.format].cls)()
     cls = load_object(cfg.format, "env.format", "Class", base_dir)
     missing = [m for m in ("stopped", "turn_calls", "observation_text") if not callable(getattr(cls, m, None))]
     if missing:

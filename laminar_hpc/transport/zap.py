@@ -6,6 +6,7 @@ per frame (`frame.get("User-Id")`) to authorize it (transport/authz.py).
     domain, admission = zap_register({public_key_z85: "rollout", ...})
     sock.setsockopt(zmq.ZAP_DOMAIN, domain.encode())
     admission.rejected.get(domain, 0)      # connections refused for an unknown key
+    admission.errors                       # requests whose handling raised (refused, logged)
     admission.domains.pop(domain, None)    # the server closed
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ class _Admission:
         self.domains: dict[str, dict[bytes, str]] = {}  # zap domain -> client public key (Z85) -> kind
         self.kinds: dict[bytes, str] = {}
         self.rejected: dict[str, int] = {}
+        self.errors = 0  # requests whose handling raised: answered "500", the handshake refused
 
     def callback(self, domain: str, key: bytes) -> bool:
         clients = self.domains.get(domain)  # one dict read: safe while a server closes meanwhile
@@ -49,6 +51,19 @@ class _Authenticator(ThreadAuthenticator):
     def __init__(self, admission: _Admission):
         super().__init__(zmq.Context.instance(), log=logging.getLogger(__name__ + ".zap"))
         self.admission = admission
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        # one request that breaks the handling must not end this thread: every later handshake of
+        # every keyed server of the process would then wait for an answer that never comes
+        try:
+            await super().handle_zap_message(msg)
+        except Exception:  # noqa: BLE001 - counted and logged; the peer is refused
+            self.admission.errors += 1
+            n = self.admission.errors
+            if n == 1 or n % 1000 == 0:
+                log.exception("a ZAP request could not be handled (%d so far); the connection is refused", n)
+            if len(msg) >= 2:
+                self._send_zap_reply(msg[1], b"500", b"internal error")
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         return self.admission.kinds.get(z85.encode(client_public_key), "")
@@ -71,6 +86,10 @@ _zap_domains = itertools.count()
 def _handler() -> tuple[_Authenticator, _Admission]:
     """This process's ZAP handler thread (the caller holds `_zap_lock`)."""
     global _zap
+    if _zap is not None and _zap[0] == os.getpid() and not _zap[1].is_alive():
+        # (its handling never raises; a dead thread would leave every keyed server's handshakes
+        # waiting without an answer, so say it rather than let a server start deaf)
+        raise RuntimeError("this process's ZAP handler thread has stopped: keyed servers cannot admit any peer")
     if _zap is None or _zap[0] != os.getpid():  # Context.instance() is per process, after fork too
         admission = _Admission()
         auth = _Authenticator(admission)

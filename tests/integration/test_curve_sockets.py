@@ -109,6 +109,33 @@ def test_curve_server_rejects_peers_without_the_run_key(keys, closing, rogue):
     assert server.recv(timeout_s=0.2) is None  # and the rogue's queued message never follows
 
 
+def test_a_zap_request_that_breaks_the_handler_is_refused_and_later_peers_still_get_through(keys, closing,
+                                                                                             monkeypatch):
+    """The process has one ZAP handler thread for every keyed server: an exception while it handles
+    one handshake must not end it (every later handshake would then wait forever, silently)."""
+    from laminar_hpc.transport import zap
+    server = closing(Server("127.0.0.1", keys=keys.server))
+    rogue_public, rogue_secret = zmq.curve_keypair()
+    admit = zap._Admission.callback
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key == rogue_public:
+            raise RuntimeError("a key this handler cannot look up")
+        return admit(self, domain, key)
+    monkeypatch.setattr(zap._Admission, "callback", callback)
+    errors_before = getattr(server._zap_check, "errors", 0)
+    bad = closing(Client(server.address, "rollout-9", keys=ClientKeys(keys.server.public, rogue_public, rogue_secret)))
+    try:
+        bad.send(HB, timeout_s=1.0)
+    except WaitTimeout:
+        pass
+    assert server.recv(timeout_s=REJECT_WAIT_S) is None  # refused: not a frame arrived
+    good = closing(Client(server.address, "rollout-1", keys=keys.client()))
+    good.send(HB)
+    assert server.recv(timeout_s=10) == ("rollout-1", HB)  # the handler still answers
+    assert getattr(server._zap_check, "errors", 0) > errors_before  # and counted the request it could not handle
+
+
 def test_keyed_client_cannot_talk_to_an_unkeyed_server(keys, closing):
     server = closing(Server("127.0.0.1"))
     client = closing(Client(server.address, "rollout-0", keys=keys.client()))

@@ -72,11 +72,12 @@ def role_nodes(run_dir: Path) -> dict[str, set[str]]:
 
 def test_quickstart_across_two_nodes_learns_with_curve_and_node_local_stores(tmp_path):
     run_dir = tmp_path / "qs"
-    # 150 of the quickstart's 250 steps: the rise is there by then (0.46 -> 0.82 in the suite's run)
-    job = submit(run_dir, "configs/quickstart-slurm.yaml", "trainer.total_steps=150")
+    # 100 of the quickstart's 250 steps: the rise is there by then (summary windows of 10 steps,
+    # four quickstart runs: first 0.34-0.38, last 0.77-0.78 at step 100)
+    job = submit(run_dir, "configs/quickstart-slurm.yaml", "trainer.total_steps=100")
     assert wait_done(job, run_dir, timeout_s=1200) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["outcome"] == "completed" and s["train_steps"] == 150
+    assert s["outcome"] == "completed" and s["train_steps"] == 100
     assert s["reward_last"] >= 0.65 and s["reward_last"] - s["reward_first"] >= 0.25, s
     assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
     nodes = step_nodes(job)

@@ -80,7 +80,8 @@ def test_each_role_killed_once_run_completes_exactly_once(tmp_path):
 
 
 def test_chaos_on_the_quickstart_reward_still_rises(tmp_path):
-    r = chaos(tmp_path, QUICKSTART, 4, 7, "trainer.total_steps=100", timeout=900)
+    # 70 steps: without kills the quickstart's first and last 7 steps differ by 0.32-0.38 (four runs)
+    r = chaos(tmp_path, QUICKSTART, 4, 7, "trainer.total_steps=70", timeout=900)
     assert r["ok"], r["_stdout"][-3000:]
     assert r["groups_lost"] == 0 and r["groups_duplicated"] == 0
     assert r["reward_last"] > r["reward_first"] + 0.1

@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "walformat": set(),
     "policy": set(),
     "tasks": {"config"},
-    "config": {"checkpoint_format", "rundir"},
+    "config": {"checkpoint_format", "policy", "rundir"},  # policy: the modes' list, for the `mode` type
     "transport": {"checkpoint_format", "config", "rundir"},
     "model": {"checkpoint_format", "config", "rundir", "transport"},
     "emulation": {"config", "tasks", "transport"},

@@ -11,7 +11,8 @@ from laminar_hpc.tasks import build_task
 from laminar_hpc.tasks.arith import HELD_OUT_OFFSET, ArithTasks, evaluate
 from laminar_hpc.tasks.base import Problem, Response
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.tasks.rewards import REWARDS, Scorer, build_reward, final_number, last_number
+from laminar_hpc.config.rewards import BUILTIN_REWARDS
+from laminar_hpc.tasks.rewards import Scorer, build_reward, final_number, last_number
 
 QUESTION = re.compile(r"What is (\d+(?: [-+*] \d+)+)\? Answer with just the number\.")
 
@@ -101,7 +102,7 @@ def test_final_number_reads_signs_decimals_and_thousands():
 
 
 def test_final_number_is_a_named_reward_and_the_task_uses_it():
-    assert build_reward("final_number") is final_number and "final_number" in REWARDS
+    assert build_reward("final_number") is final_number and "final_number" in BUILTIN_REWARDS
     cfg = config_from_dict({"task": {"type": "arith", "chat_template": False}})
     assert cfg.task.reward.fn == "final_number"  # the arithmetic task's default reward
     scorer = Scorer(cfg.task.reward)

@@ -1,12 +1,16 @@
 """One list per swappable part (issue 37 item 3): rollout engines and trainer backends in
-config/backends.py, off-policy corrections in config/corrections.py. Everything else derives from
-those lists: the values the schema accepts, the code each entry names (a lazy-import path), the
-config reference (docs/config.md) and the architecture doc's "Where a new part goes".
+config/backends.py, off-policy corrections in config/corrections.py, modes in policy/modes.py,
+partial rollout's update paths in config/update_paths.py, dataset layouts in config/layouts.py,
+reward signatures and built-in rewards in config/rewards.py, built-in tools and tool-call formats
+in config/env.py, experiment trackers in config/tracking.py. Everything else derives from those
+lists: the values the schema accepts, the code each entry names (a lazy-import path), the config
+reference (docs/config.md) and the architecture doc's "Where a new part goes".
 `registry_problems` is that consistency check; the last tests add an entry to one list only and
 see it named in what the check reports."""
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 import typing
@@ -15,16 +19,59 @@ from typing import Any, Callable
 
 import pytest
 from helpers import REPO
+from pydantic import BaseModel, ValidationError
 
 from laminar_hpc.config.backends import (
     ROLLOUT_BACKENDS, TRAINER_BACKENDS, RolloutBackendSpec, TrainerBackendSpec, resolve,
 )
 from laminar_hpc.config.corrections import CORRECTION_SPECS, CorrectionSpec
-from laminar_hpc.config.schema import Config
+from laminar_hpc.config.env import BUILTIN_TOOLS, EnvCfg, ToolSpec
+from laminar_hpc.config.layouts import LAYOUT_SPECS, LayoutSpec
+from laminar_hpc.config.rewards import BUILTIN_REWARDS, REWARD_SIGNATURES, BuiltinReward
+from laminar_hpc.config.schema import Config, DatasetTaskCfg, RewardCfg
+from laminar_hpc.config.task import TASK_TYPES, TaskType
+from laminar_hpc.config.tracking import TRACKERS, LoggingCfg, TrackerSpec
 
 CONFIG_DOC = REPO / "docs" / "config.md"
 ARCHITECTURE_DOC = REPO / "docs" / "architecture.md"
 NEW_PART_HEADING = "**Where a new part goes.**"
+LOGGING_SETTINGS = ("run_name",)  # the fields of `logging:` that are no tracker
+
+
+def config_doc_row(key: str) -> str:
+    rows = [line for line in CONFIG_DOC.read_text().splitlines() if line.startswith(f"| `{key}` |")]
+    return rows[0] if rows else ""
+
+
+def quoted(key: str, name: str) -> bool:
+    """docs/config.md lists `name` in the key's Literal type: 'name'."""
+    return f"'{name}'" in config_doc_row(key)
+
+
+def as_word(key: str, name: str) -> bool:
+    """docs/config.md names `name` in the key's meaning (a description derived from the list)."""
+    return re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", config_doc_row(key)) is not None
+
+
+def own_row(key: str, name: str) -> bool:
+    """docs/config.md has a row for `key.name` (a tracker's own field)."""
+    return bool(config_doc_row(f"{key}.{name}"))
+
+
+def no_code(spec: Any) -> None:
+    return None
+
+
+def refused_names(make: Callable[[], Any], pattern: str) -> tuple[str, ...]:
+    """The names a validator's refusal of a bad value lists (for keys whose type is text, not a
+    Literal of the names): `pattern`'s group, split at ', ' and ' or '."""
+    try:
+        make()
+    except ValidationError as e:
+        found = re.search(pattern, str(e))
+        assert found, f"the refusal does not list the built-ins ({pattern!r}): {e}"
+        return tuple(re.split(r", | or ", found.group(1)))
+    raise AssertionError("a bad value was accepted")
 
 
 @dataclass(frozen=True)
@@ -33,7 +80,11 @@ class Kind:
     key: str  # the config key whose values are the entries' names
     module: str  # the module that holds the list
     table: str  # the list's name in it
-    code: Callable[[Any], str]  # an entry's code, as a lazy-import path "module:name"
+    code: Callable[[Any], str | None] = no_code  # an entry's code, as a lazy-import path "module:name" (None: none)
+    # the names the schema accepts, where its field is no Literal of them (None: the field's Literal)
+    values: Callable[[], tuple[str, ...]] | None = None
+    extra: tuple[str, ...] = ()  # values the key's Literal holds that name no entry ("auto")
+    documented: Callable[[str, str], bool] = quoted  # (key, name): docs/config.md lists the entry
 
     @property
     def registry(self) -> dict:
@@ -45,19 +96,64 @@ class Kind:
         return self.module.removeprefix("laminar_hpc.").replace(".", "/") + ".py"
 
     def allowed(self) -> tuple[str, ...]:
-        """The values the schema accepts for the key (its field's Literal)."""
-        section: Any = Config
-        *path, leaf = self.key.split(".")
-        for part in path:
-            section = section.model_fields[part].annotation
-        return typing.get_args(section.model_fields[leaf].annotation)
+        """The values the schema accepts for the key that name an entry (its field's Literal, less
+        `extra`, or `values`)."""
+        if self.values is not None:
+            return self.values()
+        literal = typing.get_args(schema_field(self.key).annotation)
+        assert all(word in literal for word in self.extra), (self.key, literal)
+        return tuple(name for name in literal if name not in self.extra)
+
+
+def sections(annotation: Any) -> list[type[BaseModel]]:
+    """The config sections an annotation holds (a union of task types, an optional section)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in sections(arg)]
+
+
+def schema_field(key: str):
+    """The schema's field of a dotted key (through unions: the first variant that has it)."""
+    found: list[type[BaseModel]] = [Config]
+    *path, leaf = key.split(".")
+    for part in path:
+        found = [m for s in found if part in s.model_fields for m in sections(s.model_fields[part].annotation)]
+    fields = [s.model_fields[leaf] for s in found if leaf in s.model_fields]
+    assert fields, f"the schema has no key {key}"
+    return fields[0]
+
+
+def task_types() -> tuple[str, ...]:
+    """The task types the schema accepts: the `type` values of the sections in its `task:` union."""
+    return tuple(name for section in sections(Config.model_fields["task"].annotation)
+                 for name in typing.get_args(section.model_fields["type"].annotation))
 
 
 KINDS = [
     Kind("rollout.backend", "laminar_hpc.config.backends", "ROLLOUT_BACKENDS", lambda spec: spec.builder),
     Kind("trainer.backend", "laminar_hpc.config.backends", "TRAINER_BACKENDS", lambda spec: spec.builder),
     Kind("trainer.correction", "laminar_hpc.config.corrections", "CORRECTION_SPECS", lambda spec: spec.path),
+    Kind("mode", "laminar_hpc.policy.modes", "MODES"),
+    Kind("partial_rollout.update_path", "laminar_hpc.config.update_paths", "UPDATE_PATHS"),
+    Kind("task.layout", "laminar_hpc.config.layouts", "LAYOUT_SPECS"),
+    Kind("task.reward.signature", "laminar_hpc.config.rewards", "REWARD_SIGNATURES", lambda spec: spec.adapter,
+         extra=("auto",)),
+    Kind("task.reward.fn", "laminar_hpc.config.rewards", "BUILTIN_REWARDS", lambda spec: spec.path,
+         values=lambda: refused_names(lambda: RewardCfg(fn="no-such-reward"), r"or one of ([\w-]+(?:, [\w-]+)*)"),
+         documented=as_word),
+    Kind("env.tools", "laminar_hpc.config.env", "BUILTIN_TOOLS", lambda spec: spec.builder,
+         values=lambda: refused_names(lambda: EnvCfg(tools={"t": "no-such-tool"}),
+                                      r"a built-in tool \(([\w-]+(?:, [\w-]+)*)\)"),
+         documented=as_word),
+    Kind("env.format", "laminar_hpc.config.env", "TOOL_CALL_FORMATS", lambda spec: spec.cls,
+         values=lambda: refused_names(lambda: EnvCfg(format="no-such-format"),
+                                      r"write ([\w-]+(?: or [\w-]+)*), or 'package"),
+         documented=as_word),
+    Kind("task.type", "laminar_hpc.config.task", "TASK_TYPES", lambda spec: spec.source, values=task_types),
+    Kind("logging", "laminar_hpc.config.tracking", "TRACKERS", lambda spec: spec.sink,
+         values=lambda: tuple(f for f in LoggingCfg.model_fields if f not in LOGGING_SETTINGS), documented=own_row),
 ]
+WITH_CODE = [kind for kind in KINDS if kind.code is not no_code]
 
 
 def new_part_section() -> str:
@@ -65,11 +161,6 @@ def new_part_section() -> str:
     text = ARCHITECTURE_DOC.read_text()
     assert NEW_PART_HEADING in text, f"docs/architecture.md has no {NEW_PART_HEADING!r}"
     return text.split(NEW_PART_HEADING, 1)[1].split("\n#", 1)[0]
-
-
-def config_doc_row(key: str) -> str:
-    rows = [line for line in CONFIG_DOC.read_text().splitlines() if line.startswith(f"| `{key}` |")]
-    return rows[0] if rows else ""
 
 
 def code_problem(path: str) -> str | None:
@@ -85,28 +176,41 @@ def registry_problems() -> list[str]:
     """Every way the lists and what derives from them disagree, each naming the entry: a name the
     schema does not accept (or one it accepts with no entry), an entry under another name, code
     that does not resolve, a value docs/config.md does not list, a list the architecture doc does
-    not name, a correction without its function in the trainer's table."""
+    not name, a correction without its function in the trainer's table, a tracker whose sink bears
+    another name, a layout default that is no key of the dataset section."""
     problems = []
     new_part = new_part_section()
     for kind in KINDS:
         registry, allowed = kind.registry, kind.allowed()
         where = f"{kind.file}: {kind.table}"
-        row = config_doc_row(kind.key)
         problems += [f"{kind.key} {name!r}: in {where} but the schema does not accept it"
                      for name in registry if name not in allowed]
         problems += [f"{kind.key} {name!r}: the schema accepts it but {where} has no entry"
                      for name in allowed if name not in registry]
+        problems += [f"{kind.key} {word!r}: in {where}, but the schema's {word!r} is no entry"
+                     for word in kind.extra if word in registry]
         for name, spec in registry.items():
             if spec.name != name:
                 problems.append(f"{kind.key} {name!r}: its entry in {where} is named {spec.name!r}")
-            why = code_problem(kind.code(spec))
+            code = kind.code(spec)
+            why = code_problem(code) if code is not None else None
             if why:
-                problems.append(f"{kind.key} {name!r}: its code {kind.code(spec)!r} does not resolve ({why})")
-            if f"'{name}'" not in row:
+                problems.append(f"{kind.key} {name!r}: its code {code!r} does not resolve ({why})")
+            if not kind.documented(kind.key, name):
                 problems.append(f"{kind.key} {name!r}: docs/config.md does not list it (regenerate it: "
                                 "laminar_hpc.config.reference.markdown)")
         if where not in new_part:
             problems.append(f"{kind.key}: docs/architecture.md's 'Where a new part goes' does not name {where}")
+    for name, spec in TRACKERS.items():  # a sink names itself (its package's errors say which to turn off)
+        sink = None if code_problem(spec.sink) else resolve(spec.sink)
+        if sink is not None and getattr(sink, "name", None) != name:
+            problems.append(f"logging {name!r}: its sink {spec.sink!r} is named {getattr(sink, 'name', None)!r}")
+    problems += [f"task.type {name!r}: its section {spec.section.__name__} does not accept type {name!r}"
+                 for name, spec in TASK_TYPES.items()
+                 if name not in typing.get_args(spec.section.model_fields["type"].annotation)]
+    problems += [f"task.layout {name!r}: its default {key!r} is no key of the task: section (DatasetTaskCfg)"
+                 for name, spec in LAYOUT_SPECS.items() for key in spec.defaults
+                 if key not in DatasetTaskCfg.model_fields]
     from laminar_hpc.trainer.corrections import CORRECTIONS
     problems += [f"trainer.correction {name!r}: trainer/corrections.py's CORRECTIONS does not have it"
                  for name in CORRECTION_SPECS if name not in CORRECTIONS]
@@ -127,10 +231,11 @@ def test_the_schema_accepts_exactly_the_registrys_names(kind):
     assert list(kind.allowed()) == list(kind.registry)  # same order: error messages and docs list them so
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.key)
+@pytest.mark.parametrize("kind", WITH_CODE, ids=lambda k: k.key)
 def test_every_entrys_code_resolves_to_a_function(kind):
     for name, spec in kind.registry.items():
-        assert callable(resolve(kind.code(spec))), name
+        code = kind.code(spec)
+        assert code is None or callable(resolve(code)), name
 
 
 def test_resolving_every_builder_imports_neither_vllm_nor_megatron():
@@ -146,6 +251,20 @@ def test_resolving_every_builder_imports_neither_vllm_nor_megatron():
     assert out.stdout.strip() == "[]"
 
 
+def test_resolving_every_sink_imports_no_tracker_package():
+    """A tracker's package is imported when its sink opens, not when the sink is resolved: a run
+    without the `trackers` extra resolves every sink."""
+    code = ("import sys\n"
+            "from laminar_hpc.config.backends import resolve\n"
+            "from laminar_hpc.config.tracking import TRACKERS\n"
+            "for spec in TRACKERS.values():\n"
+            "    resolve(spec.sink)\n"
+            "print(sorted({spec.package for spec in TRACKERS.values()} & {m.split('.')[0] for m in sys.modules}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_the_correction_functions_are_the_registrys():
     from laminar_hpc.trainer.corrections import CORRECTIONS
     assert list(CORRECTIONS) == list(CORRECTION_SPECS)
@@ -154,9 +273,8 @@ def test_the_correction_functions_are_the_registrys():
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.key)
 def test_the_config_reference_lists_every_allowed_value(kind):
-    row = config_doc_row(kind.key)
-    assert row, f"docs/config.md has no row for {kind.key}"
-    assert [name for name in kind.allowed() if f"'{name}'" not in row] == []
+    assert config_doc_row(kind.key) or kind.documented is own_row, f"docs/config.md has no row for {kind.key}"
+    assert [name for name in kind.allowed() if not kind.documented(kind.key, name)] == []
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.key)
@@ -216,3 +334,75 @@ def test_a_correction_without_its_function_is_reported_by_name(monkeypatch):
     problems = registry_problems()
     assert any("'fake'" in p and "does not resolve" in p for p in problems), problems
     assert any("'fake'" in p and "CORRECTIONS does not have it" in p for p in problems), problems
+
+
+def test_a_layout_in_the_registry_only_is_reported_by_name(monkeypatch):
+    fake = LayoutSpec("fake", "a test's", {"prompt_field": "q", "no_such_key": 1})
+    monkeypatch.setitem(LAYOUT_SPECS, "fake", fake)
+    problems = registry_problems()
+    assert problems and all("'fake'" in p for p in problems), problems
+    assert "task.layout 'fake': in config/layouts.py: LAYOUT_SPECS but the schema does not accept it" in problems
+    assert any("docs/config.md does not list it" in p for p in problems)
+    assert "task.layout 'fake': its default 'no_such_key' is no key of the task: section (DatasetTaskCfg)" in problems
+
+
+def test_a_tracker_in_the_registry_only_is_reported_by_name(monkeypatch):
+    monkeypatch.setitem(TRACKERS, "fake", TrackerSpec("fake", "laminar_hpc.metrics.tracker_sinks:FakeSink", "fake",
+                                                      "Fake"))
+    problems = registry_problems()
+    assert problems and all("'fake'" in p for p in problems), problems
+    assert "logging 'fake': in config/tracking.py: TRACKERS but the schema does not accept it" in problems
+    assert any("'laminar_hpc.metrics.tracker_sinks:FakeSink' does not resolve" in p for p in problems)
+
+
+def test_a_tracker_field_without_an_entry_is_reported_by_name(monkeypatch):
+    monkeypatch.delitem(TRACKERS, "mlflow")
+    problems = registry_problems()
+    assert problems == ["logging 'mlflow': the schema accepts it but config/tracking.py: TRACKERS has no entry"]
+
+
+def test_a_built_in_tool_in_the_registry_only_is_reported_by_name(monkeypatch):
+    """The validator lists the registry's tools, so the schema takes the new name at once; its code
+    and the config reference still lack it."""
+    monkeypatch.setitem(BUILTIN_TOOLS, "fake", ToolSpec("fake", "laminar_hpc.tasks.tools:fake_builder", "a test's"))
+    problems = registry_problems()
+    assert problems and all("'fake'" in p for p in problems), problems
+    assert any("'laminar_hpc.tasks.tools:fake_builder' does not resolve" in p for p in problems)
+    assert any("docs/config.md does not list it" in p for p in problems)
+    assert EnvCfg(tools={"t": "fake"}).tools == {"t": "fake"}
+
+
+def test_a_built_in_reward_under_another_name_is_reported(monkeypatch):
+    monkeypatch.setitem(BUILTIN_REWARDS, "exact", BuiltinReward("exactly", "exact", "a test's"))
+    assert registry_problems() == [
+        "task.reward.fn 'exact': its entry in config/rewards.py: BUILTIN_REWARDS is named 'exactly'"]
+
+
+def test_auto_is_no_reward_signature():
+    assert "auto" not in REWARD_SIGNATURES and typing.get_args(schema_field("task.reward.signature").annotation) == \
+        ("auto", *REWARD_SIGNATURES)
+
+
+def test_the_tracker_fields_are_the_registrys():
+    """LoggingCfg has exactly one field per tracker (and its own settings), and `enabled` reads
+    the registry."""
+    assert [f for f in LoggingCfg.model_fields if f not in LOGGING_SETTINGS] == list(TRACKERS)
+    on = LoggingCfg(**{name: True for name in TRACKERS})
+    assert on.enabled == list(TRACKERS) and LoggingCfg().enabled == []
+
+
+def test_a_task_type_in_the_list_only_is_reported_by_name(monkeypatch):
+    monkeypatch.setitem(TASK_TYPES, "maze", TaskType("maze", DatasetTaskCfg, "laminar_hpc.tasks.maze:MazeTasks.from_config"))
+    problems = registry_problems()
+    assert problems and all("'maze'" in p for p in problems), problems
+    assert "task.type 'maze': its section DatasetTaskCfg does not accept type 'maze'" in problems
+    assert any("the schema does not accept it" in p for p in problems)
+    assert any("'laminar_hpc.tasks.maze:MazeTasks.from_config' does not resolve" in p for p in problems)
+
+
+def test_every_task_type_builds_its_source():
+    from laminar_hpc.tasks import build_task
+    data = {"path": str(REPO / "examples" / "verl-arith" / "data" / "train.parquet"), "layout": "verl"}
+    built = {name: type(build_task(spec.section(type=name, **(data if "path" in spec.section.model_fields else {})),
+                                   0)).__name__ for name, spec in TASK_TYPES.items()}
+    assert built == {name: spec.source.split(":")[1].split(".")[0] for name, spec in TASK_TYPES.items()}

@@ -18,7 +18,8 @@ import pytest
 from laminar_hpc.config.task import RewardCfg
 from laminar_hpc.tasks.base import Problem, Response
 from laminar_hpc.tasks.builtin import BuiltinTasks
-from laminar_hpc.tasks.rewards import (BUILTINS, REASONS, RewardError, RewardOutcome, Scorer,
+from laminar_hpc.config.rewards import BUILTIN_REWARDS
+from laminar_hpc.tasks.rewards import (REASONS, RewardError, RewardOutcome, Scorer,
                                        build_reward, coin_flip, exact, final_number, load_reward_fn,
                                        math_verify)
 
@@ -93,10 +94,10 @@ def test_coin_flip_is_the_synthetic_tasks_crc32_of_the_text():
     assert {coin_flip(P, r(t)) for t in texts} == {0.0, 1.0}
 
 
-def test_builtin_names_load_themselves_and_match_the_config():
-    from laminar_hpc.config.task import BUILTIN_REWARDS
-    assert set(BUILTINS) == set(BUILTIN_REWARDS)
-    for name, fn in BUILTINS.items():
+def test_builtin_names_load_their_functions_from_the_config_list():
+    functions = {"exact": exact, "math_verify": math_verify, "final_number": final_number, "coin_flip": coin_flip}
+    assert list(BUILTIN_REWARDS) == list(functions)
+    for name, fn in functions.items():
         assert load_reward_fn(name) is fn and build_reward(name) is fn
 
 
@@ -213,7 +214,7 @@ def reward_file(tmp_path):
 
 
 def scorer(reward_file, fn="score", **kw) -> Scorer:
-    spec = {k: f"{reward_file}:{v}" if v not in BUILTINS else v for k, v in fn.items()} if isinstance(fn, dict) \
+    spec = {k: f"{reward_file}:{v}" if v not in BUILTIN_REWARDS else v for k, v in fn.items()} if isinstance(fn, dict) \
         else f"{reward_file}:{fn}"
     return Scorer(RewardCfg(fn=spec, **kw))
 
