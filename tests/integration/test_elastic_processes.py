@@ -62,7 +62,7 @@ def finished_by(run_dir: Path, rank: int, since: float, until: float) -> int:
 
 def test_rollouts_of_another_size_attach_get_work_and_leave_losing_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    campaign = start(["run", CONFIG, "--run-dir", str(run_dir), "trainer.total_steps=70",
+    campaign = start(["run", CONFIG, "--run-dir", str(run_dir), "trainer.total_steps=55",
                       "rollout.refresh_in_flight=never"], tmp_path / "campaign.out")
     attach = None
     try:
@@ -75,7 +75,7 @@ def test_rollouts_of_another_size_attach_get_work_and_leave_losing_nothing(tmp_p
                       "the joiners to load weights from their leaf relay")
         assert st["elastic"]["4"]["max_batch"] == 16 and st["elastic"]["4"]["relay"] == 2
         step0 = st["step"]
-        wait_for(run_dir, [campaign, attach], lambda s: s.get("step", 0) >= step0 + 40, "40 steps with the joiners")
+        wait_for(run_dir, [campaign, attach], lambda s: s.get("step", 0) >= step0 + 30, "30 steps with the joiners")
         assert stop(attach) == 0, (tmp_path / "attach.out").read_text()[-3000:]  # they leave
         st = wait_for(run_dir, [campaign], lambda s: s.get("elastic", {}).get("5", {}).get("left"),
                       "the joiners to leave")

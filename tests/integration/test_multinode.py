@@ -3,8 +3,9 @@ tools/slurm-dev-cluster): every virtual node its own network, UTS and mount name
 control plane crosses a real bridge with CURVE on, the relay tier's MPI world runs over TCP
 between nodes, and each node has its own /dev/shm.
 
-- the quickstart on 2 nodes learns as on one, its steps run on both nodes, and every rollout
-  pulls from the store of the relay on its own node;
+- the quickstart on 2 nodes learns as on one, its roles run as job steps on both nodes (each
+  COMPLETED, as `laminar status` says), and every rollout pulls from the store of the relay on
+  its own node;
 - a cancelled rollout or relay step is restarted alone;
 - a preempted job requeued while its node 0 is drained lands on other nodes and still runs to
   its end (the controller binds the new node 0's address, not the old one).
@@ -22,7 +23,7 @@ import pytest
 
 import multihost
 from helpers import laminar
-from test_slurm import sacct, train_rows, wait_done, wait_step
+from test_slurm import cancel_each_in_turn, sacct, train_rows, wait_done, wait_step
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.slow]
 
@@ -80,6 +81,13 @@ def test_quickstart_across_two_nodes_learns_with_curve_and_node_local_stores(tmp
     assert s["outcome"] == "completed" and s["train_steps"] == 100
     assert s["reward_last"] >= 0.65 and s["reward_last"] - s["reward_first"] >= 0.25, s
     assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
+    # every role ran as a job step of its own that COMPLETED, and `laminar status` says so
+    steps = {name: state for jid, name, state in sacct(job) if "." in jid}
+    for role in ("controller-0", "trainer-0", "relay", "rollout-0", "rollout-1", "rollout-2", "rollout-3"):
+        assert steps.get(role) == "COMPLETED", steps
+    status = laminar("status", str(run_dir))
+    assert status.returncode == 0 and f"job         {job} (slurm): COMPLETED" in status.stdout
+    assert "step 100/100" in status.stdout and "step_000100" in status.stdout
     nodes = step_nodes(job)
     node0, node1 = nodes["controller-0"], nodes["rollout-0"]
     assert node0 != node1 and nodes["trainer-0"] == node0, nodes
@@ -98,21 +106,22 @@ def test_quickstart_across_two_nodes_learns_with_curve_and_node_local_stores(tmp
     assert pulls and {e["relay"] for e in pulls} == {1}, pulls[:3]
 
 
-@pytest.mark.parametrize("role", ["rollout-0", "relay"])
-def test_cancelling_one_step_restarts_that_role_alone_across_nodes(tmp_path, role):
+def test_cancelling_one_step_restarts_that_role_alone_across_nodes(tmp_path):
+    roles = ["rollout-0", "relay"]  # in turn, in one campaign
     run_dir = tmp_path / "cancel"
     # a staleness bound: the campaign cannot end on old weights before the cancelled role is back
     job = submit(run_dir, "configs/tiny.yaml", "rollout.count=1", "trainer.total_steps=300",
                  "trainer.max_staleness=2", "supervisor.restart_backoff_s=0.5")
-    wait_step(run_dir, 5, job)
-    before = {n: j for j, n, st in sacct(job) if "." in j and st == "RUNNING"}
-    assert {"controller-0", "relay", "rollout-0"} <= set(before), before
-    subprocess.run(["scancel", before[role]], check=True, timeout=30)
+    first = cancel_each_in_turn(run_dir, job, roles)
     assert wait_done(job, run_dir, timeout_s=400) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["outcome"] == "completed" and s["train_steps"] == 300
     assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
-    assert s["recoveries"] == {role.split("-")[0]: 1}, s["recoveries"]
+    assert s["recoveries"] == {"rollout": 1, "relay": 1}, s["recoveries"]
+    rows = sacct(job)
+    for role in roles:
+        assert [(j == first[role], st.split()[0]) for j, n, st in rows if n == role] == [(True, "CANCELLED"),
+                                                                                        (False, "COMPLETED")], rows
 
 
 def test_requeue_with_node0_elsewhere_resumes_on_the_new_node0(tmp_path):

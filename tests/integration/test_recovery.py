@@ -42,13 +42,14 @@ def test_each_role_killed_once_run_completes_exactly_once(tmp_path):
     # 5 kills: the seeded schedule covers rollout, relay, trainer, controller and stream shard once each
     # (two shards: the rollouts' tokens live there, the controller takes metadata only)
     vader = set(glob.glob("/dev/shm/vader_segment.*"))  # Open MPI's, of other jobs on this machine
-    r = chaos(tmp_path, TINY, 5, 3, "trainer.total_steps=2500", "controller.shards=2")
+    # 1,500 steps: the fifth recovery came by step ~600 in the suite's run (the rest is margin)
+    r = chaos(tmp_path, TINY, 5, 3, "trainer.total_steps=1500", "controller.shards=2")
     # the killed relay rank's Open MPI segments lived in the start's private directory, removed
     assert set(glob.glob("/dev/shm/vader_segment.*")) <= vader
     assert r["kills"] == {"rollout": 1, "relay": 1, "trainer": 1, "controller": 1, "shard": 1}, r["_stdout"]
     assert r["outcome"] == "completed"
     assert r["groups_lost"] == 0 and r["groups_duplicated"] == 0 and r["groups_unknown"] == 0
-    assert r["groups_consumed"] == 2500 * 4  # tiny: 4 groups per step; nothing dropped without staleness bound
+    assert r["groups_consumed"] == 1500 * 4  # tiny: 4 groups per step; nothing dropped without staleness bound
     assert all(v[0] is not None for v in r["recovery_s"].values())
     assert r["ok"]
     run = tmp_path / "run"

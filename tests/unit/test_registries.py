@@ -238,31 +238,33 @@ def test_every_entrys_code_resolves_to_a_function(kind):
         assert code is None or callable(resolve(code)), name
 
 
+def modules_imported_by(code: str) -> str:
+    """What a fresh interpreter running `code` prints (its imports are its own, not this process's)."""
+    out = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
 def test_resolving_every_builder_imports_neither_vllm_nor_megatron():
     """The vLLM engine's and the Megatron backend's heavy imports are inside their builders: a
     node without vLLM (or megatron-core) resolves every builder."""
-    code = ("import sys\n"
-            "from laminar_hpc.config.backends import ROLLOUT_BACKENDS, TRAINER_BACKENDS, resolve\n"
-            "for spec in (*ROLLOUT_BACKENDS.values(), *TRAINER_BACKENDS.values()):\n"
-            "    resolve(spec.builder)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'megatron')))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert modules_imported_by(
+        "from laminar_hpc.config.backends import ROLLOUT_BACKENDS, TRAINER_BACKENDS, resolve\n"
+        "for spec in (*ROLLOUT_BACKENDS.values(), *TRAINER_BACKENDS.values()):\n"
+        "    resolve(spec.builder)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'megatron')))\n") == "[]"
 
 
 def test_resolving_every_sink_imports_no_tracker_package():
     """A tracker's package is imported when its sink opens, not when the sink is resolved: a run
     without the `trackers` extra resolves every sink."""
-    code = ("import sys\n"
-            "from laminar_hpc.config.backends import resolve\n"
-            "from laminar_hpc.config.tracking import TRACKERS\n"
-            "for spec in TRACKERS.values():\n"
-            "    resolve(spec.sink)\n"
-            "print(sorted({spec.package for spec in TRACKERS.values()} & {m.split('.')[0] for m in sys.modules}))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert modules_imported_by(
+        "from laminar_hpc.config.backends import resolve\n"
+        "from laminar_hpc.config.tracking import TRACKERS\n"
+        "for spec in TRACKERS.values():\n"
+        "    resolve(spec.sink)\n"
+        "print(sorted({spec.package for spec in TRACKERS.values()} & {m.split('.')[0] for m in sys.modules}))\n") == "[]"
 
 
 def test_the_correction_functions_are_the_registrys():
