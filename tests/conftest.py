@@ -6,7 +6,9 @@ tests/unit: in-process and fast (the inner loop: `pytest tests/unit`, under a mi
 tests/integration: processes, MPI, Slurm, whole campaigns, real sockets and long fuzzing runs.
 
 `LAMINAR_TEST_ORDER=random:SEED pytest ...` runs the collected tests in a seeded random order, to
-find tests that depend on what ran before them (the seed is printed in the header)."""
+find tests that depend on what ran before them (the seed is printed in the header);
+`LAMINAR_TEST_ORDER=file:PATH` runs exactly the node ids PATH lists, in its order (a window of a
+random order, to narrow one down: tests/orders/)."""
 import os
 import sys
 
@@ -101,3 +103,15 @@ def pytest_collection_modifyitems(session, config, items):
     if order.startswith("random:"):
         import random
         random.Random(int(order.split(":", 1)[1])).shuffle(items)
+    elif order.startswith("file:"):  # exactly the node ids listed in the file, in its order (one a line)
+        path = order.split(":", 1)[1]
+        try:
+            wanted = [line.rstrip("\n") for line in open(path) if line.strip()]
+        except OSError as err:
+            raise pytest.UsageError(f"LAMINAR_TEST_ORDER={order}: cannot read the list ({err.strerror})") from None
+        by_id = {item.nodeid: item for item in items}
+        missing = [w for w in wanted if w not in by_id]
+        if missing:
+            raise pytest.UsageError(f"LAMINAR_TEST_ORDER={order}: {len(missing)} listed test(s) not collected, "
+                                    f"the first {missing[0]!r}; collect the tier they are in")
+        items[:] = [by_id[w] for w in wanted]
