@@ -31,6 +31,9 @@ from laminar_hpc.config.rewards import BUILTIN_REWARDS, REWARD_SIGNATURES, Built
 from laminar_hpc.config.schema import Config, DatasetTaskCfg, RewardCfg
 from laminar_hpc.config.task import TASK_TYPES, TaskType
 from laminar_hpc.config.tracking import TRACKERS, LoggingCfg, TrackerSpec
+# the trainer's table is built from CORRECTION_SPECS when first imported: import it before any
+# test here edits that list (else it would hold the edit in every later test of the process)
+from laminar_hpc.trainer.corrections import CORRECTIONS
 
 CONFIG_DOC = REPO / "docs" / "config.md"
 ARCHITECTURE_DOC = REPO / "docs" / "architecture.md"
@@ -211,7 +214,6 @@ def registry_problems() -> list[str]:
     problems += [f"task.layout {name!r}: its default {key!r} is no key of the task: section (DatasetTaskCfg)"
                  for name, spec in LAYOUT_SPECS.items() for key in spec.defaults
                  if key not in DatasetTaskCfg.model_fields]
-    from laminar_hpc.trainer.corrections import CORRECTIONS
     problems += [f"trainer.correction {name!r}: trainer/corrections.py's CORRECTIONS does not have it"
                  for name in CORRECTION_SPECS if name not in CORRECTIONS]
     problems += [f"trainer.correction {name!r}: in trainer/corrections.py's CORRECTIONS but not in "
@@ -268,7 +270,6 @@ def test_resolving_every_sink_imports_no_tracker_package():
 
 
 def test_the_correction_functions_are_the_registrys():
-    from laminar_hpc.trainer.corrections import CORRECTIONS
     assert list(CORRECTIONS) == list(CORRECTION_SPECS)
     assert all(CORRECTIONS[name] is resolve(spec.path) for name, spec in CORRECTION_SPECS.items())
 
@@ -323,8 +324,23 @@ def test_a_builder_that_does_not_resolve_is_reported_by_name(monkeypatch):
         "resolve (ModuleNotFoundError: No module named 'laminar_hpc.trainer.no_such_module')"]
 
 
-def test_a_correction_the_schema_accepts_without_an_entry_is_reported_by_name(monkeypatch):
-    monkeypatch.delitem(CORRECTION_SPECS, "mis-seq")
+@pytest.fixture
+def restored():
+    """restored(registry) -> registry: a list the test edits, put back afterwards as it was, in its
+    order (monkeypatch's delitem puts an entry back last; the lists' order is checked above)."""
+    saved = []
+
+    def keep(registry: dict) -> dict:
+        saved.append((registry, dict(registry)))
+        return registry
+    yield keep
+    for registry, before in saved:
+        registry.clear()
+        registry.update(before)
+
+
+def test_a_correction_the_schema_accepts_without_an_entry_is_reported_by_name(restored):
+    del restored(CORRECTION_SPECS)["mis-seq"]
     problems = registry_problems()
     assert "trainer.correction 'mis-seq': the schema accepts it but config/corrections.py: CORRECTION_SPECS " \
            "has no entry" in problems
@@ -357,8 +373,8 @@ def test_a_tracker_in_the_registry_only_is_reported_by_name(monkeypatch):
     assert any("'laminar_hpc.metrics.tracker_sinks:FakeSink' does not resolve" in p for p in problems)
 
 
-def test_a_tracker_field_without_an_entry_is_reported_by_name(monkeypatch):
-    monkeypatch.delitem(TRACKERS, "mlflow")
+def test_a_tracker_field_without_an_entry_is_reported_by_name(restored):
+    del restored(TRACKERS)["mlflow"]
     problems = registry_problems()
     assert problems == ["logging 'mlflow': the schema accepts it but config/tracking.py: TRACKERS has no entry"]
 
