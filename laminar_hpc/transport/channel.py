@@ -310,11 +310,7 @@ class Server:
     def close(self, linger_ms: int = 0) -> None:
         """Close; `linger_ms` > 0 lets already-queued messages (a final 'stop') go out first."""
         if self.monitor is not None:
-            try:
-                self.sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            self.monitor.close()
+            self.monitor.close()  # (before the socket: transport/monitor.py)
         self.sock.close(linger_ms)
         if self._zap_check is not None:
             self._zap_check.domains.pop(self._zap_domain, None)

@@ -29,6 +29,12 @@ tight loop: 22 million events in 97 s, measured; running out of descriptors is c
 hurts, as `write_failures` of status.json), and one `drain` takes at most MAX_EVENTS_PER_DRAIN,
 so a flood of connections cannot hold the server's loop either.
 
+Closing: the monitor is closed before its socket, and its `close` first turns libzmq's monitoring
+off (`disable_monitor`), then closes the receiving end. The other order blocks the I/O thread: an
+event sent to a monitor whose receiving end is gone waits for a reader that never comes, and every
+socket of the process stops moving frames (found by a random order of the test suite: a test that
+closed the receiving end first, then any connection closing on the monitored socket).
+
 Descriptor numbers are reused: the server drains the monitor at least every DRAIN_EVERY_S, well
 under the 100 ms before a cut peer is back, so a disconnect is always taken before the next
 connection's first frame on the same number.
@@ -69,6 +75,7 @@ class ConnectionMonitor:
         # (not sock.get_monitor_socket: its receiving end keeps libzmq's default RCVHWM of 1,000)
         address = f"inproc://laminar-monitor.{next(_MONITORS)}"  # (an id() may be reused while bound)
         sock.monitor(address, EVENTS)
+        self.watched = sock
         self.sock = sock.context.socket(zmq.PAIR)
         self.sock.setsockopt(zmq.RCVHWM, 0)  # unbounded: an inproc pipe with either end at 0 has no limit
         self.sock.connect(address)
@@ -157,6 +164,12 @@ class ConnectionMonitor:
         return len(self._open)
 
     def close(self) -> None:
+        """Monitoring off, then the receiving end closed (see the module doc: never the other way
+        round). Call it before closing the watched socket."""
+        try:
+            self.watched.disable_monitor()  # libzmq sends no more events: none can wait for a reader
+        except zmq.ZMQError:
+            pass  # the watched socket is closed already
         try:
             self.sock.close(0)
         except zmq.ZMQError:

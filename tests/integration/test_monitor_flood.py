@@ -4,6 +4,9 @@ drain takes a bounded share of the events (~5 s)."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import textwrap
 
 import zmq
 
@@ -48,3 +51,40 @@ def test_an_undrained_monitor_never_stops_the_servers_traffic(monkeypatch):
         client.close(0)
         mon.close()
         server.close(0)
+
+
+# in a process of its own: on the old code the I/O thread blocks for good, and with it every later
+# test's sockets in the same process
+CLOSED_FIRST = textwrap.dedent("""
+    import os, socket, zmq
+    from laminar_hpc.transport.monitor import ConnectionMonitor
+    ctx = zmq.Context.instance()
+    for _ in range(10):
+        server = ctx.socket(zmq.ROUTER)
+        server.setsockopt(zmq.LINGER, 0)
+        port = server.bind_to_random_port("tcp://127.0.0.1")
+        mon = ConnectionMonitor(server, "server on test", limit_bytes=1 << 20)
+        for _ in range(20):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+        mon.close()  # the monitor first, as the module says; connections still come and go
+        for _ in range(50):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+        server.close(0)
+    a, b = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    a.setsockopt(zmq.LINGER, 0)
+    b.setsockopt(zmq.LINGER, 0)
+    b.connect(f"tcp://127.0.0.1:{a.bind_to_random_port('tcp://127.0.0.1')}")
+    b.send(b"still heard")
+    print("heard" if a.poll(10_000) else "deaf", flush=True)
+    os._exit(0)  # (a blocked I/O thread would also block the context's termination)
+""")
+
+
+def test_a_closed_monitor_never_stops_the_processs_other_sockets():
+    """Before: `close` closed the monitor's receiving end only; the next event libzmq sent it (any
+    connection closing on the watched socket) blocked libzmq's I/O thread, and no socket of the
+    process moved a frame again (a random order of the suite found it: every later in-process
+    socket test failed). Now `close` turns monitoring off first."""
+    out = subprocess.run([sys.executable, "-c", CLOSED_FIRST], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "heard", "the process's sockets stopped after a monitor was closed"
