@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
+import time
 import textwrap
 
 import pytest
@@ -53,6 +58,53 @@ def nothing_left_behind(tmp_path, monkeypatch):
 
 def _gone(pid: int) -> bool:
     return not os.path.exists(f"/proc/{pid}")  # a zombie still has its /proc entry
+
+
+def _children_of(pid: int) -> set[int]:
+    kids = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.add(int(entry))
+        except OSError:
+            continue
+    return kids
+
+
+@BOTH
+def test_a_caller_killed_mid_call_takes_its_sandbox_with_it(tmp_path, isolation):
+    """Before: `--die-with-parent` tied the code to bwrap, but nothing tied bwrap (or, without it,
+    the child) to its caller: a rollout killed mid-call left the call running until its code ended,
+    for ever for code that blocks. Now the outer process gets SIGKILL when its caller dies."""
+    caller_tmp = tmp_path / "caller"
+    caller_tmp.mkdir()
+    code = ("from laminar_hpc.tasks.sandbox import SandboxLimits, run_python_sync\n"
+            f"run_python_sync('import time; time.sleep(300)', SandboxLimits(wall_s=300, isolation='{isolation}'))\n")
+    caller = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(caller_tmp)})
+    outer: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while not outer and time.monotonic() < deadline and caller.poll() is None:
+            outer = _children_of(caller.pid)
+            time.sleep(0.05)  # (polling /proc for the sandbox's start: no event to wait on)
+        assert outer, f"the caller started no sandbox within 60 s (exit {caller.poll()})"
+        caller.kill()
+        caller.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while not all(map(_gone, outer)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(map(_gone, outer)), f"the sandbox ({isolation}) outlived its killed caller"
+    finally:
+        for pid in outer:  # (the old code's survivors, stopped by pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait(timeout=30)
+        shutil.rmtree(caller_tmp, ignore_errors=True)
 
 
 def test_a_plain_run():
