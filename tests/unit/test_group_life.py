@@ -1,0 +1,24 @@
+"""tools/group_life.py: a trajectory's time before training split into generating and waiting for
+its group (docs/frontier.md), on a small simulated campaign (seconds)."""
+from __future__ import annotations
+
+import os
+import sys
+
+from helpers import REPO
+
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import group_life  # noqa: E402
+
+REFERENCE = os.path.join(REPO, "configs", "bench", "longtail-math.yaml")
+
+
+def test_the_wait_for_the_group_grows_with_its_size():
+    pairs = group_life.group_life(REFERENCE, "laminar", 2, 0, 6, ["trainer.group_size=2", "trainer.groups_per_step=512"])
+    grouped = group_life.group_life(REFERENCE, "laminar", 2, 0, 6, [])  # 64 groups of 16
+    assert pairs["trajectories"] > 0 and grouped["trajectories"] > 0
+    # with one sibling a member waits on average less than it generates (one of two waits for the other)
+    assert 0 < pairs["waiting_for_group"] < pairs["generating"]
+    # long-tailed lengths: a member waits for the longest of its 16 siblings longer than it generates
+    assert grouped["waiting_for_group"] > grouped["generating"] > 0
+    assert 0.5 < grouped["waiting_share"] < 1.0
