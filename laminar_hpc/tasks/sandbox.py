@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -146,6 +147,14 @@ class _Protocol:
     connection_made = pipe_connection_lost = process_exited = lambda self, *args: None  # noqa: E731
 
 
+@functools.cache
+def _libc():
+    """The C library through ctypes, loaded once per process (the child imports ctypes during its
+    set-up, before the audit hook refuses it)."""
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _dies_with_caller():
     """A `preexec_fn` that has the sandbox's outer process (bwrap, or the child itself) killed when
     its caller dies: bwrap's `--die-with-parent` ties the sandboxed code to bwrap, but nothing tied
@@ -153,8 +162,7 @@ def _dies_with_caller():
     it running until its code ended, for ever for one that blocks (seen: a bwrap 51 minutes past
     its caller). libc is loaded here, before the fork; the child only calls prctl. (The signal
     follows the forking thread: the event loop's, which awaits the call until it ends.)"""
-    import ctypes
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl = _libc().prctl
     caller = os.getpid()
 
     def set_death_signal() -> None:
@@ -292,8 +300,7 @@ def run_python_sync(code: str, limits: SandboxLimits = SandboxLimits()) -> Sandb
 # ---- the child: this file run as a script ------------------------------------------------------
 
 def _isolate_network(methods: list[str]) -> str:
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     clone_newnet, clone_newuser = 0x40000000, 0x10000000
     uid, gid = os.getuid(), os.getgid()
     for method in methods:
@@ -310,7 +317,7 @@ def _isolate_network(methods: list[str]) -> str:
 
 def _drop_capabilities() -> None:
     import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     pr_set_no_new_privs, pr_capbset_drop = 38, 24
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
