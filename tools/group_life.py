@@ -23,12 +23,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from laminar_hpc.config import load_config  # noqa: E402
+from laminar_hpc.config import ConfigError, load_config  # noqa: E402
 from laminar_hpc.sim import cluster  # noqa: E402
 from laminar_hpc.sim.observe import Observer  # noqa: E402
 from laminar_hpc.sim.params import SimParams  # noqa: E402
 from laminar_hpc.sim.presets import read_spec  # noqa: E402
-from laminar_hpc.sim.scaling import length_mode, mode_config  # noqa: E402
+from laminar_hpc.sim.scaling import VARIANTS, length_mode, mode_config, variant_conflict  # noqa: E402
 
 
 def group_life(config: str, mode: str, bound: int, seed: int, steps: int, overrides: list[str]) -> dict:
@@ -73,18 +73,31 @@ def group_life(config: str, mode: str, bound: int, seed: int, steps: int, overri
             "generating": gen, "waiting_for_group": wait, "waiting_share": wait / (gen + wait)}
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of whole numbers, got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="key=value, as `laminar simulate` takes them")
-    ap.add_argument("--mode", default="laminar")
-    ap.add_argument("--sweep", default="2,3,4", help="controller.max_ahead_steps values")
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--mode", default="laminar", choices=list(VARIANTS))
+    ap.add_argument("--sweep", type=_ints, default=[2, 3, 4], help="controller.max_ahead_steps values")
+    ap.add_argument("--seeds", type=_ints, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", help="write the rows here")
-    args = ap.parse_args(argv)
-    rows = [group_life(args.config, args.mode, int(a), int(s), args.steps, args.overrides)
-            for a in args.sweep.split(",") for s in args.seeds.split(",")]
+    args = ap.parse_intermixed_args(argv)
+    if (why := variant_conflict(args.mode, args.overrides)) is not None:  # never silently replaced by the mode
+        ap.error(why)
+    try:
+        rows = [group_life(args.config, args.mode, a, s, args.steps, args.overrides)
+                for a in args.sweep for s in args.seeds]
+    except ConfigError as err:
+        print(f"group_life: error: {' '.join(str(err).splitlines())}", file=sys.stderr)
+        return 2
     print("mode | bound | seed | traj/s | staleness | step (s) | generating (steps) | waiting for its group (steps) | share waiting")
     for r in rows:
         stale = "-" if r["staleness_mean"] is None else f"{r['staleness_mean']:.2f}"
@@ -93,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"config": args.config, "rows": rows}, indent=1))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 from helpers import REPO
 
 sys.path.insert(0, os.path.join(REPO, "tools"))
@@ -22,3 +24,15 @@ def test_the_wait_for_the_group_grows_with_its_size():
     # long-tailed lengths: a member waits for the longest of its 16 siblings longer than it generates
     assert grouped["waiting_for_group"] > grouped["generating"] > 0
     assert 0.5 < grouped["waiting_share"] < 1.0
+
+
+def test_bad_input_is_one_line_naming_what_to_fix(capsys, tmp_path):
+    assert group_life.main([str(tmp_path / "none.yaml"), "--sweep", "2", "--seeds", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("group_life: error:") and "none.yaml" in err and "\n" not in err
+    assert group_life.main([REFERENCE, "trainer.lrr=1", "--sweep", "2", "--seeds", "0"]) == 2
+    assert "trainer.lrr" in capsys.readouterr().err
+    for bad in (["--mode", "lamnar"], ["--sweep", "x"], ["repack.enabled=false", "--mode", "laminar-pure"]):
+        with pytest.raises(SystemExit) as exit_:
+            group_life.main([REFERENCE, *bad])
+        assert exit_.value.code == 2
