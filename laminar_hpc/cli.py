@@ -275,43 +275,14 @@ def _drive(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    """`laminar trace ...`: analyse the traces of a run (finished, still running or crashed)."""
-    from laminar_hpc.analysis import TraceAnalysisError, load_run, summarize
-    from laminar_hpc.metrics.summary import read_metrics
+    """`laminar trace ...`: analyse the traces of a run (laminar_hpc/analysis/trace_command.py)."""
+    from laminar_hpc.analysis import TraceAnalysisError
+    from laminar_hpc.analysis.trace_command import trace_command
     try:
-        if args.trace_command == "summary":
-            from laminar_hpc.analysis import format_summary
-            d = summarize(load_run(args.run_dir), read_metrics(args.run_dir), buckets=args.buckets)
-            if args.json:
-                import json
-                print(json.dumps(d, indent=1, default=str))
-            else:
-                print(format_summary(d))
-        elif args.trace_command == "compare":
-            from laminar_hpc.analysis import format_compare
-            a, b = (summarize(load_run(r), read_metrics(r), buckets=args.buckets) for r in (args.run_a, args.run_b))
-            print(format_compare(a, b))
-        elif args.trace_command == "plot":
-            run = load_run(args.run_dir)
-            try:
-                from laminar_hpc.analysis.plot import plot_run
-            except ImportError as err:
-                raise TraceAnalysisError(f"`laminar trace plot` needs matplotlib ({err}): pip install matplotlib") \
-                    from None
-            for line in run.problems:
-                print(f"problem: {line}", file=sys.stderr)
-            print(f"wrote {plot_run(run, read_metrics(args.run_dir), args.output)}")
-        elif args.trace_command == "export":
-            from laminar_hpc.analysis import write_perfetto
-            run = load_run(args.run_dir)
-            for line in run.problems:
-                print(f"problem: {line}", file=sys.stderr)
-            n = write_perfetto(run, args.output)
-            print(f"wrote {args.output} ({n:,} trace events); open it in https://ui.perfetto.dev")
+        return trace_command(args)
     except TraceAnalysisError as err:
         print(f"laminar: error: {_one_line(err)}", file=sys.stderr)
         return 2
-    return 0
 
 
 def _eval(argv: list[str]) -> int:
