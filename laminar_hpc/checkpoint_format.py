@@ -9,8 +9,12 @@ resume's pre-flight read the ledger and meta through this module without paying 
       ledger.json                the trainer's exactly-once ledger (absent in older checkpoints)
       manifest.json              sha256 of every file above
       COMPLETE                   written last: a folder without it is ignored
+    checkpoints/anchor/          the campaign's initial policy, the KL reference: written once
+      model.pt meta.json         (from step_000000, a hard link where the filesystem allows),
+      manifest.json COMPLETE     never pruned: every trainer start loads the same anchor
 
     found = newest_verified(rd.checkpoints_dir)   # -> (path, meta with its "ledger") or None
+    anchor = verified_anchor(rd.checkpoints_dir)  # -> (path, meta) or None
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ MANIFEST_FILE = "manifest.json"
 COMPLETE_FILE = "COMPLETE"
 DIST_DIR = "dist"  # trainer.backend megatron: its dist_checkpointing shards (listed in the manifest)
 EMPTY_LEDGER = {"consumed": [], "dropped": {}}
+ANCHOR_DIR = "anchor"  # checkpoints/anchor/: the initial policy (never listed as a checkpoint: not step_*)
+ANCHOR_FILES = (MODEL_FILE, META_FILE)
 
 
 class CheckpointError(RuntimeError):
@@ -121,6 +127,29 @@ def log_lost_under_checkpoints(rd) -> str | None:
             f"their group ids and prompts. Restore {wal} from a copy, or start a new run directory from the "
             f"weights: --run-dir NEW trainer.init_checkpoint={found[0] / MODEL_FILE} (Megatron: "
             f"laminar export-hf it and set model.hf_path)")
+
+
+def anchor_path(root: Path) -> Path:
+    return Path(root) / ANCHOR_DIR
+
+
+def verified_anchor(root: Path) -> tuple[Path, dict] | None:
+    """(folder, meta) of the run's KL anchor under the checkpoints folder `root` when it is
+    complete and its files match their manifest; None when there is none. A damaged anchor is
+    CheckpointError: the reference policy must never be silently replaced by another."""
+    path = anchor_path(root)
+    if not (path / COMPLETE_FILE).exists():
+        return None
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
+        for name in ANCHOR_FILES:
+            if sha256(path / name) != manifest.get(name):
+                raise CheckpointError(f"{path}: {name} does not match its checksum")
+        meta = json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"{path}: unreadable KL anchor ({err})") from None
+    meta["sha256"] = manifest[MODEL_FILE]
+    return path, meta
 
 
 def read_ledger(root: Path) -> dict | None:

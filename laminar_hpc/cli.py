@@ -78,10 +78,11 @@ def check_task(cfg: Config, source: str, say: Callable[[str], None] | None = Non
 
 
 def _check_resume(cfg: Config, run_dir: Path) -> None:
-    """Pre-flight of a resume: a model that differs from the checkpoint's, or checkpoints whose
-    controller log is gone, fail here in one line, before any process starts or anything in the
-    run directory is rewritten."""
-    from laminar_hpc.launch.prepare import check_resume_model
+    """Pre-flight of a resume: a model that differs from the checkpoint's, a training change a
+    resume cannot apply, or checkpoints whose controller log is gone, fail here in one line,
+    before any process starts or anything in the run directory is rewritten; a training change
+    it applies is said in one line (config/resume_changes.py)."""
+    from laminar_hpc.launch.prepare import check_resume_model, resume_training_changes
     from laminar_hpc.checkpoint_format import log_lost_under_checkpoints
     from laminar_hpc.rundir import RunDir
     from laminar_hpc.walformat import check_log
@@ -89,6 +90,8 @@ def _check_resume(cfg: Config, run_dir: Path) -> None:
         raise ConfigError(why)
     if why := check_log(RunDir(run_dir).wal_dir):  # damaged: the controller would refuse it too
         raise ConfigError(why)
+    if line := resume_training_changes(run_dir, cfg):
+        print(f"laminar: {line}", file=sys.stderr)
     if not trainer_backend(cfg).has_model:
         return  # an emulated trainer checkpoints emulation.weight_mb bytes: the model section is not its shape
     check_resume_model(run_dir, cfg.model.model_dump())
@@ -100,7 +103,7 @@ def _default_run_dir(cfg: Config) -> Path:
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
     keys = ("reward_first", "reward_last", "train_steps", "trajectories_consumed", "max_versions_in_flight",
-            "mean_version_lag", "max_version_lag", "actor_stall_s_mean", "wall_s")
+            "mean_version_lag", "max_version_lag", "mean_step_lag", "max_step_lag", "actor_stall_s_mean", "wall_s")
     print("summary: " + " ".join(f"{k}={summary[k]:.3f}" if isinstance(summary[k], float) else f"{k}={summary[k]}"
                                  for k in keys))
     for name in ("eval_first", "eval_last"):

@@ -294,6 +294,18 @@ TRAIN_METRICS = {"loss", "lr", "is_weight_mean", "truncated_frac", "clipped_frac
                  "reward_std", "trajectories", "tokens", "staleness_mean", "staleness_max", "staleness_hist"}
 
 
+def anchored(backend, cfg) -> dict:
+    """`backend` at the start of RL, as trainer/main.py leaves it: its policy checkpointed as step 0
+    and kept as the run's KL anchor; returns the anchor's meta."""
+    from laminar_hpc.config.resume_changes import training_settings
+    from laminar_hpc.trainer.checkpoint import keep_anchor
+    backend.save(0, 0, meta={"model": cfg.model.model_dump(), "training": training_settings(cfg)},
+                 ledger={"consumed": []})
+    (done,) = backend.saves_done(wait=True)
+    assert "error" not in done, done
+    return keep_anchor(backend.ckpt.root)
+
+
 def train_groups(first: int, *, n: int = 2, size: int = 3, vocab: int = 20, version: int = 0) -> list[Group]:
     """`n` groups of `size` random trajectories (seeded by `first`), one reward of 1 per group."""
     import torch

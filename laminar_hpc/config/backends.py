@@ -94,6 +94,8 @@ class TrainerBackendSpec:
     name = ""
     builder = ""
     has_model = True
+    # why this backend cannot train with a KL term to the anchor (trainer.kl_coef > 0), or None
+    kl_refusal: str | None = None
 
     def ranks(self, cfg: "Config") -> int:
         """Processes of the trainer (one job-step task each)."""
@@ -114,6 +116,10 @@ class EmulatedTrainer(TrainerBackendSpec):
 class MegatronTrainer(TrainerBackendSpec):
     name = "megatron"
     builder = "laminar_hpc.trainer.backends:megatron_trainer"
+    # the reference would be a second sharded model on every rank (its own TP/PP layout, loaded
+    # from the anchor's HF-named weights): not built yet
+    kl_refusal = ("the megatron backend holds no reference model for the KL term yet; set trainer.kl_coef: 0 "
+                  "or use trainer.backend: torch")
 
     def ranks(self, cfg: "Config") -> int:
         m = cfg.trainer.megatron

@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from laminar_hpc.config.backends import ROLLOUT_BACKENDS
+from laminar_hpc.config.backends import ROLLOUT_BACKENDS, TRAINER_BACKENDS
 from laminar_hpc.config.env import EnvCfg, SandboxCfg  # noqa: F401 - re-exported
 from laminar_hpc.config.emulation import (
     ComponentCfg, EmpiricalCfg, EmulationCfg, LatencyCfg, LengthsCfg, ObservationCfg, ToolsCfg,
@@ -378,6 +378,8 @@ class Config(Section):
         if (self.trainer.backend == "emulated") != (self.rollout.backend == "emulated"):
             raise ValueError(f"trainer.backend={self.trainer.backend!r} and rollout.backend={self.rollout.backend!r}: "
                              "either both are 'emulated' or neither is (they exchange weights of one layout)")
+        if self.trainer.kl_coef > 0 and (why := TRAINER_BACKENDS[self.trainer.backend].kl_refusal):
+            raise ValueError(f"trainer.kl_coef={self.trainer.kl_coef} with trainer.backend={self.trainer.backend!r}: {why}")
         return self
 
     @model_validator(mode="after")

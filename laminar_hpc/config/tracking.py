@@ -31,10 +31,15 @@ class TrackerSpec:
     sink: str
     package: str  # what the sink imports when it opens (extra `trackers`)
     title: str  # its name for people
+    # it can take back the points of steps a resumed trainer trains again (TensorBoard purges them):
+    # it gets every row at once. One that cannot (W&B, MLflow: append-only histories) gets a step's
+    # rows once a checkpoint holds the step, unless `logging.send: live`
+    takes_back: bool = False
 
 
 TRACKERS: dict[str, TrackerSpec] = {s.name: s for s in (
-    TrackerSpec("tensorboard", "laminar_hpc.metrics.tracker_sinks:TensorBoardSink", "tensorboard", "TensorBoard"),
+    TrackerSpec("tensorboard", "laminar_hpc.metrics.tracker_sinks:TensorBoardSink", "tensorboard", "TensorBoard",
+                takes_back=True),
     TrackerSpec("wandb", "laminar_hpc.metrics.tracker_sinks:WandbSink", "wandb", "Weights & Biases"),
     TrackerSpec("mlflow", "laminar_hpc.metrics.tracker_sinks:MlflowSink", "mlflow", "MLflow"),
 )}
@@ -65,6 +70,12 @@ class LoggingCfg(Section):
     wandb: WandbCfg | None = None  # Weights & Biases (true: the defaults below)
     mlflow: MlflowCfg | None = None  # MLflow (true: the defaults below)
     run_name: str | None = None  # the tracker runs' display name; unset: the run directory's name
+    # checkpointed: a tracker that cannot take a point back (W&B, MLflow) gets a step's rows once a
+    # checkpoint holds the step, so the steps a crash makes the trainer train again reach it once
+    # (it lags by up to checkpoint.every_steps); TensorBoard gets every row at once and replaces the
+    # lost steps' points. live: every tracker at once (after a crash W&B and MLflow keep the lost
+    # steps' points beside the new ones)
+    send: Literal["checkpointed", "live"] = "checkpointed"
 
     @field_validator("wandb", "mlflow", mode="before")
     @classmethod

@@ -10,6 +10,7 @@ trainer is sim/trainer.py.)
 """
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -94,6 +95,13 @@ class TrainerCfg(Section):
     init_checkpoint: str | None = None  # start from this checkpoint's weights (a step_* directory); no warm-up then
     torch_threads: PosInt = 1  # CPU threads of the torch trainer
     megatron: MegatronCfg = Field(default_factory=MegatronCfg)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (0-based) of `total_steps` under `lr_schedule`."""
+        if self.lr_schedule == "constant":
+            return self.lr
+        frac = min(1.0, step / max(1, self.total_steps - 1))
+        return self.lr * (self.lr_min_ratio + (1 - self.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
     @model_validator(mode="after")
     def _correction(self) -> "TrainerCfg":

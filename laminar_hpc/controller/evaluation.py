@@ -16,8 +16,15 @@ dies hands its items back to the queue; a round in flight when the controller re
 round due while another runs starts when that one ends, at the then newest step. When the
 trainer is done, a last round measures its final version (`final`), in every slot.
 
+A trainer that (re)starts may resume from a checkpoint older than the steps evaluated so far:
+from its hello to its sync, evaluation is held (`hold`: the round in flight is dropped, none
+starts); its sync gives the step it resumed from, and the rounds of later steps are forgotten
+(`rewind`), so they run again for the weights that are now trained (their rows leave
+metrics.jsonl with the trainer's rewind).
+
     ev = Evaluation(cfg, problems, tokenize, emit=tracer.emit, write=metrics_out.append)
     ev.tick(steps_trained=10, newest_version=10)            # starts a due round
+    ev.hold(); ev.rewind(6)                                 # a trainer's hello; its sync from step 6
     for rank, work in ev.assign(credits, versions): ...     # evaluation items within each share
     row = ev.finished(traj, rollout=2)                      # the round's row once it is complete
 (The scores of a round, pass@k and the rest, are computed by metrics/evaluation.py.)
@@ -85,6 +92,7 @@ class Evaluation:
         self.last_row: dict | None = None
         self.max_batch = cfg.rollout.max_batch
         self.finishing = False  # the trainer is done: the last round may use every slot
+        self.held = False  # a trainer started and has not said which step it holds yet
 
     @property
     def enabled(self) -> bool:
@@ -102,7 +110,7 @@ class Evaluation:
 
     def tick(self, steps_trained: int, newest_version: int) -> None:
         """Start a due round once a version exists and no round runs."""
-        if not self.enabled or self.current is not None or newest_version < 0:
+        if not self.enabled or self.current is not None or newest_version < 0 or self.held:
             return
         step = self.due_step(steps_trained)
         if step is not None:
@@ -114,6 +122,8 @@ class Evaluation:
         if not self.enabled:
             return False
         self.finishing = True
+        if self.held:
+            return True
         if self.current is None and steps_trained not in self.done_steps and version >= 0:
             self.start(steps_trained, version)
         return self.current is not None
@@ -183,6 +193,24 @@ class Evaluation:
         rnd = self.current
         return None if rnd is None else {"round": rnd.number, "step": rnd.step, "done": len(rnd.results),
                                          "items": rnd.items}
+
+    def hold(self) -> None:
+        """A trainer (re)started: drop the round in flight (it may measure steps the trainer will
+        train again) and start none until `rewind` says which step the trainer holds. Its items
+        still running come back as results of no round (ignored, counted)."""
+        self.held = True
+        rnd = self.current
+        if rnd is not None:
+            self.done_steps.discard(rnd.step)
+            self.emit("eval_dropped", round=rnd.number, step=rnd.step, reason="trainer restarted")
+            self.current, self.items = None, {}
+            self.queue.clear()
+
+    def rewind(self, step: int) -> None:
+        """The trainer holds the weights of `step`: rounds of later steps measured weights that are
+        gone, so they run again when their step is reached."""
+        self.done_steps = {s for s in self.done_steps if s <= step}
+        self.held = False
 
     def rollout_lost(self, rank: int) -> None:
         """A rollout died or restarted: its evaluation items go back to the front of the queue."""

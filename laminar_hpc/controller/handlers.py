@@ -167,6 +167,7 @@ class MessageHandlers:
                 self.recovery.resync_rollout(rank, msg.held, msg.free)
             case TrainerSync() if trainer:
                 self.state.steps_trained = msg.step
+                self.evaluation.rewind(msg.step)  # rounds of steps it trains again run again
                 self.state.trainer_credit = 0  # the trainer asks afresh
                 self.recovery.trainer_sync(msg)
             case RoleDown(role=name, code=code):
@@ -222,6 +223,7 @@ class MessageHandlers:
         elif role == "shard":  # (re)started: what went through the one before may be lost (`resync_rollout`)
             self.recovery.shard_started[rank] = now
         elif role == "trainer":
+            self.evaluation.hold()  # until its sync says which step it holds: before the ack it waits for
             self.send(ident, HelloAck(run_id=self.run_id, max_version=self.data_plane.meta.get("max_version", -1)))
 
     def finished(self, traj: Trajectory, now: float, rollout: int | None = None) -> None:

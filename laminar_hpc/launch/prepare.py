@@ -6,6 +6,7 @@
     with prepare_run_dir(run_dir, resume=False, overwrite=True, hold=True):  # emptied and run under one lock
         ...
     check_resume_model(run_dir, cfg.model.model_dump())        # before any process starts
+    line = resume_training_changes(run_dir, cfg)               # what the resume changes, or None
 
 The names inside the directory are `laminar_hpc.rundir.RunDir`'s.
 """
@@ -15,14 +16,18 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from laminar_hpc.startup.ownership import check_ancestors, check_run_dir, make_private_dir
 from laminar_hpc.startup.runlock import LauncherLock, held_message, holder
-from laminar_hpc.checkpoint_format import META_FILE
+from laminar_hpc.checkpoint_format import META_FILE, checkpoint_step
+from laminar_hpc.config.resume_changes import ResumeRefused, resume_changes
 from laminar_hpc.rundir import RunDir, RunDirError
 
+if TYPE_CHECKING:
+    from laminar_hpc.config import Config
 
-__all__ = ["CampaignLock", "check_resume_model", "lock_holder", "prepare_run_dir"]
+__all__ = ["CampaignLock", "check_resume_model", "lock_holder", "prepare_run_dir", "resume_training_changes"]
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, hold: bool = False) -> "CampaignLock | None":
@@ -106,27 +111,41 @@ class CampaignLock(LauncherLock):
     is refused while a role of an earlier campaign still lives)."""
 
 
-def _newest_checkpoint_model(rd: RunDir) -> tuple[str, dict] | None:
-    """(name, meta["model"]) of the newest complete checkpoint whose meta.json is readable; the
-    trainer resumes from the newest that verifies, so a damaged newer one is skipped here too."""
+def _newest_checkpoint_meta(rd: RunDir, key: str) -> tuple[Path, dict] | None:
+    """(folder, meta[key]) of the newest complete checkpoint whose meta.json is readable and holds
+    `key` as an object; the trainer resumes from the newest that verifies, so a damaged newer one
+    is skipped here too."""
     for path in reversed(rd.checkpoints()):
         try:
             meta = json.loads((path / META_FILE).read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(meta, dict) and isinstance(meta.get("model"), dict):
-            return path.name, meta["model"]
+        if isinstance(meta, dict) and isinstance(meta.get(key), dict):
+            return path, meta[key]
     return None
+
+
+def resume_training_changes(run_dir: Path, cfg: Config) -> str | None:
+    """One line saying what resuming run_dir with `cfg` changes in training (config/resume_changes.py),
+    None when nothing; RunDirError for a change a resume cannot apply. Torch-free."""
+    found = _newest_checkpoint_meta(RunDir.of(run_dir), "training")
+    if found is None:
+        return None  # no checkpoint, or one written before the settings were recorded
+    path, saved = found
+    try:
+        return resume_changes(saved, cfg, step=checkpoint_step(path))
+    except ResumeRefused as err:
+        raise RunDirError(f"{run_dir}: {err}") from None
 
 
 def check_resume_model(run_dir: Path, model: dict) -> None:
     """Refuse, before any process starts, to resume run_dir with a model whose shape differs
     from its newest checkpoint's (the trainer would otherwise fail later, inside its own log).
     `model` is the config's `model` section as a dict (cfg.model.model_dump()); torch-free."""
-    found = _newest_checkpoint_model(RunDir.of(run_dir))
+    found = _newest_checkpoint_meta(RunDir.of(run_dir), "model")
     if found is None:
         return  # nothing to resume from yet: the trainer starts afresh
-    name, saved = found
+    name, saved = found[0].name, found[1]
     # keys only one side knows (a config schema newer or older than the checkpoint) are not compared
     diff = [k for k in sorted(saved.keys() & model.keys()) if saved[k] != model[k]]
     if not diff:

@@ -56,6 +56,10 @@ NAMES: dict[str, Name] = {
     "publish_stall_s": Name("timing_s/update_weights", None, "seconds the trainer was held publishing weights"),
     "staleness_mean": Name(None, None, "mean version lag of the step's trajectories (AReaL's staleness)"),
     "staleness_max": Name(None, None, "largest version lag of the step"),
+    "step_lag_mean": Name(None, None, "mean step lag of the step's trajectories: train steps between their weights "
+                          "and the trainer's (the version lag reads low across a trainer restart, this does not)"),
+    "step_lag_max": Name(None, None, "largest step lag of the step (trainer.max_staleness bounds it)"),
+    "weight_decay": Name(None, None, "the optimizer's weight decay at the step (a resume applies the config's)"),
 }
 
 

@@ -56,6 +56,7 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
     trajs = sum(r["trajectories"] for r in rows)
     stalls = [r["publish_stall_s"] for r in rows if r.get("publish_stall_s")]
     stale_sum = sum(r["staleness_mean"] * r["trajectories"] for r in rows)
+    step_lag_sum = sum(r.get("step_lag_mean", r["staleness_mean"]) * r["trajectories"] for r in rows)
     objects = read_objects(rd.metrics)
     warm = [r for r in objects if r.get("event") == "warmup_done"]
     events = rollout_events(rd)
@@ -72,9 +73,12 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
         # before 2026-11-28 called these max_staleness and mean_staleness: read_summary)
         "max_version_lag": max((r["staleness_max"] for r in rows), default=0),
         "mean_version_lag": stale_sum / trajs if trajs else 0.0,
-        # the bound (trainer.max_staleness) is on step lag: it differs from the version lag above
-        # only across a trainer restart
+        # the bound (trainer.max_staleness) is on step lag: train steps between a trajectory's weights
+        # and the trainer's. It differs from the version lag above only across a trainer restart,
+        # where version numbers jump past the lost steps (policy/lineage.py): the version lag then
+        # reads low, the step lag is the distance in training
         "max_step_lag": max((r.get("step_lag_max", r["staleness_max"]) for r in rows), default=0),
+        "mean_step_lag": step_lag_sum / trajs if trajs else 0.0,
         "max_versions_in_flight": ctl.max_versions_in_flight,
         "actor_stall_s_mean": sum(stalls) / len(stalls) if stalls else 0.0,
         "trainer_wait_s_total": sum(r["wait_s"] for r in rows),

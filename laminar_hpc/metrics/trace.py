@@ -71,6 +71,9 @@ EVENTS = (
     "refreshed_in_flight",
     # elastic capacity: a replica's kind (an attach job's joiners), a joiner that left and the controller's view of it
     "replica", "left", "joiner_left",
+    # restarts that change nothing: the KL anchor a trainer start uses, the rows of the steps it trains
+    # again removed, what a resume changes in training, an evaluation round dropped at a trainer's start
+    "kl_anchor", "record_rewound", "resume_changes", "eval_dropped",
 )
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 def _plain(value):

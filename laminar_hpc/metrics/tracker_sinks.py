@@ -53,8 +53,9 @@ def flatten(d: dict, prefix: str = "", sep: str = ".") -> dict:
 
 class TensorBoardSink:
     """Event files under `<run dir>/tensorboard/` (tensorboard's own writer: no torch, no TF). Each
-    start writes a new file there; TensorBoard reads the folder as one run. A resumed trainer that
-    logs a step again replaces the later points of that tag (TensorBoard drops orphaned steps)."""
+    start writes a new file there; TensorBoard reads the folder as one run. When a resumed trainer
+    trains steps again (`rewind`), a restarted-session event at the first of them makes TensorBoard
+    drop every point of that step and after (its purge of orphaned data), so each step shows once."""
     name = "tensorboard"
 
     def __init__(self, rd: RunDir, cfg: LoggingCfg, run_name: str):
@@ -83,6 +84,10 @@ class TensorBoardSink:
         from tensorboard.compat.proto.summary_pb2 import Summary
         self._event(step, summary=Summary(value=[Summary.Value(tag=k, simple_value=v)
                                                  for k, v in values.items()]))
+
+    def rewind(self, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import SessionLog
+        self._event(step, session_log=SessionLog(status=SessionLog.START))
 
     def summary(self, step: int, numbers: dict[str, float], texts: dict[str, str]) -> None:
         # text, not scalars: one point each would only clutter the scalars tab

@@ -9,13 +9,23 @@ launcher through the same class (`finish_run`), continuing the same tracker runs
 writers at once.
 
     trackers.json (rundir.RunDir.trackers)   {"cursor": bytes of metrics.jsonl sent,
+                                              "held_cursor": bytes sent to the checkpointed trackers,
                                               "wandb": {"id": ...}, "mlflow": {"run_id": ...},
                                               "tensorboard": {...}, "failures": {"wandb": 2}}
 
 A resumed run (`laminar run --resume`, a restarted trainer, a Slurm requeue) reads it and
 continues the same W&B and MLflow runs and TensorBoard folder, sending metrics.jsonl from where
-it stopped (the cursor is saved every few seconds and at the end: after a crash the last rows
-may be sent twice, never lost). A tracker that fails (package missing, no network, disk full) is counted in
+it stopped (the cursors are saved every few seconds and at the end: after a crash the last rows
+may be sent twice, never lost).
+
+Each step reaches each tracker once, crashes included. A trainer resumed from the checkpoint of
+step s trains s+1.. again: it removes the lost steps' rows from metrics.jsonl (metrics/jsonl.py:
+`rewind`, which moves these cursors with the rows) and leaves a `rewound` marker there. A tracker
+that can take points back (TensorBoard: its `takes_back`) gets every row at once and, at the
+marker, drops the points from step s+1 on (TensorBoard's purge of a restarted session). One that
+cannot (W&B, MLflow) gets rows in file order up to the newest step a checkpoint holds (the
+trainer's `durable` step), so it never sees a step that can be lost (`logging.send: live`: at once,
+at the price of the lost steps' points staying there). A tracker that fails (package missing, no network, disk full) is counted in
 trackers.json, in the step rows (`tracker_failures`) and summary.json, and logged (the first
 failure and every 100th); it never raises into training.
 
@@ -35,8 +45,10 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from laminar_hpc.checkpoint_format import checkpoint_step, list_checkpoints
 from laminar_hpc.config.backends import resolve
 from laminar_hpc.config.tracking import TRACKERS
+from laminar_hpc.metrics.jsonl import REWOUND, rewind
 from laminar_hpc.metrics.names import tracker_key
 from laminar_hpc.metrics.tracker_sinks import flatten
 from laminar_hpc.rundir import DISK_ERRORS, RunDir, atomic_write_json, read_json
@@ -83,13 +95,17 @@ def summary_points(summary: dict) -> tuple[int, dict[str, float], dict[str, str]
 class Trackers:
     """The configured trackers of one run directory, used by one process at a time."""
 
-    def __init__(self, cfg: Config, rd: RunDir | str, *, log: logging.Logger | None = None, sinks: dict | None = None):
+    def __init__(self, cfg: Config, rd: RunDir | str, *, log: logging.Logger | None = None, sinks: dict | None = None,
+                 durable_step: int = 0):
         self.cfg, self.rd = cfg, RunDir.of(rd)
         self.log = log or _log
         self.kinds = sinks  # name -> sink class (tests); None: each TRACKERS entry's own
         state = read_json(self.rd.trackers, {})
         self.state: dict = state if isinstance(state, dict) else {}
         self.cursor = int(self.state.get("cursor", 0) or 0)
+        # what the trackers that cannot take a point back were sent (older trackers.json: the cursor)
+        self.held_cursor = int(self.state.get("held_cursor", self.cursor) or 0)
+        self.durable_step = durable_step  # the newest step a checkpoint holds: those trackers get rows up to it
         self.failures: Counter = Counter({k: int(v) for k, v in (self.state.get("failures") or {}).items()})
         self.sinks: dict = {}
         self.rows = 0  # rows forwarded by this process
@@ -106,8 +122,10 @@ class Trackers:
                              name, what, type(err).__name__, err, n, "" if n == 1 else "s", name,
                              exc_info=self.log.isEnabledFor(logging.DEBUG))
 
-    def _each(self, what: str, call) -> None:
+    def _each(self, what: str, call, only: list[str] | None = None) -> None:
         for name, sink in list(self.sinks.items()):
+            if only is not None and name not in only:
+                continue
             try:
                 call(sink)
             except Exception as err:  # a tracker never stops training
@@ -129,14 +147,24 @@ class Trackers:
                 self._failed(name, "start", err)
         self.save()
 
+    def _holds_back(self, name: str) -> bool:
+        """Whether tracker `name` gets rows only once a checkpoint holds their step."""
+        return not TRACKERS[name].takes_back and self.cfg.logging.send == "checkpointed"
+
+    def durable(self, step: int) -> None:
+        """A checkpoint of `step` is written: its rows (and the earlier ones) can no longer be lost."""
+        self.durable_step = max(self.durable_step, step)
+
     def forward(self) -> int:
-        """Send the complete rows metrics.jsonl gained since the cursor; returns how many."""
+        """Send the complete rows metrics.jsonl gained since each tracker's cursor (see the module's
+        doc); returns how many rows were sent to some tracker."""
+        start = min(self.cursor, self.held_cursor)
         try:
             with open(self.rd.metrics, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if size < self.cursor:  # a new file (the run directory was replaced): from its start
-                    self.cursor = 0
-                f.seek(self.cursor)
+                if size < max(self.cursor, self.held_cursor):  # a new file (the run directory was replaced)
+                    self.cursor = self.held_cursor = start = 0
+                f.seek(start)
                 data = f.read()
         except FileNotFoundError:
             return 0
@@ -144,24 +172,57 @@ class Trackers:
             if err.errno in DISK_ERRORS:
                 return 0
             raise
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
-        n = 0
-        for line in data[:end].splitlines():
+        end = start + data.rfind(b"\n") + 1  # a line still being written waits for the next call
+        live = [n for n in self.sinks if not self._holds_back(n)]
+        held = [n for n in self.sinks if self._holds_back(n)]
+        held_open = True  # rows go to the held-back trackers in file order: the first not durable stops them
+        pos, n = start, 0
+        for line in data[:end - start].splitlines(keepends=True):
+            at, pos = pos, pos + len(line)
             try:
                 row = json.loads(line)
             except ValueError:
-                continue  # a torn line (metrics/jsonl.py)
-            p = points(row) if isinstance(row, dict) else None
-            if p is None:
-                continue
-            kind, step, values = p
-            self._each("log a row", lambda s: s.log(kind, step, values))
-            n += 1
-        self.cursor += end
+                row = None  # a torn line (metrics/jsonl.py)
+            p = points(row) if isinstance(row, dict) and row.get("event") != REWOUND else None
+            to = []
+            if at >= self.cursor:
+                to += live
+                if isinstance(row, dict) and row.get("event") == REWOUND:
+                    self._rewound(live, row.get("step"))
+            if held_open and at >= self.held_cursor:
+                if p is not None and p[1] > self.durable_step:
+                    held_open = False
+                    self.held_cursor = at
+                else:
+                    to += held
+            if p is not None and to:
+                kind, step, values = p
+                self._each("log a row", lambda s: s.log(kind, step, values), only=to)
+                n += 1
+        self.cursor = max(self.cursor, end)
+        if held_open:
+            self.held_cursor = max(self.held_cursor, end)
         if n:
             self._each("flush", lambda s: s.flush())
         self.rows += n
         return n
+
+    def _rewound(self, names: list[str], step) -> None:
+        """A resumed trainer trains again from `step`: the trackers that can drop the points of
+        that step and after do (the others never got them, unless `logging.send: live`)."""
+        if isinstance(step, int):
+            self._each("take back the steps trained again", lambda s: s.rewind(step),
+                       only=[n for n in names if hasattr(self.sinks[n], "rewind")])
+
+    def rewind(self, step: int) -> int:
+        """The trainer resumed from the checkpoint of `step`: remove the later steps' rows from
+        metrics.jsonl, moving this run's cursors with the rows (before any tracker is opened, by
+        the one writer); returns the rows removed."""
+        removed, moved = rewind(self.rd.metrics, step, {"cursor": self.cursor, "held": self.held_cursor})
+        if removed:
+            self.cursor, self.held_cursor = moved["cursor"], moved["held"]
+            self.save()
+        return removed
 
     def summary(self, summary: dict) -> None:
         step, nums, texts = summary_points(summary)
@@ -173,7 +234,7 @@ class Trackers:
         self.save()
 
     def save(self) -> None:
-        self.state.update(cursor=self.cursor, failures=dict(self.failures))
+        self.state.update(cursor=self.cursor, held_cursor=self.held_cursor, failures=dict(self.failures))
         try:
             atomic_write_json(self.rd.trackers, self.state)
         except OSError as err:  # a full disk: kept in memory, written next time
@@ -192,12 +253,18 @@ class TrackerWriter:
         self._thread = threading.Thread(target=self._run, name="trackers", daemon=True)
 
     @classmethod
-    def start(cls, cfg: Config, rd: RunDir | str, *, log: logging.Logger | None = None) -> "TrackerWriter | NoTrackers":
+    def start(cls, cfg: Config, rd: RunDir | str, *, log: logging.Logger | None = None,
+              durable_step: int = 0) -> "TrackerWriter | NoTrackers":
+        """The writer of a trainer whose newest checkpoint holds `durable_step`."""
         if not cfg.logging.enabled:
             return NoTrackers()
-        writer = cls(Trackers(cfg, rd, log=log))
+        writer = cls(Trackers(cfg, rd, log=log, durable_step=durable_step))
         writer._thread.start()
         return writer
+
+    def durable(self, step: int) -> None:
+        self.trackers.durable(step)
+        self._wake.set()
 
     @property
     def failures_total(self) -> int:
@@ -243,6 +310,9 @@ class NoTrackers:
     def poke(self) -> None:
         pass
 
+    def durable(self, step: int) -> None:
+        pass
+
     def close(self, timeout_s: float = 0.0) -> bool:
         return True
 
@@ -254,7 +324,9 @@ def finish_run(cfg: Config, rd: RunDir | str, summary: dict, *, log: logging.Log
     run's failures so far, every start) to add to summary.json, or {} with no tracker."""
     if not cfg.logging.enabled:
         return {}
-    t = Trackers(cfg, rd, log=log, sinks=sinks)
+    rd = RunDir.of(rd)
+    ckpts = list_checkpoints(rd.checkpoints_dir)  # what is durable now that every role stopped
+    t = Trackers(cfg, rd, log=log, sinks=sinks, durable_step=checkpoint_step(ckpts[-1]) if ckpts else 0)
     try:
         t.open()
         t.forward()
@@ -264,6 +336,16 @@ def finish_run(cfg: Config, rd: RunDir | str, summary: dict, *, log: logging.Log
     finally:
         t.close()
     return {"tracker_failures": t.failures_total}
+
+
+def rewind_record(cfg: Config, rd: RunDir | str, step: int) -> int:
+    """A trainer resumed from the checkpoint of `step`: the rows of the steps it trains again leave
+    metrics.jsonl (and the trackers' cursors move with the rest); returns how many left. Called by
+    the trainer before its tracker writer starts, while no evaluation round runs (the controller
+    holds evaluation from a trainer's hello to its sync: controller/evaluation.py)."""
+    if cfg.logging.enabled:
+        return Trackers(cfg, rd).rewind(step)
+    return rewind(RunDir.of(rd).metrics, step)[0]
 
 
 def missing_packages(cfg: Config) -> list[str]:

@@ -5,6 +5,8 @@ One transformation, `processed_logits`, defines that distribution; the rollout's
 go through it, so on the same logits pi equals mu bit for bit and the on-policy ratio is exactly 1.
 
     toks, mu = sample_tokens(logits, 0.8, 0.9, generator, top_k=50)        # logits [B, V]
+    u = stream_uniforms(seed, ["g7-0", "g7-1"], [0, 12])                     # each row's own stream
+    toks, mu = sample_tokens(logits, 0.8, 0.9, top_k=50, uniforms=u)
     pi = processed_logprobs(logits, targets, temperature=0.8, top_k=50, top_p=0.9)  # [..., V] -> [...]
 
 The semantics are vLLM's (v1 sampler), so that the torch engine and the vLLM adapter (which asks
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from laminar_hpc.model.draws import stream_bits
 
 _ROWS_PER_SORT = 256  # the kept-set mask is found this many rows at a time: a sort holds values + int64 indices
 
@@ -122,13 +126,33 @@ def _processed_log_softmax(logits: torch.Tensor, temperature: float, top_k: int,
                                           top_k=top_k, top_p=top_p), dim=-1)
 
 
+def stream_uniforms(seed: int, keys: list[str], positions: list[int]) -> torch.Tensor:
+    """One uniform in [0, 1) per row, a function of (the campaign's seed, the row's key, its
+    position) alone: a counter-based stream (BLAKE2b as the mixing function, 53 bits kept). The
+    rollouts key it by trajectory id and token index, so a trajectory's draws depend neither on
+    the replica, the batch it shares, nor on when its process started: a restarted rollout
+    continues the campaign's streams instead of repeating its first draws, and the same seed
+    and history give the same draws."""
+    return torch.tensor([(stream_bits(seed, k, p) >> 11) * 2.0 ** -53 for k, p in zip(keys, positions)],
+                        dtype=torch.float64)
+
+
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float,
-                  generator: torch.Generator | None = None, top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                  generator: torch.Generator | None = None, top_k: int = 0,
+                  uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] -> (tokens [B], mu [B]): a draw from the processed distribution and its
-    log-probability under it. Temperature <= 0: the arg-max and its untempered log-prob."""
+    log-probability under it. Temperature <= 0: the arg-max and its untempered log-prob.
+    `uniforms` [B] (`stream_uniforms`): each row's draw is the inverse CDF at its own uniform,
+    so it depends on that row alone; else torch's multinomial from `generator`."""
     logp = _processed_log_softmax(logits, temperature, top_k, top_p)
     if temperature < GREEDY_BELOW:
         tokens = logits.float().argmax(-1)
+    elif uniforms is not None:
+        # float64 running mass: a token outside the kept set adds exactly 0, so the first entry
+        # above u * total is always a kept token
+        cdf = logp.exp().double().cumsum(-1)
+        target = uniforms.to(cdf.device, torch.float64).unsqueeze(-1) * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
     else:
         tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -7,6 +7,10 @@ vLLM engines (32 emulated replicas start in a fraction of the time), vllm only f
 engine, so this module imports fine where neither is installed.
 
     engine, layout = torch_engine(cfg, seed, tok)   # the engine and the weight layout it loads
+
+`seed` is the replica's (the campaign's seed and its rank); sampled tokens come from each
+trajectory's own stream, keyed by the campaign's seed (model.sampling.stream_uniforms), so that a
+restarted or another replica continues them.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ def torch_engine(cfg: Config, seed: int, tok):
     torch.set_num_threads(cfg.rollout.torch_threads)
     engine = TorchEngine(model_args(cfg.model, tok.vocab_size), tok.eos_id, max_batch=cfg.rollout.max_batch,
                          temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                         seed=seed, device=cfg.rollout.device)
+                         seed=cfg.seed, device=cfg.rollout.device)  # per trajectory, not per replica
     return engine, WeightLayout.from_model(engine.model, rollout_dtype(cfg))
 
 

@@ -4,6 +4,11 @@ It holds ONE weight version at a time and generates with continuous batching: ne
 join between decode steps, finished ones leave, and weights can only be swapped when no
 sequence is in flight, so every trajectory is produced by exactly one version.
 
+Each sampled token is drawn from its trajectory's own stream (model.sampling.stream_uniforms:
+the campaign's `seed`, the trajectory id, the token's index), so what a trajectory draws does not
+depend on the replica, its batch or the process's start: a restarted rollout never repeats the
+campaign's first draws, and a trajectory moved to another replica draws what it would have drawn.
+
     engine = TorchEngine(model_args, eos_id, max_batch=32, temperature=1.0, top_p=0.9, top_k=50, seed=0)
     engine.load_weights(version=3, buf=weights, layout=layout)
     engine.add([SeqRequest("t1", prompt_ids, max_new_tokens=20)])
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from laminar_hpc.model.llama import KVCache, ModelArgs, Transformer
-from laminar_hpc.model.sampling import check_sampling, sample_tokens
+from laminar_hpc.model.sampling import check_sampling, sample_tokens, stream_uniforms
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.rollout.base import (
     RolloutEngine, SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem,
@@ -45,7 +50,7 @@ class TorchEngine:
         self.device = torch.device(device)
         self.model = Transformer(args).to(self.device).eval().requires_grad_(False)
         self.cache = KVCache(args, max_batch, device=self.device)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.seed = seed  # the campaign's: every trajectory's stream is keyed by it
         self.active: list[_Active] = []  # index == cache slot
         self.version = -1
 
@@ -139,7 +144,9 @@ class TorchEngine:
         # error alone: sampling it would raise for the whole batch (on a GPU, a device-side assert)
         bad = ~torch.isfinite(logits).all(-1)
         logits = logits.masked_fill(bad.unsqueeze(-1), 0.0)  # no `if bad.any()`: that would sync a GPU
-        toks, logps = sample_tokens(logits, self.temperature, self.top_p, self.generator, top_k=self.top_k)
+        reqs = [self.active[s].req for s in slots]
+        u = stream_uniforms(self.seed, [r.traj_id for r in reqs], [len(r.tokens) for r in reqs])
+        toks, logps = sample_tokens(logits, self.temperature, self.top_p, top_k=self.top_k, uniforms=u)
         greedy = [self.active[s].req.greedy for s in slots]
         if any(greedy):  # evaluation requests take the most likely token (their log-probs are not trained on)
             toks = torch.where(torch.tensor(greedy, device=toks.device), logits.argmax(-1), toks)

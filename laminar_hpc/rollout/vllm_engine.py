@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from laminar_hpc.model.draws import stream_bits
 from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem
 
 if TYPE_CHECKING:
@@ -109,8 +110,12 @@ class VllmEngine:
     """Continuous batching on vLLM; one weight version at a time."""
 
     def __init__(self, llm, api, vcfg, *, eos_id: int, max_batch: int, temperature: float, top_p: float,
-                 top_k: int = 0, stager=None, vocab_size: int | None = None):
+                 top_k: int = 0, stager=None, vocab_size: int | None = None, stream_seed: int = 0):
         self.llm, self.api, self.vcfg = llm, api, vcfg
+        # every request samples from its own seeded generator (SamplingParams.seed), a function of the
+        # campaign's seed, the trajectory and where it resumes (model.sampling.stream_bits): a
+        # restarted replica never repeats the campaign's first draws
+        self.stream_seed = stream_seed
         self._vocab = vocab_size  # None: vLLM's model config says, on first use
         self.eos_id, self.max_batch = eos_id, max_batch
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
@@ -155,7 +160,7 @@ class VllmEngine:
                       logprobs_mode=LOGPROBS_MODE, **kwargs)
         return cls(llm, api, v, eos_id=eos_id, max_batch=cfg.rollout.max_batch,
                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                   stager=stager)
+                   stager=stager, stream_seed=cfg.seed)
 
     @property
     def max_model_len(self) -> int:
@@ -277,11 +282,16 @@ class VllmEngine:
             prefix = r.prompt + r.tokens
             plans.append((r, prefix, min(r.max_new_tokens - len(r.tokens), limit - len(prefix))))
         for r, prefix, left in plans:
-            params = self.api.SamplingParams(**self.sampling_kwargs(left, greedy=r.greedy))
+            params = self.api.SamplingParams(**self.sampling_kwargs(left, greedy=r.greedy),
+                                             seed=self.request_seed(r))
             rid = f"{r.traj_id}#{next(self._ids)}"
             self.llm.llm_engine.add_request(rid, self.api.TokensPrompt(prompt_token_ids=prefix), params)
             self.active[rid] = _Seq(r, rid, len(r.tokens))
         return []
+
+    def request_seed(self, r: SeqRequest) -> int:
+        """The request's sampling seed: its trajectory's stream where it (re)starts (63 bits)."""
+        return stream_bits(self.stream_seed, r.traj_id, len(r.tokens)) >> 1
 
     def sampling_kwargs(self, max_tokens: int, greedy: bool = False) -> dict:
         """The SamplingParams of a request that may generate `max_tokens` more tokens (`greedy`:

@@ -12,6 +12,8 @@ of a checkpoint folder:
       dist/                      trainer.backend megatron: its dist_checkpointing shards
       manifest.json              sha256 of every file above
       COMPLETE                   written last: a directory without it is ignored
+    checkpoints/anchor/          the campaign's initial policy, the KL reference (`keep_anchor`,
+                                 `load_anchor`): made once from step_000000, never pruned
 
 Written under a temporary name and renamed, so a crash mid-write never leaves a directory
 that looks complete (`remove_unfinished` clears what a killed writer left). `load_latest`
@@ -43,12 +45,12 @@ from typing import Callable
 import torch
 
 from laminar_hpc.checkpoint_format import (COMPLETE_FILE, LEDGER_FILE, MANIFEST_FILE, META_FILE, MODEL_FILE, OPTIM_FILE,
-                                           RNG_FILE, CheckpointError, checkpoint_name, list_checkpoints, log,
-                                           newest_verified, read_ledger, verify)
+                                           RNG_FILE, CheckpointError, anchor_path, checkpoint_name, list_checkpoints,
+                                           log, newest_verified, read_ledger, sha256, verified_anchor, verify)
 
-__all__ = ["AsyncCheckpointer", "CheckpointError", "DIST_OPTIMIZER", "Snapshot", "failure_line", "list_checkpoints",
-           "load_latest", "read_ledger", "remove_unfinished", "save_checkpoint", "snapshot", "verify",
-           "write_snapshot"]
+__all__ = ["AsyncCheckpointer", "CheckpointError", "DIST_OPTIMIZER", "Snapshot", "failure_line", "keep_anchor",
+           "list_checkpoints", "load_anchor", "load_latest", "read_ledger", "remove_unfinished", "save_checkpoint",
+           "snapshot", "verify", "write_snapshot"]
 
 # the key of optim.pt when the optimizer state is elsewhere (the Megatron backend's dist/ shards):
 # a module backend refuses to resume such a checkpoint instead of loading a wrong optimizer
@@ -348,3 +350,62 @@ def load_latest(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
     meta["path"] = str(path)
     return meta
 
+
+
+# -- the KL anchor: the campaign's initial policy, kept for the whole campaign -------------------
+
+def keep_anchor(root: Path) -> dict | None:
+    """Make checkpoints/anchor from step_000000 (the policy RL starts from: after the warm-up, or
+    the initial checkpoint or model) unless it exists; returns its meta, or None when there is no
+    anchor and no step_000000 to make it from (a run from before anchors whose first checkpoint
+    was pruned). The weights are hard-linked where the filesystem allows (checkpoint files are
+    never rewritten in place, only replaced), else copied; written under a temporary name and
+    renamed, with a manifest and a COMPLETE marker, like a checkpoint."""
+    root = Path(root)
+    final = anchor_path(root)
+    if (final / COMPLETE_FILE).exists():  # verified where it is loaded (load_anchor), not at every start
+        try:
+            return json.loads((final / META_FILE).read_text())
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{final}: unreadable KL anchor ({err})") from None
+    first = root / checkpoint_name(0)
+    if not (first / COMPLETE_FILE).exists():
+        return None
+    meta0 = verify(first)  # the source must be whole before it becomes the reference for good
+    tmp = root / _unfinished_name(final.name, os.getpid())
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        try:
+            os.link(first / MODEL_FILE, tmp / MODEL_FILE)
+        except OSError:  # a filesystem without hard links (or across devices): a copy
+            shutil.copyfile(first / MODEL_FILE, tmp / MODEL_FILE)
+        meta = {"step": 0, "version": meta0["version"], "source": checkpoint_name(0),
+                "model": meta0.get("model"), "made": time.time()}
+        _write_file(tmp / META_FILE, lambda f: f.write(json.dumps(meta, indent=1).encode()))
+        manifest = {MODEL_FILE: sha256(tmp / MODEL_FILE), META_FILE: sha256(tmp / META_FILE)}
+        _write_file(tmp / MANIFEST_FILE, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        _fsync_dir(tmp)
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete one (no COMPLETE) from a killed writer
+        os.replace(tmp, final)
+        _write_file(final / COMPLETE_FILE, lambda f: f.write(b"ok\n"))
+        _fsync_dir(final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {**meta, "sha256": manifest[MODEL_FILE]}
+
+
+def load_anchor(root: Path, model: torch.nn.Module) -> dict:
+    """Load the run's KL anchor into `model`; its meta (with "sha256"). CheckpointError, in one
+    line with what to do, when the run has none."""
+    found = verified_anchor(root)
+    if found is None:
+        raise CheckpointError(f"{anchor_path(root)}: the run's KL anchor (its initial policy) is missing and "
+                              f"{checkpoint_name(0)} is gone, so trainer.kl_coef > 0 has no reference: set "
+                              "trainer.kl_coef=0, or start a new run directory from these weights "
+                              "(trainer.init_checkpoint=...)")
+    path, meta = found
+    model.load_state_dict(torch.load(path / MODEL_FILE, map_location="cpu"))
+    return meta

@@ -33,12 +33,13 @@ from collections import Counter
 
 import torch
 
+from laminar_hpc.config.resume_changes import resume_changes, training_settings
 from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.startup.signals import install_stop_handlers
 from laminar_hpc.startup.role import INTERRUPTED, Heartbeat, RoleContext, start_role
 from laminar_hpc.metrics.jsonl import JsonlAppender
 from laminar_hpc.metrics.names import standard_names
-from laminar_hpc.metrics.trackers import TrackerWriter
+from laminar_hpc.metrics.trackers import NoTrackers, TrackerWriter, rewind_record
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.lineage import Segment
 from laminar_hpc.policy.modes import MODES
@@ -46,7 +47,7 @@ from laminar_hpc.policy.scheduling import too_stale, training_order
 from laminar_hpc.tasks import build_task
 from laminar_hpc.trainer.backend import TrainBackend
 from laminar_hpc.trainer.backends import build_backend
-from laminar_hpc.trainer.checkpoint import list_checkpoints, remove_unfinished
+from laminar_hpc.trainer.checkpoint import keep_anchor, list_checkpoints, remove_unfinished
 from laminar_hpc.trainer.publisher import Publisher
 from laminar_hpc.trainer.reward_stats import batch_figures, reward_metrics
 from laminar_hpc.trainer.fetch import ShardFetch
@@ -93,8 +94,9 @@ class Trainer:
         self.already: list[int] = []  # re-delivered groups this lineage trained on: reported, not retrained
         self.ckpt_pending: dict[int, int] = {}  # checkpoint step -> ledger length it holds
         self.lineage: list[Segment] = []  # every trainer start of this run (policy/lineage.py)
-        # logging: the one writer to TensorBoard / W&B / MLflow, a thread forwarding metrics.jsonl
-        self.trackers = TrackerWriter.start(cfg, ctx.rundir, log=ctx.log)
+        # logging: the one writer to TensorBoard / W&B / MLflow, a thread forwarding metrics.jsonl,
+        # started once a resume has taken the lost steps' rows out of it (`initialise`)
+        self.trackers: TrackerWriter | NoTrackers = NoTrackers()
         self._progress_sent = 0.0  # when a warm-up step was last reported (monotonic)
 
     # -- start: resume, initial checkpoint or warm-up ----------------------------------------
@@ -116,12 +118,24 @@ class Trainer:
                 self.version = newest + 1
             ctx.log.info("resumed from %s (step %d, version %d, %d groups in its ledger)", meta["path"], self.step,
                          self.version, self.committed_n)
+            # the steps after the checkpoint are trained again: their rows (and evaluations) leave the
+            # record. The controller has answered this start's hello, so no evaluation round of a lost
+            # step still runs (it holds evaluation until this trainer's sync)
+            if removed := rewind_record(cfg, ctx.rundir, self.step):
+                ctx.log.warning("metrics.jsonl: %d rows of the steps after %d (trained again from the checkpoint) "
+                                "removed", removed, self.step)
+                ctx.tracer.emit("record_rewound", step=self.step, rows=removed)
             ctx.tracer.emit("resumed", step=self.step, version=self.version, path=meta["path"],
                             ledger=self.committed_n, resumed_version=meta["version"])
-        elif cfg.trainer.init_checkpoint:
+            if changes := resume_changes(meta.get("training"), cfg, step=self.step):  # the launcher said it too
+                ctx.log.warning("%s", changes)
+                ctx.tracer.emit("resume_changes", step=self.step, line=changes)
+        self.trackers = TrackerWriter.start(cfg, ctx.rundir, log=ctx.log, durable_step=self.step)
+        if meta is None and cfg.trainer.init_checkpoint:
             self.backend.load_initial(cfg.trainer.init_checkpoint)
             ctx.log.info("initial weights from %s", cfg.trainer.init_checkpoint)
-        elif cfg.warmup.enabled and cfg.warmup.max_steps > 0 and (not cfg.model.hf_path or cfg.warmup.data):
+        elif meta is None and cfg.warmup.enabled and cfg.warmup.max_steps > 0 and (not cfg.model.hf_path
+                                                                                  or cfg.warmup.data):
             res = self.backend.warm_up(self._warmup, ctx.log)
             if res is not None:
                 ctx.log.info("warm-up done: %d steps, greedy reward %.3f, %.1fs", res["steps"],
@@ -335,6 +349,7 @@ class Trainer:
             return INTERRUPTED
         if self.step == 0 and not list_checkpoints(self.ckpt_root):
             self.checkpoint(wait=True)  # the warmed-up policy: a resume never repeats the warm-up
+        self.keep_anchor()
         pub = Publisher(ctx, self.backend.weights(), self.backend.layout)
         global_update = MODES[cfg.mode].global_update  # partial-rollout: the trainer waits for every rollout
         areal = global_update and not update_path(cfg).via_relay  # and sends each version itself
@@ -402,12 +417,26 @@ class Trainer:
         ctx.ctrl.send(TrainerDone(steps=self.step))
         return 0
 
+    def keep_anchor(self) -> None:
+        """The campaign's initial policy, kept once for the whole campaign as the KL reference
+        (checkpoints/anchor, from step_000000): every start of the trainer, resumed, requeued or
+        restarted, trains against the same one."""
+        anchor = keep_anchor(self.ckpt_root)
+        if anchor is None:
+            if self.ctx.cfg.trainer.kl_coef > 0:  # a run from before anchors, its first checkpoint pruned
+                raise RuntimeError(f"{self.ckpt_root}/anchor is missing and step_000000 is gone: trainer.kl_coef > 0 "
+                                   "has no reference policy; set trainer.kl_coef=0, or start a new run directory "
+                                   "from these weights (trainer.init_checkpoint=...)")
+            return
+        self.ctx.tracer.emit("kl_anchor", step=anchor["step"], version=anchor["version"], source=anchor["source"])
+
     def checkpoint(self, wait: bool = False) -> None:
         """Checkpoint in the background: training blocks only for the host copy."""
         cfg = self.ctx.cfg
         ledger = {"consumed": self.consumed}
         blocked = self.backend.save(self.step, self.version, ledger=ledger,
-                                    meta={"model": cfg.model.model_dump(), "dropped_groups": self.dropped_groups})
+                                    meta={"model": cfg.model.model_dump(), "dropped_groups": self.dropped_groups,
+                                          "training": training_settings(cfg)})
         self.checkpointed.add(self.step)
         self.ckpt_pending[self.step] = len(self.consumed)
         self.ctx.tracer.emit("checkpoint_started", step=self.step, version=self.version, blocked_s=blocked)
@@ -426,6 +455,7 @@ class Trainer:
                     raise RuntimeError(done["error"])
                 continue
             groups, self.committed_n = self.consumed[self.committed_n:n], max(self.committed_n, n)
+            self.trackers.durable(done["step"])  # its rows can no longer be lost: every tracker may have them
             self.ctx.tracer.emit("checkpoint", step=done["step"], version=done["version"], path=done["path"],
                                  write_s=done["write_s"])
             self.ctx.ctrl.send(CheckpointSaved(step=done["step"], version=done["version"], path=done["path"],

@@ -24,12 +24,18 @@ if TYPE_CHECKING:
 
 class ModuleBackend:
     def __init__(self, model: torch.nn.Module, cfg: Config, ckpt_root: Path):
-        self.model = model
+        self.model, self.weight_decay = model, cfg.trainer.weight_decay
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
         self.ckpt = AsyncCheckpointer(ckpt_root, keep=cfg.checkpoint.keep, timeout_s=cfg.timeouts.checkpoint_s)
 
     def resume(self) -> dict | None:
-        return load_latest(self.ckpt.root, self.model, self.opt)
+        meta = load_latest(self.ckpt.root, self.model, self.opt)
+        # load_state_dict brings back the checkpoint's hyperparameters with AdamW's moments: the
+        # config's apply from here on (a resume that changes them says so: config/resume_changes.py).
+        # The learning rate is set at every step from the schedule.
+        for group in self.opt.param_groups:
+            group["weight_decay"] = self.weight_decay
+        return meta
 
     def load_initial(self, path: str) -> None:
         self.model.load_state_dict(torch.load(path, map_location="cpu"))

@@ -1,12 +1,10 @@
 """The train step the backends with a model share (torch, Megatron): groups -> padded Batch ->
-the backend's loss step -> the step's metrics row, with the learning-rate schedule.
+the backend's loss step -> the step's metrics row, with the learning rate of its step.
 
     m = train_on_batch(backend_step, groups, step=0, version=3, cfg=cfg, pad_id=tok.pad_id)
-    lr = lr_at(step, cfg.trainer)
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -15,16 +13,7 @@ from laminar_hpc.trainer.batch import Batch, build_batch
 
 if TYPE_CHECKING:
     from laminar_hpc.config import Config
-    from laminar_hpc.config.trainer import TrainerCfg
     from laminar_hpc.transport.protocol import Group
-
-
-def lr_at(step: int, cfg: TrainerCfg) -> float:
-    """Learning rate for optimizer step `step` (0-based) of `cfg.total_steps`."""
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    frac = min(1.0, step / max(1, cfg.total_steps - 1))
-    return cfg.lr * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def train_on_batch(step_fn: Callable[..., dict], groups: list[Group], *, step: int, version: int, cfg: Config,
@@ -36,7 +25,7 @@ def train_on_batch(step_fn: Callable[..., dict], groups: list[Group], *, step: i
     ro = cfg.rollout
     b = build_batch(groups, pad_id, adv_norm=cfg.trainer.adv_norm, top_k=ro.top_k, top_p=ro.top_p,
                     norm_tokens=ro.max_new_tokens)
-    lr = lr_at(step, cfg.trainer)
+    lr = cfg.trainer.lr_at(step)  # the schedule (config/trainer.py)
     m = step_fn(b, lr=lr, temperature=cfg.rollout.temperature)
     return {**m, "lr": lr, **batch_metrics(b, version)}
 

@@ -3,7 +3,7 @@
 One train step on a padded batch: cut into `trainer.minibatches` mini-batches of whole groups,
 one optimizer step each, with the policy loss of trainer/loss.py (the off-policy correction
 `trainer.correction`, aggregation `trainer.loss_agg`, optionally a KL term to the policy RL
-started from). pi is scored under the distribution the rollouts sampled from (temperature, then
+started from: the run's anchor, trainer/checkpoint.py). pi is scored under the distribution the rollouts sampled from (temperature, then
 rollout.top_k, then rollout.top_p, renormalised: `model.sampling.processed_logprobs`), so that
 on-policy pi/mu is exactly 1. A mini-batch whose loss or gradient norm is not finite takes no
 optimizer step (weights and AdamW state unchanged), counted in `steps_skipped_nonfinite`.
@@ -28,6 +28,7 @@ from laminar_hpc.model.llama import Transformer, token_logprobs
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, truncates
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.trainer.batch import Batch, minibatches
+from laminar_hpc.trainer.checkpoint import load_anchor
 from laminar_hpc.trainer.loss import LossOutput, merge, policy_loss
 from laminar_hpc.trainer.module_backend import ModuleBackend
 from laminar_hpc.trainer.step import train_on_batch
@@ -46,15 +47,18 @@ class TorchBackend(ModuleBackend):
         self.cfg, self.pad_id = cfg, tok.pad_id
         self.layout = WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)
         self.ref_model: Transformer | None = None
+        self.anchor: dict | None = None  # the KL reference's meta (step, sha256), once loaded
 
     def warm_up(self, train: Callable[[torch.nn.Module], dict], log: logging.Logger) -> dict | None:
         return train(self.model)
 
     def train_step(self, groups: list[Group], *, step: int, version: int) -> dict:
         if self.cfg.trainer.kl_coef > 0 and self.ref_model is None:
-            # the KL reference is the policy RL starts from (resumed or warmed up): nothing changes
-            # the weights between the start and the first step, so copy them here
-            self.ref_model = copy.deepcopy(self.model).requires_grad_(False)
+            # the KL reference is the campaign's initial policy, read from the run's anchor at every
+            # start: a resumed or restarted trainer keeps the same reference, never its own weights
+            ref = copy.deepcopy(self.model).requires_grad_(False)
+            self.anchor = load_anchor(self.ckpt.root, ref)
+            self.ref_model = ref
         return train_on_batch(self._step, groups, step=step, version=version, cfg=self.cfg, pad_id=self.pad_id)
 
     def _pi(self, logits: torch.Tensor, b: Batch, temperature: float) -> torch.Tensor:
@@ -103,6 +107,7 @@ class TorchBackend(ModuleBackend):
         m["entropy"] = entropy / max(1.0, float(b.mask.sum()))
         m["grad_norm"] = sum(norms) / len(norms)
         m["steps_skipped_nonfinite"] = skipped  # optimizer steps of this train step not taken
+        m["weight_decay"] = self.opt.param_groups[0]["weight_decay"]  # the optimizer's, as it stepped
         return m
 
     def _minibatch(self, mb: Batch, temperature: float, prox_logp: torch.Tensor | None) -> tuple[LossOutput, float]:

@@ -135,10 +135,15 @@ def test_cancelling_one_step_restarts_that_role_alone(tmp_path):
 
 
 def test_preemption_checkpoints_requeues_and_resumes(tmp_path):
+    """A preempted job requeued by Slurm resumes where it stopped, and the restart changes nothing
+    in the objective (issue 44): the same KL anchor, learning-rate schedule and weight decay."""
     import submitit
+    from laminar_hpc.config import load_config
     run_dir = tmp_path / "preempt"
     total = 600
-    job_id = submit(run_dir, "configs/tiny.yaml", f"trainer.total_steps={total}", "checkpoint.every_steps=1000")
+    objective = ("trainer.kl_coef=0.1", "trainer.weight_decay=0.5", "trainer.lr_schedule=cosine")
+    job_id = submit(run_dir, "configs/tiny.yaml", f"trainer.total_steps={total}", "checkpoint.every_steps=1000",
+                    *objective)
     wait_step(run_dir, 30, job_id)
     submitit.SlurmJob(folder=run_dir / "submitit" / "%j", job_id=job_id)._interrupt(timeout=False)
     assert wait_done(job_id, run_dir, timeout_s=400) == "COMPLETED"
@@ -152,6 +157,14 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path):
     assert [r["version"] for r in rows] == list(range(1, total + 1))
     trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()
     assert "stopped early at step" in trainer_log and "resumed from" in trainer_log
+    # the objective across the requeue: the schedule of the whole campaign, the optimizer's weight
+    # decay, and the KL against the campaign's initial policy (never the resumed weights: KL 0)
+    trainer_cfg = load_config(REPO / "configs" / "tiny.yaml", [f"trainer.total_steps={total}", *objective]).trainer
+    assert [r["lr"] for r in rows] == [trainer_cfg.lr_at(r["step"] - 1) for r in rows]
+    assert {r["weight_decay"] for r in rows} == {0.5}
+    resumed_at = int(trainer_log.split("resumed from ")[1].split("(step ")[1].split(",")[0])
+    assert all(r["kl"] > 0 for r in rows if r["step"] > resumed_at)
+    assert (run_dir / "checkpoints" / "anchor" / "COMPLETE").exists()
 
 
 def test_time_limit_checkpoints_and_requeues_until_the_budget_is_spent(tmp_path):

@@ -165,3 +165,22 @@ def test_an_evaluation_result_from_a_rollout_that_was_not_given_the_item_is_refu
     assert e.finished(_result(w, 1.0, rollout=3), 3) is None  # made up by another rollout: round not complete
     assert e.not_held == 1 and not rows and e.running == {w.traj_id: 0}
     assert e.finished(_result(w, 0.0), 0) is rows[0] and rows[0]["eval_reward"] == 0.0
+
+
+def test_a_trainer_resumed_from_an_older_step_has_the_lost_steps_evaluated_again():
+    """Issue 44: rounds of steps a resumed trainer trains again ran on weights that are gone."""
+    e, rows, events = _evaluation(n_problems=1, at_start=False, capacity_fraction=1.0)
+    e.done_steps = {5, 10}
+    e.tick(steps_trained=15, newest_version=15)
+    [(_, work)] = list(e.assign({0: 8}, {0: 15}))  # step 15's round runs on the lost lineage's weights
+    e.hold()  # the new trainer's hello
+    assert e.current is None and not e.queue and events[-1] == "eval_dropped"
+    e.tick(steps_trained=15, newest_version=16)
+    assert e.current is None  # none starts before the trainer says which step it holds
+    assert e.finished(_result(work[0], 1.0, version=15), 0) is None and not rows  # its late result: ignored
+    e.rewind(7)  # its sync: it resumed from the checkpoint of step 7
+    assert e.done_steps == {5}
+    e.tick(steps_trained=7, newest_version=16)
+    assert e.current is None
+    e.tick(steps_trained=10, newest_version=19)
+    assert e.current.step == 10  # evaluated again, for the weights trained now

@@ -1,6 +1,7 @@
 """Trackers (`logging:`, metrics/trackers.py): every metrics.jsonl row and the summary reach
 TensorBoard, W&B (offline) and MLflow (file store), read back with each one's own reader; a
-resumed run continues the same tracker run; a failing tracker is counted, never raised."""
+resumed run continues the same tracker run; a trainer resumed from an older checkpoint leaves
+each step in each tracker once; a failing tracker is counted, never raised."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import threading
 import pytest
 
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.metrics.jsonl import JsonlAppender
+from laminar_hpc.metrics.jsonl import JsonlAppender, read_objects
 from laminar_hpc.metrics.trackers import NoTrackers, TrackerWriter, Trackers, finish_run, points
 from laminar_hpc.rundir import RunDir
 
@@ -72,6 +73,84 @@ class Recorder:
 def recorder():
     Recorder.calls, Recorder.fail_on = [], set()
     return Recorder
+
+
+class Rewinder(Recorder):
+    """A recording sink that can take points back (as TensorBoard)."""
+
+    def rewind(self, step):
+        self._call("rewind", step)
+
+
+class Held(Recorder):
+    """A recording sink of its own list, registered as a tracker that cannot take points back."""
+    calls: list = []
+
+    def _call(self, what, *args):
+        Held.calls.append((what, *args))
+
+
+def logged(calls) -> list:
+    return [(c[1], c[2], c[3].get("actor/pg_loss", c[3].get("eval/reward"))) for c in calls if c[0] == "log"]
+
+
+def test_a_trainer_resumed_from_an_older_checkpoint_leaves_each_step_once_everywhere(tmp_path, recorder):
+    rd = RunDir(tmp_path)
+    c = cfg(tensorboard=True, wandb={"mode": "offline"})
+    sinks = {"tensorboard": Rewinder, "wandb": Held}
+    Held.calls = []
+    write_rows(rd, [step_row(1), step_row(2), step_row(3), EVAL, step_row(4)])
+    t = Trackers(c, rd, sinks=sinks, durable_step=2)  # the newest checkpoint holds step 2
+    t.open()
+    t.forward()
+    t.close()
+    assert [x[:2] for x in logged(recorder.calls)] == [("train", 1), ("train", 2), ("train", 3), ("eval", 2),
+                                                       ("train", 4)]
+    assert [x[:2] for x in logged(Held.calls)] == [("train", 1), ("train", 2)]  # no step a crash can take back
+    # the trainer dies; its successor resumes from the checkpoint of step 2 and trains 3, 4 again
+    assert Trackers(c, rd).rewind(2) == 2  # steps 3 and 4 leave; the evaluation of step 2 stays
+    recorder.calls.clear()
+    Held.calls = []
+    write_rows(rd, [{**step_row(3), "loss": 9.0}, {**step_row(4), "loss": 8.0}])
+    t2 = Trackers(c, rd, sinks=sinks, durable_step=4)
+    t2.open()
+    t2.forward()
+    t2.close()
+    assert [c for c in recorder.calls if c[0] == "rewind"] == [("rewind", 3)]
+    assert logged(recorder.calls) == [("train", 3, 9.0), ("train", 4, 8.0)]  # after its points from 3 on are dropped
+    assert logged(Held.calls) == [("eval", 2, 0.5), ("train", 3, 9.0), ("train", 4, 8.0)]  # each step once
+    rows = [r for r in read_objects(rd.metrics) if "event" not in r]
+    assert [(r.get("step"), r.get("loss")) for r in rows if "eval_round" not in r] == [
+        (1, 1.0), (2, 0.5), (3, 9.0), (4, 8.0)]
+    assert [r["step"] for r in read_objects(rd.metrics) if r.get("event") == "rewound"] == [3]
+
+
+def test_tensorboard_shows_the_steps_trained_again_once(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    rd = RunDir(tmp_path / "tb")
+    rd.path.mkdir()
+    c = cfg(tensorboard=True)
+    run_trackers(c, rd, [step_row(1), step_row(2), step_row(3), {**EVAL, "eval_step": 3}])
+    assert Trackers(c, rd).rewind(1) == 3
+    run_trackers(c, rd, [{**step_row(2), "loss": 7.0}, {**step_row(3), "loss": 6.0}])
+    ea = EventAccumulator(str(rd.tensorboard_dir))
+    ea.Reload()
+    assert [(e.step, e.value) for e in ea.Scalars("actor/pg_loss")] == [(1, 1.0), (2, 7.0), (3, 6.0)]
+    assert ea.Scalars("eval/reward") == []  # the evaluation of a lost step is gone too
+
+
+def test_a_rewind_moves_the_cursors_with_the_rows_it_keeps(tmp_path):
+    from laminar_hpc.metrics.jsonl import rewind
+    rd = RunDir(tmp_path)
+    write_rows(rd, [step_row(1), step_row(2), step_row(3), {**EVAL, "eval_step": 1}])
+    lines = rd.metrics.read_bytes().splitlines(keepends=True)
+    ends = [sum(len(x) for x in lines[:i + 1]) for i in range(len(lines))]
+    removed, moved = rewind(rd.metrics, 1, {"after_2": ends[1], "after_eval": ends[3], "none": 0})
+    kept = rd.metrics.read_bytes().splitlines(keepends=True)
+    assert removed == 2 and len(kept) == 3  # step 1, the evaluation of step 1, the marker
+    assert moved == {"after_2": len(kept[0]), "after_eval": len(kept[0]) + len(kept[1]), "none": 0}
+    assert rewind(rd.metrics, 5, {"x": 10}) == (0, {"x": 10})  # nothing after step 5: untouched
 
 
 def test_rows_become_points_under_their_kind():
@@ -174,9 +253,10 @@ def test_a_hung_tracker_does_not_hold_the_trainer(tmp_path, recorder):
 
 # -- the real trackers, read back ------------------------------------------------------------------
 
-def run_trackers(c, rd: RunDir, rows) -> Trackers:
+def run_trackers(c, rd: RunDir, rows, durable_step: int = 10**6) -> Trackers:
+    """A trainer's writer forwarding `rows`; by default every step is in a checkpoint."""
     write_rows(rd, rows)
-    t = Trackers(c, rd)
+    t = Trackers(c, rd, durable_step=durable_step)
     t.open()
     t.forward()
     t.close()

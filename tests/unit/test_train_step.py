@@ -10,14 +10,13 @@ import math
 
 import pytest
 import torch
-from helpers import REPO, TRAIN_METRICS, assert_nested_equal
+from helpers import REPO, TRAIN_METRICS, anchored, assert_nested_equal
 
 from laminar_hpc.config import load_config
 from laminar_hpc.config.corrections import CORRECTION_SPECS
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, sample_tokens
 from laminar_hpc.trainer.backends import build_backend
-from laminar_hpc.trainer.step import lr_at
 from laminar_hpc.trainer.batch import build_batch, minibatches
 from laminar_hpc.trainer.loss import policy_loss
 from laminar_hpc.transport.protocol import Group, Trajectory
@@ -122,6 +121,7 @@ def test_on_policy_every_correction_takes_the_same_step(tmp_path):
 
 def test_kl_term_under_top_k_stays_finite(tmp_path):
     cfg, b = backend(tmp_path, *SAMPLING, "trainer.kl_coef=0.5")
+    anchored(b, cfg)
     b.train_step(sampled_groups(b.model, cfg, seed=7), step=0, version=0)
     groups = sampled_groups(b.model, cfg, seed=8)
     t = groups[1].trajectories[2]
@@ -158,7 +158,7 @@ def test_minibatches_are_optimizer_steps_on_whole_groups(tmp_path):
                         norm_tokens=cfg1.rollout.max_new_tokens)
     halves = minibatches(whole, 2)
     assert [h.n_groups for h in halves] == [2, 2]
-    ms = [one._step(h, lr=lr_at(0, cfg1.trainer), temperature=0.9) for h in halves]
+    ms = [one._step(h, lr=cfg1.trainer.lr_at(0), temperature=0.9) for h in halves]
     assert_nested_equal(two.model.state_dict(), one.model.state_dict())
     assert m["loss"] == pytest.approx((ms[0]["loss"] + ms[1]["loss"]) / 2, rel=1e-6)
     assert m["grad_norm"] == pytest.approx((ms[0]["grad_norm"] + ms[1]["grad_norm"]) / 2, rel=1e-6)

@@ -95,15 +95,6 @@ def test_warm_up_runs_on_the_torch_policy_and_is_skipped_by_the_emulated_one(tmp
     assert len(seen) == 1
 
 
-def test_kl_reference_is_the_policy_rl_starts_from(tmp_path):
-    b = make(config("tiny.yaml", "trainer.kl_coef=0.5"), tmp_path)
-    start = copy.deepcopy(b.model.state_dict())
-    b.train_step(train_groups(0), step=0, version=0)
-    m = b.train_step(train_groups(2), step=1, version=1)
-    assert_nested_equal(start, b.ref_model.state_dict())
-    assert m["kl"] > 0
-
-
 # -- the warm-up's evaluation -----------------------------------------------------------------
 
 def test_greedy_decode_matches_the_rollout_engine():

@@ -147,6 +147,10 @@ class MegatronEngine:
 
         for group in self.opt.param_groups:
             group["lr"] = lr
+            # the config's, every step: a loaded checkpoint's param groups carry the weight decay they
+            # were saved with (a resume applies the config's: config/resume_changes.py); biases and
+            # norms keep Megatron's wd_mult of 0
+            group["weight_decay"] = cfg.weight_decay * group.get("wd_mult", 1.0)
         self.ddp.zero_grad_buffer()
         self.opt.zero_grad()
         reduced = get_forward_backward_func()(
@@ -172,7 +176,7 @@ class MegatronEngine:
                 grad_norm, skipped = float(norm if norm is not None else 0.0), 0
         m = LossOutput(total["loss"], {k: total[k] for k in SUMS}, rmax).metrics()
         m.update(loss=float(total["loss"]), entropy=float(total["entropy"]) / max(1.0, float(total["tokens"])),
-                 grad_norm=grad_norm, steps_skipped_nonfinite=skipped)
+                 grad_norm=grad_norm, steps_skipped_nonfinite=skipped, weight_decay=cfg.weight_decay)
         return m
 
     def _grads_finite(self) -> bool:
