@@ -54,15 +54,19 @@ TOOL_CALL_FORMATS: dict[str, FormatSpec] = {s.name: s for s in (
 
 
 class SandboxCfg(Section):
-    """Limits of the built-in `python` tool (tasks/sandbox.py): a subprocess without network."""
-    cpu_s: PosFloat = 2.0  # CPU seconds per python call (rounded up to whole seconds)
-    mem_mb: PosInt = 256  # address space per python call, MiB
+    """Limits of the built-in `python` tool (tasks/sandbox.py): model-written code inside bubblewrap's
+    namespaces and a seccomp filter, then Landlock, rlimits and an audit hook; processes, memory and
+    disk counted for each call as a whole (tasks/call_limits.py). Without bubblewrap the call fails
+    closed."""
+    cpu_s: PosFloat = 2.0  # CPU seconds per process of a python call (rounded up to whole seconds)
+    # memory of a python call, MiB: its cgroup's limit (every process, its files too), and each process's
+    # address space; without a cgroup the call holds at most max_processes x this
+    mem_mb: PosInt = 256
     wall_s: PosFloat = 5.0  # wall-clock seconds per python call; past it the call is killed (outcome timeout)
-    # bwrap: model-written code runs inside bubblewrap's namespaces and a seccomp filter
-    # (tasks/bwrap.py), then Landlock, rlimits and an audit hook; without bubblewrap the call fails
-    # closed. landlock: those inner layers alone, on purpose (a machine without bubblewrap)
-    isolation: Literal["bwrap", "landlock"] = "bwrap"
-    max_processes: PosInt = 32  # processes the code may run at once (inside bwrap's user namespace)
+    # bwrap, the only isolation (a Landlock-only mode ran tool code as the campaign's uid: removed)
+    isolation: Literal["bwrap"] = "bwrap"
+    max_processes: PosInt = 32  # processes of a python call at once (its cgroup's pids.max, and RLIMIT_NPROC)
+    disk_mb: PosInt = 64  # what a python call may write in all: its working directory is a tmpfs of this size
 
 
 class EnvCfg(Section):

@@ -1,7 +1,7 @@
 """The python tool's outer wall: bubblewrap (`bwrap`) namespaces and a seccomp filter around the
 sandbox's child (tasks/sandbox.py), so that what holds does not depend on the code it runs.
 
-    argv, fds = bwrap_command(workdir, python, child_files)   # prefix of the child's command line
+    argv, fds = bwrap_command(disk_bytes, child_files)   # prefix of the child's command line, up to python
 
 What the child gets from bwrap (each a kernel mechanism, none a Python object the code can reach):
 - its own PID namespace (`--unshare-pid`): nothing it starts, `setsid` included, outlives the
@@ -21,9 +21,9 @@ What the child gets from bwrap (each a kernel mechanism, none a Python object th
   open_by_handle_at, pidfd_getfd, and the rest of the administrator's calls.
 Inside, the child still sets its rlimits (processes included), Landlock and the audit hook.
 
-bubblewrap >= 0.5 (`--clearenv`) is required; `tools/install.sh` installs it (Debian's
-`bubblewrap`). Without it the call fails closed (SandboxError) with one line naming the setting
-that runs the tool under the inner layers alone, on purpose: `env.python.isolation=landlock`.
+bubblewrap >= 0.5 (`--clearenv`, `--size`) is required; `tools/install.sh` installs it (Debian's
+`bubblewrap`). Without it the call fails closed (SandboxError) with one line saying how to install
+it: there is no other isolation.
 """
 from __future__ import annotations
 
@@ -113,10 +113,10 @@ def seccomp_program() -> bytes:
         return out.read()
 
 
-def bwrap_command(workdir: str, child_files: dict[str, str]) -> tuple[list[str], list[int], str]:
-    """(argv prefix up to and including the interpreter, descriptors to pass, the interpreter's
-    path inside). `child_files`: name -> path of a file the child needs (bound read-only under
-    INSIDE_FILES). The caller closes the returned descriptors once the process has started."""
+def bwrap_command(disk_bytes: int, child_files: dict[str, str]) -> tuple[list[str], list[int]]:
+    """(argv prefix up to and including the interpreter, descriptors to pass). The working
+    directory is a tmpfs of `disk_bytes`; `child_files`: name -> path of a file the child needs
+    (bound read-only under INSIDE_FILES). The caller closes the descriptors once bwrap started."""
     path = bwrap_path()
     program = seccomp_program()
     python = os.path.realpath(sys.executable)
@@ -131,11 +131,12 @@ def bwrap_command(workdir: str, child_files: dict[str, str]) -> tuple[list[str],
         argv += ["--ro-bind", python, python]
     for name, source in child_files.items():
         argv += ["--ro-bind", source, f"{INSIDE_FILES}/{name}"]
-    argv += ["--bind", workdir, INSIDE_DIR, "--chdir", INSIDE_DIR, "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(disk_bytes), "--tmpfs", INSIDE_DIR, "--chdir", INSIDE_DIR, "--proc", "/proc",
+             "--dev", "/dev"]
     r, w = os.pipe()  # the program fits a pipe's buffer: written whole before bwrap reads it
     try:
         os.write(w, program)
     finally:
         os.close(w)
     argv += ["--seccomp", str(r), "--", python]
-    return argv, [r], python
+    return argv, [r]

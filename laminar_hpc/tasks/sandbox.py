@@ -6,47 +6,45 @@ without network, and return what it printed.
     run_python_sync("while True: pass").outcome     # "cpu_limit" (outside an event loop)
 
 `outcome`: "ok" (exit 0); "error" (an exception, a syntax error, a nonzero exit: `text` ends with the
-traceback, trimmed to the user's frames); "timeout" (`wall_s` passed: the process group was killed);
+traceback, trimmed to the user's frames); "timeout" (`wall_s` passed: the call was killed);
 "cpu_limit" (RLIMIT_CPU: SIGXCPU at `cpu_s` rounded up to whole seconds, SIGKILL one second later);
-"memory" (MemoryError under RLIMIT_AS = `mem_mb`, or an abort for lack of memory). `text` is
-stdout and stderr merged (unbuffered, so in order), head and tail kept within `max_output_chars`
-around a "... [output truncated: N chars omitted] ..." marker, plus a "[sandbox: ...]" line saying
-which limit ended the run. `exit_code` is the return code as `subprocess` gives it (-9: SIGKILL).
-`isolation` is "bwrap+seccomp+landlock+audit" (the default: `SandboxLimits.isolation` "bwrap",
-tasks/bwrap.py puts the child in bubblewrap's namespaces and a seccomp filter first), or with
-"landlock" "netns+landlock+audit" / "landlock+audit" ("none" if the child died before its set-up
-finished). What follows are the layers inside.
+"memory" (the call's memory limit: a MemoryError under RLIMIT_AS, an abort for lack of memory, or a
+process of the call killed at its cgroup's limit); "processes" (a fork refused at the call's process
+limit); "disk" (the call's working directory full). A limit of the call as a whole ends the call at
+once, every process of it killed (tasks/call_limits.py). `text` is stdout and stderr merged
+(unbuffered, so in order), head and tail kept within `max_output_chars` around a "... [output
+truncated: N chars omitted] ..." marker, plus a "[sandbox: ...]" line saying which limit ended the
+run. `exit_code` is the return code as `subprocess` gives it (-9: SIGKILL). `isolation` names the
+layers that held, "bwrap+seccomp+landlock+audit", and how the call's processes and memory were
+bounded ("+cgroup1", "+cgroup2" or "+rlimits"); "none" if the child died before its set-up finished.
 
-What the child gets: `sys.executable -I -S -B -u` (no site-packages, no PYTHON* variables), a fresh
-temporary working directory that is removed afterwards (HOME and TMPDIR point there), an
-environment of PATH, HOME and TMPDIR only, stdin from /dev/null, its own session, so the wall-clock
-kill (`os.killpg`, SIGKILL) takes every process it started. The child is this file run as a
-script: before the user's code it sets, in order,
-- a network namespace without interfaces: ctypes `unshare(CLONE_NEWNET)` (Python 3.11 has no
-  `os.unshare`), which needs CAP_SYS_ADMIN (root); else `unshare(CLONE_NEWUSER | CLONE_NEWNET)` with
-  its own uid and gid mapped (unprivileged user namespaces); else no namespace ("audit" only);
-- no capabilities (no_new_privs, bounding set, capset to zero), so a root caller's child cannot
-  raise its limits, kill other users' processes or re-enter the host's network namespace;
-- RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE (16 MiB per file), RLIMIT_CORE 0, RLIMIT_NOFILE 128.
-  RLIMIT_NPROC is NOT set: it counts every process of the user, the kernel ignores it for uid 0,
-  and for other users it would also forbid threads; process creation is refused by the hook below;
-- Landlock (tasks/landlock.py; unprivileged, Linux >= 5.13): no file outside the working directory
-  can be opened, read, listed or written, except the standard library and the system's shared
-  libraries, read-only, and /dev/null, /dev/zero, /dev/urandom: not the run directory, its
-  `secrets/`, the home directory, /etc, /proc or /dev/shm. TCP bind/connect (ABI 4) and signals
-  and abstract UNIX sockets outside the sandbox (ABI 6) are refused too. Without Landlock the
-  child does not run the code: the call raises SandboxError saying why (fail closed);
+The outer wall is bubblewrap (tasks/bwrap.py): namespaces (pid, network, mount, IPC, UTS, user) and
+a seccomp filter, the working directory a tmpfs of `disk_mb` at /work inside. There is no other
+isolation: without bubblewrap the call fails closed with one line saying how to install it (a
+Landlock-only mode ran the code as the caller's uid in its session, and was removed: round 4,
+docs/reliability.md). The call's processes and memory are bounded for the call as a whole by a
+cgroup of its own where one can be made, else by rlimits under an unprivileged uid
+(tasks/call_limits.py).
+
+What the child gets: `sys.executable -I -S -B -u` (no site-packages, no PYTHON* variables), the
+tmpfs as its working directory (HOME and TMPDIR too), stdin from /dev/null, its own session and
+PID namespace, the code on a sealed memory file descriptor (no file of the host holds it). The
+child is this file run as a script: before the user's code it sets, in order,
+- no capabilities (no_new_privs, bounding set, capset to zero);
+- RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE (16 MiB per file), RLIMIT_CORE 0, RLIMIT_NOFILE 128, and
+  RLIMIT_NPROC (`max_processes`), which the kernel counts per uid outside bwrap's user namespace;
+- Landlock (tasks/landlock.py; Linux >= 5.13): no file outside the working directory can be
+  opened, read, listed or written, except the standard library and the system's shared libraries,
+  read-only, and /dev/null, /dev/zero, /dev/urandom; TCP bind/connect (ABI 4) and signals and
+  abstract UNIX sockets outside the sandbox (ABI 6) are refused too. Without Landlock the child does
+  not run the code: the call raises SandboxError saying why (fail closed);
 - an audit hook (`sys.addaudithook`), always, raising PermissionError for `_DENIED_EVENTS` (every
-  socket, AF_UNIX too: a namespace does not hide filesystem sockets; processes, signals, ctypes,
-  rlimits, links), `_DENIED_IMPORTS`, and writes outside the working directory (`_WRITE_EVENTS`).
-  (`os.open` for writing needs an absolute path: its audit event does not show `dir_fd`.)
-Audit hooks are not a security boundary on their own (determined code can reach around them); the
-kernel's limits, the namespace, Landlock and the process-group kill are. A root caller's child is
-still uid 0 (without capabilities); Landlock is what keeps it from root's files.
+  socket, processes, signals, ctypes, rlimits, links), `_DENIED_IMPORTS`, and writes outside the
+  working directory (`_WRITE_EVENTS`). Audit hooks are not a security boundary on their own
+  (determined code can reach around them); the kernel's layers are.
 
 `run_python` is cancel-safe: when the awaiting task is cancelled (a tool runner's own timeout),
-the child's process group is killed and reaped and its directory removed before the cancellation
-propagates.
+every process of the call is killed and reaped before the cancellation propagates.
 """
 from __future__ import annotations
 
@@ -56,23 +54,21 @@ import functools
 import json
 import math
 import os
-import shutil
 import signal
 import sys
-import tempfile
 
 # No asyncio (nor subprocess) at module level: the child runs this file, and an imported
 # `_posixsubprocess` could fork past the audit hook (the child refuses to start if it finds it).
+# The call's limits are imported by the parent only (the child has no package to import from).
+if __name__ != "__main__":
+    from laminar_hpc.tasks.call_limits import WATCH_S, CallCgroup, fallback_uid
 
 _SETUP_EXIT = 118  # the child's set-up failed (reported on the status pipe)
 _MEMORY_EXIT = 117  # the user's code ran out of memory (a `sys.exit(117)` of its own reads the same)
-_NETNS_METHODS: tuple[str, ...] = ("netns", "userns")  # tried in order (tests narrow this)
 _REAP_S = 5.0  # after SIGKILL, the longest wait for the exit to be reported
-_CHILD_PATH = "/usr/bin:/bin"
-_CODE_FILE = ".sandbox_main.py"  # written by the parent, read and deleted by the child
 _LANDLOCK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landlock.py")  # loaded by the child
 _FILENAME = "main.py"  # the user's code in tracebacks
-ISOLATIONS = ("bwrap", "landlock")
+ISOLATIONS = ("bwrap",)
 
 
 class SandboxError(RuntimeError):
@@ -81,28 +77,30 @@ class SandboxError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-    cpu_s: float = 2.0  # CPU seconds, rounded up to whole seconds (the kernel's granularity)
-    mem_mb: int = 256  # address space of the child, MiB
+    cpu_s: float = 2.0  # CPU seconds per process, rounded up to whole seconds (the kernel's granularity)
+    mem_mb: int = 256  # memory of the call (its cgroup), and address space of each process, MiB
     wall_s: float = 5.0  # wall-clock seconds from the start of the child
     max_output_chars: int = 2000
-    # bwrap: the child inside bubblewrap's namespaces and a seccomp filter (tasks/bwrap.py), then
-    # the layers below; landlock: those layers alone (a machine without bubblewrap, on purpose)
+    # bubblewrap's namespaces and seccomp filter (tasks/bwrap.py), then the layers inside: the only
+    # isolation there is (kept as a field so that a config naming it still reads)
     isolation: str = "bwrap"
-    max_processes: int = 32  # RLIMIT_NPROC inside bwrap's user namespace
+    max_processes: int = 32  # processes of the call at once (its cgroup's pids.max, RLIMIT_NPROC)
+    disk_mb: int = 64  # what the call may write in all: its working directory is a tmpfs of this size
 
     def __post_init__(self) -> None:
         if not (self.cpu_s > 0 and self.wall_s > 0 and self.mem_mb >= 32 and self.max_output_chars >= 200
-                and self.isolation in ISOLATIONS and self.max_processes >= 1):
+                and self.isolation in ISOLATIONS and self.max_processes >= 1 and self.disk_mb >= 1):
             raise ValueError(f"sandbox limits {self}: cpu_s and wall_s must be > 0, mem_mb >= 32, "
-                             f"max_output_chars >= 200, max_processes >= 1 and isolation one of {ISOLATIONS}")
+                             f"max_output_chars >= 200, max_processes >= 1, disk_mb >= 1 and isolation one of "
+                             f"{ISOLATIONS}")
 
 
 @dataclasses.dataclass(frozen=True)
 class SandboxResult:
     text: str
-    outcome: str  # "ok" | "error" | "timeout" | "cpu_limit" | "memory"
+    outcome: str  # "ok" | "error" | "timeout" | "cpu_limit" | "memory" | "processes" | "disk"
     exit_code: int | None
-    isolation: str  # "netns+audit" | "audit" | "none"
+    isolation: str  # "bwrap+seccomp+landlock+audit+cgroup1" (the layers that held) | "none"
 
 
 class _Output:
@@ -155,50 +153,172 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _dies_with_caller():
-    """A `preexec_fn` that has the sandbox's outer process (bwrap, or the child itself) killed when
-    its caller dies: bwrap's `--die-with-parent` ties the sandboxed code to bwrap, but nothing tied
-    bwrap to the rollout or test that started it, and a caller killed mid-call (SIGKILL, OOM) left
-    it running until its code ended, for ever for one that blocks (seen: a bwrap 51 minutes past
-    its caller). libc is loaded here, before the fork; the child only calls prctl. (The signal
-    follows the forking thread: the event loop's, which awaits the call until it ends.)"""
+def _preexec(cgroup: CallCgroup | None, uid: int | None):
+    """The `preexec_fn` of the call's first process (bwrap), run after the fork, before the exec:
+    - it dies with its caller (PR_SET_PDEATHSIG): bwrap's `--die-with-parent` ties the sandboxed
+      code to bwrap, but nothing tied bwrap to the rollout or test that started it, and a caller
+      killed mid-call (SIGKILL, OOM) left it running until its code ended (seen: a bwrap 51 minutes
+      past its caller). The signal follows the forking thread: the event loop's, which awaits the
+      call until it ends;
+    - it joins the call's cgroup, so every process of the call is counted there;
+    - with `uid` (a root caller without a cgroup), it drops to that unprivileged uid, so that
+      RLIMIT_NPROC holds inside bwrap's user namespace (tasks/call_limits.py).
+    libc is loaded here, before the fork; the child only calls prctl and writes."""
     prctl = _libc().prctl
     caller = os.getpid()
 
-    def set_death_signal() -> None:
+    def run() -> None:
         prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() != caller:  # the caller died between the fork and the prctl
             os.kill(os.getpid(), signal.SIGKILL)
-    return set_death_signal
+        if cgroup is not None:
+            cgroup.join()
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+    return run
 
 
-def _remove_tree(path: str) -> None:
-    """Remove the working directory even where the code took permissions away from its folders."""
-    for dirpath, dirnames, _ in os.walk(path):
-        for name in dirnames:
-            full = os.path.join(dirpath, name)
-            if not os.path.islink(full):
-                os.chmod(full, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+def _code_fd(code: str) -> int:
+    """A sealed memory file holding `code`: the child reads it from its descriptor, and no file of
+    the host (nor of the call's tmpfs) ever holds the code."""
+    import fcntl
+    fd = os.memfd_create("laminar-sandbox-code", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    data = code.encode("utf-8", "surrogateescape")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    os.lseek(fd, 0, os.SEEK_SET)  # the child reads from the start
+    return fd
 
 
-def _classify(rc: int | None, timed_out: bool, output: _Output, limits: SandboxLimits) -> tuple[str, str]:
-    """(outcome, the note for the model) of a finished run."""
+def _open_workdir(outer_pid: int, cgroup: CallCgroup | None, disk_bytes: int) -> int | None:
+    """A descriptor of the call's working directory (a tmpfs of `disk_bytes` in its own mount
+    namespace), opened through a process of the call (/proc/PID/cwd): it keeps the tmpfs readable
+    after the call ends, so a full disk is known then too. None when no process shows it."""
+    pids = cgroup.pids() if cgroup is not None else [c for k in _children(outer_pid) for c in (k, *_children(k))]
+    for pid in pids:
+        try:
+            fd = os.open(f"/proc/{pid}/cwd", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue  # gone, or not ours to read
+        st = os.fstatvfs(fd)
+        if st.f_blocks * st.f_frsize == disk_bytes:  # the call's tmpfs, not a directory of the host
+            return fd
+        os.close(fd)
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid`'s threads started (CONFIG_PROC_CHILDREN)."""
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _tree_size(pid: int) -> int:
+    """The processes of the call without a cgroup: bwrap's and every descendant."""
+    seen, todo = 0, [pid]
+    while todo and seen < 100_000:
+        seen += 1
+        todo += _children(todo.pop())
+    return seen
+
+
+class _Handshake:
+    """The parent's side of the child's start: once the child reports its set-up ("ok ..." or
+    "fail ...") on the status pipe, open the call's working directory and let the child go on."""
+
+    def __init__(self, status_r: int, go_w: int, cgroup: CallCgroup | None, disk_bytes: int):
+        self.status_r, self.go_w, self.cgroup, self.disk_bytes = status_r, go_w, cgroup, disk_bytes
+        self.status, self.workdir_fd, self.pid = b"", None, 0
+
+    def readable(self) -> None:  # the event loop's reader callback
+        try:
+            data = os.read(self.status_r, 4096)
+        except BlockingIOError:
+            return
+        self.status += data
+        if self.status.startswith(b"ok ") and self.go_w >= 0:
+            self.workdir_fd = _open_workdir(self.pid, self.cgroup, self.disk_bytes)
+            self.go()
+        elif not data:
+            self.go()  # EOF: the child is gone
+
+    def go(self) -> None:
+        if self.go_w >= 0:
+            try:
+                os.write(self.go_w, b"g")
+            except OSError:
+                pass  # the child is gone
+            os.close(self.go_w)
+            self.go_w = -1
+
+    def disk_full(self) -> bool:
+        return self.workdir_fd is not None and os.fstatvfs(self.workdir_fd).f_bavail == 0
+
+    def close(self) -> None:
+        self.go()
+        if self.workdir_fd is not None:
+            os.close(self.workdir_fd)  # the tmpfs goes with its last reference
+            self.workdir_fd = None
+
+
+_NOTES = {"processes": "process limit of {max_processes} reached",
+          "memory": "memory limit of {mem_mb} MiB reached",
+          "disk": "disk limit of {disk_mb} MiB reached"}
+
+
+def _classify(rc: int | None, timed_out: bool, hit: str | None, output: _Output,
+              limits: SandboxLimits) -> tuple[str, str]:
+    """(outcome, the note for the model) of a finished run; `hit`: the call's limit the kernel
+    enforced (tasks/call_limits.py), which ended it."""
+    if hit is not None:
+        return hit, _NOTES[hit].format(**dataclasses.asdict(limits)) + "; every process of the call was killed"
     if timed_out:
         return "timeout", f"wall-clock limit of {limits.wall_s:g}s reached; the process was killed"
     if rc == 0:
         return "ok", ""
     if rc == _MEMORY_EXIT:
-        return "memory", f"memory limit of {limits.mem_mb} MiB reached"
+        return "memory", _NOTES["memory"].format(mem_mb=limits.mem_mb)
     if rc in (-signal.SIGXCPU, -signal.SIGKILL):
         return "cpu_limit", f"CPU time limit of {math.ceil(limits.cpu_s)}s reached; the process was killed"
     if rc is not None and rc < 0:
         if rc == -signal.SIGABRT and "memory" in output.tail[-500:].lower():
-            return "memory", f"memory limit of {limits.mem_mb} MiB reached"
+            return "memory", _NOTES["memory"].format(mem_mb=limits.mem_mb)
         name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
         return "error", f"the process was killed by {name}"
     # 1 is Python's exit after an uncaught exception, whose traceback says enough
     return "error", f"the process exited with code {rc}" if rc != 1 else ""
+
+
+_said_rlimits = False  # the log says once per process that calls are bounded without a cgroup
+
+
+def _bounds(limits: SandboxLimits) -> tuple[CallCgroup | None, int | None, str]:
+    """How this call's processes and memory are bounded: (its cgroup, or None; the unprivileged uid
+    a root caller drops to where there is no cgroup, or None; the isolation string's part)."""
+    global _said_rlimits
+    cgroup = CallCgroup.make(max_processes=limits.max_processes, mem_mb=limits.mem_mb)
+    if cgroup is not None:
+        return cgroup, None, f"cgroup{cgroup.version}"
+    uid = fallback_uid() if os.geteuid() == 0 else None
+    if not _said_rlimits:
+        _said_rlimits = True
+        import logging
+        logging.getLogger(__name__).warning(
+            "python tool: no cgroup can be made here (no delegated cgroup v2, no writable cgroup v1): each call's "
+            "processes are bounded by RLIMIT_NPROC (%s), its memory per process, at most %d x %d MiB",
+            f"as the unprivileged uid {uid}" if uid is not None else "of this user", limits.max_processes,
+            limits.mem_mb)
+    return None, uid, "rlimits"
 
 
 async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
@@ -206,80 +326,99 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
     sandbox itself fails, never for what the code does."""
     import asyncio
     import subprocess
+
+    from laminar_hpc.tasks.bwrap import INSIDE_FILES, BwrapUnavailable, bwrap_command
     if not sys.executable:
         raise SandboxError("sys.executable is unknown: cannot start the sandbox's interpreter")
     loop = asyncio.get_running_loop()
-    workdir = tempfile.mkdtemp(prefix="laminar-sandbox-")
+    disk_bytes = limits.disk_mb << 20
     try:
-        with open(os.path.join(workdir, _CODE_FILE), "w", encoding="utf-8") as f:
-            f.write(code)
-        status_r, status_w = os.pipe()
+        argv, extra_fds = bwrap_command(disk_bytes, {"sandbox.py": os.path.abspath(__file__),
+                                                     "landlock.py": _LANDLOCK_FILE})
+    except BwrapUnavailable as err:
+        raise SandboxError(f"the python tool runs only inside bubblewrap: {err}") from None
+    cgroup, uid, bounds = _bounds(limits)
+    code_fd = _code_fd(code)
+    status_r, status_w = os.pipe()
+    go_r, go_w = os.pipe()
+    shake = _Handshake(status_r, go_w, cgroup, disk_bytes)
+    hit, timed_out = None, False
+    try:
+        config = {"status_fd": status_w, "code_fd": code_fd, "go_fd": go_r, "cpu_s": limits.cpu_s,
+                  "mem_mb": limits.mem_mb, "landlock": f"{INSIDE_FILES}/landlock.py", "nproc": limits.max_processes}
+        output = _Output(limits.max_output_chars)
         try:
-            config = {"status_fd": status_w, "cpu_s": limits.cpu_s, "mem_mb": limits.mem_mb,
-                      "netns": list(_NETNS_METHODS), "landlock": _LANDLOCK_FILE, "nproc": None, "outer": ""}
-            argv, extra_fds, me = [sys.executable], [], os.path.abspath(__file__)
-            if limits.isolation == "bwrap":
-                from laminar_hpc.tasks.bwrap import INSIDE_FILES, BwrapUnavailable, bwrap_command
-                try:
-                    argv, extra_fds, _ = bwrap_command(workdir, {"sandbox.py": me, "landlock.py": _LANDLOCK_FILE})
-                except BwrapUnavailable as err:
-                    raise SandboxError(f"{err}; or set env.python.isolation=landlock to run the python tool "
-                                       "under Landlock and an audit hook alone, on purpose") from None
-                me = f"{INSIDE_FILES}/sandbox.py"
-                # bwrap made the network namespace; the child limits its processes in its user namespace
-                config.update(netns=[], landlock=f"{INSIDE_FILES}/landlock.py", nproc=limits.max_processes,
-                              outer="bwrap+seccomp+")
-            output = _Output(limits.max_output_chars)
-            try:
-                transport, proto = await loop.subprocess_exec(
-                    lambda: _Protocol(loop, output), *argv, "-I", "-S", "-B", "-u",
-                    me, json.dumps(config), stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
-                    env={"PATH": _CHILD_PATH, "HOME": workdir, "TMPDIR": workdir}, pass_fds=(status_w, *extra_fds),
-                    preexec_fn=_dies_with_caller())
-            finally:
-                os.close(status_w)  # the child holds the only write end: EOF once it is gone
-                for fd in extra_fds:
-                    os.close(fd)
-            timed_out = False
-            try:
-                try:  # shield: wait_for must not cancel the protocol's future on timeout
-                    await asyncio.wait_for(asyncio.shield(proto.closed), limits.wall_s)
-                except TimeoutError:
-                    timed_out = True
-            finally:  # also on cancellation: no child outlives the call
-                try:
-                    if not proto.closed.done():
-                        # safe from pid reuse: an unreaped leader, or the members still holding the
-                        # pipe, keep the group id in use
-                        try:
-                            os.killpg(transport.get_pid(), signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass  # already gone
-                        try:
-                            await asyncio.wait_for(asyncio.shield(proto.closed), _REAP_S)
-                        except TimeoutError:
-                            pass  # a process outside the group holds the pipe: closing it below ends that
-                finally:
-                    transport.close()
-            output.feed(b"", final=True)
-            os.set_blocking(status_r, False)  # a child that outlived its kill must not block us here
-            try:
-                status = os.read(status_r, 4096).decode("utf-8", "replace")
-            except BlockingIOError:
-                status = ""
+            transport, proto = await loop.subprocess_exec(
+                lambda: _Protocol(loop, output), *argv, "-I", "-S", "-B", "-u", f"{INSIDE_FILES}/sandbox.py",
+                json.dumps(config), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                cwd="/", start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+                pass_fds=(status_w, code_fd, go_r, *extra_fds), preexec_fn=_preexec(cgroup, uid))
         finally:
-            os.close(status_r)
+            for fd in (status_w, code_fd, go_r, *extra_fds):  # the child holds its own copies
+                os.close(fd)
+        shake.pid = transport.get_pid()
+        os.set_blocking(status_r, False)
+        loop.add_reader(status_r, shake.readable)
+        try:
+            deadline = loop.time() + limits.wall_s
+            while True:  # the call's end, its wall-clock limit, or a limit of the call as a whole
+                left = deadline - loop.time()
+                if left <= 0:
+                    timed_out = True
+                    break
+                try:  # shield: wait_for must not cancel the protocol's future on timeout
+                    await asyncio.wait_for(asyncio.shield(proto.closed), min(WATCH_S, left))
+                    break
+                except TimeoutError:
+                    if cgroup is not None:
+                        hit = cgroup.hit()
+                    elif _tree_size(shake.pid) >= limits.max_processes:  # RLIMIT_NPROC refuses the next fork
+                        hit = "processes"
+                    hit = hit or ("disk" if shake.disk_full() else None)
+                    if hit is not None:
+                        break
+        finally:  # also on cancellation: no process of the call outlives it
+            try:
+                if cgroup is not None:
+                    cgroup.kill()  # every process of the call, wherever it went
+                if not proto.closed.done():
+                    # safe from pid reuse: an unreaped leader, or the members still holding the
+                    # pipe, keep the group id in use; bwrap's PID namespace takes the rest
+                    try:
+                        os.killpg(transport.get_pid(), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass  # already gone
+                    try:
+                        await asyncio.wait_for(asyncio.shield(proto.closed), _REAP_S)
+                    except TimeoutError:
+                        pass  # a process outside the group holds the pipe: closing it below ends that
+            finally:
+                transport.close()
+                loop.remove_reader(status_r)
+                shake.readable()  # what is left in the pipe
+                # what the kernel enforced, read after the call too: a call ended by its own code after
+                # a refused fork, a kill at the memory limit or a full disk ends with that limit
+                hit = hit or (cgroup.hit() if cgroup is not None else None) or ("disk" if shake.disk_full() else None)
+                shake.close()
+                if cgroup is not None:
+                    cgroup.close()
+        output.feed(b"", final=True)
+        status = shake.status.decode("utf-8", "replace")
     finally:
-        _remove_tree(workdir)
+        os.close(status_r)
+        shake.close()
     rc = transport.get_returncode()
-    if limits.isolation == "bwrap" and rc is not None and rc > 128 and not timed_out:
+    if rc is not None and rc > 128 and not timed_out:
         rc = 128 - rc  # bwrap exits 128 + N for a child killed by signal N: as subprocess gives it, -N
-    if not status.startswith("ok ") and not timed_out:
-        raise SandboxError(f"the sandbox's child failed to start (exit code {rc}): "
-                           f"{status.removeprefix('fail ') or output.clipped(limits.max_output_chars)}")
-    isolation = status[3:].strip() if status.startswith("ok ") else "none"
-    outcome, note = _classify(rc, timed_out, output, limits)
+    if not status.startswith("ok ") and not timed_out and hit is None:
+        why = (status.removeprefix("fail ") or output.clipped(limits.max_output_chars)).strip()
+        if uid is not None:  # fail closed, saying why: the unprivileged uid could not reach what it needs
+            why += (f" (without a cgroup, a root campaign's python tool runs as the unprivileged uid {uid}, which "
+                    f"must be able to read the interpreter under {sys.base_prefix} and the laminar_hpc package; "
+                    "make them readable to others, or run the campaign where it can make a cgroup)")
+        raise SandboxError(f"the sandbox's child failed to start (exit code {rc}): {why}")
+    isolation = f"bwrap+seccomp+{status[3:].strip()}+{bounds}" if status.startswith("ok ") else "none"
+    outcome, note = _classify(rc, timed_out, hit, output, limits)
     note = f"[sandbox: {note}]" if note else ""
     text = output.clipped(limits.max_output_chars - len(note) - 1)
     if note:
@@ -298,22 +437,6 @@ def run_python_sync(code: str, limits: SandboxLimits = SandboxLimits()) -> Sandb
 
 
 # ---- the child: this file run as a script ------------------------------------------------------
-
-def _isolate_network(methods: list[str]) -> str:
-    libc = _libc()
-    clone_newnet, clone_newuser = 0x40000000, 0x10000000
-    uid, gid = os.getuid(), os.getgid()
-    for method in methods:
-        flags = clone_newnet if method == "netns" else clone_newnet | clone_newuser
-        if libc.unshare(flags) != 0:
-            continue  # EPERM/EINVAL: no such namespace for us; try the next way
-        if method == "userns":  # map our own ids, else files we create would belong to nobody
-            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-                with open(f"/proc/self/{name}", "w") as f:
-                    f.write(text)
-        return "netns"
-    return ""
-
 
 def _drop_capabilities() -> None:
     import ctypes
@@ -337,14 +460,14 @@ def _drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def _set_limits(cpu_s: float, mem_mb: int, nproc: int | None) -> None:
+def _set_limits(cpu_s: float, mem_mb: int, nproc: int) -> None:
     import resource
     cpu = max(1, math.ceil(cpu_s))
+    # RLIMIT_NPROC: counted per uid outside bwrap's user namespace (the caller's, or the unprivileged
+    # uid a root caller drops to without a cgroup; for uid 0 the kernel ignores it, the cgroup holds)
     limits = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, mem_mb << 20, mem_mb << 20),
               (resource.RLIMIT_FSIZE, 16 << 20, 16 << 20), (resource.RLIMIT_CORE, 0, 0),
-              (resource.RLIMIT_NOFILE, 128, 128)]
-    if nproc is not None:  # only in bwrap's user namespace, where this uid is the sandbox's alone
-        limits.append((resource.RLIMIT_NPROC, nproc, nproc))
+              (resource.RLIMIT_NOFILE, 128, 128), (resource.RLIMIT_NPROC, nproc, nproc)]
     for which, soft, hard in limits:
         resource.setrlimit(which, (soft, hard))
 
@@ -467,20 +590,22 @@ def _child_main(config_text: str) -> None:
         loaded = set(_DENIED_IMPORTS).intersection(sys.modules)
         if loaded:  # the hook could not stop these: refuse to run at all
             raise RuntimeError(f"modules loaded before the audit hook: {sorted(loaded)}")
-        with open(_CODE_FILE, encoding="utf-8") as f:
-            code = f.read()
-        os.unlink(_CODE_FILE)
+        with os.fdopen(config["code_fd"], "rb") as f:
+            code = f.read().decode("utf-8", "surrogateescape")
         root = os.path.realpath(os.getcwd())
         landlock = _load_file_module("_sandbox_landlock", config["landlock"])  # before it hides its own file
-        netns = _isolate_network(config["netns"])
         _drop_capabilities()  # sets no_new_privs, which Landlock needs
         _set_limits(config["cpu_s"], config["mem_mb"], config["nproc"])
         landlock.restrict(landlock.sandbox_paths(root))  # raises when unavailable: no code runs then
     except BaseException as e:  # noqa: B036 - any failure is the sandbox's, reported to the parent
         os.write(status_fd, f"fail {type(e).__name__}: {e}".encode())
         os._exit(_SETUP_EXIT)
-    os.write(status_fd, f"ok {config['outer']}{netns + '+' if netns else ''}landlock+audit".encode())
+    os.write(status_fd, b"ok landlock+audit")
     os.close(status_fd)
+    # the parent opens the working directory (its disk stays countable after the call) and says go
+    if os.read(config["go_fd"], 1) != b"g":
+        os._exit(_SETUP_EXIT)
+    os.close(config["go_fd"])
     _install_audit_hook(root)
     _run_user_code(code)
 

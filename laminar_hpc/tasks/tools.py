@@ -33,8 +33,8 @@ def python_tool(limits) -> Callable[..., Any]:
     """The sandboxed Python executor with `env.python`'s limits; its result's outcome is kept."""
     from laminar_hpc.tasks.sandbox import SandboxLimits, run_python
     lim = SandboxLimits(cpu_s=limits.cpu_s, mem_mb=limits.mem_mb, wall_s=limits.wall_s,
-                        max_output_chars=limits.max_output_chars, isolation=limits.isolation,
-                        max_processes=limits.max_processes)
+                        max_output_chars=limits.max_output_chars, max_processes=limits.max_processes,
+                        disk_mb=limits.disk_mb)
 
     async def python(code: str = "", **extra: Any) -> ToolResult:
         if extra or not isinstance(code, str):
@@ -58,7 +58,7 @@ def python_builder(cfg: EnvCfg) -> Callable[..., Any]:
 class _Limits:
     def __init__(self, cfg: EnvCfg):
         self.cpu_s, self.mem_mb, self.wall_s = cfg.python.cpu_s, cfg.python.mem_mb, cfg.python.wall_s
-        self.isolation, self.max_processes = cfg.python.isolation, cfg.python.max_processes
+        self.max_processes, self.disk_mb = cfg.python.max_processes, cfg.python.disk_mb
         self.max_output_chars = max(200, cfg.observation_max_chars)  # the sandbox's floor; the runner cuts to the config
 
 
