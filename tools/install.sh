@@ -20,7 +20,7 @@ if ! command -v mpirun >/dev/null 2>&1; then
   fi
 fi
 
-# bubblewrap: the python tool's sandbox (tasks/bwrap.py; env.python.isolation=landlock runs without it)
+# bubblewrap: the python tool's sandbox (tasks/bwrap.py), its only isolation: without it the tool refuses to run
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "install.sh: installing bubblewrap" >&2
@@ -28,7 +28,7 @@ if ! command -v bwrap >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >&2
   else
     echo "install.sh: bubblewrap is missing; the python tool will refuse to run until it is installed" \
-         "(Debian: sudo apt-get install bubblewrap), or set env.python.isolation=landlock" >&2
+         "(Debian: sudo apt-get install bubblewrap)" >&2
   fi
 fi
 

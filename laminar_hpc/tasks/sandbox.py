@@ -407,6 +407,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
     finally:
         os.close(status_r)
         shake.close()
+        if cgroup is not None:  # also when cancelled while the process was being started
+            cgroup.close()
     rc = transport.get_returncode()
     if rc is not None and rc > 128 and not timed_out:
         rc = 128 - rc  # bwrap exits 128 + N for a child killed by signal N: as subprocess gives it, -N

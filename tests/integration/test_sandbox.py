@@ -1,7 +1,9 @@
 """The Python sandbox (tasks/sandbox.py) with real child processes: no network, the limits end
-runaway code with the right outcome, output is bounded, nothing of the caller leaks in, no file
-outside its directory can be read (Landlock; without it the tool refuses to run), nothing of the
-child is left behind (processes, descriptors, its directory), and cancellation is safe."""
+runaway code with the right outcome (a call's processes, memory and disk counted for the call as a
+whole, as root and as another user, with and without a cgroup: tests/sandbox_attacks.py), output is
+bounded, nothing of the caller leaks in, no file outside its directory can be read (Landlock;
+without it the tool refuses to run), nothing of the child is left behind (processes, descriptors,
+cgroups, files), and cancellation is safe."""
 from __future__ import annotations
 
 import asyncio
@@ -14,16 +16,17 @@ import sys
 import tempfile
 import time
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from laminar_hpc.tasks import sandbox
+from sandbox_attacks import ATTACKS, as_caller, plain_python
+
+from laminar_hpc.tasks import call_limits, sandbox
 from laminar_hpc.tasks.sandbox import SandboxLimits, run_python, run_python_sync
 
-FAST = SandboxLimits(cpu_s=1, wall_s=3)  # bubblewrap around the layers below (the default)
-INNER = SandboxLimits(cpu_s=1, wall_s=3, isolation="landlock")  # the layers inside it, alone
-ISOLATIONS = ("bwrap+seccomp+landlock+audit", "netns+landlock+audit", "landlock+audit")
-BOTH = pytest.mark.parametrize("isolation", ["bwrap", "landlock"])
+FAST = SandboxLimits(cpu_s=1, wall_s=3)
+LAYERS = "bwrap+seccomp+landlock+audit+"  # then how the call is bounded: cgroup1, cgroup2 or rlimits
 
 
 def _children() -> set[int]:
@@ -58,10 +61,16 @@ def _call_descriptors() -> set[tuple[str, str]]:
     return out
 
 
+def _call_cgroups() -> set[str]:
+    """This process's calls' cgroups (tasks/call_limits.py names them after its pid)."""
+    return {str(p) for p in Path("/sys/fs/cgroup").rglob(f"laminar-call-{os.getpid()}-*")}
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_behind(tmp_path, monkeypatch):
-    """Every test: the sandboxes' directories go under tmp_path/sandboxes (so the test sees them
-    removed), and afterwards no child process and no extra descriptor remains."""
+    """Every test: temporary files would go under tmp_path/sandboxes (a call writes none: its
+    directory is a tmpfs of its own), and afterwards no child process, no extra descriptor and no
+    cgroup of a call remains."""
     base = tmp_path / "sandboxes"
     base.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(base))
@@ -69,7 +78,8 @@ def nothing_left_behind(tmp_path, monkeypatch):
     yield base
     assert _children() - kids == set(), "a sandbox child process was left behind"
     assert _call_descriptors() - fds == set(), "a descriptor was left open"
-    assert list(base.iterdir()) == [], "a sandbox directory was left behind"
+    assert list(base.iterdir()) == [], "a file of the call was left on the host"
+    assert _call_cgroups() == set(), "a call's cgroup was left behind"
 
 
 def _gone(pid: int) -> bool:
@@ -88,15 +98,14 @@ def _children_of(pid: int) -> set[int]:
     return kids
 
 
-@BOTH
-def test_a_caller_killed_mid_call_takes_its_sandbox_with_it(tmp_path, isolation):
-    """Before: `--die-with-parent` tied the code to bwrap, but nothing tied bwrap (or, without it,
-    the child) to its caller: a rollout killed mid-call left the call running until its code ended,
-    for ever for code that blocks. Now the outer process gets SIGKILL when its caller dies."""
+def test_a_caller_killed_mid_call_takes_its_sandbox_with_it(tmp_path):
+    """Before: `--die-with-parent` tied the code to bwrap, but nothing tied bwrap to its caller: a
+    rollout killed mid-call left the call running until its code ended, for ever for code that
+    blocks. Now the outer process gets SIGKILL when its caller dies."""
     caller_tmp = tmp_path / "caller"
     caller_tmp.mkdir()
     code = ("from laminar_hpc.tasks.sandbox import SandboxLimits, run_python_sync\n"
-            f"run_python_sync('import time; time.sleep(300)', SandboxLimits(wall_s=300, isolation='{isolation}'))\n")
+            "run_python_sync('import time; time.sleep(300)', SandboxLimits(wall_s=300))\n")
     caller = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(caller_tmp)})
     outer: set[int] = set()
     try:
@@ -110,7 +119,7 @@ def test_a_caller_killed_mid_call_takes_its_sandbox_with_it(tmp_path, isolation)
         deadline = time.monotonic() + 15
         while not all(map(_gone, outer)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert all(map(_gone, outer)), f"the sandbox ({isolation}) outlived its killed caller"
+        assert all(map(_gone, outer)), "the sandbox outlived its killed caller"
     finally:
         for pid in outer:  # (the old code's survivors, stopped by pid)
             try:
@@ -126,7 +135,7 @@ def test_a_caller_killed_mid_call_takes_its_sandbox_with_it(tmp_path, isolation)
 def test_a_plain_run():
     r = run_python_sync("print(sum(range(10)))\nimport sys\nprint('to stderr', file=sys.stderr)", FAST)
     assert (r.text, r.outcome, r.exit_code) == ("45\nto stderr\n", "ok", 0)
-    assert r.isolation in ISOLATIONS
+    assert r.isolation.startswith(LAYERS), r.isolation
 
 
 def test_the_standard_library_works_without_site_packages():
@@ -164,47 +173,23 @@ def test_the_network_namespace_has_no_way_out():
     r = run_python_sync("import os\nprint(os.readlink('/proc/self/ns/net'))\nprint(open('/proc/self/net/dev').read())",
                         FAST)
     assert r.outcome == "ok", r.text
-    if r.isolation == "landlock+audit":
-        pytest.skip("no network namespace on this machine (neither root nor user namespaces)")
     assert r.text.splitlines()[0] != os.readlink("/proc/self/ns/net")
     interfaces = [line.split(":")[0].strip() for line in r.text.splitlines()[3:] if ":" in line]
     assert interfaces == ["lo"]  # and that one is down: nothing to route through
 
 
-@pytest.mark.parametrize("methods,isolation", [(("userns",), "netns+landlock+audit"), ((), "landlock+audit")])
-def test_each_isolation_path(monkeypatch, methods, isolation):
-    """The user-namespace way (the one unprivileged callers get) and no namespace at all: the
-    hook still refuses sockets, and files can still be written in the working directory."""
-    monkeypatch.setattr(sandbox, "_NETNS_METHODS", methods)
-    code = ("import socket, os\nopen('f.txt', 'w').write('x')\nprint(os.listdir('.'))\n"
-            "try:\n    socket.socket()\nexcept PermissionError as e:\n    print(e)\n")
-    r = run_python_sync(code, INNER)
-    if isolation == "netns+landlock+audit" and r.isolation == "landlock+audit":
-        pytest.skip("user namespaces are not available here")
-    assert (r.outcome, r.isolation) == ("ok", isolation), r.text
-    assert r.text == "['f.txt']\nsandbox: network access is disabled in the sandbox (socket.__new__)\n"
-
-
-@BOTH
-def test_a_runaway_loop_ends_at_the_cpu_limit_and_the_child_is_gone(isolation):
-    # the wall limit far away: the CPU limit must end it
-    limits = SandboxLimits(cpu_s=1, wall_s=30, isolation=isolation)
-    r = run_python_sync("import os\nprint(os.getpid())\nwhile True:\n    pass", limits)
+def test_a_runaway_loop_ends_at_the_cpu_limit_and_the_child_is_gone():
+    # the wall limit far away: the CPU limit must end it (the fixture sees bwrap and its namespace gone)
+    r = run_python_sync("import os\nprint(os.getpid())\nwhile True:\n    pass", SandboxLimits(cpu_s=1, wall_s=30))
     assert r.outcome == "cpu_limit", r.text
     assert r.exit_code in (-24, -9)  # SIGXCPU, or SIGKILL at the hard limit
     assert r.text.endswith("[sandbox: CPU time limit of 1s reached; the process was killed]")
-    if isolation == "landlock":  # (inside bwrap the pid is its namespace's; the fixture sees bwrap gone)
-        assert _gone(int(r.text.split()[0]))
 
 
-@BOTH
-def test_a_sleeping_child_ends_at_the_wall_limit_and_its_group_is_killed(isolation):
-    r = run_python_sync("import os, time\nprint(os.getpid())\ntime.sleep(60)",
-                        SandboxLimits(cpu_s=1, wall_s=2, isolation=isolation))
+def test_a_sleeping_child_ends_at_the_wall_limit_and_its_group_is_killed():
+    r = run_python_sync("import os, time\nprint(os.getpid())\ntime.sleep(60)", SandboxLimits(cpu_s=1, wall_s=2))
     assert (r.outcome, r.exit_code) == ("timeout", -9), r.text
     assert r.text.endswith("[sandbox: wall-clock limit of 2s reached; the process was killed]")
-    if isolation == "landlock":
-        assert _gone(int(r.text.split()[0]))
 
 
 @pytest.mark.parametrize("code", ["x = bytearray(10**10)",
@@ -265,8 +250,7 @@ def test_the_callers_environment_is_not_visible(monkeypatch):
     assert set(eval(names)) <= {"PATH", "HOME", "TMPDIR", "LC_CTYPE", "PWD"}  # noqa: S307 - our own printed list
 
 
-@BOTH
-def test_writes_stay_in_the_working_directory_which_is_removed(tmp_path, nothing_left_behind, isolation):
+def test_writes_stay_in_the_working_directory_which_is_removed(tmp_path, nothing_left_behind):
     outside = tmp_path / "outside.txt"
     keep = tmp_path / "keep.txt"
     keep.write_text("mine")
@@ -280,21 +264,14 @@ def test_writes_stay_in_the_working_directory_which_is_removed(tmp_path, nothing
             f"                lambda: os.open('dirfd.txt', os.O_WRONLY | os.O_CREAT, dir_fd=os.open({str(tmp_path)!r}, 0))):\n"
             "    try:\n        attempt()\n        print('ALLOWED')\n"
             "    except (PermissionError, FileNotFoundError) as e:\n        print(e)\n")
-    r = run_python_sync(code, SandboxLimits(cpu_s=1, wall_s=3, isolation=isolation))
+    r = run_python_sync(code, FAST)
     assert r.outcome == "ok", r.text
     lines = r.text.splitlines()
-    workdir = lines[0]
-    if isolation == "bwrap":  # the call's directory, bound at /work; nothing else of the caller's exists
-        assert workdir == "/work" and lines[1] == "True"
-        assert all(line.startswith("sandbox: writing outside the working directory") for line in lines[2:6]), r.text
-        assert lines[6].startswith("[Errno 2] No such file or directory") and len(lines) == 7, r.text
-    else:
-        assert os.path.dirname(workdir) == str(nothing_left_behind) and lines[1] == "True"
-        assert all(line.startswith("sandbox: writing outside the working directory") for line in lines[2:6]), r.text
-        # the directory outside cannot even be opened as a dir_fd (Landlock; before it, the hook refused
-        # the relative os.open, whose dir_fd it cannot see)
-        assert lines[6:] == [f"[Errno 13] Permission denied: {str(tmp_path)!r}"]
-    assert list(nothing_left_behind.iterdir()) == []  # removed, the unreadable folder included
+    # the call's own tmpfs at /work; nothing else of the caller's exists
+    assert lines[0] == "/work" and lines[1] == "True"
+    assert all(line.startswith("sandbox: writing outside the working directory") for line in lines[2:6]), r.text
+    assert lines[6].startswith("[Errno 2] No such file or directory") and len(lines) == 7, r.text
+    assert list(nothing_left_behind.iterdir()) == []  # nothing on the host, the unreadable folder included
     assert not outside.exists() and keep.read_text() == "mine" and not (tmp_path / "dirfd.txt").exists()
     assert not (nothing_left_behind / "escape.txt").exists()
 
@@ -337,22 +314,17 @@ def test_no_file_outside_the_working_directory_can_be_read(tmp_path):
 def test_without_landlock_the_tool_refuses_to_run_with_one_line(tmp_path, monkeypatch):
     """A kernel without Landlock (ENOSYS from landlock_create_ruleset, as a stub of the syscall
     gives it here): the child runs no code and the call raises SandboxError saying why."""
-    stub = tmp_path / "no_landlock.py"
-    stub.write_text(textwrap.dedent(f"""\
-        import ctypes, importlib.util
-        spec = importlib.util.spec_from_file_location("_real_landlock", {sandbox._LANDLOCK_FILE!r})
-        real = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(real)
-        class NoLandlock:
+    stub = tmp_path / "no_landlock.py"  # the real module (bound into the sandbox as it), its syscall stubbed
+    stub.write_text(Path(sandbox._LANDLOCK_FILE).read_text() + textwrap.dedent("""
+        class _NoLandlock:
             def syscall(self, *args):
                 ctypes.set_errno(38)  # ENOSYS: a kernel before 5.13
                 return -1
-        real._libc = NoLandlock
-        sandbox_paths, restrict = real.sandbox_paths, real.restrict
+        _libc = _NoLandlock
     """))
     monkeypatch.setattr(sandbox, "_LANDLOCK_FILE", str(stub))
-    with pytest.raises(sandbox.SandboxError) as err:  # (the stub's paths exist outside bwrap's mounts only)
-        run_python_sync("print('the code ran')", INNER)
+    with pytest.raises(sandbox.SandboxError) as err:
+        run_python_sync("print('the code ran')", FAST)
     msg = str(err.value)
     assert "\n" not in msg and "the code ran" not in msg
     assert "needs Landlock to hide files from the code it runs, and it is not available here: this kernel has no " \
@@ -375,7 +347,7 @@ def test_cancellation_kills_and_reaps_the_child_and_removes_its_directory(nothin
         task = asyncio.create_task(run_python("import time\ntime.sleep(60)", SandboxLimits(wall_s=30)))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 20
-        while not (_children() - before and list(nothing_left_behind.iterdir())):
+        while not _children() - before:
             assert loop.time() < deadline, "the sandbox never started"
             assert not task.done(), task
             await asyncio.sleep(0.01)  # polling for the child to exist, bounded by the deadline
@@ -387,7 +359,7 @@ def test_cancellation_kills_and_reaps_the_child_and_removes_its_directory(nothin
 
     started = asyncio.run(main())
     assert started and all(_gone(pid) for pid in started)
-    assert list(nothing_left_behind.iterdir()) == []
+    assert _call_cgroups() == set()
 
 
 def test_a_callers_timeout_around_run_python_leaves_nothing():
@@ -407,3 +379,60 @@ def test_limits_are_validated_and_sync_refuses_a_running_loop():
         with pytest.raises(RuntimeError, match="await run_python"):
             run_python_sync("print(1)")
     asyncio.run(inside())
+
+
+# -- limits of a call as a whole (issue 45): processes, memory and disk, as root and as another user --
+
+def _counted(text: str) -> int:
+    """The children an attack got started ("children N refused M")."""
+    return int(text.split("children ")[1].split()[0])
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_an_attack_on_a_limit_of_the_whole_call_ends_with_that_limit(attack):
+    """As this process (root in CI, with a cgroup of each call): 100 children against 32, 4 x 200
+    MiB in children against 256 MiB, 1000 MiB in files of 10 MiB each against 64 MiB. Before, each
+    ran to its end (100 children, 800 MiB held, 1000 MiB written: rlimits are per process, and the
+    kernel skips RLIMIT_NPROC for root). The fixture checks that nothing of the call is left."""
+    r = run_python_sync(ATTACKS[attack], SandboxLimits(cpu_s=5, wall_s=20))
+    bounds = r.isolation.rsplit("+", 1)[1]
+    if attack == "memory" and bounds == "rlimits":
+        pytest.skip("no cgroup can be made here: memory is bounded per process (test_without_a_cgroup...)")
+    assert r.outcome == attack, r.text
+    limit = {"processes": "process limit of 32", "memory": "memory limit of 256 MiB",
+             "disk": "disk limit of 64 MiB"}[attack]
+    assert r.text.endswith(f"[sandbox: {limit} reached; every process of the call was killed]"), r.text
+    if attack == "processes" and "children" in r.text:  # (killed at the limit, perhaps before it printed)
+        assert _counted(r.text) < 32
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or plain_python() is None,
+                    reason="acting as another user needs root, and an interpreter of this version they may read")
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_without_a_cgroup_processes_and_disk_are_still_bounded_and_memory_per_process(user):
+    """Where no cgroup can be made (another user without delegation; root where cgroups are not
+    writable, forced here), the kernel's RLIMIT_NPROC bounds the call's processes: under the
+    caller's own uid, or, for root, under an unprivileged uid of its own (before: root's call got
+    its 100 children). Memory is then bounded per process (at most 32 x 256 MiB), which the result's
+    isolation ("rlimits") and the log say."""
+    got = as_caller(user, no_cgroup=user == "root")
+    for attack, r in got.items():
+        assert r["isolation"] == LAYERS + "rlimits", (attack, r)
+    assert got["processes"]["outcome"] == "processes", got["processes"]["text"]
+    assert _counted(got["processes"]["text"]) < 32
+    assert got["disk"]["outcome"] == "disk", got["disk"]["text"]
+    assert got["memory"]["outcome"] == "ok" and got["memory"]["text"] == "children [3, 4, 5, 6]\n"  # per process
+
+
+def test_a_root_call_without_a_cgroup_whose_uid_cannot_read_the_interpreter_fails_closed(monkeypatch):
+    """Root without a cgroup runs the call as an unprivileged uid: where that uid cannot reach the
+    interpreter (this machine's lives under /root), the call refuses to run, saying why."""
+    if os.geteuid() != 0:
+        pytest.skip("a root caller's fallback")
+    if all(os.stat(p).st_mode & 0o005 == 0o005 for p in Path(sys.base_prefix).parents if str(p) != "/"):
+        pytest.skip(f"every user may read {sys.base_prefix} here")
+    monkeypatch.setattr(call_limits.CallCgroup, "make", classmethod(lambda cls, **kw: None))
+    with pytest.raises(sandbox.SandboxError) as err:
+        run_python_sync("print('ran')", FAST)
+    assert "\n" not in str(err.value) and "runs as the unprivileged uid" in str(err.value)
+    assert "make them readable to others, or run the campaign where it can make a cgroup" in str(err.value)

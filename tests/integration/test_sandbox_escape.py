@@ -2,13 +2,14 @@
 in the built-in `python` tool that escapes the sandbox's audit hook (it clears the hook's deny list
 through the frame of its own PermissionError) and then, where no hook reaches, tries what the
 review did: a subinterpreter connects to a UNIX socket outside the sandbox, and `_posixsubprocess`
-starts a process in a session of its own that should outlive the call.
+forks a process (it runs Python in its preexec_fn and never execs) in a session of its own that
+should outlive the call; the survivor proves it runs by writing to a pipe of the attack (before
+round 4 the check passed for a child whose exec failed: no descriptor was kept for its error pipe).
 
-Inside bubblewrap (env.python.isolation=bwrap, the default) the escape from the hook still
-happens, and nothing comes of it: the socket's path does not exist in the sandbox's mount
-namespace, and the process dies with the sandbox's PID namespace. With the inner layers alone
-(`isolation=landlock`, which is what the python tool was before) the same code reached the
-listener (docs/reliability.md, round 3).
+Inside bubblewrap (the only isolation since round 4) the escape from the hook still happens, and
+nothing comes of it: the socket's path does not exist in the sandbox's mount namespace, and the
+process dies with the sandbox's PID namespace. With the inner layers alone (the Landlock-only
+mode, removed in round 4) the same code reached the listener (docs/reliability.md, round 3).
 
 A tool-call format of the test's own (`env.format: file.py:Class`, user code the config names)
 makes every first turn of every episode call `run` with the attack, whatever the tiny model wrote,
@@ -26,7 +27,8 @@ from helpers import REPO, laminar
 
 pytestmark = pytest.mark.slow
 
-MARKER = "37.125"  # the survivor's sleep: how the test finds it in /proc
+MARKER = "37.125"  # the survivor's sleep
+INSIDE = b"/sandbox/sandbox.py"  # in the command line of every process of a call (the survivor forks it)
 
 ATTACK = textwrap.dedent('''
     import os, sys
@@ -49,14 +51,19 @@ ATTACK = textwrap.dedent('''
     except OSError as e:
         print("connect failed:", e.strerror)
     """.replace("SOCKET", repr(SOCKET)))
-    import _posixsubprocess
+    import _posixsubprocess, time
+    alive_r, alive_w = os.pipe()
+
+    def survive():  # in the forked child: a session of its own, then proof that it runs
+        os.setsid()
+        os.write(alive_w, b"alive")
+        time.sleep(MARKER)
     r, w = os.pipe()
-    exe = os.fsencode(sys.executable)
-    pid = _posixsubprocess.fork_exec([exe, b"-I", b"-S", b"-c", b"import time; time.sleep(MARKER)"], [exe], True,
-                                     (), None, None, -1, -1, -1, -1, -1, -1, r, w, True, True, -1, None, None,
-                                     None, -1, None, False)
+    _posixsubprocess.fork_exec([b"/nonexistent"], [b"/nonexistent"], True, (w,), None, None, -1, -1, -1, -1, -1,
+                               -1, r, w, False, False, -1, None, None, None, -1, survive, False)
     os.close(w)
-    print("survivor started:", os.read(r, 100) == b"" and os.path.exists(f"/proc/{pid}"))
+    os.close(alive_w)
+    print("survivor started:", os.read(alive_r, 5) == b"alive")
 ''')
 
 FORMAT = textwrap.dedent('''
@@ -85,7 +92,7 @@ def _survivors() -> list[int]:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if MARKER.encode() in f.read():
+                    if INSIDE in f.read():
                         found.append(int(entry))
             except OSError:
                 continue  # exited while we looked
