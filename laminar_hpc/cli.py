@@ -48,13 +48,14 @@ def _load(args, progress: bool = False) -> Config:
     for line in notes:  # paths read from the config's directory, where the working directory differs
         print(f"laminar: {line}", file=sys.stderr)
     if cfg.model.hf_path or cfg.model.hf_tokenizer:  # so does a missing or unsupported checkpoint
+        from laminar_hpc.model.gguf_cache import CacheError
         from laminar_hpc.model.hf import HFCheckpointError, preflight
         try:
             preflight(cfg.model)
             if cfg.model.hf_path:  # a GGUF is dequantised once here, not by every role at every start
                 from laminar_hpc.model.gguf_convert import convert_once
                 convert_once(cfg.model.hf_path, say=say)
-        except HFCheckpointError as err:
+        except (HFCheckpointError, CacheError) as err:
             key = "model.hf_path" if cfg.model.hf_path else "model.hf_tokenizer"
             raise ConfigError(f"{key}: {_one_line(err)} (in {args.config})") from None
     check_task(cfg, args.config, say=say if progress else None)

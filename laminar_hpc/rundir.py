@@ -17,6 +17,7 @@ format: checkpoint_format.py).
       wal/                   the controller's write-ahead log
       secrets/               the control plane's CURVE keys
       megatron/              rendezvous files of the Megatron trainer's ranks
+      mpi/                   the relay tier's Open MPI session directories (TMPDIR of its ranks; 0700)
       hf/                    `laminar export-hf`'s default output
       submitit/              the submitted job's files (`laminar submit`)
       elastic/<job>/         an attach job's config (the campaign's, with its overrides)
@@ -219,6 +220,10 @@ class RunDir:
     @property
     def secrets_dir(self) -> Path:
         return self.path / "secrets"
+
+    @property
+    def mpi_dir(self) -> Path:
+        return self.path / "mpi"  # the relay tier's Open MPI session directories: the run's, no shared /tmp
 
     @property
     def megatron_dir(self) -> Path:

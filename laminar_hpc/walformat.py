@@ -26,7 +26,10 @@ the last fsync, which nothing depended on (the controller sends only after a wri
 replay goes on with the next segment, whose first number must follow. What was fsynced is
 promised by `synced`: a log that ends before that number (cut at a record boundary, or zeroed
 over records that had reached the disk) lost records a crash cannot explain, and is refused as a
-damaged one is.
+damaged one is. The mark is written with every snapshot (the controller's first act on a log), so
+a log whose snapshot is of this version (SNAPSHOT_MAGIC, "\x03") and has no mark lost it: deleted,
+which would let a cut log pass. That is refused too; a snapshot of the previous version ("\x02",
+written before every log had a mark) is still replayed without one.
 
 A log written before these checks (no magic: plain msgpack records and snapshots) is replayed
 unchecked, as it was before, with one warning; a record that does not decode there refuses the
@@ -48,7 +51,8 @@ import msgpack
 log = logging.getLogger("laminar_hpc.controller.wal")
 
 SEGMENT_MAGIC = b"LAMWAL\x02\n"
-SNAPSHOT_MAGIC = b"LAMSNP\x02\n"
+SNAPSHOT_MAGIC = b"LAMSNP\x03\n"  # "\x03": its log always has a `synced` mark beside it
+SNAPSHOT_MAGIC_UNMARKED = b"LAMSNP\x02\n"  # the same format, written before every log had one
 _HEAD = struct.Struct("<IQ")  # payload length, sequence number
 _CRCS = struct.Struct("<II")  # CRC32C of the _HEAD bytes, CRC32C of the payload
 HEADER_BYTES = _HEAD.size + _CRCS.size
@@ -112,7 +116,7 @@ def read_mark(root: Path) -> int | None:
 def read_snapshot(data: bytes) -> tuple[dict, int | None]:
     """(state, sequence number of the first record after it); None for a snapshot written before
     checksums. Raises ValueError for anything damaged."""
-    if not data.startswith(SNAPSHOT_MAGIC):
+    if not data.startswith((SNAPSHOT_MAGIC, SNAPSHOT_MAGIC_UNMARKED)):
         return msgpack.unpackb(data, raw=False, strict_map_key=False), None
     start = len(SNAPSHOT_MAGIC) + _SNAP.size
     if len(data) < start:
@@ -206,11 +210,12 @@ def read_log(root: Path) -> Recovered:
     """The newest readable snapshot and every record after it, checked (see the module doc).
     Reads only; raises WalError for a log that cannot be trusted."""
     root = Path(root)
-    state, start, expected, legacy = None, 0, 0, False
+    state, start, expected, legacy, marked = None, 0, 0, False, False
     for snap in sorted(root.glob("snapshot-*.msgpack"), key=index_of, reverse=True):
         try:
-            state, expected = read_snapshot(snap.read_bytes())
-            start, legacy = index_of(snap), expected is None
+            data = snap.read_bytes()
+            state, expected = read_snapshot(data)
+            start, legacy, marked = index_of(snap), expected is None, data.startswith(SNAPSHOT_MAGIC)
             break
         except Exception as err:  # noqa: BLE001 - any damage: try the one before (segments check the numbers)
             state, expected = None, 0
@@ -247,6 +252,11 @@ def read_log(root: Path) -> Recovered:
             torn.append((seg, scan.torn))
         expected = scan.next_seq
     promised = None if legacy else read_mark(root)
+    if promised is None and marked and not (root / MARK_NAME).exists():
+        raise WalError(f"write-ahead log {root} has lost its {MARK_NAME} mark, which is written with every snapshot: "
+                       f"records that reached the disk after it cannot be told from a crash's; {len(records)} "
+                       f"records after the snapshot were read, none replayed, every file kept. The controller does "
+                       f"not start on a log it cannot trust: {_WHAT_TO_DO.format(root=root)}")
     if promised is not None and (expected or 0) < promised:
         raise WalError(f"write-ahead log {root} ends before record {promised - 1}, which was made durable ({MARK_NAME}): "
                        f"{promised - (expected or 0)} records that reached the disk are missing (a segment cut at a "

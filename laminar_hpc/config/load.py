@@ -193,6 +193,9 @@ def _parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: malformed YAML: nested too deeply") from None
 
 
+REQUIRED_SECTIONS = ("task", "trainer")  # what a config file (or its overrides) must name itself
+
+
 def parse_config_text(text: str, source: str = "<text>", overrides: list[str] | None = None,
                       config_dir: Path | None = None, notes: list[str] | None = None) -> Config:
     """A Config from YAML text; every problem with it is a one-line ConfigError naming `source`.
@@ -213,7 +216,14 @@ def parse_config_text(text: str, source: str = "<text>", overrides: list[str] | 
         apply_override(data, ov)
     if config_dir is not None and overrides:  # theirs from the working directory, made absolute too: the
         resolve_paths(data, Path.cwd())      # run directory's copy is read by roles elsewhere
-    return config_from_dict(data, source, overrides)
+    cfg = config_from_dict(data, source, overrides)  # a wrong key or value is said first
+    # a campaign's defaults are no campaign: `{}` (or a file of other sections only) would start one
+    # on the built-in tasks with the default trainer, which no user meant
+    missing = [f"'{name}:'" for name in REQUIRED_SECTIONS if name not in data]
+    if missing:
+        raise ConfigError(f"{source}: no {' and no '.join(missing)} section: a campaign says what it learns "
+                          "(task) and how it trains (trainer); configs/quickstart.yaml is a complete example")
+    return cfg
 
 
 def _yaml_hint(problem: str) -> str:

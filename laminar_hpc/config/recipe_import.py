@@ -26,22 +26,66 @@ import yaml
 VERL_ENTRY = re.compile(r"verl\.trainer\.main_\w+|verl/trainer/main_\w+\.py")
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+# a variable of the environment whose name says it holds a secret is never written into a config:
+# the import keeps the reference as written and says so (the config is a file others may read)
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|PRIVATE|SESSION", re.IGNORECASE)
+MAX_RECIPE_BYTES = 1 << 20  # a run script or a GRPOConfig is a few KB: a larger file is not one
 
 
 class RecipeImportError(ValueError):
     """The script holds no verl command, or a value cannot be read; the message says which."""
 
 
-def _expand(text: str, env: dict[str, str]) -> str:
-    """`$VAR`, `${VAR}` and `${VAR:-default}` as the shell expands them (unset: empty, or the default)."""
-    return _VAR.sub(lambda m: env.get(m.group(1) or m.group(3), m.group(2) or ""), text)
+class _Vars:
+    """The variables a script's words are expanded with: its own assignments, then the environment's,
+    except those whose name says they hold a secret (SECRET_NAME), which stay as written (`kept`)."""
+
+    def __init__(self, environ: dict[str, str]):
+        self.own: dict[str, str] = {}
+        self.environ = environ
+        self.kept: list[str] = []
+
+    def expand(self, text: str) -> str:
+        """`$VAR`, `${VAR}` and `${VAR:-default}` as the shell expands them (unset: empty, or the default,
+        itself expanded: `${DATA:-$HOME/data}`)."""
+        def one(m: re.Match) -> str:
+            name = m.group(1) or m.group(3)
+            if name in self.own:
+                return self.own[name]
+            if name in self.environ and SECRET_NAME.search(name):
+                if name not in self.kept:
+                    self.kept.append(name)
+                return m.group(0)
+            if name in self.environ:
+                return self.environ[name]
+            return self.expand(m.group(2)) if m.group(2) else ""
+        return _VAR.sub(one, text)
 
 
-def read_verl_script(text: str, environ: dict[str, str] | None = None) -> list[str]:
+def read_recipe(path: Path) -> str:
+    """The text of a recipe file: a regular file of at most MAX_RECIPE_BYTES (not a device, a pipe or
+    a large file, which would be read for ever or into memory). RecipeImportError, naming it, else."""
+    import stat
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise RecipeImportError(f"cannot read it ({err.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise RecipeImportError("it is not a regular file (a device, a pipe or a directory); give the script's or "
+                                "the YAML's own file")
+    if st.st_size > MAX_RECIPE_BYTES:
+        raise RecipeImportError(f"it is {st.st_size} bytes; a verl run script or a TRL config is a few KB "
+                                f"(at most {MAX_RECIPE_BYTES} read): give the recipe itself")
+    with open(path, "rb") as f:
+        return f.read(MAX_RECIPE_BYTES + 1).decode()
+
+
+def read_verl_script(text: str, environ: dict[str, str] | None = None, kept: list[str] | None = None) -> list[str]:
     """The Hydra overrides of the verl command in a run script (or of a list of overrides, one a
     line): line continuations joined, variables expanded (the script's own assignments first, in
-    order, then `environ`), each `key=value` as the shell hands it to Python."""
-    env = dict(os.environ if environ is None else environ)
+    order, then `environ`, but not a secret of it: `kept` gets its name), each `key=value` as the
+    shell hands it to Python."""
+    vars_ = _Vars(dict(os.environ if environ is None else environ))
     logical, buf = [], ""
     for raw in text.splitlines():
         line = raw.rstrip()
@@ -59,17 +103,19 @@ def read_verl_script(text: str, environ: dict[str, str] | None = None) -> list[s
             continue
         if (m := _ASSIGN.match(stripped)) and not VERL_ENTRY.search(stripped):
             words = shlex.split(m.group(2), comments=True) or [""]
-            env[m.group(1)] = _expand(words[0], env)
+            vars_.own[m.group(1)] = vars_.expand(words[0])
             continue
         if VERL_ENTRY.search(stripped):
             words = shlex.split(stripped, comments=True)
-            command = [_expand(w, env) for w in words]
+            command = [vars_.expand(w) for w in words]
             break
     if command is None:  # a bare list of overrides (one or more a line)
         words = [w for line in logical if not line.strip().startswith("#") for w in shlex.split(line, comments=True)]
-        command = [_expand(w, env) for w in words]
+        command = [vars_.expand(w) for w in words]
     else:
         command = command[next(i for i, w in enumerate(command) if VERL_ENTRY.search(w)) + 1:]
+    if kept is not None:
+        kept.extend(vars_.kept)
     return [w for w in command if "=" in w and not w.startswith("-")]
 
 
@@ -260,14 +306,24 @@ def _steps_of_epochs(seen: dict, data: dict, lines: list[str], base_dir: Path | 
 
 
 def _rows(path, base_dir: Path | None) -> int | None:
+    """The rows of a data file (a regular file only: a device would be read for ever), counted by
+    newlines in blocks, never a whole line in memory; None where it cannot be told."""
+    import stat
     if not path:
         return None
     p = Path(path) if Path(path).is_absolute() or base_dir is None else base_dir / path
     try:
+        if not stat.S_ISREG(os.stat(p).st_mode):
+            return None
         if p.suffix == ".parquet":
             import pyarrow.parquet as pq
             return pq.ParquetFile(p).metadata.num_rows
-        return sum(1 for line in p.open() if line.strip())
+        rows, last = 0, b"\n"
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                rows += block.count(b"\n")
+                last = block[-1:]
+        return rows + (last != b"\n")
     except (OSError, ValueError, ImportError):
         return None
 
@@ -400,12 +456,15 @@ def import_recipe(source: str, path: Path, base_dir: Path | None = None) -> tupl
     `path`; ConfigError, naming the file, for what cannot be imported or is not a valid config."""
     from laminar_hpc.config.load import ConfigError, config_from_dict
     from laminar_hpc.config.paths import resolve_paths
+    kept: list[str] = []
     try:
-        text = path.read_text()
-        data, lines = from_verl(read_verl_script(text), base_dir) if source == "verl" else \
+        text = read_recipe(path)
+        data, lines = from_verl(read_verl_script(text, kept=kept), base_dir) if source == "verl" else \
             from_trl(read_trl(text), base_dir)
     except (OSError, UnicodeDecodeError, RecipeImportError, ValueError) as err:
         raise ConfigError(f"{path}: {err}") from None
+    lines += [f"kept     ${{{name}}} as written: a secret of your environment is never written into a config; set "
+              "it where the job runs" for name in kept]
     if base_dir is not None:  # the written config may live elsewhere: its paths are made absolute
         resolve_paths(data, base_dir)
     config_from_dict(data, f"{path} (as imported)")  # one line naming the key if it is not a config

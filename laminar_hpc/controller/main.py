@@ -348,7 +348,8 @@ class Controller:
             queued=len(dp.queue), running=len(dp.partials) - len(dp.queue), published=st.published,
             # (+ frames libzmq dropped with their connection for being over MAXMSGSIZE: `cut`)
             dropped_frames=self.server.dropped + st.refused + self.frames.handler_errors + self.members.refused
-            + conns.get("cut", 0) + self.routes.dropped,
+            + conns.get("cut", 0) + self.routes.dropped
+            + sum(int(v.get("foreign_frames", 0) or 0) for v in st.shards.values()),  # a shard's, of others' rollouts
             relay_dropped_frames=st.relay_dropped, handler_errors=self.frames.handler_errors,
             prompts_refused=dp.refused["prompts"], prompts_too_long=dp.refused.get("prompts_too_long", 0),
             prompt_cursor=dp.cursor, epochs=dp.cursor / self.task_rows if self.task_rows else None, refused_problems=list(dp.refused_problems),

@@ -32,6 +32,7 @@ import uuid
 import msgspec
 import zmq
 
+from laminar_hpc.config.shards import shard_count, shard_of
 from laminar_hpc.controller.shard_store import ShardStore
 from laminar_hpc.controller.validate import limits_for
 from laminar_hpc.startup.role import Heartbeat, RoleContext, start_role
@@ -63,6 +64,8 @@ class Shard:
                                 prompt=lambda problem: encode_prompt(tok, task.problem(problem)))
         self.refused: list[tuple[str, int, str]] = []  # prompts refused since the last batch
         self.name = f"shard-{self.rank}"
+        self.count = shard_count(cfg)  # the campaign's shards: a rollout belongs to shard_of(rank, count)
+        self.foreign = 0  # frames of rollouts of another shard, dropped
         self.server = bind(rd, cfg, self.name, server_keys(rd.path, "shard", cfg.controller))
         self.max_frame = int(cfg.controller.max_frame_mb * 2**20)
         self.outbox: list[tuple[str, bytes]] = []  # the rollouts' frames for the controller
@@ -88,6 +91,14 @@ class Shard:
         if kind != "rollout":
             return
         rank = int(rank_s)
+        if shard_of(rank, self.count) != self.rank:
+            # a rollout (any holder of the rollout key) naming a rank of another shard: the rank is
+            # only a name in its identity, so it could stream into or finish another rollout's work
+            self.foreign += 1
+            if self.foreign == 1 or self.foreign % 100 == 0:
+                self.log.warning("dropped a frame from %r: rollout %d is shard %d's, not this one's (%d so far)",
+                                 ident, rank, shard_of(rank, self.count), self.foreign)
+            return
         match msg:
             case Stream(chunks=chunks, items=items):
                 self.store.stream(chunks, items, rank)
@@ -277,7 +288,8 @@ class Shard:
             beat.tick()
             if now - last_stats >= self.ctx.cfg.controller.status_interval_s:
                 last_stats = now
-                ctrl.send(LogEvent(event=self.name, fields={**self.store.stats(), "forwarded": self.forwarded}))
+                ctrl.send(LogEvent(event=self.name, fields={**self.store.stats(), "forwarded": self.forwarded,
+                                                            "foreign_frames": self.foreign}))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -131,6 +131,7 @@ class WriteAheadLog:
         snap = self.root / f"snapshot-{new:06d}.msgpack"
         data = self._encoder.encode(state)
         try:
+            self._ensure_mark()
             _write_file(snap, [snapshot_header(self.seq, data), data])
         except OSError as err:
             self._failed(err, f"snapshot {snap.name}", snapshot=True)
@@ -168,6 +169,7 @@ class WriteAheadLog:
         new, next_seq = self.seg + 1, self.seq
         snap = self.root / f"snapshot-{new:06d}.msgpack"
         try:
+            self._ensure_mark()
             r, w = os.pipe()
         except OSError as err:  # no descriptor free: snapshot here, as `start` (which handles it)
             if err.errno not in TRANSIENT_ERRORS:
@@ -300,6 +302,17 @@ class WriteAheadLog:
             self._mark_durable()
         self._check_clear()
         return not self.unwritten
+
+    def _ensure_mark(self) -> None:
+        """Before a snapshot of this format is written, a `synced` mark exists beside it (one that
+        promises nothing, where there is none yet): a log whose snapshot has no mark then lost it
+        (walformat.read_log refuses it), never one a crash caught between the two writes."""
+        if self._mark_fd is not None or (self.root / MARK_NAME).exists():
+            return
+        self._mark_fd = os.open(self.root / MARK_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.pwrite(self._mark_fd, mark_bytes(0), 0)
+        os.fsync(self._mark_fd)
+        _sync_dir(self.root)
 
     def _mark_durable(self) -> None:
         """Every record appended is on disk (the caller fsynced them): say so in `synced`, so that a

@@ -19,7 +19,7 @@ from pathlib import Path
 from laminar_hpc.config import Config, save_config
 from laminar_hpc.launch.netns import private_network
 from laminar_hpc.launch.plan import RoleSpec, role_specs
-from laminar_hpc.launch.processes import mpi_env, mpi_root_refusal, role_env
+from laminar_hpc.launch.processes import mpi_env, mpi_root_refusal, mpi_session_env, role_env
 from laminar_hpc.launch.prepare import prepare_run_dir
 from laminar_hpc.startup.signals import launcher_signals
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
@@ -64,6 +64,7 @@ def local_command(cfg: Config, run_dir: Path):
         # listens on any interface; btl_tcp_if_include=lo alone still bound every one). Not for
         # Slurm steps: virtual nodes of one machine are separate hosts to Open MPI
         relay_env = {"OMPI_MCA_btl": "self,vader", **relay_env}  # a user setting wins
+        relay_env = {**relay_env, **mpi_session_env(RunDir(run_dir))}  # the run's own, never a shared /tmp
         return relay_network(cfg, [launcher, "-n", str(cfg.relay.count), "--bind-to", "none", *argv]), \
             mpi_env(relay_env, as_root=cfg.relay.mpi_as_root)
     return command

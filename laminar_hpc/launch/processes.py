@@ -16,13 +16,14 @@ import ctypes
 import functools
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from laminar_hpc.rundir import RunDir
+from laminar_hpc.rundir import RunDir, RunDirError
 
 
 @dataclass
@@ -84,6 +85,23 @@ def mpi_root_refusal(as_root: bool, env: dict | None = None) -> str | None:
 
 
 ROOT_VARIABLES = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")  # Open MPI's own opt-in
+
+
+def mpi_session_env(rd: RunDir) -> dict:
+    """Where the relay tier's Open MPI keeps its session directory (and PMIx its files): the run
+    directory's `mpi/` (0700), not `$TMPDIR/ompi.<host>.<uid>` in a shared /tmp, where another user
+    can put a symbolic link first, and the campaign then writes and deletes files where it points
+    (on nodes with fs.protected_symlinks=0). Made here, before any rank starts."""
+    d = rd.mpi_dir
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise RunDirError(f"{d}: the relay tier's Open MPI session directory is not a private directory of "
+                          f"this user (mode {stat.S_IMODE(st.st_mode):04o}); remove it")
+    return {"TMPDIR": str(d), "OMPI_MCA_orte_tmpdir_base": str(d)}
 
 
 _PROBE = """

@@ -30,7 +30,7 @@ from laminar_hpc.launch.attach_jobs import ElasticJobs
 from laminar_hpc.launch.local import role_argv, run_campaign
 from laminar_hpc.launch.netns import network_of
 from laminar_hpc.launch.plan import RoleSpec, SlurmPlan, role_specs, slurm_plan
-from laminar_hpc.launch.processes import mpi_env, role_env
+from laminar_hpc.launch.processes import mpi_env, mpi_session_env, role_env
 from laminar_hpc.launch.prepare import CampaignLock, prepare_run_dir
 from laminar_hpc.startup.signals import launcher_signals
 from laminar_hpc.metrics.progress import Progress
@@ -133,7 +133,8 @@ class Driver:
             if self.cfg.slurm.elastic.rollouts else None
 
     def command(self, spec: RoleSpec) -> tuple[list[str], dict]:
-        return step_command(self.plan, spec, self.run_dir, self.python), self.env
+        env = {**self.env, **mpi_session_env(RunDir(self.run_dir))} if spec.module == "relay" else self.env
+        return step_command(self.plan, spec, self.run_dir, self.python), env
 
     def _on_start(self, sup) -> None:
         self.supervisor = sup

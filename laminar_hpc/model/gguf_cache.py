@@ -15,14 +15,28 @@ The cache is `$LAMINAR_CACHE_DIR`, else `$XDG_CACHE_HOME/laminar`, else `~/.cach
 (on a cluster: a directory every node reads). A directory is keyed by the GGUF's real path, size
 and modification time, and written under a temporary name and renamed (model/hf.py export_hf),
 so it is whole or absent; two launchers converting at once both end with the same directory.
+
+A hit is used only when nobody else could have made or changed it (laminar_hpc/trust.py): the
+entry, its files and every directory above them are root's or ours and not writable by others
+(`converted/` is made 0700), so a cache on a shared directory we do not own is refused with one
+line, never read; and the entry's manifest (`conversion.json`: the GGUF it came from, sha256 of
+each file) matches: every role checks its owner, mode and manifest, the launcher its contents.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
+from laminar_hpc.trust import untrusted
+
 CONVERTER = "1"  # bump when the conversion's output changes: old directories are then not reused
+MANIFEST = "conversion.json"  # {"gguf": real path, "size", "mtime_ns", "files": {name: sha256}}, written last
+
+
+class CacheError(RuntimeError):
+    """A cache entry (or directory) another user could have planted: the message says which and what to do."""
 
 
 def cache_root() -> Path:
@@ -40,14 +54,78 @@ def cache_dir_for(gguf: Path) -> Path:
 
 
 def complete(d: Path) -> bool:
-    return (d / "config.json").is_file() and (d / "model.safetensors").is_file()
+    return (d / "config.json").is_file() and (d / "model.safetensors").is_file() and (d / MANIFEST).is_file()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(d: Path, gguf: Path) -> None:
+    """Record what entry `d` was converted from and each file's sha256 (written last, atomically)."""
+    real = Path(os.path.realpath(gguf))
+    st = real.stat()
+    files = {p.name: _sha256(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != MANIFEST}
+    tmp = d / f".{MANIFEST}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps({"gguf": str(real), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "files": files},
+                              indent=1))
+    os.replace(tmp, d / MANIFEST)
+
+
+def check_entry(d: Path, gguf: Path, *, contents: bool) -> None:
+    """CacheError unless entry `d` is ours alone (owner and mode of it, its files and every directory
+    above) and its manifest names `gguf` as it is now and each file in it (`contents`: with the
+    files' sha256 too, which reads them whole: the launcher's check)."""
+    for p in (d, *sorted(d.iterdir())):
+        if (why := untrusted(p)) is not None:
+            raise CacheError(f"converted model {d}: {why}, so what the campaign would load from it may be another "
+                             "user's; remove it, or set LAMINAR_CACHE_DIR to a directory only you can write")
+    try:
+        manifest = json.loads((d / MANIFEST).read_text())
+        real = Path(os.path.realpath(gguf))
+        st = real.stat()
+        if (manifest["gguf"], manifest["size"], manifest["mtime_ns"]) != (str(real), st.st_size, st.st_mtime_ns):
+            raise ValueError(f"it names {manifest['gguf']} ({manifest['size']} bytes), not {real} as it is now")
+        names = {p.name for p in d.iterdir() if p.is_file() and p.name != MANIFEST}
+        if names != set(manifest["files"]):
+            raise ValueError(f"it lists {sorted(manifest['files'])}, the directory holds {sorted(names)}")
+        for name, digest in manifest["files"].items() if contents else ():
+            if _sha256(d / name) != digest:
+                raise ValueError(f"{name} does not match its sha256")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CacheError(f"converted model {d}: its {MANIFEST} does not vouch for it ({err}); remove the directory "
+                         "and the launcher converts the GGUF again") from None
+
+
+def private_cache_dir() -> Path:
+    """The cache's `converted/` directory, made 0700 if absent; CacheError where another user could
+    plant entries in it (the module's doc)."""
+    d = cache_root() / "converted"
+    if not d.exists():
+        old = os.umask(0o077)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        finally:
+            os.umask(old)
+    if (why := untrusted(d)) is not None:
+        raise CacheError(f"the conversion cache {d}: {why}, so a converted model there may be another user's; set "
+                         "LAMINAR_CACHE_DIR to a directory only you can write")
+    return d
 
 
 def cached_conversion(gguf: Path) -> Path | None:
     """The converted directory of `gguf` when the cache holds it whole (what every role reads:
-    model/hf.py resolve_hf_path), else None."""
+    model/hf.py resolve_hf_path), else None; CacheError for an entry another user could have
+    made or changed (checked by owner, mode and manifest; the launcher checked its contents)."""
     try:
         out = cache_dir_for(gguf)
     except OSError:
         return None
-    return out if complete(out) else None
+    if not complete(out):
+        return None
+    check_entry(out, gguf, contents=False)
+    return out

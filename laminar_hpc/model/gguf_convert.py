@@ -5,10 +5,11 @@
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Callable
 
-from laminar_hpc.model.gguf_cache import cache_dir_for, complete
+from laminar_hpc.model.gguf_cache import cache_dir_for, check_entry, complete, private_cache_dir, write_manifest
 from laminar_hpc.model.hf import (HFCheckpointError, HFTokenizer, export_hf, hf_model_args, is_gguf, load_hf_weights,
                                   resolve_hf_path)
 
@@ -20,9 +21,14 @@ def convert_once(spec, say: Callable[[str], None] | None = None) -> Path | None:
     gguf = resolve_hf_path(spec, converted=False)
     if not is_gguf(gguf):
         return None
+    private_cache_dir()  # refused where another user could plant entries (model/gguf_cache.py)
     out = cache_dir_for(gguf)
     if complete(out):
+        check_entry(out, gguf, contents=True)  # ours, and what its manifest says, byte for byte
         return out
+    if out.exists():  # converted before manifests, or cut short before its manifest: ours to redo
+        check_entry_owner_or_refuse(out)
+        shutil.rmtree(out)
     if say is not None:
         say(f"converting {gguf.name} to safetensors once, into {out} (every role reads that, not the GGUF)")
     import torch
@@ -33,7 +39,17 @@ def convert_once(spec, say: Callable[[str], None] | None = None) -> Path | None:
     load_hf_weights(model, gguf)
     try:
         export_hf(model, out, source=gguf, tokenizer=HFTokenizer.from_path(gguf), dtype="float32")
+        write_manifest(out, gguf)
     except (HFCheckpointError, OSError):
         if not complete(out):  # (another launcher converting the same file renamed its copy first)
             raise
     return out
+
+
+def check_entry_owner_or_refuse(out: Path) -> None:
+    """An incomplete entry is removed only when it is ours (never another user's directory)."""
+    from laminar_hpc.model.gguf_cache import CacheError
+    from laminar_hpc.trust import untrusted
+    if (why := untrusted(out)) is not None:
+        raise CacheError(f"converted model {out}: {why}; remove it, or set LAMINAR_CACHE_DIR to a directory only "
+                         "you can write")

@@ -57,6 +57,7 @@ from laminar_hpc.tasks.base import Problem, Response, RewardFn
 from laminar_hpc.tasks.remote import RemoteError  # noqa: F401 - scored as "remote"; re-exported
 from laminar_hpc.tasks.reward_signatures import NOT_APPLICABLE, BadReturn, SignatureError, adapt, detect
 from laminar_hpc.tasks.reward_values import Invalid, check_total, reduce_value
+from laminar_hpc.trust import untrusted, user_name
 
 if TYPE_CHECKING:
     from laminar_hpc.config.task import RewardCfg
@@ -206,6 +207,9 @@ def _load_file(head: str, target: str, base_dir: str | os.PathLike | None) -> Mo
     if not path.is_file():
         raise RewardError(f"{head}: file {path} not found; a path in a config file is read from the file's "
                           "directory (on the command line, from the directory laminar runs in), or give an absolute one")
+    if (why := untrusted(path)) is not None:  # the campaign would run another user's code as its own
+        raise RewardError(f"{head}: {why}, and the campaign would run it as {user_name(os.geteuid())}; keep the code a "
+                          "config names in files and directories that only you (or root) can write")
     # a unique module name per file (two files may share a stem), registered in sys.modules
     # before it runs so that dataclasses and pickling inside the file find their module
     stem = re.sub(r"\W", "_", path.stem)

@@ -436,3 +436,41 @@ def test_a_root_call_without_a_cgroup_whose_uid_cannot_read_the_interpreter_fail
         run_python_sync("print('ran')", FAST)
     assert "\n" not in str(err.value) and "runs as the unprivileged uid" in str(err.value)
     assert "make them readable to others, or run the campaign where it can make a cgroup" in str(err.value)
+
+
+def test_code_past_the_hook_reaches_no_keyring_no_file_mode_and_no_process_outside():
+    """Round 4's findings against the Landlock-only mode (the code ran as the caller's uid in its
+    session: it read the session keyring, chmodded a root file, signalled other processes), run
+    under bubblewrap from a subinterpreter, where no audit hook is: seccomp refuses keyctl, the mount
+    namespace is read-only outside /work, and the PID namespace holds no process of the caller."""
+    code = textwrap.dedent(f"""
+        try:
+            import _xxsubinterpreters as subs
+        except PermissionError as e:
+            tb = e.__traceback__
+            while tb.tb_next:
+                tb = tb.tb_next
+            tb.tb_frame.f_locals["denied_imports"].clear()
+            import _xxsubinterpreters as subs
+        subs.run_string(subs.create(), '''
+        import ctypes, os, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        r = libc.syscall(250, 0, -3, 0)  # keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING)
+        print("keyctl", r, ctypes.get_errno())
+        for path in (sys.executable, "/usr/bin/env"):
+            try:
+                os.chmod(path, 0o4755)
+                print("chmod ALLOWED", path)
+            except OSError as e:
+                print("chmod", e.errno)
+        try:
+            os.kill({os.getpid()}, 0)
+            print("signal ALLOWED")
+        except OSError as e:
+            print("signal", e.errno)
+        ''')
+    """)
+    r = run_python_sync(code, FAST)
+    assert r.outcome == "ok", r.text
+    assert r.text.splitlines() == ["keyctl -1 1", "chmod 30", "chmod 30", "signal 3"], r.text  # EPERM, EROFS, ESRCH
+    assert os.stat("/usr/bin/env").st_mode & 0o4000 == 0

@@ -2,6 +2,8 @@
 of the repository's), read as the shell would, mapped key by key, the rest said line by line."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from recipes import write_verl_parquet
 
@@ -115,3 +117,38 @@ def test_a_trl_grpo_config_becomes_a_laminar_config(form):
     kinds = {line.split()[1].split("=")[0]: line.split()[0] for line in lines if line.split()[0] != "derived"}
     assert kinds["bf16"] == "ignored" and kinds["use_vllm"] == "ignored" and kinds["some_future_field"] == "unknown"
     assert kinds["learning_rate"] == "mapped"
+
+
+# -- inputs (issue 45): secrets, devices, huge files ----------------------------------------------
+
+def test_a_secret_of_the_environment_is_never_written_into_the_config_and_defaults_expand_as_bash():
+    script = ("python3 -m verl.trainer.main_ppo data.train_files=${DATA_DIR:-$HOME/data}/train.parquet "
+              "+reward.api_key=${OPENAI_API_KEY} trainer.project_name=$PROJECT\n")
+    kept: list[str] = []
+    overrides = read_verl_script(script, {"HOME": "/home/me", "OPENAI_API_KEY": "sk-live-123", "PROJECT": "p"},
+                                 kept=kept)
+    assert "data.train_files=/home/me/data/train.parquet" in overrides  # the default, itself expanded
+    assert "+reward.api_key=${OPENAI_API_KEY}" in overrides and not any("sk-live" in o for o in overrides)
+    assert kept == ["OPENAI_API_KEY"] and "trainer.project_name=p" in overrides
+
+
+@pytest.mark.parametrize("what", ["device", "huge"])
+def test_a_device_or_a_huge_file_is_refused_in_one_line(tmp_path, what):
+    from laminar_hpc.config.load import ConfigError
+    from laminar_hpc.config.recipe_import import MAX_RECIPE_BYTES, import_recipe
+    path = Path("/dev/zero") if what == "device" else tmp_path / "big.sh"
+    if what == "huge":
+        path.write_bytes(b"#" * (MAX_RECIPE_BYTES + 1))
+    with pytest.raises(ConfigError) as err:
+        import_recipe("verl", path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert ("not a regular file" if what == "device" else "a few KB") in str(err.value)
+
+
+def test_a_data_file_that_is_a_device_is_not_read(tmp_path):
+    """`data.train_files=/dev/zero` was read line by line until a MemoryError traceback."""
+    from laminar_hpc.config.recipe_import import _rows
+    assert _rows("/dev/zero", None) is None
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"a": 1}\n{"a": 2}\n{"a": 3}')  # the last row without its newline counts too
+    assert _rows(str(rows), None) == 3

@@ -431,3 +431,43 @@ def test_errors_that_are_not_a_full_or_failing_disk_still_raise(tmp_path, disk):
     disk.other_errno = errno.EBADF  # a bug, not the disk: must not be hidden
     with pytest.raises(OSError):
         wal.flush()
+
+
+def test_a_log_whose_synced_mark_was_deleted_is_refused_and_an_older_unmarked_one_replays(tmp_path):
+    """Issue 45: a log cut at a record boundary with its `synced` mark deleted resumed silently (the
+    missing mark read as a log written before marks). A snapshot now always has a mark beside it,
+    so a missing one is refused; a snapshot of the previous format without a mark still replays."""
+    from laminar_hpc.walformat import SNAPSHOT_MAGIC, SNAPSHOT_MAGIC_UNMARKED, WalError, read_log
+    root = tmp_path / "wal"
+    wal = WriteAheadLog(root, fsync_s=0.0)
+    wal.start({"x": 1})
+    for i in range(4):
+        wal.append("note", {"steps": i})
+        wal.flush()
+    wal.close()
+    assert len(read_log(root).records) == 4
+    (root / MARK_NAME).unlink()
+    with pytest.raises(WalError, match="lost its synced mark"):
+        read_log(root)
+    snap = root / "snapshot-000000.msgpack"  # the same log, its snapshot of the previous format
+    data = snap.read_bytes()
+    assert data.startswith(SNAPSHOT_MAGIC)
+    snap.write_bytes(SNAPSHOT_MAGIC_UNMARKED + data[len(SNAPSHOT_MAGIC):])
+    assert len(read_log(root).records) == 4
+
+
+def test_a_new_logs_mark_exists_before_its_first_snapshot(tmp_path, monkeypatch):
+    """A crash between the first snapshot and its mark must not look like a deleted mark: the mark
+    (promising nothing yet) is written first."""
+    from laminar_hpc.controller import wal as wal_module
+    seen = []
+    real = wal_module._write_file
+
+    def watch(path, parts):
+        seen.append((path.name, (path.parent / MARK_NAME).exists()))
+        return real(path, parts)
+    monkeypatch.setattr(wal_module, "_write_file", watch)
+    wal = WriteAheadLog(tmp_path / "wal")
+    wal.start({"x": 1})
+    wal.close()
+    assert seen[0] == ("snapshot-000000.msgpack", True)
