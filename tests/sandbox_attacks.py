@@ -19,16 +19,24 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-ESCAPE = textwrap.dedent('''
+
+def past_the_hook(module: str) -> str:
+    """Code that imports `module` although the sandbox's audit hook refuses it: it clears the hook's
+    own list of denied imports through the frame of the PermissionError the hook raised."""
+    return textwrap.dedent(f'''
+        try:
+            import {module}
+        except PermissionError as e:
+            tb = e.__traceback__
+            while tb.tb_next:
+                tb = tb.tb_next
+            tb.tb_frame.f_locals["denied_imports"].clear()
+            import {module}
+    ''')
+
+
+ESCAPE = past_the_hook("_posixsubprocess") + textwrap.dedent('''
     import os, sys, time
-    try:
-        import _posixsubprocess
-    except PermissionError as e:
-        tb = e.__traceback__
-        while tb.tb_next:
-            tb = tb.tb_next
-        tb.tb_frame.f_locals["denied_imports"].clear()
-        import _posixsubprocess
 
     def spawn(fn):
         """A child running fn() (forked, never exec'd): its pid, or the OSError of the fork."""

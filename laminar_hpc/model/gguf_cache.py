@@ -29,6 +29,7 @@ import json
 import os
 from pathlib import Path
 
+from laminar_hpc.checkpoint_format import sha256
 from laminar_hpc.trust import untrusted
 
 CONVERTER = "1"  # bump when the conversion's output changes: old directories are then not reused
@@ -57,19 +58,11 @@ def complete(d: Path) -> bool:
     return (d / "config.json").is_file() and (d / "model.safetensors").is_file() and (d / MANIFEST).is_file()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_manifest(d: Path, gguf: Path) -> None:
     """Record what entry `d` was converted from and each file's sha256 (written last, atomically)."""
     real = Path(os.path.realpath(gguf))
     st = real.stat()
-    files = {p.name: _sha256(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != MANIFEST}
+    files = {p.name: sha256(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != MANIFEST}
     tmp = d / f".{MANIFEST}.tmp{os.getpid()}"
     tmp.write_text(json.dumps({"gguf": str(real), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "files": files},
                               indent=1))
@@ -94,7 +87,7 @@ def check_entry(d: Path, gguf: Path, *, contents: bool) -> None:
         if names != set(manifest["files"]):
             raise ValueError(f"it lists {sorted(manifest['files'])}, the directory holds {sorted(names)}")
         for name, digest in manifest["files"].items() if contents else ():
-            if _sha256(d / name) != digest:
+            if sha256(d / name) != digest:
                 raise ValueError(f"{name} does not match its sha256")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CacheError(f"converted model {d}: its {MANIFEST} does not vouch for it ({err}); remove the directory "

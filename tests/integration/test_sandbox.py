@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attacks import ATTACKS, as_caller, plain_python
+from sandbox_attacks import ATTACKS, as_caller, past_the_hook, plain_python
 
 from laminar_hpc.tasks import call_limits, sandbox
 from laminar_hpc.tasks.sandbox import SandboxLimits, run_python, run_python_sync
@@ -443,15 +443,8 @@ def test_code_past_the_hook_reaches_no_keyring_no_file_mode_and_no_process_outsi
     session: it read the session keyring, chmodded a root file, signalled other processes), run
     under bubblewrap from a subinterpreter, where no audit hook is: seccomp refuses keyctl, the mount
     namespace is read-only outside /work, and the PID namespace holds no process of the caller."""
-    code = textwrap.dedent(f"""
-        try:
-            import _xxsubinterpreters as subs
-        except PermissionError as e:
-            tb = e.__traceback__
-            while tb.tb_next:
-                tb = tb.tb_next
-            tb.tb_frame.f_locals["denied_imports"].clear()
-            import _xxsubinterpreters as subs
+    code = past_the_hook("_xxsubinterpreters") + textwrap.dedent(f"""
+        subs = _xxsubinterpreters
         subs.run_string(subs.create(), '''
         import ctypes, os, sys
         libc = ctypes.CDLL(None, use_errno=True)

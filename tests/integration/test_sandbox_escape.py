@@ -24,22 +24,16 @@ import textwrap
 
 import pytest
 from helpers import REPO, laminar
+from sandbox_attacks import past_the_hook
 
 pytestmark = pytest.mark.slow
 
 MARKER = "37.125"  # the survivor's sleep
 INSIDE = b"/sandbox/sandbox.py"  # in the command line of every process of a call (the survivor forks it)
 
-ATTACK = textwrap.dedent('''
+ATTACK = past_the_hook("_xxsubinterpreters") + textwrap.dedent('''
     import os, sys
-    try:
-        import _xxsubinterpreters as subs
-    except PermissionError as e:
-        tb = e.__traceback__
-        while tb.tb_next:
-            tb = tb.tb_next
-        tb.tb_frame.f_locals["denied_imports"].clear()  # the hook's own state, from its frame
-        import _xxsubinterpreters as subs
+    subs = _xxsubinterpreters
     print("hook escaped")
     subs.run_string(subs.create(), """
     import socket
