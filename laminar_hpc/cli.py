@@ -44,7 +44,7 @@ def _load(args, progress: bool = False) -> Config:
     say = (lambda line: print(line, flush=True)) if progress else (lambda line: print(f"laminar: {line}",
                                                                                         file=sys.stderr))
     notes: list[str] = []
-    cfg = load_config(args.config, args.overrides, notes=notes)
+    cfg = load_config(args.config, args.overrides, notes=notes, require_sections=True)
     for line in notes:  # paths read from the config's directory, where the working directory differs
         print(f"laminar: {line}", file=sys.stderr)
     if cfg.model.hf_path or cfg.model.hf_tokenizer:  # so does a missing or unsupported checkpoint

@@ -143,7 +143,7 @@ def earlier_run(root: Path) -> Path:
     ckpt.mkdir(parents=True)
     run.chmod(0o700)  # as the launcher made it: a run directory open to others is refused
     (run / "logs").mkdir()
-    (run / "config.yaml").write_text("name: earlier\n")
+    (run / "config.yaml").write_text("name: earlier\ntask: {type: builtin}\ntrainer: {}\n")
     (ckpt / "meta.json").write_text(json.dumps({"model": model_fields(), "step": 10, "version": 10}))
     (ckpt / "COMPLETE").write_text("ok\n")
     (run / "logs" / "trainer.log").write_text("step 10\n")

@@ -197,10 +197,13 @@ REQUIRED_SECTIONS = ("task", "trainer")  # what a config file (or its overrides)
 
 
 def parse_config_text(text: str, source: str = "<text>", overrides: list[str] | None = None,
-                      config_dir: Path | None = None, notes: list[str] | None = None) -> Config:
+                      config_dir: Path | None = None, notes: list[str] | None = None,
+                      require_sections: bool = False) -> Config:
     """A Config from YAML text; every problem with it is a one-line ConfigError naming `source`.
     `config_dir`: the file's directory, which its relative paths are read from (config/paths.py;
-    `notes` gets the line saying so where the working directory would have read other files)."""
+    `notes` gets the line saying so where the working directory would have read other files).
+    `require_sections`: the file (with its overrides) must name REQUIRED_SECTIONS (what a user
+    starts a campaign with: `laminar run`, `submit`; a run's own config.yaml names every section)."""
     data = _parse_yaml(text, source)
     if data is None:  # an empty file is a wrong path or a truncated copy far more often than a wish for defaults
         raise ConfigError(f"{source}: the config is empty; name at least one section (configs/quickstart.yaml "
@@ -219,7 +222,7 @@ def parse_config_text(text: str, source: str = "<text>", overrides: list[str] | 
     cfg = config_from_dict(data, source, overrides)  # a wrong key or value is said first
     # a campaign's defaults are no campaign: `{}` (or a file of other sections only) would start one
     # on the built-in tasks with the default trainer, which no user meant
-    missing = [f"'{name}:'" for name in REQUIRED_SECTIONS if name not in data]
+    missing = [f"'{name}:'" for name in REQUIRED_SECTIONS if name not in data] if require_sections else []
     if missing:
         raise ConfigError(f"{source}: no {' and no '.join(missing)} section: a campaign says what it learns "
                           "(task) and how it trains (trainer); configs/quickstart.yaml is a complete example")
@@ -247,10 +250,11 @@ def _read_text(path: str | os.PathLike) -> str:
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None,
-                notes: list[str] | None = None) -> Config:
+                notes: list[str] | None = None, require_sections: bool = False) -> Config:
     """The config file at `path` with `overrides`; its relative paths are read from its directory
     (`notes` gets one line where that differs from the working directory)."""
-    return parse_config_text(_read_text(path), str(path), overrides, config_dir=Path(path).parent, notes=notes)
+    return parse_config_text(_read_text(path), str(path), overrides, config_dir=Path(path).parent, notes=notes,
+                             require_sections=require_sections)
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:

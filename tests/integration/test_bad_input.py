@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 
 from helpers import EARLIER_CKPT, REPO, bad_rows_dataset, laminar, model_fields
@@ -36,6 +37,15 @@ def _snapshot(root) -> dict:
 
 
 def _write(tmp_path, text: str, name: str = "bad.yaml") -> str:
+    """A config file with `text`; one that names no `task:` or `trainer:` gets them (the builtin task,
+    the default trainer), so that the refusal under test is the one each test means, not that one."""
+    try:
+        data = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        data = None  # bad YAML: refused for it, as written
+    if isinstance(data, dict):
+        text += "".join(f"\n{k}: {v}" for k, v in (("task", "{type: builtin}"), ("trainer", "{}")) if k not in data)
+        text += "\n"
     (tmp_path / name).write_text(text)
     return name
 
@@ -229,7 +239,7 @@ def test_resume_with_a_different_model_shape(tmp_path, earlier_run):
 
 
 def test_laminar_resume_after_config_was_edited(tmp_path, earlier_run):
-    (earlier_run / "config.yaml").write_text("model:\n  n_layers: 3\n")
+    (earlier_run / "config.yaml").write_text("model:\n  n_layers: 3\ntask: {type: builtin}\ntrainer: {}\n")
     err = _refused(tmp_path, earlier_run, "resume", str(earlier_run))
     assert f"checkpoint {EARLIER_CKPT} has model.n_layers=2, the config says model.n_layers=3" in err
 

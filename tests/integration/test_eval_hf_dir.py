@@ -46,6 +46,7 @@ task:
   prompt_template: "{{prompt}}"
   reward: {{fn: "{root / "reward.py"}:score", timeout_s: 10}}
 rollout: {{max_batch: 8, max_new_tokens: 8}}
+trainer: {{}}
 """)
     return config
 

@@ -17,6 +17,7 @@ CAESAR = str(REPO / "examples" / "caesar" / "config.yaml")
 TINY = """name: inputs
 model: {dim: 32, n_layers: 1, n_heads: 2, n_kv_heads: 1, ffn_dim: 64, max_seq_len: 32}
 warmup: {enabled: false}
+trainer: {}
 """
 HANG = "import time\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" \
        "    time.sleep(3600)\n"

@@ -111,6 +111,7 @@ def test_a_hub_name_resolves_through_the_command_line_from_the_cache(tmp_path):
     (tmp_path / "config.yaml").write_text("""name: smol-hub
 model: {tokenizer: hf, hf_path: HuggingFaceTB/SmolLM2-135M-Instruct, max_seq_len: 256}
 task: {type: arith, ops: [+], max_value: 9}
+trainer: {}
 """)
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path / "home")}
     # render-sbatch loads the config as `laminar run` does: the Hub name, the tokenizer from the GGUF,

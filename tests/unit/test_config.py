@@ -275,7 +275,7 @@ def test_override_through_null_section_creates_it():
 
 
 def test_overrides_reach_typed_config(tmp_path):
-    p = _write(tmp_path, "name: base\ntrainer:\n  lr: 0.01\ntask: {type: builtin}\n")
+    p = _write(tmp_path, "name: base\ntrainer:\n  lr: 0.01\n")
     cfg = load_config(p, [
         "trainer.lr=3e-4", "trainer.rho=1e1", "trainer.total_steps=12", "rollout.verify_checksum=true",
         "trainer.max_staleness=null", "trainer.clip_eps=0.2", "controller.max_ahead_steps=5",
@@ -374,7 +374,7 @@ def test_round_trip_of_shipped_configs(tmp_path):
 
 def test_the_reward_range_can_be_set_on_the_command_line_when_the_reward_is_a_function_name(tmp_path):
     """Issue 36: `task.reward: x.py:fn` is short for {fn: x.py:fn}; an override below it expands it."""
-    p = _write(tmp_path, "task: {type: builtin, reward: len_reward.py:reward_len}\ntrainer: {}\n")
+    p = _write(tmp_path, "task: {type: builtin, reward: len_reward.py:reward_len}\n")
     cfg = load_config(p, ["task.reward.range=[-50, 50]"])
     assert cfg.task.reward.fn == f"{tmp_path / 'len_reward.py'}:reward_len" and cfg.task.reward.range == (-50.0, 50.0)
 
@@ -386,6 +386,6 @@ def test_a_config_without_a_task_or_a_trainer_is_refused(tmp_path, text, missing
     """Issue 45: `{}` started a default campaign (the built-in tasks, the default trainer)."""
     p = _write(tmp_path, text)
     with pytest.raises(ConfigError) as err:
-        load_config(p)
+        load_config(p, require_sections=True)  # as `laminar run` loads it
     assert str(p) in str(err.value) and missing in str(err.value) and "\n" not in str(err.value)
-    assert load_config(p, ["task.type=builtin", "trainer.lr=0.01"]).trainer.lr == 0.01  # named by overrides
+    assert load_config(p, ["task.type=builtin", "trainer.lr=0.01"], require_sections=True).trainer.lr == 0.01

@@ -25,7 +25,6 @@ CONFIG = """task:
   path: train.jsonl
   reward: score.py:score
 model: {hf_tokenizer: HuggingFaceTB/SmolLM2-135M}
-trainer: {total_steps: 10}
 """
 
 
