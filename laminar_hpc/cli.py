@@ -47,6 +47,11 @@ def _load(args, progress: bool = False) -> Config:
     cfg = load_config(args.config, args.overrides, notes=notes, require_sections=True)
     for line in notes:  # paths read from the config's directory, where the working directory differs
         print(f"laminar: {line}", file=sys.stderr)
+    from laminar_hpc.tasks.preflight import StartCheckError, check_files
+    try:
+        check_files(cfg)  # before a model's conversion: minutes that a missing file would waste
+    except StartCheckError as err:
+        raise ConfigError(f"{err} (in {args.config})") from None
     if cfg.model.hf_path or cfg.model.hf_tokenizer:  # so does a missing or unsupported checkpoint
         from laminar_hpc.model.gguf_cache import CacheError
         from laminar_hpc.model.hf import HFCheckpointError, preflight
@@ -112,12 +117,33 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         if isinstance(ev, dict):
             print(f"{name}: reward={ev.get('reward', 0.0):.3f} at version {ev.get('version')} (step {ev.get('step')})")
     print(_failures_line(summary))
+    if line := dropped_line(summary):
+        print(line)
     if summary.get("tool_calls"):  # a tool task: its calls per episode and their latency
         lat = summary.get("tool_latency_s") or {}
         print(f"tools: calls={summary['tool_calls']} per_episode={summary.get('tool_calls_per_episode') or 0.0:.2f} "
               f"latency_p50={lat.get('p50') or 0.0:.4f}s p99={lat.get('p99') or 0.0:.4f}s "
               f"outcomes={summary.get('tool_outcomes')}")
     print(f"run directory: {run_dir}")
+
+
+def dropped_line(summary: dict) -> str:
+    """'dropped: 1,479 prompts over task.max_prompt_tokens (of 1,479 refused), 3 bad rows skipped
+    (epochs 23.5)', or '' when nothing was dropped: what the filters took, where the user looks."""
+    refused, too_long, skipped = (int(summary.get(k) or 0) for k in ("prompts_refused", "prompts_too_long",
+                                                                     "rows_skipped"))
+    if not (refused or skipped):
+        return ""
+    parts = []
+    if too_long:
+        parts.append(f"{too_long:,} prompts over task.max_prompt_tokens")
+    if refused - too_long:
+        parts.append(f"{refused - too_long:,} prompts that cannot be generated from (logs/controller-0.log names them)")
+    if skipped:
+        parts.append(f"{skipped:,} bad rows skipped (task.on_bad_row: skip)")
+    epochs = summary.get("epochs")
+    epochs_text = f" (the dataset's epochs: {epochs:.2f})" if isinstance(epochs, float) else ""
+    return "dropped: " + ", ".join(parts) + epochs_text
 
 
 def _failures_line(summary: dict) -> str:
@@ -137,6 +163,8 @@ def _failures_line(summary: dict) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from laminar_hpc.launch.local import RoleFailed, run_local
+    from laminar_hpc.startup.signals import honour_sigint
+    honour_sigint()  # a run in the background stops on SIGINT too
     if args.resume and not args.run_dir:
         raise ConfigError("--resume continues an existing run: name it with --run-dir DIR")
     run_dir = None
@@ -208,7 +236,7 @@ def _import(args: argparse.Namespace) -> int:
     config (config/recipe_import.py)."""
     from laminar_hpc.config.recipe_import import import_recipe
     from laminar_hpc.rundir import atomic_write_text
-    text, lines = import_recipe(args.source, Path(args.script), base_dir=Path.cwd())
+    text, lines = import_recipe(args.source, Path(args.script), base_dir=Path.cwd(), allow_unknown=args.allow_unknown)
     for line in lines:  # what became of each setting, one line each
         print(line, file=sys.stderr)
     if args.output:
@@ -364,10 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     im = sub.add_parser("import", help="a verl run script (python -m verl.trainer.main_ppo key=value ...) or a TRL "
                                        "GRPOConfig (YAML, or --key value) as a laminar config; each setting mapped, "
-                                       "ignored or unknown, one line each")
+                                       "ignored (laminar decides it) or refused, one line each")
     im.add_argument("source", choices=["verl", "trl"])
     im.add_argument("script", help="verl: the run script or its Hydra overrides; trl: the YAML or the CLI arguments")
     im.add_argument("-o", "--output", help="the config to write (default: printed)")
+    im.add_argument("--allow-unknown", action="store_true",
+                    help="import without the keys neither the tool nor laminar knows (each is still named); by "
+                         "default one stops the import, as the tool itself would refuse it")
     im.set_defaults(func=_import)
 
     st = sub.add_parser("status", help="job, steps, versions, throughput, last checkpoint of a run")

@@ -94,8 +94,8 @@ class TrainerBackendSpec:
     name = ""
     builder = ""
     has_model = True
-    # why this backend cannot train with a KL term to the anchor (trainer.kl_coef > 0), or None
-    kl_refusal: str | None = None
+    # trainer settings this backend cannot train with when above 0 -> why (one line each)
+    refuses: dict[str, str] = {}
 
     def ranks(self, cfg: "Config") -> int:
         """Processes of the trainer (one job-step task each)."""
@@ -116,10 +116,15 @@ class EmulatedTrainer(TrainerBackendSpec):
 class MegatronTrainer(TrainerBackendSpec):
     name = "megatron"
     builder = "laminar_hpc.trainer.backends:megatron_trainer"
-    # the reference would be a second sharded model on every rank (its own TP/PP layout, loaded
-    # from the anchor's HF-named weights): not built yet
-    kl_refusal = ("the megatron backend holds no reference model for the KL term yet; set trainer.kl_coef: 0 "
-                  "or use trainer.backend: torch")
+    refuses = {
+        # the reference would be a second sharded model on every rank (its own TP/PP layout, loaded
+        # from the anchor's HF-named weights): not built yet
+        "kl_coef": "the megatron backend holds no reference model for the KL term yet; set trainer.kl_coef: 0 "
+                   "or use trainer.backend: torch",
+        # its loss sees vocabulary-parallel logits: the entropy's gradient across TP ranks is not written
+        "entropy_coef": "the megatron backend has no entropy bonus yet; set trainer.entropy_coef: 0 or use "
+                        "trainer.backend: torch",
+    }
 
     def ranks(self, cfg: "Config") -> int:
         m = cfg.trainer.megatron

@@ -5,14 +5,14 @@ starts (or refused, where a change cannot be applied exactly).
 The rule (docs/reliability.md, "A resume that changes the training"): a resume applies the
 config it is given. Every setting below that differs from the checkpoint's is named, old -> new,
 with what it does from the resumed step on:
-- the learning-rate schedule (`trainer.total_steps`, `lr`, `lr_schedule`, `lr_min_ratio`): the
-  schedule is the new one, as if the campaign had been planned with it from the start: the line
-  gives the learning rate at the resumed step, before and after;
+- the learning-rate schedule (`trainer.total_steps`, `lr`, `lr_schedule`, `lr_min_ratio`,
+  `lr_warmup_steps`): the schedule is the new one, as if the campaign had been planned with it
+  from the start: the line gives the learning rate at the resumed step, before and after;
 - the optimizer's settings (`weight_decay`, `grad_clip`): the optimizer's moments are kept, its
   settings are the config's from the resumed step;
-- the loss (`correction`, `rho`, `mask_low`, `clip_eps`, `minibatches`, `loss_agg`, `adv_norm`,
-  `kl_coef`, `max_staleness`, `groups_per_step`, `dynamic_sampling`): from the resumed step; the
-  KL term is always against the run's anchor (its initial policy);
+- the loss (`correction`, `rho`, `mask_low`, `clip_eps`, `clip_eps_high`, `minibatches`, `loss_agg`,
+  `adv_norm`, `kl_coef`, `entropy_coef`, `max_staleness`, `groups_per_step`, `dynamic_sampling`): from
+  the resumed step; the KL term is always against the run's anchor (its initial policy);
 - sampling (`rollout.temperature`, `top_k`, `top_p`, `max_new_tokens`): trajectories started
   from then on; the trainer scores pi under the new setting.
 Refused, with what to do: `trainer.group_size` (groups already admitted, in the write-ahead log,
@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config
 
-SCHEDULE = ("trainer.total_steps", "trainer.lr", "trainer.lr_schedule", "trainer.lr_min_ratio")
+SCHEDULE = ("trainer.total_steps", "trainer.lr", "trainer.lr_schedule", "trainer.lr_min_ratio",
+            "trainer.lr_warmup_steps")
 OPTIMIZER = ("trainer.weight_decay", "trainer.grad_clip")
-LOSS = ("trainer.correction", "trainer.rho", "trainer.mask_low", "trainer.clip_eps", "trainer.minibatches",
-        "trainer.loss_agg", "trainer.adv_norm", "trainer.kl_coef", "trainer.max_staleness", "trainer.groups_per_step",
-        "trainer.dynamic_sampling")
+LOSS = ("trainer.correction", "trainer.rho", "trainer.mask_low", "trainer.clip_eps", "trainer.clip_eps_high",
+        "trainer.minibatches", "trainer.loss_agg", "trainer.adv_norm", "trainer.kl_coef", "trainer.entropy_coef",
+        "trainer.max_staleness", "trainer.groups_per_step", "trainer.dynamic_sampling")
 SAMPLING = ("rollout.temperature", "rollout.top_k", "rollout.top_p", "rollout.max_new_tokens")
 REFUSED = {"trainer.group_size": "groups already admitted (in the write-ahead log) have the checkpoint's size"}
 TRAINING_KEYS = SCHEDULE + OPTIMIZER + LOSS + SAMPLING + tuple(REFUSED)
@@ -55,7 +56,7 @@ def training_settings(cfg: Config) -> dict[str, Any]:
 
 def _lr(settings: dict, step: int, cfg: Config) -> float:
     """The learning rate at `step` under the schedule that `settings` (dotted keys) describe."""
-    values = {key.split(".")[1]: settings[key] for key in SCHEDULE}
+    values = {key.split(".")[1]: settings[key] for key in SCHEDULE if key in settings}  # older: fewer keys
     return cfg.trainer.model_copy(update=values).lr_at(step)
 
 

@@ -378,8 +378,10 @@ class Config(Section):
         if (self.trainer.backend == "emulated") != (self.rollout.backend == "emulated"):
             raise ValueError(f"trainer.backend={self.trainer.backend!r} and rollout.backend={self.rollout.backend!r}: "
                              "either both are 'emulated' or neither is (they exchange weights of one layout)")
-        if self.trainer.kl_coef > 0 and (why := TRAINER_BACKENDS[self.trainer.backend].kl_refusal):
-            raise ValueError(f"trainer.kl_coef={self.trainer.kl_coef} with trainer.backend={self.trainer.backend!r}: {why}")
+        for key, why in TRAINER_BACKENDS[self.trainer.backend].refuses.items():
+            if getattr(self.trainer, key) > 0:
+                raise ValueError(f"trainer.{key}={getattr(self.trainer, key)} with trainer.backend="
+                                 f"{self.trainer.backend!r}: {why}")
         return self
 
     @model_validator(mode="after")

@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from laminar_hpc.config.layouts import LAYOUT_SPECS
 from laminar_hpc.config.rewards import BUILTIN_REWARDS, REWARD_SIGNATURES
-from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Section
+from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
 
 TaskLayout = Literal[tuple(LAYOUT_SPECS)]  # one entry each in config/layouts.py
 RewardSignature = Literal[("auto", *REWARD_SIGNATURES)]  # auto: read from the parameter names; config/rewards.py
@@ -143,6 +143,9 @@ class DatasetTaskCfg(Section):
     chat_template: bool | None = None
     system_prompt: str | None = None  # the chat's system message (chat_template only); null: none
     max_prompt_tokens: PosInt | None = None  # longer prompts are skipped at admission and counted
+    # the share of training rows the limits may drop (prompts over max_prompt_tokens or the engine's
+    # context, bad rows skipped): the start check counts them, and more stops the start with the fix
+    max_dropped_fraction: Prob = 0.05
     shuffle: bool = True  # draw rows in a seeded random order (else file order)
     on_bad_row: Literal["fail", "skip"] = "fail"  # a row without a mapped field: stop, or skip and count
     reward: RewardCfg = _reward("math_verify")

@@ -76,6 +76,9 @@ class LoggingCfg(Section):
     # lost steps' points. live: every tracker at once (after a crash W&B and MLflow keep the lost
     # steps' points beside the new ones)
     send: Literal["checkpointed", "live"] = "checkpointed"
+    # the metric names written beside laminar's own (metrics.jsonl and every tracker): verl's
+    # (`actor/entropy`, `val-core/...`), TRL's (`train/reward`, `train/rewards/<fn>/mean`), or both
+    names: list[Literal["verl", "trl"]] = Field(default_factory=lambda: ["verl", "trl"])
 
     @field_validator("wandb", "mlflow", mode="before")
     @classmethod

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from laminar_hpc.metrics.evaluation import eval_scores
+from laminar_hpc.metrics.names import eval_names
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.transport.protocol import Trajectory, WorkItem
 
@@ -70,10 +71,11 @@ class Round:
 class Evaluation:
     def __init__(self, cfg: Config, problems: list[Problem], tokenize: Callable[[Problem], list[int]], *,
                  emit: Callable[..., None], write: Callable[[dict], object], log, done_steps: set[int] = frozenset(),
-                 epoch: str = ""):
+                 epoch: str = "", source: str = "task"):
         ev = cfg.eval
         self.every, self.at_start = ev.every_steps, ev.at_start
         self.samples, self.pass_k, self.threshold = ev.samples, ev.pass_k, ev.success_threshold
+        self.source, self.families = source, cfg.logging.names  # verl's names of a round: val-core/<source>/...
         self.share = max(1, int(ev.capacity_fraction * cfg.rollout.max_batch))  # slots per rollout
         self.max_new_tokens = cfg.rollout.max_new_tokens
         self.problems, self.tokenize = problems, tokenize
@@ -180,6 +182,7 @@ class Evaluation:
         if len(rnd.results) < rnd.items:
             return None
         row = round_row(rnd, self.pass_k, self.threshold)
+        row.update(eval_names(row, self.source, self.families))
         self.current, self.last_row, self.items = None, row, {}
         self.write(row)
         self.emit("eval", **row)

@@ -55,6 +55,7 @@ from laminar_hpc.controller.validate import limits_for
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.controller.weight_sync import WeightSync
 from laminar_hpc.metrics.jsonl import JsonlAppender, read_objects
+from laminar_hpc.metrics.names import eval_source
 from laminar_hpc.metrics.status import ControllerInfo, Status, StatusWriter, Utilisation
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
@@ -79,6 +80,7 @@ class Controller:
         self.run_dir, self.cfg, self.log, self.tracer = rd.path, cfg, log, tracer
         task = build_task(cfg.task, cfg.seed)
         self.task_rows = len(task) if cfg.task.type in ("dataset", "jsonl") else None  # epochs of a dataset
+        self.rows_skipped = int(getattr(task, "skipped", 0))  # bad rows the dataset skipped (task.on_bad_row: skip)
         tok = build_tokenizer(cfg.model)
         self.epoch = uuid.uuid4().hex[:12]  # roles that see a new epoch re-send their state
         self.t_start = time.time()
@@ -146,7 +148,8 @@ class Controller:
         self.metrics_out = JsonlAppender(rd.metrics)  # (its failures: status.json write_failures)
         self.evaluation = Evaluation(cfg, problems, lambda p: encode_prompt(tok, p), emit=tracer.emit,
                                      write=self.metrics_out.append, log=log, done_steps=done,
-                                     epoch=self.epoch)
+                                     epoch=self.epoch,
+                                     source=eval_source(task.name, {p.fields.get("data_source") for p in problems}))
         self.handlers = MessageHandlers(self.state, data_plane=self.data_plane, rollout_manager=self.rollout_manager,
                                         sync=self.sync, roles=self.roles, recovery=self.recovery, wal=self.wal,
                                         tracer=tracer, evaluation=self.evaluation, log=log, send=self.send, epoch=self.epoch,
@@ -352,7 +355,7 @@ class Controller:
             + sum(int(v.get("foreign_frames", 0) or 0) for v in st.shards.values()),  # a shard's, of others' rollouts
             relay_dropped_frames=st.relay_dropped, handler_errors=self.frames.handler_errors,
             prompts_refused=dp.refused["prompts"], prompts_too_long=dp.refused.get("prompts_too_long", 0),
-            prompt_cursor=dp.cursor, epochs=dp.cursor / self.task_rows if self.task_rows else None, refused_problems=list(dp.refused_problems),
+            rows_skipped=self.rows_skipped, prompt_cursor=dp.cursor, epochs=dp.cursor / self.task_rows if self.task_rows else None, refused_problems=list(dp.refused_problems),
             trajectories_refused=dp.refused["trajectories"],
             stream_items_refused=dp.refused["stream_items"]
             + sum(int(v.get("stream_items_refused", 0) or 0) for v in st.shards.values()),

@@ -23,6 +23,7 @@ from laminar_hpc.launch.processes import mpi_env, mpi_root_refusal, mpi_session_
 from laminar_hpc.launch.prepare import prepare_run_dir
 from laminar_hpc.startup.signals import launcher_signals
 from laminar_hpc.launch.supervisor import RoleFailed, Supervisor
+from laminar_hpc.metrics.eta import Eta
 from laminar_hpc.metrics.progress import Progress
 from laminar_hpc.metrics.summary import build_summary
 from laminar_hpc.metrics.trackers import finish_run, missing_packages
@@ -105,6 +106,8 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
         stale.unlink()  # endpoints of an earlier start of this run directory
     rd.status.unlink(missing_ok=True)
     progress = progress or Progress(f"laminar: {cfg.name}")
+    if progress.eta is None:
+        progress.eta = Eta.for_config(cfg)  # the campaign's time left, each phase from its own rate
     for line in missing_packages(cfg):  # logging: a tracker that cannot work is said once, up front
         progress.message(line)
     sup = Supervisor(cfg, run_dir, command, progress)
@@ -117,6 +120,7 @@ def run_campaign(cfg: Config, run_dir: Path, command, specs: list[RoleSpec], *, 
         outcome = sup.run()
     except KeyboardInterrupt:
         outcome = "interrupted"
+        progress.message(sup.stopping_line())  # at once: the stop itself may take a train step's time
         raise
     finally:
         killed = sup.stop()

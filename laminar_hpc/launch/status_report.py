@@ -11,7 +11,8 @@ import subprocess
 from pathlib import Path
 
 from laminar_hpc.metrics.progress import versions_text
-from laminar_hpc.metrics.status import read_status
+from laminar_hpc.metrics.jsonl import read_steps
+from laminar_hpc.metrics.status import Status, read_status
 from laminar_hpc.metrics.summary import read_summary
 from laminar_hpc.checkpoint_format import META_FILE
 from laminar_hpc.rundir import RunDir, read_json
@@ -58,6 +59,37 @@ def shards_line(shards: dict[str, dict], relayed: dict[str, int]) -> str:
     return f"{len(shards)}: " + ", ".join(parts) + f"; {relayed.get('frames', 0):,} frames relayed"
 
 
+def newest_status(rd: RunDir) -> Status:
+    """The controller's last word: status.json (every second while it runs) or controller_stats.json
+    (at its end, after the last status), whichever it wrote last."""
+    return max((read_status(rd.status), read_status(rd.controller_stats)), key=lambda st: st.t)
+
+
+def trained(rd: RunDir, st: Status) -> tuple[int, int]:
+    """(step, version) the trainer reached: the status's, or metrics.jsonl's last step row where the
+    trainer wrote one after the controller's last status (a stop's final steps)."""
+    rows = read_steps(rd.metrics)
+    if rows and rows[-1]["step"] > st.step:
+        return rows[-1]["step"], int(rows[-1].get("version", st.trainer_version))
+    return st.step, st.trainer_version
+
+
+def dropped_text(st: Status) -> str:
+    """'1,479 prompts refused (1,479 over task.max_prompt_tokens), 3 bad rows skipped, epochs 23.50', or ''."""
+    parts = []
+    if st.prompts_refused:
+        parts.append(f"{st.prompts_refused:,} prompts refused ({st.prompts_too_long:,} over task.max_prompt_tokens)")
+    if st.rows_skipped:
+        parts.append(f"{st.rows_skipped:,} bad rows skipped")
+    if parts and st.epochs is not None:
+        parts.append(f"epochs {st.epochs:.2f}")
+    return ", ".join(parts)
+
+
+def _num(v) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
 def status_report(run_dir: Path) -> str:
     """Reads only files (and asks Slurm); imports no torch, so it answers at once."""
     rd = RunDir.of(run_dir)
@@ -73,17 +105,23 @@ def status_report(run_dir: Path) -> str:
                 lines.append("steps       " + " | ".join(f"{i} {n} {s}" for i, n, s in steps))
         else:
             lines.append(f"job         {job['job_id']} ({job.get('cluster')})")
-    st = read_status(rd.status)
+    st = newest_status(rd)
+    summary = read_summary(rd)
+    ended = summary if summary and summary.get("run_id") == rd.run_id else None  # the last start's end
     if st.t:  # written at least once
         total = "?" if st.total_steps is None else st.total_steps
-        lines.append(f"trainer     step {st.step}/{total}, version {st.trainer_version}, "
-                     f"{st.trajectories_per_s:.1f} trajectories/s (phase {st.phase})")
+        step, version = trained(rd, st)
+        phase = f"ended: {ended.get('outcome')}" if ended else f"phase {st.phase}"
+        lines.append(f"trainer     step {step}/{total}, version {version}, "
+                     f"{st.trajectories_per_s:.1f} trajectories/s ({phase})")
         lines.append(f"relays      {versions_text(st.relay_versions)}")  # 'v6 x2': two relays hold version 6
         lines.append(f"rollouts    {versions_text(st.rollout_versions)}")
         if st.shards:  # stream shards (controller.shards): what each holds, as it last reported
             lines.append("shards      " + shards_line(st.shards, st.relayed))
         if st.elastic:
             lines.append("elastic     " + elastic_line(st.elastic))
+        if dropped := dropped_text(st):
+            lines.append(f"dropped     {dropped}")
     jobs = (read_json(rd.elastic_jobs) or {}).get("jobs") or []
     if jobs:  # slurm.elastic's attach jobs (launch/attach_jobs.py), as the campaign driver last saw them
         lines.append("elastic jobs " + " | ".join(f"{j.get('job_id')} {j.get('state')}" for j in jobs[-6:]))
@@ -93,10 +131,9 @@ def status_report(run_dir: Path) -> str:
         lines.append(f"checkpoint  {ckpts[-1]} (step {meta.get('step')}, version {meta.get('version')})")
     else:
         lines.append("checkpoint  none yet")
-    summary = read_summary(rd)
     if summary:
         lines.append(f"last end    {summary.get('outcome')}: {summary.get('train_steps')} steps, reward "
-                     f"{summary.get('reward_first')} -> {summary.get('reward_last')}, "
+                     f"{_num(summary.get('reward_first'))} -> {_num(summary.get('reward_last'))}, "
                      f"wall {summary.get('wall_s', 0):.0f}s")
     lines.append(f"starts      {len(rd.starts())}")
     return "\n".join(lines)

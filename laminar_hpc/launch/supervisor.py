@@ -26,7 +26,9 @@ from laminar_hpc.metrics.status import Status, read_status
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.policy.supervision import (campaign_over, due, exit_meaning, grace_over, hung_to_kill, plan_restart,
                                             recovered_at, stop_order)
+from laminar_hpc.checkpoint_format import checkpoint_step
 from laminar_hpc.rundir import RunDir, atomic_write_json, read_json
+from laminar_hpc.startup.signals import ignoring_sigint
 from laminar_hpc.transport.channel import Client, WaitTimeout
 from laminar_hpc.transport.protocol import Message, RoleDown, StopAll
 from laminar_hpc.transport.security import client_keys
@@ -36,6 +38,16 @@ POLL_S = 0.25  # how often the supervisor looks at its children and the status f
 
 class RoleFailed(RuntimeError):
     pass
+
+
+AT_ONCE_S = 5.0  # a second Ctrl-C: the roles get this long after SIGTERM before SIGKILL
+
+
+def kept_text(rd: RunDir) -> str:
+    """'the last checkpoint (step 50) is kept' or 'no checkpoint yet: nothing to resume'."""
+    ckpts = rd.checkpoints()
+    return f"the last checkpoint (step {checkpoint_step(ckpts[-1])}) is kept" if ckpts else \
+        "no checkpoint yet: nothing to resume"
 
 
 class Supervisor:
@@ -198,17 +210,42 @@ class Supervisor:
                     return outcome
             time.sleep(POLL_S)
 
+    def stopping_line(self) -> str:
+        """What a Ctrl-C does, said at once (the trainer may take a step's time to stop), from the
+        controller's newest status (this loop's copy may be a poll old)."""
+        st = read_status(self.rundir.status)
+        st = st if st.t >= self.status.t else self.status
+        if not st.t or st.phase in ("?", "starting"):
+            now = "the roles starting are stopped"
+        elif st.phase == "warmup":
+            now = "the trainer ends its warm-up step, then every role stops"
+        elif st.phase == "finishing":
+            now = "the trainer is done: the final evaluation is cut short and every role stops"
+        else:
+            now = (f"the trainer finishes step {st.step + 1} (or stops waiting for it) and saves a checkpoint, "
+                   "then every role stops")
+        return (f"laminar: Ctrl-C: stopping: {now} (up to timeouts.shutdown_s={self.cfg.timeouts.shutdown_s:.0f}s); "
+                f"Ctrl-C again stops them at once: {kept_text(self.rundir)}")
+
     def stop(self, reason: str = "stopping") -> list[str]:
         """Stop every role still running; returns those that had to be killed.
 
         First through the control plane (the controller tells every role to stop; a trainer that
         has not finished checkpoints first), which reaches roles on other nodes without signals;
-        then SIGTERM/SIGKILL by PID for whatever is left."""
-        if self.ctrl is not None and self.procs.alive() and self._tell(StopAll(reason=reason)):
-            deadline = time.monotonic() + self.cfg.timeouts.shutdown_s
-            while self.procs.alive() and time.monotonic() < deadline:
-                time.sleep(POLL_S)  # wait for the roles to exit on their own
-        killed = self.procs.stop_all(self.cfg.timeouts.shutdown_s, order=stop_order(self.specs))
+        then SIGTERM/SIGKILL by PID for whatever is left. A Ctrl-C while the roles wind down stops
+        them at once (SIGTERM, SIGKILL after AT_ONCE_S), said in one line; further ones wait for that."""
+        grace_s = self.cfg.timeouts.shutdown_s
+        try:
+            if self.ctrl is not None and self.procs.alive() and self._tell(StopAll(reason=reason)):
+                deadline = time.monotonic() + grace_s
+                while self.procs.alive() and time.monotonic() < deadline:
+                    time.sleep(POLL_S)  # wait for the roles to exit on their own
+        except KeyboardInterrupt:
+            grace_s = AT_ONCE_S
+            self.progress.message(f"laminar: Ctrl-C again: stopping every role now (SIGTERM, SIGKILL after "
+                                  f"{AT_ONCE_S:.0f}s); {kept_text(self.rundir)}")
+        with ignoring_sigint():  # the kill runs to its end
+            killed = self.procs.stop_all(grace_s, order=stop_order(self.specs))
         if self.ctrl is not None:
             self.ctrl.close()
             self.ctrl = None

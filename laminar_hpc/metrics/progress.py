@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
+from laminar_hpc.metrics.eta import Eta
 from laminar_hpc.metrics.status import Status
 
 
@@ -107,11 +108,14 @@ class History:
         return [which[k] for k in sorted(which)]
 
 
-def progress_text(step: int, total: int | None, pace: float | None, at_most: bool = False) -> str:
-    """'██████░░░░ 6/12 50% · 0.8s/step · ETA 5s' (`at_most`: the phase may end sooner)."""
+def progress_text(step: int, total: int | None, pace: float | None, at_most: bool = False,
+                  left: float | None = None, known: bool = False) -> str:
+    """'██████░░░░ 6/12 50% · 0.8s/step · ETA 5s' (`at_most`: the phase may end sooner; `left`: the
+    campaign's time left, `known`: from metrics/eta.py, '?' where it is None; else the pace x steps left)."""
     if not total:
         return f"{step} / ?"
-    left = None if pace is None else pace * max(0, total - step)
+    if left is None and pace is not None and not known:
+        left = pace * max(0, total - step)
     rate = "" if pace is None else f" · {pace:.2f}s/step"
     eta = f"{'≤ ' if at_most else ''}{duration(left)}"
     return f"{bar(step / total)} {step}/{total} {step / total:.0%}{rate} · ETA {eta}"
@@ -128,8 +132,12 @@ def warmup_total(m: dict) -> int | None:
     return total if isinstance(total, int) else None
 
 
-def eta_text(st: Status, history: History | None) -> str:
-    """' ETA 1m20s' for the plain line, or ''."""
+def eta_text(st: Status, history: History | None, eta: Eta | None = None) -> str:
+    """' ETA 1m20s' for the plain line (the campaign's end, where `eta` knows it), or ''."""
+    if eta is not None:
+        now = time.monotonic()
+        left = eta.warmup_left_s(now) if st.phase == "warmup" else eta.left_s(now)
+        return "" if left is None else f" ETA {'≤ ' if st.phase == 'warmup' else ''}{duration(left)}"
     if history is None:
         return ""
     if st.phase == "warmup":
@@ -165,19 +173,20 @@ def phase_of(st: Status, roles_expected: int | None = None) -> tuple[str, str]:
     return "training", "training"
 
 
-def status_line(st: Status, history: History | None = None, roles_expected: int | None = None) -> str:
+def status_line(st: Status, history: History | None = None, roles_expected: int | None = None,
+                eta: Eta | None = None) -> str:
     m = st.metrics
     key, text = phase_of(st, roles_expected)
     if key not in ("warmup", "training"):
-        return f"{text}, elapsed {st.elapsed_s:.0f}s"
+        return f"{text}, elapsed {st.elapsed_s:.0f}s{eta_text(st, None, eta)}"
     if st.phase == "warmup":
         return (f"warm-up step {warmup_step(m)} greedy reward {_fmt(m.get('warmup.greedy_reward'))}"
-                f"{warmup_failures(m, ' rewards failed ')} elapsed {st.elapsed_s:.0f}s{eta_text(st, history)}")
+                f"{warmup_failures(m, ' rewards failed ')} elapsed {st.elapsed_s:.0f}s{eta_text(st, history, eta)}")
     return (f"step {st.step}/{_total(st)} reward {_fmt(m.get('reward_mean'))}{eval_text(st)} "
             f"traj/s {_fmt(st.trajectories_per_s, '.1f')} "
             f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max', '-')} "
             f"versions in flight {flight_text(st.versions_in_flight)} trainer v{st.trainer_version} "
-            f"elapsed {st.elapsed_s:.0f}s{eta_text(st, history)}")
+            f"elapsed {st.elapsed_s:.0f}s{eta_text(st, history, eta)}")
 
 
 def eval_text(st: Status) -> str:
@@ -218,6 +227,7 @@ class Progress:
         self.history = History()
         self.roles_expected: int | None = None  # the launcher's roles, for 'k of M roles ready'
         self.phase: str | None = None  # the key of the phase last said
+        self.eta: Eta | None = None  # the campaign's time left (the launcher sets it: Eta.for_config)
         self.live = None
         if self.tty:
             from rich.console import Console
@@ -239,10 +249,12 @@ class Progress:
                 self.last_plain = time.monotonic()
             return
         self.history.add(st)
+        if self.eta is not None:
+            self.eta.see(st, time.monotonic())
         if self.live is not None:
             self.live.update(self._table(st))
         elif time.monotonic() - self.last_plain >= self.plain_every_s:
-            print(status_line(st, self.history, self.roles_expected), file=self.stream, flush=True)
+            print(status_line(st, self.history, self.roles_expected, self.eta), file=self.stream, flush=True)
             self.last_plain = time.monotonic()
 
     def message(self, text: str) -> None:
@@ -266,7 +278,11 @@ class Progress:
             if warmup_failures(m):
                 t.add_row("rewards failed (scored 0)", warmup_failures(m))
         elif key in ("training", "final evaluation", "stopping"):  # (the figures stay on at the end)
-            t.add_row("steps", progress_text(st.step, st.total_steps, h.pace("rl", st.step, st.elapsed_s)))
+            if self.eta is not None:
+                left = self.eta.left_s(time.monotonic())
+                t.add_row("steps", progress_text(st.step, st.total_steps, self.eta.pace_s(), left=left, known=True))
+            else:
+                t.add_row("steps", progress_text(st.step, st.total_steps, h.pace("rl", st.step, st.elapsed_s)))
             t.add_row("reward (batch mean)", f"{_fmt(m.get('reward_mean'))}  {sparkline(h.series(h.rewards))}")
             for name, value in reward_rows(m):
                 t.add_row(name, value)

@@ -79,6 +79,7 @@ class Status(msgspec.Struct, kw_only=True):
     rollout_util: dict[int, Utilisation] = {}
     metrics: dict[str, Scalar] = {}  # the trainer's last step
     prompts_too_long: int = 0  # of prompts_refused: over task.max_prompt_tokens
+    rows_skipped: int = 0  # the dataset's bad rows skipped as it loaded (task.on_bad_row: skip)
     prompt_cursor: int = 0  # problems drawn from the task so far (admitted or refused)
     epochs: float | None = None  # prompt_cursor / the dataset's training rows (None: a generated task)
     groups_dropped_by: dict[str, int] = {}  # reason -> groups (staleness, no_signal, bad_reward, ...)

@@ -89,6 +89,7 @@ def build_summary(run_dir: RunDir | Path, *, mode: str, wall_s: float) -> dict:
         **eval_summary(objects),
         "prompts_refused": ctl.prompts_refused,
         "prompts_too_long": ctl.prompts_too_long,
+        "rows_skipped": ctl.rows_skipped,
         "epochs": ctl.epochs,
         "dropped_frames": ctl.dropped_frames,  # malformed frames at the controller's socket
         "relay_dropped_frames": ctl.relay_dropped_frames,  # ... at the master relay's

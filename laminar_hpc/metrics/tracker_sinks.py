@@ -155,8 +155,9 @@ _MLFLOW_BAD = re.compile(r"[^\w\-. /]")  # MLflow names: letters, digits, _ - . 
 
 
 def mlflow_key(key: str) -> str:
-    """An MLflow metric or param name for `key` ('eval/pass@4' -> 'eval/pass_4')."""
-    return _MLFLOW_BAD.sub("_", key)[:250]
+    """An MLflow metric or param name for `key`: '@' as '_at_' (verl's MLflow names:
+    'val-core/x/reward/mean@4' -> '.../mean_at_4'), anything else MLflow refuses as '_'."""
+    return _MLFLOW_BAD.sub("_", key.replace("@", "_at_"))[:250]
 
 
 def mlflow_uri(rd: RunDir, uri: str | None) -> str:

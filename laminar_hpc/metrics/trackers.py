@@ -29,9 +29,10 @@ at the price of the lost steps' points staying there). A tracker that fails (pac
 trackers.json, in the step rows (`tracker_failures`) and summary.json, and logged (the first
 failure and every 100th); it never raises into training.
 
-Each row becomes one point per numeric field, named in full: a step row's figures under verl's
-names where verl has one (`actor/entropy`, `response_length/mean`, ...; metrics/names.py), else
-`train/<key>`, at their step; evaluation rows `eval/<key without eval_>` at `eval_step`; event rows
+Each row becomes points named in full: a step row's figures under verl's names and TRL's
+(`actor/entropy` and `train/entropy`, `response_length/mean` and `train/completions/mean_length`,
+...; `logging.names` chooses the families; metrics/names.py), else `train/<key>`, at their step;
+evaluation rows `eval/<key without eval_>` (TRL's names) and verl's `val-core/...` at `eval_step`; event rows
 (`warm-up done`) `<event>/<key>`. The summary (nested keys joined by '.') goes to each tracker's
 summary, not its plots: W&B's run summary, MLflow's run tags, TensorBoard's text.
 """
@@ -49,7 +50,7 @@ from laminar_hpc.checkpoint_format import checkpoint_step, list_checkpoints
 from laminar_hpc.config.backends import resolve
 from laminar_hpc.config.tracking import TRACKERS
 from laminar_hpc.metrics.jsonl import REWOUND, rewind
-from laminar_hpc.metrics.names import tracker_key
+from laminar_hpc.metrics.names import FAMILIES, VERL_EVAL, tracker_names
 from laminar_hpc.metrics.tracker_sinks import flatten
 from laminar_hpc.rundir import DISK_ERRORS, RunDir, atomic_write_json, read_json
 
@@ -63,22 +64,24 @@ TRAIN_SKIP = frozenset({"t", "version", "tracker_failures"})
 LOG_EVERY = 100  # after the first failure of a tracker, every 100th is logged
 
 
-def points(row: dict) -> tuple[str, int, dict[str, float]] | None:
+def points(row: dict, families=FAMILIES) -> tuple[str, int, dict[str, float]] | None:
     """(kind, step, {full name: number}) of a metrics.jsonl row, or None for a row that is none
-    of a train step, an evaluation round or an event."""
+    of a train step, an evaluation round or an event. `families`: logging.names."""
     if "eval_round" in row:  # controller/evaluation.py: round_row
         kind, step = "eval", row.get("eval_step")
-        # 'pass@4' as 'pass_4' for every tracker: MLflow refuses '@', and one name across trackers
-        names = {k: "eval/" + (k[5:] if k.startswith("eval_") else k).replace("@", "_") for k in row}
+        # 'pass@4' as 'pass_4' for every tracker: MLflow refuses '@', and one name across trackers;
+        # verl's validation names as verl sends them (its MLflow sink writes '@' as '_at_', as ours)
+        names = {k: [k if k.startswith(VERL_EVAL) else
+                     "eval/" + (k[5:] if k.startswith("eval_") else k).replace("@", "_")] for k in row}
     elif "event" in row:
         kind, step = str(row["event"]), row.get("step", 0)
-        names = {k: f"{kind}/{k}" for k in row if k != "event"}
+        names = {k: [f"{kind}/{k}"] for k in row if k != "event"}
     else:
         kind, step = "train", row.get("step")
-        names = {k: tracker_key(k) for k in row if k not in TRAIN_SKIP}
+        names = {k: tracker_names(k, families) for k in row if k not in TRAIN_SKIP}
     if not isinstance(step, int) or isinstance(step, bool):
         return None
-    nums = {name: float(row[k]) for k, name in names.items()
+    nums = {name: float(row[k]) for k, each in names.items() for name in each
             if name != f"{kind}/step" and k not in SKIP and isinstance(row[k], (int, float))}
     return kind, step, nums
 
@@ -183,7 +186,7 @@ class Trackers:
                 row = json.loads(line)
             except ValueError:
                 row = None  # a torn line (metrics/jsonl.py)
-            p = points(row) if isinstance(row, dict) and row.get("event") != REWOUND else None
+            p = points(row, self.cfg.logging.names) if isinstance(row, dict) and row.get("event") != REWOUND else None
             to = []
             if at >= self.cursor:
                 to += live

@@ -43,6 +43,30 @@ def install_stop_handlers(flags: dict = STOP_FLAGS) -> dict:
     return flags
 
 
+def honour_sigint():
+    """A launcher started in the background by a shell without job control (`laminar run ... &` in
+    a script, nohup) inherits SIGINT ignored, and Python keeps it so: a Ctrl-C (`kill -INT`) must
+    stop it as it stops one in the foreground. Returns the handler it found."""
+    old = signal.getsignal(signal.SIGINT)
+    if old == signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return old
+
+
+@contextmanager
+def ignoring_sigint():
+    """Ctrl-C ignored inside (the launcher's kill of its roles runs to its end); outside the main
+    thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def as_interrupt(signum, frame):
     raise KeyboardInterrupt  # the launcher stops every role as on Ctrl-C
 
@@ -74,6 +98,7 @@ def launcher_signals(log_path: Path | None = None):
         raise KeyboardInterrupt
 
     old_hup = signal.signal(signal.SIGHUP, on_hangup)
+    old_int = honour_sigint()
     old_term = signal.getsignal(signal.SIGTERM)
     if old_term in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, as_interrupt)
@@ -81,6 +106,8 @@ def launcher_signals(log_path: Path | None = None):
         yield
     finally:
         signal.signal(signal.SIGHUP, old_hup)
+        if old_int == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, old_int)
         if old_term in (signal.SIG_DFL, None):
             signal.signal(signal.SIGTERM, old_term or signal.SIG_DFL)
 

@@ -12,6 +12,10 @@ What it checks, in order:
 - `env.tools`, `env.environment` and `env.format` import (else every role would restart on it);
 - a chat (a row holding messages, or `task.chat_template: true`) renders with the tokenizer's
   chat template (`tokenizer` builds it only then, once);
+- how many training rows the limits would drop (a prompt over `task.max_prompt_tokens`, one that
+  leaves no room in the engine's context, a bad row skipped): said in one line, and more than
+  `task.max_dropped_fraction` of them stops the start with the fix (a dataset's rows, all of them
+  or, past SAMPLE_ROWS, an even sample);
 - the supervised warm-up has gold answers to learn from, or demonstrations (`warmup.data`) whose
   every row is a conversation this run can replay, rendered with the tokenizer;
 - each reward function is called on a sample row (the task's problem 0, its gold answer as the
@@ -75,12 +79,26 @@ def check_start(cfg: Config, tokenizer: Callable[[], Any], say: Callable[[str], 
         check_env(cfg.env)
     begin()
     check_chat(task, cfg.task, tokenizer)
+    notes += check_prompt_limits(cfg, task, tokenizer)
     if warmup_runs(cfg):
         begin()
         check_warmup(cfg, task, tokenizer)
     begin()
     notes += check_reward(cfg.task.reward, task.problem(0), where(task, 0))
     return notes
+
+
+def check_files(cfg: Config) -> None:
+    """The data files the config names are files here: checked before anything slow (a model's
+    conversion takes minutes, and a missing file was found only after it)."""
+    from pathlib import Path
+    for key, value in (("task.path", getattr(cfg.task, "path", None)),
+                       ("task.validation_path", getattr(cfg.task, "validation_path", None)),
+                       ("warmup.data", cfg.warmup.data)):
+        if value and not Path(value).is_file():
+            where = "" if Path(value).is_absolute() else f" (relative to {Path.cwd()})"
+            raise StartCheckError(f"{key}: {value} is not a file{where}; set {key} to an existing JSONL or Parquet "
+                                  "file")
 
 
 def where(task, index: int) -> str:
@@ -170,6 +188,60 @@ def check_chat(task, task_cfg: TaskCfg, tokenizer: Callable[[], Any]) -> None:
     except ValueError as err:
         raise StartCheckError(f"task: {what}, which need the model's chat template, and {_one_line(err)}{other}") \
             from None
+
+
+SAMPLE_ROWS = 4000  # rows tokenized to count what the limits drop (an even sample past it: seconds, not minutes)
+
+
+def check_prompt_limits(cfg: Config, task, tokenizer: Callable[[], Any]) -> list[str]:
+    """The share of a dataset's training rows the limits would drop, said in one line; StartCheckError
+    past `task.max_dropped_fraction` (a run once trained 3 steps on one prompt: 1,479 of 1,480 were
+    over max_prompt_tokens, said only in the controller's log)."""
+    from laminar_hpc.config.backends import rollout_backend
+    from laminar_hpc.tasks import encode_prompt
+    allowed = getattr(cfg.task, "max_dropped_fraction", None)
+    if allowed is None or not hasattr(task, "__len__") or not len(task):
+        return []  # generated tasks: prompts of the task's own making
+    n = len(task)
+    skipped = getattr(task, "skipped", 0)
+    longest_allowed = getattr(cfg.task, "max_prompt_tokens", None)
+    context = rollout_backend(cfg).max_seq_len(cfg)
+    tok = tokenizer()
+    picks = range(n) if n <= SAMPLE_ROWS else [i * n // SAMPLE_ROWS for i in range(SAMPLE_ROWS)]
+    too_long = no_room = 0
+    longest = 0
+    for i in picks:
+        length = len(encode_prompt(tok, task.problem(i)))
+        longest = max(longest, length)
+        if longest_allowed is not None and length > longest_allowed:
+            too_long += 1
+        elif context is not None and length + 1 > context:
+            no_room += 1
+    seen = len(picks)
+    scale = n / seen  # a sample stands for the whole file
+    dropped = (too_long + no_room) * scale + skipped
+    share = dropped / (n + skipped)
+    sampled = "" if seen == n else f" (of {seen} sampled)"
+    parts = []
+    if too_long:
+        parts.append(f"{too_long}{sampled} over task.max_prompt_tokens={longest_allowed}")
+    if no_room:
+        parts.append(f"{no_room}{sampled} leave no room to generate in the engine's context of {context}")
+    if skipped:
+        parts.append(f"{skipped} bad rows skipped (task.on_bad_row: skip)")
+    if not parts:
+        return []
+    line = (f"{share:.1%} of the {n + skipped} training rows would be dropped: {'; '.join(parts)}; the longest prompt "
+            f"has {longest} tokens")
+    if share > allowed:
+        fixes = []
+        if too_long:
+            fixes.append(f"raise task.max_prompt_tokens to {longest}")
+        if no_room:
+            fixes.append(f"raise model.max_seq_len above {longest + cfg.rollout.max_new_tokens}")
+        fixes.append(f"set task.max_dropped_fraction above {share:.2f} to drop them on purpose")
+        raise StartCheckError(f"{line}: more than task.max_dropped_fraction={allowed}; {', or '.join(fixes)}")
+    return [f"note: {line} (the summary and `laminar status` count them)"]
 
 
 def sample(problem: Problem) -> Response:

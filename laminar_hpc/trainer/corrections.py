@@ -76,73 +76,82 @@ class Terms:
     clipped: torch.Tensor  # bool [B, T]: outside the PPO trust region (no gradient)
 
 
-def _outside_trust(adv: torch.Tensor, ratio: torch.Tensor, eps: float | None) -> torch.Tensor:
-    """Tokens whose ratio already left [1 - eps, 1 + eps] in the direction A pushes (PPO's clip)."""
+def _outside_trust(adv: torch.Tensor, ratio: torch.Tensor, eps: float | None,
+                   eps_high: float | None = None) -> torch.Tensor:
+    """Tokens whose ratio already left [1 - eps, 1 + eps_high] in the direction A pushes (PPO's
+    clip; `eps_high` None: eps, the symmetric clip; larger: DAPO's clip-higher)."""
     if eps is None:
         return torch.zeros_like(ratio, dtype=torch.bool)
-    return ((adv > 0) & (ratio > 1 + eps)) | ((adv < 0) & (ratio < 1 - eps))
+    high = eps if eps_high is None else eps_high
+    return ((adv > 0) & (ratio > 1 + high)) | ((adv < 0) & (ratio < 1 - eps))
 
 
 def _weighted(tok: Tokens, weight: torch.Tensor, clip_eps: float | None, truncated: torch.Tensor,
-              masked: torch.Tensor) -> Terms:
+              masked: torch.Tensor, clip_eps_high: float | None = None) -> Terms:
     """REINFORCE with a detached per-token weight: -w * A * log pi, optionally without the tokens
     outside PPO's trust region against mu."""
-    clipped = _outside_trust(tok.adv, tok.ratio, clip_eps) & tok.valid
+    clipped = _outside_trust(tok.adv, tok.ratio, clip_eps, clip_eps_high) & tok.valid
     per_token = torch.where(tok.valid & ~clipped, -weight * tok.adv * tok.lp, 0.0)
     return Terms(per_token, torch.where(tok.valid, weight, 0.0), truncated & tok.resp, masked & tok.resp, clipped)
 
 
-def aipo(tok: Tokens, *, rho: float, clip_eps: float | None, **_) -> Terms:
+def aipo(tok: Tokens, *, rho: float, clip_eps: float | None, clip_eps_high: float | None = None, **_) -> Terms:
     """Per-token truncated IS: w = min(pi/mu, rho), detached (LlamaRL's AIPO)."""
     ratio = tok.ratio
-    return _weighted(tok, ratio.clamp(max=rho), clip_eps, ratio > rho, torch.zeros_like(tok.resp))
+    return _weighted(tok, ratio.clamp(max=rho), clip_eps, ratio > rho, torch.zeros_like(tok.resp), clip_eps_high)
 
 
-def tis_seq(tok: Tokens, *, rho: float, clip_eps: float | None, **_) -> Terms:
+def tis_seq(tok: Tokens, *, rho: float, clip_eps: float | None, clip_eps_high: float | None = None, **_) -> Terms:
     """Sequence-level truncated IS: w = min(prod_t pi/mu, rho) on every token of the sequence."""
     s = tok.seq_log_ratio()
     w = s.clamp(max=math.log(rho)).exp().expand_as(tok.lp)  # exp of the capped log: never overflows
-    return _weighted(tok, w, clip_eps, (s > math.log(rho)).expand_as(tok.resp), torch.zeros_like(tok.resp))
+    return _weighted(tok, w, clip_eps, (s > math.log(rho)).expand_as(tok.resp), torch.zeros_like(tok.resp),
+                     clip_eps_high)
 
 
-def mis_token(tok: Tokens, *, rho: float, mask_low: float, clip_eps: float | None, **_) -> Terms:
+def mis_token(tok: Tokens, *, rho: float, mask_low: float, clip_eps: float | None, clip_eps_high: float | None = None,
+              **_) -> Terms:
     """Masked IS per token: tokens whose pi/mu leaves [mask_low, rho] are dropped; the others keep
     their ratio as weight (verl's token IS + token rejection with one threshold)."""
     keep = tok.valid & (tok.log_ratio >= math.log(mask_low)) & (tok.log_ratio <= math.log(rho))
     w = torch.where(keep, tok.log_ratio.exp(), 0.0)
-    return _weighted(tok, w, clip_eps, torch.zeros_like(tok.resp), ~keep)
+    return _weighted(tok, w, clip_eps, torch.zeros_like(tok.resp), ~keep, clip_eps_high)
 
 
-def mis_seq(tok: Tokens, *, rho: float, mask_low: float, clip_eps: float | None, **_) -> Terms:
+def mis_seq(tok: Tokens, *, rho: float, mask_low: float, clip_eps: float | None, clip_eps_high: float | None = None,
+            **_) -> Terms:
     """Masked IS per sequence: a sequence whose prod_t pi/mu leaves [mask_low, rho] is dropped
     whole; the others are weighted by that ratio (verl's seq_is_rs, the MIS preset)."""
     s = tok.seq_log_ratio()
     keep = ((s >= math.log(mask_low)) & (s <= math.log(rho))).expand_as(tok.resp)
     w = torch.where(keep, s.clamp(max=math.log(rho)).exp().expand_as(tok.lp), 0.0)
-    return _weighted(tok, w, clip_eps, torch.zeros_like(tok.resp), ~keep)
+    return _weighted(tok, w, clip_eps, torch.zeros_like(tok.resp), ~keep, clip_eps_high)
 
 
-def _ppo(tok: Tokens, log_old: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PPO's clipped term max(-A r, -A clip(r, 1-eps, 1+eps)) with r = pi / old, written as a
-    choice (same value): clipped tokens keep their constant value and get no gradient.
-    Returns (per-token term, r detached, clipped)."""
+def _ppo(tok: Tokens, log_old: torch.Tensor, eps: float,
+         eps_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped term max(-A r, -A clip(r, 1-eps, 1+eps_high)) with r = pi / old (eps_high
+    None: eps), written as a choice (same value): clipped tokens keep their constant value and
+    get no gradient. Returns (per-token term, r detached, clipped)."""
+    high = eps if eps_high is None else eps_high
     r = (tok.lp - log_old).clamp(max=SAFE_LOG_RATIO).exp()
     rd = r.detach()
-    clipped = _outside_trust(tok.adv, rd, eps) & tok.valid
-    term = torch.where(clipped, -tok.adv * rd.clamp(1 - eps, 1 + eps), -tok.adv * r)
+    clipped = _outside_trust(tok.adv, rd, eps, high) & tok.valid
+    term = torch.where(clipped, -tok.adv * rd.clamp(1 - eps, 1 + high), -tok.adv * r)
     return term, rd, clipped
 
 
-def ppo_none(tok: Tokens, *, clip_eps: float | None, **_) -> Terms:
+def ppo_none(tok: Tokens, *, clip_eps: float | None, clip_eps_high: float | None = None, **_) -> Terms:
     """Plain PPO clip against mu, no importance-weight truncation (for ablations)."""
     if clip_eps is None:
         raise ValueError("trainer.correction 'none' is a PPO clip: set trainer.clip_eps")
-    term, r, clipped = _ppo(tok, tok.mu, clip_eps)
+    term, r, clipped = _ppo(tok, tok.mu, clip_eps, clip_eps_high)
     none = torch.zeros_like(tok.resp)
     return Terms(torch.where(tok.valid, term, 0.0), torch.where(tok.valid, r, 0.0), none, none, clipped)
 
 
-def decoupled(tok: Tokens, *, rho: float, clip_eps: float | None, prox_logp: torch.Tensor | None, **_) -> Terms:
+def decoupled(tok: Tokens, *, rho: float, clip_eps: float | None, prox_logp: torch.Tensor | None,
+              clip_eps_high: float | None = None, **_) -> Terms:
     """AReaL's decoupled PPO (areal/utils/functional.py, ppo_actor_loss_fn): the PPO clip against
     a proximal policy pi_prox, times the behaviour weight pi_prox / mu, detached; a token whose
     behaviour weight exceeds rho is dropped (AReaL's behav_imp_weight_cap masks, it does not
@@ -156,7 +165,7 @@ def decoupled(tok: Tokens, *, rho: float, clip_eps: float | None, prox_logp: tor
         prox_logp = prox_logp.detach().to(tok.lp.dtype)
         prox_ok = tok.valid & torch.isfinite(prox_logp)
         prox = torch.where(prox_ok, prox_logp, tok.lp.detach())
-    term, r, clipped = _ppo(tok, prox, clip_eps)
+    term, r, clipped = _ppo(tok, prox, clip_eps, clip_eps_high)
     log_behav = prox - tok.mu
     keep = prox_ok & (log_behav <= math.log(rho))
     w_behav = torch.where(keep, log_behav.clamp(max=math.log(rho)).exp(), 0.0)

@@ -28,17 +28,24 @@ KL_LOG_RATIO_BOUND = 20.0  # |ref - log pi| inside the KL term, as verl's kl_pen
 def group_advantages(rewards: torch.Tensor, norm: str = "population-std", eps: float = 1e-6) -> torch.Tensor:
     """rewards [G, N] (G groups of N samples of one prompt) -> advantages, in rewards' dtype.
 
-    population-std: (r - mean) / (std + eps), std over N; sample-std: std over N - 1; none:
-    r - mean. Computed in float64, and a group whose rewards are all equal gets exactly 0: it
-    carries no signal, and rounding would otherwise give it one (12 x 0.97 in float32: -0.15 each).
+    population-std: (r - mean) / (std + eps), std over N; sample-std: std over N - 1; batch-std:
+    the sample std of every reward of the batch (TRL's scale_rewards: batch); none: r - mean; rloo:
+    r minus the mean of the group's other samples, N / (N - 1) (r - mean). Computed in float64, and a
+    group whose rewards are all equal gets exactly 0: it carries no signal, and rounding would
+    otherwise give it one (12 x 0.97 in float32: -0.15 each).
     """
     r = rewards.to(torch.float64)
     mean = r.mean(dim=-1, keepdim=True)
     centred = r - mean
+    n = r.shape[-1]
     if norm == "none":
         adv = centred
+    elif norm == "rloo":
+        adv = centred * (n / max(1, n - 1))
     elif norm in ("population-std", "sample-std"):
         adv = centred / (r.std(dim=-1, keepdim=True, unbiased=norm == "sample-std") + eps)
+    elif norm == "batch-std":
+        adv = centred / (r.std() + eps)
     else:
         raise ValueError(f"unknown trainer.adv_norm {norm!r}")
     equal = (r == r[..., :1]).all(dim=-1, keepdim=True)
@@ -103,21 +110,27 @@ def merge(outs: list[LossOutput]) -> dict[str, float]:
 
 def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 correction: str = "aipo", rho: float, mask_low: float = 0.5, clip_eps: float | None = None,
-                prox_logp: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
-                kl_logp: torch.Tensor | None = None, kl_coef: float = 0.0, loss_agg: str = "token-mean",
+                clip_eps_high: float | None = None, prox_logp: torch.Tensor | None = None,
+                ref_logp: torch.Tensor | None = None, kl_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
+                entropy: torch.Tensor | None = None, entropy_coef: float = 0.0, loss_agg: str = "token-mean",
                 norm_tokens: int | None = None, coef: torch.Tensor | None = None) -> LossOutput:
     """All tensors [B, T] (`advantages` may be [B, 1]); `logp` is pi (requires grad), -inf where a
     target lies outside pi's support. `prox_logp`: decoupled's proximal log-probs (None: pi, i.e.
     one optimizer step per batch). `ref_logp` and `kl_logp`: the KL term's reference and policy
-    log-probs (kl_logp defaults to logp). `coef`: the aggregation precomputed over a whole batch of
-    which this is a piece (else `agg_coef(mask, loss_agg, norm_tokens)`)."""
+    log-probs (kl_logp defaults to logp). `entropy` [B, T] (with its gradient): each token's entropy
+    of pi, which `entropy_coef` > 0 rewards (verl's entropy_coeff: loss - coef x entropy, aggregated
+    as the loss). `coef`: the aggregation precomputed over a whole batch of which this is a piece
+    (else `agg_coef(mask, loss_agg, norm_tokens)`)."""
     if rho <= 0:
         raise ValueError(f"rho must be > 0, got {rho}")
     if correction not in CORRECTIONS:
         raise ValueError(f"unknown trainer.correction {correction!r} (one of {sorted(CORRECTIONS)})")
     tok = prepare(logp, behaviour_logp, advantages, mask)
-    t = CORRECTIONS[correction](tok, rho=rho, mask_low=mask_low, clip_eps=clip_eps, prox_logp=prox_logp)
+    t = CORRECTIONS[correction](tok, rho=rho, mask_low=mask_low, clip_eps=clip_eps, clip_eps_high=clip_eps_high,
+                                prox_logp=prox_logp)
     per_token = t.per_token
+    if entropy is not None and entropy_coef > 0:
+        per_token = per_token - entropy_coef * torch.where(tok.resp, entropy.to(tok.lp.dtype), 0.0)
     kl_tok = torch.zeros_like(tok.lp)
     if ref_logp is not None and kl_coef > 0:
         pol = logp if kl_logp is None else kl_logp

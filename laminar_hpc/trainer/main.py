@@ -38,7 +38,7 @@ from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.startup.signals import install_stop_handlers
 from laminar_hpc.startup.role import INTERRUPTED, Heartbeat, RoleContext, start_role
 from laminar_hpc.metrics.jsonl import JsonlAppender
-from laminar_hpc.metrics.names import standard_names
+from laminar_hpc.metrics.names import family_names
 from laminar_hpc.metrics.trackers import NoTrackers, TrackerWriter, rewind_record
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.lineage import Segment
@@ -79,6 +79,8 @@ class Trainer:
         self.step = 0
         self.version = 0
         self.dropped_groups = 0
+        self.tokens_seen = 0  # prompt and response tokens trained on since the start (TRL's num_tokens)
+        self.checkpoint_write_s: float | None = None  # the last checkpoint's write (the display's ETA counts it)
         self.drop_counts: Counter = Counter()  # the controller's drops since the last step (`Drops`)
         self.fetch = ShardFetch(ctx)  # each group's tokens from the stream shards that hold them
         self.groups: list[Group] = []
@@ -109,6 +111,7 @@ class Trainer:
             self.consumed = [int(g) for g in meta["ledger"].get("consumed", [])]
             self.consumed_set, self.committed_n = set(self.consumed), len(self.consumed)
             self.dropped_groups = int(meta.get("dropped_groups", 0))
+            self.tokens_seen = int(meta.get("tokens_seen", 0))
             newest = self.newest_published()
             if newest > self.version:
                 # rollouts may hold newer weights of the lineage that died with the last trainer: these
@@ -387,7 +390,11 @@ class Trainer:
                          publish_stall_s=stall, update_send_s=send_s, dropped_groups=self.dropped_groups,
                          t=now - t_start, wall=time.time())
                 m.update(batch_figures(groups, step_s=now - t_prev, gpus=gpus))
-                m.update(standard_names(m))  # the figures verl's users know, under verl's names too
+                self.tokens_seen += int(m.get("perf/total_num_tokens", 0))
+                m["tokens_seen"] = self.tokens_seen
+                if self.checkpoint_write_s is not None:
+                    m["checkpoint_write_s"] = self.checkpoint_write_s
+                m.update(family_names(m, cfg.logging.names))  # what verl's and TRL's users know, under their names
                 t_prev = now
                 self._append_metrics(m)
                 ctx.tracer.emit("train_step", step=self.step, version=self.version, train_s=train_s,
@@ -436,7 +443,7 @@ class Trainer:
         ledger = {"consumed": self.consumed}
         blocked = self.backend.save(self.step, self.version, ledger=ledger,
                                     meta={"model": cfg.model.model_dump(), "dropped_groups": self.dropped_groups,
-                                          "training": training_settings(cfg)})
+                                          "tokens_seen": self.tokens_seen, "training": training_settings(cfg)})
         self.checkpointed.add(self.step)
         self.ckpt_pending[self.step] = len(self.consumed)
         self.ctx.tracer.emit("checkpoint_started", step=self.step, version=self.version, blocked_s=blocked)
@@ -455,6 +462,7 @@ class Trainer:
                     raise RuntimeError(done["error"])
                 continue
             groups, self.committed_n = self.consumed[self.committed_n:n], max(self.committed_n, n)
+            self.checkpoint_write_s = done["write_s"]
             self.trackers.durable(done["step"])  # its rows can no longer be lost: every tracker may have them
             self.ctx.tracer.emit("checkpoint", step=done["step"], version=done["version"], path=done["path"],
                                  write_s=done["write_s"])

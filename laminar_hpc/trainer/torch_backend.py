@@ -117,6 +117,9 @@ class TorchBackend(ModuleBackend):
         inputs, targets, mask = mb.inputs.to(dev), mb.targets.to(dev), mb.mask.to(dev)
         logits = self.model(inputs)
         logp = self._pi(logits, mb, temperature)
+        # the entropy bonus (trainer.entropy_coef) needs each token's entropy with its gradient
+        ent_tok = processed_entropy(logits, temperature=temperature, top_k=mb.top_k, top_p=mb.top_p) \
+            if cfg.entropy_coef > 0 else None
         ref = kl_logp = None
         if self.ref_model is not None:
             # the KL term compares the models (full tempered softmax), not the samplers: under
@@ -126,10 +129,11 @@ class TorchBackend(ModuleBackend):
             kl_logp = token_logprobs(logits, targets, temperature) if truncates(logits.shape[-1], mb.top_k,
                                                                                 mb.top_p) else logp
         out = policy_loss(logp, mb.behaviour_logp.to(dev), mb.advantages.to(dev), mask, correction=cfg.correction,
-                          rho=cfg.rho, mask_low=cfg.mask_low, clip_eps=cfg.clip_eps, prox_logp=prox_logp,
-                          ref_logp=ref, kl_logp=kl_logp, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg,
+                          rho=cfg.rho, mask_low=cfg.mask_low, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
+                          prox_logp=prox_logp, ref_logp=ref, kl_logp=kl_logp, kl_coef=cfg.kl_coef,
+                          entropy=ent_tok, entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
                           norm_tokens=mb.norm_tokens)
         with torch.no_grad():
-            ent = processed_entropy(logits.detach()[mask > 0], temperature=temperature, top_k=mb.top_k,
-                                    top_p=mb.top_p)
+            ent = ent_tok.detach()[mask > 0] if ent_tok is not None else processed_entropy(
+                logits.detach()[mask > 0], temperature=temperature, top_k=mb.top_k, top_p=mb.top_p)
         return out, float(ent.sum())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from laminar_hpc.trainer.batch import build_batch, group_bounds, minibatches
-from laminar_hpc.trainer.loss import aipo_loss, group_advantages
+from laminar_hpc.trainer.loss import aipo_loss, group_advantages, policy_loss
 from laminar_hpc.transport.protocol import Group, Trajectory
 
 
@@ -419,3 +419,79 @@ def test_minibatches_hold_whole_groups_with_the_whole_batch_advantages():
     for bad in (0, 6):
         with pytest.raises(ValueError, match="trainer.minibatches"):
             group_bounds(5, bad)
+
+
+# -- issue 46: what verl's and TRL's recipes set, reproduced exactly ------------------------------
+
+def test_batch_std_and_rloo_advantages_match_loops():
+    g = torch.Generator().manual_seed(9)
+    rewards = torch.rand(5, 4, generator=g, dtype=torch.float64)
+    rewards[1] = 0.7  # an equal group: 0 under every normalisation
+    flat = rewards.flatten().tolist()
+    mean_all = sum(flat) / len(flat)
+    batch_std = math.sqrt(sum((r - mean_all) ** 2 for r in flat) / (len(flat) - 1))  # TRL: torch.std, sample
+    for row, adv in zip(rewards.tolist(), group_advantages(rewards, "batch-std").tolist()):
+        m = sum(row) / len(row)
+        want = [0.0] * 4 if len(set(row)) == 1 else [(r - m) / (batch_std + 1e-6) for r in row]
+        assert adv == pytest.approx(want, rel=1e-12, abs=1e-12)
+    for row, adv in zip(rewards.tolist(), group_advantages(rewards, "rloo").tolist()):
+        # RLOO: each sample's reward minus the mean of the group's OTHER samples
+        want = [r - (sum(row) - r) / (len(row) - 1) for r in row]
+        assert adv == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def _run_policy(logp, behaviour, adv, mask, **kw):
+    lp = logp.clone().requires_grad_(True)
+    out = policy_loss(lp, behaviour, adv, mask, **kw)
+    out.loss.backward()
+    return out, lp.grad
+
+
+def test_clip_higher_widens_only_the_upper_bound():
+    # A > 0: ratios 1.25 (outside 1 + 0.2, inside 1 + 0.28) and 1.3 (outside both); A < 0: 0.75 (outside 1 - 0.2)
+    logp = torch.full((2, 2), -1.0, dtype=torch.float64)
+    ratios = torch.tensor([[1.25, 1.3], [0.75, 0.9]], dtype=torch.float64)
+    behaviour = logp - torch.log(ratios)
+    adv = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+    mask = torch.ones(2, 2, dtype=torch.float64)
+    for correction in ("aipo", "none"):
+        _, sym = _run_policy(logp, behaviour, adv, mask, rho=10.0, clip_eps=0.2, correction=correction)
+        _, high = _run_policy(logp, behaviour, adv, mask, rho=10.0, clip_eps=0.2, clip_eps_high=0.28,
+                              correction=correction)
+        assert sym[0, 0] == 0 and high[0, 0] != 0, correction  # 1.25: clipped at 1.2, kept under 1.28
+        assert sym[0, 1] == 0 and high[0, 1] == 0, correction  # 1.3: outside both
+        assert sym[1, 0] == 0 and high[1, 0] == 0, correction  # 0.75 < 1 - 0.2: the lower bound is clip_eps
+
+
+def test_the_entropy_bonus_lowers_the_loss_by_its_coefficient_times_the_entropy():
+    logp, behaviour, adv, mask = _case(seed=6)
+    g = torch.Generator().manual_seed(3)
+    entropy = torch.rand(logp.shape, generator=g, dtype=torch.float64).requires_grad_(True)
+    plain = policy_loss(logp, behaviour, adv, mask, rho=2.0)
+    bonus = policy_loss(logp, behaviour, adv, mask, rho=2.0, entropy=entropy, entropy_coef=0.01)
+    mean_entropy = float((entropy * mask).sum() / mask.sum())  # token-mean, as the loss
+    assert bonus.loss.item() == pytest.approx(plain.loss.item() - 0.01 * mean_entropy, rel=1e-9)
+    bonus.loss.backward()  # the bonus pushes entropy up: its gradient is -coef on each kept token
+    torch.testing.assert_close(entropy.grad, torch.where(mask > 0, -0.01 / mask.sum(), 0.0).expand_as(entropy))
+
+
+def test_the_learning_rate_warms_up_then_follows_its_schedule():
+    from laminar_hpc.config import config_from_dict
+    t = config_from_dict({"trainer": {"lr": 1.0, "total_steps": 12, "lr_warmup_steps": 2, "lr_schedule": "linear",
+                                      "lr_min_ratio": 0.0}}).trainer
+    # Hugging Face's get_linear_schedule_with_warmup: step s < warmup at s / warmup, then a straight line to 0
+    assert [t.lr_at(s) for s in range(12)] == pytest.approx([0.0, 0.5] + [1 - i / 9 for i in range(10)])
+    cos = t.model_copy(update={"lr_schedule": "cosine"})
+    assert cos.lr_at(2) == 1.0 and cos.lr_at(11) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="lr_warmup_steps 12 leaves no step"):
+        config_from_dict({"trainer": {"total_steps": 12, "lr_warmup_steps": 12}})
+    with pytest.raises(ValueError, match="clip_eps_high is the clip's upper bound: set trainer.clip_eps"):
+        config_from_dict({"trainer": {"clip_eps_high": 0.28}})
+
+
+def test_a_backend_without_the_entropy_bonus_refuses_it_at_config_time():
+    from laminar_hpc.config import config_from_dict
+    with pytest.raises(ValueError, match="trainer.entropy_coef=0.01 with trainer.backend='megatron': the megatron "
+                                         "backend has no entropy bonus yet"):
+        config_from_dict({"trainer": {"backend": "megatron", "entropy_coef": 0.01}})
+    config_from_dict({"trainer": {"backend": "megatron", "entropy_coef": 0.0}})

@@ -119,3 +119,47 @@ def test_chats_without_a_chat_template_say_which_key_to_set(tmp_path):
     assert str(err.value) == (f"task: {data} row 1 holds chat messages, which need the model's chat template, and the "
                               "tokenizer (CharTokenizer) has no chat template; set model.tokenizer: hf and "
                               "model.hf_tokenizer (or model.hf_path) to a tokenizer that has one")
+
+
+def long_and_short(tmp_path, n_long: int, n: int = 40):
+    """n rows, n_long of them with 30-character prompts (CharTokenizer: a token per character, +BOS)."""
+    rows = [{"prompt": ("rev:" + "1" * 26 + "=") if i < n_long else "rev:12=", "solution": "21"} for i in range(n)]
+    return write_jsonl(tmp_path / "t.jsonl", rows)
+
+
+def test_prompts_the_limits_drop_are_counted_at_the_start_and_too_many_stop_it(tmp_path):
+    # issue 46: max_prompt_tokens under most prompts' length trained 3 steps on one prompt, said only
+    # in the controller's log; the start check counts them and stops the start past the share allowed
+    task = {"layout": "trl", "answer_field": "solution", "reward": "exact", "max_prompt_tokens": 16}
+    cfg = config(tmp_path, {"path": str(long_and_short(tmp_path, 30)), **task}, warmup={"enabled": False})
+    with pytest.raises(StartCheckError) as err:
+        check_start(cfg, tokenizer=CharTokenizer)
+    text = str(err.value)
+    assert text.startswith("75.0% of the 40 training rows would be dropped: 30 over task.max_prompt_tokens=16; the "
+                           "longest prompt has ") and "more than task.max_dropped_fraction=0.05" in text
+    assert "raise task.max_prompt_tokens to " in text and "set task.max_dropped_fraction above 0.75" in text
+    # on purpose: said in one note, the start goes on
+    on_purpose = config(tmp_path, {"path": str(long_and_short(tmp_path, 30)), **task, "max_dropped_fraction": 0.8},
+                        warmup={"enabled": False})
+    notes = check_start(on_purpose, tokenizer=CharTokenizer)
+    assert any(n.startswith("note: 75.0% of the 40 training rows would be dropped") for n in notes), notes
+    # a small share: a note, no error; none: no note
+    few = config(tmp_path, {"path": str(long_and_short(tmp_path, 1)), **task}, warmup={"enabled": False})
+    assert any("2.5% of the 40 training rows" in n for n in check_start(few, tokenizer=CharTokenizer))
+    none = config(tmp_path, {"path": str(long_and_short(tmp_path, 0)), **task}, warmup={"enabled": False})
+    assert not any("would be dropped" in n for n in check_start(none, tokenizer=CharTokenizer))
+
+
+def test_prompts_with_no_room_in_the_context_and_bad_rows_count_too(tmp_path):
+    path = long_and_short(tmp_path, 4)
+    with open(path, "a") as f:
+        f.write('{"prompt": 5}\n{"nothing": 1}\n')  # two rows without a usable prompt
+    cfg = config(tmp_path, {"path": str(path), "layout": "trl", "answer_field": "solution", "reward": "exact",
+                            "on_bad_row": "skip"}, warmup={"enabled": False}, model={"max_seq_len": 24},
+                 rollout={"max_new_tokens": 8})
+    with pytest.raises(StartCheckError) as err:
+        check_start(cfg, tokenizer=CharTokenizer)
+    text = str(err.value)
+    assert text.startswith("14.3% of the 42 training rows would be dropped: 4 leave no room to generate in the "
+                           "engine's context of 24; 2 bad rows skipped (task.on_bad_row: skip)"), text
+    assert "raise model.max_seq_len above " in text

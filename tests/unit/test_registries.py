@@ -38,7 +38,7 @@ from laminar_hpc.trainer.corrections import CORRECTIONS
 CONFIG_DOC = REPO / "docs" / "config.md"
 ARCHITECTURE_DOC = REPO / "docs" / "architecture.md"
 NEW_PART_HEADING = "**Where a new part goes.**"
-LOGGING_SETTINGS = ("run_name", "send")  # the fields of `logging:` that are no tracker
+LOGGING_SETTINGS = ("run_name", "send", "names")  # the fields of `logging:` that are no tracker
 
 
 def config_doc_row(key: str) -> str:

@@ -154,10 +154,14 @@ def test_a_rewind_moves_the_cursors_with_the_rows_it_keeps(tmp_path):
 
 
 def test_rows_become_points_under_their_kind():
-    # verl's names where verl has one (a figure the row holds under both names goes once), else
-    # train/<key>; no dicts, no wall clock, no seconds-since-start or version (issue 36: clutter)
-    assert points(step_row(3)) == ("train", 3, {"critic/score/mean": 0.3, "actor/pg_loss": 1 / 3,
-                                                "train/wait_s": 0.5, "response_length/mean": 13.0})
+    # verl's names and TRL's (train/<name>) where they have one (a figure the row holds under two
+    # names goes once per family), else train/<key>; no dicts, no wall clock, no seconds-since-start
+    # or version (issue 36: clutter)
+    assert points(step_row(3)) == ("train", 3, {"critic/score/mean": 0.3, "train/reward": 0.3, "actor/pg_loss": 1 / 3,
+                                                "train/loss": 1 / 3, "timing_s/gen": 0.5,
+                                                "response_length/mean": 13.0, "train/completions/mean_length": 13.0})
+    assert points(step_row(3), ["verl"])[2] == {"critic/score/mean": 0.3, "actor/pg_loss": 1 / 3, "timing_s/gen": 0.5,
+                                                "response_length/mean": 13.0}
     # one name in every tracker: MLflow refuses '@' (issue 36: MLflow had eval/pass_1, the others eval/pass@1)
     assert points(EVAL) == ("eval", 2, {"eval/round": 1.0, "eval/version": 2.0, "eval/reward": 0.5,
                                         "eval/pass_4": 0.75})

@@ -62,8 +62,6 @@ class MegatronEngine:
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        if trainer_cfg.kl_coef > 0:
-            raise ValueError("trainer.kl_coef > 0 is not supported with trainer.backend: megatron")
         if trainer_cfg.minibatches > 1:
             raise ValueError(f"trainer.minibatches {trainer_cfg.minibatches} is not supported with trainer.backend: "
                              "megatron (one optimizer step per batch): set trainer.minibatches: 1")
@@ -136,7 +134,8 @@ class MegatronEngine:
             logp = sharded_token_logprobs(logits, mb["targets"], self.args.vocab_size, temperature,
                                           top_k=b.top_k, top_p=b.top_p)
             out = policy_loss(logp, mb["behaviour_logp"], mb["advantages"], mb["mask"], correction=cfg.correction,
-                              rho=cfg.rho, mask_low=cfg.mask_low, clip_eps=cfg.clip_eps, coef=mb["coef"])
+                              rho=cfg.rho, mask_low=cfg.mask_low, clip_eps=cfg.clip_eps,
+                              clip_eps_high=cfg.clip_eps_high, coef=mb["coef"])
             ent = self._entropy_sum(logits, mb["mask"], temperature, b.top_k, b.top_p)
             stats = torch.stack([out.loss.detach().float(), *(out.sums[k].float() for k in SUMS), ent])
             return out.loss * scale, {"stats": stats.cpu(), "max": out.is_ratio_max.double().cpu()}
