@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import logging
 import os
 import resource
@@ -23,28 +22,16 @@ from laminar_hpc.transport.fdlimit import raise_fd_limit
 
 @contextlib.contextmanager
 def no_free_descriptor():
-    """Every descriptor this process may open is taken until the block ends (then all are freed and
-    the limit restored). Objects of earlier tests that still hold a descriptor are collected first,
-    and the collector waits meanwhile: a finalizer closing a socket or a file inside the block would
-    free a descriptor (the likely cause of one failure in the full suite)."""
-    gc.collect()
-    gc.disable()
+    """No descriptor can be opened until the block ends (then the limit is restored): the soft
+    limit on descriptors drops to 0, below every descriptor number, so an open fails with EMFILE
+    whatever the process's other threads close meanwhile (holding every free descriptor instead
+    failed when a thread of an earlier test, or a finalizer, freed one inside the block)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    held = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (0, hard))
     try:
-        while True:
-            try:
-                held.append(os.open("/dev/null", os.O_RDONLY))
-            except OSError as err:
-                assert err.errno == errno.EMFILE
-                break
         yield
     finally:
-        for fd in held:
-            os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        gc.enable()
 
 
 def test_status_writes_wait_for_a_descriptor_counted_and_logged_once(tmp_path, caplog):
