@@ -97,7 +97,8 @@ def check_files(cfg: Config) -> None:
                        ("warmup.data", cfg.warmup.data)):
         if value and not Path(value).is_file():
             where = "" if Path(value).is_absolute() else f" (relative to {Path.cwd()})"
-            raise StartCheckError(f"{key}: {value} is not a file{where}; set {key} to an existing JSONL or Parquet "
+            what = "is not a file" if Path(value).exists() else "not found"
+            raise StartCheckError(f"{key}: {value} {what}{where}; set {key} to an existing JSONL or Parquet "
                                   "file")
 
 

@@ -163,14 +163,14 @@ def test_resume_of_a_directory_without_config(tmp_path):
 def test_missing_dataset_names_path_and_key(tmp_path, earlier_run):
     cfg = _write(tmp_path, "task:\n  type: jsonl\n  path: data/absent.jsonl\n")
     err = _refused(tmp_path, earlier_run, "run", cfg, "--run-dir", str(earlier_run), "--resume")
-    assert "task.path: " in err and "data/absent.jsonl is not a file" in err and "set task.path" in err and cfg in err
+    assert "task.path: " in err and "data/absent.jsonl not found" in err and "set task.path" in err and cfg in err
 
 
 def test_a_missing_dataset_is_found_before_the_model(tmp_path):
     # issue 46: a data file that did not exist was found only after the model's conversion (minutes)
     cfg = _write(tmp_path, "task:\n  type: jsonl\n  path: data/absent.jsonl\nmodel: {hf_path: nowhere/model.gguf}\n")
     err = _cli(tmp_path, "run", cfg, "--run-dir", str(tmp_path / "r"))
-    assert "task.path: " in err and "data/absent.jsonl is not a file" in err and "model.hf_path" not in err, err
+    assert "task.path: " in err and "data/absent.jsonl not found" in err and "model.hf_path" not in err, err
 
 
 def test_bad_row_fail_names_file_line_and_field(tmp_path, earlier_run):

@@ -23,7 +23,8 @@ def test_a_row_too_long_for_the_model_is_refused_and_the_campaign_completes(tmp_
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = yaml.safe_load((Path(REPO) / "configs" / "tiny.yaml").read_text())
-    cfg["task"] = {"type": "jsonl", "path": str(data), "reward": "exact"}
+    # one row in 7 is dropped on purpose (the start check refuses more than 5% unless told)
+    cfg["task"] = {"type": "jsonl", "path": str(data), "reward": "exact", "max_dropped_fraction": 0.2}
     # the warm-up trains on and greedily decodes the same rows, in the trainer: it skips the long one
     cfg["trainer"]["total_steps"] = 4
     (tmp_path / "poison.yaml").write_text(yaml.safe_dump(cfg))
@@ -32,6 +33,7 @@ def test_a_row_too_long_for_the_model_is_refused_and_the_campaign_completes(tmp_
                   timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "restarting" not in res.stdout, res.stdout[-3000:]  # no rollout died on the row
+    assert "1 leave no room to generate" in res.stdout + res.stderr  # the start check said what it drops
     st = read_status(run_dir / "controller_stats.json")
     assert st.prompts_refused >= 1 and 2 in st.refused_problems and st.step == 4
     log = (run_dir / "logs" / "controller-0.log").read_text()
