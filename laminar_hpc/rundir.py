@@ -226,10 +226,6 @@ class RunDir:
         return self.path / "mpi"  # the relay tier's Open MPI session directories: the run's, no shared /tmp
 
     @property
-    def megatron_dir(self) -> Path:
-        return self.path / "megatron"  # the Megatron ranks' rendezvous files
-
-    @property
     def hf_dir(self) -> Path:
         return self.path / "hf"  # `laminar export-hf`'s default output
 

@@ -72,14 +72,25 @@ def _type_name(annotation: Any) -> str:
     if isinstance(annotation, type):
         return annotation.__name__
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Union and any(typing.get_origin(a) is typing.Annotated for a in args):
+    if origin in (typing.Union, types.UnionType) and "Annotated[" in repr(annotation):
         return " | ".join(_type_name(a) for a in args)  # (a constrained number or a word: `NonNegInt | "auto"`)
     if origin is typing.Annotated:
         return _type_name(args[0])
+    if origin in (list, tuple, set, dict) and args:
+        # a container of constrained items (`list[Annotated[float, Field(gt=0)]]`): the items' own names,
+        # not pydantic's FieldInfo
+        return f"{origin.__name__}[{', '.join('...' if a is Ellipsis else _type_name(a) for a in args)}]"
     text = repr(annotation).replace("typing.", "")
     for noise in ("Annotated[", "laminar_hpc.config."):
         text = text.replace(noise, "")
     return text if len(text) < 80 else text[:77] + "..."
+
+
+def _tag(section: type[BaseModel]) -> str:
+    """The values of a union variant's `type` tag ("dataset, jsonl"), or the section's name."""
+    field = section.model_fields.get("type")
+    values = typing.get_args(field.annotation) if field is not None else ()
+    return ", ".join(map(str, values)) if values else section.__name__
 
 
 def keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Key]]:
@@ -93,6 +104,9 @@ def keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Key]]:
             seen: dict[str, int] = {}
             for sec in sections:
                 for k, v in keys(sec, dotted + "."):
+                    if v.default == "(required)" and len(sections) > 1:
+                        # a key one variant of a union requires (task.path): say which, not "required" for all
+                        v = Key(v.type, f"(required for {dotted}.type {_tag(sec)})", v.meaning, v.section)
                     if k not in seen:
                         seen[k] = len(out)
                         out.append((k, v))

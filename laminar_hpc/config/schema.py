@@ -228,8 +228,8 @@ class ControllerCfg(Section):
     # rollouts' token payloads (streamed partials, finished trajectories) and pass the controller
     # only metadata, so its thread never carries a token. Each rollout talks to one shard (rank
     # modulo the count); the trainer fetches each group's trajectories from them by id. 0: none,
-    # the controller takes the tokens itself; auto: none on one rollout node, else one per
-    # ROLLOUT_NODES_PER_SHARD rollout nodes (slurm.layout.rollout_nodes; `shard_count`)
+    # the controller takes the tokens itself; auto: none on one rollout node, else one per 16
+    # rollout nodes (slurm.layout.rollout_nodes; config/shards.py's ROLLOUT_NODES_PER_SHARD)
     shards: NonNegInt | Literal["auto"] = "auto"
 
     @field_validator("shards", mode="before")

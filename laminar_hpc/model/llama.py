@@ -209,9 +209,6 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask, cache, i, positions)
         return self.lm_head(self.model.norm(x))
 
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, *,
                    top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

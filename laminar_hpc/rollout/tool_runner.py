@@ -20,7 +20,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-from laminar_hpc.tasks.episode import Environment, ToolCall, ToolResult
+from laminar_hpc.tasks.episode import Environment, ToolCall, ToolResult, tool_error_text
 
 CLOSE_TIMEOUT_S = 5.0
 
@@ -122,9 +122,7 @@ class ToolRunner:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - the tool's or the environment's code: the model reads it
-                # a ToolError (any tool's own class of that name) is a refusal written for the model
-                why = str(err) if type(err).__name__ == "ToolError" else f"{type(err).__name__}: {err}"
-                res = ToolResult(f"error: {why}", "error")
+                res = ToolResult(f"error: {tool_error_text(err)}", "error")
         res.name = res.name or call.name
         res.text = res.text if isinstance(res.text, str) else str(res.text)
         if res.token_ids is None and len(res.text) > self.max_chars:

@@ -14,7 +14,7 @@ workload (`emulation.workload`: `response_length` for a plain log-normal).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -335,12 +335,6 @@ class SimParams:
                 **({} if update is None else {"update_path": update["path"], "update_send_s": update["send_s"],
                                               "update_ready_s": update["ready_s"]}))
         return p
-
-    def with_emulation(self, **changes) -> "SimParams":
-        """A copy whose cost model has some coefficients changed (calibration, scaling)."""
-        emu = self.emu.model_copy(update=changes)
-        wl = self.workload if emu.lengths == self.emu.lengths else build_workload(emu.lengths, read_events=read_events)
-        return replace(self, emu=emu, cost=CostModel(emu), workload=wl)
 
     def lengths(self, cfg: Config) -> Lengths:
         return Lengths(self.emu.lengths, seed=cfg.seed, cap=cfg.rollout.max_new_tokens, mode=self.length_mode,

@@ -30,6 +30,8 @@ import ast
 import math
 import operator
 
+from laminar_hpc.tasks.episode import ToolError  # the package's one class of a tool's refusal
+
 _HINT = "use numbers and + - * / // % ** ( )"
 
 _BINARY = {
@@ -43,10 +45,6 @@ _REFUSED_OPS = {
     ast.RShift: "'>>'", ast.MatMult: "'@'", ast.Invert: "'~'", ast.Not: "'not'",
 }
 _EXACT_FLOAT_INT = 2 ** 53  # integral floats below this print as integers without losing digits
-
-
-class ToolError(Exception):
-    """A tool call the tool refuses or cannot complete; the message is meant for the model."""
 
 
 def _refuse(what: str) -> ToolError:

@@ -49,7 +49,17 @@ class ToolResult:
 
 
 class ToolError(Exception):
-    """A tool's refusal the model should read (bad arguments, ...): outcome "error"."""
+    """A tool's refusal the model should read (bad arguments, ...): outcome "error". The one class
+    of the package (the calculator raises it too); a user's tool may define its own of this name."""
+
+
+def tool_error_text(err: Exception) -> str:
+    """What the model reads of an exception a tool raised: a ToolError's message as written (ours,
+    or any tool's own class of that name, for tools written without importing laminar), else the
+    exception's type and message."""
+    if isinstance(err, ToolError) or type(err).__name__ == "ToolError":
+        return str(err)
+    return f"{type(err).__name__}: {err}"
 
 
 @dataclass

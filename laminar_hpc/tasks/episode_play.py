@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks import encode_prompt, score_all
 from laminar_hpc.tasks.base import Problem, Response
-from laminar_hpc.tasks.episode import EnvContext, observation_ids
+from laminar_hpc.tasks.episode import EnvContext, observation_ids, tool_error_text
 
 if TYPE_CHECKING:
     from laminar_hpc.config.env import EnvCfg
@@ -68,6 +68,5 @@ async def _call(env, call, timeout_s: float):
     except asyncio.TimeoutError:
         return ToolResult(f"error: {call.name} timed out after {timeout_s:g}s", "timeout")
     except Exception as err:  # noqa: BLE001 - the tool's code: the model reads it
-        why = str(err) if type(err).__name__ == "ToolError" else f"{type(err).__name__}: {err}"
-        return ToolResult(f"error: {why}", "error")
+        return ToolResult(f"error: {tool_error_text(err)}", "error")
     return out if isinstance(out, ToolResult) else ToolResult(str(out))

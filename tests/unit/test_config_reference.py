@@ -35,6 +35,18 @@ def test_the_reference_page_is_fresh():
         "markdown; open(\"docs/config.md\", \"w\").write(markdown())'"
 
 
+def test_types_name_their_items_and_required_keys_name_their_variant():
+    # issue 47: pydantic's FieldInfo printed inside list types, task.path "required" for every task type,
+    # and a constant's name where its value belongs
+    from laminar_hpc.config.shards import ROLLOUT_NODES_PER_SHARD
+    ref = dict(keys(Config))
+    assert all("FieldInfo" not in k.type for k in ref.values())
+    assert ref["task.weights"].type == "list[float] | None"
+    assert ref["emulation.lengths.tools.calls"].type == "list[int]"
+    assert ref["task.path"].default == "(required for task.type dataset, jsonl)"
+    assert f"one per {ROLLOUT_NODES_PER_SHARD} rollout nodes" in ref["controller.shards"].meaning
+
+
 def test_laminar_config_prints_resolved_keys_with_their_meaning():
     res = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", "config", str(REPO / "configs" / "quickstart.yaml"),
                           "trainer.lr", "trainer.lr=1e-4", "relay"], capture_output=True, text=True, timeout=60)

@@ -214,3 +214,16 @@ def test_an_environment_may_end_the_episode_and_async_tools_are_awaited():
     env = Once(Problem(0, "p", "a"), EnvContext("t", 0))
     assert env.done("final answer", [ToolCall("x")]) and not env.done("more", [ToolCall("x")])
     assert asyncio.run(env.call(ToolCall("x"))) == "ok"
+
+
+def test_one_tool_error_class_and_one_rule_for_what_the_model_reads():
+    # issue 47: two ToolError classes, so two call sites compared class names
+    from laminar_hpc.tasks import calculator, episode
+    assert calculator.ToolError is episode.ToolError
+
+    class ToolError(Exception):  # a user's tool, written without importing laminar
+        pass
+
+    assert episode.tool_error_text(episode.ToolError("calculator: division by zero")) == "calculator: division by zero"
+    assert episode.tool_error_text(ToolError("no such city")) == "no such city"
+    assert episode.tool_error_text(KeyError("x")) == "KeyError: 'x'"
