@@ -31,8 +31,10 @@ kills later; joiners are never picked as victims (no supervisor of the campaign 
 weight versions it pulled.
 
 JSON: the ledger counts of summary.json, `kills` per role, `recovery_s` per role (one per kill),
-`recovery_s_max` per role, the kill log, and `ok` (campaign completed, ledger clean, every
-kill recovered). Exit status 0 when ok.
+`recovery_s_max` per role, the kill log, `record` (each train step and evaluation once in
+metrics.jsonl, the rewinds, and with `trainer.kl_coef` > 0 any step after the first whose KL is
+exactly 0), and `ok` (campaign completed, ledger clean, every kill recovered, the record one
+record). Exit status 0 when ok.
 """
 from __future__ import annotations
 
@@ -236,6 +238,25 @@ class SlurmCampaign:
             subprocess.run(["scancel", self.job], timeout=30)
 
 
+def record_check(run_dir: Path, cfg) -> dict:
+    """After the kills the record must be one record (docs/reliability.md, "Restarts that change
+    nothing"): each train step and each evaluation once in metrics.jsonl, and with a KL term the
+    KL never exactly 0 after the first step (a restarted trainer that took its own weights as the
+    anchor reads 0 there)."""
+    from laminar_hpc.metrics.jsonl import read_objects
+    rows = read_objects(run_dir / "metrics.jsonl")
+    steps = [r["step"] for r in rows if "event" not in r and "eval_round" not in r and isinstance(r.get("step"), int)]
+    evals = [r["eval_step"] for r in rows if "eval_round" in r]
+    kl_zero = [r["step"] for r in rows if "event" not in r and "eval_round" not in r
+               and isinstance(r.get("step"), int) and r["step"] > 1 and r.get("kl") == 0.0]
+    out = {"train_rows": len(steps), "train_steps_twice": sorted({s for s in steps if steps.count(s) > 1}),
+           "eval_rows": len(evals), "evals_twice": sorted({s for s in evals if evals.count(s) > 1}),
+           "rewinds": sum(1 for r in rows if r.get("event") == "rewound"),
+           "kl_exactly_0_at": kl_zero if cfg.trainer.kl_coef > 0 else None}
+    out["ok"] = not out["train_steps_twice"] and not out["evals_twice"] and not (kl_zero and cfg.trainer.kl_coef > 0)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
@@ -365,6 +386,7 @@ def main() -> int:
         "recovery_s_max_by_role": {k: max((r for r in v if r is not None), default=None) for k, v in per_kind.items()},
         "kill_log": kills,
     }
+    result["record"] = record_check(run_dir, load_config(run_dir / "config.yaml"))
     if attacher is not None:
         result["attach_jobs"] = attacher.report()
     if args.measure_skip is not None and summary.get("outcome") == "completed":
@@ -374,14 +396,16 @@ def main() -> int:
     result["ok"] = bool(summary.get("outcome") == "completed" and summary.get("groups_lost") == 0
                         and summary.get("groups_duplicated") == 0
                         and len(kills) >= (1 if args.every_s else args.kills)  # on a clock: as many as the run lasts
-                        and all(k["recovery_s"] is not None for k in kills))
+                        and all(k["recovery_s"] is not None for k in kills)
+                        and result["record"]["ok"])
     if attacher is not None:  # every attach job joined, pulled versions and left cleanly
         jobs = result["attach_jobs"]
         result["ok"] = result["ok"] and len(jobs) >= args.attach and all(
             j.get("code") == 0 and j["joiners"] and all(j["joiners"].values()) for j in jobs)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("ok", "outcome", "kills", "recovery_s_max_by_role", "groups_lost",
-                                             "groups_duplicated", "groups_consumed", "reward_first", "reward_last")}))
+                                             "groups_duplicated", "groups_consumed", "reward_first", "reward_last",
+                                             "record")}))
     if attacher is not None:
         print(json.dumps([{"kind": j["kind"], "code": j.get("code"), "joiners": {r: len(v) for r, v in
                                                                                j["joiners"].items()}}
