@@ -1,4 +1,4 @@
-"""Learning curves of runs and their spread over seeds (`tools/bench_learning.py`, docs/learning.md).
+"""Learning curves of runs and their spread over seeds (`bench/bench_learning.py`, docs/learning.md).
 
 Pure functions of metrics.jsonl rows (each with `reward_mean`, `trajectories` and `t`, the
 trainer's RL seconds): the reward per block of trajectories, the trailing reward against time,

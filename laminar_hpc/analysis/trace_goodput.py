@@ -278,7 +278,7 @@ def run_goodput(run: RunTrace, rows: list[dict], *, max_batch: int, mode: str, t
                 ideal: dict | None = None, window: tuple[float, float] | None = None, skip: int = 1,
                 throughput: float | None = None) -> dict:
     """Goodput, lost fraction by cause and lags of a run. Default window: from the end of train
-    step `skip` to the last step (as tools/bench_modes.py); `throughput`: trajectories trained per
+    step `skip` to the last step (as bench/bench_modes.py); `throughput`: trajectories trained per
     second over it (default: from metrics.jsonl), in the ideal's units."""
     tl = tl or Timeline.build(run)
     ideal = ideal or measured_ideal(run, tl, rows, max_batch)

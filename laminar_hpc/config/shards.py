@@ -11,7 +11,7 @@ import math
 
 from laminar_hpc.config.schema import Config
 
-# `auto`: one shard per this many rollout nodes. Measured (tools/bench_controller.py, docs/architecture.md):
+# `auto`: one shard per this many rollout nodes. Measured (bench/bench_controller.py, docs/architecture.md):
 # one shard sustains the stream of about 40 H100 nodes of a 7B campaign per CPU second; 16 keeps
 # each shard's headroom near 3 or more
 ROLLOUT_NODES_PER_SHARD = 16

@@ -135,7 +135,7 @@ class Controller:
         self.state = ControllerState(steps_trained=meta.get("steps", 0), published=meta.get("published", 0))
         self.ready_t: float | None = None  # serving again after recovery (status.json)
         # the thread's CPU seconds in work done once per wall interval, whatever the traffic (the status,
-        # the count of versions in flight): tools/bench_controller.py counts it per wall second
+        # the count of versions in flight): bench/bench_controller.py counts it per wall second
         self.periodic_cpu_s = 0.0
         self.backlog_until = 0.0  # messages were waiting longer than a loop's budget until about then
         self.t0 = time.time()

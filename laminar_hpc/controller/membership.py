@@ -7,8 +7,8 @@ be handed work. The controller accepts frames only from the names of the campaig
 (the Slurm driver writes the relay count of its allocation into the run's config), `shard-0` ..
 `shard-<shards - 1>` (controller.shards, config/shards.py), and their
 heartbeat sockets (`<name>.hb`). Any `launcher-<n>` is admitted too: a rank gives a launcher
-nothing (it is handed no work), and the campaign's tools (`tools/bench_controller.py`'s probe,
-`tools/controller_replay.py`) connect beside the launcher under names of their own. Frames from
+nothing (it is handed no work), and the campaign's tools (`bench/bench_controller.py`'s probe,
+`bench/controller_replay.py`) connect beside the launcher under names of their own. Frames from
 any other name are dropped and counted (`unknown_roles` in status.json), the first from each
 name logged.
 

@@ -40,7 +40,7 @@ def quiet_gc() -> None:
     """Collect cycles rarely. The data plane holds hundreds of thousands of objects at scale (a
     partial per trajectory in flight, the ledger's metadata), none in a cycle; with the default
     thresholds every few thousand allocations start a collection and every tenth a pass over
-    all of them: 70 ms at 4,096 GPUs, a tenth of the thread (tools/bench_controller.py). The young
+    all of them: 70 ms at 4,096 GPUs, a tenth of the thread (bench/bench_controller.py). The young
     generation is collected every GC_YOUNG allocations instead, the old ones far more rarely."""
     gc.set_threshold(GC_YOUNG, 50, 100)
 

@@ -3,7 +3,7 @@ membership test is a set lookup.
 
 The data plane asks "is it queued?" on every finished trajectory and every detach; on a
 deque that is a scan of the whole queue (tens of thousands of ids at 1,024 GPUs: most of the
-controller's time in tools/bench_controller.py before this). Ids are unique in the queue (every
+controller's time in bench/bench_controller.py before this). Ids are unique in the queue (every
 caller checks membership before it queues one), so a set mirrors it.
 
     q = TrajQueue(["0.0", "0.1"]); q.appendleft("3.2"); "3.2" in q   # -> True, O(1)

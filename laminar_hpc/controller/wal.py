@@ -13,7 +13,7 @@ a new snapshot and a new segment and deletes the old ones: recovery replays at m
 The size-driven snapshots are written by a forked child (`start_forked`: the state as it is at
 the fork, copy-on-write) while the controller goes on: at 1,024 GPUs the state is a GB or more,
 and encoding and writing it in the controller's own loop took a third of its time
-(tools/bench_controller.py); until the child's snapshot is durable, the older files stay.
+(bench/bench_controller.py); until the child's snapshot is durable, the older files stay.
 
 Records and snapshots are msgpack maps and arrays (a protocol struct in them, e.g. a finished
 `Trajectory`, is written as the same map it is on the wire) and are read back as plain maps, which

@@ -37,7 +37,7 @@ class Proc:
 # glibc switches memcpy to streaming (non-temporal) stores only above ~3/4 of the cache per
 # thread; weight copies of a few MiB per tensor (publish, relay hand-off, pull) then run ~1.8x
 # slower than one bare copy of the same bytes. Every role starts with a 4 MiB threshold
-# (measured: tools/bench_relay.py). Unknown tunables are ignored, e.g. on other architectures.
+# (measured: bench/bench_relay.py). Unknown tunables are ignored, e.g. on other architectures.
 COPY_TUNABLE = "glibc.cpu.x86_non_temporal_threshold=0x400000"
 
 
@@ -58,7 +58,7 @@ def mpi_env(base: dict | None = None, *, loopback: bool = True, as_root: bool = 
     across hosts passes loopback=False. Settings in `base` win.
 
     Ranks on this machine copy each message once, straight from the sender's memory (CMA), where
-    `single_copy_works`; else twice, through a shared buffer. Measured (tools/bench_relay.py's
+    `single_copy_works`; else twice, through a shared buffer. Measured (bench/bench_relay.py's
     chain part, 256 MiB, 4 relays on 2 cores): the chain broadcast 0.060 s against 0.330 s."""
     env = dict(os.environ if base is None else base)
     if loopback:

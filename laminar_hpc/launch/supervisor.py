@@ -159,7 +159,7 @@ class Supervisor:
                 self.restarts[name] = 0  # it works again: a later death is a new failure, not a crash loop
                 rec = {"role": name, "code": rc, "down_t": t_down, "ready_t": ready, "recovery_s": ready - t_down}
                 self.recoveries.append(rec)
-                self.write_recoveries()  # live: tools/chaos.py waits on it
+                self.write_recoveries()  # live: bench/chaos.py waits on it
                 self.tracer.emit("role_recovered", role=name, recovery_s=rec["recovery_s"], down_t=t_down)
                 self.progress.message(f"{name} recovered in {rec['recovery_s']:.1f}s")
 

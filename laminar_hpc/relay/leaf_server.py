@@ -40,7 +40,7 @@ def encrypted(cfg: Config) -> bool:
     ipc:// (every role on this machine) the socket sits in a directory only this user may enter,
     and ZMQ_IPC_FILTER_UID refuses other users' connections (transport/endpoint.py): nobody can read
     the bytes on the way, so CURVE's encryption (one I/O thread per connection: measured with
-    tools/bench_relay_leaf.py, 256 MiB, 0.71 GiB/s, a version at the leaf 2.0x later than at a tier
+    bench/bench_relay_leaf.py, 256 MiB, 0.71 GiB/s, a version at the leaf 2.0x later than at a tier
     relay against 1.0x without it) buys nothing there. But a process of this user without the
     run's keys (tool code in its sandbox) could connect and take a leaf's name: there the socket
     runs ZeroMQ PLAIN, a relay's password derived from its key (transport/security.py), proven at

@@ -1,6 +1,6 @@
 """Calibrate the simulator from a run's traces and metrics.
 
-    cal = calibrate("runs/bench/laminar")      # or the parent of several runs (tools/bench_modes.py --out)
+    cal = calibrate("runs/bench/laminar")      # or the parent of several runs (bench/bench_modes.py --out)
     cfg = calibrated_config(cfg, cal)           # decode, training and length model into emulation.*
     params = apply_calibration(SimParams.from_config(cfg, spec), cal)   # sync costs, latency
     cal.fitted, cal.sources                     # what was measured, and from how many events

@@ -8,7 +8,7 @@
 
 CONFIG is a runtime config (its emulation section is the cost model) or a cluster preset
 (configs/presets/*.yaml, whose `#@sim` lines add nodes, links and failures). Prints throughput
-per mode and its ratio to sync, measured as tools/bench_modes.py does (a steady window after
+per mode and its ratio to sync, measured as bench/bench_modes.py does (a steady window after
 --skip steps, emulated seconds; barrier modes run --barrier-steps, 4 by default as there), and
 with --scaling the same at each cluster size, plotted with matplotlib when it is installed.
 (The `laminar` command itself is cli.py, which hands `simulate` here.)
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "laminar-underfull[-keep], ...; default: DEFAULT_VARIANTS)")
     ap.add_argument("--steps", type=int, default=None, help="train steps per asynchronous mode (default: config)")
     ap.add_argument("--barrier-steps", type=int, default=4,
-                    help="train steps for sync and one-step-off (default 4, as tools/bench_modes.py)")
+                    help="train steps for sync and one-step-off (default 4, as bench/bench_modes.py)")
     ap.add_argument("--skip", type=int, default=1, help="train steps left out of the window at the start")
     ap.add_argument("--seed", type=int, default=None, help="simulation seed (default: the config's seed)")
     ap.add_argument("--scaling", nargs="?", const=DEFAULT_SCALING, default=None, metavar="GPUS",
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="response lengths: the runtime's own draws (exact), vectorised draws of the same "
                          "distribution (fast), auto: exact up to 200k trajectories; empirical: resample the "
                          "calibration run's lengths")
-    ap.add_argument("--compare", metavar="BENCH_JSON", help="a tools/bench_modes.py result to compare with")
+    ap.add_argument("--compare", metavar="BENCH_JSON", help="a bench/bench_modes.py result to compare with")
     ap.add_argument("--sim", action="append", default=[], metavar="KEY=VALUE",
                     help="override a '#@sim' knob, e.g. --sim rollout_tp=4 --sim failures.rollout_mtbf_s=3600")
     return ap

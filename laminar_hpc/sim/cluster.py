@@ -1,5 +1,5 @@
 """A whole simulated cluster: controller, trainer, relay tier and N rollout replicas on one
-event queue, for one mode, and the figures `tools/bench_modes.py` measures on a real run.
+event queue, for one mode, and the figures `bench/bench_modes.py` measures on a real run.
 
     res = simulate(cfg, params, steps=10, skip=1)       # cfg.mode and cfg.repack.enabled pick the mode
     res["trajectories_per_s"], res["staleness_mean"], res["sim_wall_s"]

@@ -71,7 +71,7 @@ class ClusterSpec:
     # through shared memory); a number = nominal_weight_gb moved over this link (GB/s), e.g. InfiniBand
     bcast_gbps: float | None = None
     # one thread's memcpy (the publish hand-off; each master relay thread's copy of its pieces), GB/s:
-    # tools/bench_relay.py's memcpy floor on the 2-core dev machine, 256 MiB in 17-23 ms when lightly loaded
+    # bench/bench_relay.py's memcpy floor on the 2-core dev machine, 256 MiB in 17-23 ms when lightly loaded
     host_copy_gbps: float = 12.0
     # one thread's xxh3 over the weights (relays hash pieces on relay_threads threads each), GB/s: the same
     # bench's "xxh3 checksum alone", 0.4-0.5x that memcpy
@@ -85,7 +85,7 @@ class ClusterSpec:
     # the work items, measured on the 2-core CI machine: 12.6 ms for 64 groups x 16 of 512-token prompts)
     ctl_per_traj_us: float = 12.0
     # The control plane's CPU per message and per token (sim/control_plane.py; docs/simulator.md "Control
-    # plane"). Measured with `tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024` on the 2-core
+    # plane"). Measured with `bench/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024` on the 2-core
     # dev machine, per CPU second of each process's busiest thread:
     # - the controller's thread behind 4 stream shards took 0.12-0.16 CPU-s per campaign second for ~4,560
     #   metadata messages/s (finished 1,420, want_work 1,420, rollout_state 1,143; heartbeats, 579, absorbed
@@ -317,7 +317,7 @@ class SimParams:
                  f"{spec.shard_per_msg_us:g} us per message + {spec.shard_per_ktoken_us:g} us{per_k}" if shards else
                  f"no stream shard: controller thread {spec.ctl_per_msg_us:g} us per message + "
                  f"{spec.ctl_per_ktoken_us:g} us{per_k}")
-        src["control plane"] = (f"{plane} (config/shards.shard_count; tools/bench_controller.py, 7B at 1,024 GPUs "
+        src["control plane"] = (f"{plane} (config/shards.shard_count; bench/bench_controller.py, 7B at 1,024 GPUs "
                                 "on the 2-core dev machine)")
         p = cls(emu=e, cost=cost, time_scale=scale, prompt_tokens=prompt,
                 pull_s=pull, publish_stall_s=copy_s, relay_master_s=master_s, bcast_bytes=moved, bcast_bw=bw,

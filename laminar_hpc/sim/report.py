@@ -91,7 +91,7 @@ def tools_line(results: dict) -> str:
 
 
 def compare(results: dict, measured_doc: dict) -> dict:
-    """Simulated vs measured (a tools/bench_modes.py JSON): relative error of throughput and of
+    """Simulated vs measured (a bench/bench_modes.py JSON): relative error of throughput and of
     the ratio to sync, per mode present in both."""
     meas = measured_doc.get("modes", measured_doc)
     out = {}

@@ -1,6 +1,6 @@
 """Every mode on one cluster, and the same across cluster sizes (the scaling curve).
 
-The modes are the variants of tools/bench_modes.py (`VARIANTS`): sync, one-step-off,
+The modes are the variants of bench/bench_modes.py (`VARIANTS`): sync, one-step-off,
 partial-rollout (over the relay tier; re-prefilling, or `-keep` keeping the KV), partial-rollout-areal
 (over AReaL's own update path, below), laminar as shipped, pure laminar, laminar without repack
 and each refresh setting; `ratio_vs_sync` is each mode's trainer throughput over sync's.
@@ -35,7 +35,7 @@ AREAL_UPDATE_PATH = "broadcast"
 AREAL = "areal"  # VARIANTS' stand-in for AReaL's update path: the config's own non-relay one, else AReaL's default
 RELAY = "partial_rollout.update_path=relay"
 
-# Every variant the benchmarks compare (tools/bench_modes.py runs the same), as config overrides.
+# Every variant the benchmarks compare (bench/bench_modes.py runs the same), as config overrides.
 # `laminar` is laminar as shipped: the config's own rollout.refresh_in_flight (its default unless
 # set); `laminar-pure` is one version per trajectory (drain, then pull); the others pin one
 # refresh setting. partial-rollout re-prefills the interrupted sequences (AReaL), `-keep` keeps
@@ -64,7 +64,7 @@ VARIANTS: dict[str, list[str]] = {
     "laminar-underfull-keep": ["mode=laminar", "repack.enabled=true", RELAY, "rollout.refresh_in_flight=underfull",
                                "rollout.refresh_kv=keep"],
 }
-# what `laminar simulate` and tools/bench_modes.py run unless told otherwise
+# what `laminar simulate` and bench/bench_modes.py run unless told otherwise
 DEFAULT_VARIANTS = ("sync", "one-step-off", "partial-rollout", "partial-rollout-keep", "partial-rollout-areal",
                     "laminar", "laminar-pure", "laminar-norepack")
 MODES = VARIANTS  # (the name the simulator's callers knew)

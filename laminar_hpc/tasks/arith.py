@@ -101,5 +101,5 @@ class ArithTasks:
     def held_out(self, i: int) -> Problem:
         """Evaluation problem `i`: from an index range training never reaches. The problems may
         still repeat training's: with small numbers there are few distinct ones (187 at
-        max_value 10), so tools/eval_arith.py draws them with larger operands and keeps the unseen."""
+        max_value 10), so bench/eval_arith.py draws them with larger operands and keeps the unseen."""
         return self.problem(HELD_OUT_OFFSET + i)

@@ -37,7 +37,7 @@ type of transport/protocol.py has an entry).
 | fetched                                        | a shard `fetched`)               |
 
 A heartbeat thread's socket (identity `<role>-<rank>.hb`) may send `heartbeat` only. The
-launcher's heartbeat is the liveness probe of tools/bench_controller.py.
+launcher's heartbeat is the liveness probe of bench/bench_controller.py.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fault tolerance end to end: roles SIGKILLed during real multi-process runs (tools/chaos.py),
+"""Fault tolerance end to end: roles SIGKILLed during real multi-process runs (bench/chaos.py),
 malformed frames sent to live sockets. The run must complete with every prompt group trained at
 most once and none lost, each role must come back on its own, and the reward must still rise."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 def chaos(tmp_path: Path, config: str, kills: int, seed: int, *overrides: str, timeout: float = 600) -> dict:
     out = tmp_path / "chaos.json"
-    res = subprocess.run([sys.executable, str(REPO / "tools" / "chaos.py"), config, "--kills", str(kills),
+    res = subprocess.run([sys.executable, str(REPO / "bench" / "chaos.py"), config, "--kills", str(kills),
                           "--seed", str(seed), "--json", str(out), "--run-dir", str(tmp_path / "run"),
                           "--gap-s", "0.5", "2.0", *overrides], cwd=REPO, capture_output=True, text=True,
                          timeout=timeout)
@@ -169,7 +169,7 @@ def test_a_hung_role_is_detected_by_heartbeat_killed_and_restarted(tmp_path):
 
 
 def test_partial_rollout_rollouts_killed_on_the_campaign_clock_lose_nothing(tmp_path):
-    """tools/chaos.py --kinds rollout --every-s (the faults scenario of tools/bench_faults.py): rollouts
+    """bench/chaos.py --kinds rollout --every-s (the faults scenario of bench/bench_faults.py): rollouts
     of partial-rollout, whose global update waits for every replica, are killed on the campaign's
     clock; each comes back, the update goes on without the dead one, nothing is lost or trained twice,
     and the run is measured as the modes benchmark measures it."""

@@ -234,7 +234,7 @@ def test_a_worker_that_cannot_build_its_scorer_fails_calls_as_pool(tmp_path):
 
 def test_collect_looks_for_timed_out_calls_once_per_scan_period_not_at_every_call(make_pool, tmp_path, monkeypatch):
     # the rollout collects after every decode step; with hundreds of calls waiting on a slow
-    # verifier, a scan of all of them each time cost its trainer ~12% (tools/bench_reward.py)
+    # verifier, a scan of all of them each time cost its trainer ~12% (bench/bench_reward.py)
     from laminar_hpc.tasks import reward_pool
     pool = make_pool("thread", workers=8, timeout_s=60.0)
     for i in range(8):

@@ -1,6 +1,6 @@
 """Episodes survive SIGKILL: a real emulated campaign (every role its own process) whose
 trajectories are tool-use episodes with ~0.5 s tool calls, its rollouts SIGKILLed by
-tools/chaos.py while calls are in flight. The ledger stays clean (nothing lost, nothing trained
+bench/chaos.py while calls are in flight. The ledger stays clean (nothing lost, nothing trained
 twice) and the episodes that lost their rollout were resumed elsewhere or restarted."""
 from __future__ import annotations
 

@@ -443,3 +443,35 @@ def test_modules_that_share_a_file_name_say_which_is_which():
             bad += [f"{p.relative_to(PKG)} does not name {q.relative_to(PKG)}" for q in paths
                     if q != p and str(q.relative_to(PKG)) not in doc]
     assert not bad, "modules of one file name whose docstrings do not say which is which:\n  " + "\n  ".join(bad)
+
+
+BENCH = Path(REPO) / "bench"
+
+
+def test_the_benchmarks_are_a_package_without_a_circle_that_the_product_never_imports():
+    # issue 47: the benchmarks sat loose in tools/ with an import circle (bench_relay <-> its parts)
+    # and sys.path edits; now `bench/` is a package (installed beside laminar_hpc) and tools/ keeps
+    # the install and cluster scripts
+    product = [f"{p.relative_to(REPO)}:{n.lineno}" for p in modules() for n in ast.walk(ast.parse(p.read_text()))
+               if (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "bench" for a in n.names))
+               or (isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "bench")]
+    assert product == [], "laminar_hpc imports the benchmarks"
+    scripts = sorted(BENCH.glob("*.py"))
+    assert [p for p in scripts if "sys.path" in p.read_text()] == []
+    assert not list((Path(REPO) / "tools").glob("*.py")), "tools/ keeps the install and cluster scripts only"
+    deps: dict[str, set[str]] = {}
+    for p in scripts:
+        names = set()
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.module == "bench":
+                names |= {a.name for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("bench."):
+                names.add(n.module.split(".")[1])
+        deps[p.stem] = names - {p.stem}
+    assert all(d <= set(deps) for d in deps.values()), deps
+    left = dict(deps)
+    while left:  # no circle: a topological order exists
+        free = [m for m, d in left.items() if not d & set(left)]
+        assert free, f"the benchmarks import each other in a circle among {sorted(left)}"
+        for m in free:
+            del left[m]

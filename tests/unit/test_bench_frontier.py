@@ -1,9 +1,8 @@
-"""tools/bench_frontier.py: its sweeps, and a small simulated frontier end to end (seconds)."""
+"""bench/bench_frontier.py: its sweeps, and a small simulated frontier end to end (seconds)."""
 from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
@@ -11,9 +10,8 @@ from laminar_hpc.config import load_config
 
 from helpers import REPO
 
-sys.path.insert(0, os.path.join(REPO, "tools"))
-import bench_frontier  # noqa: E402
-import bench_modes  # noqa: E402
+from bench import bench_frontier
+from bench import bench_modes
 
 TINY = os.path.join(REPO, "configs", "tiny-emulated.yaml")
 

@@ -1,19 +1,17 @@
-"""tools/bench_frontier.py --equal-staleness: the modes' throughput at the same mean version lag,
+"""bench/bench_frontier.py --equal-staleness: the modes' throughput at the same mean version lag,
 interpolated along the admission bound (issue 34 item 2)."""
 from __future__ import annotations
 
 import json
 import math
 import os
-import sys
 
 import pytest
 
 from helpers import REPO
 
-sys.path.insert(0, os.path.join(REPO, "tools"))
-import bench_frontier  # noqa: E402
-from bench_frontier import at_staleness  # noqa: E402
+from bench import bench_frontier
+from bench.bench_frontier import at_staleness
 
 TINY = os.path.join(REPO, "configs", "tiny-emulated.yaml")
 BOUND = bench_frontier.BOUND_KEY

@@ -1,11 +1,10 @@
-"""tools/bench_learning.py: its pure parts on small synthetic metrics (curves, spreads over seeds,
+"""bench/bench_learning.py: its pure parts on small synthetic metrics (curves, spreads over seeds,
 time to target, the held-out filter, the plan, the JSON document and its figures). No campaign runs
 here; the tool itself runs real campaigns (docs/learning.md)."""
 from __future__ import annotations
 
 import json
 import os
-import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -21,8 +20,7 @@ from laminar_hpc.trainer.checkpoint import save_checkpoint
 
 from helpers import REPO
 
-sys.path.insert(0, os.path.join(REPO, "tools"))
-import bench_learning as bl  # noqa: E402
+from bench import bench_learning as bl
 
 BENCH = os.path.join(REPO, "configs", "bench", "learning.yaml")
 TINY = os.path.join(REPO, "configs", "tiny.yaml")
@@ -164,7 +162,7 @@ def test_report_compares_laminar_with_sync_and_plots(tmp_path):
     cfg = load_config(BENCH)
     doc = bl.report(args, cfg, runs, {0: {"path": "w.pt", "heldout": {"accuracy": 0.1}}}, 4, ["CONFIG", "--sweep"])
     doc = json.loads(json.dumps(doc))  # the JSON file holds exactly this
-    assert doc["command"] == "python tools/bench_learning.py CONFIG --sweep"
+    assert doc["command"] == "python bench/bench_learning.py CONFIG --sweep"
     sync, lam = doc["modes"]["sync"], doc["modes"]["laminar"]
     assert sync["seeds"] == [0, 1, 2] and sync["failed"] == [3]
     assert sync["final_reward"]["min"] == pytest.approx(0.4) and sync["final_reward"]["max"] == pytest.approx(0.6)

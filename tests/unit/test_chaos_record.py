@@ -1,17 +1,12 @@
-"""tools/chaos.py's record check (issue 44): after the kills, metrics.jsonl holds each train step
+"""bench/chaos.py's record check (issue 44): after the kills, metrics.jsonl holds each train step
 and each evaluation once, and with a KL term no step after the first reads KL exactly 0 (the sign
 of a restarted trainer that took its own weights as the anchor)."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
-from helpers import REPO
+from bench import chaos
 from laminar_hpc.config.schema import Config
-
-sys.path.insert(0, os.path.join(REPO, "tools"))
-import chaos  # noqa: E402
 
 
 def _write(path, rows):

@@ -1,7 +1,7 @@
 """The campaign's time left (metrics/eta.py), as the display shows it (issue 46 item 5): known from
 the start-up's rates before the first step, falling while a long step runs, right after a resume,
 and counting the final evaluation and the stop. The figures measured on real runs:
-tools/bench_eta.py."""
+bench/bench_eta.py."""
 from __future__ import annotations
 
 import pytest

@@ -1,16 +1,14 @@
-"""tools/group_life.py: a trajectory's time before training split into generating and waiting for
+"""bench/group_life.py: a trajectory's time before training split into generating and waiting for
 its group (docs/frontier.md), on a small simulated campaign (seconds)."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
 from helpers import REPO
 
-sys.path.insert(0, os.path.join(REPO, "tools"))
-import group_life  # noqa: E402
+from bench import group_life
 
 REFERENCE = os.path.join(REPO, "configs", "bench", "longtail-math.yaml")
 

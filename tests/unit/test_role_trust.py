@@ -58,7 +58,7 @@ def test_registration_admits_a_role_that_joins_later():
 
 
 def test_a_launcher_tool_under_a_rank_of_its_own_is_heard():
-    """tools/bench_controller.py's heartbeat probe and tools/controller_replay.py connect with the
+    """bench/bench_controller.py's heartbeat probe and bench/controller_replay.py connect with the
     launcher's key as `launcher-1` beside the launcher: a launcher's rank gets it no work."""
     members = Membership.of(load_config(CONFIG))
     assert members.admits("launcher-1") and members.admits("launcher-12.hb") and members.refused == 0

@@ -1,5 +1,5 @@
 """The simulator's control plane (laminar_hpc/sim/control_plane.py, docs/simulator.md "Control
-plane"): the controller's one thread and the stream shards cost what tools/bench_controller.py
+plane"): the controller's one thread and the stream shards cost what bench/bench_controller.py
 measured, so a 4,096-GPU cluster whose controller takes every token itself (controller.shards=0)
 saturates that thread and generates well below its ideal, the same cluster behind its shards does
 not, and a small cluster is far from either."""

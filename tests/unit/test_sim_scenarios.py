@@ -73,7 +73,7 @@ def test_a_scenario_is_its_base_preset_at_1024_gpus_with_only_the_issues_changes
     assert scale_cluster(cfg, spec, 1024) == (cfg, spec)
     assert cfg.rollout.count * spec.rollout_tp + spec.trainer_gpus == 1024
     text = open(_path(name)).read()
-    assert "tools/bench_frontier.py configs/bench/" + name + ".yaml" in text  # its usage line
+    assert "bench/bench_frontier.py configs/bench/" + name + ".yaml" in text  # its usage line
     for key in ("decode_base_ms", "decode_per_seq_us", "decode_per_kv_token_ns", "prefill_per_token_us",
                 "train_per_token_us", "nominal_weight_gb", "pull_gbps", "kv_capacity_tokens"):
         line = next(ln for ln in text.splitlines() if ln.strip().startswith(key + ":"))

@@ -152,9 +152,9 @@ def test_mode_ordering_on_a_long_tail_workload():
 
 def test_reference_workload_matches_the_measured_benchmark():
     """configs/bench/longtail-math.yaml, uncalibrated (its emulation section is the cost model the
-    emulated runtime slept by), against results/bench-longtail-math.json (tools/bench_modes.py):
+    emulated runtime slept by), against bench/results/bench-longtail-math.json (bench/bench_modes.py):
     throughput within 15% per mode, ratio to sync within 10%."""
-    doc = json.load(open(os.path.join(REPO, "results", "bench-longtail-math.json")))
+    doc = json.load(open(os.path.join(REPO, "bench", "results", "bench-longtail-math.json")))
     modes = list(doc["modes"])
     res = run_modes(load_config(LONGTAIL), ClusterSpec(), modes=modes, steps=10, barrier_steps=4, skip=1)
     for mode, m in doc["modes"].items():

@@ -1,4 +1,4 @@
-"""What a campaign sends its controller (emulation/traffic.py): the rates tools/bench_controller.py
+"""What a campaign sends its controller (emulation/traffic.py): the rates bench/bench_controller.py
 judges the controller's headroom against, derived from the config."""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
 - floors: one contiguous copy of the same bytes between the GPU and pinned host memory, each way.
 Each in float32 (the default published layout) and bfloat16 (`trainer.publish_dtype` /
 `rollout.weight_dtype: bfloat16`); medians of 5 after a warm-up. Passes when the pulled weights
-equal the packed ones bit for bit. (The relay chain between hosts is CPU work: tools/bench_relay.py.)
+equal the packed ones bit for bit. (The relay chain between hosts is CPU work: bench/bench_relay.py.)
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 audit hook, and the limits of the call as a whole, tasks/call_limits.py): the same short program N
 times, as the rollouts run it.
 
-    .venv/bin/python tools/bench_sandbox.py [--calls 200] [--json out.json]
+    .venv/bin/python bench/bench_sandbox.py [--calls 200] [--json out.json]
 
 Prints p50/p99 milliseconds per call and how the calls were bounded (`isolation`: cgroup1, cgroup2
 or rlimits). To compare with another version of the sandbox, run this file from that checkout.

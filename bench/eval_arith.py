@@ -6,8 +6,8 @@ only when one operand is above the config's max_value, so none of them can have 
 Greedy and sampled (temperature 1) accuracy, with the project's own engine, chat template and
 reward, for the base model (no --run-dir) or a run's newest checkpoint.
 
-    HF_HUB_OFFLINE=1 python tools/eval_arith.py configs/smollm2-arith.yaml                       # base model
-    HF_HUB_OFFLINE=1 python tools/eval_arith.py configs/smollm2-arith.yaml --run-dir runs/smollm2-arith
+    HF_HUB_OFFLINE=1 python bench/eval_arith.py configs/smollm2-arith.yaml                       # base model
+    HF_HUB_OFFLINE=1 python bench/eval_arith.py configs/smollm2-arith.yaml --run-dir runs/smollm2-arith
 """
 from __future__ import annotations
 
@@ -19,19 +19,18 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from laminar_hpc.config import load_config  # noqa: E402
-from laminar_hpc.model.factory import build_tokenizer  # noqa: E402
-from laminar_hpc.model.hf import hf_model_args, load_hf_weights, resolve_hf_path  # noqa: E402
-from laminar_hpc.rollout.torch_engine import TorchEngine  # noqa: E402
-from laminar_hpc.rollout.evaluate import generate  # noqa: E402
-from laminar_hpc.checkpoint_format import MODEL_FILE  # noqa: E402
-from laminar_hpc.rundir import RunDir  # noqa: E402
-from laminar_hpc.tasks import encode_prompt  # noqa: E402
-from laminar_hpc.tasks.arith import ArithTasks  # noqa: E402
-from laminar_hpc.tasks.base import Response  # noqa: E402
-from laminar_hpc.tasks.rewards import final_number  # noqa: E402
+from laminar_hpc.config import load_config
+from laminar_hpc.model.factory import build_tokenizer
+from laminar_hpc.model.hf import hf_model_args, load_hf_weights, resolve_hf_path
+from laminar_hpc.rollout.torch_engine import TorchEngine
+from laminar_hpc.rollout.evaluate import generate
+from laminar_hpc.checkpoint_format import MODEL_FILE
+from laminar_hpc.rundir import RunDir
+from laminar_hpc.tasks import encode_prompt
+from laminar_hpc.tasks.arith import ArithTasks
+from laminar_hpc.tasks.base import Response
+from laminar_hpc.tasks.rewards import final_number
 
 
 def unseen_problems(cfg, n: int, max_value: int) -> list:

@@ -48,11 +48,11 @@ controller CPU ms per 1,000 messages, CPU s per campaign second (all threads, an
 apart), the driver's CPU (`closed_loop_bound_by`: the driver when it, not the controller, was
 saturated), the load average.
 
-    python tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 --json ctl.json
-    python tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 --py-spy window.txt
-    PYTHONPATH=/other/checkout python tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 \
+    python bench/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 --json ctl.json
+    python bench/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 --py-spy window.txt
+    PYTHONPATH=/other/checkout python bench/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 \
         --code /other/checkout --json base.json          # a baseline: that checkout's protocol on both sides
-    python tools/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 --baseline base.json --json ctl.json
+    python bench/bench_controller.py configs/presets/7b-h100.yaml --gpus 1024 --baseline base.json --json ctl.json
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ from pathlib import Path
 
 import yaml
 import zmq
-from controller_replay import Driver
+from bench.controller_replay import Driver
 
 from laminar_hpc.config.shards import shard_count, shard_of
 from laminar_hpc.emulation.traffic import CADENCES, campaign_traffic

@@ -1,4 +1,4 @@
-"""The replay behind tools/bench_controller.py: a campaign's rollouts and trainer, in campaign
+"""The replay behind bench/bench_controller.py: a campaign's rollouts and trainer, in campaign
 time, as clients of a running controller (see that tool's docstring). Each replica runs call by
 call as the rollout's loop does (rollout/main.py), on the cost model (emulation/cost.py) and the
 engine-call model of emulation/traffic.py, so what it sends is what `campaign_traffic` counts.

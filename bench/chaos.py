@@ -1,15 +1,15 @@
 """Chaos: run a campaign while killing its roles (SIGKILL) on a seeded schedule, then check that
 nothing was lost or trained twice and report how long each recovery took.
 
-    .venv/bin/python tools/chaos.py configs/quickstart.yaml --kills 20 --seed 0 --json chaos.json
-    .venv/bin/python tools/chaos.py configs/tiny.yaml --kills 4 --seed 1 --json /tmp/c.json trainer.total_steps=40
+    .venv/bin/python bench/chaos.py configs/quickstart.yaml --kills 20 --seed 0 --json chaos.json
+    .venv/bin/python bench/chaos.py configs/tiny.yaml --kills 4 --seed 1 --json /tmp/c.json trainer.total_steps=40
     # with 5 attach jobs joining and leaving during the kills (elastic capacity; laminar mode):
-    .venv/bin/python tools/chaos.py configs/quickstart.yaml --kills 20 --attach 5 --json chaos-elastic.json
+    .venv/bin/python bench/chaos.py configs/quickstart.yaml --kills 20 --attach 5 --json chaos-elastic.json
     # on a Slurm cluster (roles as job steps), one of the kills a whole node's roles at once:
-    .venv/bin/python tools/chaos.py configs/quickstart-slurm.yaml --cluster slurm --node-kills 1 \
+    .venv/bin/python bench/chaos.py configs/quickstart-slurm.yaml --cluster slurm --node-kills 1 \
         --kills 20 --json chaos-slurm.json trainer.total_steps=400
-    # a rollout killed every 2 minutes of campaign time, throughput measured (tools/bench_faults.py runs it per mode):
-    .venv/bin/python tools/chaos.py configs/bench/longtail-math.yaml --kinds rollout --every-s 120 --kills 8 \
+    # a rollout killed every 2 minutes of campaign time, throughput measured (bench/bench_faults.py runs it per mode):
+    .venv/bin/python bench/chaos.py configs/bench/longtail-math.yaml --kinds rollout --every-s 120 --kills 8 \
         --measure-skip 1 --json faults.json trainer.total_steps=30
 
 The campaign is a real `laminar run` (every role its own process), or with `--cluster slurm` a
@@ -50,14 +50,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
 
-from laminar_hpc.config import load_config  # noqa: E402
-from laminar_hpc.config.shards import shard_count  # noqa: E402
-from laminar_hpc.metrics.status import Status, read_status  # noqa: E402
-from laminar_hpc.metrics.trace import read_run  # noqa: E402
-from laminar_hpc.policy.supervision import spec_of  # noqa: E402
+from laminar_hpc.config import load_config
+from laminar_hpc.config.shards import shard_count
+from laminar_hpc.metrics.status import Status, read_status
+from laminar_hpc.metrics.trace import read_run
+from laminar_hpc.policy.supervision import spec_of
 
 KINDS = ("rollout", "relay", "trainer", "controller")
 LEDGER_KEYS = ("groups_admitted", "groups_consumed", "groups_dropped", "groups_pending", "groups_lost",
@@ -277,7 +275,7 @@ def main() -> int:
                     help="a kill every this many campaign seconds (emulated seconds for an emulated engine) from the "
                          "first train step, instead of --gap-s after each recovery")
     ap.add_argument("--measure-skip", type=int, default=None, metavar="STEPS",
-                    help="also measure throughput, staleness and goodput as tools/bench_modes.py does, leaving out "
+                    help="also measure throughput, staleness and goodput as bench/bench_modes.py does, leaving out "
                          "this many train steps at the start")
     ap.add_argument("--recovery-timeout-s", type=float, default=120.0)
     ap.add_argument("--end-timeout-s", type=float, default=3600.0, help="the longest the campaign may run")
@@ -390,7 +388,7 @@ def main() -> int:
     if attacher is not None:
         result["attach_jobs"] = attacher.report()
     if args.measure_skip is not None and summary.get("outcome") == "completed":
-        import bench_modes  # tools/: the same figures as the modes benchmark
+        from bench import bench_modes
         cfg = load_config(run_dir / "config.yaml")
         result["measured"] = bench_modes.measure(run_dir, args.measure_skip, campaign_scale(cfg), cfg, cfg.mode)
     result["ok"] = bool(summary.get("outcome") == "completed" and summary.get("groups_lost") == 0

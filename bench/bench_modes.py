@@ -2,8 +2,8 @@
 update path), partial-rollout-areal (AReaL's default update path: the trainer's NCCL broadcast), laminar, laminar
 without repack. One invocation, one table, one JSON.
 
-    python tools/bench_modes.py configs/bench/longtail-math.yaml --json bench.json   # ~15 min on 2 cores
-    python tools/bench_modes.py configs/tiny-emulated.yaml --modes sync,laminar --json /tmp/b.json
+    python bench/bench_modes.py configs/bench/longtail-math.yaml --json bench.json   # ~15 min on 2 cores
+    python bench/bench_modes.py configs/tiny-emulated.yaml --modes sync,laminar --json /tmp/b.json
 
 Each mode is a real `laminar run` (every role its own process) in its own run directory under
 --out. Figures are taken over a steady window: from the end of train step `--skip` to the last
@@ -30,13 +30,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from laminar_hpc.config import load_config  # noqa: E402
-from laminar_hpc.metrics.status import read_status  # noqa: E402
-from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
-from laminar_hpc.metrics.trace import read_trace, role_events  # noqa: E402
-from laminar_hpc.sim.scaling import (  # noqa: E402
+from laminar_hpc.config import load_config
+from laminar_hpc.metrics.status import read_status
+from laminar_hpc.metrics.summary import read_metrics
+from laminar_hpc.metrics.trace import read_trace, role_events
+from laminar_hpc.sim.scaling import (
     BARRIER, DEFAULT_VARIANTS, VARIANTS, variant_conflict, variant_overrides,
 )
 

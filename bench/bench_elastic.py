@@ -1,10 +1,10 @@
 """Elastic capacity, measured: a campaign starts with its own rollouts, an attach job adds more
 mid-run, then leaves (SIGTERM, as a preemption or scancel sends it). One table, one JSON.
 
-    python tools/bench_elastic.py configs/bench/elastic.yaml --json results/bench-elastic.json   # ~4 min
-    python tools/bench_elastic.py configs/bench/elastic.yaml --joiners 4 --attach-at 30 --leave-at 90
+    python bench/bench_elastic.py configs/bench/elastic.yaml --json bench/results/bench-elastic.json   # ~4 min
+    python bench/bench_elastic.py configs/bench/elastic.yaml --joiners 4 --attach-at 30 --leave-at 90
     # on the multi-host test cluster: 4 rollouts on 2 nodes, the attach job on a third (TCP, CURVE)
-    SLURM_CONF=/tmp/laminar-slurm-mh/etc/slurm.conf python tools/bench_elastic.py configs/bench/elastic.yaml \
+    SLURM_CONF=/tmp/laminar-slurm-mh/etc/slurm.conf python bench/bench_elastic.py configs/bench/elastic.yaml \
         --cluster slurm slurm.partition=debug slurm.layout.trainer_nodes=0 slurm.layout.rollout_nodes=2
 
 Figures (trained trajectories/s from metrics.jsonl's per-step `wall` and `trajectories`, over
@@ -33,11 +33,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from laminar_hpc.config import load_config  # noqa: E402
-from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
-from laminar_hpc.metrics.trace import read_run  # noqa: E402
+from laminar_hpc.config import load_config
+from laminar_hpc.metrics.summary import read_metrics
+from laminar_hpc.metrics.trace import read_run
 
 POLL_S = 0.5
 

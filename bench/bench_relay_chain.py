@@ -1,6 +1,6 @@
-"""Part 3 of tools/bench_relay.py: the chain broadcast against MPI.Bcast, under mpirun.
+"""Part 3 of bench/bench_relay.py: the chain broadcast against MPI.Bcast, under mpirun.
 
-For each size and relay count R, tools/bench_relay.py runs this script under
+For each size and relay count R, bench/bench_relay.py runs this script under
 `mpirun -n R --oversubscribe --bind-to none`: it times relay/chain.py's chain_bytes (chunk
 relay.chunk_mb) and comm.Bcast of the same buffer, alternating (the order rotates every round),
 and rank 0 writes the medians to a temp JSON the parent reads. A point whose buffers would not fit
@@ -94,7 +94,7 @@ def mpi_worker(nbytes: int, repeats: int, chunk_bytes: int, out: str, timeout_s:
 
 
 def run_point(nbytes: int, relays: int, repeats: int, chunk_bytes: int, timeout_s: float) -> dict:
-    from bench_relay import mem_available
+    from bench.bench_relay_parts import mem_available
 
     from laminar_hpc.launch.processes import mpi_env, role_env
 

@@ -4,8 +4,8 @@ the rest of its GRPO group. A trajectory's staleness counts from its first token
 much of it that wait is, per mode and admission bound (docs/frontier.md, "What limits the
 reference workload").
 
-    .venv/bin/python tools/group_life.py configs/bench/longtail-math.yaml --sweep 2,3,4 --seeds 0,1,2
-    .venv/bin/python tools/group_life.py configs/bench/longtail-math.yaml --mode partial-rollout --sweep 4 --json /tmp/life.json
+    .venv/bin/python bench/group_life.py configs/bench/longtail-math.yaml --sweep 2,3,4 --seeds 0,1,2
+    .venv/bin/python bench/group_life.py configs/bench/longtail-math.yaml --mode partial-rollout --sweep 4 --json /tmp/life.json
 
 For each (bound, seed): trained trajectories/s, the mean train-step time, and per trajectory in
 train steps: `generating` (its first assignment to its end; a partial moved or paused counts as
@@ -21,14 +21,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from laminar_hpc.config import ConfigError, load_config  # noqa: E402
-from laminar_hpc.sim import cluster  # noqa: E402
-from laminar_hpc.sim.observe import Observer  # noqa: E402
-from laminar_hpc.sim.params import SimParams  # noqa: E402
-from laminar_hpc.sim.presets import read_spec  # noqa: E402
-from laminar_hpc.sim.scaling import VARIANTS, length_mode, mode_config, variant_conflict  # noqa: E402
+from laminar_hpc.config import ConfigError, load_config
+from laminar_hpc.sim import cluster
+from laminar_hpc.sim.observe import Observer
+from laminar_hpc.sim.params import SimParams
+from laminar_hpc.sim.presets import read_spec
+from laminar_hpc.sim.scaling import VARIANTS, length_mode, mode_config, variant_conflict
 
 
 def group_life(config: str, mode: str, bound: int, seed: int, steps: int, overrides: list[str]) -> dict:

@@ -1,8 +1,8 @@
 """Benchmark the weight path against its floors: actor stall, rollout pull, chain broadcast, and
 the whole path from the trainer's hand-off to the last relay.
 
-    python tools/bench_relay.py --json bench.json            # full: 64/256/1024 MiB x 1/2/4/8 relays
-    python tools/bench_relay.py --quick --json bench.json    # 64/256 MiB x 1/2/4 relays, fewer repeats
+    python bench/bench_relay.py --json bench.json            # full: 64/256/1024 MiB x 1/2/4/8 relays
+    python bench/bench_relay.py --quick --json bench.json    # 64/256 MiB x 1/2/4 relays, fewer repeats
 
 1. actor stall: exactly what Publisher.publish does (WeightStore.begin, WeightLayout.pack of a
    float32 model into the /dev/shm slot, commit, one ZMQ message to a real Server on 127.0.0.1)
@@ -10,9 +10,9 @@ the whole path from the trainer's hand-off to the last relay.
 2. rollout pull: NodeWeights.pull (WeightStore.read copying into an engine's model) with and
    without checksum verification, against the same bare np.copyto. The JSON ratio is the
    product default (rollout.verify_checksum).
-3. broadcast (tools/bench_relay_chain.py, under mpirun): relay/chain.py's chain_bytes against
+3. broadcast (bench/bench_relay_chain.py, under mpirun): relay/chain.py's chain_bytes against
    comm.Bcast of the same buffer, for each size and relay count.
-4. publish to last relay (tools/bench_relay_publish.py, under mpirun): a trainer rank and 4
+4. publish to last relay (bench/bench_relay_publish.py, under mpirun): a trainer rank and 4
    relays running relay/main.py's master and follower code; `publish_to_last_relay_ratio` is
    the time from the publish notice until the version is committed at the last relay, over one
    memcpy of the same bytes, at 256 MiB and 1 GiB (quick: 3 repeats each).
@@ -35,6 +35,8 @@ import time
 
 import numpy as np
 
+from bench.bench_relay_parts import make_model
+
 MiB = 1 << 20
 TARGETS = {"stall": 1.15, "chain": 1.1, "pull": 1.3, "publish_to_last_relay": 1.5}
 PUBLISH_SIZES_MB, PUBLISH_RELAYS = (256, 1024), 4
@@ -53,32 +55,7 @@ def median_times(fns: dict, repeats: int, warmup: int = 2) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
-
-
 # -- actor stall and pull (this process) ---------------------------------------------------
-
-def make_model(nbytes: int):
-    """A float32 stand-in for a decoder: one embedding, then per layer a big matrix and a norm
-    vector, so pack/unpack walk many tensors of mixed sizes as they do for a real model."""
-    import torch
-    dim, n_layers = 1024, 16
-    total = nbytes // 4
-    emb_rows = total // 8 // dim
-    layer_rows = (total - emb_rows * dim - n_layers * dim) // n_layers // dim
-    model = torch.nn.Module()
-    model.emb = torch.nn.Parameter(torch.rand(emb_rows, dim))
-    model.layers = torch.nn.ParameterList()
-    for _ in range(n_layers):
-        model.layers.append(torch.nn.Parameter(torch.rand(layer_rows, dim)))
-        model.layers.append(torch.nn.Parameter(torch.ones(dim)))
-    return model
-
 
 class PullEngine:
     """The part of TorchEngine that a pull exercises: load_weights unpacks into the model."""
@@ -260,8 +237,8 @@ def main() -> int:
         # measure in the environment every role runs in (glibc's copy threshold is read at start)
         os.execve(sys.executable, [sys.executable, *sys.argv], role_env())
 
-    import bench_relay_chain
-    import bench_relay_publish
+    from bench import bench_relay_chain
+    from bench import bench_relay_publish
 
     from laminar_hpc.config.schema import RelayCfg
     from laminar_hpc.relay.main import PIECE_THREADS

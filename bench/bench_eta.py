@@ -3,7 +3,7 @@ run through `laminar run` with the plain display, each line's ETA held against t
 remained to the launcher's exit; then the same campaign interrupted half-way (Ctrl-C: the time to
 its first line) and resumed, its ETA after the resume held against what remained.
 
-    .venv/bin/python tools/bench_eta.py [configs/quickstart.yaml] [--load 1] [--json out.json] [key=value ...]
+    .venv/bin/python bench/bench_eta.py [configs/quickstart.yaml] [--load 1] [--json out.json] [key=value ...]
 
 `--load N` keeps N other busy processes on the machine all along (a loaded node). Prints, at 25%,
 50% and 75% of each run's wall time, the ETA said then and what remained (the error as a share of

@@ -2,9 +2,9 @@
 trajectories, real torch engines (every role its own process, as `laminar run`), and a staleness x
 off-policy correction sweep of laminar mode. docs/learning.md explains every figure.
 
-    python tools/bench_learning.py configs/bench/learning.yaml --json learning.json --sweep   # ~30 min, 2 cores
-    python tools/bench_learning.py configs/bench/learning.yaml --json /tmp/l.json --modes laminar --seeds 1 --steps 8
-    python tools/bench_learning.py configs/bench/learning.yaml --json /tmp/l.json --sweep --dry-run   # plan, estimate
+    python bench/bench_learning.py configs/bench/learning.yaml --json learning.json --sweep   # ~30 min, 2 cores
+    python bench/bench_learning.py configs/bench/learning.yaml --json /tmp/l.json --modes laminar --seeds 1 --steps 8
+    python bench/bench_learning.py configs/bench/learning.yaml --json /tmp/l.json --sweep --dry-run   # plan, estimate
 
 Each seed's supervised warm-up runs once, here, with the trainer's own `run_warmup`; every run of
 that seed starts from it (`trainer.init_checkpoint`), so the modes differ only in how RL runs. Each
@@ -30,18 +30,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
 
-import bench_modes  # noqa: E402
-from laminar_hpc.config import ConfigError, load_config  # noqa: E402
-from laminar_hpc.analysis.learning import (curve_spread, final_reward, reward_curve, spread,  # noqa: E402
+from bench import bench_modes
+from laminar_hpc.config import ConfigError, load_config
+from laminar_hpc.analysis.learning import (curve_spread, final_reward, reward_curve, spread,
                                            time_to_target, trailing, wall_spread)
-from laminar_hpc.config.corrections import CLIPPED  # noqa: E402
-from laminar_hpc.metrics.summary import read_metrics  # noqa: E402
-from laminar_hpc.rundir import RunDir  # noqa: E402
+from laminar_hpc.config.corrections import CLIPPED
+from laminar_hpc.metrics.summary import read_metrics
+from laminar_hpc.rundir import RunDir
 
-MODES = tuple(bench_modes.MODES)  # every variant tools/bench_modes.py runs (sim/scaling.py VARIANTS)
+MODES = tuple(bench_modes.MODES)  # every variant bench/bench_modes.py runs (sim/scaling.py VARIANTS)
 # the default set: the baselines, laminar as shipped, pure laminar and each refresh-in-flight setting
 # with both refresh_kv, partial rollout re-prefilling and keeping the KV
 DEFAULT_MODES = ("sync", "one-step-off", "partial-rollout", "partial-rollout-keep", "laminar", "laminar-pure",
@@ -415,7 +413,7 @@ def report(args, cfg, runs: list[dict], warm: dict, steps: int, argv: list[str])
     settings = {k: getattr(args, k) for k in ("seeds", "modes", "every", "target", "final_frac", "heldout_n", "sweep",
                                               "sweep_seeds", "sweep_override", "clip_eps")}
     return {"name": cfg.name, "config": args.config, "overrides": args.overrides,
-            "command": shlex.join(["python", "tools/bench_learning.py", *argv]),
+            "command": shlex.join(["python", "bench/bench_learning.py", *argv]),
             "settings": {**settings, "steps": steps, "trajectories_per_run": steps * args.per_step},
             "warmups": warm, "modes": modes, "sweep": sweep, "laminar_vs_sync": compare(modes),
             "refresh_vs_pure": refresh_vs_pure(modes),

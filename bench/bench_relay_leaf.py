@@ -1,8 +1,8 @@
 """Benchmark a joiner's leaf relay (relay/leaf.py) against the relay tier it hangs off: the time
 from the publish notice until a version is ready at the tier's last relay, and at a leaf relay.
 
-    python tools/bench_relay_leaf.py                         # 256 MiB, a tier of 2 relays, 1 leaf, 10 versions
-    python tools/bench_relay_leaf.py --mb 1024 --tier 4 --versions 5 --json leaf.json
+    python bench/bench_relay_leaf.py                         # 256 MiB, a tier of 2 relays, 1 leaf, 10 versions
+    python bench/bench_relay_leaf.py --mb 1024 --tier 4 --versions 5 --json leaf.json
 
 It runs the product's processes on this machine, as the launcher would: the tier under mpirun
 (`python -m laminar_hpc.relay`) and one leaf relay (`python -m laminar_hpc.relay --leaf-rank R`:
@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 TARGET = 1.5
 
 

@@ -1,4 +1,4 @@
-"""Part 4 of tools/bench_relay.py: from the trainer's hand-off until the last relay can serve it.
+"""Part 4 of bench/bench_relay.py: from the trainer's hand-off until the last relay can serve it.
 
 `publish_to_last_relay_ratio`: the time from the trainer's publish notice until the version is
 readable (committed) in the store of the last of R relays, over one bare memcpy of the same bytes.
@@ -17,7 +17,7 @@ Rounds alternate the master's thread count (`--threads`, e.g. 1,4) so all see th
 `relays_cpu`: CPU seconds the relay processes spent per version (all threads, polling included).
 The handoff_to_last ratio counts from the start of the trainer's pack instead of its notice.
 
-    python tools/bench_relay_publish.py --bytes 268435456 --relays 4     # a point on its own
+    python bench/bench_relay_publish.py --bytes 268435456 --relays 4     # a point on its own
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def run_relay(world, relays, args) -> None:
 
 
 def run_trainer(world, args) -> dict:
-    from bench_relay import make_model  # the stall part's stand-in model (same directory)
+    from bench.bench_relay_parts import make_model  # the stall part's stand-in model
     from mpi4py import MPI
 
     from laminar_hpc.model.weights import WeightLayout
@@ -217,7 +217,7 @@ def worker(args) -> int:
 def run_point(nbytes: int, relays: int, repeats: int, chunk_bytes: int, threads: list[int], timeout_s: float,
               warmup: int = 2) -> dict:
     """One mpirun of R relays and a trainer; the medians per master thread count, or `skipped`."""
-    from bench_relay import mem_available
+    from bench.bench_relay_parts import mem_available
 
     from laminar_hpc.launch.processes import mpi_env, role_env
     from laminar_hpc.transport.security import ensure_keys

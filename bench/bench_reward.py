@@ -2,8 +2,8 @@
 generation going? (issue 17: "a slow reward does not lower generation throughput by more than the
 pool's share").
 
-    python tools/bench_reward.py configs/quickstart.yaml --delay-s 0.5 --json /tmp/bench_reward.json
-    python tools/bench_reward.py configs/quickstart.yaml trainer.total_steps=100 --workers 256 --repeat 3
+    python bench/bench_reward.py configs/quickstart.yaml --delay-s 0.5 --json /tmp/bench_reward.json
+    python bench/bench_reward.py configs/quickstart.yaml trainer.total_steps=100 --workers 256 --repeat 3
 
 Two real `laminar run`s of CONFIG, every role its own process, differing only in the reward:
 `fast` is exact match; `slow` is exact match after `--delay-s` seconds of waiting (as a remote
@@ -83,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="fast/slow pairs, alternating")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(REPO))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     code = Path(tempfile.mkdtemp(prefix="bench-reward-")) / "rewards.py"

@@ -2,15 +2,15 @@
 workload, in the simulator (seconds) and/or the runtime (real processes, minutes per point),
 printed and plotted against the version lag and the step lag, with the ideal beside them.
 
-    python tools/bench_frontier.py configs/bench/longtail-math.yaml --steps 30 --json frontier.json
-    python tools/bench_frontier.py configs/presets/7b-h100.yaml --gpus 1024 --steps 20 --json f1024.json
-    python tools/bench_frontier.py configs/tiny-emulated.yaml --run both --steps 5 --json /tmp/f.json
-    python tools/bench_frontier.py CONFIG --sweep controller.max_ahead_steps=2,4 --sweep repack.interval_s=2,5 --cross
-    python tools/bench_frontier.py configs/presets/7b-h100.yaml --equal-staleness 3 --equal-staleness 4 --gpus 1024
+    python bench/bench_frontier.py configs/bench/longtail-math.yaml --steps 30 --json frontier.json
+    python bench/bench_frontier.py configs/presets/7b-h100.yaml --gpus 1024 --steps 20 --json f1024.json
+    python bench/bench_frontier.py configs/tiny-emulated.yaml --run both --steps 5 --json /tmp/f.json
+    python bench/bench_frontier.py CONFIG --sweep controller.max_ahead_steps=2,4 --sweep repack.interval_s=2,5 --cross
+    python bench/bench_frontier.py configs/presets/7b-h100.yaml --equal-staleness 3 --equal-staleness 4 --gpus 1024
 
 --sweep KEY=V1,V2,...: one setting per value (default controller.max_ahead_steps=1,2,3,4,6);
 several --sweep are zipped (equal lengths), or crossed with --cross. --modes: any of
-tools/bench_modes.py's (default partial-rollout,partial-rollout-keep,partial-rollout-areal,laminar,
+bench/bench_modes.py's (default partial-rollout,partial-rollout-keep,partial-rollout-areal,laminar,
 laminar-keep,laminar-pure). --run sim (the
 default; `laminar_hpc.sim` with an Observer: ~1-2 s per point on the reference workload),
 runtime (`bench_modes.run_mode` + `measure`: the reference workload takes ~3-4 min per point
@@ -58,13 +58,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
 
-import bench_modes  # noqa: E402
-from laminar_hpc.config import ConfigError, load_config  # noqa: E402
-from laminar_hpc.sim.scaling import variant_conflict  # noqa: E402
-from laminar_hpc.metrics.goodput import cause_cells, cause_header  # noqa: E402
+from bench import bench_modes
+from laminar_hpc.config import ConfigError, load_config
+from laminar_hpc.sim.scaling import variant_conflict
+from laminar_hpc.metrics.goodput import cause_cells, cause_header
 
 DEFAULT_SWEEP = "controller.max_ahead_steps=1,2,3,4,6"
 DEFAULT_MODES = "partial-rollout,partial-rollout-keep,partial-rollout-areal,laminar,laminar-keep,laminar-pure"

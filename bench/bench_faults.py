@@ -1,10 +1,10 @@
 """Faults against the modes: the same campaign per mode, a rollout SIGKILLed every `--every-s`
-campaign seconds (tools/chaos.py, real processes, the recovery the runtime has), measured as
-tools/bench_modes.py measures (throughput over the steady window, staleness, goodput by cause)
+campaign seconds (bench/chaos.py, real processes, the recovery the runtime has), measured as
+bench/bench_modes.py measures (throughput over the steady window, staleness, goodput by cause)
 with the ledger's lost and duplicated counts.
 
-    .venv/bin/python tools/bench_faults.py configs/bench/longtail-math.yaml --steps 30 --json faults.json
-    .venv/bin/python tools/bench_faults.py configs/tiny-emulated.yaml --steps 8 --every-s 20 --modes partial-rollout,laminar --json /tmp/f.json
+    .venv/bin/python bench/bench_faults.py configs/bench/longtail-math.yaml --steps 30 --json faults.json
+    .venv/bin/python bench/bench_faults.py configs/tiny-emulated.yaml --steps 8 --every-s 20 --modes partial-rollout,laminar --json /tmp/f.json
 
 JSON: {"config", "every_s", "steps", "results": {mode: chaos.py's JSON with "measured"}, "laminar_over":
 {mode: ratio of trajectories/s}}. Exit status 0 when every mode's campaign completed with nothing
@@ -20,10 +20,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
 
-import bench_modes  # noqa: E402
+from bench import bench_modes
 
 DEFAULT_MODES = "partial-rollout,laminar"
 
@@ -31,7 +29,7 @@ DEFAULT_MODES = "partial-rollout,laminar"
 def run_one(args, mode: str, out: Path) -> dict:
     """chaos.py on one mode's campaign; its JSON."""
     js = out / f"{mode}.json"
-    argv = [sys.executable, str(REPO / "tools" / "chaos.py"), args.config, "--kinds", "rollout",
+    argv = [sys.executable, str(REPO / "bench" / "chaos.py"), args.config, "--kinds", "rollout",
             "--every-s", str(args.every_s), "--kills", str(args.kills), "--seed", str(args.seed),
             "--measure-skip", str(args.skip), "--run-dir", str(out / mode), "--json", str(js),
             *bench_modes.MODES[mode], f"trainer.total_steps={args.steps}", *args.overrides]
