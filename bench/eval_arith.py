@@ -27,7 +27,7 @@ from laminar_hpc.rollout.torch_engine import TorchEngine
 from laminar_hpc.rollout.evaluate import generate
 from laminar_hpc.checkpoint_format import MODEL_FILE
 from laminar_hpc.rundir import RunDir
-from laminar_hpc.tasks import encode_prompt
+from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.tasks.arith import ArithTasks
 from laminar_hpc.tasks.base import Response
 from laminar_hpc.tasks.rewards import final_number

@@ -215,7 +215,7 @@ class ToolCalcTaskCfg(Section):
 class TaskType:
     """A `task.type`: its section of the config (the schema's `task:` union holds each section
     once) and its source as a lazy-import path of `(section, seed) -> TaskSource` (tasks/base.py),
-    resolved by `tasks.build_task`."""
+    resolved by `tasks/sources.build_task`."""
     name: str
     section: type[Section]
     source: str

@@ -62,7 +62,8 @@ from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir
-from laminar_hpc.tasks import build_task, encode_prompt, validation_problems
+from laminar_hpc.tasks.sources import build_task, validation_problems
+from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.transport.endpoint import bind
 from laminar_hpc.transport.protocol import Assign, Drops, Groups, Message, Relayed, Stop
 from laminar_hpc.transport.security import server_keys

@@ -220,7 +220,7 @@ class HFTokenizer:
 
     `encode` adds no special tokens, but special tokens written in the text (a chat template's
     `<|im_start|>` in a prompt template) become their ids. `bos_id` is the token the checkpoint's
-    own tokenizer puts first, None when it puts none (SmolLM2, Qwen2), so `tasks.encode_prompt`
+    own tokenizer puts first, None when it puts none (SmolLM2, Qwen2), so `tasks/prompts.encode_prompt`
     tokenizes prompts as transformers would. `decode` drops special tokens."""
 
     def __init__(self, hf_tok, source: str = "?"):

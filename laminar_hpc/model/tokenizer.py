@@ -3,7 +3,7 @@
 `CharTokenizer` covers the built-in tasks and small CPU models (one token per printable ASCII
 character); HF tokenizers for real checkpoints (`model/hf.py: HFTokenizer`) plug in behind the
 same protocol. `bos_id` is None for a tokenizer whose model starts prompts without a BOS token
-(SmolLM2, Qwen2): `tasks.encode_prompt` then prepends nothing.
+(SmolLM2, Qwen2): `tasks/prompts.encode_prompt` then prepends nothing.
 
 Chat tasks (`Problem.chat`) are rendered by the tokenizer's own chat template: a tokenizer that
 has one offers `chat_prompt(messages) -> str`; `hf_chat_prompt` is that method for a transformers

@@ -78,7 +78,9 @@ def evaluate(cfg: Config, model, tok, *, samples: int, pass_k: int, label: str) 
     from laminar_hpc.metrics.evaluation import eval_scores
     from laminar_hpc.model.factory import model_args
     from laminar_hpc.rollout.torch_engine import TorchEngine
-    from laminar_hpc.tasks import build_task, encode_prompt, score_all, validation_problems
+    from laminar_hpc.tasks.sources import build_task, validation_problems
+    from laminar_hpc.tasks.prompts import encode_prompt
+    from laminar_hpc.tasks.reward_pool import score_all
     from laminar_hpc.tasks.base import Response
     from laminar_hpc.tasks.rewards import RewardOutcome
     t0 = time.monotonic()

@@ -47,7 +47,7 @@ from laminar_hpc.rollout.scoring import Scoring
 from laminar_hpc.rollout.streams import StreamOut
 from laminar_hpc.rollout.updates import build_updates
 from laminar_hpc.rollout.utilisation import Utilisation
-from laminar_hpc.tasks import build_task
+from laminar_hpc.tasks.sources import build_task
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import Heartbeat as HeartbeatAnswer  # (the controller's: Heartbeat beats)
 from laminar_hpc.transport.protocol import (

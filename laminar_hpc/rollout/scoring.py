@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks.reward_pool import RewardPool
-from laminar_hpc.tasks import validation_problems
+from laminar_hpc.tasks.sources import validation_problems
 from laminar_hpc.tasks.base import Problem, Response
 from laminar_hpc.tasks.episode import last_turn, transcript
 from laminar_hpc.transport.protocol import Trajectory

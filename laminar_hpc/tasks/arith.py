@@ -11,7 +11,7 @@ operands of `-` come larger first, and longer expressions whose value would be n
 again (up to a bound that only long chains of `-` approach), so answers are natural numbers. The reward
 is 1 when the last number in the response equals it (`rewards.final_number`): "7 + 12 = 19"
 and "19" both score, "The answer is 18." does not. Problems are chat messages
-(`Problem.chat`): `tasks.encode_prompt` renders them with the tokenizer's own chat template.
+(`Problem.chat`): `tasks/prompts.encode_prompt` renders them with the tokenizer's own chat template.
 
     src = ArithTasks(seed=0, ops=["+", "-"], operands=2, max_value=20)
     p = src.problem(7)            # the same Problem for the same seed and index, everywhere

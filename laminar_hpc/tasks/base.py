@@ -3,7 +3,7 @@
 The controller draws problem `i` by index, so the prompt cursor is one integer that a
 checkpoint or write-ahead log can restore exactly. A problem is either the text the model
 reads (`chat` false), or a chat: a user message (`prompt`, with an optional `system` message)
-or a whole conversation (`messages`), which `tasks.encode_prompt` renders with the tokenizer's
+or a whole conversation (`messages`), which `tasks/prompts.encode_prompt` renders with the tokenizer's
 own chat template.
 
 A reward function (tasks/rewards.py; built-in or the user's `module:function`) is called as

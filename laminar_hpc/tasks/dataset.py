@@ -4,7 +4,7 @@ A row holds a prompt (`prompt_field`: text filled into `prompt_template`, or cha
 (`messages_field`: [{"role", "content"}, ...]), and the gold answer (`answer_field`); its other fields
 reach the reward function as `Problem.fields`. Field names may be dotted paths into nested fields, and
 `layout` reads verl's and TRL's rows as they are (tasks/layouts.py). A chat is rendered with the model's
-own chat template (`tasks.encode_prompt`), after `system_prompt` when one is set; with `chat_template`
+own chat template (`tasks/prompts.encode_prompt`), after `system_prompt` when one is set; with `chat_template`
 true so is a text prompt, with false a chat row is refused.
 
 Rows are shuffled by seed, a new order each epoch: problem `i` is row `permutation(seed, i // n)[i % n]`,

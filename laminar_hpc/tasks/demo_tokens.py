@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Callable
 
-from laminar_hpc.tasks import encode_prompt
+from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.tasks.demos import Demo, DemoError
 from laminar_hpc.tasks.episode import ToolResult, observation_ids

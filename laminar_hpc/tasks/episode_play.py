@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from laminar_hpc.tasks import encode_prompt, score_all
+from laminar_hpc.tasks.prompts import encode_prompt
+from laminar_hpc.tasks.reward_pool import score_all
 from laminar_hpc.tasks.base import Problem, Response
 from laminar_hpc.tasks.episode import EnvContext, observation_ids, tool_error_text
 

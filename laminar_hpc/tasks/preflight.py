@@ -47,7 +47,7 @@ def check_start(cfg: Config, tokenizer: Callable[[], Any], say: Callable[[str], 
     """Run every check on a validated Config; returns notes to show (warnings, what is logged
     and not summed). Raises StartCheckError. `say` gets 'start check i/N: what' as each begins
     (a Hub tokenizer or a reward's first call may take a while)."""
-    from laminar_hpc.tasks import build_task
+    from laminar_hpc.tasks.sources import build_task
     from laminar_hpc.tasks.dataset import DatasetError
     checks = ["the task's data", *(["the tools and environment"] if cfg.env.enabled else []),
               "prompts through the tokenizer", *(["the warm-up's data"] if warmup_runs(cfg) else []),
@@ -173,7 +173,7 @@ def check_env(env_cfg: EnvCfg) -> None:
 
 def check_chat(task, task_cfg: TaskCfg, tokenizer: Callable[[], Any]) -> None:
     """A task with chats renders its first one with the tokenizer's chat template."""
-    from laminar_hpc.tasks import encode_prompt
+    from laminar_hpc.tasks.prompts import encode_prompt
     first_chat = getattr(task, "first_chat", None)
     chat_row = first_chat() if first_chat is not None else None
     if chat_row is not None:
@@ -199,7 +199,7 @@ def check_prompt_limits(cfg: Config, task, tokenizer: Callable[[], Any]) -> list
     past `task.max_dropped_fraction` (a run once trained 3 steps on one prompt: 1,479 of 1,480 were
     over max_prompt_tokens, said only in the controller's log)."""
     from laminar_hpc.config.backends import rollout_backend
-    from laminar_hpc.tasks import encode_prompt
+    from laminar_hpc.tasks.prompts import encode_prompt
     allowed = getattr(cfg.task, "max_dropped_fraction", None)
     if allowed is None or not hasattr(task, "__len__") or not len(task):
         return []  # generated tasks: prompts of the task's own making

@@ -408,3 +408,23 @@ class _ProcessImpl:
             with suppress(subprocess.TimeoutExpired):
                 w.proc.wait(1.0)  # SIGKILLed: gone at once
         self.pool, self.dying = [], []
+
+
+def score_all(reward_cfg: RewardCfg, items: list[tuple[Problem, Response]]) -> list:
+    """Score many responses in a reward pool (each call under its timeout)
+    and wait for all of them: the warm-up's evaluation and `laminar eval`. Returns their
+    RewardOutcomes in order. (The rollouts score one response at a time: rollout/scoring.py.)"""
+    # every call ends within its budget once a worker takes it; calls wait for workers in turn
+    budget = call_budget_s(reward_cfg) * (len(items) // reward_cfg.workers + 2) + START_TIMEOUT_S
+    deadline = time.monotonic() + budget
+    got: dict[str, object] = {}
+    with RewardPool(reward_cfg) as pool:
+        for i, (problem, response) in enumerate(items):
+            pool.submit(str(i), problem, response)
+        while len(got) < len(items):
+            got.update(pool.collect())
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {budget:.0f}s for {len(items) - len(got)} of {len(items)} rewards "
+                                   "from the reward pool (task.reward.timeout_s bounds each call)")
+            time.sleep(0.005)  # the pool's results are polled: its calls never block the caller
+    return [got[str(i)] for i in range(len(items))]

@@ -44,7 +44,7 @@ from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.lineage import Segment
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.policy.scheduling import too_stale, training_order
-from laminar_hpc.tasks import build_task
+from laminar_hpc.tasks.sources import build_task
 from laminar_hpc.trainer.backend import TrainBackend
 from laminar_hpc.trainer.backends import build_backend
 from laminar_hpc.trainer.checkpoint import keep_anchor, list_checkpoints, remove_unfinished

@@ -24,7 +24,8 @@ import torch
 
 from laminar_hpc.model.llama import KVCache, Transformer, token_logprobs
 from laminar_hpc.model.sampling import sample_tokens
-from laminar_hpc.tasks import encode_prompt, score_all
+from laminar_hpc.tasks.prompts import encode_prompt
+from laminar_hpc.tasks.reward_pool import score_all
 from laminar_hpc.tasks.base import Response
 from laminar_hpc.tasks.demo_tokens import demo_rows
 from laminar_hpc.trainer.warmup_episodes import demo_sequence, greedy_episodes, noisy_digits

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from laminar_hpc.tasks import encode_prompt
+from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.tasks.episode_play import play_episodes
 

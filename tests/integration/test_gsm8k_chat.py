@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 pytest.importorskip("transformers", reason="the SmolLM2 tokenizer needs transformers (extra hf)")
 
 from laminar_hpc.config import config_from_dict  # noqa: E402
-from laminar_hpc.tasks import chat_messages, encode_prompt  # noqa: E402
+from laminar_hpc.tasks.prompts import chat_messages, encode_prompt  # noqa: E402
 from laminar_hpc.tasks.base import Problem, Response  # noqa: E402
 from laminar_hpc.tasks.dataset import DatasetTasks  # noqa: E402
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from laminar_hpc.tasks import build_task
+from laminar_hpc.tasks.sources import build_task
 from laminar_hpc.tasks.arith import HELD_OUT_OFFSET, ArithTasks, evaluate
 from laminar_hpc.tasks.base import Problem, Response
 from laminar_hpc.config import config_from_dict

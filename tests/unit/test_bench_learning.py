@@ -14,7 +14,7 @@ import torch
 from laminar_hpc.config import load_config
 from laminar_hpc.config.corrections import CLIPPED
 from laminar_hpc.model.factory import build_model, build_tokenizer
-from laminar_hpc.tasks import build_task
+from laminar_hpc.tasks.sources import build_task
 from laminar_hpc.tasks.builtin import BuiltinTasks
 from laminar_hpc.trainer.checkpoint import save_checkpoint
 

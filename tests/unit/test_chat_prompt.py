@@ -1,4 +1,4 @@
-"""Chat problems rendered with the tokenizer's own chat template (`tasks.encode_prompt`,
+"""Chat problems rendered with the tokenizer's own chat template (`tasks/prompts.encode_prompt`,
 `model.tokenizer.hf_chat_prompt`). A stand-in transformers tokenizer here; SmolLM2's real one in
 tests/integration/test_smollm2_chat.py."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from laminar_hpc.model.tokenizer import CharTokenizer, hf_chat_prompt
-from laminar_hpc.tasks import chat_messages, encode_prompt, render_chat
+from laminar_hpc.tasks.prompts import chat_messages, encode_prompt, render_chat
 from laminar_hpc.tasks.arith import ArithTasks
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.tasks.dataset import DatasetTasks

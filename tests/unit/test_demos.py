@@ -13,7 +13,7 @@ import pytest
 from laminar_hpc.config.env import EnvCfg
 from laminar_hpc.config.load import config_from_dict
 from laminar_hpc.model.tokenizer import CharTokenizer
-from laminar_hpc.tasks import encode_prompt
+from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.tasks.base import Problem
 from laminar_hpc.tasks.demo_tokens import DemoRows, demo_rows
 from laminar_hpc.tasks.demos import DemoError, load_demos

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.tasks import build_task, encode_prompt
+from laminar_hpc.tasks.sources import build_task
+from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.tasks.dataset import DatasetError, DatasetTasks
 from laminar_hpc.tasks.layouts import PathError, get_path
 

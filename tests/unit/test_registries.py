@@ -419,7 +419,7 @@ def test_a_task_type_in_the_list_only_is_reported_by_name(monkeypatch):
 
 
 def test_every_task_type_builds_its_source():
-    from laminar_hpc.tasks import build_task
+    from laminar_hpc.tasks.sources import build_task
     data = {"path": str(REPO / "examples" / "verl-arith" / "data" / "train.parquet"), "layout": "verl"}
     built = {name: type(build_task(spec.section(type=name, **(data if "path" in spec.section.model_fields else {})),
                                    0)).__name__ for name, spec in TASK_TYPES.items()}

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.tasks import build_task
+from laminar_hpc.tasks.sources import build_task
 from laminar_hpc.tasks.builtin import KINDS, BuiltinTasks
 from laminar_hpc.tasks.base import Response
 from laminar_hpc.tasks.dataset import DatasetError, DatasetTasks

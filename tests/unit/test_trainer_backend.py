@@ -101,7 +101,8 @@ def test_greedy_decode_matches_the_rollout_engine():
     """trainer/warmup.py decodes with the model package alone; the tokens must be the engine's,
     including sequences that finish early and leave the batch (cache slots move)."""
     from laminar_hpc.rollout.torch_engine import SeqRequest, TorchEngine
-    from laminar_hpc.tasks import build_task, encode_prompt
+    from laminar_hpc.tasks.sources import build_task
+    from laminar_hpc.tasks.prompts import encode_prompt
     from laminar_hpc.trainer.warmup import EVAL_OFFSET, greedy_decode
     cfg = config("tiny.yaml")
     tok = build_tokenizer(cfg.model)
