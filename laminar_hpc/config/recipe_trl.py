@@ -195,6 +195,8 @@ def _batch_and_steps(fields: dict, data: dict, report: Report, base_dir: Path | 
     if int(steps) > 0:
         put(data, "trainer.total_steps", int(steps))
         report.mapped("max_steps", steps, "trainer.total_steps")
+        if "num_train_epochs" in fields:  # every key gets its line: TRL trains max_steps then too
+            report.ignored("num_train_epochs", fields["num_train_epochs"], "max_steps sets the steps (as in TRL)")
     else:  # TrainingArguments: max_steps -1 trains num_train_epochs (3.0 by default)
         epochs = fields.get("num_train_epochs", 3.0)
         steps_of_epochs(data, epochs, report, base_dir)

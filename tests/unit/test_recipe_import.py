@@ -239,3 +239,8 @@ def test_the_keys_laminar_has_are_all_mapped(tmp_path):
     data, lines = from_trl({"dataset_name": str(rows), "num_train_epochs": 2, "per_device_train_batch_size": 16,
                             "num_generations": 4})
     assert data["trainer"]["total_steps"] == 2 * 64 // 4  # 16 completions / 4 per prompt: 4 prompts a step
+    # with max_steps TRL trains those steps; the epochs still get their line (every key gets one)
+    data, lines = from_trl({"dataset_name": str(rows), "num_train_epochs": 2, "max_steps": 3})
+    assert data["trainer"]["total_steps"] == 3
+    assert [ln for ln in lines if "num_train_epochs" in ln] == \
+        ["ignored  num_train_epochs=2: max_steps sets the steps (as in TRL)"]
