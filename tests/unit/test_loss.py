@@ -147,9 +147,10 @@ def _ref_aipo(logp, behaviour, adv, mask, rho, clip_eps=None, ref_logp=None, kl_
                 clipped_frac=n_clip / ntok, is_weight_mean=w_sum / ntok, kl=kl_sum / ntok)
 
 
-def _run(logp, behaviour, adv, mask, **kw):
+def _run(logp, behaviour, adv, mask, loss=None, **kw):
+    """The loss (AIPO's unless `loss` names another) and its gradient with respect to `logp`."""
     lp = logp.clone().requires_grad_(True)
-    out = aipo_loss(lp, behaviour, adv, mask, **kw)
+    out = (loss or aipo_loss)(lp, behaviour, adv, mask, **kw)
     out.loss.backward()
     return out, lp.grad
 
@@ -441,10 +442,7 @@ def test_batch_std_and_rloo_advantages_match_loops():
 
 
 def _run_policy(logp, behaviour, adv, mask, **kw):
-    lp = logp.clone().requires_grad_(True)
-    out = policy_loss(lp, behaviour, adv, mask, **kw)
-    out.loss.backward()
-    return out, lp.grad
+    return _run(logp, behaviour, adv, mask, loss=policy_loss, **kw)
 
 
 def test_clip_higher_widens_only_the_upper_bound():
