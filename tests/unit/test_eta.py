@@ -107,3 +107,16 @@ def test_the_final_round_takes_no_longer_than_the_last_round_took():
     e = eta(total=3, evaluates=True)
     e.see(step(3, 30.0, rate=0.3, eval={"eval_samples": 16, "eval_s": 11.0}), now=100.0)
     assert e.eval_left_s(100.0) == pytest.approx(11.0)
+
+
+def test_the_final_rounds_first_items_do_not_set_its_pace_alone():
+    # a verl recipe's final round of 100 items: its first item after 4 s said 13m44s; the round took 11 s,
+    # its items finishing in batches. Until a quarter is done the sooner of its rate and the last round's
+    e = eta(total=3, evaluates=True)
+    e.see(step(3, 30.0, rate=1.6, total=3, eval={"eval_samples": 100, "eval_s": 10.0}), now=100.0)
+    e.see(step(3, 30.0, rate=1.6, phase="finishing", total=3, evaluating={"done": 0, "items": 100}), now=101.0)
+    e.see(step(3, 30.0, rate=1.6, phase="finishing", total=3, evaluating={"done": 1, "items": 100}), now=105.0)
+    assert e.eval_left_s(105.0) == pytest.approx(10.0 * 99 / 100)
+    # past a quarter the round's own rate holds, slower or not
+    e.see(step(3, 30.0, rate=1.6, phase="finishing", total=3, evaluating={"done": 50, "items": 100}), now=121.0)
+    assert e.eval_left_s(121.0) == pytest.approx(50 * 20.0 / 50)
