@@ -120,3 +120,12 @@ def test_the_final_rounds_first_items_do_not_set_its_pace_alone():
     # past a quarter the round's own rate holds, slower or not
     e.see(step(3, 30.0, rate=1.6, phase="finishing", total=3, evaluating={"done": 50, "items": 100}), now=121.0)
     assert e.eval_left_s(121.0) == pytest.approx(50 * 20.0 / 50)
+
+
+def test_one_dip_of_the_trajectories_rate_does_not_set_the_pace():
+    # a verl recipe at 1.6 trajectories/s read 0.1/s once, right after its first step: 5m19s said, 14 s left
+    e = eta(total=3, batch=16)
+    for now in range(30, 50, 2):
+        e.see(Status(t=1.0, phase="rl", trajectories_per_s=1.6), now=float(now))
+    e.see(step(1, 50.0, rate=0.1, total=3, train_s=1.0), now=51.0)
+    assert e.pace_s() == pytest.approx(16 / 1.6)
