@@ -153,7 +153,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err[-2000:]
         assert "interrupted" in err and "--resume" in err
-        # the line said at once, on the display (bench/bench_eta.py times it: 0.02 s on a loaded machine)
+        # the line said at once, on the display (bench/bench_eta.py times it: 0.001 s on a loaded machine)
         said = [line for line in out.splitlines() if line.startswith("laminar: Ctrl-C: stopping: ")]
         assert len(said) == 1 and "the trainer finishes step " in said[0], out[-2000:]
         assert "Ctrl-C again stops them at once" in said[0]
