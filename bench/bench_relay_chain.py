@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -94,9 +92,7 @@ def mpi_worker(nbytes: int, repeats: int, chunk_bytes: int, out: str, timeout_s:
 
 
 def run_point(nbytes: int, relays: int, repeats: int, chunk_bytes: int, timeout_s: float) -> dict:
-    from bench.bench_relay_parts import mem_available
-
-    from laminar_hpc.launch.processes import mpi_env, role_env
+    from bench.bench_relay_parts import mem_available, run_mpi_job
 
     point = {"bytes": nbytes, "relays": relays, "chain_s": 0.0, "bcast_s": 0.0}
     if relays == 1:
@@ -110,24 +106,12 @@ def run_point(nbytes: int, relays: int, repeats: int, chunk_bytes: int, timeout_
     cmd = ["mpirun", "-n", str(relays), "--oversubscribe", "--bind-to", "none", sys.executable,
            os.path.abspath(__file__), "--bytes", str(nbytes), "--repeats", str(repeats),
            "--chunk-bytes", str(chunk_bytes), "--out", out, "--timeout", str(timeout_s)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=mpi_env(role_env()), text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout_s)
-        if proc.returncode != 0:
-            return dict(point, skipped=f"mpirun exited {proc.returncode}: {log.strip()[-300:]}")
-        with open(out) as f:
-            res = json.load(f)
-        if not res.pop("verified"):
-            return dict(point, skipped="a relay received bytes that fail the checksum", **res)
-        return dict(point, **res)
-    except subprocess.TimeoutExpired:
-        return dict(point, skipped=f"did not finish within {timeout_s:.0f}s")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # mpirun's session: it and the ranks it started
-            proc.communicate(timeout=10)
-        os.unlink(out)
+    res, skipped = run_mpi_job(cmd, out, timeout_s)
+    if skipped:
+        return dict(point, skipped=skipped)
+    if not res.pop("verified"):
+        return dict(point, skipped="a relay received bytes that fail the checksum", **res)
+    return dict(point, **res)
 
 
 def main() -> int:

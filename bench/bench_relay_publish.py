@@ -25,9 +25,7 @@ import argparse
 import json
 import logging
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -217,9 +215,8 @@ def worker(args) -> int:
 def run_point(nbytes: int, relays: int, repeats: int, chunk_bytes: int, threads: list[int], timeout_s: float,
               warmup: int = 2) -> dict:
     """One mpirun of R relays and a trainer; the medians per master thread count, or `skipped`."""
-    from bench.bench_relay_parts import mem_available
+    from bench.bench_relay_parts import mem_available, run_mpi_job
 
-    from laminar_hpc.launch.processes import mpi_env, role_env
     from laminar_hpc.transport.security import ensure_keys
     from laminar_hpc.transport.shm_dir import remove_private_dir
 
@@ -239,22 +236,11 @@ def run_point(nbytes: int, relays: int, repeats: int, chunk_bytes: int, threads:
                "--warmup", str(warmup), "--chunk-bytes", str(chunk_bytes), "--threads", ",".join(map(str, threads)),
                "--slots", str(slots), "--shm-dir", shm_dir, "--keydir", keydir, "--out", out,
                "--timeout", str(timeout_s)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=mpi_env(role_env()), text=True, start_new_session=True)
         try:
-            log, _ = proc.communicate(timeout=timeout_s * 2)
-            if proc.returncode != 0:
-                return dict(point, skipped=f"mpirun exited {proc.returncode}: {log.strip()[-400:]}")
-            with open(out) as f:
-                return dict(point, variants=json.load(f))
-        except subprocess.TimeoutExpired:
-            return dict(point, skipped=f"did not finish within {timeout_s * 2:.0f}s")
+            variants, skipped = run_mpi_job(cmd, out, timeout_s * 2, log_chars=400)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)  # mpirun's session: it and the ranks it started
-                proc.communicate(timeout=10)
-            os.unlink(out)
             remove_private_dir(shm_dir)
+        return dict(point, skipped=skipped) if skipped else dict(point, variants=variants)
 
 
 def main() -> int:
