@@ -39,7 +39,20 @@ from laminar_hpc.metrics.goodput import CAUSES, attribute, hist_stats, lag_stats
 from laminar_hpc.metrics.trace import RunTrace
 from laminar_hpc.policy.modes import MODES
 
-BARRIER = tuple(name for name, spec in MODES.items() if spec.barrier)
+
+
+class _WaysRead:
+    """Which way a mode takes weights (policy/modes/base.py: WaysToTakeWeights), as this reading
+    of a trace needs it: what counts as waiting for weights and as a drain differs by way."""
+
+    def per_replica(self) -> str:
+        return "per_replica"
+
+    def global_update(self) -> str:
+        return "global_update"
+
+    def at_barrier(self) -> str:
+        return "at_barrier"
 FULL_BATCH = 0.9  # decode samples at >= 90% of max_batch count as full
 
 
@@ -161,7 +174,9 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
     if tl.has_tools:
         lost["tools"] = 0.0
     capacity = 0.0
-    barrier, laminar = MODES[mode].barrier, MODES[mode].per_replica_refresh
+    way = MODES[mode].take_weights(_WaysRead())
+    barrier, laminar = way == "at_barrier", way == "per_replica"
+    collect_cause = MODES[mode].idle_cause_while_collecting  # a replica idle while the trainer waits for data
     pubs = sorted((p["t"], p["version"]) for p in tl.publishes if p["version"] is not None)
     newest = (np.array([t for t, _ in pubs]), np.maximum.accumulate([v for _, v in pubs]) if pubs else [])
     pub_first: dict[int, float] = {}
@@ -236,7 +251,7 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
                  ("weights", weights),
                  ("drain", (~idle & (held < new)) if laminar else np.zeros(len(mid), dtype=bool)),
                  ("dispatch", _step(q_t, q_v, mid, 0.0) > 0),
-                 ("long_tail" if barrier else "admission", _inside(waits, mid)),
+                 (collect_cause, _inside(waits, mid)),
                  ("trainer_bound", np.ones(len(mid), dtype=bool))]
         for i, (_, hit) in enumerate(order):
             cause = np.where((cause < 0) & hit, i, cause)

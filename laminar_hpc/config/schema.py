@@ -332,7 +332,7 @@ class SupervisorCfg(Section):
     heartbeat_interval_s: PosFloat = 1.0  # roles and the controller exchange heartbeats this often
 
 
-Mode = Literal[tuple(MODES)]  # one entry each in policy/modes.py
+Mode = Literal[tuple(MODES)]  # one entry each in policy/modes/registry.py
 
 
 class Config(Section):
@@ -387,8 +387,8 @@ class Config(Section):
     @model_validator(mode="after")
     def _dynamic_sampling(self) -> "Config":
         # a dropped group is replaced by continuous admission; a barrier batch has a fixed size
-        if self.trainer.dynamic_sampling == "drop" and MODES[self.mode].barrier:
-            continuous = " or ".join(name for name, spec in MODES.items() if not spec.barrier)
+        if self.trainer.dynamic_sampling == "drop" and MODES[self.mode].whole_batches:
+            continuous = " or ".join(name for name, mode in MODES.items() if not mode.whole_batches)
             raise ValueError(f"trainer.dynamic_sampling=drop needs mode {continuous} (mode={self.mode!r} "
                              "admits fixed batches, which a dropped group would leave short): set "
                              "trainer.dynamic_sampling: keep or change the mode")
@@ -410,8 +410,8 @@ class Config(Section):
         if UPDATE_PATHS[path].via_relay:
             return self
         # the trainer sends the version itself: only a mode whose trainer waits for a global update
-        if not MODES[self.mode].global_update:
-            mode = next(name for name, spec in MODES.items() if spec.global_update)
+        if not MODES[self.mode].trainer_waits_for_rollouts:
+            mode = next(name for name, m in MODES.items() if m.trainer_waits_for_rollouts)
             raise ValueError(f"partial_rollout.update_path={path!r} applies to mode {mode!r} only (mode="
                              f"{self.mode!r}): set partial_rollout.update_path={RELAY_PATH} or mode={mode}")
         if dtype not in (None, self.trainer.publish_dtype):  # no relay reshards it

@@ -75,8 +75,9 @@ class Elastic:
     def refusal(self, msg: Join) -> str | None:
         """Why this campaign cannot take `msg`'s rollouts, or None."""
         if not MODES[self.cfg.mode].admits_joiners:
+            joinable = " or ".join(name for name, mode in MODES.items() if mode.admits_joiners)
             return (f"mode {self.cfg.mode} waits for every rollout at each weight update: rollouts can join only a "
-                    "campaign in mode: laminar")
+                    f"campaign in mode: {joinable}")
         if not 1 <= msg.rollouts <= MAX_JOIN_ROLLOUTS:
             return f"rollouts={msg.rollouts}: ask for 1 to {MAX_JOIN_ROLLOUTS}"
         if msg.max_batch < 1 or msg.kv_capacity < 1:

@@ -60,7 +60,6 @@ from laminar_hpc.metrics.status import ControllerInfo, Status, StatusWriter, Uti
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import mode_plan
-from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.tasks.sources import build_task, validation_problems
 from laminar_hpc.tasks.prompts import encode_prompt
@@ -238,7 +237,7 @@ class Controller:
         # groups the trainer will still train: its steps' worth, plus one for each group dropped for
         # another reason (a bad reward, refused too often, oversize), which admission does not replace
         wanted = cfg.trainer.total_steps * cfg.trainer.groups_per_step + len(lg.dropped) - replaced
-        n = admission(cfg.mode, groups_started=self.data_plane.groups_started, steps_trained=st.steps_trained,
+        n = self.plan.mode.admit(groups_started=self.data_plane.groups_started, steps_trained=st.steps_trained,
                       groups_per_step=cfg.trainer.groups_per_step, max_ahead_steps=cfg.controller.max_ahead_steps,
                       queued_trajs=len(self.data_plane.queue), group_size=cfg.trainer.group_size,
                       max_queued_trajs=cfg.rollout.count * cfg.rollout.max_batch + self.elastic.extra_slots(),
@@ -313,14 +312,13 @@ class Controller:
                              f" (failed rewards in the dropped groups: {failed})" if failed else "")
 
     def finish_evaluation(self) -> None:
-        """The trainer is done: stop, after a last evaluation round of its final version (rollouts
-        of the barrier modes load versions only for a next batch: the newest they hold), within
+        """The trainer is done: stop, after a last evaluation round of its final version (the mode
+        says which: Mode.final_evaluation_version), within
         timeouts.trajectories_s."""
         why, since = self.state.trainer_done
         held = self.sync.held().values()
         newest = self.data_plane.meta.get("max_version", -1)
-        barrier = self.plan.spec.barrier
-        version = min(newest, max(held, default=newest)) if barrier else newest
+        version = self.plan.mode.final_evaluation_version(newest, list(held))
         if not self.evaluation.final(self.state.steps_trained, version):
             self.state.stop_reason = why
         elif time.monotonic() - since > self.cfg.timeouts.trajectories_s:

@@ -96,7 +96,7 @@ class RolloutManager:
             raise ValueError(f"repack policy {policy!r}: use 'consolidate' or 'best-fit'")
         self.max_batch, self.kv_capacity, self.fall_ratio = max_batch, kv_capacity, fall_ratio
         self.policy = policy
-        # whether a detached trajectory may only continue on its own version (policy/modes.py)
+        # whether a detached trajectory may only continue on its own version (policy/modes)
         self.pins_versions = pins_versions
         self.interval_s, self.expiry_s = interval_s, expiry_s
         self.send, self.emit = send, emit

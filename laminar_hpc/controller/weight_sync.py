@@ -1,15 +1,8 @@
-"""Weight-sync coordination: which weight version each rollout holds, and when the baselines'
-rollouts must load a new one.
-
-laminar needs no coordination: each rollout drains and pulls the newest version on its own
-(`policy.refresh.refresh_action`). The baselines do:
-
-- sync / one-step-off (barrier modes): once a batch is fully generated, every rollout loads the
-  newest published version (>= what the next batch needs, `policy.scheduling.barrier_version`);
-  admission waits until they all hold it.
-- partial-rollout (as AReaL): each publish starts a global update. Every rollout pauses and
-  loads it; once all hold it, they `resume` together and the trainer, which waits for this,
-  gets `weights_synced`.
+"""Weight-sync state at the controller: which weight version each rollout holds, and the verbs a
+mode coordinates its rollouts with (tell one to load a version, begin and end a global update).
+When to use them is the mode's (policy/modes: `after_publish`, `each_round`): laminar never does,
+sync and one-step-off tell every rollout to load between batches, partial-rollout runs a global
+update at each publish.
 
 Explicit state and a `send(ident, msg)` callback, no I/O of its own: the runtime controller
 (controller/main.py) passes its write-ahead-then-send `Controller.send`, the simulator
@@ -43,7 +36,7 @@ class WeightSync:
     def __init__(self, mode: str, *, rollouts: int, groups_per_step: int, send: Send,
                  emit: Callable[..., None] = _no_trace, trainer_version: int = -1, version_base: int = -1):
         self.mode, self.groups_per_step = mode, groups_per_step
-        self.spec = MODES[mode]  # what the mode decides (policy/modes.py)
+        self.mode_rules = MODES[mode]  # when to coordinate (policy/modes)
         self.send, self.emit = send, emit
         self.versions = [-1] * rollouts  # the version each rollout holds (-1: none known, or dead)
         self.trainer_version = trainer_version  # the newest published
@@ -89,43 +82,26 @@ class WeightSync:
         self.trainer_version, self.published_t = version, now
         if self.version_base < 0:
             self.version_base = version
-        if self.spec.global_update and version > self.version_base:
-            self._global_update(version, now)
+        self.mode_rules.after_publish(self, version, now)
 
     # -- once per scheduling round, after the round's admission is decided -------------------
     def tick(self, *, groups_started: int, in_flight: int, now: float) -> None:
-        if self.spec.barrier:
-            self._barrier_updates(groups_started, in_flight)
-        elif self.spec.global_update:
-            self._sync_done(now)
+        self.mode_rules.each_round(self, groups_started=groups_started, in_flight=in_flight, now=now)
 
-    def _barrier_updates(self, groups_started: int, in_flight: int) -> None:
-        """sync / one-step-off: once a batch is fully generated, every rollout loads the newest
-        published version (>= what the next batch needs) before the next batch is admitted."""
-        if in_flight or self.version_base < 0:
-            return
-        need = scheduling.barrier_version(self.mode, groups_started=groups_started,
-                                          groups_per_step=self.groups_per_step, version_base=self.version_base)
-        versions = self.versions
-        target = max(self.trainer_version, *versions)
-        if target < need or min(versions) == max(versions) >= need:
-            return
-        for r, v in enumerate(versions):
-            if v < target and self.update_sent.get(r) != target:
-                self.send(f"rollout-{r}", UpdateWeights(version=target))
-                self.update_sent[r] = target
+    # -- the verbs a mode coordinates with (policy/modes/base.py: WeightSyncState) -------------
+    def tell_to_load(self, rank: int, version: int) -> None:
+        self.send(f"rollout-{rank}", UpdateWeights(version=version))
 
-    def _global_update(self, version: int, now: float) -> None:
-        """partial-rollout: every rollout pauses and loads `version`."""
+    def begin_global_update(self, version: int, now: float) -> None:
+        """Every rollout pauses and loads `version`."""
         self.pending, self.t0 = version, now
         for r in range(len(self.versions)):
-            self.send(f"rollout-{r}", UpdateWeights(version=version))
+            self.tell_to_load(r, version)
 
-    def _sync_done(self, now: float) -> None:
-        """partial-rollout: once every rollout holds the pending version, all continue together."""
+    def end_global_update(self, now: float) -> None:
+        """Every rollout holds the pending version: all continue together, and the trainer, which
+        waits for this, is told."""
         v = self.pending
-        if v is None or min(self.versions) < v:
-            return
         self.pending = None
         for r in range(len(self.versions)):
             self.send(f"rollout-{r}", Resume(version=v))

@@ -51,7 +51,7 @@ def admit_action(*, pinned: int | None, current: int, pins_versions: bool, drain
 
     pinned: the version a migrated or recovered trajectory must continue under (None: new work,
     it starts under `current`); pins_versions: the mode keeps one version per trajectory
-    (policy/modes.py). REJECT: pinned to a version this replica no longer holds, the manager
+    (policy/modes). REJECT: pinned to a version this replica no longer holds, the manager
     re-places it; WAIT: new work while draining, it waits for the new version; START."""
     if pinned is not None and pinned != current and pins_versions:
         return REJECT

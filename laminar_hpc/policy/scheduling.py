@@ -5,8 +5,6 @@ tested and simulated is what runs.
 """
 from __future__ import annotations
 
-from laminar_hpc.policy.modes import MODES
-
 
 def groups_to_admit(*, groups_started: int, steps_trained: int, groups_per_step: int,
                     max_ahead_steps: int, queued_trajs: int, group_size: int,
@@ -109,11 +107,7 @@ def keep_no_signal(dropped_in_a_row: int, max_in_a_row: int | None) -> bool:
     return max_in_a_row is not None and dropped_in_a_row >= max_in_a_row
 
 
-# how many versions a barrier mode's batch may lag (policy/modes.py)
-BARRIER_LAG = {name: spec.barrier_lag for name, spec in MODES.items() if spec.barrier}
-
-
-def barrier_admit(*, mode: str, groups_started: int, groups_per_step: int, in_flight: int,
+def barrier_admit(*, lag: int, groups_started: int, groups_per_step: int, in_flight: int,
                   rollout_versions: list[int], version_base: int) -> int:
     """Admission of the batch-synchronous baselines: one whole batch at a time, once the previous
     batch is fully generated (the long tail included: that is their cost) and EVERY rollout
@@ -123,37 +117,13 @@ def barrier_admit(*, mode: str, groups_started: int, groups_per_step: int, in_fl
     in this start (0, or the resumed version). Returns how many groups to admit now."""
     if in_flight or version_base < 0 or not rollout_versions:
         return 0
-    need = barrier_version(mode, groups_started=groups_started, groups_per_step=groups_per_step,
+    need = barrier_version(lag, groups_started=groups_started, groups_per_step=groups_per_step,
                            version_base=version_base)
     same = min(rollout_versions) == max(rollout_versions)  # all updated together: one version per batch
     return groups_per_step if same and rollout_versions[0] >= need else 0
 
 
-def barrier_version(mode: str, *, groups_started: int, groups_per_step: int, version_base: int) -> int:
-    """The oldest weight version the next batch of a barrier mode may be generated with."""
-    return version_base + groups_started // groups_per_step - BARRIER_LAG[mode]
-
-
-def admission(mode: str, *, groups_started: int, steps_trained: int, groups_per_step: int, max_ahead_steps: int,
-              queued_trajs: int, group_size: int, max_queued_trajs: int, in_flight: int,
-              rollout_versions: list[int], version_base: int, max_staleness: int | None = None,
-              groups_replaced: int = 0, groups_wanted: int | None = None) -> int:
-    """Groups the prompt pool releases now, for any mode. laminar and partial-rollout admit
-    continuously, bounded by `max_ahead_steps` (for partial-rollout this is AReaL's staleness
-    bound eta); sync and one-step-off admit whole batches at a barrier. A group the trainer
-    dropped as too stale, or one dynamic sampling dropped for having no learning signal
-    (`groups_replaced` so far, both), is replaced: it no longer counts against the continuous
-    modes' window, which would otherwise shrink by one group with every drop. A barrier mode admits
-    no batch past what the trainer will train (`groups_wanted`: trainer.total_steps x
-    groups_per_step, against the groups admitted and not replaced): such a batch is never trained.
-    The continuous modes keep their window to the end: the last steps take the groups that finish
-    first, so a full window keeps their long tail short."""
-    if mode in BARRIER_LAG:
-        left = None if groups_wanted is None else groups_wanted - (groups_started - groups_replaced)
-        n = barrier_admit(mode=mode, groups_started=groups_started, groups_per_step=groups_per_step,
-                          in_flight=in_flight, rollout_versions=rollout_versions, version_base=version_base)
-        return n if left is None or n <= left else 0
-    return groups_to_admit(groups_started=groups_started - groups_replaced, steps_trained=steps_trained,
-                           groups_per_step=groups_per_step, max_ahead_steps=max_ahead_steps,
-                           queued_trajs=queued_trajs, group_size=group_size, max_queued_trajs=max_queued_trajs,
-                           max_staleness=max_staleness)
+def barrier_version(lag: int, *, groups_started: int, groups_per_step: int, version_base: int) -> int:
+    """The oldest weight version the next batch of a barrier mode may be generated with, its
+    batches `lag` versions behind the trainer (policy/modes: sync 0, one-step-off 1)."""
+    return version_base + groups_started // groups_per_step - lag

@@ -1,4 +1,5 @@
-"""How a rollout takes new weight versions: one component per kind of mode (policy/modes.py).
+"""How a rollout takes new weight versions: one component per way a mode may pick
+(policy/modes/base.py: WaysToTakeWeights; `build_updates` offers these three).
 
 - `ReplicaRefresh` (laminar): the replica decides alone, from what it holds and its relay's
   newest version (`policy.refresh.refresh_action`). Pure laminar (`rollout.refresh_in_flight:
@@ -221,11 +222,26 @@ class BarrierLoad:
         return False
 
 
-def build_updates(cfg: Config, host: UpdateHost) -> ReplicaRefresh | GlobalUpdate | BarrierLoad:
-    """The component `cfg.mode` takes new weights with."""
-    spec = MODES[cfg.mode]
-    if spec.global_update:
-        return GlobalUpdate(host, cfg)
-    if spec.barrier:
-        return BarrierLoad(host)
-    return ReplicaRefresh(host, cfg.rollout)
+Updates = ReplicaRefresh | GlobalUpdate | BarrierLoad
+
+
+class UpdateComponents:
+    """The ways a rollout can take weights (policy/modes/base.py: WaysToTakeWeights), as this
+    rollout's components."""
+
+    def __init__(self, cfg: Config, host: UpdateHost):
+        self.cfg, self.host = cfg, host
+
+    def per_replica(self) -> Updates:
+        return ReplicaRefresh(self.host, self.cfg.rollout)
+
+    def global_update(self) -> Updates:
+        return GlobalUpdate(self.host, self.cfg)
+
+    def at_barrier(self) -> Updates:
+        return BarrierLoad(self.host)
+
+
+def build_updates(cfg: Config, host: UpdateHost) -> Updates:
+    """The component `cfg.mode` takes new weights with (the mode picks the way)."""
+    return MODES[cfg.mode].take_weights(UpdateComponents(cfg, host))

@@ -15,6 +15,6 @@ calibrate.py (fit to a run's traces), report.py (tables, JSON, plot), cli.py (`l
 """
 from laminar_hpc.sim.cluster import Simulation, simulate
 from laminar_hpc.sim.params import ClusterSpec, FailureSpec, SimParams
-from laminar_hpc.sim.scaling import MODES, VARIANTS, run_modes, scaling_curve
+from laminar_hpc.sim.scaling import VARIANTS, run_modes, scaling_curve
 
-__all__ = ["ClusterSpec", "FailureSpec", "MODES", "SimParams", "VARIANTS", "Simulation", "run_modes", "scaling_curve", "simulate"]
+__all__ = ["ClusterSpec", "FailureSpec", "SimParams", "VARIANTS", "Simulation", "run_modes", "scaling_curve", "simulate"]

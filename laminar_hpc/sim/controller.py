@@ -5,7 +5,7 @@ Every decision is the runtime's own code, called with the simulated state where
 (barrier updates, the partial-rollout global update), the rollout manager is
 `controller.rollout_manager.RolloutManager` (credit and assignment, repack rounds and their
 moves, placement of a dead rollout's trajectories), and `schedule()` runs
-`policy.scheduling.admission` as the runtime's loop does. What they send goes through `send`,
+the mode's `admit` (policy/modes) as the runtime's loop does. What they send goes through `send`,
 which delivers it to the simulated rollout or trainer one message latency later. Messages
 reach the controller at once; it runs `schedule()` one message latency plus its loop latency
 after the first message since its last run (as its loop handles everything waiting, then
@@ -39,6 +39,7 @@ class SimController:
         self.sync = WeightSync(cfg.mode, rollouts=self.n, groups_per_step=cfg.trainer.groups_per_step,
                                send=self.send, emit=self._trace)
         plan = mode_plan(cfg)  # what the mode decides with these settings (the runtime controller's too)
+        self.mode = plan.mode  # admission is the mode's (the runtime controller asks the same object)
         self.repack_on = plan.repacks
         self.rollout_manager = RolloutManager(  # the simulator's clock is emulated seconds: the config's own intervals
             max_batch=cfg.rollout.max_batch, fall_ratio=cfg.repack.fall_ratio, policy=cfg.repack.policy,
@@ -131,8 +132,8 @@ class SimController:
     def schedule(self) -> None:
         cfg, pool, now = self.cfg, self.pool, self.q.now
         in_flight = pool.in_flight
-        n = scheduling.admission(
-            cfg.mode, groups_started=pool.groups_started, steps_trained=self.steps_trained,
+        n = self.mode.admit(
+            groups_started=pool.groups_started, steps_trained=self.steps_trained,
             groups_per_step=cfg.trainer.groups_per_step, max_ahead_steps=cfg.controller.max_ahead_steps,
             queued_trajs=len(pool.queue), group_size=cfg.trainer.group_size,
             max_queued_trajs=self.n * cfg.rollout.max_batch, in_flight=in_flight,

@@ -54,8 +54,7 @@ class Observer:
         cfg = sim.cfg
         step = cfg.trainer.groups_per_step * cfg.trainer.group_size / max(1e-9, self.ideal["trajectories_per_s"])
         self.dt = dt or max(1e-3, step / SAMPLES_PER_STEP)
-        spec = MODES[cfg.mode]
-        self.barrier, self.laminar, self.partial = spec.barrier, spec.per_replica_refresh, spec.global_update
+        self.collect_cause = INDEX[MODES[cfg.mode].idle_cause_while_collecting]  # a replica idle while the trainer collects
         self.pending_weights_s = 0.0  # re-prefill time since the last sample
         top = max(1, cfg.rollout.max_batch)
         self.loss = [lost_capacity(n, self.ideal) for n in range(top + 1)]
@@ -95,10 +94,9 @@ class Observer:
         pool.admit, sim.trainer.deliver, sim.ctl.train_step = admitted, delivered, stepped
         for r in sim.rollouts:  # laminar's switch in flight: its re-prefill is the switch's cost
             r.on_reprefill = self._add_weights
-        if self.partial:  # the re-prefill of the trajectories a global update paused is part of its cost
-            for r in sim.rollouts:
-                if hasattr(r, "_add"):
-                    r._add = self._reprefill(r, r._add, sim.params)
+        for r in sim.rollouts:  # the re-prefill of the trajectories a global update paused is part of its cost
+            if getattr(r, "pauses_for_updates", False) and hasattr(r, "_add"):
+                r._add = self._reprefill(r, r._add, sim.params)
 
     def _add_weights(self, seconds: float) -> None:
         self.pending_weights_s += seconds
@@ -127,24 +125,22 @@ class Observer:
         queued = bool(sim.pool.queue)
         tstate = sim.trainer.state
         idle_cause = INDEX["failures"] if tstate == "down" else (
-            INDEX["long_tail" if self.barrier else "admission"] if tstate == "collect" else INDEX["trainer_bound"])
+            self.collect_cause if tstate == "collect" else INDEX["trainer_bound"])
         loss, top = self.loss, len(self.loss) - 1
         for r in sim.rollouts:
             if not r.alive:
                 acc[INDEX["failures"]] += 1.0
                 continue
             n = len(r.act)
-            # loading or awaiting a version it will load: laminar pulls as soon as it runs nothing,
-            # the baselines when the controller tells them (`target`; pausing at its relay, once it is there)
-            if r.paused is not None or r.switching or (n == 0 and not getattr(r, "tools", None) and (
-                    r.version < sim.relay_version[r.relay] if self.laminar else r.target > r.version and (
-                        not r.pause_at_relay or sim.relay_version[r.relay] >= r.target))):
+            # loading or awaiting a version it will load (the way its mode takes weights says which:
+            # laminar's as soon as it runs nothing, the baselines' when the controller tells them)
+            if r.paused is not None or r.switching or (n == 0 and not getattr(r, "tools", None) and r.awaits_weights()):
                 acc[INDEX["weights"]] += 1.0
                 continue
             f = loss[n if n < top else top]
             if f <= 0.0:
                 continue
-            if self.laminar and r.draining:
+            if r.draining:  # (only a replica that refreshes alone drains)
                 acc[INDEX["drain"]] += f
             elif queued or r.queue:
                 acc[INDEX["dispatch"]] += f

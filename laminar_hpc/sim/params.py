@@ -202,7 +202,7 @@ def areal_update(cfg: Config, spec: ClusterSpec, relay_pull_s: float, real_copy_
     `relay_pull_s` (the engine's load, plus the real bytes' copy of an emulated run) ends both, as in
     the relay path; an emulated run also writes and reads its real bytes (`real_copy_s` each, wall)."""
     pr, path = cfg.partial_rollout, update_path(cfg)
-    if not MODES[cfg.mode].global_update or path.via_relay:
+    if not MODES[cfg.mode].trainer_waits_for_rollouts or path.via_relay:
         return None
     nbytes, replicas = cfg.emulation.nominal_weight_gb * 1e9, cfg.rollout.count
     ready = real_copy_s + path.write_s(pr, nbytes)  # written (or, broadcasting, nothing to write first)

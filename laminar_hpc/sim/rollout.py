@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import TYPE_CHECKING
 
 from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.policy import refresh
@@ -35,7 +36,36 @@ from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.sim.pool import Traj
 from laminar_hpc.transport.protocol import Assign, Message, Migrate, Resume, UpdateWeights
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
+
 FIRST, CONTINUE, PAUSED, SWITCH = 0, 1, 2, 3  # what follows a weight load
+
+
+class SimWays:
+    """The ways a simulated replica can take weights (policy/modes/base.py: WaysToTakeWeights), as
+    rollout/updates.py offers the runtime's: each sets what that way changes in the replica and
+    returns the step its loop runs before admitting work."""
+
+    def __init__(self, rollout: "SimRollout", cfg: "Config"):
+        self.r, self.cfg = rollout, cfg
+
+    def per_replica(self):
+        r = self.r
+        r.relay_news_interrupts = True  # a newer relay version matters at once
+        r.awaits_weights = r._awaits_newer_relay  # it pulls as soon as it runs nothing
+        return r._refresh_step
+
+    def global_update(self):
+        r, cfg = self.r, self.cfg
+        # it pauses once its relay holds the version (rollout/updates.py GlobalUpdate)
+        r.pause_at_relay = update_path(cfg).via_relay and cfg.partial_rollout.pause_at == "relay"
+        r.polls_queue = False
+        r.pauses_for_updates = True
+        return r._global_update_step
+
+    def at_barrier(self):
+        return self.r._barrier_step
 
 
 class SimRollout:
@@ -45,15 +75,12 @@ class SimRollout:
         self.rank, self.relay = rank, relay
         cfg = sim.cfg
         plan = mode_plan(cfg)  # (the runtime rollout's too)
-        self.barrier, self.partial = plan.spec.barrier, plan.spec.global_update
         self.pins_versions = plan.pins_versions
         self.max_batch = cfg.rollout.max_batch
         ro = cfg.rollout
         self.refresh, self.refresh_below = ro.refresh_in_flight, ro.refresh_below
         self.keep_kv = ro.refresh_kv == "keep"  # laminar's switch in flight keeps the old KV
         self.pr_keep_kv = cfg.partial_rollout.kv == "keep"  # partial-rollout's update keeps it
-        # partial-rollout pauses once its relay holds the version (rollout/updates.py GlobalUpdate)
-        self.pause_at_relay = self.partial and update_path(cfg).via_relay and cfg.partial_rollout.pause_at == "relay"
         self.on_reprefill = None  # the observer's hook: re-prefill time a weight update costs (emulated s)
         self.episodes = getattr(sim.pool.lengths, "episodes", False)
         env = getattr(cfg, "env", None)
@@ -61,7 +88,6 @@ class SimRollout:
         self.hold = self.max_batch + ((self.max_batch if extra is None else extra) if self.episodes else 0)
         self.max_macro = cfg.emulation.max_macro_steps
         self.interrupts = cfg.emulation.step_interrupts  # a message ends a macro step at the next decode step
-        self.per_replica = plan.spec.per_replica_refresh  # laminar: a newer relay version matters at once
         self.prompt = sim.params.prompt_tokens
         # its engine's costs and its load time: the cluster's, or a slow replica's (ClusterSpec.slow_*)
         self.cost, self.pull_s = sim.params.replica(rank, cfg.rollout.count)
@@ -77,6 +103,13 @@ class SimRollout:
         self.wait_s = 0.0
         self.tool_wait_s, self.tool_calls = 0.0, 0  # tool calls that came back here, and their latencies
         self._serial = 0
+        # how it takes weights is the mode's pick (`SimWays` sets what that way changes here):
+        self.relay_news_interrupts = False  # a newer version at its relay ends the macro step
+        self.pause_at_relay = False  # a global update pauses it once its relay holds the version
+        self.polls_queue = True  # idle with queued work, it polls (not while paused for a global update)
+        self.pauses_for_updates = False  # a global update pauses it (sim/observe.py charges the re-prefill)
+        self.awaits_weights = self._awaits_told_version  # whether, idle, it waits for a version to load
+        self._take_weights = plan.mode.take_weights(SimWays(self, cfg))
         self._reset()
 
     def _reset(self) -> None:
@@ -123,7 +156,7 @@ class SimRollout:
     def relay_ready(self) -> None:
         if self.idle:
             self._wake(self.q.now + self.p.idle_poll_s / 2)  # it re-checks its relay between polls
-        elif self.stepping and self.interrupts and (self.per_replica or (
+        elif self.stepping and self.interrupts and (self.relay_news_interrupts or (
                 self.pause_at_relay and self.paused is None and self.target > self.version)):
             self._cut(self.q.now)  # its loop checks the relay every decode step
 
@@ -184,30 +217,42 @@ class SimRollout:
             else:
                 self._go_idle(now, count=False)
             return
-        if self.partial:
-            if self._global_update(newest, now):
-                return
-            drain = False
-        elif self.barrier:
-            if (self.target > self.version and newest >= self.target and not self.act and not self.queue
-                    and not self.tools and not self.back):
-                self._pull(newest, CONTINUE)
-                return
-            drain = False
-        else:
-            held = len(self.act) + self._pinned() + len(self.tools) + len(self.back)  # episodes at tools count
-            action = refresh.refresh_action(setting=self.refresh, current=self.version, newest=newest, held=held,
-                                            running=len(self.act), max_batch=self.max_batch,
-                                            below=self.refresh_below)
-            if action == refresh.PULL:
-                self._pull(newest, CONTINUE)
-                return
-            if action == refresh.SWITCH:
-                self.switching = True
-                self._pull(newest, SWITCH)
-                return
-            drain = action == refresh.DRAIN
-        self._proceed(drain, now)
+        drain = self._take_weights(newest, now)
+        if drain is not None:
+            self._proceed(drain, now)
+
+    # -- the ways to take weights (SimWays): None when it pulled or paused, else whether it drains --
+    def _refresh_step(self, newest: int, now: float) -> bool | None:
+        """laminar: the replica alone decides (policy/refresh.py, as rollout/updates.py ReplicaRefresh)."""
+        held = len(self.act) + self._pinned() + len(self.tools) + len(self.back)  # episodes at tools count
+        action = refresh.refresh_action(setting=self.refresh, current=self.version, newest=newest, held=held,
+                                        running=len(self.act), max_batch=self.max_batch,
+                                        below=self.refresh_below)
+        if action == refresh.PULL:
+            self._pull(newest, CONTINUE)
+            return None
+        if action == refresh.SWITCH:
+            self.switching = True
+            self._pull(newest, SWITCH)
+            return None
+        return action == refresh.DRAIN
+
+    def _global_update_step(self, newest: int, now: float) -> bool | None:
+        return None if self._global_update(newest, now) else False
+
+    def _barrier_step(self, newest: int, now: float) -> bool | None:
+        """Loads the version it was told to, once nothing is in flight here."""
+        if (self.target > self.version and newest >= self.target and not self.act and not self.queue
+                and not self.tools and not self.back):
+            self._pull(newest, CONTINUE)
+            return None
+        return False
+
+    def _awaits_newer_relay(self) -> bool:
+        return self.version < self.sim.relay_version[self.relay]
+
+    def _awaits_told_version(self) -> bool:
+        return self.target > self.version and (not self.pause_at_relay or self.sim.relay_version[self.relay] >= self.target)
 
     def _proceed(self, drain: bool, t: float) -> None:
         self.draining = drain
@@ -276,7 +321,7 @@ class SimRollout:
             self.q.at(self.last_state + self.p.state_interval_s, self._late_report, self.epoch)
         if self.inbox:  # messages on their way: it wakes when the first arrives
             self._wake(self.inbox[0][0])
-        elif self.queue and not self.partial:
+        elif self.queue and self.polls_queue:
             self.q.at(t + self.p.idle_poll_s, self._poll, self.epoch)
 
     def _idle_reports(self, on: bool) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from laminar_hpc.config.shards import shard_count
 from laminar_hpc.config.update_paths import UPDATE_PATHS
-from laminar_hpc.policy.modes import MODES as MODE_SPECS
+from laminar_hpc.policy.modes import MODES
 from laminar_hpc.sim.cluster import simulate
 from laminar_hpc.sim.params import ClusterSpec, SimParams
 from laminar_hpc.sim.presets import base_gpus, scale_cluster
@@ -67,9 +67,8 @@ VARIANTS: dict[str, list[str]] = {
 # what `laminar simulate` and bench/bench_modes.py run unless told otherwise
 DEFAULT_VARIANTS = ("sync", "one-step-off", "partial-rollout", "partial-rollout-keep", "partial-rollout-areal",
                     "laminar", "laminar-pure", "laminar-norepack")
-MODES = VARIANTS  # (the name the simulator's callers knew)
-# the variants of a barrier mode (policy/modes.py), which run `barrier_steps`
-BARRIER = {name for name, overrides in VARIANTS.items() if MODE_SPECS[overrides[0].removeprefix("mode=")].barrier}
+# the variants of a mode that admits whole batches at a barrier (policy/modes), which run `barrier_steps`
+BARRIER = {name for name, overrides in VARIANTS.items() if MODES[overrides[0].removeprefix("mode=")].whole_batches}
 EXACT_LIMIT = 200_000  # `auto` lengths: the runtime's own draws (~25 us each) up to this many trajectories
 
 

@@ -32,8 +32,8 @@ class SimTrainer:
         self.need = cfg.trainer.groups_per_step
         self.max_staleness = cfg.trainer.max_staleness
         self.publish_every = cfg.trainer.publish_every
-        self.partial = MODES[cfg.mode].global_update
-        self.areal = self.partial and not update_path(cfg).via_relay  # the trainer sends each version itself
+        self.waits_for_rollouts = MODES[cfg.mode].trainer_waits_for_rollouts  # partial-rollout's global update
+        self.areal = self.waits_for_rollouts and not update_path(cfg).via_relay  # the trainer sends each version itself
         self.total = total_steps
         self.prompt = sim.params.prompt_tokens
         self.groups: list = []
@@ -138,7 +138,7 @@ class SimTrainer:
             self.state = "send"
             self.q.after(self.p.update_send_s, self._sent, self.epoch)
             return
-        if self.partial:
+        if self.waits_for_rollouts:
             self.state = "sync"
             self._take()
             if self.synced < self.version:

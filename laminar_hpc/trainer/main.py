@@ -354,8 +354,8 @@ class Trainer:
             self.checkpoint(wait=True)  # the warmed-up policy: a resume never repeats the warm-up
         self.keep_anchor()
         pub = Publisher(ctx, self.backend.weights(), self.backend.layout)
-        global_update = MODES[cfg.mode].global_update  # partial-rollout: the trainer waits for every rollout
-        areal = global_update and not update_path(cfg).via_relay  # and sends each version itself
+        waits = MODES[cfg.mode].trainer_waits_for_rollouts  # partial-rollout: a publish waits for every rollout
+        areal = waits and not update_path(cfg).via_relay  # and the trainer sends each version itself
         try:
             pub.publish(self.version)  # the rollouts' first weights (or the resumed version)
             if areal:  # a global update this publish starts (after a trainer restart) loads it from there
@@ -382,7 +382,7 @@ class Trainer:
                 train_s = time.monotonic() - t0
                 stall = pub.publish(self.version) if self.step % cfg.trainer.publish_every == 0 else 0.0
                 send_s = self.send_version(pub, self.version) if stall and areal else 0.0
-                if stall and global_update:
+                if stall and waits:
                     stall += send_s + self.wait_synced(self.version, beat)
                 ctx.ctrl.send(WantGroups(n=len(groups)))
                 now = time.monotonic()

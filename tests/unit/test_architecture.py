@@ -407,7 +407,7 @@ def test_every_config_parameter_is_annotated():
 
 
 # what a backend, a mode or an update path decides lives in its spec (config/backends.py,
-# config/update_paths.py, policy/modes.py), not in string comparisons spread over the tree
+# config/update_paths.py, policy/modes), not in string comparisons spread over the tree
 NAME_COMPARISON = re.compile(r"""(backend|mode|update_path)\s*(==|!=)\s*['"]|(backend|mode|update_path) (not )?in \(""")
 MAX_NAME_COMPARISONS = 3  # issue 29's bar (32 before the specs)
 

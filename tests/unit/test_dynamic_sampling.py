@@ -11,7 +11,8 @@ from helpers import group, problem, result, tokenize, trajectory
 from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.validate import Limits
 from laminar_hpc.metrics.summary import ledger_summary
-from laminar_hpc.policy.scheduling import admission, keep_no_signal, no_signal
+from laminar_hpc.policy.modes import MODES
+from laminar_hpc.policy.scheduling import keep_no_signal, no_signal
 from laminar_hpc.trainer.reward_stats import reward_metrics
 from laminar_hpc.transport.protocol import Group
 
@@ -101,7 +102,8 @@ def test_past_the_cap_no_signal_groups_are_kept_until_a_group_with_signal():
 
 
 def test_admission_replaces_dropped_groups_within_the_window():
-    kw = dict(mode="laminar", steps_trained=0, groups_per_step=4, max_ahead_steps=1, queued_trajs=0, group_size=3,
+    admission = MODES["laminar"].admit
+    kw = dict(steps_trained=0, groups_per_step=4, max_ahead_steps=1, queued_trajs=0, group_size=3,
               max_queued_trajs=1000, in_flight=0, rollout_versions=[0], version_base=0)
     assert admission(groups_started=8, **kw) == 0  # the window (2 steps x 4 groups) is full
     assert admission(groups_started=8, groups_replaced=3, **kw) == 3  # three dropped: three new prompts

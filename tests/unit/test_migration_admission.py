@@ -6,7 +6,8 @@ import msgspec
 import pytest
 from helpers import data_plane, result
 
-from laminar_hpc.policy.scheduling import admission, barrier_admit, barrier_version
+from laminar_hpc.policy.modes import MODES
+from laminar_hpc.policy.scheduling import barrier_admit, barrier_version
 
 
 def test_migrate_keeps_tokens_logprobs_and_version_and_moves_the_owner():
@@ -38,7 +39,7 @@ def test_restart_puts_a_trajectory_back_first_from_its_prompt_once():
 
 
 def test_sync_admits_a_whole_batch_only_when_every_rollout_holds_its_version():
-    kw = dict(mode="sync", groups_per_step=4, in_flight=0, version_base=0)
+    kw = dict(lag=0, groups_per_step=4, in_flight=0, version_base=0)
     assert barrier_admit(groups_started=0, rollout_versions=[0, 0, 0], **kw) == 4
     assert barrier_admit(groups_started=4, rollout_versions=[0, 0, 0], **kw) == 0  # batch 1 needs version 1
     assert barrier_admit(groups_started=4, rollout_versions=[1, 1, 0], **kw) == 0  # one rollout lags
@@ -49,17 +50,17 @@ def test_sync_admits_a_whole_batch_only_when_every_rollout_holds_its_version():
 
 
 def test_one_step_off_lags_one_version_and_never_mixes_versions_in_a_batch():
-    kw = dict(mode="one-step-off", groups_per_step=2, in_flight=0, version_base=0)
+    kw = dict(lag=1, groups_per_step=2, in_flight=0, version_base=0)
     assert barrier_admit(groups_started=2, rollout_versions=[0, 0], **kw) == 2  # batch 1 on version 0
     assert barrier_admit(groups_started=4, rollout_versions=[0, 0], **kw) == 0  # batch 2 needs version 1
     assert barrier_admit(groups_started=4, rollout_versions=[1, 2], **kw) == 0  # not all on one version
     assert barrier_admit(groups_started=4, rollout_versions=[2, 2], **kw) == 2
-    assert barrier_version("one-step-off", groups_started=4, groups_per_step=2, version_base=0) == 1
+    assert barrier_version(1, groups_started=4, groups_per_step=2, version_base=0) == 1
 
 
 def test_admission_dispatches_by_mode():
     common = dict(groups_started=0, steps_trained=0, groups_per_step=2, max_ahead_steps=1, queued_trajs=0,
                   group_size=4, max_queued_trajs=64, in_flight=0, rollout_versions=[-1, 0], version_base=0)
-    assert admission("laminar", **common) == admission("partial-rollout", **common) == 4  # (0+1+1)*2 groups
-    assert admission("sync", **common) == 0  # a rollout without weights holds the barrier
-    assert admission("sync", **{**common, "rollout_versions": [0, 0]}) == 2
+    assert MODES["laminar"].admit(**common) == MODES["partial-rollout"].admit(**common) == 4  # (0+1+1)*2 groups
+    assert MODES["sync"].admit(**common) == 0  # a rollout without weights holds the barrier
+    assert MODES["sync"].admit(**{**common, "rollout_versions": [0, 0]}) == 2

@@ -1,5 +1,5 @@
 """When a laminar replica takes new weights (policy/refresh.py), what each mode decides
-(policy/modes.py), and how a trajectory records the version of each token span
+(policy/modes), and how a trajectory records the version of each token span
 (protocol.record_version)."""
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_each_mode_spec_says_what_it_decides():
     assert laminar.pins_versions("never") and not laminar.pins_versions("always")
     assert not laminar.pins_versions("underfull")
     assert not pr.pins_versions("never") and MODES["sync"].pins_versions("always")
-    assert {m for m, s in MODES.items() if s.barrier} == {"one-step-off", "sync"}
+    assert {m for m, s in MODES.items() if s.whole_batches} == {"one-step-off", "sync"}
 
 
 def test_detached_trajectories_go_to_any_replica_when_versions_are_recorded_per_span():

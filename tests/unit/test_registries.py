@@ -1,5 +1,5 @@
 """One list per swappable part (issue 37 item 3): rollout engines and trainer backends in
-config/backends.py, off-policy corrections in config/corrections.py, modes in policy/modes.py,
+config/backends.py, off-policy corrections in config/corrections.py, modes in policy/modes,
 partial rollout's update paths in config/update_paths.py, dataset layouts in config/layouts.py,
 reward signatures and built-in rewards in config/rewards.py, built-in tools and tool-call formats
 in config/env.py, experiment trackers in config/tracking.py. Everything else derives from those
@@ -136,7 +136,7 @@ KINDS = [
     Kind("rollout.backend", "laminar_hpc.config.backends", "ROLLOUT_BACKENDS", lambda spec: spec.builder),
     Kind("trainer.backend", "laminar_hpc.config.backends", "TRAINER_BACKENDS", lambda spec: spec.builder),
     Kind("trainer.correction", "laminar_hpc.config.corrections", "CORRECTION_SPECS", lambda spec: spec.path),
-    Kind("mode", "laminar_hpc.policy.modes", "MODES"),
+    Kind("mode", "laminar_hpc.policy.modes.registry", "MODES"),
     Kind("partial_rollout.update_path", "laminar_hpc.config.update_paths", "UPDATE_PATHS"),
     Kind("task.layout", "laminar_hpc.config.layouts", "LAYOUT_SPECS"),
     Kind("task.reward.signature", "laminar_hpc.config.rewards", "REWARD_SIGNATURES", lambda spec: spec.adapter,

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laminar_hpc.policy.scheduling import (admission, assign_work, groups_to_admit, held_for_newest, staleness,
+from laminar_hpc.policy.modes import MODES
+from laminar_hpc.policy.scheduling import (assign_work, groups_to_admit, held_for_newest, staleness,
                                            too_stale, training_order)
 
 
@@ -137,7 +138,8 @@ def test_admission_runs_at_most_half_the_staleness_bound_ahead():
 
 
 def test_groups_dropped_as_too_stale_are_replaced_not_charged_to_the_window():
-    kw = dict(mode="laminar", steps_trained=2, groups_per_step=4, max_ahead_steps=1, queued_trajs=0,
+    admission = MODES["laminar"].admit
+    kw = dict(steps_trained=2, groups_per_step=4, max_ahead_steps=1, queued_trajs=0,
               group_size=2, max_queued_trajs=1000, in_flight=0, rollout_versions=[2], version_base=0)
     assert admission(groups_started=16, **kw) == 0  # (2 + 1 + 1) x 4 started: the window is full
     assert admission(groups_started=16, groups_replaced=3, **kw) == 3  # three of them were dropped
@@ -148,14 +150,14 @@ def test_admission_stops_at_the_groups_the_trainer_will_train():
     trainer said it was done (test_modes' one-batch-per-version check failed on it)."""
     kw = dict(groups_per_step=4, max_ahead_steps=2, queued_trajs=0, group_size=2, max_queued_trajs=100,
               in_flight=0, version_base=0)
-    assert admission("sync", groups_started=24, steps_trained=6, rollout_versions=[6, 6], **kw) == 4
-    assert admission("sync", groups_started=24, steps_trained=6, rollout_versions=[6, 6], groups_wanted=24, **kw) == 0
-    assert admission("sync", groups_started=20, steps_trained=5, rollout_versions=[5, 5], groups_wanted=24, **kw) == 4
-    assert admission("sync", groups_started=21, steps_trained=5, rollout_versions=[5, 5], groups_wanted=24,
+    assert MODES["sync"].admit(groups_started=24, steps_trained=6, rollout_versions=[6, 6], **kw) == 4
+    assert MODES["sync"].admit(groups_started=24, steps_trained=6, rollout_versions=[6, 6], groups_wanted=24, **kw) == 0
+    assert MODES["sync"].admit(groups_started=20, steps_trained=5, rollout_versions=[5, 5], groups_wanted=24, **kw) == 4
+    assert MODES["sync"].admit(groups_started=21, steps_trained=5, rollout_versions=[5, 5], groups_wanted=24,
                      **kw) == 0  # a whole batch no longer fits
     cont = dict(kw, rollout_versions=[0])  # the continuous modes keep their window to the end
-    assert admission("laminar", groups_started=10, steps_trained=1, groups_wanted=12, **cont) == \
-        admission("laminar", groups_started=10, steps_trained=1, **cont) == 6
+    assert MODES["laminar"].admit(groups_started=10, steps_trained=1, groups_wanted=12, **cont) == \
+        MODES["laminar"].admit(groups_started=10, steps_trained=1, **cont) == 6
 
 
 # ------------------------------------------------------------------------------------------

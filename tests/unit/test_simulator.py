@@ -81,7 +81,7 @@ def _count(monkeypatch, module, name):
                                                    ("best-fit", repack, "plan_repack")])
 def test_simulator_calls_the_runtime_policy_functions(monkeypatch, policy, module, name):
     plan = _count(monkeypatch, module, name)
-    admission = _count(monkeypatch, scheduling, "admission")
+    admission = _count(monkeypatch, scheduling, "groups_to_admit")  # (the laminar mode's admission, policy/modes)
     refresh = _count(monkeypatch, refresh_policy, "refresh_action")
     stale = _count(monkeypatch, scheduling, "too_stale")
     _sim(LONGTAIL, SMALL + ["trainer.max_staleness=4", f"repack.policy={policy}"], mode="laminar-pure", steps=4)
