@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from laminar_hpc.config.backends import ROLLOUT_BACKENDS, TRAINER_BACKENDS
 from laminar_hpc.config.env import EnvCfg, SandboxCfg  # noqa: F401 - re-exported
@@ -27,6 +27,7 @@ from laminar_hpc.config.emulation import (
     ComponentCfg, EmpiricalCfg, EmulationCfg, LatencyCfg, LengthsCfg, ObservationCfg, ToolsCfg,
 )
 from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
+from laminar_hpc.config.shards import resolve_shards
 from laminar_hpc.config.slurm import SlurmCfg, SlurmLayoutCfg, StepResources
 from laminar_hpc.config.task import (
     ArithTaskCfg, BuiltinTaskCfg, DatasetTaskCfg, EvalCfg, JsonlTaskCfg, RewardCfg, SyntheticTaskCfg, TaskCfg,
@@ -360,6 +361,25 @@ class Config(Section):
     supervisor: SupervisorCfg = Field(default_factory=SupervisorCfg)
     slurm: SlurmCfg = Field(default_factory=SlurmCfg)
     logging: LoggingCfg = Field(default_factory=LoggingCfg)  # trackers: TensorBoard, W&B, MLflow (config/tracking.py)
+    # `controller.shards` resolved once per config (`auto` from slurm.layout.rollout_nodes), so the
+    # launcher, every role and the simulator read one count; the field keeps the user's `auto`
+    _stream_shards: int = PrivateAttr(default=0)
+
+    @model_validator(mode="after")
+    def _resolve_stream_shards(self) -> "Config":
+        self._stream_shards = resolve_shards(self.controller.shards, self.slurm.layout.rollout_nodes)
+        return self
+
+    @property
+    def stream_shards(self) -> int:
+        """How many stream shards the campaign runs (0: the controller takes the tokens itself)."""
+        return self._stream_shards
+
+    def model_copy(self, *, update=None, deep: bool = False) -> "Config":
+        # a copy skips the validators: one given another controller or slurm section resolves anew
+        copy = super().model_copy(update=update, deep=deep)
+        copy._resolve_stream_shards()
+        return copy
 
     def as_configured(self) -> "Config":
         """This config with the controller host the user configured. A run's config.yaml holds the
