@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from laminar_hpc.config.backends import ROLLOUT_BACKENDS, TRAINER_BACKENDS
+from laminar_hpc.config.backend_specs import ROLLOUT_BACKENDS, TRAINER_BACKENDS
 from laminar_hpc.config.env import EnvCfg, SandboxCfg  # noqa: F401 - re-exported
 from laminar_hpc.config.emulation import (
     ComponentCfg, EmpiricalCfg, EmulationCfg, LatencyCfg, LengthsCfg, ObservationCfg, ToolsCfg,

@@ -39,7 +39,7 @@ import uuid
 import msgspec
 
 from laminar_hpc.config import Config
-from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.controller.elastic import Elastic
 from laminar_hpc.controller.evaluation import Evaluation
 from laminar_hpc.controller.frames import Frames
@@ -61,7 +61,7 @@ from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.policy.scheduling import admission
 from laminar_hpc.rundir import RunDir
-from laminar_hpc.tasks.sources import build_task, validation_problems
+from laminar_hpc.tasks.sources.build import build_task, validation_problems
 from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.transport.endpoint import bind
 from laminar_hpc.transport.protocol import Assign, Drops, Groups, Message, Relayed, Stop

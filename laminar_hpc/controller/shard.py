@@ -38,7 +38,7 @@ from laminar_hpc.controller.validate import limits_for
 from laminar_hpc.startup.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.startup.signals import install_stop_handlers
 from laminar_hpc.model.factory import build_tokenizer
-from laminar_hpc.tasks.sources import build_task
+from laminar_hpc.tasks.sources.build import build_task
 from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.transport.channel import Client, WaitTimeout, publish_endpoint, wait_endpoint
 from laminar_hpc.transport.endpoint import bind

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from laminar_hpc.config import Config
-from laminar_hpc.config.backends import trainer_backend
+from laminar_hpc.config.backend_specs import trainer_backend
 
 
 @dataclass(frozen=True)

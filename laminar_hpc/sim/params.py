@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel
