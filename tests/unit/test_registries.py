@@ -411,12 +411,12 @@ def test_the_tracker_fields_are_the_registrys():
 
 
 def test_a_task_type_in_the_list_only_is_reported_by_name(monkeypatch):
-    monkeypatch.setitem(TASK_TYPES, "maze", TaskType("maze", DatasetTaskCfg, "laminar_hpc.tasks.maze:MazeTasks.from_config"))
+    monkeypatch.setitem(TASK_TYPES, "maze", TaskType("maze", DatasetTaskCfg, "laminar_hpc.tasks.sources.maze:MazeTasks.from_config"))
     problems = registry_problems()
     assert problems and all("'maze'" in p for p in problems), problems
     assert "task.type 'maze': its section DatasetTaskCfg does not accept type 'maze'" in problems
     assert any("the schema does not accept it" in p for p in problems)
-    assert any("'laminar_hpc.tasks.maze:MazeTasks.from_config' does not resolve" in p for p in problems)
+    assert any("'laminar_hpc.tasks.sources.maze:MazeTasks.from_config' does not resolve" in p for p in problems)
 
 
 def test_every_task_type_builds_its_source():
