@@ -375,7 +375,7 @@ class Config(Section):
         """How many stream shards the campaign runs (0: the controller takes the tokens itself)."""
         return self._stream_shards
 
-    def model_copy(self, *, update=None, deep: bool = False) -> "Config":
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> "Config":
         # a copy skips the validators: one given another controller or slurm section resolves anew
         copy = super().model_copy(update=update, deep=deep)
         copy._resolve_stream_shards()
