@@ -71,7 +71,7 @@ import yaml
 import zmq
 from bench.controller_replay import Driver
 
-from laminar_hpc.config.shards import shard_count, shard_of
+from laminar_hpc.config.shards import shard_of
 from laminar_hpc.emulation.traffic import CADENCES, campaign_traffic
 from laminar_hpc.sim.presets import load_preset, scale_cluster
 from laminar_hpc.transport import protocol as P
@@ -119,7 +119,7 @@ def run(args) -> dict:
         cfg, spec = scale_cluster(cfg, spec, args.gpus)
     if args.shards is not None:
         cfg = cfg.model_copy(update={"controller": cfg.controller.model_copy(update={"shards": args.shards})})
-    shards = shard_count(cfg)
+    shards = cfg.stream_shards
     needs = campaign_traffic(cfg, cadence=args.cadence)
     args.cadence = needs.cadence
     raw = cfg.model_dump(mode="json")

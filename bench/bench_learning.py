@@ -35,7 +35,7 @@ from bench import bench_modes
 from laminar_hpc.config import ConfigError, load_config
 from laminar_hpc.analysis.learning import (curve_spread, final_reward, reward_curve, spread,
                                            time_to_target, trailing, wall_spread)
-from laminar_hpc.config.corrections import CLIPPED
+from laminar_hpc.config.correction_specs import CLIPPED
 from laminar_hpc.metrics.summary import read_metrics
 from laminar_hpc.rundir import RunDir
 
@@ -85,8 +85,8 @@ def greedy_accuracy(cfg, problems: list, *, run_dir: Path | None = None, state_p
 
     from laminar_hpc.model.factory import build_model, build_tokenizer
     from laminar_hpc.tasks.prompts import encode_prompt
-    from laminar_hpc.tasks.reward_pool import score_all
-    from laminar_hpc.tasks.base import Response
+    from laminar_hpc.tasks.rewards.reward_pool import score_all
+    from laminar_hpc.tasks.problem import Response
     from laminar_hpc.trainer.checkpoint import load_latest
     from laminar_hpc.trainer.warmup import fits, greedy_decode
     tok = build_tokenizer(cfg.model)
@@ -125,7 +125,7 @@ def shared_warmup(config: str, overrides: list[str], seed: int, out: Path) -> di
     import torch
 
     from laminar_hpc.model.factory import build_model, build_tokenizer
-    from laminar_hpc.tasks.sources import build_task
+    from laminar_hpc.tasks.sources.build import build_task
     from laminar_hpc.trainer.warmup import run_warmup
     print(f"[warm-up seed {seed}] up to {cfg.warmup.max_steps} steps, to greedy {cfg.warmup.target_greedy_reward}",
           flush=True)
@@ -229,7 +229,7 @@ def evaluate(args, runs: list[dict], warm: dict) -> None:
     problems that no run of the seed nor its warm-up trained on."""
     import torch
 
-    from laminar_hpc.tasks.sources import build_task
+    from laminar_hpc.tasks.sources.build import build_task
     torch.set_num_threads(load_config(args.config, args.overrides).trainer.torch_threads)  # as shared_warmup
     for seed in sorted({r["seed"] for r in runs}):
         mine = [r for r in runs if r["seed"] == seed and r.get("figures")]

@@ -1,5 +1,5 @@
-"""Per-call time of the python tool's sandbox (tasks/sandbox.py: bubblewrap, seccomp, Landlock, the
-audit hook, and the limits of the call as a whole, tasks/call_limits.py): the same short program N
+"""Per-call time of the python tool's sandbox (tasks/sandbox/python_tool.py: bubblewrap, seccomp, Landlock, the
+audit hook, and the limits of the call as a whole, tasks/sandbox/call_limits.py): the same short program N
 times, as the rollouts run it.
 
     .venv/bin/python bench/bench_sandbox.py [--calls 200] [--json out.json]
@@ -14,7 +14,7 @@ import json
 import statistics
 import time
 
-from laminar_hpc.tasks.sandbox import SandboxLimits, run_python_sync
+from laminar_hpc.tasks.sandbox.python_tool import SandboxLimits, run_python_sync
 
 CODE = "print(sum(i * i for i in range(1000)))"
 

@@ -52,7 +52,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 from laminar_hpc.config import load_config
-from laminar_hpc.config.shards import shard_count
 from laminar_hpc.metrics.status import Status, read_status
 from laminar_hpc.metrics.trace import read_run
 from laminar_hpc.policy.supervision import spec_of
@@ -315,7 +314,7 @@ def main() -> int:
 
         # a campaign with stream shards (controller.shards) has them killed in turn too
         run_cfg = load_config(run_dir / "config.yaml")
-        kinds = asked or KINDS + (("shard",) if shard_count(run_cfg) else ())
+        kinds = asked or KINDS + (("shard",) if run_cfg.stream_shards else ())
         t_first = time.monotonic()
         for i, kind in enumerate(schedule(args.kills, args.seed, args.node_kills, kinds)):
             if attacher is not None and i in toggles and not over():

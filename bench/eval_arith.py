@@ -28,9 +28,9 @@ from laminar_hpc.rollout.evaluate import generate
 from laminar_hpc.checkpoint_format import MODEL_FILE
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.tasks.prompts import encode_prompt
-from laminar_hpc.tasks.arith import ArithTasks
-from laminar_hpc.tasks.base import Response
-from laminar_hpc.tasks.rewards import final_number
+from laminar_hpc.tasks.sources.arith import ArithTasks
+from laminar_hpc.tasks.problem import Response
+from laminar_hpc.tasks.rewards.scorer import final_number
 
 
 def unseen_problems(cfg, n: int, max_value: int) -> list:

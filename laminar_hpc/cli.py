@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from laminar_hpc.config import ConfigError, load_config
-from laminar_hpc.config.backends import trainer_backend
+from laminar_hpc.config.backend_specs import trainer_backend
 
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config
@@ -298,7 +298,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _drive(args: argparse.Namespace) -> int:
-    from laminar_hpc.launch.slurm import drive
+    from laminar_hpc.launch.slurm_driver import drive
     cfg = _load(args)
     _check_resume(cfg, Path(args.run_dir))  # every start of a job script resumes its run directory
     summary = drive(cfg, Path(args.run_dir))

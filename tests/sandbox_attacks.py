@@ -84,8 +84,8 @@ _HARNESS = textwrap.dedent('''
     if USER != "root":
         u = pwd.getpwnam(USER)
         os.setgroups([]); os.setgid(u.pw_gid); os.setuid(u.pw_uid)
-    from laminar_hpc.tasks import call_limits
-    from laminar_hpc.tasks.sandbox import SandboxLimits, run_python_sync
+    from laminar_hpc.tasks.sandbox import call_limits
+    from laminar_hpc.tasks.sandbox.python_tool import SandboxLimits, run_python_sync
     if NO_CGROUP:
         call_limits.CallCgroup.make = classmethod(lambda cls, **kw: None)
     out = {}

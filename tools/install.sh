@@ -20,7 +20,7 @@ if ! command -v mpirun >/dev/null 2>&1; then
   fi
 fi
 
-# bubblewrap: the python tool's sandbox (tasks/bwrap.py), its only isolation: without it the tool refuses to run
+# bubblewrap: the python tool's sandbox (tasks/sandbox/bwrap.py), its only isolation: without it the tool refuses to run
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "install.sh: installing bubblewrap" >&2

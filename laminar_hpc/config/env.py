@@ -1,4 +1,4 @@
-"""The `env:` section: multi-turn episodes with tool calls (tasks/episode.py, rollout/episodes.py).
+"""The `env:` section: multi-turn episodes with tool calls (tasks/tools/episode.py, rollout/episodes.py).
 Imports neither torch, mpi4py nor vLLM; re-exported by `laminar_hpc.config.schema`.
 
     env:
@@ -9,12 +9,12 @@ Imports neither torch, mpi4py nor vLLM; re-exported by `laminar_hpc.config.schem
 
 `tools` maps the name the model calls to a built-in or to user code (`package.module:function`,
 `path/to/file.py:function`; plain or async, returns text). With `environment: "module:Class"` (a
-`tasks.episode.Environment`) the episode is the user's own. No `tools` and no `environment`:
+`tasks.tools.episode.Environment`) the episode is the user's own. No `tools` and no `environment`:
 single-turn trajectories, as before.
 
 `BUILTIN_TOOLS` is the only list of built-in tools and `TOOL_CALL_FORMATS` of built-in tool-call
-formats: this section's validator and tasks/tools.py (load_tools, load_format) read them, and each
-entry names its code as a lazy-import path ("module:name", config/backends.py: resolve), so a new
+formats: this section's validator and tasks/tools/loader.py (load_tools, load_format) read them, and each
+entry names its code as a lazy-import path ("module:name", config/backend_specs.py: resolve), so a new
 built-in is its code plus one entry here.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from laminar_hpc.config.section import PosFloat, PosInt, Section
 class ToolSpec:
     name: str  # its value in `env.tools`
     # "module:function" of its builder, `(env_cfg: EnvCfg) -> the tool` (a callable taking the
-    # call's arguments as keywords, plain or async, returning text or a tasks.episode.ToolResult)
+    # call's arguments as keywords, plain or async, returning text or a tasks.tools.episode.ToolResult)
     builder: str
     meaning: str  # one line: what it does
 
@@ -39,24 +39,25 @@ class ToolSpec:
 @dataclass(frozen=True)
 class FormatSpec:
     name: str  # its `env.format` value
-    cls: str  # "module:Class" with the methods of tasks.episode.HermesFormat
+    cls: str  # "module:Class" with the methods of tasks.tools.episode.HermesFormat
     meaning: str  # one line: how a call is written
 
 
 BUILTIN_TOOLS: dict[str, ToolSpec] = {s.name: s for s in (
-    ToolSpec("calculator", "laminar_hpc.tasks.tools:calculator_builder", "arithmetic, no eval (tasks/calculator.py)"),
-    ToolSpec("python", "laminar_hpc.tasks.tools:python_builder",
-             "Python in a sandboxed subprocess with env.python's limits and no network (tasks/sandbox.py)"),
+    ToolSpec("calculator", "laminar_hpc.tasks.tools.loader:calculator_builder",
+             "arithmetic, no eval (tasks/tools/calculator.py)"),
+    ToolSpec("python", "laminar_hpc.tasks.tools.loader:python_builder",
+             "Python in a sandboxed subprocess with env.python's limits and no network (tasks/sandbox/python_tool.py)"),
 )}
 TOOL_CALL_FORMATS: dict[str, FormatSpec] = {s.name: s for s in (
-    FormatSpec("hermes", "laminar_hpc.tasks.episode:HermesFormat", "`<tool_call>{json}</tool_call>`"),
+    FormatSpec("hermes", "laminar_hpc.tasks.tools.episode:HermesFormat", "`<tool_call>{json}</tool_call>`"),
 )}
 
 
 class SandboxCfg(Section):
-    """Limits of the built-in `python` tool (tasks/sandbox.py): model-written code inside bubblewrap's
+    """Limits of the built-in `python` tool (tasks/sandbox/python_tool.py): model-written code inside bubblewrap's
     namespaces and a seccomp filter, then Landlock, rlimits and an audit hook; processes, memory and
-    disk counted for each call as a whole (tasks/call_limits.py). Without bubblewrap the call fails
+    disk counted for each call as a whole (tasks/sandbox/call_limits.py). Without bubblewrap the call fails
     closed."""
     cpu_s: PosFloat = 2.0  # CPU seconds per process of a python call (rounded up to whole seconds)
     # memory of a python call, MiB: its cgroup's limit (every process, its files too), and each process's
@@ -76,7 +77,7 @@ class EnvCfg(Section):
     args: dict[str, Any] = Field(default_factory=dict)  # given to the environment (EnvContext.args)
     format: str = Field("hermes", description=(
         "the tool-call format: " + ", ".join(f"{n} ({s.meaning})" for n, s in TOOL_CALL_FORMATS.items())
-        + ', or "module:Class" with the methods of tasks.episode.HermesFormat (stopped, turn_calls, '
+        + ', or "module:Class" with the methods of tasks.tools.episode.HermesFormat (stopped, turn_calls, '
         "observation_text)"))
     # true: a turn leaves the decode batch as soon as it has written a call (its tool starts at
     # once; one call a turn); false: the turn runs to its end-of-turn token and every call it wrote

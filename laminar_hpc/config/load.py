@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from laminar_hpc.config.backends import context_refusal
+from laminar_hpc.config.backend_specs import context_refusal
 from laminar_hpc.config.paths import resolve_paths
 from laminar_hpc.config.schema import Config
 from laminar_hpc.config.task import TASK_TYPES

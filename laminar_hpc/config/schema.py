@@ -19,14 +19,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from laminar_hpc.config.backends import ROLLOUT_BACKENDS, TRAINER_BACKENDS
+from laminar_hpc.config.backend_specs import ROLLOUT_BACKENDS, TRAINER_BACKENDS
 from laminar_hpc.config.env import EnvCfg, SandboxCfg  # noqa: F401 - re-exported
 from laminar_hpc.config.emulation import (
     ComponentCfg, EmpiricalCfg, EmulationCfg, LatencyCfg, LengthsCfg, ObservationCfg, ToolsCfg,
 )
 from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
+from laminar_hpc.config.shards import resolve_shards
 from laminar_hpc.config.slurm import SlurmCfg, SlurmLayoutCfg, StepResources
 from laminar_hpc.config.task import (
     ArithTaskCfg, BuiltinTaskCfg, DatasetTaskCfg, EvalCfg, JsonlTaskCfg, RewardCfg, SyntheticTaskCfg, TaskCfg,
@@ -108,7 +109,7 @@ class WarmupCfg(Section):
     min_steps: NonNegInt = 0
     eval_every: PosInt = 10  # warm-up steps between greedy evaluations
     eval_size: PosInt = 128  # problems per warm-up evaluation
-    # a JSONL file of demonstrations (chat messages, tool calls included: laminar_hpc/tasks/demos.py):
+    # a JSONL file of demonstrations (chat messages, tool calls included: laminar_hpc/tasks/sources/demos.py):
     # the warm-up learns their assistant turns instead of the task's gold answers, on a model.hf_path
     # checkpoint too (which otherwise starts RL as it is)
     data: str | None = None
@@ -131,7 +132,7 @@ class VllmCfg(Section):
     staging_mb: PosFloat = 1024.0
 
 
-RolloutBackend = Literal[tuple(ROLLOUT_BACKENDS)]  # one entry each in config/backends.py
+RolloutBackend = Literal[tuple(ROLLOUT_BACKENDS)]  # one entry each in config/backend_specs.py
 # sizes a typo could turn into exhausted memory (an engine allocates per sequence and per token):
 # far above any campaign's, and bounded again by the engine's context where it has one (`_sizes`)
 MAX_NEW_TOKENS = 1 << 20
@@ -200,7 +201,7 @@ class ControllerCfg(Section):
     host: str = "127.0.0.1"
     # set by the Slurm driver, never by hand: the `host` the user configured (loopback) while `host`
     # holds the node-0 address the driver derived for one start. Each start derives it afresh from
-    # this (launch/slurm.py cluster_host), so a requeue that moves node 0 binds the new node.
+    # this (launch/slurm_driver.py cluster_host), so a requeue that moves node 0 binds the new node.
     configured_host: str | None = None
     # how the controller's socket is reached. auto: an ipc:// socket in the run directory (or the
     # start's private shared-memory directory) when `host` is loopback, so every role is on this
@@ -360,6 +361,25 @@ class Config(Section):
     supervisor: SupervisorCfg = Field(default_factory=SupervisorCfg)
     slurm: SlurmCfg = Field(default_factory=SlurmCfg)
     logging: LoggingCfg = Field(default_factory=LoggingCfg)  # trackers: TensorBoard, W&B, MLflow (config/tracking.py)
+    # `controller.shards` resolved once per config (`auto` from slurm.layout.rollout_nodes), so the
+    # launcher, every role and the simulator read one count; the field keeps the user's `auto`
+    _stream_shards: int = PrivateAttr(default=0)
+
+    @model_validator(mode="after")
+    def _resolve_stream_shards(self) -> "Config":
+        self._stream_shards = resolve_shards(self.controller.shards, self.slurm.layout.rollout_nodes)
+        return self
+
+    @property
+    def stream_shards(self) -> int:
+        """How many stream shards the campaign runs (0: the controller takes the tokens itself)."""
+        return self._stream_shards
+
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> "Config":
+        # a copy skips the validators: one given another controller or slurm section resolves anew
+        copy = super().model_copy(update=update, deep=deep)
+        copy._resolve_stream_shards()
+        return copy
 
     def as_configured(self) -> "Config":
         """This config with the controller host the user configured. A run's config.yaml holds the

@@ -5,7 +5,7 @@ Kept out of `laminar_hpc.config.schema` (which re-exports every name here, so
 it (`laminar_hpc.launch.plan`, `.slurm`, `.submit`): it describes the allocation, not the run.
 Imports neither torch, mpi4py nor vLLM. Its values reach sbatch scripts, so the extra sbatch
 options' names are checked here.
-(Running the campaign as Slurm job steps is launch/slurm.py.)
+(Running the campaign as Slurm job steps is launch/slurm_driver.py.)
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 mpi4py nor vLLM; re-exported by `laminar_hpc.config.schema`.
 
     task:
-      type: dataset                         # JSONL or Parquet rows (tasks/dataset.py)
+      type: dataset                         # JSONL or Parquet rows (tasks/sources/dataset.py)
       path: data/train.parquet
       layout: verl                          # or trl: a recipe's rows as they are (default laminar)
       validation_fraction: 0.05             # or validation_path: data/test.jsonl
@@ -20,24 +20,24 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, model_validator
 
-from laminar_hpc.config.layouts import LAYOUT_SPECS
-from laminar_hpc.config.rewards import BUILTIN_REWARDS, REWARD_SIGNATURES
+from laminar_hpc.config.layout_specs import LAYOUT_SPECS
+from laminar_hpc.config.reward_specs import BUILTIN_REWARDS, REWARD_SIGNATURES
 from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
 
-TaskLayout = Literal[tuple(LAYOUT_SPECS)]  # one entry each in config/layouts.py
-RewardSignature = Literal[("auto", *REWARD_SIGNATURES)]  # auto: read from the parameter names; config/rewards.py
+TaskLayout = Literal[tuple(LAYOUT_SPECS)]  # one entry each in config/layout_specs.py
+RewardSignature = Literal[("auto", *REWARD_SIGNATURES)]  # auto: read from the parameter names; config/reward_specs.py
 
 
 class RewardCfg(Section):
-    """How a response is scored (tasks/rewards.py). `task.reward: "x.py:score"` is short for
+    """How a response is scored (tasks/rewards/scorer.py). `task.reward: "x.py:score"` is short for
     `task.reward: {fn: "x.py:score"}`.
 
-    `fn` is a built-in (config/rewards.py: BUILTIN_REWARDS), `package.module:function`
+    `fn` is a built-in (config/reward_specs.py: BUILTIN_REWARDS), `package.module:function`
     or `path/to/file.py:function` (relative to the config file: config/paths.py), or a map of
     component name -> such a function. A function returns a float or a dict of named floats;
     each value must lie in `range`, and the reward is the sum of the components times their
     `weights` (a component without a weight weighs 1). With `url` the response goes to a remote
-    verifier instead (an HTTP POST; tasks/remote.py). Calls run in a pool beside the decode loop
+    verifier instead (an HTTP POST; tasks/rewards/remote_verifier.py). Calls run in a pool beside the decode loop
     (`pool`, `workers`), each under `timeout_s`; one that fails, times out or returns a value
     that is not a finite number in `range` scores 0, and the reason is counted each step.
 
@@ -60,7 +60,8 @@ class RewardCfg(Section):
     timeout_s: PosFloat = 10.0  # a reward call past this is 0 by rule (reward_failed.timeout) and counted
     retries: NonNegInt = 2  # remote verifier: attempts after the first, on connection errors and 5xx
     backoff_s: PosFloat = 0.2  # remote verifier: the first retry's wait, doubled after each
-    # how a function is called (config/rewards.py, tasks/reward_signatures.py); auto: from its parameter names
+    # how a function is called (config/reward_specs.py, tasks/rewards/reward_signatures.py); auto: from its
+    # parameter names
     signature: RewardSignature = "auto"
 
     @model_validator(mode="before")
@@ -110,7 +111,7 @@ class BuiltinTaskCfg(Section):
 
 
 class DatasetTaskCfg(Section):
-    """Rows of a JSONL or Parquet file (tasks/dataset.py); `type: jsonl` is the same section.
+    """Rows of a JSONL or Parquet file (tasks/sources/dataset.py); `type: jsonl` is the same section.
 
     A row holds a prompt (`prompt_field`: text filled into `prompt_template`, or a list of
     {role, content} messages, read as a chat) or a chat (`messages_field`), and the gold answer
@@ -125,7 +126,7 @@ class DatasetTaskCfg(Section):
     type: Literal["dataset", "jsonl"] = "dataset"  # dataset (or jsonl, its old name): rows of a JSONL or Parquet file
     path: str  # the training rows: *.jsonl or *.parquet
     format: Literal["auto", "jsonl", "parquet"] = "auto"  # auto: by the file's suffix
-    # whose data this is: sets the defaults of the fields below (config/layouts.py: LAYOUT_SPECS)
+    # whose data this is: sets the defaults of the fields below (config/layout_specs.py: LAYOUT_SPECS)
     layout: TaskLayout = "laminar"
     validation_path: str | None = None  # the validation split's own file
     validation_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # else: held out of `path` by seed
@@ -170,7 +171,7 @@ JsonlTaskCfg = DatasetTaskCfg  # the name before Parquet
 
 
 class ArithTaskCfg(Section):
-    """Generated arithmetic asked in words, answered with one number (tasks/arith.py): 'What is
+    """Generated arithmetic asked in words, answered with one number (tasks/sources/arith.py): 'What is
     7 + 12? Answer with just the number.'; reward 1 when the response's last number is the value."""
     multiline: ClassVar[frozenset[str]] = frozenset({"instruction", "system_prompt"})
     type: Literal["arith"] = "arith"  # arith: arithmetic asked in words ("What is 7 + 12?"), generated on the fly
@@ -195,7 +196,7 @@ class SyntheticTaskCfg(Section):
 
 class ToolCalcTaskCfg(Section):
     """Multiplication a small model cannot do alone, so it must call the calculator
-    (tasks/toolcalc.py): 'mul:4821*9307=' -> a `calc` tool call -> its result as the answer.
+    (tasks/sources/toolcalc.py): 'mul:4821*9307=' -> a `calc` tool call -> its result as the answer.
     Operands are drawn from [min_operand, max_operand]; the default keeps every operand at 4
     digits and every product at 8, so a small model copies at fixed offsets.
     Needs `env.tools: {calc: calculator}`."""
@@ -214,8 +215,8 @@ class ToolCalcTaskCfg(Section):
 @dataclass(frozen=True)
 class TaskType:
     """A `task.type`: its section of the config (the schema's `task:` union holds each section
-    once) and its source as a lazy-import path of `(section, seed) -> TaskSource` (tasks/base.py),
-    resolved by `tasks/sources.build_task`."""
+    once) and its source as a lazy-import path of `(section, seed) -> TaskSource` (tasks/problem.py),
+    resolved by `tasks/sources/build.build_task`."""
     name: str
     section: type[Section]
     source: str
@@ -223,12 +224,13 @@ class TaskType:
 
 # the one list of task types: the `task:` union, the unknown-type error and build_task derive from it
 TASK_TYPES: dict[str, TaskType] = {t.name: t for t in (
-    TaskType("builtin", BuiltinTaskCfg, "laminar_hpc.tasks.builtin:BuiltinTasks.from_config"),
-    TaskType("dataset", DatasetTaskCfg, "laminar_hpc.tasks.dataset:DatasetTasks.from_config"),
-    TaskType("jsonl", DatasetTaskCfg, "laminar_hpc.tasks.dataset:DatasetTasks.from_config"),  # the name before Parquet
-    TaskType("arith", ArithTaskCfg, "laminar_hpc.tasks.arith:ArithTasks.from_config"),
-    TaskType("synthetic", SyntheticTaskCfg, "laminar_hpc.tasks.synthetic:SyntheticTasks.from_config"),
-    TaskType("tool_calc", ToolCalcTaskCfg, "laminar_hpc.tasks.toolcalc:ToolCalcTasks.from_config"),
+    TaskType("builtin", BuiltinTaskCfg, "laminar_hpc.tasks.sources.builtin:BuiltinTasks.from_config"),
+    TaskType("dataset", DatasetTaskCfg, "laminar_hpc.tasks.sources.dataset:DatasetTasks.from_config"),
+    # (jsonl: the name before Parquet)
+    TaskType("jsonl", DatasetTaskCfg, "laminar_hpc.tasks.sources.dataset:DatasetTasks.from_config"),
+    TaskType("arith", ArithTaskCfg, "laminar_hpc.tasks.sources.arith:ArithTasks.from_config"),
+    TaskType("synthetic", SyntheticTaskCfg, "laminar_hpc.tasks.sources.synthetic:SyntheticTasks.from_config"),
+    TaskType("tool_calc", ToolCalcTaskCfg, "laminar_hpc.tasks.sources.toolcalc:ToolCalcTasks.from_config"),
 )}
 TaskCfg = Annotated[Union[tuple(dict.fromkeys(t.section for t in TASK_TYPES.values()))], Field(discriminator="type")]
 

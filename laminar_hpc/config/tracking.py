@@ -9,7 +9,7 @@
 No tracker package is imported here: configs load without them.
 
 `TRACKERS` is the only list of trackers: each entry names its sink class as a lazy-import path
-("module:Class", config/backends.py: resolve; metrics/trackers.py builds it from there) and the
+("module:Class", config/backend_specs.py: resolve; metrics/trackers.py builds it from there) and the
 package the sink needs. `LoggingCfg` has one field per entry, named as it (a test checks), and
 `LoggingCfg.enabled` reads the list: a new tracker is its sink, its field and one entry.
 """

@@ -27,7 +27,7 @@ metrics.jsonl with the trainer's rewind).
     ev.hold(); ev.rewind(6)                                 # a trainer's hello; its sync from step 6
     for rank, work in ev.assign(credits, versions): ...     # evaluation items within each share
     row = ev.finished(traj, rollout=2)                      # the round's row once it is complete
-(The scores of a round, pass@k and the rest, are computed by metrics/evaluation.py.)
+(The scores of a round, pass@k and the rest, are computed by metrics/eval_scores.py.)
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from laminar_hpc.metrics.evaluation import eval_scores
+from laminar_hpc.metrics.eval_scores import eval_scores
 from laminar_hpc.metrics.names import eval_names
-from laminar_hpc.tasks.base import Problem
+from laminar_hpc.tasks.problem import Problem
 from laminar_hpc.transport.protocol import Trajectory, WorkItem
 
 if TYPE_CHECKING:

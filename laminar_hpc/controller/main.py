@@ -39,8 +39,7 @@ import uuid
 import msgspec
 
 from laminar_hpc.config import Config
-from laminar_hpc.config.backends import rollout_backend
-from laminar_hpc.config.shards import shard_count
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.controller.elastic import Elastic
 from laminar_hpc.controller.evaluation import Evaluation
 from laminar_hpc.controller.frames import Frames
@@ -61,7 +60,7 @@ from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.rundir import RunDir
-from laminar_hpc.tasks.sources import build_task, validation_problems
+from laminar_hpc.tasks.sources.build import build_task, validation_problems
 from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.transport.endpoint import bind
 from laminar_hpc.transport.protocol import Assign, Drops, Groups, Message, Relayed, Stop
@@ -93,7 +92,7 @@ class Controller:
                             else b * cfg.trainer.groups_per_step)
         # stream shards (controller/shard.py): the rollouts' frames come and go through them, and the
         # data plane's partials then hold no tokens (their shards do), not even the prompts'
-        self.routes = Routes(shard_count(cfg), int(cfg.controller.max_frame_mb * 2**20))
+        self.routes = Routes(cfg.stream_shards, int(cfg.controller.max_frame_mb * 2**20))
         if self.routes.shards:  # (before recovery: a replay admits as the log's writer did)
             self.data_plane.pool.shard_of = self.routes.shard_of_rank
             self.data_plane.pool.version_of = self._version_of

@@ -26,7 +26,6 @@ import logging
 import re
 
 from laminar_hpc.config import Config
-from laminar_hpc.config.shards import shard_count
 
 LAUNCHER = re.compile(r"launcher-\d+")  # the launcher's key holder, under any rank: see the docstring
 MAX_LOGGED = 20  # distinct unknown names logged (one line each); the rest are only counted
@@ -44,7 +43,7 @@ class Membership:
         names = {"launcher-0", "trainer-0"}
         names.update(f"rollout-{i}" for i in range(cfg.rollout.count))
         names.update(f"relay-{i}" for i in range(cfg.relay.count))
-        names.update(f"shard-{i}" for i in range(shard_count(cfg)))
+        names.update(f"shard-{i}" for i in range(cfg.stream_shards))
         return cls(names, log)
 
     def register(self, name: str) -> None:

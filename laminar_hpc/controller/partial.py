@@ -3,7 +3,7 @@ components share it (`PartialPool`).
 
 A module of its own because every part of the data plane reads these: the data plane itself
 (controller/pools.py: admission, results, snapshots), the moves between rollouts
-(controller/moves.py) and the stream intake (controller/streams.py). They import it; it
+(controller/moves.py) and the stream intake (controller/stream_intake.py). They import it; it
 imports none of them.
 
     pool = PartialPool()

@@ -4,7 +4,7 @@ Built of components, each given the state and the callbacks it uses in its const
 partial-response pool itself (`pool`, controller/partial.py: the partials and the queue, shared
 by the others), the group ledger (`ledger`, controller/ledger.py: a group from admission to
 commit), the moves of trajectories between rollouts that recovery and repack make (`moves`,
-controller/moves.py) and the intake of streamed tokens (`intake`, controller/streams.py). The
+controller/moves.py) and the intake of streamed tokens (`intake`, controller/stream_intake.py). The
 data plane itself admits prompts, assigns work, takes results, counts refusals and writes and
 loads snapshots; its public methods for moves and streams hand the call to their component.
 
@@ -21,7 +21,7 @@ checkpoint loses them, and those groups are generated again under the same ids (
 controller keeps no copy: its memory and log stay bounded by what is in flight).
 
 Trajectories come and go as the protocol's shapes (transport/protocol.py): work goes out as
-`WorkItem`s, tokens arrive as `StreamChunks` (controller/streams.py), results as `Trajectory`s,
+`WorkItem`s, tokens arrive as `StreamChunks` (controller/stream_intake.py), results as `Trajectory`s,
 which are kept as they arrived (no copy) and handed to the trainer in `Group`s. Token arrays are
 the protocol's bytes (int32 ids, float32 log-probs; transport/tokens.py): a partial holds its
 prompt as bytes (shared by its group) and the chunks streamed to it as they came.
@@ -53,7 +53,7 @@ from laminar_hpc.controller import validate
 from laminar_hpc.controller.ledger import GroupLedger, GroupRecord
 from laminar_hpc.controller.moves import PartialMoves
 from laminar_hpc.controller.partial import Partial, PartialPool
-from laminar_hpc.controller.streams import StreamIntake
+from laminar_hpc.controller.stream_intake import StreamIntake
 from laminar_hpc.controller.trajqueue import TrajQueue
 from laminar_hpc.controller.validate import Limits
 from laminar_hpc.transport.protocol import StreamChunks, StreamItem, Trajectory, WorkItem, pack_logprobs, pack_tokens
@@ -351,7 +351,7 @@ class DataPlane:
     def restart(self, traj_id: str) -> bool:
         return self.moves.restart(traj_id)
 
-    # -- streamed tokens (controller/streams.py) --------------------------------------------
+    # -- streamed tokens (controller/stream_intake.py) --------------------------------------------
     def stream_chunks(self, ch: StreamChunks, rollout: int | None = None) -> None:
         """A rollout's frame of chunks in columns (`StreamIntake.stream_chunks`)."""
         self.intake.stream_chunks(ch, rollout)

@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping, Sized
 from typing import Callable, Iterator, Protocol
 
-from laminar_hpc.config.backends import kv_capacity  # noqa: F401 - the controller and simulator read it here
+from laminar_hpc.config.backend_specs import kv_capacity  # noqa: F401 - the controller and simulator read it here
 from laminar_hpc.policy import consolidate, recovery, repack, scheduling
 from laminar_hpc.policy.repack import ReplicaState
 from laminar_hpc.transport.protocol import Assign, Message, Migrate

@@ -14,7 +14,6 @@ import socket
 import time
 
 from laminar_hpc.config import load_config
-from laminar_hpc.config.shards import shard_count
 from laminar_hpc.controller.main import Controller
 from laminar_hpc.controller.wal import WalError
 from laminar_hpc.startup.role import node_name, setup_logging
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     tracer = Tracer(run_dir, "controller-0", enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
     tracer.emit("role_start", pid=os.getpid(), host=socket.gethostname(), node=node_name(),
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_step_id=os.environ.get("SLURM_STEP_ID"),
-                shards=shard_count(cfg))
+                shards=cfg.stream_shards)
     try:
         ctl = Controller(run_dir, cfg, log, tracer)
     except WalError as err:  # a log it cannot trust: refuse, with every file kept (laminar_hpc/walformat.py)

@@ -32,13 +32,13 @@ import uuid
 import msgspec
 import zmq
 
-from laminar_hpc.config.shards import shard_count, shard_of
+from laminar_hpc.config.shards import shard_of
 from laminar_hpc.controller.shard_store import ShardStore
 from laminar_hpc.controller.validate import limits_for
 from laminar_hpc.startup.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.startup.signals import install_stop_handlers
 from laminar_hpc.model.factory import build_tokenizer
-from laminar_hpc.tasks.sources import build_task
+from laminar_hpc.tasks.sources.build import build_task
 from laminar_hpc.tasks.prompts import encode_prompt
 from laminar_hpc.transport.channel import Client, WaitTimeout, publish_endpoint, wait_endpoint
 from laminar_hpc.transport.endpoint import bind
@@ -65,7 +65,7 @@ class Shard:
                                 prompt=lambda problem: encode_prompt(tok, task.problem(problem)))
         self.refused: list[tuple[str, int, str]] = []  # prompts refused since the last batch
         self.name = f"shard-{self.rank}"
-        self.count = shard_count(cfg)  # the campaign's shards: a rollout belongs to shard_of(rank, count)
+        self.count = cfg.stream_shards  # the campaign's shards: a rollout belongs to shard_of(rank, count)
         self.foreign = 0  # frames of rollouts of another shard, dropped
         self.server = bind(rd, cfg, self.name, server_keys(rd.path, "shard", cfg.controller))
         self.max_frame = int(cfg.controller.max_frame_mb * 2**20)

@@ -5,7 +5,7 @@ controller made of them before shards existed.
 It builds the prompt ids of the work it passes on from the campaign's task (the controller sends a
 problem index: it never tokenizes), refusing as admission did a prompt no rollout can generate from.
 The partials are the controller's own `Partial`s and stream intake (controller/partial.py,
-controller/streams.py): the same validation, the same counting of chunks from a rollout that
+controller/stream_intake.py): the same validation, the same counting of chunks from a rollout that
 does not hold the trajectory. A partial is registered when the shard passes its work to a
 rollout (`register`, from the controller's `Assign`); a resumed one takes the tokens this shard
 (`take_work`) or another (`Fetch`) holds. A finished result is joined to its streamed tokens,
@@ -30,7 +30,7 @@ import msgspec
 
 from laminar_hpc.controller import validate
 from laminar_hpc.controller.partial import Partial, PartialPool
-from laminar_hpc.controller.streams import StreamIntake
+from laminar_hpc.controller.stream_intake import StreamIntake
 from laminar_hpc.controller.validate import Limits
 from laminar_hpc.transport.protocol import StreamChunks, StreamItem, Trajectory, WorkItem, pack_tokens
 

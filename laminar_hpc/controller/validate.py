@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.transport.protocol import (StreamChunks, Trajectory, logprob_array, same_tokens, token_array,
                                             token_count)
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.emulation.cost import lognormal_sigma
 from laminar_hpc.emulation.ideal import Ideal, config_moments, ideal_for_config
 
@@ -74,7 +74,7 @@ class Traffic:
 
 
 def call_steps(most: int, to_finish: int, cut: bool) -> int:
-    """Decode steps of one call of the emulated engine (rollout/emulated.py `step`): up to `most`
+    """Decode steps of one call of the emulated engine (rollout/emulated_engine.py `step`): up to `most`
     (max_macro_steps), never past the next sequence to finish (`to_finish` steps away). With
     emulation.step_interrupts a call ends at the decode step in which a control message arrives:
     `cut` when the loop just asked for work with the credit of a finish, or beat (the answer

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from laminar_hpc.config import Config, ConfigError, load_config, save_config
-from laminar_hpc.config.backends import kv_capacity
+from laminar_hpc.config.backend_specs import kv_capacity
 from laminar_hpc.config.slurm import joiner_override_refusal
 from laminar_hpc.startup.ownership import check_run_dir
 from laminar_hpc.launch.processes import ProcessGroup, role_env

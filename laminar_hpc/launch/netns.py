@@ -72,7 +72,7 @@ SIOCGIFADDR, SIOCGIFNETMASK = 0x8915, 0x891B
 
 def network_of(address: str) -> str | None:
     """The CIDR of this host's IPv4 interface that holds `address` (e.g. '10.77.0.0/24'), or None.
-    A multi-node relay tier's TCP transport is kept to it (`btl_tcp_if_include`, launch/slurm.py):
+    A multi-node relay tier's TCP transport is kept to it (`btl_tcp_if_include`, launch/slurm_driver.py):
     every node of the job reaches the others on the network of its NodeAddr."""
     import ipaddress
     try:

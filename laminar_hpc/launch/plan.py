@@ -14,8 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from laminar_hpc.config import Config
-from laminar_hpc.config.backends import trainer_backend
-from laminar_hpc.config.shards import shard_count
+from laminar_hpc.config.backend_specs import trainer_backend
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ def role_specs(cfg: Config, relay_of_rollout: dict[int, str] | None = None) -> l
     relays = relay_of_rollout or {i: str(i % cfg.relay.count) for i in range(cfg.rollout.count)}
     specs = [RoleSpec("controller-0", "controller")]
     # stream shards (controller/shard.py) before the rollouts, which reach the controller through them
-    specs += [RoleSpec(f"shard-{k}", "controller.shard", ("--rank", str(k))) for k in range(shard_count(cfg))]
+    specs += [RoleSpec(f"shard-{k}", "controller.shard", ("--rank", str(k))) for k in range(cfg.stream_shards)]
     specs += [RoleSpec("relay", "relay"), RoleSpec("trainer-0", "trainer")]
     specs += [RoleSpec(f"rollout-{i}", "rollout", ("--rank", str(i), "--relay", relays[i]))
               for i in range(cfg.rollout.count)]
@@ -107,7 +106,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
     rollout_node = {i: t0 + i % lay.rollout_nodes for i in range(cfg.rollout.count)}
 
     # tasks each node must hold: 1 for the campaign driver itself (node 0), then the roles
-    trainer_cpus = 1 + (1 + shard_count(cfg)) * lay.controller.cpus + lay.trainer.cpus + lay.relay.cpus
+    trainer_cpus = 1 + (1 + cfg.stream_shards) * lay.controller.cpus + lay.trainer.cpus + lay.relay.cpus
     rollout_cpus = per_node * lay.rollout.cpus + lay.relay.cpus
     gpus_rollout = per_node * lay.rollout.gpus
     if s.hetjob:
@@ -116,7 +115,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
                  {"nodes": lay.rollout_nodes, "ntasks_per_node": rollout_cpus, "cpus_per_task": 1,
                   "gpus_per_node": gpus_rollout or None}]
         steps["controller-0"] = [["--het-group=0", "-N1", "-n1", *step_resources(lay.controller), *common]]
-        for k in range(shard_count(cfg)):  # the stream shards beside the controller, on its node
+        for k in range(cfg.stream_shards):  # the stream shards beside the controller, on its node
             steps[f"shard-{k}"] = [["--het-group=0", "-N1", "-n1", *step_resources(lay.controller), *common]]
         steps["trainer-0"] = [["--het-group=0", "-N1", f"-n{n_trainer}", *trainer_res, *common]]
         # ONE MPI world across both components: the master relay in group 0, one relay per rollout node
@@ -131,7 +130,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
         gpus = max(lay.trainer.gpus + (gpus_rollout if t0 == 0 else 0), gpus_rollout, s.gpus_per_node)
         comps = [{"nodes": nodes, "ntasks_per_node": busiest, "cpus_per_task": 1, "gpus_per_node": gpus or None}]
         steps["controller-0"] = [["-N1", "-n1", "--relative=0", *step_resources(lay.controller), *common]]
-        for k in range(shard_count(cfg)):  # the stream shards beside the controller, on its node
+        for k in range(cfg.stream_shards):  # the stream shards beside the controller, on its node
             steps[f"shard-{k}"] = [["-N1", "-n1", "--relative=0", *step_resources(lay.controller), *common]]
         steps["trainer-0"] = [["-N1", f"-n{n_trainer}", "--relative=0", *trainer_res, *common]]
         steps["relay"] = [["--mpi=pmix", f"-N{nodes}", f"-n{nodes}", "--ntasks-per-node=1", "--relative=0",

@@ -28,7 +28,7 @@ from laminar_hpc.config import Config, load_config, save_config
 from laminar_hpc.config.values import control_char
 from laminar_hpc.launch.plan import LayoutError, SlurmPlan
 from laminar_hpc.launch.prepare import prepare_run_dir
-from laminar_hpc.launch.slurm import effective_config, slurm_specs, step_command
+from laminar_hpc.launch.slurm_driver import effective_config, slurm_specs, step_command
 from laminar_hpc.rundir import RunDir, atomic_write_json
 
 CLUSTERS = ("slurm", "local", "debug")
@@ -112,7 +112,7 @@ class Campaign(Checkpointable):
 
     def __call__(self, run_dir: str) -> dict:
         from laminar_hpc.launch.local import run_local
-        from laminar_hpc.launch.slurm import Driver
+        from laminar_hpc.launch.slurm_driver import Driver
         cfg = load_config(RunDir(run_dir).config)
         if "SLURM_JOB_ID" not in os.environ:  # not node 0's address of an earlier Slurm start
             return run_local(cfg.as_configured(), Path(run_dir), resume=True)

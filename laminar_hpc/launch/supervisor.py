@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Callable
 
 from laminar_hpc.config import Config
-from laminar_hpc.config.shards import shard_count
 from laminar_hpc.launch.plan import RoleSpec
 from laminar_hpc.startup.role import INTERRUPTED
 from laminar_hpc.launch.processes import ProcessGroup
@@ -73,7 +72,7 @@ class Supervisor:
     def start(self, specs: list[RoleSpec]) -> None:
         # the roles that report to the controller (the relay tier as its ranks, stream shards included)
         cfg = self.cfg
-        self.progress.roles_expected = 1 + cfg.relay.count + cfg.rollout.count + shard_count(cfg)
+        self.progress.roles_expected = 1 + cfg.relay.count + cfg.rollout.count + cfg.stream_shards
         self.progress.update(self.status)  # 'phase: starting the controller'
         for spec in specs:
             self.specs[spec.name] = spec

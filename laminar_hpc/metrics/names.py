@@ -127,7 +127,7 @@ def eval_source(task_name: str, data_sources=()) -> str:
 def eval_names(row: dict, source: str, families=FAMILIES) -> dict[str, float]:
     """An evaluation round's figures under verl's validation names: `val-core/<source>/reward/mean@N`
     (N samples per problem) and `.../best@k/mean` for pass@k (k > 1; with rewards of 0 and 1 the
-    two estimate the same quantity, verl's by bootstrap, laminar's unbiased: metrics/evaluation.py).
+    two estimate the same quantity, verl's by bootstrap, laminar's unbiased: metrics/eval_scores.py).
     TRL's are laminar's already (`eval_reward`: the Trainer's `eval/reward`)."""
     if "verl" not in families or "eval_reward" not in row:
         return {}

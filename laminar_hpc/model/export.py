@@ -15,7 +15,7 @@ from pathlib import Path
 from laminar_hpc.checkpoint_format import (MODEL_FILE, CheckpointError, checkpoint_name, checkpoint_step, newest_verified,
                                            verify)
 from laminar_hpc.config import Config, ConfigError
-from laminar_hpc.config.backends import trainer_backend
+from laminar_hpc.config.backend_specs import trainer_backend
 from laminar_hpc.config.schema import ModelCfg
 from laminar_hpc.rundir import RunDir
 

@@ -255,7 +255,7 @@ class HFTokenizer:
 
     def chat_render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         """Any conversation (tool messages included) as the template writes it: multi-turn
-        episodes find the text of a tool turn from it (tasks/episode.py: chat_tool_turn)."""
+        episodes find the text of a tool turn from it (tasks/tools/episode.py: chat_tool_turn)."""
         if not getattr(self.hf, "chat_template", None):
             raise ValueError(f"{self.source}: the tokenizer has no chat template to render tool messages with")
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)

@@ -2,7 +2,7 @@
 trainer packs it, the relays' store holds it and the rollouts unpack it.
 
 Two kinds implement it: `model.weights.WeightLayout` (a real model's HF-named tensors) and
-`emulation.weights.EmulatedWeights` (bytes of a configured size, for the emulated engines). The
+`emulation.emulated_weights.EmulatedWeights` (bytes of a configured size, for the emulated engines). The
 roles that take either say so with this Protocol. A module of its own, without torch, because
 emulated roles type against it too and must not import torch to do so.
 

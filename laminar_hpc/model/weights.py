@@ -8,7 +8,7 @@ check that sender and receiver agree on the layout before copying bytes.
     buf = bytearray(layout.nbytes)
     layout.pack(model, memoryview(buf))       # trainer side
     layout.unpack(memoryview(buf), other)     # rollout side
-(An emulated engine's stand-in for weights is emulation/weights.py.)
+(An emulated engine's stand-in for weights is emulation/emulated_weights.py.)
 """
 from __future__ import annotations
 

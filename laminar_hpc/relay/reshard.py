@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
-from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.transport.store_layout import rollout_dtype
 from laminar_hpc.transport.weight_store import digest_to_int, piece_digest
 

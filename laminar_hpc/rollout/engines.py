@@ -1,6 +1,6 @@
 """The builders of the rollout engines: one public function per `rollout.backend`.
 
-Each spec in config/backends.py (`ROLLOUT_BACKENDS`) names its builder here as a lazy-import
+Each spec in config/backend_specs.py (`ROLLOUT_BACKENDS`) names its builder here as a lazy-import
 path ("laminar_hpc.rollout.engines:torch_engine"); `rollout/node.py: build_engine` resolves the
 one the config names. A builder imports its engine when called: torch only for the torch and
 vLLM engines (32 emulated replicas start in a fraction of the time), vllm only for the vLLM
@@ -46,9 +46,9 @@ def vllm_engine(cfg: Config, seed: int, tok):
 
 def emulated_engine(cfg: Config, seed: int, tok):
     """The real loop with the cost model's compute; its weights are a byte count."""
-    from laminar_hpc.emulation.weights import EmulatedWeights
+    from laminar_hpc.emulation.emulated_weights import EmulatedWeights
     from laminar_hpc.emulation.workload import build_workload
-    from laminar_hpc.rollout.emulated import EmulatedEngine, read_trace_events
+    from laminar_hpc.rollout.emulated_engine import EmulatedEngine, read_trace_events
     layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
     workload = build_workload(cfg.emulation.lengths, read_events=read_trace_events)  # once: the engine and its episodes
     return EmulatedEngine(cfg.emulation, seed=seed, eos_id=tok.eos_id, vocab_size=tok.vocab_size,

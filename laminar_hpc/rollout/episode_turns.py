@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from laminar_hpc.rollout.base import RolloutEngine, SeqRequest, StepOutput
+from laminar_hpc.rollout.engine_interface import RolloutEngine, SeqRequest, StepOutput
 from laminar_hpc.rollout.episodes import Episodes
 from laminar_hpc.rollout.scoring import Scoring
 from laminar_hpc.transport.protocol import Trajectory, WorkItem

@@ -13,18 +13,18 @@ it started on: the rollout loads no new weights while any is out (one version pe
     ids = eps.stops(outs)                             # turns that wrote a call: abort them from the engine
     eps.turn_ended(req, finish)                       # True: parked for its tools; False: the episode is over
     for req in eps.collect(): ...                     # observations appended: add them back to the engine
-(Emulated episodes' workload, drawn from the config, is emulation/episodes.py.)
+(Emulated episodes' workload, drawn from the config, is emulation/emulated_episodes.py.)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from laminar_hpc.config.backends import rollout_backend
-from laminar_hpc.rollout.base import SeqRequest
+from laminar_hpc.config.backend_specs import rollout_backend
+from laminar_hpc.rollout.engine_interface import SeqRequest
 from laminar_hpc.rollout.tool_runner import ToolRunner
-from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.episode import (
+from laminar_hpc.tasks.problem import Problem
+from laminar_hpc.tasks.tools.episode import (
     EnvContext, Environment, last_turn, model_turns, observation_ids, pending_calls, transcript,
 )
 from laminar_hpc.transport.protocol import Trajectory
@@ -49,7 +49,7 @@ def episode_parts(cfg: Config, tok, workload=None):
     """(format, environment class, its args) for this config, or None without episodes
     (`workload`: an emulated engine's, which its tool environment follows)."""
     if rollout_backend(cfg).emulated:
-        from laminar_hpc.emulation.episodes import EmulatedFormat, EmulatedToolEnv, episodes_enabled
+        from laminar_hpc.emulation.emulated_episodes import EmulatedFormat, EmulatedToolEnv, episodes_enabled
         if episodes_enabled(cfg.emulation):
             return EmulatedFormat(), EmulatedToolEnv, {
                 "emulation": cfg.emulation, "seed": cfg.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
@@ -57,7 +57,7 @@ def episode_parts(cfg: Config, tok, workload=None):
         return None
     if not cfg.env.enabled:
         return None
-    from laminar_hpc.tasks.tools import load_environment, load_format
+    from laminar_hpc.tasks.tools.loader import load_environment, load_format
     return load_format(cfg.env), load_environment(cfg.env), dict(cfg.env.args)
 
 

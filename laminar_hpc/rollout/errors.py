@@ -2,7 +2,7 @@
 
 Work the engine refuses (`RolloutEngine.refuse`: too long for it, token ids outside its vocabulary)
 finishes as an error result at once. When an engine call (`add`, `step`) raises, the requests it
-held leave the engine and each runs alone (`rollout.base.run_alone`): one that fails alone finishes
+held leave the engine and each runs alone (`rollout.engine_interface.run_alone`): one that fails alone finishes
 as an error, the others go on together. An error result is a `Finished` trajectory with finish
 "error: <why>", no reward and no tokens (the rollout's `fail`); the controller restarts it from its
 prompt a bounded number of times. If every request of several fails alone, or calls keep failing
@@ -22,7 +22,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Callable
 
-from laminar_hpc.rollout.base import RolloutEngine, SeqRequest, StepOutput, run_alone
+from laminar_hpc.rollout.engine_interface import RolloutEngine, SeqRequest, StepOutput, run_alone
 
 MAX_ENGINE_FAILURES = 3  # engine calls failing in a row with no request at fault: the engine is broken
 

@@ -47,7 +47,7 @@ def load_policy(cfg: Config, target: Path, step: int | None):
 
 def generate(engine, prompts: list[list[int]], max_new: int, greedy: bool) -> list[tuple[list[int], str]]:
     """Every prompt's (response tokens, finish) with continuous batching."""
-    from laminar_hpc.rollout.base import SeqRequest
+    from laminar_hpc.rollout.engine_interface import SeqRequest
     reqs = [SeqRequest(str(i), p, max_new, greedy=greedy) for i, p in enumerate(prompts)]
     out: dict[str, tuple[list[int], str]] = {}
     pending = list(reqs)
@@ -75,14 +75,14 @@ def generate(engine, prompts: list[list[int]], max_new: int, greedy: bool) -> li
 def evaluate(cfg: Config, model, tok, *, samples: int, pass_k: int, label: str) -> dict:
     import torch
 
-    from laminar_hpc.metrics.evaluation import eval_scores
+    from laminar_hpc.metrics.eval_scores import eval_scores
     from laminar_hpc.model.factory import model_args
     from laminar_hpc.rollout.torch_engine import TorchEngine
-    from laminar_hpc.tasks.sources import build_task, validation_problems
+    from laminar_hpc.tasks.sources.build import build_task, validation_problems
     from laminar_hpc.tasks.prompts import encode_prompt
-    from laminar_hpc.tasks.reward_pool import score_all
-    from laminar_hpc.tasks.base import Response
-    from laminar_hpc.tasks.rewards import RewardOutcome
+    from laminar_hpc.tasks.rewards.reward_pool import score_all
+    from laminar_hpc.tasks.problem import Response
+    from laminar_hpc.tasks.rewards.scorer import RewardOutcome
     t0 = time.monotonic()
     torch.set_num_threads(cfg.rollout.torch_threads)
     problems = validation_problems(build_task(cfg.task, cfg.seed), cfg)
@@ -94,8 +94,8 @@ def evaluate(cfg: Config, model, tok, *, samples: int, pass_k: int, label: str) 
                          seed=cfg.seed, device=cfg.rollout.device)
     engine.model.load_state_dict(model.state_dict())
     engine.version = 0
-    if cfg.env.enabled:  # a tool task: whole episodes, the calls run between turns (tasks/episode_play.py)
-        from laminar_hpc.tasks.episode_play import play_episodes
+    if cfg.env.enabled:  # a tool task: whole episodes, the calls run between turns (tasks/tools/episode_play.py)
+        from laminar_hpc.tasks.tools.episode_play import play_episodes
 
         def decode(prefixes: list[list[int]], rooms: list[int]) -> list[list[int]]:
             return [toks[:r] for (toks, _), r in zip(generate(engine, prefixes, max(rooms), greedy=samples == 1), rooms)]

@@ -32,22 +32,22 @@ import os
 import time
 from collections import deque
 
-from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.startup.role import Heartbeat, RoleContext
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.policy.refresh import REJECT, WAIT, admit_action, pinned_waiting
 from laminar_hpc.policy.supervision import first_weights_overdue
-from laminar_hpc.rollout.base import SeqRequest, StepOutput
+from laminar_hpc.rollout.engine_interface import SeqRequest, StepOutput
 from laminar_hpc.rollout.episode_turns import EpisodeTurns
 from laminar_hpc.rollout.episodes import Episodes
 from laminar_hpc.rollout.errors import MAX_ENGINE_FAILURES, EngineCalls  # noqa: F401 - re-exported
 from laminar_hpc.rollout.node import NodeWeights, build_engine
 from laminar_hpc.rollout.scoring import Scoring
-from laminar_hpc.rollout.streams import StreamOut
+from laminar_hpc.rollout.stream_out import StreamOut
 from laminar_hpc.rollout.updates import build_updates
 from laminar_hpc.rollout.utilisation import Utilisation
-from laminar_hpc.tasks.sources import build_task
+from laminar_hpc.tasks.sources.build import build_task
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.protocol import Heartbeat as HeartbeatAnswer  # (the controller's: Heartbeat beats)
 from laminar_hpc.transport.protocol import (

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from laminar_hpc.config.backends import resolve, rollout_backend
+from laminar_hpc.config.backend_specs import resolve, rollout_backend
 from laminar_hpc.startup.role import RoleContext, node_name
 from laminar_hpc.model.layout import PublishedLayout
-from laminar_hpc.rollout.base import RolloutEngine
+from laminar_hpc.rollout.engine_interface import RolloutEngine
 from laminar_hpc.rundir import read_json
 from laminar_hpc.transport.channel import WaitTimeout
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
@@ -81,6 +81,6 @@ def find_local_relay(ctx: RoleContext) -> int:
 
 def build_engine(cfg: Config, rank: int, tok) -> tuple[RolloutEngine, object]:
     """The engine `rollout.backend` names, and the weight layout it loads: its spec's builder
-    (config/backends.py: ROLLOUT_BACKENDS), imported now, so only the chosen engine's heavy
+    (config/backend_specs.py: ROLLOUT_BACKENDS), imported now, so only the chosen engine's heavy
     imports happen (the builders: rollout/engines.py)."""
     return resolve(rollout_backend(cfg).builder)(cfg, cfg.seed * 1000 + rank, tok)

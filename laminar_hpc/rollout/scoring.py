@@ -1,8 +1,8 @@
 """Finished trajectories on their way out of a rollout: scored beside the decode loop, then sent.
 
-A reward function is the user's code (tasks/rewards.py): it may be slow, hang, raise or return
+A reward function is the user's code (tasks/rewards/scorer.py): it may be slow, hang, raise or return
 garbage. So the decode loop never calls it: `submit` hands the response to the reward pool
-(tasks/reward_pool.py: threads or processes, each call under `task.reward.timeout_s`) and goes
+(tasks/rewards/reward_pool.py: threads or processes, each call under `task.reward.timeout_s`) and goes
 on decoding; `ready` returns the trajectories whose reward came back, with the reward, its
 components and, when the call failed, the reason (reward 0, `reward_error`), which is traced
 and logged (once per reason and minute) here and counted in the trainer's step metrics.
@@ -20,10 +20,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from laminar_hpc.tasks.reward_pool import RewardPool
-from laminar_hpc.tasks.sources import validation_problems
-from laminar_hpc.tasks.base import Problem, Response
-from laminar_hpc.tasks.episode import last_turn, transcript
+from laminar_hpc.tasks.rewards.reward_pool import RewardPool
+from laminar_hpc.tasks.sources.build import validation_problems
+from laminar_hpc.tasks.problem import Problem, Response
+from laminar_hpc.tasks.tools.episode import last_turn, transcript
 from laminar_hpc.transport.protocol import Trajectory
 
 if TYPE_CHECKING:

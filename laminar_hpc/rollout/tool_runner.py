@@ -20,7 +20,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-from laminar_hpc.tasks.episode import Environment, ToolCall, ToolResult, tool_error_text
+from laminar_hpc.tasks.tools.episode import Environment, ToolCall, ToolResult, tool_error_text
 
 CLOSE_TIMEOUT_S = 5.0
 

@@ -1,4 +1,4 @@
-"""The PyTorch rollout engine (the `RolloutEngine` protocol is in rollout/base.py).
+"""The PyTorch rollout engine (the `RolloutEngine` protocol is in rollout/engine_interface.py).
 
 It holds ONE weight version at a time and generates with continuous batching: new sequences
 join between decode steps, finished ones leave, and weights can only be swapped when no
@@ -24,7 +24,7 @@ import torch
 from laminar_hpc.model.llama import KVCache, ModelArgs, Transformer
 from laminar_hpc.model.sampling import check_sampling, sample_tokens, stream_uniforms
 from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.rollout.base import (
+from laminar_hpc.rollout.engine_interface import (
     RolloutEngine, SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem,
 )
 

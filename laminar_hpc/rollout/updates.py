@@ -31,7 +31,7 @@ from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.policy import refresh
 from laminar_hpc.policy.modes import MODES
-from laminar_hpc.rollout.base import RolloutEngine, SeqRequest
+from laminar_hpc.rollout.engine_interface import RolloutEngine, SeqRequest
 from laminar_hpc.transport.protocol import WeightsLoaded
 
 if TYPE_CHECKING:

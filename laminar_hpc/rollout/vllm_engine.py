@@ -40,7 +40,8 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from laminar_hpc.model.draws import stream_bits
-from laminar_hpc.rollout.base import SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem
+from laminar_hpc.rollout.engine_interface import (SeqRequest, StepOutput, VersionInFlightError, check_add,
+                                                  request_problem)
 
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from laminar_hpc.config import load_config
-from laminar_hpc.config.backends import rollout_backend
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.emulation.cost import Z99
 from laminar_hpc.emulation.workload import complete_group_lengths, has_tools
 from laminar_hpc.metrics.summary import read_metrics

@@ -4,7 +4,7 @@ server that works through what reaches it in order (docs/simulator.md "Control p
 What a simulated rollout sends costs CPU where the runtime handles it (`ClusterSpec`'s measured
 `ctl_per_msg_us`, `ctl_per_ktoken_us`, `shard_per_msg_us`, `shard_per_ktoken_us`):
 
-- without shards (`controller.shards` resolves to 0, config/shards.shard_count) every message
+- without shards (`controller.shards` resolves to 0, Config.stream_shards) every message
   reaches the controller's thread: stream frames (one per admitted trajectory with its first token,
   one per engine call with the call's tokens: `emulation/traffic.py`'s count), finished results,
   want_work, rollout_state, weights_loaded, repack hand-backs, heartbeats;

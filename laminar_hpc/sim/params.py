@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from laminar_hpc.config.backends import rollout_backend
-from laminar_hpc.config.shards import shard_count
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel
@@ -231,7 +230,7 @@ class SimParams:
     state_interval_s: float  # rollout_state reports (repack.state_interval_s is wall seconds)
     moving_expiry_s: float  # a repack move without an answer is forgotten after this (rollout_manager.move_expiry_s)
     # the control plane (sim/control_plane.py): CPU per message and per token id of the controller's thread and
-    # of a stream shard, emulated seconds; `shards` = config/shards.shard_count (0: the controller takes the
+    # of a stream shard, emulated seconds; `shards` = Config.stream_shards (0: the controller takes the
     # tokens); heartbeats every `heartbeat_s`; a shard passes metadata on at most every `shard_batch_s`
     ctl_per_msg_s: float = 0.0
     ctl_per_token_s: float = 0.0
@@ -311,13 +310,13 @@ class SimParams:
             src["update path"] = update["source"]
             if spec.bcast_gbps:  # AReaL hands nothing to a relay tier (the runtime's real-byte hand-off is kept)
                 copy_s = 0.0
-        shards = shard_count(cfg)
+        shards = cfg.stream_shards
         per_k = " per 1,000 tokens"
         plane = (f"{shards} stream shards: controller thread {spec.ctl_per_msg_us:g} us per message, shard "
                  f"{spec.shard_per_msg_us:g} us per message + {spec.shard_per_ktoken_us:g} us{per_k}" if shards else
                  f"no stream shard: controller thread {spec.ctl_per_msg_us:g} us per message + "
                  f"{spec.ctl_per_ktoken_us:g} us{per_k}")
-        src["control plane"] = (f"{plane} (config/shards.shard_count; bench/bench_controller.py, 7B at 1,024 GPUs "
+        src["control plane"] = (f"{plane} (Config.stream_shards; bench/bench_controller.py, 7B at 1,024 GPUs "
                                 "on the 2-core dev machine)")
         p = cls(emu=e, cost=cost, time_scale=scale, prompt_tokens=prompt,
                 pull_s=pull, publish_stall_s=copy_s, relay_master_s=master_s, bcast_bytes=moved, bcast_bw=bw,

@@ -1,4 +1,4 @@
-"""A simulated rollout replica: `rollout/main.py`'s loop over `rollout/emulated.py`'s engine.
+"""A simulated rollout replica: `rollout/main.py`'s loop over `rollout/emulated_engine.py`'s engine.
 
 One loop iteration, as in the runtime: handle the control messages that have arrived; decide
 about weights (laminar: `policy.refresh.refresh_action`: drain then pull, or load in flight and

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Callable
 
-from laminar_hpc.config.shards import shard_count
 from laminar_hpc.config.update_paths import UPDATE_PATHS
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.sim.cluster import simulate
@@ -157,7 +156,7 @@ def scaling_curve(cfg: Config, spec: ClusterSpec, gpus: list[int], *, modes: lis
                         tune=tune)
         points.append({"gpus": g, "rollout_replicas": c.rollout.count, "rollout_gpus": c.rollout.count * s.rollout_tp,
                        "trainer_gpus": s.trainer_gpus, "groups_per_step": c.trainer.groups_per_step,
-                       "shards": shard_count(c),  # stream shards (controller.shards; 0: none)
+                       "shards": c.stream_shards,  # stream shards (controller.shards; 0: none)
                        "modes": {m: {k: r[k] for k in ("trajectories_per_s", "ratio_vs_sync", "tokens_per_s",
                                                         "rollout_utilization", "staleness_mean", "controller_util",
                                                         "shard_util_max", "sim_wall_s")}

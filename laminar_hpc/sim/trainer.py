@@ -1,6 +1,6 @@
 """The simulated trainer and relay tier.
 
-Trainer (`trainer/main.py` with `trainer/emulated.py`): asks for groups with credit (2 x
+Trainer (`trainer/main.py` with `trainer/emulated_backend.py`): asks for groups with credit (2 x
 groups_per_step at start, then what each step used), drops groups older than `max_staleness`
 with `policy.scheduling.too_stale` when it takes them and again when a step begins, trains as
 soon as it holds `groups_per_step` groups (in `policy.scheduling.training_order`) for `train_per_token * (prompt + response tokens)`, publishes (the

@@ -19,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 
 from laminar_hpc.config import Config, load_config
-from laminar_hpc.config.shards import shard_count, shard_of
+from laminar_hpc.config.shards import shard_of
 from laminar_hpc.metrics.trace import Tracer
 from laminar_hpc.startup.ownership import check_run_dir
 from laminar_hpc.startup.runlock import RoleLock
@@ -98,7 +98,7 @@ def setup_logging(name: str) -> logging.Logger:
 def controller_endpoint(cfg: Config, role: str, rank: int) -> str:
     """Where a role reaches the controller: a rollout through its stream shard, when the campaign
     runs shards (controller.shards, controller/shard.py); every other role directly."""
-    n = shard_count(cfg)
+    n = cfg.stream_shards
     return f"shard-{shard_of(rank, n)}" if role == "rollout" and n else "controller"
 
 

@@ -7,7 +7,7 @@ and what to do.
     for line in notes: print("laminar:", line)
 
 What it checks, in order:
-- the dataset loads (tasks/dataset.py: a missing or malformed file, a bad row);
+- the dataset loads (tasks/sources/dataset.py: a missing or malformed file, a bad row);
 - a validation split exists when evaluation needs one;
 - `env.tools`, `env.environment` and `env.format` import (else every role would restart on it);
 - a chat (a row holding messages, or `task.chat_template: true`) renders with the tokenizer's
@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from laminar_hpc.tasks.base import Problem, Response
+from laminar_hpc.tasks.problem import Problem, Response
 
 if TYPE_CHECKING:
     from laminar_hpc.config.env import EnvCfg
@@ -47,8 +47,8 @@ def check_start(cfg: Config, tokenizer: Callable[[], Any], say: Callable[[str], 
     """Run every check on a validated Config; returns notes to show (warnings, what is logged
     and not summed). Raises StartCheckError. `say` gets 'start check i/N: what' as each begins
     (a Hub tokenizer or a reward's first call may take a while)."""
-    from laminar_hpc.tasks.sources import build_task
-    from laminar_hpc.tasks.dataset import DatasetError
+    from laminar_hpc.tasks.sources.build import build_task
+    from laminar_hpc.tasks.sources.dataset import DatasetError
     checks = ["the task's data", *(["the tools and environment"] if cfg.env.enabled else []),
               "prompts through the tokenizer", *(["the warm-up's data"] if warmup_runs(cfg) else []),
               "the reward on a sample row"]
@@ -124,7 +124,7 @@ def warmup_runs(cfg: Config) -> bool:
 def check_warmup(cfg: Config, task=None, tokenizer: Callable[[], Any] | None = None) -> None:
     """The supervised warm-up learns the gold answers, or the demonstrations of `warmup.data`: a
     dataset without gold answers (task.layout: trl) needs the latter. A demonstrations file is
-    read and every row checked (tasks/demos.py), and with the task and tokenizer rendered as the
+    read and every row checked (tasks/sources/demos.py), and with the task and tokenizer rendered as the
     warm-up renders it; several bad rows are printed one a line before the error."""
     if not warmup_runs(cfg):
         return
@@ -140,11 +140,11 @@ def check_warmup(cfg: Config, task=None, tokenizer: Callable[[], Any] | None = N
 
 def check_demos(cfg: Config, task=None, tokenizer: Callable[[], Any] | None = None) -> None:
     """warmup.data loads, every row is a demonstration this run's env can replay, and (given the
-    task and the tokenizer) each renders as the warm-up renders it (tasks/demo_tokens.py)."""
+    task and the tokenizer) each renders as the warm-up renders it (tasks/sources/demo_tokens.py)."""
     import sys
 
-    from laminar_hpc.tasks.demo_tokens import demo_rows
-    from laminar_hpc.tasks.demos import DemoError, load_demos
+    from laminar_hpc.tasks.sources.demo_tokens import demo_rows
+    from laminar_hpc.tasks.sources.demos import DemoError, load_demos
     try:
         if task is None or tokenizer is None:
             load_demos(cfg.warmup.data, cfg.env)
@@ -163,7 +163,7 @@ def check_demos(cfg: Config, task=None, tokenizer: Callable[[], Any] | None = No
 
 def check_env(env_cfg: EnvCfg) -> None:
     """env.tools, env.environment and env.format import and name what they should."""
-    from laminar_hpc.tasks.tools import load_environment, load_format
+    from laminar_hpc.tasks.tools.loader import load_environment, load_format
     try:
         load_environment(env_cfg)
         load_format(env_cfg)
@@ -198,7 +198,7 @@ def check_prompt_limits(cfg: Config, task, tokenizer: Callable[[], Any]) -> list
     """The share of a dataset's training rows the limits would drop, said in one line; StartCheckError
     past `task.max_dropped_fraction` (a run once trained 3 steps on one prompt: 1,479 of 1,480 were
     over max_prompt_tokens, said only in the controller's log)."""
-    from laminar_hpc.config.backends import rollout_backend
+    from laminar_hpc.config.backend_specs import rollout_backend
     from laminar_hpc.tasks.prompts import encode_prompt
     allowed = getattr(cfg.task, "max_dropped_fraction", None)
     if allowed is None or not hasattr(task, "__len__") or not len(task):
@@ -254,7 +254,7 @@ def check_reward(reward_cfg: RewardCfg, problem: Problem, row: str) -> list[str]
     """Call the reward on `problem` in a reward pool, under its timeout; StartCheckError on any
     failed outcome, naming the function, `row` and the reason. Returns notes. A remote verifier
     is not called before the run."""
-    from laminar_hpc.tasks.rewards import RewardError, RewardOutcome, Scorer
+    from laminar_hpc.tasks.rewards.scorer import RewardError, RewardOutcome, Scorer
     try:
         Scorer(reward_cfg).close()  # loads every function: a bad path or signature is refused here
     except RewardError as err:
@@ -276,8 +276,8 @@ def check_reward(reward_cfg: RewardCfg, problem: Problem, row: str) -> list[str]
 
 
 def _score_in_pool(reward_cfg: RewardCfg, problem: Problem):
-    from laminar_hpc.tasks.reward_pool import START_TIMEOUT_S, RewardPool
-    from laminar_hpc.tasks.rewards import call_budget_s
+    from laminar_hpc.tasks.rewards.reward_pool import START_TIMEOUT_S, RewardPool
+    from laminar_hpc.tasks.rewards.scorer import call_budget_s
     budget = call_budget_s(reward_cfg) + START_TIMEOUT_S + 5.0
     deadline = time.monotonic() + budget
     with RewardPool(reward_cfg) as pool:  # the pool times the call out; the deadline is a backstop

@@ -5,7 +5,7 @@ else BOS and the prompt.
 """
 from __future__ import annotations
 
-from laminar_hpc.tasks.base import Problem
+from laminar_hpc.tasks.problem import Problem
 
 
 def chat_messages(problem: Problem) -> list[dict[str, str]]:

@@ -26,7 +26,7 @@ A save is a `Snapshot` (host copies of the state, meta and ledger as JSON text) 
 only part training waits for) and writes it from one background thread, never from the live
 model, so training can go on changing the weights while the files are written. The Megatron
 backend builds its own snapshot (the gathered weights) and writes it the same way, adding its
-shards (trainer/megatron/backend.py).
+shards (trainer/megatron/megatron_backend.py).
 """
 from __future__ import annotations
 

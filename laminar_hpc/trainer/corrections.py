@@ -6,7 +6,7 @@ per token, the loss term whose gradient it wants, the detached factor that multi
 -A * grad log pi (the importance weight), and which tokens were truncated, masked or clipped.
 Sources and formulas: docs/corrections.md. Aggregation and the KL term live in trainer/loss.py.
 Which corrections exist, and what each needs of the config and the backend, is their registry's
-(config/corrections.py: CORRECTION_SPECS); a new one is its function here plus one entry there.
+(config/correction_specs.py: CORRECTION_SPECS); a new one is its function here plus one entry there.
 
     tok = prepare(logp, behaviour_logp, advantages, mask)
     terms = CORRECTIONS["aipo"](tok, rho=2.0, mask_low=0.5, clip_eps=None, prox_logp=None)
@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from laminar_hpc.config.corrections import CORRECTION_SPECS
+from laminar_hpc.config.correction_specs import CORRECTION_SPECS
 
 # bound on log(pi / pi_old) inside a differentiable PPO ratio (verl's SAFETY_BOUND): exp(20) ~ 5e8.
 # Beyond it the ratio is constant (gradient 0) instead of overflowing to inf and NaN in backward.
@@ -173,7 +173,7 @@ def decoupled(tok: Tokens, *, rho: float, clip_eps: float | None, prox_logp: tor
     return Terms(torch.where(keep, w_behav * term, 0.0), w_behav * r, none, tok.valid & ~keep, clipped)
 
 
-# trainer.correction -> its function, from the one list of corrections (config/corrections.py:
+# trainer.correction -> its function, from the one list of corrections (config/correction_specs.py:
 # each entry names its function here)
 CORRECTIONS: dict[str, Callable[..., Terms]] = {name: globals()[spec.function]
                                                 for name, spec in CORRECTION_SPECS.items()}

@@ -19,7 +19,7 @@ each publish starts the global update, then the trainer sends the version itself
 (`send_version`: a file in the run directory that every rollout loads), and waits until every
 rollout holds it.
 
-The model, its optimizer and their checkpoints sit behind one interface (trainer/backend.py),
+The model, its optimizer and their checkpoints sit behind one interface (trainer/backend_interface.py),
 implemented once per `trainer.backend` and chosen once at the start; this loop only calls it.
 
     python -m laminar_hpc.trainer --run-dir runs/x
@@ -44,9 +44,9 @@ from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.lineage import Segment
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.policy.scheduling import too_stale, training_order
-from laminar_hpc.tasks.sources import build_task
-from laminar_hpc.trainer.backend import TrainBackend
-from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.tasks.sources.build import build_task
+from laminar_hpc.trainer.backend_interface import TrainBackend
+from laminar_hpc.trainer.backend_builders import build_backend
 from laminar_hpc.trainer.checkpoint import keep_anchor, list_checkpoints, remove_unfinished
 from laminar_hpc.trainer.publisher import Publisher
 from laminar_hpc.trainer.reward_stats import batch_figures, reward_metrics

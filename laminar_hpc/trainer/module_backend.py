@@ -3,7 +3,7 @@ the module, a torch AdamW over it and AsyncCheckpointer's background checkpoints
 
 A base class with its own state, not a mixin: everything its methods read (`model`, `opt`,
 `ckpt`) is set by its own constructor. A subclass adds what differs per backend: `layout`,
-`warm_up` and `train_step` (the rest of trainer/backend.py's TrainBackend is here).
+`warm_up` and `train_step` (the rest of trainer/backend_interface.py's TrainBackend is here).
 
     class TorchBackend(ModuleBackend):
         def __init__(self, cfg, tok, ckpt_root):

@@ -3,7 +3,7 @@
 Rewards: the mean of each named component (`reward.<name>`, task.reward with components) and
 how many rewards were 0 by rule because the reward call failed (`reward_failed`, and
 `reward_failed.<reason>` for each reason: timeout, exception, not_finite, out_of_range,
-bad_type, remote, pool; tasks/rewards.py).
+bad_type, remote, pool; tasks/rewards/scorer.py).
 
 Multi-turn episodes (`episode_metrics`, only in a step where some trajectory has a loss mask or
 made a tool call, so the rows of single-turn runs keep their keys): `tool_calls_mean` (tool calls

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from laminar_hpc.config.corrections import CORRECTION_SPECS
+from laminar_hpc.config.correction_specs import CORRECTION_SPECS
 from laminar_hpc.model.factory import build_model
 from laminar_hpc.model.llama import Transformer, token_logprobs
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, truncates

@@ -7,7 +7,7 @@ reward reaches `target_greedy_reward` (or after `max_steps`). RL then has to tur
 that *can* solve the task into one that reliably *does* when sampling.
 
 With `warmup.data` it trains on the user's own demonstrations instead (chat conversations, tool
-calls included: tasks/demos.py, tasks/demo_tokens.py), on a `model.hf_path` checkpoint too.
+calls included: tasks/sources/demos.py, tasks/sources/demo_tokens.py), on a `model.hf_path` checkpoint too.
 
 The evaluation decodes as a rollout would (a float32 CPU copy of the policy, the model's KV
 cache, the sampler's greedy pick), with the model package only: the trainer sits below the
@@ -25,9 +25,9 @@ import torch
 from laminar_hpc.model.llama import KVCache, Transformer, token_logprobs
 from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.tasks.prompts import encode_prompt
-from laminar_hpc.tasks.reward_pool import score_all
-from laminar_hpc.tasks.base import Response
-from laminar_hpc.tasks.demo_tokens import demo_rows
+from laminar_hpc.tasks.rewards.reward_pool import score_all
+from laminar_hpc.tasks.problem import Response
+from laminar_hpc.tasks.sources.demo_tokens import demo_rows
 from laminar_hpc.trainer.warmup_episodes import demo_sequence, greedy_episodes, noisy_digits
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def run_warmup(model: Transformer, task, tok, cfg: WarmupCfg, seed: int, max_new
     calls: dict = {}  # a tool task's: the last evaluation's tool calls per greedy episode
     failed: Counter = Counter()  # the last evaluation's rewards that failed, by reason
     demos = env is not None and env.enabled and hasattr(task, "demonstration")
-    # warmup.data: the user's demonstrations, tool calls included (tasks/demo_tokens.py)
+    # warmup.data: the user's demonstrations, tool calls included (tasks/sources/demo_tokens.py)
     rows = demo_rows(w.data, task, tok, env, max_len=model.args.max_seq_len, seed=seed) if w.data else None
     for step in range(1, w.max_steps + 1):
         if should_stop():

@@ -15,8 +15,8 @@ import random
 from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks.prompts import encode_prompt
-from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.episode_play import play_episodes
+from laminar_hpc.tasks.problem import Problem
+from laminar_hpc.tasks.tools.episode_play import play_episodes
 
 if TYPE_CHECKING:
     from laminar_hpc.config.env import EnvCfg

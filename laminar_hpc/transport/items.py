@@ -66,10 +66,10 @@ class Trajectory(_TokenItem):
     version_spans: list[tuple[int, int]] | None = None
     # the reward's named components (task.reward: a dict, or a map of functions), for the step's metrics
     reward_parts: dict[str, float] | None = None
-    # why the reward is 0 by rule, not by the answer (tasks/rewards.py reason codes: "timeout", ...)
+    # why the reward is 0 by rule, not by the answer (tasks/rewards/scorer.py reason codes: "timeout", ...)
     reward_error: str | None = None
     eval_round: int | None = None  # evaluation work (controller/evaluation.py): never in the ledger
-    # multi-turn episodes (tasks/episode.py): 1 per token the model generated, 0 per token the
+    # multi-turn episodes (tasks/tools/episode.py): 1 per token the model generated, 0 per token the
     # environment inserted (tool observations); None: every token is the model's. The trainer's
     # loss, importance weights, KL and advantages count mask-1 tokens only.
     mask: list[int] | None = None

@@ -11,7 +11,7 @@ import threading
 
 import asyncio
 
-from laminar_hpc.tasks.episode import Environment, HermesFormat, ToolCall
+from laminar_hpc.tasks.tools.episode import Environment, HermesFormat, ToolCall
 
 GATED: set[str] = set()
 OPEN = threading.Event()

@@ -35,7 +35,7 @@ from laminar_hpc.metrics.jsonl import read_steps
 from laminar_hpc.metrics.trace import read_file
 from laminar_hpc.checkpoint_format import read_ledger
 from laminar_hpc.rundir import RunDir
-from laminar_hpc.tasks.dataset import DatasetTasks
+from laminar_hpc.tasks.sources.dataset import DatasetTasks
 
 pytestmark = pytest.mark.slow
 

@@ -101,7 +101,7 @@ def publish_and_pull(s, *, flip_norm: bool = False) -> int:
 
 
 def generate(engine, tok, prompts, max_new=24):
-    from laminar_hpc.rollout.base import SeqRequest
+    from laminar_hpc.rollout.engine_interface import SeqRequest
     engine.add([SeqRequest(f"p{i}", tok.encode(p), max_new) for i, p in enumerate(prompts)])
     done, n, t0 = {}, 0, time.monotonic()
     while engine.num_active():
@@ -150,7 +150,7 @@ def test_a_new_version_replaces_the_weights_and_is_recorded(setup):
 
 
 def test_abort_and_resume_continue_the_same_greedy_sequence(setup):
-    from laminar_hpc.rollout.base import SeqRequest
+    from laminar_hpc.rollout.engine_interface import SeqRequest
     publish_and_pull(setup)
     engine, prompt = setup.engine, setup.tok.encode(PROMPTS[0])
     (whole,) = generate(engine, setup.tok, PROMPTS[:1], max_new=32)

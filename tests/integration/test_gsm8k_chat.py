@@ -1,5 +1,5 @@
 """GSM8K through the chat-template path: the 1,319 test problems loaded by the dataset loader
-(tasks/dataset.py) with `chat_template` and a system prompt, rendered by SmolLM2-135M-Instruct's own
+(tasks/sources/dataset.py) with `chat_template` and a system prompt, rendered by SmolLM2-135M-Instruct's own
 template exactly as transformers' `apply_chat_template(..., add_generation_prompt=True)` does, the
 same problems as chat `messages` rows rendering to the same ids, and every gold answer scored 1 by
 the math_verify reward, every gold + 1 scored 0. Offline; skipped with the reason when
@@ -22,8 +22,8 @@ pytest.importorskip("transformers", reason="the SmolLM2 tokenizer needs transfor
 
 from laminar_hpc.config import config_from_dict  # noqa: E402
 from laminar_hpc.tasks.prompts import chat_messages, encode_prompt  # noqa: E402
-from laminar_hpc.tasks.base import Problem, Response  # noqa: E402
-from laminar_hpc.tasks.dataset import DatasetTasks  # noqa: E402
+from laminar_hpc.tasks.problem import Problem, Response  # noqa: E402
+from laminar_hpc.tasks.sources.dataset import DatasetTasks  # noqa: E402
 
 from helpers import SHARED_GSM8K, needs_smollm2  # noqa: E402
 
@@ -34,7 +34,7 @@ SYSTEM = "You are a careful math tutor. Reason step by step, then end with '####
 
 def score(problem: Problem, response_text: str) -> float:
     # THE ONE PLACE THIS TEST CALLS THE REWARD: the built-in math_verify, fn(problem, response: Response)
-    from laminar_hpc.tasks.rewards import math_verify
+    from laminar_hpc.tasks.rewards.scorer import math_verify
     return math_verify(problem, Response(response_text))
 
 

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from laminar_hpc.metrics.jsonl import read_objects
-from laminar_hpc.tasks.dataset import DatasetTasks
+from laminar_hpc.tasks.sources.dataset import DatasetTasks
 
 from helpers import laminar
 from recipes import (TRL_REWARD, VERL_REWARD, chat_tokenizer, hub_cache, smollm2_gguf, trl_rows, write_jsonl,

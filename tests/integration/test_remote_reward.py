@@ -1,4 +1,4 @@
-"""The remote verifier (tasks/remote.py) against a real HTTP server on 127.0.0.1: good answers,
+"""The remote verifier (tasks/rewards/remote_verifier.py) against a real HTTP server on 127.0.0.1: good answers,
 components, a slow server past the timeout, failures retried with backoff, refusals that are not,
 and garbage; through the Scorer and through the reward pool."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from laminar_hpc.config.task import RewardCfg
-from laminar_hpc.tasks.reward_pool import RewardPool
-from laminar_hpc.tasks.base import Problem, Response
-from laminar_hpc.tasks.remote import RemoteVerifier
-from laminar_hpc.tasks.rewards import RemoteError, Scorer
+from laminar_hpc.tasks.rewards.reward_pool import RewardPool
+from laminar_hpc.tasks.problem import Problem, Response
+from laminar_hpc.tasks.rewards.remote_verifier import RemoteVerifier
+from laminar_hpc.tasks.rewards.scorer import RemoteError, Scorer
 
 P = Problem(7, "What is 12 + 7?", "19", fields={"level": 2, "tags": ["easy"]})
 GOOD = Response("12 + 7 = 19", (5, 6, 2), "eos")

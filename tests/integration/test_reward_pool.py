@@ -1,4 +1,4 @@
-"""The reward pool (tasks/reward_pool.py) with real threads and real worker processes: a call past
+"""The reward pool (tasks/rewards/reward_pool.py) with real threads and real worker processes: a call past
 its timeout completes as "timeout" and the pool keeps working; failures keep their reasons; a
 worker process that dies or never returns is replaced (the looping one killed); calls run
 `workers` at a time."""
@@ -11,8 +11,8 @@ import time
 import pytest
 
 from laminar_hpc.config.task import RewardCfg
-from laminar_hpc.tasks.reward_pool import RewardPool
-from laminar_hpc.tasks.base import Problem, Response
+from laminar_hpc.tasks.rewards.reward_pool import RewardPool
+from laminar_hpc.tasks.problem import Problem, Response
 
 REWARDS = """
     import os, time
@@ -235,7 +235,7 @@ def test_a_worker_that_cannot_build_its_scorer_fails_calls_as_pool(tmp_path):
 def test_collect_looks_for_timed_out_calls_once_per_scan_period_not_at_every_call(make_pool, tmp_path, monkeypatch):
     # the rollout collects after every decode step; with hundreds of calls waiting on a slow
     # verifier, a scan of all of them each time cost its trainer ~12% (bench/bench_reward.py)
-    from laminar_hpc.tasks import reward_pool
+    from laminar_hpc.tasks.rewards import reward_pool
     pool = make_pool("thread", workers=8, timeout_s=60.0)
     for i in range(8):
         pool.submit(f"stuck-{i}", problem(tmp_path, i), Response("stuck"))

@@ -1,4 +1,4 @@
-"""The Python sandbox (tasks/sandbox.py) with real child processes: no network, the limits end
+"""The Python sandbox (tasks/sandbox/python_tool.py) with real child processes: no network, the limits end
 runaway code with the right outcome (a call's processes, memory and disk counted for the call as a
 whole, as root and as another user, with and without a cgroup: tests/sandbox_attacks.py), output is
 bounded, nothing of the caller leaks in, no file outside its directory can be read (Landlock;
@@ -22,8 +22,8 @@ import pytest
 
 from sandbox_attacks import ATTACKS, as_caller, past_the_hook, plain_python
 
-from laminar_hpc.tasks import call_limits, sandbox
-from laminar_hpc.tasks.sandbox import SandboxLimits, run_python, run_python_sync
+from laminar_hpc.tasks.sandbox import call_limits, python_tool
+from laminar_hpc.tasks.sandbox.python_tool import SandboxLimits, run_python, run_python_sync
 
 FAST = SandboxLimits(cpu_s=1, wall_s=3)
 LAYERS = "bwrap+seccomp+landlock+audit+"  # then how the call is bounded: cgroup1, cgroup2 or rlimits
@@ -62,7 +62,7 @@ def _call_descriptors() -> set[tuple[str, str]]:
 
 
 def _call_cgroups() -> set[str]:
-    """This process's calls' cgroups (tasks/call_limits.py names them after its pid)."""
+    """This process's calls' cgroups (tasks/sandbox/call_limits.py names them after its pid)."""
     return {str(p) for p in Path("/sys/fs/cgroup").rglob(f"laminar-call-{os.getpid()}-*")}
 
 
@@ -104,7 +104,7 @@ def test_a_caller_killed_mid_call_takes_its_sandbox_with_it(tmp_path):
     blocks. Now the outer process gets SIGKILL when its caller dies."""
     caller_tmp = tmp_path / "caller"
     caller_tmp.mkdir()
-    code = ("from laminar_hpc.tasks.sandbox import SandboxLimits, run_python_sync\n"
+    code = ("from laminar_hpc.tasks.sandbox.python_tool import SandboxLimits, run_python_sync\n"
             "run_python_sync('import time; time.sleep(300)', SandboxLimits(wall_s=300))\n")
     caller = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(caller_tmp)})
     outer: set[int] = set()
@@ -196,7 +196,7 @@ def test_a_sleeping_child_ends_at_the_wall_limit_and_its_group_is_killed():
                                   "x = []\nwhile True:\n    x.append(bytearray(10**6))"])
 def test_a_memory_bomb_ends_with_memory_and_the_caller_is_fine(code):
     r = run_python_sync(code, SandboxLimits(cpu_s=2, mem_mb=128, wall_s=10))
-    assert (r.outcome, r.exit_code) == ("memory", sandbox._MEMORY_EXIT), r.text
+    assert (r.outcome, r.exit_code) == ("memory", python_tool._MEMORY_EXIT), r.text
     assert "MemoryError" in r.text and r.text.endswith("[sandbox: memory limit of 128 MiB reached]")
     assert run_python_sync("print('still fine')", FAST).text == "still fine\n"
 
@@ -219,7 +219,7 @@ def test_errors_show_the_users_traceback_only():
     assert 'File "main.py", line 1' in r.text and "SyntaxError: invalid syntax" in r.text
     r = run_python_sync("def f():\n    return 1 / 0\n\nf()", FAST)
     assert r.outcome == "error" and r.text.endswith("ZeroDivisionError: division by zero\n")
-    assert "return 1 / 0" in r.text and "sandbox.py" not in r.text  # the source line, not our frames
+    assert "return 1 / 0" in r.text and "python_tool.py" not in r.text  # the source line, not our frames
     r = run_python_sync("import sys\nprint('partial')\nsys.exit(3)", FAST)
     assert (r.outcome, r.exit_code) == ("error", 3)
     assert r.text == "partial\n[sandbox: the process exited with code 3]"
@@ -315,15 +315,15 @@ def test_without_landlock_the_tool_refuses_to_run_with_one_line(tmp_path, monkey
     """A kernel without Landlock (ENOSYS from landlock_create_ruleset, as a stub of the syscall
     gives it here): the child runs no code and the call raises SandboxError saying why."""
     stub = tmp_path / "no_landlock.py"  # the real module (bound into the sandbox as it), its syscall stubbed
-    stub.write_text(Path(sandbox._LANDLOCK_FILE).read_text() + textwrap.dedent("""
+    stub.write_text(Path(python_tool._LANDLOCK_FILE).read_text() + textwrap.dedent("""
         class _NoLandlock:
             def syscall(self, *args):
                 ctypes.set_errno(38)  # ENOSYS: a kernel before 5.13
                 return -1
         _libc = _NoLandlock
     """))
-    monkeypatch.setattr(sandbox, "_LANDLOCK_FILE", str(stub))
-    with pytest.raises(sandbox.SandboxError) as err:
+    monkeypatch.setattr(python_tool, "_LANDLOCK_FILE", str(stub))
+    with pytest.raises(python_tool.SandboxError) as err:
         run_python_sync("print('the code ran')", FAST)
     msg = str(err.value)
     assert "\n" not in msg and "the code ran" not in msg
@@ -432,7 +432,7 @@ def test_a_root_call_without_a_cgroup_whose_uid_cannot_read_the_interpreter_fail
     if all(os.stat(p).st_mode & 0o005 == 0o005 for p in Path(sys.base_prefix).parents if str(p) != "/"):
         pytest.skip(f"every user may read {sys.base_prefix} here")
     monkeypatch.setattr(call_limits.CallCgroup, "make", classmethod(lambda cls, **kw: None))
-    with pytest.raises(sandbox.SandboxError) as err:
+    with pytest.raises(python_tool.SandboxError) as err:
         run_python_sync("print('ran')", FAST)
     assert "\n" not in str(err.value) and "runs as the unprivileged uid" in str(err.value)
     assert "make them readable to others, or run the campaign where it can make a cgroup" in str(err.value)

@@ -29,7 +29,7 @@ from sandbox_attacks import past_the_hook
 pytestmark = pytest.mark.slow
 
 MARKER = "37.125"  # the survivor's sleep
-INSIDE = b"/sandbox/sandbox.py"  # in the command line of every process of a call (the survivor forks it)
+INSIDE = b"/sandbox/python_tool.py"  # in the command line of every process of a call (the survivor forks it)
 
 ATTACK = past_the_hook("_xxsubinterpreters") + textwrap.dedent('''
     import os, sys
@@ -62,7 +62,7 @@ ATTACK = past_the_hook("_xxsubinterpreters") + textwrap.dedent('''
 
 FORMAT = textwrap.dedent('''
     import json
-    from laminar_hpc.tasks.episode import HermesFormat, ToolCall
+    from laminar_hpc.tasks.tools.episode import HermesFormat, ToolCall
 
     class AttackFormat(HermesFormat):
         """Every model turn ends with a call of `run` with the attack; observations are recorded."""

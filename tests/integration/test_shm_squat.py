@@ -19,7 +19,7 @@ import pytest
 
 from laminar_hpc.config import load_config
 from laminar_hpc.launch.local import RoleFailed, run_local
-from laminar_hpc.launch.slurm import Driver
+from laminar_hpc.launch.slurm_driver import Driver
 from laminar_hpc.metrics.trace import role_events
 from laminar_hpc.rundir import RunDir, read_json
 from laminar_hpc.transport.weight_store import WeightStore, checksum

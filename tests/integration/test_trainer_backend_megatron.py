@@ -24,7 +24,7 @@ megatron_shim.install()
 from pathlib import Path
 from laminar_hpc.config import load_config
 from laminar_hpc.model.factory import build_model, build_tokenizer
-from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.trainer.backend_builders import build_backend
 from helpers import TRAIN_INTERFACE as INTERFACE, TRAIN_METRICS as METRICS, train_groups as groups
 run = Path({run!r})
 cfg = load_config({config!r}, ["trainer.backend=megatron", "trainer.megatron.dist_backend=gloo",

@@ -55,7 +55,7 @@ def test_smollm2s_chat_template_leaves_room_for_every_answer(monkeypatch):
     needs_smollm2()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never the network
     from laminar_hpc.model.hf import HFTokenizer
-    from laminar_hpc.tasks.sources import build_task
+    from laminar_hpc.tasks.sources.build import build_task
     from laminar_hpc.tasks.prompts import encode_prompt
     cfg = load_config(CONFIG)
     tok = HFTokenizer.from_path(cfg.model.hf_path)

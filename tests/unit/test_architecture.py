@@ -406,7 +406,7 @@ def test_every_config_parameter_is_annotated():
     assert not bad, "config parameters without a type:\n  " + "\n  ".join(bad)
 
 
-# what a backend, a mode or an update path decides lives in its spec (config/backends.py,
+# what a backend, a mode or an update path decides lives in its spec (config/backend_specs.py,
 # config/update_paths.py, policy/modes), not in string comparisons spread over the tree
 NAME_COMPARISON = re.compile(r"""(backend|mode|update_path)\s*(==|!=)\s*['"]|(backend|mode|update_path) (not )?in \(""")
 MAX_NAME_COMPARISONS = 3  # issue 29's bar (32 before the specs)

@@ -1,4 +1,4 @@
-"""Generated arithmetic (tasks/arith.py) and the `final_number` reward (tasks/rewards.py)."""
+"""Generated arithmetic (tasks/sources/arith.py) and the `final_number` reward (tasks/rewards/scorer.py)."""
 from __future__ import annotations
 
 import re
@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from laminar_hpc.tasks.sources import build_task
-from laminar_hpc.tasks.arith import HELD_OUT_OFFSET, ArithTasks, evaluate
-from laminar_hpc.tasks.base import Problem, Response
+from laminar_hpc.tasks.sources.build import build_task
+from laminar_hpc.tasks.sources.arith import HELD_OUT_OFFSET, ArithTasks, evaluate
+from laminar_hpc.tasks.problem import Problem, Response
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.config.rewards import BUILTIN_REWARDS
-from laminar_hpc.tasks.rewards import Scorer, build_reward, final_number, last_number
+from laminar_hpc.config.reward_specs import BUILTIN_REWARDS
+from laminar_hpc.tasks.rewards.scorer import Scorer, build_reward, final_number, last_number
 
 QUESTION = re.compile(r"What is (\d+(?: [-+*] \d+)+)\? Answer with just the number\.")
 

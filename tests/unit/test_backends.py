@@ -1,11 +1,12 @@
-"""One spec per backend (config/backends.py): every backend the config accepts has one, and one
+"""One spec per backend (config/backend_specs.py): every backend the config accepts has one, and one
 builder; what each decides is what the engines and the controller use."""
 from __future__ import annotations
 
 import typing
 
 from laminar_hpc.config import load_config
-from laminar_hpc.config.backends import ROLLOUT_BACKENDS, TRAINER_BACKENDS, resolve, rollout_backend, trainer_backend
+from laminar_hpc.config.backend_specs import (ROLLOUT_BACKENDS, TRAINER_BACKENDS, resolve, rollout_backend,
+                                              trainer_backend)
 from laminar_hpc.config.schema import RolloutBackend, TrainerBackend
 from laminar_hpc.controller.rollout_manager import kv_capacity
 from laminar_hpc.controller.validate import limits_for

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from laminar_hpc.config import load_config
-from laminar_hpc.config.corrections import CLIPPED
+from laminar_hpc.config.correction_specs import CLIPPED
 from laminar_hpc.model.factory import build_model, build_tokenizer
-from laminar_hpc.tasks.sources import build_task
-from laminar_hpc.tasks.builtin import BuiltinTasks
+from laminar_hpc.tasks.sources.build import build_task
+from laminar_hpc.tasks.sources.builtin import BuiltinTasks
 from laminar_hpc.trainer.checkpoint import save_checkpoint
 
 from helpers import REPO

@@ -1,4 +1,4 @@
-"""The calculator tool (tasks/calculator.py): results, precedence, the output format, and every
+"""The calculator tool (tasks/tools/calculator.py): results, precedence, the output format, and every
 refusal with the message the model sees."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from laminar_hpc.tasks.calculator import ToolError, calculate
+from laminar_hpc.tasks.tools.calculator import ToolError, calculate
 
 HINT = "use numbers and + - * / // % ** ( )"
 

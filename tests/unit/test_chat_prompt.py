@@ -9,9 +9,9 @@ import pytest
 
 from laminar_hpc.model.tokenizer import CharTokenizer, hf_chat_prompt
 from laminar_hpc.tasks.prompts import chat_messages, encode_prompt, render_chat
-from laminar_hpc.tasks.arith import ArithTasks
-from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.dataset import DatasetTasks
+from laminar_hpc.tasks.sources.arith import ArithTasks
+from laminar_hpc.tasks.problem import Problem
+from laminar_hpc.tasks.sources.dataset import DatasetTasks
 
 
 class FakeHF:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from laminar_hpc.emulation.weights import EmulatedWeights
+from laminar_hpc.emulation.emulated_weights import EmulatedWeights
 from laminar_hpc.config.schema import ModelCfg
 from laminar_hpc.model.factory import model_args
 from laminar_hpc.model.llama import Transformer

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from laminar_hpc.config.corrections import CLIPPED, CORRECTION_SPECS
+from laminar_hpc.config.correction_specs import CLIPPED, CORRECTION_SPECS
 from laminar_hpc.trainer.loss import agg_coef, merge, policy_loss
 
 CORRECTIONS = list(CORRECTION_SPECS)

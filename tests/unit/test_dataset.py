@@ -1,4 +1,4 @@
-"""The dataset loader (tasks/dataset.py): JSONL and Parquet rows with mapped field names, chat rows,
+"""The dataset loader (tasks/sources/dataset.py): JSONL and Parquet rows with mapped field names, chat rows,
 bad rows, validation splits and their overlap, and the order of problems by seed and epoch (the
 prompt cursor that checkpoints and the write-ahead log restore)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from laminar_hpc.config import config_from_dict
 from laminar_hpc.config.task import DatasetTaskCfg
-from laminar_hpc.tasks.dataset import DatasetError, DatasetTasks
+from laminar_hpc.tasks.sources.dataset import DatasetError, DatasetTasks
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -197,7 +197,7 @@ def test_bad_row_skip_counts_and_warns_once(tmp_path, kind, caplog):
     row, _, kw = BAD[kind]
     good = numbered(2)
     path = write_jsonl(tmp_path / "d.jsonl", [row, good[0], row, good[1], row])
-    with caplog.at_level(logging.WARNING, logger="laminar_hpc.tasks.dataset"):
+    with caplog.at_level(logging.WARNING, logger="laminar_hpc.tasks.sources.dataset"):
         src = DatasetTasks(path, on_bad_row="skip", shuffle=False, **kw)
     assert src.skipped == 3 and len(src) == 2
     assert [src.problem(i).answer for i in range(2)] == ["0", "1"]
@@ -273,7 +273,7 @@ def test_overlap_with_the_validation_file_is_counted_and_warned(tmp_path, caplog
     train = write_jsonl(tmp_path / "train.jsonl", rows + [rows[3], {"messages": CHAT, "answer": "#### 5"}])
     valid = write_jsonl(tmp_path / "test.jsonl", [rows[3], rows[7], {"question": "new", "answer": "#### 1"},
                                                   {"messages": CHAT, "answer": "#### 6"}])
-    with caplog.at_level(logging.WARNING, logger="laminar_hpc.tasks.dataset"):
+    with caplog.at_level(logging.WARNING, logger="laminar_hpc.tasks.sources.dataset"):
         src = DatasetTasks(train, validation_path=valid, chat_template=True)
     assert src.overlap == 4  # rows 3 (twice) and 7, and the chat: same prompt, whatever the answer
     assert len(src) == 12  # counted, not removed

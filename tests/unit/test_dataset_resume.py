@@ -10,7 +10,7 @@ from laminar_hpc.controller.pools import DataPlane
 from laminar_hpc.controller.recovery import recover
 from laminar_hpc.controller.wal import WriteAheadLog
 from laminar_hpc.rundir import RunDir
-from laminar_hpc.tasks.dataset import DatasetTasks
+from laminar_hpc.tasks.sources.dataset import DatasetTasks
 
 ROWS = 7
 

@@ -14,12 +14,12 @@ from laminar_hpc.config.env import EnvCfg
 from laminar_hpc.config.load import config_from_dict
 from laminar_hpc.model.tokenizer import CharTokenizer
 from laminar_hpc.tasks.prompts import encode_prompt
-from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.demo_tokens import DemoRows, demo_rows
-from laminar_hpc.tasks.demos import DemoError, load_demos
-from laminar_hpc.tasks.episode import HermesFormat
+from laminar_hpc.tasks.problem import Problem
+from laminar_hpc.tasks.sources.demo_tokens import DemoRows, demo_rows
+from laminar_hpc.tasks.sources.demos import DemoError, load_demos
+from laminar_hpc.tasks.tools.episode import HermesFormat
 from laminar_hpc.tasks.preflight import StartCheckError, check_start, check_warmup, warmup_runs
-from laminar_hpc.tasks.toolcalc import ToolCalcTasks, demonstration
+from laminar_hpc.tasks.sources.toolcalc import ToolCalcTasks, demonstration
 from laminar_hpc.trainer.warmup_episodes import demo_sequence
 
 TOK = CharTokenizer()

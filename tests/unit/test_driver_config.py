@@ -14,7 +14,7 @@ import pytest
 
 from laminar_hpc.config import config_from_dict, load_config, save_config
 from laminar_hpc.launch.processes import mpi_env
-from laminar_hpc.launch.slurm import Driver
+from laminar_hpc.launch.slurm_driver import Driver
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.security import auth_enabled
 
@@ -141,7 +141,7 @@ def test_a_relay_tier_across_hosts_talks_on_the_job_network(monkeypatch):
     """Across hosts the relay step's TCP transport is kept to the network that holds node 0's
     NodeAddr; on one host it stays on loopback; a user's own setting wins."""
     from laminar_hpc.launch.netns import network_of
-    from laminar_hpc.launch.slurm import step_env
+    from laminar_hpc.launch.slurm_driver import step_env
     assert network_of("127.0.0.1") == "127.0.0.0/8" and network_of("localhost") == "127.0.0.0/8"
     assert network_of("203.0.113.77") is None  # no interface of this host holds it
     monkeypatch.delenv("OMPI_MCA_btl_tcp_if_include", raising=False)

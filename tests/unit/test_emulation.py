@@ -1,5 +1,5 @@
 """Emulation: cost model, clock, response lengths (laminar_hpc/emulation/cost.py) and the emulated
-rollout engine (laminar_hpc/rollout/emulated.py) with real weight bytes (emulation/weights.py)."""
+rollout engine (laminar_hpc/rollout/emulated_engine.py) with real weight bytes (emulation/emulated_weights.py)."""
 from __future__ import annotations
 
 import math
@@ -10,10 +10,10 @@ import pytest
 
 from laminar_hpc.emulation import cost as cost_mod
 from laminar_hpc.emulation.cost import Clock, CostModel, lognormal_sigma, response_length
-from laminar_hpc.emulation.weights import EmulatedWeights
+from laminar_hpc.emulation.emulated_weights import EmulatedWeights
 from laminar_hpc.transport.weight_store import checksum as store_checksum
-from laminar_hpc.rollout.base import SeqRequest, VersionInFlightError
-from laminar_hpc.rollout.emulated import EmulatedEngine
+from laminar_hpc.rollout.engine_interface import SeqRequest, VersionInFlightError
+from laminar_hpc.rollout.emulated_engine import EmulatedEngine
 
 EOS = 1
 VOCAB = 50

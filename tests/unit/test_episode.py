@@ -10,8 +10,8 @@ import pytest
 
 from laminar_hpc.model.tokenizer import CharTokenizer
 from laminar_hpc.rollout.tool_runner import ToolRunner
-from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.episode import (
+from laminar_hpc.tasks.problem import Problem
+from laminar_hpc.tasks.tools.episode import (
     EnvContext, Environment, HermesFormat, ToolCall, ToolResult, chat_tool_turn, last_turn, model_turns,
     observation_ids, pending_calls, segments, transcript,
 )
@@ -218,7 +218,7 @@ def test_an_environment_may_end_the_episode_and_async_tools_are_awaited():
 
 def test_one_tool_error_class_and_one_rule_for_what_the_model_reads():
     # issue 47: two ToolError classes, so two call sites compared class names
-    from laminar_hpc.tasks import calculator, episode
+    from laminar_hpc.tasks.tools import calculator, episode
     assert calculator.ToolError is episode.ToolError
 
     class ToolError(Exception):  # a user's tool, written without importing laminar

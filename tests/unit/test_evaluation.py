@@ -1,4 +1,4 @@
-"""Evaluation while training (controller/evaluation.py) and its figures (metrics/evaluation.py):
+"""Evaluation while training (controller/evaluation.py) and its figures (metrics/eval_scores.py):
 rounds start when due at the newest version, items go only to rollouts holding that version and
 within each one's share of its slots, a complete round gives one row (mean reward, pass@k),
 items of a dead rollout are requeued, results from before a controller restart are ignored, and
@@ -15,9 +15,9 @@ import pytest
 from helpers import trajectory
 from laminar_hpc.config import config_from_dict
 from laminar_hpc.controller.evaluation import Evaluation
-from laminar_hpc.metrics.evaluation import eval_scores, pass_at_k
+from laminar_hpc.metrics.eval_scores import eval_scores, pass_at_k
 from laminar_hpc.metrics.summary import eval_summary
-from laminar_hpc.tasks.base import Problem
+from laminar_hpc.tasks.problem import Problem
 
 LOG = logging.getLogger("test")
 

@@ -63,7 +63,7 @@ def test_the_warm_up_evaluation_counts_failed_rewards(tmp_path):
     pytest.importorskip("torch")
     from laminar_hpc.config import config_from_dict
     from laminar_hpc.model.factory import build_model, build_tokenizer
-    from laminar_hpc.tasks.sources import build_task
+    from laminar_hpc.tasks.sources.build import build_task
     from laminar_hpc.trainer.warmup import failure_fields, greedy_reward
     (tmp_path / "r.py").write_text("def score(problem, response):\n"
                                    "    if problem.index % 2:\n        raise ValueError('odd')\n    return 1.0\n")

@@ -1,4 +1,4 @@
-"""Rows as other trainers write them (task.layout, tasks/layouts.py): verl's Parquet with the
+"""Rows as other trainers write them (task.layout, tasks/sources/row_layouts.py): verl's Parquet with the
 prompt as chat messages and the gold answer nested in reward_model, TRL's prompt-only rows whose
 columns all reach the reward, dotted field paths in every layout, and the layouts' defaults in
 the config. Each test here failed before layouts existed: the prompt list was refused as "not
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.tasks.sources import build_task
+from laminar_hpc.tasks.sources.build import build_task
 from laminar_hpc.tasks.prompts import encode_prompt
-from laminar_hpc.tasks.dataset import DatasetError, DatasetTasks
-from laminar_hpc.tasks.layouts import PathError, get_path
+from laminar_hpc.tasks.sources.dataset import DatasetError, DatasetTasks
+from laminar_hpc.tasks.sources.row_layouts import PathError, get_path
 
 from recipes import DATA_SOURCE, trl_rows, verl_rows, write_jsonl, write_verl_parquet
 

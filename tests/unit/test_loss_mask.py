@@ -20,15 +20,15 @@ import torch
 from helpers import REPO
 
 from laminar_hpc.config import load_config
-from laminar_hpc.config.corrections import CORRECTION_SPECS
+from laminar_hpc.config.correction_specs import CORRECTION_SPECS
 from laminar_hpc.emulation.cost import Clock
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, sample_tokens
-from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.trainer.backend_builders import build_backend
 from laminar_hpc.trainer.step import batch_metrics
 from laminar_hpc.trainer.batch import Batch, build_batch
 from laminar_hpc.trainer.corrections import CORRECTIONS, prepare
-from laminar_hpc.trainer.emulated import EmulatedPolicy, emulated_train_step
+from laminar_hpc.trainer.emulated_backend import EmulatedPolicy, emulated_train_step
 from laminar_hpc.trainer.loss import agg_coef, policy_loss
 from laminar_hpc.trainer.reward_stats import reward_metrics
 from laminar_hpc.transport.protocol import Group, Trajectory

@@ -15,7 +15,7 @@ from helpers import REPO
 from laminar_hpc.config import load_config
 from laminar_hpc.metrics.summary import build_summary
 from laminar_hpc.model.factory import build_tokenizer
-from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.trainer.backend_builders import build_backend
 from laminar_hpc.trainer.loss import KL_LOG_RATIO_BOUND, policy_loss
 from laminar_hpc.transport.protocol import Group, Trajectory
 

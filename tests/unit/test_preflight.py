@@ -12,7 +12,7 @@ import pytest
 
 from laminar_hpc.config import config_from_dict
 from laminar_hpc.model.tokenizer import CharTokenizer
-from laminar_hpc.tasks.base import Problem
+from laminar_hpc.tasks.problem import Problem
 from laminar_hpc.tasks.preflight import StartCheckError, check_reward, check_start
 
 from recipes import trl_rows, write_jsonl, write_verl_parquet

@@ -1,7 +1,7 @@
 """One list per swappable part (issue 37 item 3): rollout engines and trainer backends in
-config/backends.py, off-policy corrections in config/corrections.py, modes in policy/modes,
-partial rollout's update paths in config/update_paths.py, dataset layouts in config/layouts.py,
-reward signatures and built-in rewards in config/rewards.py, built-in tools and tool-call formats
+config/backend_specs.py, off-policy corrections in config/correction_specs.py, modes in policy/modes,
+partial rollout's update paths in config/update_paths.py, dataset layouts in config/layout_specs.py,
+reward signatures and built-in rewards in config/reward_specs.py, built-in tools and tool-call formats
 in config/env.py, experiment trackers in config/tracking.py. Everything else derives from those
 lists: the values the schema accepts, the code each entry names (a lazy-import path), the config
 reference (docs/config.md) and the architecture doc's "Where a new part goes".
@@ -21,13 +21,13 @@ import pytest
 from helpers import REPO
 from pydantic import BaseModel, ValidationError
 
-from laminar_hpc.config.backends import (
+from laminar_hpc.config.backend_specs import (
     ROLLOUT_BACKENDS, TRAINER_BACKENDS, RolloutBackendSpec, TrainerBackendSpec, resolve,
 )
-from laminar_hpc.config.corrections import CORRECTION_SPECS, CorrectionSpec
+from laminar_hpc.config.correction_specs import CORRECTION_SPECS, CorrectionSpec
 from laminar_hpc.config.env import BUILTIN_TOOLS, EnvCfg, ToolSpec
-from laminar_hpc.config.layouts import LAYOUT_SPECS, LayoutSpec
-from laminar_hpc.config.rewards import BUILTIN_REWARDS, REWARD_SIGNATURES, BuiltinReward
+from laminar_hpc.config.layout_specs import LAYOUT_SPECS, LayoutSpec
+from laminar_hpc.config.reward_specs import BUILTIN_REWARDS, REWARD_SIGNATURES, BuiltinReward
 from laminar_hpc.config.schema import Config, DatasetTaskCfg, RewardCfg
 from laminar_hpc.config.task import TASK_TYPES, TaskType
 from laminar_hpc.config.tracking import TRACKERS, LoggingCfg, TrackerSpec
@@ -133,15 +133,15 @@ def task_types() -> tuple[str, ...]:
 
 
 KINDS = [
-    Kind("rollout.backend", "laminar_hpc.config.backends", "ROLLOUT_BACKENDS", lambda spec: spec.builder),
-    Kind("trainer.backend", "laminar_hpc.config.backends", "TRAINER_BACKENDS", lambda spec: spec.builder),
-    Kind("trainer.correction", "laminar_hpc.config.corrections", "CORRECTION_SPECS", lambda spec: spec.path),
+    Kind("rollout.backend", "laminar_hpc.config.backend_specs", "ROLLOUT_BACKENDS", lambda spec: spec.builder),
+    Kind("trainer.backend", "laminar_hpc.config.backend_specs", "TRAINER_BACKENDS", lambda spec: spec.builder),
+    Kind("trainer.correction", "laminar_hpc.config.correction_specs", "CORRECTION_SPECS", lambda spec: spec.path),
     Kind("mode", "laminar_hpc.policy.modes.registry", "MODES"),
     Kind("partial_rollout.update_path", "laminar_hpc.config.update_paths", "UPDATE_PATHS"),
-    Kind("task.layout", "laminar_hpc.config.layouts", "LAYOUT_SPECS"),
-    Kind("task.reward.signature", "laminar_hpc.config.rewards", "REWARD_SIGNATURES", lambda spec: spec.adapter,
+    Kind("task.layout", "laminar_hpc.config.layout_specs", "LAYOUT_SPECS"),
+    Kind("task.reward.signature", "laminar_hpc.config.reward_specs", "REWARD_SIGNATURES", lambda spec: spec.adapter,
          extra=("auto",)),
-    Kind("task.reward.fn", "laminar_hpc.config.rewards", "BUILTIN_REWARDS", lambda spec: spec.path,
+    Kind("task.reward.fn", "laminar_hpc.config.reward_specs", "BUILTIN_REWARDS", lambda spec: spec.path,
          values=lambda: refused_names(lambda: RewardCfg(fn="no-such-reward"), r"or one of ([\w-]+(?:, [\w-]+)*)"),
          documented=as_word),
     Kind("env.tools", "laminar_hpc.config.env", "BUILTIN_TOOLS", lambda spec: spec.builder,
@@ -217,7 +217,7 @@ def registry_problems() -> list[str]:
     problems += [f"trainer.correction {name!r}: trainer/corrections.py's CORRECTIONS does not have it"
                  for name in CORRECTION_SPECS if name not in CORRECTIONS]
     problems += [f"trainer.correction {name!r}: in trainer/corrections.py's CORRECTIONS but not in "
-                 "config/corrections.py: CORRECTION_SPECS" for name in CORRECTIONS if name not in CORRECTION_SPECS]
+                 "config/correction_specs.py: CORRECTION_SPECS" for name in CORRECTIONS if name not in CORRECTION_SPECS]
     return problems
 
 
@@ -252,7 +252,7 @@ def test_resolving_every_builder_imports_neither_vllm_nor_megatron():
     """The vLLM engine's and the Megatron backend's heavy imports are inside their builders: a
     node without vLLM (or megatron-core) resolves every builder."""
     assert modules_imported_by(
-        "from laminar_hpc.config.backends import ROLLOUT_BACKENDS, TRAINER_BACKENDS, resolve\n"
+        "from laminar_hpc.config.backend_specs import ROLLOUT_BACKENDS, TRAINER_BACKENDS, resolve\n"
         "for spec in (*ROLLOUT_BACKENDS.values(), *TRAINER_BACKENDS.values()):\n"
         "    resolve(spec.builder)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'megatron')))\n") == "[]"
@@ -262,7 +262,7 @@ def test_resolving_every_sink_imports_no_tracker_package():
     """A tracker's package is imported when its sink opens, not when the sink is resolved: a run
     without the `trackers` extra resolves every sink."""
     assert modules_imported_by(
-        "from laminar_hpc.config.backends import resolve\n"
+        "from laminar_hpc.config.backend_specs import resolve\n"
         "from laminar_hpc.config.tracking import TRACKERS\n"
         "for spec in TRACKERS.values():\n"
         "    resolve(spec.sink)\n"
@@ -342,7 +342,7 @@ def restored():
 def test_a_correction_the_schema_accepts_without_an_entry_is_reported_by_name(restored):
     del restored(CORRECTION_SPECS)["mis-seq"]
     problems = registry_problems()
-    assert "trainer.correction 'mis-seq': the schema accepts it but config/corrections.py: CORRECTION_SPECS " \
+    assert "trainer.correction 'mis-seq': the schema accepts it but config/correction_specs.py: CORRECTION_SPECS " \
            "has no entry" in problems
     assert all("'mis-seq'" in p for p in problems), problems
 
@@ -359,7 +359,7 @@ def test_a_layout_in_the_registry_only_is_reported_by_name(monkeypatch):
     monkeypatch.setitem(LAYOUT_SPECS, "fake", fake)
     problems = registry_problems()
     assert problems and all("'fake'" in p for p in problems), problems
-    assert "task.layout 'fake': in config/layouts.py: LAYOUT_SPECS but the schema does not accept it" in problems
+    assert "task.layout 'fake': in config/layout_specs.py: LAYOUT_SPECS but the schema does not accept it" in problems
     assert any("docs/config.md does not list it" in p for p in problems)
     assert "task.layout 'fake': its default 'no_such_key' is no key of the task: section (DatasetTaskCfg)" in problems
 
@@ -382,10 +382,11 @@ def test_a_tracker_field_without_an_entry_is_reported_by_name(restored):
 def test_a_built_in_tool_in_the_registry_only_is_reported_by_name(monkeypatch):
     """The validator lists the registry's tools, so the schema takes the new name at once; its code
     and the config reference still lack it."""
-    monkeypatch.setitem(BUILTIN_TOOLS, "fake", ToolSpec("fake", "laminar_hpc.tasks.tools:fake_builder", "a test's"))
+    monkeypatch.setitem(BUILTIN_TOOLS, "fake",
+                        ToolSpec("fake", "laminar_hpc.tasks.tools.loader:fake_builder", "a test's"))
     problems = registry_problems()
     assert problems and all("'fake'" in p for p in problems), problems
-    assert any("'laminar_hpc.tasks.tools:fake_builder' does not resolve" in p for p in problems)
+    assert any("'laminar_hpc.tasks.tools.loader:fake_builder' does not resolve" in p for p in problems)
     assert any("docs/config.md does not list it" in p for p in problems)
     assert EnvCfg(tools={"t": "fake"}).tools == {"t": "fake"}
 
@@ -393,7 +394,7 @@ def test_a_built_in_tool_in_the_registry_only_is_reported_by_name(monkeypatch):
 def test_a_built_in_reward_under_another_name_is_reported(monkeypatch):
     monkeypatch.setitem(BUILTIN_REWARDS, "exact", BuiltinReward("exactly", "exact", "a test's"))
     assert registry_problems() == [
-        "task.reward.fn 'exact': its entry in config/rewards.py: BUILTIN_REWARDS is named 'exactly'"]
+        "task.reward.fn 'exact': its entry in config/reward_specs.py: BUILTIN_REWARDS is named 'exactly'"]
 
 
 def test_auto_is_no_reward_signature():
@@ -410,16 +411,16 @@ def test_the_tracker_fields_are_the_registrys():
 
 
 def test_a_task_type_in_the_list_only_is_reported_by_name(monkeypatch):
-    monkeypatch.setitem(TASK_TYPES, "maze", TaskType("maze", DatasetTaskCfg, "laminar_hpc.tasks.maze:MazeTasks.from_config"))
+    monkeypatch.setitem(TASK_TYPES, "maze", TaskType("maze", DatasetTaskCfg, "laminar_hpc.tasks.sources.maze:MazeTasks.from_config"))
     problems = registry_problems()
     assert problems and all("'maze'" in p for p in problems), problems
     assert "task.type 'maze': its section DatasetTaskCfg does not accept type 'maze'" in problems
     assert any("the schema does not accept it" in p for p in problems)
-    assert any("'laminar_hpc.tasks.maze:MazeTasks.from_config' does not resolve" in p for p in problems)
+    assert any("'laminar_hpc.tasks.sources.maze:MazeTasks.from_config' does not resolve" in p for p in problems)
 
 
 def test_every_task_type_builds_its_source():
-    from laminar_hpc.tasks.sources import build_task
+    from laminar_hpc.tasks.sources.build import build_task
     data = {"path": str(REPO / "examples" / "verl-arith" / "data" / "train.parquet"), "layout": "verl"}
     built = {name: type(build_task(spec.section(type=name, **(data if "path" in spec.section.model_fields else {})),
                                    0)).__name__ for name, spec in TASK_TYPES.items()}

@@ -21,7 +21,7 @@ from laminar_hpc.model.llama import Transformer
 from laminar_hpc.model.sampling import sample_tokens, stream_uniforms
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.rollout.torch_engine import SeqRequest, TorchEngine
-from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.trainer.backend_builders import build_backend
 from laminar_hpc.trainer.checkpoint import keep_anchor, list_checkpoints
 
 COMPARED = ("kl", "loss", "lr", "weight_decay", "grad_norm", "is_weight_mean", "entropy")

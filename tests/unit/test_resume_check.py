@@ -18,7 +18,7 @@ from helpers import EARLIER_CKPT, bad_rows_dataset, model_fields
 
 
 def test_bad_row_skip_counts_and_logs(tmp_path, caplog):
-    from laminar_hpc.tasks.sources import build_task
+    from laminar_hpc.tasks.sources.build import build_task
     bad_rows_dataset(tmp_path)
     cfg = config_from_dict({"task": {"type": "jsonl", "path": str(tmp_path / "d.jsonl"), "on_bad_row": "skip"}})
     with caplog.at_level(logging.WARNING):

@@ -1,6 +1,6 @@
-"""Reward functions with verl's and TRL's signatures (tasks/reward_signatures.py) scored by the
+"""Reward functions with verl's and TRL's signatures (tasks/rewards/reward_signatures.py) scored by the
 Scorer, and the rules that keep a dict reward from scoring silently wrong
-(tasks/reward_values.py): verl's {"score", extra keys}, weights that must name components, the
+(tasks/rewards/reward_values.py): verl's {"score", extra keys}, weights that must name components, the
 total checked against the range. Before these, verl's and TRL's functions were refused at start
 (or failed every call), and every key of a dict was summed."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import textwrap
 import pytest
 
 from laminar_hpc.config.task import RewardCfg
-from laminar_hpc.tasks.base import Problem, Response
-from laminar_hpc.tasks.reward_signatures import TrlReward, VerlReward, detect
-from laminar_hpc.tasks.rewards import RewardError, Scorer, load_reward_fn
+from laminar_hpc.tasks.problem import Problem, Response
+from laminar_hpc.tasks.rewards.reward_signatures import TrlReward, VerlReward, detect
+from laminar_hpc.tasks.rewards.scorer import RewardError, Scorer, load_reward_fn
 
 from recipes import TRL_REWARD, VERL_REWARD
 

@@ -1,4 +1,4 @@
-"""Reward functions (tasks/rewards.py): the built-ins with the (problem, response) signature, loading
+"""Reward functions (tasks/rewards/scorer.py): the built-ins with the (problem, response) signature, loading
 the user's `task.reward` from a module or a file, and the Scorer's components, weights, range and
 error codes. The pool's timeouts: tests/integration/test_reward_pool.py; the remote verifier:
 tests/integration/test_remote_reward.py."""
@@ -16,10 +16,10 @@ import zlib
 import pytest
 
 from laminar_hpc.config.task import RewardCfg
-from laminar_hpc.tasks.base import Problem, Response
-from laminar_hpc.tasks.builtin import BuiltinTasks
-from laminar_hpc.config.rewards import BUILTIN_REWARDS
-from laminar_hpc.tasks.rewards import (REASONS, RewardError, RewardOutcome, Scorer,
+from laminar_hpc.tasks.problem import Problem, Response
+from laminar_hpc.tasks.sources.builtin import BuiltinTasks
+from laminar_hpc.config.reward_specs import BUILTIN_REWARDS
+from laminar_hpc.tasks.rewards.scorer import (REASONS, RewardError, RewardOutcome, Scorer,
                                        build_reward, coin_flip, exact, final_number, load_reward_fn,
                                        math_verify)
 
@@ -182,7 +182,7 @@ def test_bad_specs_say_what_is_wrong_in_one_line(tmp_path, monkeypatch):
 
 REWARD_FILE = """
     import math
-    from laminar_hpc.tasks.rewards import RemoteError
+    from laminar_hpc.tasks.rewards.scorer import RemoteError
 
     def score(problem, response):
         return VALUES[response.text]() if response.text in VALUES else 1.0
@@ -287,7 +287,8 @@ def test_bad_specs_fail_when_the_scorer_is_built(reward_file):
 
 
 def test_tasks_import_neither_torch_nor_httpx():
-    code = ("import sys, laminar_hpc.tasks.rewards, laminar_hpc.tasks.remote, laminar_hpc.tasks.reward_pool; "
+    code = ("import sys, laminar_hpc.tasks.rewards.scorer, laminar_hpc.tasks.rewards.remote_verifier, "
+            "laminar_hpc.tasks.rewards.reward_pool; "
             "print(sorted(m for m in ('torch', 'httpx', 'math_verify') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})

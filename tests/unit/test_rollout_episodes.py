@@ -12,7 +12,7 @@ import pytest
 from helpers import close_rollout, role_context, work_item
 
 from laminar_hpc.rollout.main import Rollout
-from laminar_hpc.tasks.episode import segments
+from laminar_hpc.tasks.tools.episode import segments
 from laminar_hpc.transport.protocol import Assign, Finished, Migrate, Migrated, Stream
 
 TOOLS = Path(__file__).resolve().parents[1] / "data" / "episode_tools.py"
@@ -140,7 +140,7 @@ def test_emulated_episodes_make_the_calls_of_their_plan(tmp_path):
     the call, so each episode finishes with exactly its plan's calls and tokens."""
     from test_rollout_handlers import _relay_stores, publish
 
-    from laminar_hpc.emulation.episodes import episode_plan
+    from laminar_hpc.emulation.emulated_episodes import episode_plan
     over = ("emulation.lengths.median=null", "emulation.lengths.p99_over_median=null",
             "emulation.lengths.mixture.agent.weight=1", "emulation.lengths.mixture.agent.median=40",
             "emulation.lengths.mixture.agent.p99_over_median=1.5", "emulation.lengths.mixture.agent.tools.calls=[2,3]",

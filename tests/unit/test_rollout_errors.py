@@ -19,8 +19,8 @@ from laminar_hpc.config.schema import ModelCfg
 from laminar_hpc.model.factory import model_args
 from laminar_hpc.model.llama import ModelArgs, Transformer
 from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.rollout.base import SeqRequest
-from laminar_hpc.rollout.emulated import EmulatedEngine
+from laminar_hpc.rollout.engine_interface import SeqRequest
+from laminar_hpc.rollout.emulated_engine import EmulatedEngine
 from laminar_hpc.rollout.torch_engine import TorchEngine
 from laminar_hpc.rollout.main import Rollout
 from laminar_hpc.transport.protocol import Assign, Finished, Stop, WantWork

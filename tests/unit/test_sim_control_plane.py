@@ -10,7 +10,6 @@ import os
 import pytest
 
 from laminar_hpc.config import load_config
-from laminar_hpc.config.shards import shard_count
 from laminar_hpc.sim import ClusterSpec, SimParams, simulate
 from laminar_hpc.sim.cluster import Simulation, measure
 from laminar_hpc.sim.control_plane import Server
@@ -75,7 +74,7 @@ def test_a_server_works_through_what_reaches_it_in_order():
 def test_the_shard_count_and_batch_are_the_runtimes():
     for gpus, shards in ((64, 1), (1024, 4), (4096, 16)):
         cfg, spec = _scaled(gpus)
-        assert SimParams.from_config(cfg, spec, length_mode="fast").shards == shard_count(cfg) == shards
+        assert SimParams.from_config(cfg, spec, length_mode="fast").shards == cfg.stream_shards == shards
     cfg, spec = _scaled(1024, shards=0)
     assert SimParams.from_config(cfg, spec, length_mode="fast").shards == 0
     assert SimParams.from_config(load_config(LONGTAIL), ClusterSpec()).shards == 0  # one machine: none

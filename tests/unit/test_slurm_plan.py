@@ -9,7 +9,7 @@ import pytest
 
 from laminar_hpc.config import config_from_dict
 from laminar_hpc.launch.plan import LayoutError, role_specs, slurm_plan
-from laminar_hpc.launch.slurm import effective_config, slurm_specs
+from laminar_hpc.launch.slurm_driver import effective_config, slurm_specs
 
 from helpers import REPO
 
@@ -102,7 +102,7 @@ def test_there_are_examples_for_the_common_layouts():
 
 
 def test_node_addr_parses_scontrol_one_line_output():
-    from laminar_hpc.launch.slurm import node_addr
+    from laminar_hpc.launch.slurm_driver import node_addr
     line = ("NodeName=node1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=10.1.2.3 NodeHostName=c1 "
             "Version=23.11 State=IDLE")
     assert node_addr(line) == "10.1.2.3"
@@ -111,7 +111,7 @@ def test_node_addr_parses_scontrol_one_line_output():
 
 def test_cluster_host_keeps_loopback_on_one_node_and_a_host_the_user_set():
     from laminar_hpc.config import config_from_dict
-    from laminar_hpc.launch.slurm import cluster_host, effective_config
+    from laminar_hpc.launch.slurm_driver import cluster_host, effective_config
     cfg, plan = effective_config(config_from_dict({"slurm": {"layout": {"rollout_nodes": 1, "trainer_nodes": 0}}}))
     assert plan.nodes == 1 and cluster_host(cfg, plan, "10.1.2.3").controller.host == "127.0.0.1"
     cfg2, plan2 = effective_config(config_from_dict({"controller": {"host": "ib0.node0"}}))

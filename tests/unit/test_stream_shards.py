@@ -7,7 +7,7 @@ from __future__ import annotations
 from helpers import data_plane, problem, result, tokenize, trajectory, work_item
 
 from laminar_hpc.config import load_config
-from laminar_hpc.config.shards import shard_count, shard_of
+from laminar_hpc.config.shards import shard_of
 from laminar_hpc.controller.routes import Routes
 from laminar_hpc.controller.shard_store import ShardStore
 from laminar_hpc.controller.validate import Limits
@@ -179,11 +179,36 @@ def test_routes_send_each_shard_its_batch_forgetting_first():
 
 def test_auto_shards_follow_the_rollout_nodes():
     cfg = load_config(REPO / "configs" / "tiny.yaml")
-    assert cfg.controller.shards == "auto" and shard_count(cfg) == 0  # one node: the controller takes the tokens
+    assert cfg.controller.shards == "auto" and cfg.stream_shards == 0  # one node: the controller takes the tokens
     many = cfg.model_copy(update={"slurm": cfg.slurm.model_copy(update={
         "layout": cfg.slurm.layout.model_copy(update={"rollout_nodes": 64})})})
-    assert shard_count(many) == 4
-    assert shard_count(cfg.model_copy(update={"controller": cfg.controller.model_copy(update={"shards": 3})})) == 3
+    assert many.stream_shards == 4
+    assert cfg.model_copy(update={"controller": cfg.controller.model_copy(update={"shards": 3})}).stream_shards == 3
+
+
+def test_the_shard_count_is_resolved_once_per_config_and_auto_stays_auto(monkeypatch):
+    # issue 47: `controller.shards` was resolved again at each of 11 call sites; now the config
+    # model resolves it once and the launcher, the roles and the controller read that value
+    from laminar_hpc.config import schema
+    from laminar_hpc.controller.membership import Membership
+    from laminar_hpc.launch.plan import role_specs, slurm_plan
+    from laminar_hpc.startup.role import controller_endpoint
+
+    raw = load_config(REPO / "configs" / "tiny.yaml").model_dump(mode="json")
+    raw["slurm"]["layout"]["rollout_nodes"], raw["rollout"]["count"] = 40, 40
+    calls = []
+    resolve = schema.resolve_shards
+    monkeypatch.setattr(schema, "resolve_shards", lambda *a: calls.append(a) or resolve(*a))
+    cfg = schema.Config.model_validate(raw)
+    assert calls == [("auto", 40)] and cfg.stream_shards == 3
+    names = [s.name for s in role_specs(cfg)]
+    assert [n for n in names if n.startswith("shard-")] == ["shard-0", "shard-1", "shard-2"]
+    assert {"shard-0", "shard-1", "shard-2"} <= Membership.of(cfg).names
+    assert controller_endpoint(cfg, "rollout", 4) == "shard-1"
+    slurm_plan(cfg)
+    assert len(calls) == 1, "the shard count was resolved again after the config was loaded"
+    # what is written back keeps the user's word: a resume compares `auto` with `auto`
+    assert cfg.controller.shards == "auto" and cfg.model_dump()["controller"]["shards"] == "auto"
 
 
 def test_a_bad_shard_count_is_one_plain_line():

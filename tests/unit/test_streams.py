@@ -1,4 +1,4 @@
-"""Streamed tokens into the partial-response pool (controller/streams.py): a rollout's chunks in
+"""Streamed tokens into the partial-response pool (controller/stream_intake.py): a rollout's chunks in
 columns are taken whole when every chunk continues its trajectory, else chunk by chunk with the
 same outcome as one item each; bad chunks are refused alone, bad columns refuse the frame; the
 journal record replays into the same state."""

@@ -11,11 +11,11 @@ from collections import Counter
 import pytest
 
 from laminar_hpc.config import config_from_dict
-from laminar_hpc.tasks.sources import build_task
-from laminar_hpc.tasks.builtin import KINDS, BuiltinTasks
-from laminar_hpc.tasks.base import Response
-from laminar_hpc.tasks.dataset import DatasetError, DatasetTasks
-from laminar_hpc.tasks.rewards import Scorer
+from laminar_hpc.tasks.sources.build import build_task
+from laminar_hpc.tasks.sources.builtin import KINDS, BuiltinTasks
+from laminar_hpc.tasks.problem import Response
+from laminar_hpc.tasks.sources.dataset import DatasetError, DatasetTasks
+from laminar_hpc.tasks.rewards.scorer import Scorer
 
 from helpers import SHARED_GSM8K
 

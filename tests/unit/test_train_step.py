@@ -13,10 +13,10 @@ import torch
 from helpers import REPO, TRAIN_METRICS, anchored, assert_nested_equal
 
 from laminar_hpc.config import load_config
-from laminar_hpc.config.corrections import CORRECTION_SPECS
+from laminar_hpc.config.correction_specs import CORRECTION_SPECS
 from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, sample_tokens
-from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.trainer.backend_builders import build_backend
 from laminar_hpc.trainer.batch import build_batch, minibatches
 from laminar_hpc.trainer.loss import policy_loss
 from laminar_hpc.transport.protocol import Group, Trajectory

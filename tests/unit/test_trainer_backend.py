@@ -1,5 +1,5 @@
 """Each trainer backend, in process, through the one interface the trainer loop uses
-(trainer/backend.py): a train step on a tiny batch, checkpoint then resume restores the same
+(trainer/backend_interface.py): a train step on a tiny batch, checkpoint then resume restores the same
 state, and what it publishes packs into its layout. Also: the warm-up's greedy evaluation
 decodes exactly what the rollout engine decodes (it no longer goes through the engine)."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ from helpers import REPO, TRAIN_INTERFACE, TRAIN_METRICS, assert_nested_equal, t
 from laminar_hpc.config import load_config
 from laminar_hpc.model.factory import build_model, build_tokenizer
 from laminar_hpc.model.weights import WeightLayout
-from laminar_hpc.trainer.backend import TrainBackend
-from laminar_hpc.trainer.backends import build_backend
+from laminar_hpc.trainer.backend_interface import TrainBackend
+from laminar_hpc.trainer.backend_builders import build_backend
 
 
 def config(name: str, *overrides: str):
@@ -101,7 +101,7 @@ def test_greedy_decode_matches_the_rollout_engine():
     """trainer/warmup.py decodes with the model package alone; the tokens must be the engine's,
     including sequences that finish early and leave the batch (cache slots move)."""
     from laminar_hpc.rollout.torch_engine import SeqRequest, TorchEngine
-    from laminar_hpc.tasks.sources import build_task
+    from laminar_hpc.tasks.sources.build import build_task
     from laminar_hpc.tasks.prompts import encode_prompt
     from laminar_hpc.trainer.warmup import EVAL_OFFSET, greedy_decode
     cfg = config("tiny.yaml")

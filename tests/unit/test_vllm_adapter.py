@@ -17,7 +17,7 @@ from laminar_hpc.model.factory import model_args
 from laminar_hpc.model.llama import Transformer
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.rollout import vllm_engine
-from laminar_hpc.rollout.base import SeqRequest, VersionInFlightError
+from laminar_hpc.rollout.engine_interface import SeqRequest, VersionInFlightError
 from laminar_hpc.rollout.vllm_engine import VllmEngine, meta_layout
 from vllm_standin import (
     CompletionOutput, RecordingStager, RequestOutput, StandinEngine, logprob_at, standin_api, token_at,

@@ -9,7 +9,7 @@ import torch
 
 from laminar_hpc.config import config_from_dict
 from laminar_hpc.model.sampling import processed_logits, sample_tokens
-from laminar_hpc.rollout.base import SeqRequest
+from laminar_hpc.rollout.engine_interface import SeqRequest
 from laminar_hpc.rollout.vllm_engine import VllmEngine
 from test_vllm_adapter import ARGS, EOS, layout_and_buffer
 from vllm_standin import RecordingStager, standin_api

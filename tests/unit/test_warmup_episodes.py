@@ -8,7 +8,7 @@ from laminar_hpc.config.env import EnvCfg
 from laminar_hpc.config.task import RewardCfg
 from laminar_hpc.model.tokenizer import CharTokenizer
 from laminar_hpc.tasks.prompts import encode_prompt
-from laminar_hpc.tasks.toolcalc import ToolCalcTasks, call_text
+from laminar_hpc.tasks.sources.toolcalc import ToolCalcTasks, call_text
 from laminar_hpc.trainer.warmup_episodes import demo_sequence, greedy_episodes
 
 TOK = CharTokenizer()

@@ -1,4 +1,4 @@
-"""Emulated workloads (laminar_hpc/emulation/workload.py, episodes.py): length mixtures and
+"""Emulated workloads (laminar_hpc/emulation/workload.py, emulated_episodes.py): length mixtures and
 empirical lists, tool-use episode plans, the emulated engine at episode boundaries, the
 emulated tool environment, and the simulator running the same plans."""
 from __future__ import annotations
@@ -14,20 +14,20 @@ import numpy as np
 import pytest
 
 from laminar_hpc.config import ConfigError, config_from_dict, load_config
-from laminar_hpc.emulation import episodes as episodes_mod
+from laminar_hpc.emulation import emulated_episodes as episodes_mod
 from laminar_hpc.emulation.cost import response_length
-from laminar_hpc.emulation.episodes import (OBS_ID, TOOL_ID, EmulatedFormat, EmulatedToolEnv, episode_plan,
+from laminar_hpc.emulation.emulated_episodes import (OBS_ID, TOOL_ID, EmulatedFormat, EmulatedToolEnv, episode_plan,
                                             episodes_enabled)
 from laminar_hpc.emulation.ideal import capped_lognormal_moments, config_moments, ideal_for_config
-from laminar_hpc.emulation.weights import EmulatedWeights
+from laminar_hpc.emulation.emulated_weights import EmulatedWeights
 from laminar_hpc.emulation.workload import WorkloadError, build_workload, trace_lengths, workload_for
-from laminar_hpc.rollout.base import SeqRequest
-from laminar_hpc.rollout.emulated import EmulatedEngine
+from laminar_hpc.rollout.engine_interface import SeqRequest
+from laminar_hpc.rollout.emulated_engine import EmulatedEngine
 from laminar_hpc.sim import ClusterSpec, SimParams, Simulation
 from laminar_hpc.sim.cluster import measure
 from laminar_hpc.sim.params import FailureSpec
-from laminar_hpc.tasks.base import Problem
-from laminar_hpc.tasks.episode import EnvContext, ToolCall
+from laminar_hpc.tasks.problem import Problem
+from laminar_hpc.tasks.tools.episode import EnvContext, ToolCall
 
 from helpers import REPO
 

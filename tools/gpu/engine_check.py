@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from laminar_hpc.config import config_from_dict  # noqa: E402
 from laminar_hpc.model.factory import build_model, build_tokenizer  # noqa: E402
-from laminar_hpc.rollout.base import SeqRequest  # noqa: E402
+from laminar_hpc.rollout.engine_interface import SeqRequest  # noqa: E402
 from laminar_hpc.rollout.node import NodeWeights, build_engine  # noqa: E402
 from laminar_hpc.transport.shm_dir import remove_private_dir  # noqa: E402
 from laminar_hpc.transport.weight_store import WeightStore, checksum, digest_to_int  # noqa: E402

@@ -1,7 +1,7 @@
 """GPU check `megatron`: the Megatron backend's train step (trainer/megatron/, megatron-core) on
 CUDA with NCCL (one rank: TP1 PP1 DP1, its distributed optimizer), against the torch backend's
 step on CUDA, from the same initial weights and on the same GRPO groups, through the one
-interface the trainer loop uses (trainer/backend.py, built by trainer/backends.py build_backend).
+interface the trainer loop uses (trainer/backend_interface.py, built by trainer/backend_builders.py build_backend).
 
 Passes when, over 4 steps, the losses agree within 2% (float32; different kernels, TF32 maybe),
 the gradient norms within 5%, and the published (exported HF-named) weights of the Megatron
@@ -29,7 +29,7 @@ if DEVICE == "cpu":  # a rehearsal on a machine without a GPU: Megatron needs th
 
 from laminar_hpc.config import config_from_dict  # noqa: E402
 from laminar_hpc.model.factory import build_tokenizer  # noqa: E402
-from laminar_hpc.trainer.backends import build_backend  # noqa: E402
+from laminar_hpc.trainer.backend_builders import build_backend  # noqa: E402
 from laminar_hpc.transport.protocol import Group, Trajectory  # noqa: E402
 
 STEPS, GROUPS, SIZE = 4, 4, 8

@@ -11,7 +11,7 @@ enters the same Megatron collectives in the same order:
 
     # every rank, after torch.distributed.init_process_group (see start_ranks):
     ranks = Ranks(cfg, tok)
-    if rank == 0: backend = MegatronBackend(ranks, ...)  # megatron/backend.py, used by trainer/main.py
+    if rank == 0: backend = MegatronBackend(ranks, ...)  # megatron/megatron_backend.py, used by trainer/main.py
     else: follow(ranks)                                  # returns at ("stop",)
 """
 from __future__ import annotations

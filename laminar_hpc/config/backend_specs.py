@@ -1,0 +1,178 @@
+"""What each rollout and trainer backend decides, in one place: one spec object per backend.
+
+Every rule that depends on which engine generates or which backend trains lives on its spec:
+how long a sequence may be, the KV capacity repack assumes, whether time runs on the cost
+model's clock, whether the weights are a real model's tensors (reshard, export, resume checks,
+a model to validate), how many trainer ranks a job step needs. The rest of the code asks the
+spec (`rollout_backend(cfg)`, `trainer_backend(cfg)`) instead of comparing backend names. The
+tables below are the only lists of backends: the config's `rollout.backend` and `trainer.backend`
+types derive from them, and each spec names its builder as a lazy-import path ("module:function",
+`resolve`; the builders are in rollout/engines.py and trainer/backend_builders.py), so a new backend is
+its implementation's file plus one class and one entry here. Imports no torch, vLLM or megatron
+(a builder's module is imported when the backend is built).
+
+`Config` is the schema's (config/schema.py), named in annotations only: the schema imports
+these tables for its types, so importing it back, even for type checkers, would be a cycle.
+
+    spec = rollout_backend(cfg)
+    spec.max_seq_len(cfg)            # prompt + response tokens an engine holds (None: any)
+    spec.time_scale(cfg)             # wall seconds per second of the run's clock
+    trainer_backend(cfg).ranks(cfg)  # processes of the trainer's job step
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# a vLLM or emulated sequence's KV beyond its response when the config bounds only the response:
+# room for a prompt (repack's default KV capacity, rollout_manager.kv_capacity)
+PROMPT_ALLOWANCE = 4096
+
+
+class RolloutBackendSpec:
+    """A rollout engine's rules. `builder`: "module:function" of the function that builds the
+    engine and its weight layout, `(cfg, seed, tok) -> (RolloutEngine, layout)`. `emulated`: the
+    engine's compute is the cost model's time (emulation/cost.py) and its weights a byte count,
+    not a model's tensors."""
+    name = ""
+    builder = ""
+    emulated = False
+
+    def max_seq_len(self, cfg: "Config") -> int | None:
+        """Prompt + response tokens one sequence may hold (None: no limit)."""
+        return cfg.model.max_seq_len
+
+    def longest_sequence(self, cfg: "Config") -> int:
+        """The longest sequence, for the KV capacity repack assumes when none is configured."""
+        return cfg.rollout.max_new_tokens + PROMPT_ALLOWANCE
+
+    def time_scale(self, cfg: "Config") -> float:
+        """Wall seconds per second of the run's clock (emulated engines sleep a scaled time)."""
+        return 1.0
+
+    def reshards(self, cfg: "Config", rollout_dtype: str) -> bool:
+        """Whether the master relay converts each version into the rollouts' dtype."""
+        return rollout_dtype != cfg.trainer.publish_dtype
+
+
+class TorchRollout(RolloutBackendSpec):
+    name = "torch"
+    builder = "laminar_hpc.rollout.engines:torch_engine"
+
+    def longest_sequence(self, cfg: "Config") -> int:
+        return cfg.model.max_seq_len  # its slot KV cache is that long
+
+
+class VllmRollout(RolloutBackendSpec):
+    name = "vllm"
+    builder = "laminar_hpc.rollout.engines:vllm_engine"
+
+    def max_seq_len(self, cfg: "Config") -> int | None:
+        limit = cfg.rollout.vllm.max_model_len
+        return min(cfg.model.max_seq_len, limit) if limit else cfg.model.max_seq_len
+
+
+class EmulatedRollout(RolloutBackendSpec):
+    name = "emulated"
+    builder = "laminar_hpc.rollout.engines:emulated_engine"
+    emulated = True
+
+    def max_seq_len(self, cfg: "Config") -> int | None:
+        return None  # an emulated response may be far longer than the small model's max_seq_len
+
+    def time_scale(self, cfg: "Config") -> float:
+        return cfg.emulation.time_scale if cfg.emulation.time_scale > 0 else 1.0
+
+    def reshards(self, cfg: "Config", rollout_dtype: str) -> bool:
+        return False  # its weights are bytes of no dtype
+
+
+class TrainerBackendSpec:
+    """A trainer backend's rules. `builder`: "module:function" of the function that builds it,
+    `(cfg, tok, run_dir, ckpt_root) -> TrainBackend`. `has_model`: it trains a real model (its
+    versions can be exported, its checkpoints hold that model's shape)."""
+    name = ""
+    builder = ""
+    has_model = True
+    # trainer settings this backend cannot train with when above 0 -> why (one line each)
+    refuses: dict[str, str] = {}
+
+    def ranks(self, cfg: "Config") -> int:
+        """Processes of the trainer (one job-step task each)."""
+        return 1
+
+
+class TorchTrainer(TrainerBackendSpec):
+    name = "torch"
+    builder = "laminar_hpc.trainer.backend_builders:torch_trainer"
+
+
+class EmulatedTrainer(TrainerBackendSpec):
+    name = "emulated"
+    builder = "laminar_hpc.trainer.backend_builders:emulated_trainer"
+    has_model = False  # it checkpoints emulation.weight_mb bytes: the model section is not its shape
+
+
+class MegatronTrainer(TrainerBackendSpec):
+    name = "megatron"
+    builder = "laminar_hpc.trainer.backend_builders:megatron_trainer"
+    refuses = {
+        # the reference would be a second sharded model on every rank (its own TP/PP layout, loaded
+        # from the anchor's HF-named weights): not built yet
+        "kl_coef": "the megatron backend holds no reference model for the KL term yet; set trainer.kl_coef: 0 "
+                   "or use trainer.backend: torch",
+        # its loss sees vocabulary-parallel logits: the entropy's gradient across TP ranks is not written
+        "entropy_coef": "the megatron backend has no entropy bonus yet; set trainer.entropy_coef: 0 or use "
+                        "trainer.backend: torch",
+    }
+
+    def ranks(self, cfg: "Config") -> int:
+        m = cfg.trainer.megatron
+        return m.tensor_parallel * m.pipeline_parallel * m.data_parallel
+
+
+# the backends the config accepts, in the order its error messages and docs/config.md list them
+ROLLOUT_BACKENDS: dict[str, RolloutBackendSpec] = {
+    s.name: s for s in (TorchRollout(), EmulatedRollout(), VllmRollout())}
+TRAINER_BACKENDS: dict[str, TrainerBackendSpec] = {
+    s.name: s for s in (TorchTrainer(), EmulatedTrainer(), MegatronTrainer())}
+
+
+def resolve(path: str) -> Any:
+    """The object a lazy-import path "package.module:name" names ("module:Class.method": a class's
+    method), its module imported now: a builder's heavy imports (torch, vLLM, megatron-core)
+    happen only for the backend a run uses."""
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"{path!r} is not a lazy-import path 'package.module:name'")
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def rollout_backend(cfg: "Config") -> RolloutBackendSpec:
+    return ROLLOUT_BACKENDS[cfg.rollout.backend]
+
+
+def trainer_backend(cfg: "Config") -> TrainerBackendSpec:
+    return TRAINER_BACKENDS[cfg.trainer.backend]
+
+
+def kv_capacity(cfg: "Config") -> int:
+    """C_max, the KV tokens a replica holds: `repack.kv_capacity_tokens`, or by default every decode
+    slot at the longest sequence its engine allows (the rollout manager's, and an attach job's for
+    its joiners)."""
+    return cfg.repack.kv_capacity_tokens or cfg.rollout.max_batch * rollout_backend(cfg).longest_sequence(cfg)
+
+
+def context_refusal(cfg: "Config") -> str | None:
+    """Why `rollout.max_new_tokens` cannot be generated by the config's engine, or None: a
+    response must leave room for a prompt in the engine's context where it has one (a typo's
+    10**8 would otherwise size a KV cache or a batch's buffers)."""
+    context = rollout_backend(cfg).max_seq_len(cfg)
+    if context is not None and cfg.rollout.max_new_tokens >= context:
+        return (f"key 'rollout.max_new_tokens': {cfg.rollout.max_new_tokens} leaves no room for a prompt in the "
+                f"{cfg.rollout.backend} engine's context of {context} tokens (model.max_seq_len); lower it or "
+                "raise model.max_seq_len")
+    return None
