@@ -339,9 +339,7 @@ Mode = Literal[tuple(MODES)]  # one entry each in policy/modes/registry.py
 class Config(Section):
     name: str = "run"  # the run's name (trackers' experiment, the display); not a path
     seed: NonNegInt = 0  # seeds sampling, the task's problems and the model's initial weights: same seed, same campaign
-    # laminar: trajectory-level asynchrony + relay pull + repack; the rest are baselines in the
-    # same runtime: sync (on-policy, as verl), one-step-off, partial-rollout (as AReaL)
-    mode: Mode = "laminar"
+    mode: Mode = Field("laminar", description="; ".join(f"{name}: {m.meaning}" for name, m in MODES.items()))
     cluster: Literal["slurm", "local", "debug"] | None = None  # for `laminar submit`; never guessed
     model: ModelCfg = Field(default_factory=ModelCfg)
     task: TaskCfg = Field(default_factory=BuiltinTaskCfg)

@@ -105,3 +105,9 @@ def test_each_mode_is_its_own_file_beside_the_base():
     files = {p.stem for p in (PKG / "policy" / "modes").glob("*.py")} - {"__init__", "base", "registry"}
     owners = {type(m).__module__.rsplit(".", 1)[1] for m in MODES.values()}
     assert owners == files and len(MODES) == len(files)
+
+
+def test_the_config_reference_says_what_each_mode_is_from_its_object():
+    reference = (Path(REPO) / "docs" / "config.md").read_text()
+    row = next(line for line in reference.splitlines() if line.startswith("| `mode` |"))
+    assert all(m.meaning and f"{name}: {m.meaning}" in row for name, m in MODES.items())

@@ -66,6 +66,7 @@ class WeightSyncState(Protocol):
 
 class Mode:
     name = ""
+    meaning = ""  # one line for the `mode:` key's reference (docs/config.md)
     whole_batches = False  # admitted a whole batch at a time at a barrier (fixed batches)
     trainer_waits_for_rollouts = False  # each publish waits until every rollout holds the version
     idle_cause_while_collecting = "admission"  # goodput's cause for a replica idle while the trainer waits

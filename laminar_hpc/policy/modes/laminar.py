@@ -8,6 +8,7 @@ from laminar_hpc.policy.modes.base import Mode, T, WaysToTakeWeights
 
 class Laminar(Mode):
     name = "laminar"
+    meaning = "trajectory-level asynchrony: each replica takes new weights alone from its relay, repack"
 
     def take_weights(self, ways: WaysToTakeWeights[T]) -> T:
         return ways.per_replica()

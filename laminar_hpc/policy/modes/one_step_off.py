@@ -7,4 +7,5 @@ from laminar_hpc.policy.modes.sync import Sync
 
 class OneStepOff(Sync):
     name = "one-step-off"
+    meaning = "baseline: whole batches at a barrier, each one version behind the trainer"
     batch_lag = 1

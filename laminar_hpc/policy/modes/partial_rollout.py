@@ -10,6 +10,7 @@ from laminar_hpc.policy.modes.base import Mode, T, WaysToTakeWeights, WeightSync
 
 class PartialRollout(Mode):
     name = "partial-rollout"
+    meaning = "baseline (as AReaL): every publish pauses every rollout for a global update"
     trainer_waits_for_rollouts = True
 
     def take_weights(self, ways: WaysToTakeWeights[T]) -> T:

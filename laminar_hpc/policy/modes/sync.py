@@ -11,6 +11,7 @@ from laminar_hpc.policy.modes.base import Mode, T, WaysToTakeWeights, WeightSync
 
 class Sync(Mode):
     name = "sync"
+    meaning = "on-policy baseline (as verl): whole batches at a barrier, each on the newest version"
     whole_batches = True
     idle_cause_while_collecting = "long_tail"  # a replica idle before the batch is whole waits for its tail
     batch_lag = 0  # how many versions behind the trainer a batch may be generated
