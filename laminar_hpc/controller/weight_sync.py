@@ -35,8 +35,8 @@ def _no_trace(event: str, **fields) -> None:
 class WeightSync:
     def __init__(self, mode: str, *, rollouts: int, groups_per_step: int, send: Send,
                  emit: Callable[..., None] = _no_trace, trainer_version: int = -1, version_base: int = -1):
-        self.mode, self.groups_per_step = mode, groups_per_step
-        self.mode_rules = MODES[mode]  # when to coordinate (policy/modes)
+        self.mode = MODES[mode]  # when to coordinate is the mode's (policy/modes)
+        self.groups_per_step = groups_per_step
         self.send, self.emit = send, emit
         self.versions = [-1] * rollouts  # the version each rollout holds (-1: none known, or dead)
         self.trainer_version = trainer_version  # the newest published
@@ -82,11 +82,11 @@ class WeightSync:
         self.trainer_version, self.published_t = version, now
         if self.version_base < 0:
             self.version_base = version
-        self.mode_rules.after_publish(self, version, now)
+        self.mode.after_publish(self, version, now)
 
     # -- once per scheduling round, after the round's admission is decided -------------------
     def tick(self, *, groups_started: int, in_flight: int, now: float) -> None:
-        self.mode_rules.each_round(self, groups_started=groups_started, in_flight=in_flight, now=now)
+        self.mode.each_round(self, groups_started=groups_started, in_flight=in_flight, now=now)
 
     # -- the verbs a mode coordinates with (policy/modes/base.py: WeightSyncState) -------------
     def tell_to_load(self, rank: int, version: int) -> None:
