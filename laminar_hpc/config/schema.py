@@ -30,7 +30,8 @@ from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Sectio
 from laminar_hpc.config.shards import resolve_shards
 from laminar_hpc.config.slurm import SlurmCfg, SlurmLayoutCfg, StepResources
 from laminar_hpc.config.task import (
-    ArithTaskCfg, BuiltinTaskCfg, DatasetTaskCfg, EvalCfg, JsonlTaskCfg, RewardCfg, SyntheticTaskCfg, TaskCfg,
+    TASK_TYPES, ArithTaskCfg, BuiltinTaskCfg, DatasetTaskCfg, EvalCfg, JsonlTaskCfg, RewardCfg, SyntheticTaskCfg,
+    TaskCfg,
 )
 from laminar_hpc.config.trainer import MegatronCfg, TrainerBackend, TrainerCfg
 from laminar_hpc.config.tracking import LoggingCfg, MlflowCfg, WandbCfg  # noqa: F401 - re-exported
@@ -414,8 +415,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _chat_template(self) -> "Config":
-        if self.task.type == "tool_calc" and not self.env.enabled:
-            raise ValueError("task.type tool_calc is solved with a tool: set env.tools, e.g. {calc: calculator}")
+        if TASK_TYPES[self.task.type].needs_tools and not self.env.enabled:
+            raise ValueError(f"task.type {self.task.type} is solved with a tool: set env.tools, e.g. {{calc: calculator}}")
         # a chat task is rendered with the tokenizer's own template: only HF tokenizers have one
         if getattr(self.task, "chat_template", False) and self.model.tokenizer != "hf":
             raise ValueError(f"task.chat_template is true but model.tokenizer={self.model.tokenizer!r} has no chat "

@@ -216,22 +216,35 @@ class ToolCalcTaskCfg(Section):
 class TaskType:
     """A `task.type`: its section of the config (the schema's `task:` union holds each section
     once) and its source as a lazy-import path of `(section, seed) -> TaskSource` (tasks/problem.py),
-    resolved by `tasks/sources/build.build_task`."""
+    resolved by `tasks/sources/build.build_task`. What code asks of a task type is a rule here, never
+    a comparison of its name."""
     name: str
     section: type[Section]
     source: str
+    counts_epochs: bool = False  # a finite list of rows: the controller counts the epochs over it
+    needs_tools: bool = False  # solved with a tool call: the campaign needs env.tools
+    fixes_prompt_tokens: bool = False  # its section's `prompt_tokens` is every prompt's length (emulated work)
 
 
 # the one list of task types: the `task:` union, the unknown-type error and build_task derive from it
 TASK_TYPES: dict[str, TaskType] = {t.name: t for t in (
     TaskType("builtin", BuiltinTaskCfg, "laminar_hpc.tasks.sources.builtin:BuiltinTasks.from_config"),
-    TaskType("dataset", DatasetTaskCfg, "laminar_hpc.tasks.sources.dataset:DatasetTasks.from_config"),
+    TaskType("dataset", DatasetTaskCfg, "laminar_hpc.tasks.sources.dataset:DatasetTasks.from_config",
+             counts_epochs=True),
     # (jsonl: the name before Parquet)
-    TaskType("jsonl", DatasetTaskCfg, "laminar_hpc.tasks.sources.dataset:DatasetTasks.from_config"),
+    TaskType("jsonl", DatasetTaskCfg, "laminar_hpc.tasks.sources.dataset:DatasetTasks.from_config",
+             counts_epochs=True),
     TaskType("arith", ArithTaskCfg, "laminar_hpc.tasks.sources.arith:ArithTasks.from_config"),
-    TaskType("synthetic", SyntheticTaskCfg, "laminar_hpc.tasks.sources.synthetic:SyntheticTasks.from_config"),
-    TaskType("tool_calc", ToolCalcTaskCfg, "laminar_hpc.tasks.sources.toolcalc:ToolCalcTasks.from_config"),
+    TaskType("synthetic", SyntheticTaskCfg, "laminar_hpc.tasks.sources.synthetic:SyntheticTasks.from_config",
+             fixes_prompt_tokens=True),
+    TaskType("tool_calc", ToolCalcTaskCfg, "laminar_hpc.tasks.sources.toolcalc:ToolCalcTasks.from_config",
+             needs_tools=True),
 )}
+
+
+def fixed_prompt_tokens(task: Section) -> int | None:
+    """Every prompt's length in tokens where the task type fixes it (an emulated workload), else None."""
+    return task.prompt_tokens if TASK_TYPES[task.type].fixes_prompt_tokens else None
 TaskCfg = Annotated[Union[tuple(dict.fromkeys(t.section for t in TASK_TYPES.values()))], Field(discriminator="type")]
 
 

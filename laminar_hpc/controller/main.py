@@ -40,6 +40,7 @@ import msgspec
 
 from laminar_hpc.config import Config
 from laminar_hpc.config.backend_specs import rollout_backend
+from laminar_hpc.config.task import TASK_TYPES
 from laminar_hpc.controller.elastic import Elastic
 from laminar_hpc.controller.evaluation import Evaluation
 from laminar_hpc.controller.frames import Frames
@@ -78,7 +79,7 @@ class Controller:
         self.rd = rd = RunDir.of(run_dir)
         self.run_dir, self.cfg, self.log, self.tracer = rd.path, cfg, log, tracer
         task = build_task(cfg.task, cfg.seed)
-        self.task_rows = len(task) if cfg.task.type in ("dataset", "jsonl") else None  # epochs of a dataset
+        self.task_rows = len(task) if TASK_TYPES[cfg.task.type].counts_epochs else None  # epochs of a dataset
         self.rows_skipped = int(getattr(task, "skipped", 0))  # bad rows the dataset skipped (task.on_bad_row: skip)
         tok = build_tokenizer(cfg.model)
         self.epoch = uuid.uuid4().hex[:12]  # roles that see a new epoch re-send their state

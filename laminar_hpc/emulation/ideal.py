@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from laminar_hpc.config.task import fixed_prompt_tokens
 from laminar_hpc.emulation.cost import CostModel, lognormal_sigma
 from laminar_hpc.emulation.workload import Workload, has_tools, workload_for
 
@@ -251,9 +252,9 @@ def ideal_for_config(cfg: Config, *, cost: CostModel | None = None, prompt_token
     replace the config's (a calibrated simulation); a non-synthetic task needs `prompt_tokens`.
     `workload`: the one the caller built from `emulation.lengths` (else it is looked up)."""
     if prompt_tokens is None:
-        if cfg.task.type != "synthetic":
-            raise ValueError(f"task.type={cfg.task.type!r}: pass prompt_tokens (only a synthetic task fixes it)")
-        prompt_tokens = cfg.task.prompt_tokens
+        prompt_tokens = fixed_prompt_tokens(cfg.task)
+        if prompt_tokens is None:
+            raise ValueError(f"task.type={cfg.task.type!r}: pass prompt_tokens (its task type does not fix it)")
     moments = sample_moments(lengths) if lengths else config_moments(cfg, workload)
     episodes = None
     if not lengths and has_tools(cfg.emulation.lengths):

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from laminar_hpc.config import load_config
+from laminar_hpc.config.task import fixed_prompt_tokens
 from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.emulation.cost import Z99
 from laminar_hpc.emulation.workload import complete_group_lengths, has_tools
@@ -113,7 +114,7 @@ def calibrate(path: str | Path) -> Calibration:
     for d in dirs:
         cfg = load_config(d / "config.yaml")
         scale = rollout_backend(cfg).time_scale(cfg)
-        prompt = cfg.task.prompt_tokens if cfg.task.type == "synthetic" else None
+        prompt = fixed_prompt_tokens(cfg.task)
         prompts = []
         for e in read_run(d).events:
             ev, role = e["ev"], e.get("role", "")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from laminar_hpc.config.backend_specs import rollout_backend
+from laminar_hpc.config.task import fixed_prompt_tokens
 from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel
@@ -269,7 +270,8 @@ class SimParams:
         scale = rollout_backend(cfg).time_scale(cfg)
         wall = 1.0 / scale  # one wall second of real overhead, in emulated seconds
         cost = CostModel(e)
-        prompt = cfg.task.prompt_tokens if cfg.task.type == "synthetic" else spec.prompt_tokens
+        fixed = fixed_prompt_tokens(cfg.task)
+        prompt = spec.prompt_tokens if fixed is None else fixed
         wl = build_workload(e.lengths, read_events=read_events)  # once: the simulation's draws, plans and ideal
         kind = "mixture" if wl.mixture else ("empirical" if wl.components[0].values is not None else "log-normal")
         src = {"cost model": "config emulation.* (the emulated engines' own coefficients)",

@@ -406,9 +406,9 @@ def test_every_config_parameter_is_annotated():
     assert not bad, "config parameters without a type:\n  " + "\n  ".join(bad)
 
 
-# what a backend, a mode or an update path decides lives in its spec (config/backend_specs.py,
+# what a backend, a mode, an update path or a task type decides lives in its spec (config/backend_specs.py,
 # config/update_paths.py, policy/modes), not in string comparisons spread over the tree
-NAME_COMPARISON = re.compile(r"""(backend|mode|update_path)\s*(==|!=)\s*['"]|(backend|mode|update_path) (not )?in \(""")
+NAME_COMPARISON = re.compile(r"""(backend|mode|update_path|task\.type)\s*(==|!=)\s*['"]|(backend|mode|update_path|task\.type) (not )?in \(""")
 MAX_NAME_COMPARISONS = 3  # issue 29's bar (32 before the specs)
 
 
@@ -427,6 +427,7 @@ def test_backend_and_mode_rules_live_in_their_specs():
     found = name_comparisons()
     assert len(found) <= MAX_NAME_COMPARISONS, "compare names in a spec instead:\n  " + "\n  ".join(found)
     assert NAME_COMPARISON.search('if cfg.rollout.backend == "vllm":') and NAME_COMPARISON.search("mode in (")
+    assert NAME_COMPARISON.search('if cfg.task.type == "synthetic"')  # a task type's rules are on its TaskType
 
 
 def test_modules_that_share_a_file_name_say_which_is_which():

@@ -425,3 +425,20 @@ def test_every_task_type_builds_its_source():
     built = {name: type(build_task(spec.section(type=name, **(data if "path" in spec.section.model_fields else {})),
                                    0)).__name__ for name, spec in TASK_TYPES.items()}
     assert built == {name: spec.source.split(":")[1].split(".")[0] for name, spec in TASK_TYPES.items()}
+
+
+def test_what_code_asks_of_a_task_type_is_a_rule_of_its_entry(monkeypatch):
+    """Issue 47: the controller (epochs), the schema (a tool task needs tools) and the simulator and
+    ideal (an emulated task's prompt length) ask the TaskType, never its name: a rule set on an
+    entry is what every caller sees."""
+    from dataclasses import replace
+
+    from laminar_hpc.config.schema import SyntheticTaskCfg
+    from laminar_hpc.config.task import BuiltinTaskCfg, fixed_prompt_tokens
+    assert {n for n, t in TASK_TYPES.items() if t.counts_epochs} == {"dataset", "jsonl"}
+    assert fixed_prompt_tokens(SyntheticTaskCfg(prompt_tokens=77)) == 77
+    assert fixed_prompt_tokens(BuiltinTaskCfg()) is None
+    Config(task={"type": "synthetic"})  # no tools needed
+    monkeypatch.setitem(TASK_TYPES, "synthetic", replace(TASK_TYPES["synthetic"], needs_tools=True))
+    with pytest.raises(ValidationError, match="task.type synthetic is solved with a tool: set env.tools"):
+        Config(task={"type": "synthetic"})
