@@ -8,8 +8,11 @@ spec (`rollout_backend(cfg)`, `trainer_backend(cfg)`) instead of comparing backe
 tables below are the only lists of backends: the config's `rollout.backend` and `trainer.backend`
 types derive from them, and each spec names its builder as a lazy-import path ("module:function",
 `resolve`; the builders are in rollout/engines.py and trainer/backend_builders.py), so a new backend is
-its implementation's file plus one class and one entry here. Imports no torch, vLLM or megatron
-(a builder's module is imported when the backend is built).
+its implementation's file plus one class and one entry here. A backend's own settings (its section
+class, e.g. `VllmCfg`) sit beside its spec (`settings`): the schema's `rollout.<name>` and
+`trainer.<name>` keys derive from the tables (config/section.py: with_part_settings), and so does
+docs/config.md. Imports no torch, vLLM or megatron (a builder's module is imported when the
+backend is built).
 
 `Config` is the schema's (config/schema.py), named in annotations only: the schema imports
 these tables for its types, so importing it back, even for type checkers, would be a cycle.
@@ -22,11 +25,45 @@ these tables for its types, so importing it back, even for type checkers, would 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from laminar_hpc.config.section import PosFloat, PosInt, Section
 
 # a vLLM or emulated sequence's KV beyond its response when the config bounds only the response:
 # room for a prompt (repack's default KV capacity, rollout_manager.kv_capacity)
 PROMPT_ALLOWANCE = 4096
+
+
+class VllmCfg(Section):
+    """vLLM rollout backend (`rollout.backend: vllm`, extra `vllm`, GPU nodes only)."""
+    tensor_parallel_size: PosInt = 1  # GPUs per vLLM replica
+    # fraction of GPU memory vLLM may take (weights + KV cache)
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"  # vLLM's compute dtype
+    enforce_eager: bool = False  # no CUDA graphs: faster start, slower decode
+    enable_sleep_mode: bool = True  # vLLM's sleep mode (frees KV memory while weights load)
+    # how a pulled version reaches the engine: vLLM's weight-transfer API (init/start/update/
+    # finish_weight_update) or a collective_rpc("reload_weights") on every worker
+    weight_update: Literal["transfer_engine", "reload_weights"] = "transfer_engine"
+    max_model_len: PosInt | None = None  # vLLM's context; unset: model.max_seq_len
+    # transfer_engine: a pulled version goes to the GPU in chunks of at most this size (one
+    # update_weights call each); it must fit in the memory gpu_memory_utilization leaves free
+    staging_mb: PosFloat = 1024.0
+
+
+class MegatronCfg(Section):
+    """Megatron-core trainer backend (`trainer.backend: megatron`, extra `megatron`). The trainer
+    runs tensor * pipeline * data ranks (rank 0 talks to the run, the others follow it)."""
+    tensor_parallel: PosInt = 1  # tensor-parallel ranks
+    pipeline_parallel: PosInt = 1  # pipeline stages
+    data_parallel: PosInt = 1  # data-parallel replicas
+    micro_batch_size: PosInt = 4  # sequences per micro-batch: larger is faster, needs more memory
+    distributed_optimizer: bool = True  # shard the optimizer state over data-parallel ranks
+    sequence_parallel: bool = False  # Megatron's sequence parallelism (with tensor_parallel > 1)
+    bf16: bool = False  # bfloat16 parameters and compute
+    dist_backend: Literal["nccl", "gloo"] = "nccl"  # torch.distributed backend of the trainer's ranks (gloo on CPU)
 
 
 class RolloutBackendSpec:
@@ -35,8 +72,10 @@ class RolloutBackendSpec:
     engine's compute is the cost model's time (emulation/cost.py) and its weights a byte count,
     not a model's tensors."""
     name = ""
+    meaning = ""  # one line: what generates (the `rollout.backend` key's reference)
     builder = ""
     emulated = False
+    settings: type[Section] | None = None  # its own section, `rollout.<name>` (None: none)
 
     def max_seq_len(self, cfg: "Config") -> int | None:
         """Prompt + response tokens one sequence may hold (None: no limit)."""
@@ -57,6 +96,7 @@ class RolloutBackendSpec:
 
 class TorchRollout(RolloutBackendSpec):
     name = "torch"
+    meaning = "this package's engine (CPU or GPU)"
     builder = "laminar_hpc.rollout.engines:torch_engine"
 
     def longest_sequence(self, cfg: "Config") -> int:
@@ -65,6 +105,8 @@ class TorchRollout(RolloutBackendSpec):
 
 class VllmRollout(RolloutBackendSpec):
     name = "vllm"
+    meaning = "vLLM (GPU nodes)"
+    settings = VllmCfg
     builder = "laminar_hpc.rollout.engines:vllm_engine"
 
     def max_seq_len(self, cfg: "Config") -> int | None:
@@ -74,6 +116,7 @@ class VllmRollout(RolloutBackendSpec):
 
 class EmulatedRollout(RolloutBackendSpec):
     name = "emulated"
+    meaning = "timed by the emulation section"
     builder = "laminar_hpc.rollout.engines:emulated_engine"
     emulated = True
 
@@ -92,8 +135,10 @@ class TrainerBackendSpec:
     `(cfg, tok, run_dir, ckpt_root) -> TrainBackend`. `has_model`: it trains a real model (its
     versions can be exported, its checkpoints hold that model's shape)."""
     name = ""
+    meaning = ""  # one line: what trains (the `trainer.backend` key's reference)
     builder = ""
     has_model = True
+    settings: type[Section] | None = None  # its own section, `trainer.<name>` (None: none)
     # trainer settings this backend cannot train with when above 0 -> why (one line each)
     refuses: dict[str, str] = {}
 
@@ -104,17 +149,21 @@ class TrainerBackendSpec:
 
 class TorchTrainer(TrainerBackendSpec):
     name = "torch"
+    meaning = "this package's trainer"
     builder = "laminar_hpc.trainer.backend_builders:torch_trainer"
 
 
 class EmulatedTrainer(TrainerBackendSpec):
     name = "emulated"
+    meaning = "timed by the emulation section"
     builder = "laminar_hpc.trainer.backend_builders:emulated_trainer"
     has_model = False  # it checkpoints emulation.weight_mb bytes: the model section is not its shape
 
 
 class MegatronTrainer(TrainerBackendSpec):
     name = "megatron"
+    meaning = "Megatron-core"
+    settings = MegatronCfg
     builder = "laminar_hpc.trainer.backend_builders:megatron_trainer"
     refuses = {
         # the reference would be a second sharded model on every rank (its own TP/PP layout, loaded
@@ -129,6 +178,11 @@ class MegatronTrainer(TrainerBackendSpec):
     def ranks(self, cfg: "Config") -> int:
         m = cfg.trainer.megatron
         return m.tensor_parallel * m.pipeline_parallel * m.data_parallel
+
+
+def meanings(specs: dict) -> str:
+    """The meaning of a key that picks one of `specs` (docs/config.md), from their entries."""
+    return "; ".join(f"{name}: {spec.meaning}" for name, spec in specs.items())
 
 
 # the backends the config accepts, in the order its error messages and docs/config.md list them

@@ -96,7 +96,10 @@ def _tag(section: type[BaseModel]) -> str:
 def keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Key]]:
     """Every leaf key of `model` and of the sections it holds, dotted, in declaration order."""
     out: list[tuple[str, Key]] = []
-    notes = _comments(model)
+    notes: dict[str, str] = {}
+    for cls in reversed(model.__mro__):  # a section with part settings (config/section.py) is derived: its
+        if issubclass(cls, BaseModel) and cls is not BaseModel:  # fields' comments are in its bases
+            notes.update(_comments(cls))
     for name, field in model.model_fields.items():
         dotted = f"{prefix}{name}"
         sections = _models(field.annotation)

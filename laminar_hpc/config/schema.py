@@ -21,12 +21,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from laminar_hpc.config.backend_specs import ROLLOUT_BACKENDS, TRAINER_BACKENDS
+from laminar_hpc.config.backend_specs import (  # noqa: F401 - VllmCfg re-exported
+    ROLLOUT_BACKENDS, TRAINER_BACKENDS, VllmCfg, meanings,
+)
 from laminar_hpc.config.env import EnvCfg, SandboxCfg  # noqa: F401 - re-exported
 from laminar_hpc.config.emulation import (
     ComponentCfg, EmpiricalCfg, EmulationCfg, LatencyCfg, LengthsCfg, ObservationCfg, ToolsCfg,
 )
-from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
+from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section, with_part_settings
 from laminar_hpc.config.shards import resolve_shards
 from laminar_hpc.config.slurm import SlurmCfg, SlurmLayoutCfg, StepResources
 from laminar_hpc.config.task import (
@@ -116,23 +118,6 @@ class WarmupCfg(Section):
     data: str | None = None
 
 
-class VllmCfg(Section):
-    """vLLM rollout backend (`rollout.backend: vllm`, extra `vllm`, GPU nodes only)."""
-    tensor_parallel_size: PosInt = 1  # GPUs per vLLM replica
-    # fraction of GPU memory vLLM may take (weights + KV cache)
-    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"  # vLLM's compute dtype
-    enforce_eager: bool = False  # no CUDA graphs: faster start, slower decode
-    enable_sleep_mode: bool = True  # vLLM's sleep mode (frees KV memory while weights load)
-    # how a pulled version reaches the engine: vLLM's weight-transfer API (init/start/update/
-    # finish_weight_update) or a collective_rpc("reload_weights") on every worker
-    weight_update: Literal["transfer_engine", "reload_weights"] = "transfer_engine"
-    max_model_len: PosInt | None = None  # vLLM's context; unset: model.max_seq_len
-    # transfer_engine: a pulled version goes to the GPU in chunks of at most this size (one
-    # update_weights call each); it must fit in the memory gpu_memory_utilization leaves free
-    staging_mb: PosFloat = 1024.0
-
-
 RolloutBackend = Literal[tuple(ROLLOUT_BACKENDS)]  # one entry each in config/backend_specs.py
 # sizes a typo could turn into exhausted memory (an engine allocates per sequence and per token):
 # far above any campaign's, and bounded again by the engine's context where it has one (`_sizes`)
@@ -140,9 +125,10 @@ MAX_NEW_TOKENS = 1 << 20
 MAX_BATCH = 1 << 16
 
 
-class RolloutCfg(Section):
-    # torch: this package's engine (CPU or GPU); vllm: vLLM (GPU nodes); emulated: timed by the emulation section
-    backend: RolloutBackend = "torch"
+class RolloutCommon(Section):
+    """The `rollout:` keys every engine shares; each engine's own settings (`rollout.vllm`) come from
+    its spec's entry (config/backend_specs.py) as `RolloutCfg` below."""
+    backend: RolloutBackend = Field("torch", description=meanings(ROLLOUT_BACKENDS))
     device: str = "cpu"  # torch engine's device (cpu, cuda, cuda:1)
     count: PosInt = 4  # rollout replicas the campaign starts (elastic joiners come on top)
     # sequences one replica decodes at once: more fills the engine, holds more KV
@@ -175,7 +161,9 @@ class RolloutCfg(Section):
     # KV computed under the old ones (keep: PipelineRL's in-flight update, no re-prefill; on the
     # learning bench it needed more trajectories to the target: KL(mu || pi) 0.032 against 0.020)
     refresh_kv: Literal["recompute", "keep"] = "recompute"
-    vllm: VllmCfg = Field(default_factory=VllmCfg)
+
+
+RolloutCfg = with_part_settings(RolloutCommon, ROLLOUT_BACKENDS.values(), name="RolloutCfg")
 
 
 class RelayCfg(Section):

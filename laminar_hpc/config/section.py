@@ -10,9 +10,9 @@ Imports neither torch, mpi4py nor vLLM. Use it as
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from laminar_hpc.config.values import control_in
 
@@ -38,3 +38,13 @@ class Section(BaseModel):
                 raise ValueError(f"holds {where}; remove it: values end up in sbatch scripts, shell commands "
                                  "and file names, where such a character can end a line or start a new command")
         return value
+
+
+def with_part_settings(base: type[Section], parts: Iterable[Any], *, name: str) -> type[Section]:
+    """`base` plus one field per swappable part that has settings (`part.settings`: its own section
+    class, kept beside its spec): `<section>.<part name>`, its defaults the section's. A part's
+    settings then live in its spec's file and reach the schema and docs/config.md from the part's
+    one entry. `name` is the module-level name the result is bound to (so that it pickles)."""
+    fields = {p.name: (p.settings, Field(default_factory=p.settings, description=f"the settings of {p.name}: "
+                                         f"{p.meaning}")) for p in parts if p.settings is not None}
+    return create_model(name, __base__=base, __module__=base.__module__, **fields)

@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from laminar_hpc.config.backend_specs import TRAINER_BACKENDS
+from laminar_hpc.config.backend_specs import TRAINER_BACKENDS, MegatronCfg, meanings  # noqa: F401 - re-exported
 from laminar_hpc.config.correction_specs import CORRECTION_SPECS
-from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
+from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section, with_part_settings
 
 # Literal[tuple] is Literal[a, b, ...]: pydantic's errors and docs/config.md list the allowed values
 TrainerBackend = Literal[tuple(TRAINER_BACKENDS)]
@@ -35,22 +35,10 @@ LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-s
 AdvantageNorm = Literal["population-std", "sample-std", "batch-std", "none", "rloo"]
 
 
-class MegatronCfg(Section):
-    """Megatron-core trainer backend (`trainer.backend: megatron`, extra `megatron`). The trainer
-    runs tensor * pipeline * data ranks (rank 0 talks to the run, the others follow it)."""
-    tensor_parallel: PosInt = 1  # tensor-parallel ranks
-    pipeline_parallel: PosInt = 1  # pipeline stages
-    data_parallel: PosInt = 1  # data-parallel replicas
-    micro_batch_size: PosInt = 4  # sequences per micro-batch: larger is faster, needs more memory
-    distributed_optimizer: bool = True  # shard the optimizer state over data-parallel ranks
-    sequence_parallel: bool = False  # Megatron's sequence parallelism (with tensor_parallel > 1)
-    bf16: bool = False  # bfloat16 parameters and compute
-    dist_backend: Literal["nccl", "gloo"] = "nccl"  # torch.distributed backend of the trainer's ranks (gloo on CPU)
-
-
-class TrainerCfg(Section):
-    # torch: this package's trainer; megatron: Megatron-core; emulated: timed by the emulation section
-    backend: TrainerBackend = "torch"
+class TrainerCommon(Section):
+    """The `trainer:` keys every backend shares; each backend's own settings (`trainer.megatron`) come
+    from its spec's entry (config/backend_specs.py) as `TrainerCfg` below."""
+    backend: TrainerBackend = Field("torch", description=meanings(TRAINER_BACKENDS))
     device: str = "cpu"  # the torch trainer's device (cpu, cuda)
     total_steps: PosInt = 300  # train steps of the campaign (one optimizer step per batch unless minibatches > 1)
     # groups (prompts) per train step: the trainer's batch, its only barrier (bounded: a batch is held in memory)
@@ -105,7 +93,6 @@ class TrainerCfg(Section):
     publish_dtype: Literal["float32", "bfloat16"] = "float32"
     init_checkpoint: str | None = None  # start from this checkpoint's weights (a step_* directory); no warm-up then
     torch_threads: PosInt = 1  # CPU threads of the torch trainer
-    megatron: MegatronCfg = Field(default_factory=MegatronCfg)
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step `step` (0-based) of `total_steps`: `lr_warmup_steps`
@@ -138,3 +125,6 @@ class TrainerCfg(Section):
             raise ValueError(f"trainer.minibatches {self.minibatches} exceeds trainer.groups_per_step "
                              f"{self.groups_per_step}: each mini-batch holds whole groups")
         return self
+
+
+TrainerCfg = with_part_settings(TrainerCommon, TRAINER_BACKENDS.values(), name="TrainerCfg")

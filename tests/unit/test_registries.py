@@ -10,6 +10,7 @@ see it named in what the check reports."""
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -442,3 +443,50 @@ def test_what_code_asks_of_a_task_type_is_a_rule_of_its_entry(monkeypatch):
     monkeypatch.setitem(TASK_TYPES, "synthetic", replace(TASK_TYPES["synthetic"], needs_tools=True))
     with pytest.raises(ValidationError, match="task.type synthetic is solved with a tool: set env.tools"):
         Config(task={"type": "synthetic"})
+
+
+# a part added in one place, before anything reads the tables: what derives from them must follow
+ONE_PLACE = '''
+import json
+from laminar_hpc.config import backend_specs as specs
+from pydantic import Field
+from laminar_hpc.config.section import PosInt, Section
+
+class FakeCfg(Section):  # (its meaning as a description: a "-c" script has no source to read comments from)
+    knob: PosInt = Field(7, description="the fake part's one setting")
+
+class FakeRollout(specs.RolloutBackendSpec):
+    name, meaning, builder, settings = "fake", "a test's engine", "laminar_hpc.rollout.engines:torch_engine", FakeCfg
+
+class FakeTrainer(specs.TrainerBackendSpec):
+    name, meaning, builder, settings = "fake", "a test's trainer", "laminar_hpc.trainer.backend_builders:torch_trainer", FakeCfg
+
+specs.ROLLOUT_BACKENDS["fake"] = FakeRollout()  # each its one entry
+specs.TRAINER_BACKENDS["fake"] = FakeTrainer()
+# the package's import built the schema before the entries existed: build it again, as a start would
+import importlib
+from laminar_hpc.config import schema, trainer
+importlib.reload(trainer), importlib.reload(schema)
+from laminar_hpc.config.reference import markdown
+from laminar_hpc.config.schema import Config
+cfg = Config(rollout={"backend": "fake", "fake": {"knob": 8}}, trainer={"backend": "fake", "fake": {"knob": 9}})
+docs = markdown()
+print(json.dumps({
+    "settings": [cfg.rollout.fake.knob, cfg.trainer.fake.knob, Config().rollout.fake.knob],
+    "documented": [k in docs for k in ("`rollout.fake.knob`", "`trainer.fake.knob`", "fake: a test's engine",
+                                       "fake: a test's trainer", "the fake part's one setting")],
+    "builders": [callable(specs.resolve(specs.rollout_backend(cfg).builder)),
+                 callable(specs.resolve(specs.trainer_backend(cfg).builder))],
+}))
+'''
+
+
+def test_a_backend_added_in_one_place_reaches_the_schema_the_docs_and_its_builder():
+    """Issue 47 item 1: an engine or a trainer backend is its spec, with its settings beside it, and
+    one entry: the schema's backend type and its `<section>.<name>` settings, docs/config.md and
+    the builder all follow from the entry (in a fresh interpreter: the schema derives when its
+    module is imported)."""
+    out = subprocess.run([sys.executable, "-c", ONE_PLACE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"settings": [8, 9, 7], "documented": [True] * 5, "builders": [True, True]}
