@@ -12,65 +12,24 @@ Imports neither torch, mpi4py nor vLLM; re-exported by `laminar_hpc.config.schem
 `tasks.tools.episode.Environment`) the episode is the user's own. No `tools` and no `environment`:
 single-turn trajectories, as before.
 
-`BUILTIN_TOOLS` is the only list of built-in tools and `TOOL_CALL_FORMATS` of built-in tool-call
-formats: this section's validator and tasks/tools/loader.py (load_tools, load_format) read them, and each
-entry names its code as a lazy-import path ("module:name", config/backend_specs.py: resolve), so a new
-built-in is its code plus one entry here.
+The built-in tools and tool-call formats are listed in config/tool_specs.py; this section's
+validator reads the lists, and a built-in tool's settings become `env.<tool>` from its entry.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
-from laminar_hpc.config.section import PosFloat, PosInt, Section
+from laminar_hpc.config.section import PosFloat, PosInt, Section, with_part_settings
+from laminar_hpc.config.tool_specs import (  # noqa: F401 - SandboxCfg re-exported
+    BUILTIN_TOOLS, TOOL_CALL_FORMATS, SandboxCfg,
+)
 
 
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str  # its value in `env.tools`
-    # "module:function" of its builder, `(env_cfg: EnvCfg) -> the tool` (a callable taking the
-    # call's arguments as keywords, plain or async, returning text or a tasks.tools.episode.ToolResult)
-    builder: str
-    meaning: str  # one line: what it does
-
-
-@dataclass(frozen=True)
-class FormatSpec:
-    name: str  # its `env.format` value
-    cls: str  # "module:Class" with the methods of tasks.tools.episode.HermesFormat
-    meaning: str  # one line: how a call is written
-
-
-BUILTIN_TOOLS: dict[str, ToolSpec] = {s.name: s for s in (
-    ToolSpec("calculator", "laminar_hpc.tasks.tools.loader:calculator_builder",
-             "arithmetic, no eval (tasks/tools/calculator.py)"),
-    ToolSpec("python", "laminar_hpc.tasks.tools.loader:python_builder",
-             "Python in a sandboxed subprocess with env.python's limits and no network (tasks/sandbox/python_tool.py)"),
-)}
-TOOL_CALL_FORMATS: dict[str, FormatSpec] = {s.name: s for s in (
-    FormatSpec("hermes", "laminar_hpc.tasks.tools.episode:HermesFormat", "`<tool_call>{json}</tool_call>`"),
-)}
-
-
-class SandboxCfg(Section):
-    """Limits of the built-in `python` tool (tasks/sandbox/python_tool.py): model-written code inside bubblewrap's
-    namespaces and a seccomp filter, then Landlock, rlimits and an audit hook; processes, memory and
-    disk counted for each call as a whole (tasks/sandbox/call_limits.py). Without bubblewrap the call fails
-    closed."""
-    cpu_s: PosFloat = 2.0  # CPU seconds per process of a python call (rounded up to whole seconds)
-    # memory of a python call, MiB: its cgroup's limit (every process, its files too), and each process's
-    # address space; without a cgroup the call holds at most max_processes x this
-    mem_mb: PosInt = 256
-    wall_s: PosFloat = 5.0  # wall-clock seconds per python call; past it the call is killed (outcome timeout)
-    # bwrap, the only isolation (a Landlock-only mode ran tool code as the campaign's uid: removed)
-    isolation: Literal["bwrap"] = "bwrap"
-    max_processes: PosInt = 32  # processes of a python call at once (its cgroup's pids.max, and RLIMIT_NPROC)
-    disk_mb: PosInt = 64  # what a python call may write in all: its working directory is a tmpfs of this size
-
-
-class EnvCfg(Section):
+class EnvCommon(Section):
+    """The `env:` keys every episode shares; a built-in tool's own settings (`env.python`) come from
+    its entry in BUILTIN_TOOLS as `EnvCfg` below."""
     environment: str | None = None  # "module:Class" or "file.py:Class"; None: tools only
     tools: dict[str, str] = Field(default_factory=dict, description=(
         f"the name the model calls -> a built-in ({', '.join(BUILTIN_TOOLS)}) or user code ('file.py:function')"))
@@ -91,7 +50,6 @@ class EnvCfg(Section):
     # and these fill it); None: as many as rollout.max_batch
     extra_episodes: int | None = Field(default=None, ge=0)
     observation_max_chars: PosInt = 1000  # a longer tool result is cut, with a marker
-    python: SandboxCfg = Field(default_factory=SandboxCfg)
 
     @property
     def enabled(self) -> bool:
@@ -109,3 +67,6 @@ class EnvCfg(Section):
         if self.environment is not None and ":" not in self.environment:
             raise ValueError(f"environment {self.environment!r}: write 'package.module:Class' or 'path/to/file.py:Class'")
         return self
+
+
+EnvCfg = with_part_settings(EnvCommon, BUILTIN_TOOLS.values(), name="EnvCfg")

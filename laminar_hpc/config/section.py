@@ -40,11 +40,19 @@ class Section(BaseModel):
         return value
 
 
-def with_part_settings(base: type[Section], parts: Iterable[Any], *, name: str) -> type[Section]:
+def with_part_settings(base: type[Section], parts: Iterable[Any], *, name: str, switched: bool = False) -> type[Section]:
     """`base` plus one field per swappable part that has settings (`part.settings`: its own section
     class, kept beside its spec): `<section>.<part name>`, its defaults the section's. A part's
     settings then live in its spec's file and reach the schema and docs/config.md from the part's
-    one entry. `name` is the module-level name the result is bound to (so that it pickles)."""
-    fields = {p.name: (p.settings, Field(default_factory=p.settings, description=f"the settings of {p.name}: "
-                                         f"{p.meaning}")) for p in parts if p.settings is not None}
+    one entry. `switched`: every part is a field that turns it on (trackers): its settings or None
+    (off), or a bool where it has none (`base` turns `true` into the defaults). `name` is the
+    module-level name the result is bound to (so that it pickles)."""
+    fields: dict[str, Any] = {}
+    for p in parts:
+        if switched:
+            fields[p.name] = ((p.settings | None, Field(None, description=p.meaning)) if p.settings is not None
+                              else (bool, Field(False, description=p.meaning)))
+        elif p.settings is not None:
+            fields[p.name] = (p.settings, Field(default_factory=p.settings,
+                                                description=f"the settings of {p.name}: {p.meaning}"))
     return create_model(name, __base__=base, __module__=base.__module__, **fields)

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from laminar_hpc.config.tracking import TRACKERS, LoggingCfg
+from laminar_hpc.config.tracker_specs import TRACKERS
+from laminar_hpc.config.tracking import LoggingCfg
 from laminar_hpc.rundir import RunDir
 
 MISSING = "the {pkg} package is not installed: pip install -e '.[trackers]' (or set logging.{name} off)"

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from laminar_hpc.checkpoint_format import checkpoint_step, list_checkpoints
 from laminar_hpc.config.backend_specs import resolve
-from laminar_hpc.config.tracking import TRACKERS
+from laminar_hpc.config.tracker_specs import TRACKERS
 from laminar_hpc.metrics.jsonl import REWOUND, rewind
 from laminar_hpc.metrics.names import FAMILIES, VERL_EVAL, tracker_names
 from laminar_hpc.metrics.tracker_sinks import flatten

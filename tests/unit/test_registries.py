@@ -26,12 +26,14 @@ from laminar_hpc.config.backend_specs import (
     ROLLOUT_BACKENDS, TRAINER_BACKENDS, RolloutBackendSpec, TrainerBackendSpec, resolve,
 )
 from laminar_hpc.config.correction_specs import CORRECTION_SPECS, CorrectionSpec
-from laminar_hpc.config.env import BUILTIN_TOOLS, EnvCfg, ToolSpec
+from laminar_hpc.config.env import EnvCfg
+from laminar_hpc.config.tool_specs import BUILTIN_TOOLS, ToolSpec
 from laminar_hpc.config.layout_specs import LAYOUT_SPECS, LayoutSpec
 from laminar_hpc.config.reward_specs import BUILTIN_REWARDS, REWARD_SIGNATURES, BuiltinReward
 from laminar_hpc.config.schema import Config, DatasetTaskCfg, RewardCfg
 from laminar_hpc.config.task import TASK_TYPES, TaskType
-from laminar_hpc.config.tracking import TRACKERS, LoggingCfg, TrackerSpec
+from laminar_hpc.config.tracker_specs import TRACKERS, TrackerSpec
+from laminar_hpc.config.tracking import LoggingCfg
 # the trainer's table is built from CORRECTION_SPECS when first imported: import it before any
 # test here edits that list (else it would hold the edit in every later test of the process)
 from laminar_hpc.trainer.corrections import CORRECTIONS
@@ -145,16 +147,16 @@ KINDS = [
     Kind("task.reward.fn", "laminar_hpc.config.reward_specs", "BUILTIN_REWARDS", lambda spec: spec.path,
          values=lambda: refused_names(lambda: RewardCfg(fn="no-such-reward"), r"or one of ([\w-]+(?:, [\w-]+)*)"),
          documented=as_word),
-    Kind("env.tools", "laminar_hpc.config.env", "BUILTIN_TOOLS", lambda spec: spec.builder,
+    Kind("env.tools", "laminar_hpc.config.tool_specs", "BUILTIN_TOOLS", lambda spec: spec.builder,
          values=lambda: refused_names(lambda: EnvCfg(tools={"t": "no-such-tool"}),
                                       r"a built-in tool \(([\w-]+(?:, [\w-]+)*)\)"),
          documented=as_word),
-    Kind("env.format", "laminar_hpc.config.env", "TOOL_CALL_FORMATS", lambda spec: spec.cls,
+    Kind("env.format", "laminar_hpc.config.tool_specs", "TOOL_CALL_FORMATS", lambda spec: spec.cls,
          values=lambda: refused_names(lambda: EnvCfg(format="no-such-format"),
                                       r"write ([\w-]+(?: or [\w-]+)*), or 'package"),
          documented=as_word),
     Kind("task.type", "laminar_hpc.config.task", "TASK_TYPES", lambda spec: spec.source, values=task_types),
-    Kind("logging", "laminar_hpc.config.tracking", "TRACKERS", lambda spec: spec.sink,
+    Kind("logging", "laminar_hpc.config.tracker_specs", "TRACKERS", lambda spec: spec.sink,
          values=lambda: tuple(f for f in LoggingCfg.model_fields if f not in LOGGING_SETTINGS), documented=own_row),
 ]
 WITH_CODE = [kind for kind in KINDS if kind.code is not no_code]
@@ -264,7 +266,7 @@ def test_resolving_every_sink_imports_no_tracker_package():
     without the `trackers` extra resolves every sink."""
     assert modules_imported_by(
         "from laminar_hpc.config.backend_specs import resolve\n"
-        "from laminar_hpc.config.tracking import TRACKERS\n"
+        "from laminar_hpc.config.tracker_specs import TRACKERS\n"
         "for spec in TRACKERS.values():\n"
         "    resolve(spec.sink)\n"
         "print(sorted({spec.package for spec in TRACKERS.values()} & {m.split('.')[0] for m in sys.modules}))\n") == "[]"
@@ -370,14 +372,14 @@ def test_a_tracker_in_the_registry_only_is_reported_by_name(monkeypatch):
                                                       "Fake"))
     problems = registry_problems()
     assert problems and all("'fake'" in p for p in problems), problems
-    assert "logging 'fake': in config/tracking.py: TRACKERS but the schema does not accept it" in problems
+    assert "logging 'fake': in config/tracker_specs.py: TRACKERS but the schema does not accept it" in problems
     assert any("'laminar_hpc.metrics.tracker_sinks:FakeSink' does not resolve" in p for p in problems)
 
 
 def test_a_tracker_field_without_an_entry_is_reported_by_name(restored):
     del restored(TRACKERS)["mlflow"]
     problems = registry_problems()
-    assert problems == ["logging 'mlflow': the schema accepts it but config/tracking.py: TRACKERS has no entry"]
+    assert problems == ["logging 'mlflow': the schema accepts it but config/tracker_specs.py: TRACKERS has no entry"]
 
 
 def test_a_built_in_tool_in_the_registry_only_is_reported_by_name(monkeypatch):
@@ -461,32 +463,45 @@ class FakeRollout(specs.RolloutBackendSpec):
 class FakeTrainer(specs.TrainerBackendSpec):
     name, meaning, builder, settings = "fake", "a test's trainer", "laminar_hpc.trainer.backend_builders:torch_trainer", FakeCfg
 
+from laminar_hpc.config import env, tool_specs, tracker_specs, tracking
 specs.ROLLOUT_BACKENDS["fake"] = FakeRollout()  # each its one entry
 specs.TRAINER_BACKENDS["fake"] = FakeTrainer()
+tool_specs.BUILTIN_TOOLS["fake"] = tool_specs.ToolSpec("fake", "laminar_hpc.tasks.tools.loader:calculator_builder",
+                                         "a test's tool", settings=FakeCfg)
+tracker_specs.TRACKERS["fake"] = tracker_specs.TrackerSpec("fake", "laminar_hpc.metrics.tracker_sinks:TensorBoardSink",
+                                                 "tensorboard", "Fake", meaning="a test's tracker", settings=FakeCfg)
 # the package's import built the schema before the entries existed: build it again, as a start would
 import importlib
 from laminar_hpc.config import schema, trainer
-importlib.reload(trainer), importlib.reload(schema)
+for module in (env, tracking, trainer, schema):
+    importlib.reload(module)  # the sections, derived again; the tables (the *_specs modules) keep the entries
 from laminar_hpc.config.reference import markdown
 from laminar_hpc.config.schema import Config
-cfg = Config(rollout={"backend": "fake", "fake": {"knob": 8}}, trainer={"backend": "fake", "fake": {"knob": 9}})
+cfg = Config(rollout={"backend": "fake", "fake": {"knob": 8}}, trainer={"backend": "fake", "fake": {"knob": 9}},
+             env={"tools": {"t": "fake"}, "fake": {"knob": 10}}, logging={"fake": True})
 docs = markdown()
 print(json.dumps({
-    "settings": [cfg.rollout.fake.knob, cfg.trainer.fake.knob, Config().rollout.fake.knob],
-    "documented": [k in docs for k in ("`rollout.fake.knob`", "`trainer.fake.knob`", "fake: a test's engine",
-                                       "fake: a test's trainer", "the fake part's one setting")],
-    "builders": [callable(specs.resolve(specs.rollout_backend(cfg).builder)),
-                 callable(specs.resolve(specs.trainer_backend(cfg).builder))],
+    "settings": [cfg.rollout.fake.knob, cfg.trainer.fake.knob, cfg.env.fake.knob, cfg.logging.fake.knob,
+                 Config().rollout.fake.knob, Config().logging.fake],
+    "enabled": cfg.logging.enabled,
+    "documented": [k in docs for k in ("`rollout.fake.knob`", "`trainer.fake.knob`", "`env.fake.knob`",
+                                       "`logging.fake.knob`", "fake: a test's engine", "fake: a test's trainer",
+                                       "a test's tracker", "the fake part's one setting")],
+    "builders": [callable(specs.resolve(p)) for p in (specs.rollout_backend(cfg).builder,
+                                                       specs.trainer_backend(cfg).builder,
+                                                       tool_specs.BUILTIN_TOOLS["fake"].builder,
+                                                       tracker_specs.TRACKERS["fake"].sink)],
 }))
 '''
 
 
-def test_a_backend_added_in_one_place_reaches_the_schema_the_docs_and_its_builder():
-    """Issue 47 item 1: an engine or a trainer backend is its spec, with its settings beside it, and
-    one entry: the schema's backend type and its `<section>.<name>` settings, docs/config.md and
-    the builder all follow from the entry (in a fresh interpreter: the schema derives when its
+def test_a_part_added_in_one_place_reaches_the_schema_the_docs_and_its_builder():
+    """Issue 47 item 1: an engine, a trainer backend, a built-in tool or a tracker is its spec, with
+    its settings beside it, and one entry: the schema's type and its `<section>.<name>` settings,
+    docs/config.md and the builder all follow from the entry (in a fresh interpreter: the schema derives when its
     module is imported)."""
     out = subprocess.run([sys.executable, "-c", ONE_PLACE], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {"settings": [8, 9, 7], "documented": [True] * 5, "builders": [True, True]}
+    assert got == {"settings": [8, 9, 10, 7, 7, None], "enabled": ["fake"], "documented": [True] * 8,
+                   "builders": [True] * 4}

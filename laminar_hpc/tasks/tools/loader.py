@@ -16,7 +16,8 @@ import os
 from typing import Any, Callable
 
 from laminar_hpc.config.backend_specs import resolve
-from laminar_hpc.config.env import BUILTIN_TOOLS, TOOL_CALL_FORMATS, EnvCfg
+from laminar_hpc.config.env import EnvCfg
+from laminar_hpc.config.tool_specs import BUILTIN_TOOLS, TOOL_CALL_FORMATS
 from laminar_hpc.tasks.tools.episode import Environment, ToolResult
 
 
