@@ -6,8 +6,9 @@ which keys the config must check (a PPO clip needs `trainer.clip_eps`, masked IS
 `trainer.mask_low` below `trainer.rho`) and what a trainer backend must score before the step
 (decoupled's proximal policy). The config's `Correction` type and its validator
 (config/trainer.py), the table of functions (trainer/corrections.py: CORRECTIONS) and the tests
-derive from `CORRECTION_SPECS`, so a new correction is its function in trainer/corrections.py
-plus one entry below. Formulas and sources: docs/corrections.md. Imports no torch.
+derive from `CORRECTION_SPECS`, so a new correction is its function (in trainer/corrections.py or a
+file of its own) plus one entry below, which names it as a lazy-import path: the trainer imports it
+(and torch) only when it builds the table. Formulas and sources: docs/corrections.md. Imports no torch.
 
     spec = CORRECTION_SPECS[cfg.trainer.correction]
     spec.clipped, spec.masks, spec.needs_proximal
@@ -16,14 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# the module that holds every entry's function (imported by the trainer only: it needs torch)
-FUNCTIONS_MODULE = "laminar_hpc.trainer.corrections"
+# the module of the shipped corrections' functions (imported by the trainer only: it needs torch)
+SHIPPED = "laminar_hpc.trainer.corrections"
 
 
 @dataclass(frozen=True)
 class CorrectionSpec:
     name: str  # its `trainer.correction` value
-    function: str  # its function in trainer/corrections.py (FUNCTIONS_MODULE)
+    # "module:function" of its function, `(tokens, rho, mask_low, clip_eps, clip_eps_high, prox_logp) -> Terms`
+    path: str
     meaning: str  # one line: what it does to each token's weight
     clipped: bool = False  # a PPO clip: it needs trainer.clip_eps
     masks: bool = False  # masked IS: keeps ratios in [mask_low, rho], so it needs mask_low < rho
@@ -31,21 +33,21 @@ class CorrectionSpec:
     # step when a step has several mini-batches (with one, pi itself is that policy)
     needs_proximal: bool = False
 
-    @property
-    def path(self) -> str:
-        """Its function as a lazy-import path, "module:function" (config/backend_specs.py: resolve)."""
-        return f"{FUNCTIONS_MODULE}:{self.function}"
-
 
 CORRECTION_SPECS: dict[str, CorrectionSpec] = {s.name: s for s in (
-    CorrectionSpec("aipo", "aipo", "per-token truncated IS, w = min(pi/mu, rho) (LlamaRL's AIPO)"),
-    CorrectionSpec("tis-seq", "tis_seq", "sequence-level truncated IS, w = min(prod_t pi/mu, rho) on every token"),
-    CorrectionSpec("mis-token", "mis_token", "masked IS per token: tokens whose pi/mu leaves [mask_low, rho] "
-                   "count for nothing", masks=True),
-    CorrectionSpec("mis-seq", "mis_seq", "masked IS per sequence (the ratio of the whole sequence)", masks=True),
-    CorrectionSpec("decoupled", "decoupled", "AReaL's decoupled PPO: clip against a proximal policy, weight by "
-                   "prox/mu (above rho: masked)", clipped=True, needs_proximal=True),
-    CorrectionSpec("none", "ppo_none", "plain PPO clip against mu, no truncation (for ablations)", clipped=True),
+    CorrectionSpec("aipo", f"{SHIPPED}:aipo",
+                   "per-token truncated IS, w = min(pi/mu, rho) (LlamaRL's AIPO)"),
+    CorrectionSpec("tis-seq", f"{SHIPPED}:tis_seq",
+                   "sequence-level truncated IS, w = min(prod_t pi/mu, rho) on every token"),
+    CorrectionSpec("mis-token", f"{SHIPPED}:mis_token",
+                   "masked IS per token: tokens whose pi/mu leaves [mask_low, rho] count for nothing", masks=True),
+    CorrectionSpec("mis-seq", f"{SHIPPED}:mis_seq",
+                   "masked IS per sequence (the ratio of the whole sequence)", masks=True),
+    CorrectionSpec("decoupled", f"{SHIPPED}:decoupled",
+                   "AReaL's decoupled PPO: clip against a proximal policy, weight by prox/mu (above rho: masked)",
+                   clipped=True, needs_proximal=True),
+    CorrectionSpec("none", f"{SHIPPED}:ppo_none",
+                   "plain PPO clip against mu, no truncation (for ablations)", clipped=True),
 )}
 
 # the corrections that are a PPO clip (they need trainer.clip_eps), for the tools that sweep them

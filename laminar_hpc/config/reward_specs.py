@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # the module that holds every built-in reward's function
-REWARDS_MODULE = "laminar_hpc.tasks.rewards.scorer"
+SHIPPED = "laminar_hpc.tasks.rewards.scorer"  # the module of the shipped rewards' functions
 
 
 @dataclass(frozen=True)
@@ -78,18 +78,14 @@ FORMS = "; ".join(_forms[:-1]) + "; or " + _forms[-1] if len(_forms) > 1 else _f
 @dataclass(frozen=True)
 class BuiltinReward:
     name: str  # its `task.reward.fn` value
-    function: str  # its function in tasks/rewards/scorer.py (REWARDS_MODULE)
+    path: str  # "module:function" of its function (config/backend_specs.py: resolve)
     meaning: str  # one line: what scores 1
-
-    @property
-    def path(self) -> str:
-        """Its function as a lazy-import path, "module:function" (config/backend_specs.py: resolve)."""
-        return f"{REWARDS_MODULE}:{self.function}"
 
 
 BUILTIN_REWARDS: dict[str, BuiltinReward] = {s.name: s for s in (
-    BuiltinReward("exact", "exact", "the stripped response is the stripped gold answer"),
-    BuiltinReward("math_verify", "math_verify", "the final answer equals the gold one mathematically (math-verify)"),
-    BuiltinReward("final_number", "final_number", "the response's last number is the gold number"),
-    BuiltinReward("coin_flip", "coin_flip", "0 or 1 by the response text's CRC-32 (the synthetic task's)"),
+    BuiltinReward("exact", f"{SHIPPED}:exact", "the stripped response is the stripped gold answer"),
+    BuiltinReward("math_verify", f"{SHIPPED}:math_verify",
+                  "the final answer equals the gold one mathematically (math-verify)"),
+    BuiltinReward("final_number", f"{SHIPPED}:final_number", "the response's last number is the gold number"),
+    BuiltinReward("coin_flip", f"{SHIPPED}:coin_flip", "0 or 1 by the response text's CRC-32 (the synthetic task's)"),
 )}

@@ -404,7 +404,8 @@ class Config(Section):
     @model_validator(mode="after")
     def _chat_template(self) -> "Config":
         if TASK_TYPES[self.task.type].needs_tools and not self.env.enabled:
-            raise ValueError(f"task.type {self.task.type} is solved with a tool: set env.tools, e.g. {{calc: calculator}}")
+            raise ValueError(f"task.type {self.task.type} is solved with a tool: set env.tools, "
+                             "e.g. {calc: calculator}")
         # a chat task is rendered with the tokenizer's own template: only HF tokenizers have one
         if getattr(self.task, "chat_template", False) and self.model.tokenizer != "hf":
             raise ValueError(f"task.chat_template is true but model.tokenizer={self.model.tokenizer!r} has no chat "

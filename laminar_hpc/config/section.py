@@ -40,7 +40,8 @@ class Section(BaseModel):
         return value
 
 
-def with_part_settings(base: type[Section], parts: Iterable[Any], *, name: str, switched: bool = False) -> type[Section]:
+def with_part_settings(base: type[Section], parts: Iterable[Any], *, name: str,
+                       switched: bool = False) -> type[Section]:
     """`base` plus one field per swappable part that has settings (`part.settings`: its own section
     class, kept beside its spec): `<section>.<part name>`, its defaults the section's. A part's
     settings then live in its spec's file and reach the schema and docs/config.md from the part's

@@ -54,7 +54,8 @@ class Observer:
         cfg = sim.cfg
         step = cfg.trainer.groups_per_step * cfg.trainer.group_size / max(1e-9, self.ideal["trajectories_per_s"])
         self.dt = dt or max(1e-3, step / SAMPLES_PER_STEP)
-        self.collect_cause = INDEX[MODES[cfg.mode].idle_cause_while_collecting]  # a replica idle while the trainer collects
+        # a replica idle while the trainer collects: the mode says what it waits for
+        self.collect_cause = INDEX[MODES[cfg.mode].idle_cause_while_collecting]
         self.pending_weights_s = 0.0  # re-prefill time since the last sample
         top = max(1, cfg.rollout.max_batch)
         self.loss = [lost_capacity(n, self.ideal) for n in range(top + 1)]

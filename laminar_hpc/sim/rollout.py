@@ -252,7 +252,8 @@ class SimRollout:
         return self.version < self.sim.relay_version[self.relay]
 
     def _awaits_told_version(self) -> bool:
-        return self.target > self.version and (not self.pause_at_relay or self.sim.relay_version[self.relay] >= self.target)
+        relay_has_it = self.sim.relay_version[self.relay] >= self.target
+        return self.target > self.version and (not self.pause_at_relay or relay_has_it)
 
     def _proceed(self, drain: bool, t: float) -> None:
         self.draining = drain

@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from laminar_hpc.config.backend_specs import resolve
 from laminar_hpc.config.correction_specs import CORRECTION_SPECS
 
 # bound on log(pi / pi_old) inside a differentiable PPO ratio (verl's SAFETY_BOUND): exp(20) ~ 5e8.
@@ -174,6 +175,6 @@ def decoupled(tok: Tokens, *, rho: float, clip_eps: float | None, prox_logp: tor
 
 
 # trainer.correction -> its function, from the one list of corrections (config/correction_specs.py:
-# each entry names its function here)
-CORRECTIONS: dict[str, Callable[..., Terms]] = {name: globals()[spec.function]
-                                                for name, spec in CORRECTION_SPECS.items()}
+# each entry names its function by path; the shipped ones are above, so resolving them here finds
+# this module as far as it has run)
+CORRECTIONS: dict[str, Callable[..., Terms]] = {name: resolve(spec.path) for name, spec in CORRECTION_SPECS.items()}

@@ -351,7 +351,8 @@ def test_a_correction_the_schema_accepts_without_an_entry_is_reported_by_name(re
 
 
 def test_a_correction_without_its_function_is_reported_by_name(monkeypatch):
-    monkeypatch.setitem(CORRECTION_SPECS, "fake", CorrectionSpec("fake", "fake_correction", "a test's"))
+    fake = CorrectionSpec("fake", "laminar_hpc.trainer.corrections:fake_correction", "a test's")
+    monkeypatch.setitem(CORRECTION_SPECS, "fake", fake)
     problems = registry_problems()
     assert any("'fake'" in p and "does not resolve" in p for p in problems), problems
     assert any("'fake'" in p and "CORRECTIONS does not have it" in p for p in problems), problems
@@ -395,7 +396,7 @@ def test_a_built_in_tool_in_the_registry_only_is_reported_by_name(monkeypatch):
 
 
 def test_a_built_in_reward_under_another_name_is_reported(monkeypatch):
-    monkeypatch.setitem(BUILTIN_REWARDS, "exact", BuiltinReward("exactly", "exact", "a test's"))
+    monkeypatch.setitem(BUILTIN_REWARDS, "exact", BuiltinReward("exactly", BUILTIN_REWARDS["exact"].path, "a test's"))
     assert registry_problems() == [
         "task.reward.fn 'exact': its entry in config/reward_specs.py: BUILTIN_REWARDS is named 'exactly'"]
 
@@ -458,10 +459,12 @@ class FakeCfg(Section):  # (its meaning as a description: a "-c" script has no s
     knob: PosInt = Field(7, description="the fake part's one setting")
 
 class FakeRollout(specs.RolloutBackendSpec):
-    name, meaning, builder, settings = "fake", "a test's engine", "laminar_hpc.rollout.engines:torch_engine", FakeCfg
+    name, meaning, settings = "fake", "a test's engine", FakeCfg
+    builder = "laminar_hpc.rollout.engines:torch_engine"
 
 class FakeTrainer(specs.TrainerBackendSpec):
-    name, meaning, builder, settings = "fake", "a test's trainer", "laminar_hpc.trainer.backend_builders:torch_trainer", FakeCfg
+    name, meaning, settings = "fake", "a test's trainer", FakeCfg
+    builder = "laminar_hpc.trainer.backend_builders:torch_trainer"
 
 from laminar_hpc.config import env, tool_specs, tracker_specs, tracking
 specs.ROLLOUT_BACKENDS["fake"] = FakeRollout()  # each its one entry
