@@ -17,14 +17,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from laminar_hpc.config.section import PosFloat, Section
+
 # the module of the shipped corrections' functions (imported by the trainer only: it needs torch)
 SHIPPED = "laminar_hpc.trainer.corrections"
+
+
+class WeightBoundsCfg(Section):
+    """The importance weight's bounds (`trainer.rho`, `trainer.mask_low`)."""
+    # truncation cap of pi/mu (aipo, tis-seq); masked IS's upper bound; decoupled: tokens whose
+    # pi_prox/mu exceeds it are masked (AReaL's behav_imp_weight_cap)
+    rho: PosFloat = 2.0
+    mask_low: PosFloat = 0.5  # masked IS (mis-*): the lower bound of pi/mu
+
+
+class ClipCfg(Section):
+    """A PPO clip's bounds (`trainer.clip_eps`, `trainer.clip_eps_high`)."""
+    # PPO clip: against mu (none; an optional trust-region mask for aipo, tis-seq, mis-*) or the
+    # proximal policy (decoupled)
+    clip_eps: PosFloat | None = None
+    # the clip's upper bound 1 + this (DAPO's clip-higher: larger than clip_eps); null: clip_eps
+    clip_eps_high: PosFloat | None = None
 
 
 @dataclass(frozen=True)
 class CorrectionSpec:
     name: str  # its `trainer.correction` value
-    # "module:function" of its function, `(tokens, rho, mask_low, clip_eps, clip_eps_high, prox_logp) -> Terms`
+    # "module:function" of its function, `(tokens, *, prox_logp, <its settings' keys>, **others) -> Terms`
     path: str
     meaning: str  # one line: what it does to each token's weight
     clipped: bool = False  # a PPO clip: it needs trainer.clip_eps
@@ -32,6 +51,9 @@ class CorrectionSpec:
     # clips against a proximal policy, which the backend scores before the step's first optimizer
     # step when a step has several mini-batches (with one, pi itself is that policy)
     needs_proximal: bool = False
+    # the sections whose keys its function takes (flat under `trainer:`; a new hyperparameter is a
+    # section here, beside its entry): every correction is given every correction's keys
+    settings: tuple[type[Section], ...] = (WeightBoundsCfg, ClipCfg)
 
 
 CORRECTION_SPECS: dict[str, CorrectionSpec] = {s.name: s for s in (
@@ -49,6 +71,29 @@ CORRECTION_SPECS: dict[str, CorrectionSpec] = {s.name: s for s in (
     CorrectionSpec("none", f"{SHIPPED}:ppo_none",
                    "plain PPO clip against mu, no truncation (for ablations)", clipped=True),
 )}
+
+def correction_sections() -> tuple[type[Section], ...]:
+    """Every correction's settings sections, once each, from the entries: `trainer:` derives its flat
+    keys from them (config/trainer.py), the backends hand their values to the loss
+    (`correction_settings`), and a resume that changes one says so (config/resume_changes.py)."""
+    return tuple(dict.fromkeys(section for spec in CORRECTION_SPECS.values() for section in spec.settings))
+
+
+def correction_keys() -> tuple[str, ...]:
+    """The `trainer:` keys the corrections take (rho, mask_low, clip_eps, ...)."""
+    return tuple(key for section in correction_sections() for key in section.model_fields)
+
+
+def correction_settings(trainer_cfg: Section) -> dict:
+    """The correction keys' values of a `trainer:` section (config/trainer.py: TrainerCfg, which derives
+    them from this module: it is not imported back), to give the loss (trainer/loss.py: policy_loss)."""
+    return {key: getattr(trainer_cfg, key) for key in correction_keys()}
+
+
+def correction_defaults() -> dict:
+    """Each correction key's default, for a loss called without it (tests, tools)."""
+    return {key: field.default for section in correction_sections() for key, field in section.model_fields.items()}
+
 
 # the corrections that are a PPO clip (they need trainer.clip_eps), for the tools that sweep them
 CLIPPED: tuple[str, ...] = tuple(name for name, spec in CORRECTION_SPECS.items() if spec.clipped)

@@ -12,16 +12,14 @@ Imports neither torch, mpi4py nor vLLM.
 """
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
-import textwrap
 import types
 import typing
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
+
+from laminar_hpc.config.field_comments import field_comments
 
 
 @dataclass(frozen=True)
@@ -30,30 +28,6 @@ class Key:
     default: Any
     meaning: str
     section: type[BaseModel]
-
-
-@functools.lru_cache(maxsize=None)
-def _comments(cls: type) -> dict[str, str]:
-    """field name -> the comment written with it in `cls`'s source (end of line, else above)."""
-    try:
-        lines, _ = inspect.getsourcelines(cls)
-    except (OSError, TypeError):
-        return {}
-    src = textwrap.dedent("".join(lines))
-    body = src.splitlines()
-    out: dict[str, str] = {}
-    for node in ast.parse(src).body[0].body:
-        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
-            continue
-        first, last = node.lineno - 1, node.end_lineno - 1
-        trailing = body[last].split("  # ", 1)[1].strip() if "  # " in body[last] else ""
-        above: list[str] = []
-        i = first - 1
-        while i >= 0 and body[i].strip().startswith("#"):
-            above.insert(0, body[i].strip().lstrip("#").strip())
-            i -= 1
-        out[node.target.id] = " ".join(x for x in (" ".join(above), trailing) if x)
-    return out
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
@@ -99,7 +73,7 @@ def keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Key]]:
     notes: dict[str, str] = {}
     for cls in reversed(model.__mro__):  # a section with part settings (config/section.py) is derived: its
         if issubclass(cls, BaseModel) and cls is not BaseModel:  # fields' comments are in its bases
-            notes.update(_comments(cls))
+            notes.update(field_comments(cls))
     for name, field in model.model_fields.items():
         dotted = f"{prefix}{name}"
         sections = _models(field.annotation)

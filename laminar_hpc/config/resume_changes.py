@@ -26,13 +26,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from laminar_hpc.config.correction_specs import correction_keys
+
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config
 
 SCHEDULE = ("trainer.total_steps", "trainer.lr", "trainer.lr_schedule", "trainer.lr_min_ratio",
             "trainer.lr_warmup_steps")
 OPTIMIZER = ("trainer.weight_decay", "trainer.grad_clip")
-LOSS = ("trainer.correction", "trainer.rho", "trainer.mask_low", "trainer.clip_eps", "trainer.clip_eps_high",
+# the corrections' keys (rho, mask_low, clip_eps, ...) follow from their entries (config/correction_specs.py)
+LOSS = ("trainer.correction", *(f"trainer.{key}" for key in correction_keys()),
         "trainer.minibatches", "trainer.loss_agg", "trainer.adv_norm", "trainer.kl_coef", "trainer.entropy_coef",
         "trainer.max_staleness", "trainer.groups_per_step", "trainer.dynamic_sampling")
 SAMPLING = ("rollout.temperature", "rollout.top_k", "rollout.top_p", "rollout.max_new_tokens")

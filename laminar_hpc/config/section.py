@@ -10,10 +10,12 @@ Imports neither torch, mpi4py nor vLLM. Use it as
 """
 from __future__ import annotations
 
+import copy
 from typing import Annotated, Any, ClassVar, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
+from laminar_hpc.config.field_comments import field_comments
 from laminar_hpc.config.values import control_in
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -56,4 +58,23 @@ def with_part_settings(base: type[Section], parts: Iterable[Any], *, name: str,
         elif p.settings is not None:
             fields[p.name] = (p.settings, Field(default_factory=p.settings,
                                                 description=f"the settings of {p.name}: {p.meaning}"))
+    return create_model(name, __base__=base, __module__=base.__module__, **fields)
+
+
+def with_flat_settings(base: type[Section], sections: Iterable[type[Section]], *, name: str) -> type[Section]:
+    """`base` plus the keys of each settings section, flat (the corrections' `trainer.rho`, ...): a
+    part whose settings sit beside its spec but whose keys live directly in the section it tunes.
+    A key's meaning is its own description, or the comment written with it in its section."""
+    fields: dict[str, Any] = {}
+    owner: dict[str, type[Section]] = {}
+    for section in sections:
+        notes = field_comments(section)
+        for key, field in section.model_fields.items():
+            if key in owner or key in base.model_fields:
+                raise ValueError(f"{section.__name__}.{key} is already a key of {name} "
+                                 f"(from {owner.get(key, base).__name__}): rename one")
+            owner[key] = section
+            field = copy.copy(field)
+            field.description = field.description or notes.get(key) or None
+            fields[key] = (field.annotation, field)
     return create_model(name, __base__=base, __module__=base.__module__, **fields)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from laminar_hpc.config.correction_specs import correction_defaults, correction_keys
 from laminar_hpc.trainer.corrections import CORRECTIONS, prepare
 
 KL_LOG_RATIO_BOUND = 20.0  # |ref - log pi| inside the KL term, as verl's kl_penalty clamps it
@@ -109,25 +110,30 @@ def merge(outs: list[LossOutput]) -> dict[str, float]:
 
 
 def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                correction: str = "aipo", rho: float, mask_low: float = 0.5, clip_eps: float | None = None,
-                clip_eps_high: float | None = None, prox_logp: torch.Tensor | None = None,
+                correction: str = "aipo", prox_logp: torch.Tensor | None = None,
                 ref_logp: torch.Tensor | None = None, kl_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
                 entropy: torch.Tensor | None = None, entropy_coef: float = 0.0, loss_agg: str = "token-mean",
-                norm_tokens: int | None = None, coef: torch.Tensor | None = None) -> LossOutput:
+                norm_tokens: int | None = None, coef: torch.Tensor | None = None, **settings) -> LossOutput:
     """All tensors [B, T] (`advantages` may be [B, 1]); `logp` is pi (requires grad), -inf where a
     target lies outside pi's support. `prox_logp`: decoupled's proximal log-probs (None: pi, i.e.
     one optimizer step per batch). `ref_logp` and `kl_logp`: the KL term's reference and policy
     log-probs (kl_logp defaults to logp). `entropy` [B, T] (with its gradient): each token's entropy
     of pi, which `entropy_coef` > 0 rewards (verl's entropy_coeff: loss - coef x entropy, aggregated
     as the loss). `coef`: the aggregation precomputed over a whole batch of which this is a piece
-    (else `agg_coef(mask, loss_agg, norm_tokens)`)."""
-    if rho <= 0:
-        raise ValueError(f"rho must be > 0, got {rho}")
+    (else `agg_coef(mask, loss_agg, norm_tokens)`). `settings`: the corrections' keys (rho, mask_low,
+    clip_eps, ...: config/correction_specs.py, `correction_settings(cfg.trainer)`); one left out takes
+    its default, and the correction's function gets them all (each reads its own)."""
+    unknown = sorted(set(settings) - set(correction_keys()))
+    if unknown:
+        raise TypeError(f"policy_loss got {', '.join(unknown)}, which no correction takes (their keys: "
+                        f"{', '.join(correction_keys())})")
+    settings = {**correction_defaults(), **settings}
+    if settings["rho"] <= 0:
+        raise ValueError(f"rho must be > 0, got {settings['rho']}")
     if correction not in CORRECTIONS:
         raise ValueError(f"unknown trainer.correction {correction!r} (one of {sorted(CORRECTIONS)})")
     tok = prepare(logp, behaviour_logp, advantages, mask)
-    t = CORRECTIONS[correction](tok, rho=rho, mask_low=mask_low, clip_eps=clip_eps, clip_eps_high=clip_eps_high,
-                                prox_logp=prox_logp)
+    t = CORRECTIONS[correction](tok, prox_logp=prox_logp, **settings)
     per_token = t.per_token
     if entropy is not None and entropy_coef > 0:
         per_token = per_token - entropy_coef * torch.where(tok.resp, entropy.to(tok.lp.dtype), 0.0)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from laminar_hpc.config.correction_specs import CORRECTION_SPECS
+from laminar_hpc.config.correction_specs import CORRECTION_SPECS, correction_settings
 from laminar_hpc.model.factory import build_model
 from laminar_hpc.model.llama import Transformer, token_logprobs
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, truncates
@@ -129,8 +129,7 @@ class TorchBackend(ModuleBackend):
             kl_logp = token_logprobs(logits, targets, temperature) if truncates(logits.shape[-1], mb.top_k,
                                                                                 mb.top_p) else logp
         out = policy_loss(logp, mb.behaviour_logp.to(dev), mb.advantages.to(dev), mask, correction=cfg.correction,
-                          rho=cfg.rho, mask_low=cfg.mask_low, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
-                          prox_logp=prox_logp, ref_logp=ref, kl_logp=kl_logp, kl_coef=cfg.kl_coef,
+                          **correction_settings(cfg), prox_logp=prox_logp, ref_logp=ref, kl_logp=kl_logp, kl_coef=cfg.kl_coef,
                           entropy=ent_tok, entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
                           norm_tokens=mb.norm_tokens)
         with torch.no_grad():

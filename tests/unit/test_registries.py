@@ -508,3 +508,53 @@ def test_a_part_added_in_one_place_reaches_the_schema_the_docs_and_its_builder()
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"settings": [8, 9, 10, 7, 7, None], "enabled": ["fake"], "documented": [True] * 8,
                    "builders": [True] * 4}
+
+
+# a correction with a hyperparameter of its own, added in one place: its function and its entry
+NEW_CORRECTION = '''
+import json
+from laminar_hpc.config import correction_specs as specs
+from laminar_hpc.config.section import PosFloat, Section
+from pydantic import Field
+
+class DampCfg(Section):
+    damp: PosFloat = Field(0.3, description="the fake correction's damping")
+
+seen = []
+
+def damped(tok, *, rho, damp, prox_logp=None, **_):  # its function: aipo's terms, scaled
+    import dataclasses
+    from laminar_hpc.trainer.corrections import aipo
+    seen.append(damp)
+    t = aipo(tok, rho=rho, clip_eps=None)
+    return dataclasses.replace(t, per_token=t.per_token * damp)
+
+specs.CORRECTION_SPECS["damped"] = specs.CorrectionSpec(  # its one entry
+    "damped", "__main__:damped", "a test's", settings=(specs.WeightBoundsCfg, DampCfg))
+# the package's import derived these before the entry existed: derive them again, as a start would
+import importlib
+from laminar_hpc.config import resume_changes, schema, trainer
+for module in (trainer, schema, resume_changes):
+    importlib.reload(module)
+import torch
+from laminar_hpc.config.reference import markdown
+from laminar_hpc.config.schema import Config
+from laminar_hpc.trainer.loss import policy_loss
+cfg = Config(trainer={"correction": "damped", "damp": 0.7})
+lp = torch.zeros(2, 3, requires_grad=True)
+out = policy_loss(lp, torch.zeros(2, 3), torch.ones(2, 1), torch.ones(2, 3), correction="damped",
+                  **specs.correction_settings(cfg.trainer))
+print(json.dumps({"seen": seen, "documented": "`trainer.damp`" in markdown() and "damping" in markdown(),
+                  "resume": "trainer.damp" in resume_changes.LOSS, "default": Config().trainer.damp}))
+'''
+
+
+def test_a_correction_with_a_hyperparameter_of_its_own_is_its_function_and_its_entry():
+    """Issue 47 item 1: a new correction's hyperparameter is a settings section beside its entry:
+    the `trainer:` key, its docs, the resume check and the loss's call (through both backends'
+    `correction_settings`) follow, with no edit of the loss, the backends or the trainer section."""
+    out = subprocess.run([sys.executable, "-c", NEW_CORRECTION], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"seen": [0.7], "documented": True, "resume": True, "default": 0.3}
+

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from laminar_hpc.config.correction_specs import correction_settings
 from laminar_hpc.model.llama import ModelArgs
 from laminar_hpc.model.sampling import processed_entropy
 from laminar_hpc.trainer.batch import Batch
@@ -134,8 +135,7 @@ class MegatronEngine:
             logp = sharded_token_logprobs(logits, mb["targets"], self.args.vocab_size, temperature,
                                           top_k=b.top_k, top_p=b.top_p)
             out = policy_loss(logp, mb["behaviour_logp"], mb["advantages"], mb["mask"], correction=cfg.correction,
-                              rho=cfg.rho, mask_low=cfg.mask_low, clip_eps=cfg.clip_eps,
-                              clip_eps_high=cfg.clip_eps_high, coef=mb["coef"])
+                              **correction_settings(cfg), coef=mb["coef"])
             ent = self._entropy_sum(logits, mb["mask"], temperature, b.top_k, b.top_p)
             stats = torch.stack([out.loss.detach().float(), *(out.sums[k].float() for k in SUMS), ent])
             return out.loss * scale, {"stats": stats.cpu(), "max": out.is_ratio_max.double().cpu()}
