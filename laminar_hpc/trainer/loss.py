@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from laminar_hpc.config.correction_specs import correction_defaults, correction_keys
+from laminar_hpc.config.correction_specs import correction_defaults
 from laminar_hpc.trainer.corrections import CORRECTIONS, prepare
 
 KL_LOG_RATIO_BOUND = 20.0  # |ref - log pi| inside the KL term, as verl's kl_penalty clamps it
@@ -109,6 +109,9 @@ def merge(outs: list[LossOutput]) -> dict[str, float]:
     return {"loss": sum(float(o.loss.detach()) for o in outs) / len(outs), **total.metrics()}
 
 
+# the corrections' keys and their defaults, derived once from their entries (not on every micro-batch)
+CORRECTION_DEFAULTS = correction_defaults()
+
 def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 correction: str = "aipo", prox_logp: torch.Tensor | None = None,
                 ref_logp: torch.Tensor | None = None, kl_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
@@ -123,11 +126,11 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
     (else `agg_coef(mask, loss_agg, norm_tokens)`). `settings`: the corrections' keys (rho, mask_low,
     clip_eps, ...: config/correction_specs.py, `correction_settings(cfg.trainer)`); one left out takes
     its default, and the correction's function gets them all (each reads its own)."""
-    unknown = sorted(set(settings) - set(correction_keys()))
+    unknown = sorted(set(settings) - set(CORRECTION_DEFAULTS))
     if unknown:
         raise TypeError(f"policy_loss got {', '.join(unknown)}, which no correction takes (their keys: "
-                        f"{', '.join(correction_keys())})")
-    settings = {**correction_defaults(), **settings}
+                        f"{', '.join(CORRECTION_DEFAULTS)})")
+    settings = {**CORRECTION_DEFAULTS, **settings}
     if settings["rho"] <= 0:
         raise ValueError(f"rho must be > 0, got {settings['rho']}")
     if correction not in CORRECTIONS:
