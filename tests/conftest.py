@@ -11,6 +11,7 @@ find tests that depend on what ran before them (the seed is printed in the heade
 random order, to narrow one down: tests/orders/)."""
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # CI runs the suite as root: the tests' mpirun jobs and campaigns are allowed to run Open MPI as
@@ -22,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytest  # noqa: E402
 
 import helpers  # noqa: E402
+import sharing  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -119,6 +121,36 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
+    """The seeded or listed order (LAMINAR_TEST_ORDER), then each test's xdist group (sharing.py)."""
+    _order(items)
+    groups = sharing.module_groups_of(items)
+    for item in items:
+        group = sharing.xdist_group(item, groups)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, each test holds the machine shared, an `exclusive` one alone (sharing.py); the
+    wait comes before pytest-timeout's clock starts, so a test's 5 minutes are its own."""
+    if not sharing.under_xdist():
+        yield
+        return
+    lock = sharing.MachineLock(_run_root(item.config) / "machine")
+    lock.acquire(item.get_closest_marker("exclusive") is not None, item.nodeid)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _run_root(config) -> Path:
+    """The test run's directory that every worker shares: the parent of each worker's base temp."""
+    return Path(config._tmp_path_factory.getbasetemp()).parent
+
+
+def _order(items) -> None:
     order = os.environ.get("LAMINAR_TEST_ORDER", "")
     if order.startswith("random:"):
         import random

@@ -107,6 +107,7 @@ def planted_session_dir(tmp_path):
     link.unlink()
 
 
+@pytest.mark.exclusive  # the planted link is at root's one Open MPI session directory, every mpirun's
 def test_the_relay_tiers_session_directory_and_a_shard_take_nothing_from_another_user(tmp_path,
                                                                                        planted_session_dir):
     link, target = planted_session_dir

@@ -60,6 +60,7 @@ def finished_by(run_dir: Path, rank: int, since: float, until: float) -> int:
                if e["ev"] == "traj_finished" and e.get("tokens") and since <= e["t"] <= until)
 
 
+@pytest.mark.exclusive  # the joiners' rate against the campaign's own: both need the CPU they would have alone
 def test_rollouts_of_another_size_attach_get_work_and_leave_losing_nothing(tmp_path):
     run_dir = tmp_path / "run"
     campaign = start(["run", CONFIG, "--run-dir", str(run_dir), "trainer.total_steps=55",

@@ -35,7 +35,8 @@ from helpers import REPO
 from laminar_hpc.config import load_config
 from laminar_hpc.transport.channel import wait_endpoint
 
-pytestmark = [pytest.mark.slow,
+# exclusive: the flood holds a thousand connections against the campaign's roles, on their clock
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run the attacker as another user")]
 
 CONFIG = str(REPO / "configs" / "tiny-emulated.yaml")

@@ -9,7 +9,8 @@ import json
 import pytest
 from helpers import laminar
 
-pytestmark = pytest.mark.slow
+# exclusive: a 3 s weights timeout with 0.25 s heartbeats, on the wall clock
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 WEIGHTS_S = 3.0
 

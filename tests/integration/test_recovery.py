@@ -23,7 +23,8 @@ from laminar_hpc.metrics.trace import role_events
 from helpers import REPO
 TINY = str(REPO / "configs" / "tiny.yaml")
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
-pytestmark = pytest.mark.slow
+# exclusive: the chaos runs compare Open MPI's segments in /dev/shm before and after, and time recoveries
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 
 def chaos(tmp_path: Path, config: str, kills: int, seed: int, *overrides: str, timeout: float = 600) -> dict:

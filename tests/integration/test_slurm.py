@@ -167,6 +167,7 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path):
     assert (run_dir / "checkpoints" / "anchor" / "COMPLETE").exists()
 
 
+@pytest.mark.exclusive  # how far each start gets before its time limit is the wall clock
 def test_time_limit_checkpoints_and_requeues_until_the_budget_is_spent(tmp_path):
     run_dir = tmp_path / "walltime"
     # a 1-minute limit, the USR2 warning 30 s before it, one requeue allowed, far too many steps
