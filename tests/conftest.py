@@ -138,7 +138,7 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         return
     lock = sharing.MachineLock(_run_root(item.config) / "machine")
-    lock.acquire(item.get_closest_marker("exclusive") is not None, item.nodeid)
+    lock.acquire(sharing.needs_the_machine(item), item.nodeid)
     try:
         yield
     finally:

@@ -7,9 +7,12 @@ free, except where the rules below say otherwise.
   multi-host cluster's nodes are its nodes) run on one worker, in order; so do the tests of a
   module with a module- or class-scoped fixture (the fixture runs once, not once per worker), and
   the tests that read SmolLM2's conversion (made once per worker, not once per test).
-- **The machine to itself** (marker `exclusive`): a test that scans what every process on the
-  machine leaves (Open MPI's segments in /dev/shm, root's Open MPI session directory in /tmp) or
-  whose claim is a rate or a timeout measured on the wall clock runs while no other test does.
+- **The machine to itself** (marker `exclusive`, and every `multinode` test): a test that scans what
+  every process on the machine leaves (Open MPI's segments in /dev/shm, root's Open MPI session
+  directory in /tmp), whose claim is a rate or a timeout measured on the wall clock, or that runs
+  the several nodes of the multi-host cluster on this machine's cores, runs while no other test
+  does. (Two multi-node campaigns missed their deadlines beside another worker's tests: a
+  requeued job did not reach step 20 in time, the attach test ran past its 5 minutes.)
   `MachineLock` is a readers-writer lock over one file of the test run: every test holds it shared,
   an exclusive test alone; a turnstile lets an exclusive test in after the test now running (no
   starvation: the workers alternate).
@@ -32,6 +35,10 @@ _POLL_S = 0.1  # flock has no timeout of its own: try without blocking, every 0.
 
 def under_xdist() -> bool:
     return WORKER_VARIABLE in os.environ
+
+
+def needs_the_machine(item) -> bool:
+    return item.get_closest_marker("exclusive") is not None or item.get_closest_marker("multinode") is not None
 
 
 def xdist_group(item, module_groups: dict[str, str]) -> str | None:
