@@ -120,29 +120,21 @@ def pytest_report_header(config):
     return f"test order: {order}" if order else None
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """The seeded or listed order (LAMINAR_TEST_ORDER), then each test's xdist group (sharing.py)."""
-    _order(items)
-    groups = sharing.module_groups_of(items)
-    for item in items:
-        group = sharing.xdist_group(item, groups)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under xdist, each test holds the machine shared, an `exclusive` one alone (sharing.py); the
-    wait comes before pytest-timeout's clock starts, so a test's 5 minutes are its own."""
+    """Under xdist, each test holds the machine shared, an `exclusive` one alone, and a Slurm test
+    the cluster (sharing.py); the wait comes before pytest-timeout's clock starts, so a test's 5
+    minutes are its own."""
     if not sharing.under_xdist():
         yield
         return
-    lock = sharing.MachineLock(_run_root(item.config) / "machine")
-    lock.acquire(sharing.needs_the_machine(item), item.nodeid)
+    locks = sharing.Locks(_run_root(item.config) / "locks")
+    locks.acquire(exclusive=sharing.needs_the_machine(item), cluster=sharing.needs_the_cluster(item),
+                  what=item.nodeid)
     try:
         yield
     finally:
-        lock.release()
+        locks.release()
 
 
 def _run_root(config) -> Path:
@@ -150,7 +142,7 @@ def _run_root(config) -> Path:
     return Path(config._tmp_path_factory.getbasetemp()).parent
 
 
-def _order(items) -> None:
+def pytest_collection_modifyitems(session, config, items):
     order = os.environ.get("LAMINAR_TEST_ORDER", "")
     if order.startswith("random:"):
         import random

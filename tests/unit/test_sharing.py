@@ -1,6 +1,6 @@
-"""tests/sharing.py: the lock that gives an exclusive test the machine to itself under xdist, and
-the groups that keep what shares a thing on one worker. Each MachineLock opens its own files, so
-two of them in one process contend as two workers do (flock locks belong to an open file)."""
+"""tests/sharing.py: the locks that give an exclusive test the machine to itself under xdist and a
+Slurm test the cluster. Each Locks opens its own files, so two of them in one process contend as
+two workers do (flock locks belong to an open file)."""
 from __future__ import annotations
 
 import fcntl
@@ -19,19 +19,21 @@ def quick(monkeypatch):
 
 
 def test_shared_holders_run_together_and_an_exclusive_one_alone(tmp_path, quick):
-    a, b = sharing.MachineLock(tmp_path), sharing.MachineLock(tmp_path)
-    a.acquire(False, "a")
-    b.acquire(False, "b")  # two ordinary tests at once
+    a, b = sharing.Locks(tmp_path), sharing.Locks(tmp_path)
+    a.acquire(exclusive=False, cluster=False, what="a")
+    b.acquire(exclusive=False, cluster=False, what="b")  # two ordinary tests at once
     with pytest.raises(TimeoutError):
-        sharing.MachineLock(tmp_path).acquire(True, "x")
+        sharing.Locks(tmp_path).acquire(exclusive=True, cluster=False, what="x")
     a.release()
     b.release()
-    x = sharing.MachineLock(tmp_path)
-    x.acquire(True, "x")
+    x = sharing.Locks(tmp_path)
+    x.acquire(exclusive=True, cluster=False, what="x")
     with pytest.raises(TimeoutError):
-        sharing.MachineLock(tmp_path).acquire(False, "c")
+        sharing.Locks(tmp_path).acquire(exclusive=False, cluster=False, what="c")
     x.release()
-    sharing.MachineLock(tmp_path).acquire(False, "c")
+    c = sharing.Locks(tmp_path)
+    c.acquire(exclusive=False, cluster=False, what="c")
+    c.release()
 
 
 def _turnstile_held(root) -> bool:
@@ -46,13 +48,13 @@ def _turnstile_held(root) -> bool:
 
 
 def test_a_waiting_exclusive_test_goes_before_the_next_shared_one(tmp_path):
-    running = sharing.MachineLock(tmp_path)
-    running.acquire(False, "running")
-    exclusive = sharing.MachineLock(tmp_path)
+    running = sharing.Locks(tmp_path)
+    running.acquire(exclusive=False, cluster=False, what="running")
+    exclusive = sharing.Locks(tmp_path)
     got = threading.Event()
 
     def wait_exclusive():
-        exclusive.acquire(True, "exclusive")
+        exclusive.acquire(exclusive=True, cluster=False, what="exclusive")
         got.set()
 
     t = threading.Thread(target=wait_exclusive, daemon=True)
@@ -62,11 +64,11 @@ def test_a_waiting_exclusive_test_goes_before_the_next_shared_one(tmp_path):
         assert time.monotonic() < deadline, "the exclusive test never took the turnstile"
         time.sleep(0.01)
     # a new ordinary test cannot start beside the running one while the exclusive test waits
-    late = sharing.MachineLock(tmp_path)
+    late = sharing.Locks(tmp_path)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sharing, "LOCK_WAIT_S", 0.3)
         with pytest.raises(TimeoutError, match="the turnstile"):
-            late.acquire(False, "late")
+            late.acquire(exclusive=False, cluster=False, what="late")
     assert not got.is_set()
     running.release()
     assert got.wait(10)
@@ -75,31 +77,41 @@ def test_a_waiting_exclusive_test_goes_before_the_next_shared_one(tmp_path):
 
 
 def test_a_wait_that_times_out_names_the_test_and_the_lock(tmp_path, quick):
-    holder = sharing.MachineLock(tmp_path)
-    holder.acquire(True, "holder")
+    holder = sharing.Locks(tmp_path)
+    holder.acquire(exclusive=True, cluster=False, what="holder")
     with pytest.raises(TimeoutError) as err:
-        sharing.MachineLock(tmp_path).acquire(False, "tests/x.py::test_y")
-    assert "tests/x.py::test_y: waited 0 s for the machine" in str(err.value)
+        sharing.Locks(tmp_path).acquire(exclusive=False, cluster=False, what="tests/x.py::test_y")
+    assert "tests/x.py::test_y: waited 0.3 s for the machine" in str(err.value)
     holder.release()
 
 
+def test_one_slurm_test_at_a_time_beside_ordinary_ones(tmp_path, quick):
+    first = sharing.Locks(tmp_path)
+    first.acquire(exclusive=False, cluster=True, what="slurm-1")
+    plain = sharing.Locks(tmp_path)
+    plain.acquire(exclusive=False, cluster=False, what="plain")  # beside it
+    second = sharing.Locks(tmp_path)
+    with pytest.raises(TimeoutError, match="slurm-2: .* for the Slurm test cluster"):
+        second.acquire(exclusive=False, cluster=True, what="slurm-2")
+    # the one that gave up holds nothing: an exclusive test gets the machine once the first is done
+    first.release()
+    plain.release()
+    alone = sharing.Locks(tmp_path)
+    alone.acquire(exclusive=True, cluster=True, what="multinode")
+    alone.release()
+
+
 class _Item:
-    def __init__(self, path, markers=(), fixtures=()):
-        self.path = path
+    def __init__(self, markers=()):
         self._markers = set(markers)
-        self.fixturenames = list(fixtures)
 
     def get_closest_marker(self, name):
         return object() if name in self._markers else None
 
 
-def test_slurm_tests_share_one_worker_and_multinode_ones_need_the_machine(tmp_path):
-    slurm = _Item(tmp_path / "test_slurm.py", ["slurm"])
-    multinode = _Item(tmp_path / "test_multinode.py", ["slurm", "multinode"])
-    plain = _Item(tmp_path / "test_plain.py")
-    groups = {str(tmp_path / "test_plain.py"): "module:test_plain.py"}
-    assert sharing.xdist_group(slurm, groups) == sharing.xdist_group(multinode, groups) == "slurm-cluster"
-    assert sharing.xdist_group(plain, groups) == "module:test_plain.py"
-    assert sharing.xdist_group(plain, {}) is None
+def test_which_tests_need_the_machine_or_the_cluster():
+    slurm, multinode = _Item(["slurm"]), _Item(["slurm", "multinode"])
+    assert sharing.needs_the_cluster(slurm) and sharing.needs_the_cluster(multinode)
     assert sharing.needs_the_machine(multinode) and not sharing.needs_the_machine(slurm)
-    assert sharing.needs_the_machine(_Item(tmp_path / "t.py", ["exclusive"]))
+    assert sharing.needs_the_machine(_Item(["exclusive"])) and not sharing.needs_the_cluster(_Item(["exclusive"]))
+    assert not sharing.needs_the_machine(_Item()) and not sharing.needs_the_cluster(_Item())
