@@ -5,6 +5,8 @@ rules that keep them apart. Each worker is its own process.
   module- or class-scoped fixture (a campaign several tests read) runs once. (`--dist loadgroup`
   would group finer, but pytest-xdist 3.8.0 marks a group by rewriting `item._nodeid`, which
   pytest 9.2 no longer reads: every test then went to any worker and such fixtures ran twice.)
+- **Campaigns first**: the modules with a `slow` test are handed out before the rest
+  (campaigns_first), so the short tests fill the end.
 - **One test at a time on the Slurm test cluster** (marker `slurm`): its tests compare the whole
   queue, and the multi-host cluster's nodes are its nodes; they hold the lock `slurm-cluster`.
 - **The machine to itself** (marker `exclusive`, and every `multinode` test): a test that scans what
@@ -45,6 +47,14 @@ def needs_the_machine(item) -> bool:
 
 def needs_the_cluster(item) -> bool:
     return item.get_closest_marker("slurm") is not None
+
+
+def campaigns_first(items: list) -> list:
+    """The modules that hold a `slow` test (campaigns, Slurm jobs) first, in their order, then the
+    rest: xdist hands out modules in this order, so the last minutes go to short tests instead of
+    one worker running a long campaign while the other has nothing left."""
+    slow = {str(item.path) for item in items if item.get_closest_marker("slow") is not None}
+    return sorted(items, key=lambda item: str(item.path) not in slow)  # stable: order within kept
 
 
 class Locks:

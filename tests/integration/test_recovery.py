@@ -23,8 +23,7 @@ from laminar_hpc.metrics.trace import role_events
 from helpers import REPO
 TINY = str(REPO / "configs" / "tiny.yaml")
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
-# exclusive: the chaos runs compare Open MPI's segments in /dev/shm before and after, and time recoveries
-pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = pytest.mark.slow
 
 
 def chaos(tmp_path: Path, config: str, kills: int, seed: int, *overrides: str, timeout: float = 600) -> dict:
@@ -39,6 +38,7 @@ def chaos(tmp_path: Path, config: str, kills: int, seed: int, *overrides: str, t
     return result
 
 
+@pytest.mark.exclusive  # compares every Open MPI segment in /dev/shm before and after
 def test_each_role_killed_once_run_completes_exactly_once(tmp_path):
     # 5 kills: the seeded schedule covers rollout, relay, trainer, controller and stream shard once each
     # (two shards: the rollouts' tokens live there, the controller takes metadata only)
@@ -144,6 +144,7 @@ def test_malformed_frames_to_live_sockets_are_dropped_and_counted(tmp_path):
             proc.wait(timeout=60)
 
 
+@pytest.mark.exclusive  # a 3 s heartbeat timeout on the wall clock: a role slowed by another test is not hung
 def test_a_hung_role_is_detected_by_heartbeat_killed_and_restarted(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", TINY, "--run-dir", str(run_dir),

@@ -102,8 +102,9 @@ def test_one_slurm_test_at_a_time_beside_ordinary_ones(tmp_path, quick):
 
 
 class _Item:
-    def __init__(self, markers=()):
+    def __init__(self, markers=(), path="t.py"):
         self._markers = set(markers)
+        self.path = path
 
     def get_closest_marker(self, name):
         return object() if name in self._markers else None
@@ -115,3 +116,10 @@ def test_which_tests_need_the_machine_or_the_cluster():
     assert sharing.needs_the_machine(multinode) and not sharing.needs_the_machine(slurm)
     assert sharing.needs_the_machine(_Item(["exclusive"])) and not sharing.needs_the_cluster(_Item(["exclusive"]))
     assert not sharing.needs_the_machine(_Item()) and not sharing.needs_the_cluster(_Item())
+
+
+def test_modules_with_a_campaign_are_handed_out_first_in_their_order():
+    items = [_Item(path="a.py"), _Item(["slow"], path="b.py"), _Item(path="b.py"), _Item(path="c.py"),
+             _Item(path="d.py"), _Item(["slow"], path="d.py")]
+    assert [(i.path, tuple(i._markers)) for i in sharing.campaigns_first(items)] == [
+        ("b.py", ("slow",)), ("b.py", ()), ("d.py", ()), ("d.py", ("slow",)), ("a.py", ()), ("c.py", ())]
