@@ -120,6 +120,9 @@ def pytest_report_header(config):
     return f"test order: {order}" if order else None
 
 
+_LOCKS = pytest.StashKey["sharing.Locks"]()
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, each test holds the machine shared, an `exclusive` one alone, and a Slurm test
@@ -128,7 +131,9 @@ def pytest_runtest_protocol(item, nextitem):
     if not sharing.under_xdist():
         yield
         return
-    locks = sharing.Locks(_run_root(item.config) / "locks")
+    locks = item.config.stash.get(_LOCKS, None)
+    if locks is None:  # one per worker: its directory made once, not before every test
+        locks = item.config.stash[_LOCKS] = sharing.Locks(_run_root(item.config) / "locks")
     locks.acquire(exclusive=sharing.needs_the_machine(item), cluster=sharing.needs_the_cluster(item),
                   what=item.nodeid)
     try:
