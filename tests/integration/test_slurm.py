@@ -82,7 +82,9 @@ def wait_done(job_id: str, run_dir: Path, timeout_s: float) -> str:
         time.sleep(1.0)  # poll Slurm, as every client of it must
 
 
-def wait_step(run_dir: Path, step: int, job_id: str, timeout_s: float = 120) -> None:
+def wait_step(run_dir: Path, step: int, job_id: str, timeout_s: float = 240) -> None:
+    # (a deadline for progress, not a claim: beside another xdist worker's campaign the roles' start
+    # and the first steps took over 120 s once)
     deadline = time.monotonic() + timeout_s
     while True:
         path = run_dir / "metrics.jsonl"

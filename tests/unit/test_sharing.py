@@ -113,7 +113,9 @@ class _Item:
 def test_which_tests_need_the_machine_or_the_cluster():
     slurm, multinode = _Item(["slurm"]), _Item(["slurm", "multinode"])
     assert sharing.needs_the_cluster(slurm) and sharing.needs_the_cluster(multinode)
-    assert sharing.needs_the_machine(multinode) and not sharing.needs_the_machine(slurm)
+    # a multi-node test shares the machine (its waits are deadlines); one whose claim is a rate is marked exclusive
+    assert not sharing.needs_the_machine(multinode) and not sharing.needs_the_machine(slurm)
+    assert sharing.needs_the_machine(_Item(["slurm", "multinode", "exclusive"]))
     assert sharing.needs_the_machine(_Item(["exclusive"])) and not sharing.needs_the_cluster(_Item(["exclusive"]))
     assert not sharing.needs_the_machine(_Item()) and not sharing.needs_the_cluster(_Item())
 
@@ -123,3 +125,14 @@ def test_modules_with_a_campaign_are_handed_out_first_in_their_order():
              _Item(path="d.py"), _Item(["slow"], path="d.py")]
     assert [(i.path, tuple(i._markers)) for i in sharing.campaigns_first(items)] == [
         ("b.py", ("slow",)), ("b.py", ()), ("d.py", ()), ("d.py", ("slow",)), ("a.py", ()), ("c.py", ())]
+
+
+def test_what_is_made_once_is_made_by_one_holder_while_the_others_wait(tmp_path, quick):
+    lock = tmp_path / "warm.lock"
+    with sharing.made_once(lock, "gw0: the warm-up"):
+        # another worker (its own open file) waits, and past the wait says what it waited for
+        with pytest.raises(TimeoutError, match=f"gw1: the warm-up: waited 0.3 s for {lock}"):
+            with sharing.made_once(lock, "gw1: the warm-up"):
+                pass
+    with sharing.made_once(lock, "gw1: the warm-up"):  # free again once the maker is done
+        pass
