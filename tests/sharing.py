@@ -5,8 +5,11 @@ rules that keep them apart. Each worker is its own process.
   module- or class-scoped fixture (a campaign several tests read) runs once. (`--dist loadgroup`
   would group finer, but pytest-xdist 3.8.0 marks a group by rewriting `item._nodeid`, which
   pytest 9.2 no longer reads: every test then went to any worker and such fixtures ran twice.)
-- **Campaigns first**: the modules with a `slow` test are handed out before the rest
-  (campaigns_first), so the short tests fill the end.
+- **Campaigns first**: the modules with a `slow` test are handed out before the rest, those that
+  hold the Slurm test cluster taking turns with the others (campaigns_first), so the short tests
+  fill the end. `--no-loadscope-reorder` keeps that order: by default loadscope hands out the
+  modules with the most tests first, which left the campaigns for the end (one worker ran them
+  while the other had nothing left).
 - **One test at a time on the Slurm test cluster** (marker `slurm`): its tests compare the whole
   queue, and the multi-host cluster's nodes are its nodes; they hold the lock `slurm-cluster`.
 - **The machine to itself** (marker `exclusive`): a test that scans what every process on the
@@ -30,6 +33,7 @@ import contextlib
 import fcntl
 import os
 import time
+from itertools import zip_longest
 from pathlib import Path
 
 # pytest-xdist sets this in each worker's environment (gw0, gw1, ...)
@@ -53,11 +57,21 @@ def needs_the_cluster(item) -> bool:
 
 
 def campaigns_first(items: list) -> list:
-    """The modules that hold a `slow` test (campaigns, Slurm jobs) first, in their order, then the
-    rest: xdist hands out modules in this order, so the last minutes go to short tests instead of
-    one worker running a long campaign while the other has nothing left."""
-    slow = {str(item.path) for item in items if item.get_closest_marker("slow") is not None}
-    return sorted(items, key=lambda item: str(item.path) not in slow)  # stable: order within kept
+    """The modules with a `slow` test (campaigns, Slurm jobs) first, in their order, those with a
+    Slurm test taking turns with those without: two Slurm modules on the two workers at once leave
+    one waiting for the cluster. Then the rest, so the last minutes go to short tests. Each
+    module's tests stay together and in their order."""
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(str(item.path), []).append(item)
+
+    def has(module: list, marker: str) -> bool:
+        return any(item.get_closest_marker(marker) is not None for item in module)
+    slow = [m for m in modules.values() if has(m, "slow")]
+    on_the_cluster = [m for m in slow if has(m, "slurm")]
+    off_it = [m for m in slow if not has(m, "slurm")]
+    in_turns = [m for pair in zip_longest(on_the_cluster, off_it) for m in pair if m is not None]
+    return [item for module in in_turns + [m for m in modules.values() if not has(m, "slow")] for item in module]
 
 
 class Locks:

@@ -23,6 +23,9 @@ def smol_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("HF_HOME", raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    # a conversion cache of the test's own: the session's may hold this GGUF converted (a SmolLM2
+    # campaign on the same xdist worker), and a converted entry resolves before the hub's file
+    monkeypatch.setenv("LAMINAR_CACHE_DIR", str(tmp_path / "conversions"))
     return root, gguf
 
 

@@ -2,7 +2,7 @@
 exactly as the uninterrupted one would (the same KL reference, learning rate, optimizer settings
 and loss, step for step); a resume that changes a training setting says so, or refuses; and a
 restarted rollout continues the campaign's sampling streams instead of repeating its first draws.
-(The same with whole campaigns: tests/integration/test_restart_equivalence.py.)"""
+(The same with whole campaigns: tests/integration/test_restart_equivalence_runs.py.)"""
 from __future__ import annotations
 
 import os

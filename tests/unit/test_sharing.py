@@ -120,11 +120,13 @@ def test_which_tests_need_the_machine_or_the_cluster():
     assert not sharing.needs_the_machine(_Item()) and not sharing.needs_the_cluster(_Item())
 
 
-def test_modules_with_a_campaign_are_handed_out_first_in_their_order():
+def test_modules_with_a_campaign_are_handed_out_first_those_on_the_cluster_in_turns():
     items = [_Item(path="a.py"), _Item(["slow"], path="b.py"), _Item(path="b.py"), _Item(path="c.py"),
-             _Item(path="d.py"), _Item(["slow"], path="d.py")]
-    assert [(i.path, tuple(i._markers)) for i in sharing.campaigns_first(items)] == [
-        ("b.py", ("slow",)), ("b.py", ()), ("d.py", ()), ("d.py", ("slow",)), ("a.py", ()), ("c.py", ())]
+             _Item(path="d.py"), _Item(["slow"], path="d.py"), _Item(["slow", "slurm"], path="s1.py"),
+             _Item(["slow", "slurm"], path="s2.py"), _Item(["slow", "slurm"], path="s3.py"), _Item(path="s3.py")]
+    assert [(i.path, tuple(sorted(i._markers))) for i in sharing.campaigns_first(items)] == [
+        ("s1.py", ("slow", "slurm")), ("b.py", ("slow",)), ("b.py", ()), ("s2.py", ("slow", "slurm")),
+        ("d.py", ()), ("d.py", ("slow",)), ("s3.py", ("slow", "slurm")), ("s3.py", ()), ("a.py", ()), ("c.py", ())]
 
 
 def test_what_is_made_once_is_made_by_one_holder_while_the_others_wait(tmp_path, quick):
