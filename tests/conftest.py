@@ -188,4 +188,4 @@ def pytest_collection_modifyitems(session, config, items):
                                     f"the first {missing[0]!r}; collect the tier they are in")
         items[:] = [by_id[w] for w in wanted]
     elif sharing.under_xdist():  # (each worker collects; all sort alike, as xdist requires)
-        items[:] = sharing.campaigns_first(items)
+        items[:] = sharing.interleaved(items)

@@ -5,11 +5,14 @@ rules that keep them apart. Each worker is its own process.
   module- or class-scoped fixture (a campaign several tests read) runs once. (`--dist loadgroup`
   would group finer, but pytest-xdist 3.8.0 marks a group by rewriting `item._nodeid`, which
   pytest 9.2 no longer reads: every test then went to any worker and such fixtures ran twice.)
-- **Campaigns first**: the modules with a `slow` test are handed out before the rest, those that
-  hold the Slurm test cluster taking turns with the others (campaigns_first), so the short tests
-  fill the end. `--no-loadscope-reorder` keeps that order: by default loadscope hands out the
-  modules with the most tests first, which left the campaigns for the end (one worker ran them
-  while the other had nothing left).
+- **The order modules are handed out in** (`--no-loadscope-reorder` keeps ours): the campaign
+  modules (those with a `slow` test), the Slurm ones in turns with the others, spread evenly
+  through the rest, which come most tests first (interleaved). A campaign waits (on Slurm, on a
+  heartbeat, on its roles' start) and its processes share the cores; beside it the other worker
+  should run CPU-dense short tests, not another campaign. Measured in fresh clones: loadscope's
+  own order (most tests first: the unit modules, then the campaigns beside each other) ran both
+  tiers in 25:47, the machine 25% idle, 3 minutes of it over 80% idle near the end; campaigns
+  first had done 28% of the tests after 27 minutes, the machine 35% idle.
 - **One test at a time on the Slurm test cluster** (marker `slurm`): its tests compare the whole
   queue, and the multi-host cluster's nodes are its nodes; they hold the lock `slurm-cluster`.
 - **The machine to itself** (marker `exclusive`): a test that scans what every process on the
@@ -56,11 +59,11 @@ def needs_the_cluster(item) -> bool:
     return item.get_closest_marker("slurm") is not None
 
 
-def campaigns_first(items: list) -> list:
-    """The modules with a `slow` test (campaigns, Slurm jobs) first, in their order, those with a
-    Slurm test taking turns with those without: two Slurm modules on the two workers at once leave
-    one waiting for the cluster. Then the rest, so the last minutes go to short tests. Each
-    module's tests stay together and in their order."""
+def interleaved(items: list) -> list:
+    """Whole modules, each one's tests in their order: the campaign modules (a `slow` test) in their
+    order, those with a Slurm test in turns with those without (two Slurm modules at once leave one
+    worker waiting for the cluster), each placed at an even interval among the rest, which come
+    with the most tests first (the large CPU-dense modules early, the smallest last)."""
     modules: dict[str, list] = {}
     for item in items:
         modules.setdefault(str(item.path), []).append(item)
@@ -68,10 +71,16 @@ def campaigns_first(items: list) -> list:
     def has(module: list, marker: str) -> bool:
         return any(item.get_closest_marker(marker) is not None for item in module)
     slow = [m for m in modules.values() if has(m, "slow")]
-    on_the_cluster = [m for m in slow if has(m, "slurm")]
-    off_it = [m for m in slow if not has(m, "slurm")]
-    in_turns = [m for pair in zip_longest(on_the_cluster, off_it) for m in pair if m is not None]
-    return [item for module in in_turns + [m for m in modules.values() if not has(m, "slow")] for item in module]
+    on_the_cluster, off_it = [m for m in slow if has(m, "slurm")], [m for m in slow if not has(m, "slurm")]
+    campaigns = [m for pair in zip_longest(on_the_cluster, off_it) for m in pair if m is not None]
+    rest = sorted((m for m in modules.values() if not has(m, "slow")), key=len, reverse=True)  # stable
+    out: list = []
+    done = 0
+    for i, campaign in enumerate(campaigns):
+        upto = round(i * len(rest) / len(campaigns))
+        out += [*rest[done:upto], campaign]
+        done = upto
+    return [item for module in out + rest[done:] for item in module]
 
 
 class Locks:
