@@ -148,10 +148,10 @@ _LOCKS = pytest.StashKey["sharing.Locks"]()
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under xdist, each test holds the machine shared, an `exclusive` one alone, and a Slurm test
-    the cluster (sharing.py); the wait comes before pytest-timeout's clock starts, so a test's 5
-    minutes are its own."""
-    if not sharing.under_xdist():
+    """Under xdist, each integration test holds the machine shared, an `exclusive` one alone, and a
+    Slurm test the cluster (sharing.py); the wait comes before pytest-timeout's clock starts, so a
+    test's 5 minutes are its own. A unit test holds nothing (sharing.holds_nothing)."""
+    if not sharing.under_xdist() or sharing.holds_nothing(item):
         yield
         return
     locks = item.config.stash.get(_LOCKS, None)
@@ -188,4 +188,4 @@ def pytest_collection_modifyitems(session, config, items):
                                     f"the first {missing[0]!r}; collect the tier they are in")
         items[:] = [by_id[w] for w in wanted]
     elif sharing.under_xdist():  # (each worker collects; all sort alike, as xdist requires)
-        items[:] = sharing.interleaved(items)
+        items[:] = sharing.campaigns_first(items)

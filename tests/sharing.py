@@ -5,20 +5,20 @@ rules that keep them apart. Each worker is its own process.
   module- or class-scoped fixture (a campaign several tests read) runs once. (`--dist loadgroup`
   would group finer, but pytest-xdist 3.8.0 marks a group by rewriting `item._nodeid`, which
   pytest 9.2 no longer reads: every test then went to any worker and such fixtures ran twice.)
-- **The order modules are handed out in** (`--no-loadscope-reorder` keeps ours): the campaign
-  modules (those with a `slow` test), the Slurm ones in turns with the others, spread evenly
-  through the rest, which come most tests first (interleaved). A campaign waits (on Slurm, on a
-  heartbeat, on its roles' start) and its processes share the cores; beside it the other worker
-  should run CPU-dense short tests, not another campaign. Measured in fresh clones: loadscope's
-  own order (most tests first: the unit modules, then the campaigns beside each other) ran both
-  tiers in 25:47, the machine 25% idle, 3 minutes of it over 80% idle near the end; campaigns
-  first had done 28% of the tests after 27 minutes, the machine 35% idle.
+- **The order modules are handed out in**: loadscope's own, the modules with the most tests first
+  (the unit modules, CPU-dense, beside the first campaigns), and among modules of as many tests
+  those with a `slow` test first (campaigns_first). Measured in fresh clones (pytest of both tiers):
+  this order 25:47; campaigns first, the Slurm modules in turns with the others
+  (`--no-loadscope-reorder`), 28% of the tests done after 27 minutes, two campaigns at once
+  slowing each other and waiting together; the campaigns spread evenly through the rest, still
+  running campaigns after 28 minutes (96% of the tests; test_recovery's came last).
 - **One test at a time on the Slurm test cluster** (marker `slurm`): its tests compare the whole
   queue, and the multi-host cluster's nodes are its nodes; they hold the lock `slurm-cluster`.
 - **The machine to itself** (marker `exclusive`): a test that scans what every process on the
   machine leaves (Open MPI's segments in /dev/shm, root's Open MPI session directory in /tmp), or
   whose claim is a rate or a timeout measured on the wall clock, runs while no other test does.
-  The other multi-node tests share the machine: their waits are deadlines for progress (a requeued
+  A unit test holds nothing (holds_nothing): in-process, one core, it runs beside an exclusive
+  test, whose worker-mate would otherwise wait. The other multi-node tests share the machine: their waits are deadlines for progress (a requeued
   job that did not reach step 20 in 120 s beside another worker's campaign now has 240 s), not
   claims; the attach test, whose claim is a rate, ran past its 5 minutes there and is exclusive.
 
@@ -36,11 +36,11 @@ import contextlib
 import fcntl
 import os
 import time
-from itertools import zip_longest
 from pathlib import Path
 
 # pytest-xdist sets this in each worker's environment (gw0, gw1, ...)
 WORKER_VARIABLE = "PYTEST_XDIST_WORKER"
+UNIT_TIER = "unit"  # tests/unit: in-process tests
 # an exclusive test waits for the test running beside it, a shared one for an exclusive one: each
 # at most one test's 5 minutes (pytest-timeout) and its fixtures' teardown
 LOCK_WAIT_S = 900.0
@@ -51,6 +51,14 @@ def under_xdist() -> bool:
     return WORKER_VARIABLE in os.environ
 
 
+def holds_nothing(item) -> bool:
+    """A unit test runs in its worker's process (a Python subprocess at most): one core, no Open MPI,
+    no Slurm, no campaign. It runs beside an exclusive test, which keeps the other core: those
+    tests mostly wait (an attach job's rate, a time limit, emulated rollouts), and the worker
+    waiting for them left the machine 80-90% idle for minutes."""
+    return UNIT_TIER in Path(str(item.path)).parts
+
+
 def needs_the_machine(item) -> bool:
     return item.get_closest_marker("exclusive") is not None
 
@@ -59,28 +67,12 @@ def needs_the_cluster(item) -> bool:
     return item.get_closest_marker("slurm") is not None
 
 
-def interleaved(items: list) -> list:
-    """Whole modules, each one's tests in their order: the campaign modules (a `slow` test) in their
-    order, those with a Slurm test in turns with those without (two Slurm modules at once leave one
-    worker waiting for the cluster), each placed at an even interval among the rest, which come
-    with the most tests first (the large CPU-dense modules early, the smallest last)."""
-    modules: dict[str, list] = {}
-    for item in items:
-        modules.setdefault(str(item.path), []).append(item)
-
-    def has(module: list, marker: str) -> bool:
-        return any(item.get_closest_marker(marker) is not None for item in module)
-    slow = [m for m in modules.values() if has(m, "slow")]
-    on_the_cluster, off_it = [m for m in slow if has(m, "slurm")], [m for m in slow if not has(m, "slurm")]
-    campaigns = [m for pair in zip_longest(on_the_cluster, off_it) for m in pair if m is not None]
-    rest = sorted((m for m in modules.values() if not has(m, "slow")), key=len, reverse=True)  # stable
-    out: list = []
-    done = 0
-    for i, campaign in enumerate(campaigns):
-        upto = round(i * len(rest) / len(campaigns))
-        out += [*rest[done:upto], campaign]
-        done = upto
-    return [item for module in out + rest[done:] for item in module]
+def campaigns_first(items: list) -> list:
+    """The modules that hold a `slow` test (campaigns, Slurm jobs) first, in their order, then the
+    rest: loadscope then sorts the modules by their number of tests (a stable sort), so among
+    modules of as many tests the campaigns are handed out first."""
+    slow = {str(item.path) for item in items if item.get_closest_marker("slow") is not None}
+    return sorted(items, key=lambda item: str(item.path) not in slow)  # stable: order within kept
 
 
 class Locks:

@@ -120,16 +120,11 @@ def test_which_tests_need_the_machine_or_the_cluster():
     assert not sharing.needs_the_machine(_Item()) and not sharing.needs_the_cluster(_Item())
 
 
-def test_campaign_modules_are_spread_through_the_rest_the_slurm_ones_in_turns():
-    def module(path, n, *markers):
-        return [_Item(markers if i == 0 else (), path=path) for i in range(n)]
-    items = [*module("u1.py", 1), *module("c1.py", 2, "slow"), *module("u2.py", 3), *module("s1.py", 1, "slow", "slurm"),
-             *module("u3.py", 5), *module("s2.py", 1, "slow", "slurm"), *module("u4.py", 2), *module("c2.py", 1, "slow")]
-    order = [i.path for i in sharing.interleaved(items)]
-    # campaigns s1, c1, s2, c2 at every (4 rest / 4 campaigns =) 1st place; the rest most tests first
-    assert order == ["s1.py", "u3.py", *["u3.py"] * 4, "c1.py", "c1.py", "u2.py", "u2.py", "u2.py", "s2.py",
-                     "u4.py", "u4.py", "c2.py", "u1.py"]
-    assert len(order) == len(items)
+def test_modules_with_a_campaign_are_handed_out_first_in_their_order():
+    items = [_Item(path="a.py"), _Item(["slow"], path="b.py"), _Item(path="b.py"), _Item(path="c.py"),
+             _Item(path="d.py"), _Item(["slow"], path="d.py")]
+    assert [(i.path, tuple(i._markers)) for i in sharing.campaigns_first(items)] == [
+        ("b.py", ("slow",)), ("b.py", ()), ("d.py", ()), ("d.py", ("slow",)), ("a.py", ()), ("c.py", ())]
 
 
 def test_what_is_made_once_is_made_by_one_holder_while_the_others_wait(tmp_path, quick):
@@ -141,3 +136,9 @@ def test_what_is_made_once_is_made_by_one_holder_while_the_others_wait(tmp_path,
                 pass
     with sharing.made_once(lock, "gw1: the warm-up"):  # free again once the maker is done
         pass
+
+
+def test_a_unit_test_holds_nothing_an_integration_test_the_machine():
+    assert sharing.holds_nothing(_Item(path="/repo/tests/unit/test_x.py"))
+    assert not sharing.holds_nothing(_Item(["exclusive"], path="/repo/tests/integration/test_x.py"))
+    assert not sharing.holds_nothing(_Item(path="/repo/tests/integration/test_unit_like.py"))
