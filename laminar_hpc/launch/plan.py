@@ -102,6 +102,9 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
     # the whole step, or the other ranks go on with a broken chain and nothing restarts the tier
     # (srun, unlike mpirun, leaves the other tasks running by default)
     relay_exit = ["--kill-on-bad-exit=1"]
+    # a Megatron trainer of several ranks is one process group in the same way: a rank that dies
+    # leaves the others inside a collective until its timeout (startup_s + busy_s), so the step ends
+    trainer_exit = relay_exit if n_trainer > 1 else common
     steps: dict[str, list[list[str]]] = {}
     rollout_node = {i: t0 + i % lay.rollout_nodes for i in range(cfg.rollout.count)}
 
@@ -117,7 +120,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
         steps["controller-0"] = [["--het-group=0", "-N1", "-n1", *step_resources(lay.controller), *common]]
         for k in range(cfg.stream_shards):  # the stream shards beside the controller, on its node
             steps[f"shard-{k}"] = [["--het-group=0", "-N1", "-n1", *step_resources(lay.controller), *common]]
-        steps["trainer-0"] = [["--het-group=0", "-N1", f"-n{n_trainer}", *trainer_res, *common]]
+        steps["trainer-0"] = [["--het-group=0", "-N1", f"-n{n_trainer}", *trainer_res, *trainer_exit]]
         # ONE MPI world across both components: the master relay in group 0, one relay per rollout node
         steps["relay"] = [["--mpi=pmix", "--het-group=0", "-N1", "-n1", *step_resources(lay.relay), *relay_exit],
                           ["--het-group=1", f"-N{lay.rollout_nodes}", f"-n{lay.rollout_nodes}", "--ntasks-per-node=1",
@@ -132,7 +135,7 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
         steps["controller-0"] = [["-N1", "-n1", "--relative=0", *step_resources(lay.controller), *common]]
         for k in range(cfg.stream_shards):  # the stream shards beside the controller, on its node
             steps[f"shard-{k}"] = [["-N1", "-n1", "--relative=0", *step_resources(lay.controller), *common]]
-        steps["trainer-0"] = [["-N1", f"-n{n_trainer}", "--relative=0", *trainer_res, *common]]
+        steps["trainer-0"] = [["-N1", f"-n{n_trainer}", "--relative=0", *trainer_res, *trainer_exit]]
         steps["relay"] = [["--mpi=pmix", f"-N{nodes}", f"-n{nodes}", "--ntasks-per-node=1", "--relative=0",
                            *step_resources(lay.relay), *relay_exit]]
         for i, node in rollout_node.items():

@@ -69,3 +69,35 @@ def test_megatron_backend_one_rank(tmp_path):
     assert [(d["step"], d["version"]) for d in out["done"]] == [(1, 2)]
     assert out["published_is_export"] and out["moved"] and out["restored"]
     assert out["meta"] == [1, 2, [0, 1]]
+
+
+# a spawned rank that dies: rank 0 must not wait for it until the collective's timeout
+
+DEAD_FOLLOWER = r'''
+import logging, sys
+from pathlib import Path
+from laminar_hpc.config import load_config
+from laminar_hpc.model.factory import build_tokenizer
+from laminar_hpc.trainer.megatron.runner import start_ranks
+logging.basicConfig(level=logging.INFO)
+cfg = load_config({config!r}, ["trainer.backend=megatron", "trainer.megatron.dist_backend=gloo",
+                               "trainer.megatron.data_parallel=2", "timeouts.startup_s=30", "timeouts.busy_s=1"])
+start_ranks(cfg, Path({run!r}), build_tokenizer(cfg.model))  # the run directory has no config.yaml
+print("RENDEZVOUS DONE")
+'''
+
+
+def test_rank0_ends_when_a_spawned_rank_dies_naming_it(tmp_path):
+    """Rank 1 cannot read its config (the run directory has none) and exits 1 before the
+    rendezvous. Rank 0 ends at once with FOLLOWER_DIED_EXIT and a line naming rank 1 and its exit
+    status, where it used to wait inside init_process_group until the rendezvous timed out
+    (timeouts.startup_s + busy_s) with an error that named neither."""
+    from laminar_hpc.trainer.megatron.runner import FOLLOWER_DIED_EXIT
+    code = DEAD_FOLLOWER.format(run=str(tmp_path), config=str(REPO / "configs" / "tiny.yaml"))
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    env["PYTHONPATH"] = str(REPO)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert "RENDEZVOUS DONE" not in res.stdout
+    assert res.returncode == FOLLOWER_DIED_EXIT, res.stderr[-3000:]
+    assert "config.yaml" in res.stderr  # rank 1's own error, in the same log
+    assert "trainer rank 1 " in res.stderr and "exit status 1 " in res.stderr, res.stderr[-2000:]

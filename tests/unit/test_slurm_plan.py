@@ -130,6 +130,8 @@ def test_megatron_trainer_step_has_one_task_per_rank():
                                                  "trainer": {"cpus": 32, "gpus": 8}}}})
     opts = slurm_plan(cfg).steps["trainer-0"][0]
     assert "-n8" in opts and "--gpus-per-task=1" in opts and "--cpus-per-task=4" in opts
+    # one process group: a rank that dies ends the step (else the others wait in a collective)
+    assert "--kill-on-bad-exit=1" in opts and "--kill-on-bad-exit=0" not in opts
     bad = cfg.model_copy(update={"slurm": cfg.slurm.model_copy(update={"layout": cfg.slurm.layout.model_copy(
         update={"trainer": cfg.slurm.layout.trainer.model_copy(update={"gpus": 4})})})})
     with pytest.raises(LayoutError, match="slurm.layout.trainer.gpus=4 must be 0 or a multiple"):

@@ -26,7 +26,7 @@ from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.checkpoint_format import DIST_DIR, RNG_FILE, CheckpointError, newest_verified, sha256
 from laminar_hpc.trainer.batch import Batch
 from laminar_hpc.trainer.checkpoint import DIST_OPTIMIZER, failure_line, snapshot, write_snapshot
-from laminar_hpc.trainer.megatron.runner import Ranks, start_ranks, stop_ranks
+from laminar_hpc.trainer.megatron.runner import Followers, Ranks, start_ranks, stop_ranks
 from laminar_hpc.trainer.step import train_on_batch
 
 if TYPE_CHECKING:
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 
 class MegatronBackend:
-    def __init__(self, ranks: Ranks, procs: list, cfg: Config, tok: Tokenizer, ckpt_root: Path):
-        self.ranks, self.procs, self.cfg, self.pad_id = ranks, procs, cfg, tok.pad_id
+    def __init__(self, ranks: Ranks, followers: Followers | None, cfg: Config, tok: Tokenizer, ckpt_root: Path):
+        self.ranks, self.followers, self.cfg, self.pad_id = ranks, followers, cfg, tok.pad_id
         with torch.device("meta"):  # names, order and shapes of our model's parameters: the published layout
             ours = Transformer(ranks.args)
         self.order = [n for n, _ in ours.named_parameters()]
@@ -80,7 +80,7 @@ class MegatronBackend:
 
     def close(self, clean: bool = True) -> None:
         self.ckpt.poll()
-        stop_ranks(self.ranks if clean else None, self.procs, self.cfg.timeouts.shutdown_s, clean=clean)
+        stop_ranks(self.ranks if clean else None, self.followers, self.cfg.timeouts.shutdown_s, clean=clean)
 
     # -- commands to every rank -------------------------------------------------------------------
     def export(self) -> dict[str, torch.Tensor]:
@@ -152,5 +152,5 @@ def load_latest(root: Path, backend: MegatronBackend) -> dict | None:
 
 def start_megatron(cfg: Config, tok: Tokenizer, *, run_dir: Path, ckpt_root: Path) -> MegatronBackend:
     """Rank 0 of a new Megatron trainer: the other ranks are started (or, under a launcher, met)."""
-    ranks, procs = start_ranks(cfg, run_dir, tok)
-    return MegatronBackend(ranks, procs, cfg, tok, ckpt_root)
+    ranks, followers = start_ranks(cfg, run_dir, tok)
+    return MegatronBackend(ranks, followers, cfg, tok, ckpt_root)

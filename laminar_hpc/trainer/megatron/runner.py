@@ -17,8 +17,11 @@ enters the same Megatron collectives in the same order:
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import threading
 import time
+from multiprocessing.connection import wait as wait_for_any
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,15 +128,72 @@ def _follower_main(run_dir: str, rank: int, world: int, init_method: str) -> Non
     dist.destroy_process_group()
 
 
-def start_ranks(cfg: Config, run_dir: Path, tok: Tokenizer) -> tuple[Ranks, list]:
+FOLLOWER_DIED_EXIT = 70  # rank 0's exit status when a rank it spawned died under it (EX_SOFTWARE)
+
+
+class Followers:
+    """The ranks > 0 that rank 0 spawned on this node, and a watch over them for rank 0's whole life.
+
+    A follower that dies leaves rank 0 waiting for it in the rendezvous or in a collective until
+    that one's timeout (timeouts.startup_s + busy_s: half an hour by default). The watch sees the
+    death at once (each process's sentinel) and ends rank 0, naming the rank and its exit status,
+    so that the supervisor restarts the trainer; the follower's own error is above it in the same
+    log (spawned ranks write to rank 0's stderr). Under a launcher (srun, torchrun) the launcher
+    ends the step when a task dies, and there is nothing to watch."""
+
+    def __init__(self, procs: list, on_death=None):
+        self.procs = procs
+        self.on_death = on_death or _end_rank0
+        self._stop_read, self._stop_write = os.pipe()
+        self._thread = threading.Thread(target=self._watch, name="trainer-follower-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        alive = {p.sentinel: p for p in self.procs}
+        while alive:
+            ready = wait_for_any([*alive, self._stop_read])
+            if self._stop_read in ready:
+                return
+            for sentinel in ready:
+                proc = alive.pop(sentinel)
+                proc.join(0)
+                self.on_death(proc)
+
+    def stop_watching(self) -> None:
+        """Rank 0 is about to stop them (or has failed): their deaths are expected from here on."""
+        if self._thread.is_alive():
+            os.write(self._stop_write, b"x")
+            self._thread.join(5)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for each (by process, within one deadline), then kill stragglers."""
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+def _end_rank0(proc) -> None:
+    logging.getLogger("laminar.trainer").error(
+        "trainer rank %s (pid %s) ended with exit status %s while rank 0 still needed it: rank 0 stops "
+        "(exit %d) so that the trainer is restarted; the rank's own error is above in this log",
+        proc.name.removeprefix("trainer-rank"), proc.pid, proc.exitcode, FOLLOWER_DIED_EXIT)
+    for handler in logging.getLogger().handlers + logging.getLogger("laminar").handlers:
+        handler.flush()
+    os._exit(FOLLOWER_DIED_EXIT)  # from the watch thread: rank 0's main thread is inside a collective
+
+
+def start_ranks(cfg: Config, run_dir: Path, tok: Tokenizer) -> tuple[Ranks, Followers | None]:
     """Rank 0 (this process) and its followers. Under a launcher that set RANK / WORLD_SIZE /
     MASTER_ADDR / MASTER_PORT (srun with ntasks = world, torchrun) every task runs this role and
     those with RANK > 0 only follow (see `main` here); otherwise the followers are spawned on
-    this node and meet through a file in the run directory."""
+    this node, watched (Followers), and meet through a file in the run directory."""
     import torch.multiprocessing as mp
     m = cfg.trainer.megatron
     world = m.tensor_parallel * m.pipeline_parallel * m.data_parallel
-    procs = []
+    followers = None
     if "WORLD_SIZE" in os.environ:
         init = _launcher_init()
     else:
@@ -142,30 +202,32 @@ def start_ranks(cfg: Config, run_dir: Path, tok: Tokenizer) -> tuple[Ranks, list
         rdzv.unlink(missing_ok=True)
         init = f"file://{rdzv}"
         ctx = mp.get_context("spawn")
+        procs = []
         for r in range(1, world):
             p = ctx.Process(target=_follower_main, args=(str(run_dir), r, world, init), name=f"trainer-rank{r}")
             p.start()
             procs.append(p)
-    init_distributed(cfg, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", world)), init)
-    return Ranks(cfg, tok), procs
+        followers = Followers(procs)
+    try:
+        init_distributed(cfg, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", world)), init)
+        return Ranks(cfg, tok), followers
+    except BaseException:
+        stop_ranks(None, followers, 0.0, clean=False)  # rank 0 failed: its followers go with it
+        raise
 
 
-def stop_ranks(ranks: Ranks | None, procs: list, timeout_s: float, clean: bool = True) -> None:
+def stop_ranks(ranks: Ranks | None, followers: Followers | None, timeout_s: float, clean: bool = True) -> None:
     """Tell the followers to stop, wait for them (by process, with a deadline), then kill stragglers.
     After a failure on rank 0 (`clean` false) the followers may sit in a collective that will never
     complete: they are killed without a stop command."""
+    if followers is not None:
+        followers.stop_watching()
     if ranks is not None and clean:
         ranks.bcast(("stop",))
     if dist.is_initialized():
         dist.destroy_process_group()
-    if not clean:
-        timeout_s = 0.0
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join(5)
+    if followers is not None:
+        followers.join(timeout_s if clean else 0.0)
 
 
 def run_if_follower(argv: list[str]) -> bool:
