@@ -21,6 +21,20 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def mapped_by_live_processes(paths: set[str]) -> set[str]:
+    """Those of `paths` that a live process has mapped (its /proc/PID/maps): an Open MPI segment of
+    a job still running, which a test that shares the machine may see appear beside its own."""
+    mapped = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                maps = (d / "maps").read_text(errors="replace")
+            except OSError:
+                continue  # gone, or not ours to read
+            mapped |= {p for p in paths if p in maps}
+    return mapped
+
+
 def kill_run_leftovers(run_dir: Path) -> None:
     """After a test's campaign failed or its launcher was killed: SIGKILL every process that
     names its run directory (by PID), and remove the shared memory its launcher left."""

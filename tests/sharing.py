@@ -80,16 +80,17 @@ class Locks:
     and, for a Slurm test, the cluster. Files in `root`: `machine.lock`, `turnstile.lock` (held by
     a waiting exclusive test so that no new shared holder gets past it), `slurm-cluster.lock`."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, wait_s: float | None = None):
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
+        self.wait_s = LOCK_WAIT_S if wait_s is None else wait_s  # how long each lock is waited for
         self._held: list[int] = []
 
     def acquire(self, *, exclusive: bool, cluster: bool, what: str) -> None:
         try:
             turnstile = self._open("turnstile")
             try:
-                _flock(turnstile, fcntl.LOCK_EX, f"the turnstile ({self.root})", what)
+                _flock(turnstile, fcntl.LOCK_EX, f"the turnstile ({self.root})", what, self.wait_s)
                 if not exclusive:  # through the turnstile: an exclusive test waiting behind it goes first
                     fcntl.flock(turnstile, fcntl.LOCK_UN)
                 self._take("machine", fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, "the machine", what)
@@ -111,7 +112,7 @@ class Locks:
     def _take(self, name: str, how: int, which: str, what: str) -> None:
         fd = self._open(name)
         try:
-            _flock(fd, how, f"{which} ({self.root})", what)
+            _flock(fd, how, f"{which} ({self.root})", what, self.wait_s)
         except BaseException:
             os.close(fd)
             raise
@@ -130,14 +131,15 @@ def made_once(lock: Path, what: str):
         os.close(fd)  # closing releases the lock
 
 
-def _flock(fd: int, how: int, which: str, what: str) -> None:
-    deadline = time.monotonic() + LOCK_WAIT_S
+def _flock(fd: int, how: int, which: str, what: str, wait_s: float | None = None) -> None:
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
     while True:
         try:
             fcntl.flock(fd, how | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: waited {LOCK_WAIT_S:g} s for {which}; "
+                raise TimeoutError(f"{what}: waited {wait_s:g} s for {which}; "
                                    "a test on another worker holds it") from None
             time.sleep(_POLL_S)

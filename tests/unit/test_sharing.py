@@ -7,6 +7,7 @@ import fcntl
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,11 +65,11 @@ def test_a_waiting_exclusive_test_goes_before_the_next_shared_one(tmp_path):
         assert time.monotonic() < deadline, "the exclusive test never took the turnstile"
         time.sleep(0.01)
     # a new ordinary test cannot start beside the running one while the exclusive test waits
-    late = sharing.Locks(tmp_path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sharing, "LOCK_WAIT_S", 0.3)
-        with pytest.raises(TimeoutError, match="the turnstile"):
-            late.acquire(exclusive=False, cluster=False, what="late")
+    # (its own short wait: the waiting exclusive test keeps the run's, which a patched module
+    # constant would shorten too if it had not yet begun its wait for the machine)
+    late = sharing.Locks(tmp_path, wait_s=0.3)
+    with pytest.raises(TimeoutError, match="the turnstile"):
+        late.acquire(exclusive=False, cluster=False, what="late")
     assert not got.is_set()
     running.release()
     assert got.wait(10)
@@ -142,3 +143,22 @@ def test_a_unit_test_holds_nothing_an_integration_test_the_machine():
     assert sharing.holds_nothing(_Item(path="/repo/tests/unit/test_x.py"))
     assert not sharing.holds_nothing(_Item(["exclusive"], path="/repo/tests/integration/test_x.py"))
     assert not sharing.holds_nothing(_Item(path="/repo/tests/integration/test_unit_like.py"))
+
+
+def test_a_segment_a_live_process_maps_is_told_from_a_leaked_one(tmp_path):
+    """test_recovery's chaos test shares the machine: a new Open MPI segment that a live process
+    maps belongs to a job still running beside it, one that none maps was left behind."""
+    import mmap
+    from processes import mapped_by_live_processes
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    live, left = (shm / f"laminar-test-{os.getpid()}-{name}" for name in ("live", "left"))
+    try:
+        for path in (live, left):
+            path.write_bytes(b"\0" * 4096)
+        with open(live, "r+b") as f, mmap.mmap(f.fileno(), 4096) as held:
+            assert mapped_by_live_processes({str(live), str(left)}) == {str(live)}
+            held[0] = 1
+        assert mapped_by_live_processes({str(live), str(left)}) == set()
+    finally:
+        live.unlink(missing_ok=True)
+        left.unlink(missing_ok=True)
