@@ -269,7 +269,7 @@ def main() -> int:
     ap.add_argument("--gap-s", type=float, nargs=2, default=(1.0, 4.0),
                     help="seconds between a recovery and the next kill (uniform in [A, B])")
     ap.add_argument("--kinds", default=None,
-                    help=f"comma-separated role kinds to kill (default: all of {','.join(KINDS)}, and shard when run)")
+                    help=f"comma-separated role kinds to kill (default: all of {','.join(KINDS)}, and shard, judge when run)")
     ap.add_argument("--every-s", type=float, default=None,
                     help="a kill every this many campaign seconds (emulated seconds for an emulated engine) from the "
                          "first train step, instead of --gap-s after each recovery")
@@ -312,9 +312,10 @@ def main() -> int:
         def over() -> bool:
             return not camp.running() or bool(total and st.step >= total - max(10, total // 20))
 
-        # a campaign with stream shards (controller.shards) has them killed in turn too
+        # a campaign with stream shards (controller.shards) or judges (task.reward.judge) has them killed in turn too
         run_cfg = load_config(run_dir / "config.yaml")
-        kinds = asked or KINDS + (("shard",) if run_cfg.stream_shards else ())
+        kinds = asked or KINDS + (("shard",) if run_cfg.stream_shards else ()) + \
+            (("judge",) if run_cfg.task.reward.judge else ())
         t_first = time.monotonic()
         for i, kind in enumerate(schedule(args.kills, args.seed, args.node_kills, kinds)):
             if attacher is not None and i in toggles and not over():

@@ -19,9 +19,10 @@ from typing import Any
 
 # dotted keys whose value is a file or directory
 FILE_KEYS = ("task.path", "task.validation_path", "warmup.data", "trainer.init_checkpoint",
-             "emulation.lengths.empirical.file", "emulation.lengths.empirical.trace")
+             "emulation.lengths.empirical.file", "emulation.lengths.empirical.trace", "task.reward.judge.init_checkpoint")
 # a file or directory only when one exists beside the config (else a Hub name, resolved at load)
-MAYBE_FILE_KEYS = ("model.hf_path", "model.hf_tokenizer")
+MAYBE_FILE_KEYS = ("model.hf_path", "model.hf_tokenizer", "task.reward.judge.model.hf_path",
+                   "task.reward.judge.model.hf_tokenizer")
 # 'file.py:function' (a built-in or 'module:function' is left as it is), alone or in a map name -> it
 CODE_KEYS = ("task.reward", "task.reward.fn",  # (`task.reward: x.py:fn` is short for {fn: x.py:fn})
              "env.tools", "env.environment", "env.format")

@@ -128,7 +128,8 @@ def markdown() -> str:
             section = top
             out += ["", f"## {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         meaning = k.meaning.replace("|", "\\|")
-        out.append(f"| `{key}` | `{k.type.replace('|', '∣')}` | `{_value(k.default).replace('|', '∣')}` | {meaning} |")
+        default = _value(k.default).replace("|", "∣").replace("\n", "\\n")  # a multi-line default stays on its row
+        out.append(f"| `{key}` | `{k.type.replace('|', '∣')}` | `{default}` | {meaning} |")
     return "\n".join(out) + "\n"
 
 

@@ -88,4 +88,5 @@ BUILTIN_REWARDS: dict[str, BuiltinReward] = {s.name: s for s in (
                   "the final answer equals the gold one mathematically (math-verify)"),
     BuiltinReward("final_number", f"{SHIPPED}:final_number", "the response's last number is the gold number"),
     BuiltinReward("coin_flip", f"{SHIPPED}:coin_flip", "0 or 1 by the response text's CRC-32 (the synthetic task's)"),
+    BuiltinReward("judge", f"{SHIPPED}:judge", "the campaign's judge's score (task.reward.judge)"),
 )}

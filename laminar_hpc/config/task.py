@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, model_validator
 
+from laminar_hpc.config.judge import JudgeCfg
 from laminar_hpc.config.layout_specs import LAYOUT_SPECS
 from laminar_hpc.config.reward_specs import BUILTIN_REWARDS, REWARD_SIGNATURES
 from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Prob, Section
@@ -63,6 +64,9 @@ class RewardCfg(Section):
     # how a function is called (config/reward_specs.py, tasks/rewards/reward_signatures.py); auto: from its
     # parameter names
     signature: RewardSignature = "auto"
+    # a model that scores responses, served by judge roles (config/judge.py); a function with a
+    # `judge` parameter (or the built-in `judge`) gets its verdict
+    judge: JudgeCfg | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -81,6 +85,12 @@ class RewardCfg(Section):
                 raise ValueError(f"fn {spec!r}{'' if name == 'reward' else f' (component {name!r})'}: write "
                                  f"'package.module:function', 'path/to/file.py:function' or one of "
                                  f"{', '.join(BUILTIN_REWARDS)}")
+        if "judge" in fns.values() and self.judge is None:
+            raise ValueError("fn 'judge' scores with the campaign's judge, but there is none: add judge: {model: ...} "
+                             "(config/judge.py)")
+        if self.judge is not None and self.url is not None:
+            raise ValueError("judge and url: a remote verifier replaces the functions that would take the judge's "
+                             "verdict; keep one")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r}: a remote verifier is an http:// or https:// URL")
         return self

@@ -220,6 +220,8 @@ class MessageHandlers:
             self.sync.started(rank)
             self.evaluation.rollout_lost(rank)
             self.recovery.place(self.data_plane.requeue_rollout(rank), exclude=rank)
+        elif role == "judge":  # it says hello once its model is loaded and its server bound: it serves
+            self.roles.ready(ident, now)
         elif role == "shard":  # (re)started: what went through the one before may be lost (`resync_rollout`)
             self.recovery.shard_started[rank] = now
         elif role == "trainer":

@@ -5,7 +5,8 @@ So a peer holding the rollout key could call itself `rollout-9` in a campaign of
 be handed work. The controller accepts frames only from the names of the campaign: `launcher-0`,
 `trainer-0`, `rollout-0` .. `rollout-<rollout.count - 1>`, `relay-0` .. `relay-<relay.count - 1>`
 (the Slurm driver writes the relay count of its allocation into the run's config), `shard-0` ..
-`shard-<shards - 1>` (controller.shards, config/shards.py), and their
+`shard-<shards - 1>` (controller.shards, config/shards.py), `judge-0` .. `judge-<replicas - 1>`
+(task.reward.judge), and their
 heartbeat sockets (`<name>.hb`). Any `launcher-<n>` is admitted too: a rank gives a launcher
 nothing (it is handed no work), and the campaign's tools (`bench/bench_controller.py`'s probe,
 `bench/controller_replay.py`) connect beside the launcher under names of their own. Frames from
@@ -44,6 +45,8 @@ class Membership:
         names.update(f"rollout-{i}" for i in range(cfg.rollout.count))
         names.update(f"relay-{i}" for i in range(cfg.relay.count))
         names.update(f"shard-{i}" for i in range(cfg.stream_shards))
+        judge = cfg.task.reward.judge  # judges (task.reward.judge, laminar_hpc/judge/)
+        names.update(f"judge-{i}" for i in range(judge.replicas if judge else 0))
         return cls(names, log)
 
     def register(self, name: str) -> None:

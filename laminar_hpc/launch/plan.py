@@ -5,7 +5,7 @@ tier under `mpirun`). `slurm_plan` places the same roles on the nodes of an allo
 steps. Nodes are addressed by position (`--relative`, or het groups), so one plan serves the
 campaign driver, `laminar render-sbatch` and the tests alike.
 
-    specs = role_specs(cfg)                 # controller-0, shard-0..S-1, relay, trainer-0, rollout-0..N-1
+    specs = role_specs(cfg)                 # controller-0, shard-0..S-1, relay, trainer-0, judge-0..J-1, rollout-0..N-1
     plan = slurm_plan(cfg)                  # allocation shape + srun options per role
 """
 from __future__ import annotations
@@ -33,6 +33,9 @@ def role_specs(cfg: Config, relay_of_rollout: dict[int, str] | None = None) -> l
     # stream shards (controller/shard.py) before the rollouts, which reach the controller through them
     specs += [RoleSpec(f"shard-{k}", "controller.shard", ("--rank", str(k))) for k in range(cfg.stream_shards)]
     specs += [RoleSpec("relay", "relay"), RoleSpec("trainer-0", "trainer")]
+    # judges (task.reward.judge) before the rollouts, whose reward calls ask them
+    judge = cfg.task.reward.judge
+    specs += [RoleSpec(f"judge-{k}", "judge", ("--rank", str(k))) for k in range(judge.replicas if judge else 0)]
     specs += [RoleSpec(f"rollout-{i}", "rollout", ("--rank", str(i), "--relay", relays[i]))
               for i in range(cfg.rollout.count)]
     return specs
@@ -87,6 +90,9 @@ def trainer_tasks(cfg: Config) -> tuple[int, list[str]]:
 
 def slurm_plan(cfg: Config) -> SlurmPlan:
     lay, s = cfg.slurm.layout, cfg.slurm
+    if cfg.task.reward.judge is not None:
+        raise LayoutError("task.reward.judge: judges run with `laminar run` on one machine so far; their Slurm "
+                          "layout (judge steps on nodes of their own) is not built yet")
     n_trainer, trainer_res = trainer_tasks(cfg)
     if cfg.rollout.count < lay.rollout_nodes:
         raise LayoutError(f"slurm.layout.rollout_nodes={lay.rollout_nodes} exceeds rollout.count={cfg.rollout.count}: "

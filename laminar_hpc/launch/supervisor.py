@@ -72,7 +72,8 @@ class Supervisor:
     def start(self, specs: list[RoleSpec]) -> None:
         # the roles that report to the controller (the relay tier as its ranks, stream shards included)
         cfg = self.cfg
-        self.progress.roles_expected = 1 + cfg.relay.count + cfg.rollout.count + cfg.stream_shards
+        judges = cfg.task.reward.judge.replicas if cfg.task.reward.judge else 0
+        self.progress.roles_expected = 1 + cfg.relay.count + cfg.rollout.count + cfg.stream_shards + judges
         self.progress.update(self.status)  # 'phase: starting the controller'
         for spec in specs:
             self.specs[spec.name] = spec

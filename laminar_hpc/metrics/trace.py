@@ -74,6 +74,8 @@ EVENTS = (
     # restarts that change nothing: the KL anchor a trainer start uses, the rows of the steps it trains
     # again removed, what a resume changes in training, an evaluation round dropped at a trainer's start
     "kl_anchor", "record_rewound", "resume_changes", "eval_dropped",
+    # rewards from a model: a batch a judge scored (task.reward.judge, laminar_hpc/judge/)
+    "judge_batch",
 )
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 def _plain(value):

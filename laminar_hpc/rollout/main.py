@@ -65,7 +65,7 @@ class Rollout:
         self.tok = build_tokenizer(cfg.model)
         self.task = build_task(cfg.task, cfg.seed)
         self.engine, self.layout = build_engine(cfg, ctx.rank, self.tok)
-        self.scoring = Scoring(cfg, self.task, self.tok, ctx.tracer, ctx.log)
+        self.scoring = Scoring(cfg, self.task, self.tok, ctx.tracer, ctx.log, run_dir=ctx.run_dir, identity=ctx.name)
         # multi-turn episodes (tool calls beside the decode loop); an episode waiting for its
         # tools leaves the batch, so a rollout holds `capacity` trajectories for `max_batch` slots
         # (vLLM's engine knows its own limit; the others' is the config's)

@@ -17,10 +17,13 @@ can count them apart.
 """
 from __future__ import annotations
 
+import os
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 from laminar_hpc.tasks.rewards.reward_pool import RewardPool
+from laminar_hpc.tasks.rewards.scorer import Scorer
 from laminar_hpc.tasks.sources.build import validation_problems
 from laminar_hpc.tasks.problem import Problem, Response
 from laminar_hpc.tasks.tools.episode import last_turn, transcript
@@ -32,10 +35,21 @@ if TYPE_CHECKING:
 LOG_EVERY_S = 60.0  # a failing reward is logged at most this often per reason (every failure is traced)
 
 
+def scorer_factory(cfg: Config, run_dir, identity: str):
+    """How the reward pool builds its Scorer: with a connection to the campaign's judges
+    (transport/judge_client.py) when it has them (task.reward.judge), relative to this directory."""
+    judge = cfg.task.reward.judge
+    if judge is None:
+        return partial(Scorer, base_dir=os.getcwd())
+    from laminar_hpc.transport.judge_client import JudgeClient
+    client = JudgeClient(run_dir, identity, judge, cfg.controller, startup_s=cfg.timeouts.startup_s)
+    return partial(Scorer, base_dir=os.getcwd(), judge=client)
+
+
 class Scoring:
-    def __init__(self, cfg: Config, task, tok, tracer, log):
+    def __init__(self, cfg: Config, task, tok, tracer, log, *, run_dir=None, identity: str = "rollout-0"):
         self.cfg, self.task, self.tok, self.tracer, self.log = cfg, task, tok, tracer, log
-        self.pool = RewardPool(cfg.task.reward)
+        self.pool = RewardPool(cfg.task.reward, scorer_factory(cfg, run_dir, identity))
         self.waiting: dict[str, Trajectory] = {}  # submitted, reward not back yet
         self._validation: list[Problem] | None = None
         self._logged: dict[str, float] = {}  # reason -> when last logged

@@ -60,6 +60,18 @@ class RoleContext:
         self.ctrl.send(protocol.Hello(role=self.role, rank=self.rank, pid=os.getpid(),
                                       protocol=protocol.PROTOCOL_VERSION))
 
+    def connect(self) -> None:
+        """Reach the controller (or this rollout's stream shard) and say hello. `start_role` does it
+        at once; a role that must do its job before it counts as joined (a judge: its model loaded,
+        its server bound) starts with `connect=False` and calls this when it does."""
+        cfg, rundir = self.cfg, self.rundir
+        server = controller_endpoint(cfg, self.role, self.rank)
+        addr = wait_endpoint(rundir, server, cfg.timeouts.startup_s)
+        self.ctrl = Client(addr, self.name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20),
+                           keys=client_keys(rundir, self.role, cfg.controller),  # only this role kind's secret
+                           endpoint=rundir.endpoint(server))  # a restarted controller may have moved
+        self.hello()
+
     def controller_restarted(self, msg: protocol.Message) -> bool:
         """True when `msg` is the first heartbeat of a new controller epoch: the controller was
         restarted and this role must re-send its state. Every heartbeat answer is also a clock
@@ -114,16 +126,9 @@ def start_role(role: str, rank: int, run_dir: str | Path, *, connect: bool = Tru
     rundir = RunDir(run_dir, shm_dir=cfg.relay.shm_dir)
     RoleLock(rundir.path, grace_s=cfg.timeouts.shutdown_s).start_watch(log=log)  # stop if the launcher dies
     tracer = Tracer(rundir, name, enabled=cfg.trace.enabled, flush_s=cfg.trace.flush_s)
-    ctrl = None
+    ctx = RoleContext(role, rank, cfg, rundir.path, rundir.run_id, None, tracer, log)
     if connect:
-        server = controller_endpoint(cfg, role, rank)
-        addr = wait_endpoint(rundir, server, cfg.timeouts.startup_s)
-        ctrl = Client(addr, name, max_frame_bytes=int(cfg.controller.max_frame_mb * 2**20),
-                      keys=client_keys(rundir, role, cfg.controller),  # only this role kind's secret
-                      endpoint=rundir.endpoint(server))  # a restarted controller may have moved
-    ctx = RoleContext(role, rank, cfg, rundir.path, rundir.run_id, ctrl, tracer, log)
-    if ctrl is not None:
-        ctx.hello()
+        ctx.connect()
     tracer.emit("role_start", pid=os.getpid(), host=socket.gethostname(), node=node_name(),
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_step_id=os.environ.get("SLURM_STEP_ID"))
     log.info("started (pid %d, run %s)", os.getpid(), rundir.run_id)

@@ -275,12 +275,25 @@ def check_reward(reward_cfg: RewardCfg, problem: Problem, row: str) -> list[str]
     return logged_notes(reward_cfg, outcome.components)
 
 
+def start_check_verdict(problem: Problem, response) -> tuple[float, None]:
+    """The start check's stand-in for the judge's verdict (the judges start after it): the
+    functions that take one are called with 1.0, so that they are checked too."""
+    return 1.0, None
+
+
 def _score_in_pool(reward_cfg: RewardCfg, problem: Problem):
     from laminar_hpc.tasks.rewards.reward_pool import START_TIMEOUT_S, RewardPool
     from laminar_hpc.tasks.rewards.scorer import call_budget_s
     budget = call_budget_s(reward_cfg) + START_TIMEOUT_S + 5.0
     deadline = time.monotonic() + budget
-    with RewardPool(reward_cfg) as pool:  # the pool times the call out; the deadline is a backstop
+    factory = None
+    if reward_cfg.judge is not None:  # the judges do not run yet: functions that take a verdict get 1.0
+        import functools
+        import os
+
+        from laminar_hpc.tasks.rewards.scorer import Scorer
+        factory = functools.partial(Scorer, base_dir=os.getcwd(), judge=start_check_verdict)
+    with RewardPool(reward_cfg, factory) as pool:  # the pool times the call out; the deadline is a backstop
         pool.submit("start-check", problem, sample(problem))
         while time.monotonic() < deadline:
             done = pool.collect()

@@ -17,8 +17,8 @@ type of transport/protocol.py has an entry).
 
 | message type                                   | sent by                          |
 |------------------------------------------------|----------------------------------|
-| heartbeat                                      | launcher, trainer, rollout, relay, shard |
-| hello                                          | trainer, rollout, relay, shard   |
+| heartbeat                                      | launcher, trainer, rollout, relay, shard, judge |
+| hello                                          | trainer, rollout, relay, shard, judge |
 | log_event                                      | trainer, relay, shard            |
 | want_work, stream, finished, weights_loaded,   | rollout                          |
 | resync, rollout_state, migrated, migrate_reject|                                  |
@@ -31,10 +31,11 @@ type of transport/protocol.py has an entry).
 | leaf_subscribe (to the master relay's leaf server) | relay                        |
 | relayed (a stream shard's rollouts' frames)    | shard                            |
 | fetch (to a stream shard)                      | trainer, shard                   |
+| judge_request (to a judge, laminar_hpc/judge/) | rollout (a reward call's socket, `rollout-N.judgeK`) |
 | assign, migrate, update_weights, resume,       | nobody (the controller sends     |
 | weights_synced, groups, hello_ack, stop,       | them; no server accepts them)    |
 | joined, leaf_header, leaf_chunk, leaf_trailer, | (the master relay sends the leaf_*, |
-| fetched                                        | a shard `fetched`)               |
+| fetched, judge_verdict                         | a shard `fetched`, a judge its verdicts) |
 
 A heartbeat thread's socket (identity `<role>-<rank>.hb`) may send `heartbeat` only. The
 launcher's heartbeat is the liveness probe of bench/bench_controller.py.
@@ -47,7 +48,7 @@ from functools import lru_cache
 from laminar_hpc.transport import protocol
 
 # the role kinds a client key proves; each has its own keypair
-KINDS = ("launcher", "trainer", "rollout", "relay", "shard")
+KINDS = ("launcher", "trainer", "rollout", "relay", "shard", "judge")
 
 # server -> the client kinds it admits at the CURVE handshake. The controller's control plane
 # takes every role; the master relay's hand-off socket takes only the trainer's `publish`.
@@ -57,12 +58,13 @@ ADMITS: dict[str, tuple[str, ...]] = {
     "relay_leaves": ("relay",),  # the master relay's server for joiners' leaf relays (relay/leaf_server.py)
     # a stream shard (controller/shard.py): its rollouts, the trainer and other shards fetching
     "shard": ("rollout", "trainer", "shard"),
+    "judge": ("rollout",),  # a judge (laminar_hpc/judge/): the rollouts' reward calls
 }
 
 _ALL = frozenset(KINDS)
 SENDERS: dict[str, frozenset[str]] = {
     "heartbeat": _ALL,
-    "hello": frozenset({"trainer", "rollout", "relay", "shard"}),
+    "hello": frozenset({"trainer", "rollout", "relay", "shard", "judge"}),
     "log_event": frozenset({"trainer", "relay", "shard"}),
     **{t: frozenset({"rollout"}) for t in ("want_work", "stream", "finished", "weights_loaded", "resync",
                                           "rollout_state", "migrated", "migrate_reject")},
@@ -76,20 +78,23 @@ SENDERS: dict[str, frozenset[str]] = {
     "stop_all": frozenset({"launcher"}),
     "relayed": frozenset({"shard"}),
     "fetch": frozenset({"trainer", "shard"}),
+    "judge_request": frozenset({"rollout"}),
     **{t: frozenset() for t in ("assign", "migrate", "update_weights", "resume", "weights_synced", "groups", "drops",
                                "hello_ack", "stop", "joined", "leaf_header", "leaf_chunk", "leaf_trailer",
-                               "fetched")},
+                               "fetched", "judge_verdict")},
 }
 HEARTBEAT_ONLY = ".hb"  # the identity suffix of a role's heartbeat-thread socket
+JUDGE_CALL = ".judge"  # the identity suffix (and a number) of a reward call's socket to a judge
 
-_IDENTITY = re.compile(r"(?P<kind>[a-z]+)-(?P<rank>[0-9]+)(?P<hb>\.hb)?")
+# `.judgeK`: one of a rollout's reward calls asking a judge (each thread or pool process its own socket)
+_IDENTITY = re.compile(r"(?P<kind>[a-z]+)-(?P<rank>[0-9]+)(?P<hb>\.hb|\.judge[0-9]+)?")
 # message class -> kinds that may send it; a type missing from SENDERS fails here, at import
 _BY_CLASS: dict[type, frozenset[str]] = {cls: SENDERS[name] for cls, name in protocol.TYPE_NAMES.items()}
 
 
 def kind_of(identity: str) -> str | None:
     """The role kind an identity names ('rollout-3', 'trainer-0.hb' -> 'rollout', 'trainer'), or
-    None for anything not of the form `<kind>-<rank>[.hb]` with a known kind."""
+    None for anything not of the form `<kind>-<rank>[.hb|.judgeK]` with a known kind."""
     m = _IDENTITY.fullmatch(identity)
     return m["kind"] if m and m["kind"] in _ALL else None
 
@@ -98,7 +103,7 @@ def kind_of(identity: str) -> str | None:
 def identity_refusal(kind: str, identity: str) -> str | None:
     """Why a peer authenticated as `kind` may not use `identity`, or None when it may."""
     if kind_of(identity) != kind:
-        return f"identity {identity!r} is not a {kind}'s (a {kind} key may only use '{kind}-<rank>[.hb]')"
+        return f"identity {identity!r} is not a {kind}'s (a {kind} key may only use '{kind}-<rank>[.hb|.judgeK]')"
     return None
 
 
@@ -107,6 +112,8 @@ def type_refusal(kind: str, identity: str, msg_type: type) -> str | None:
     of class `msg_type`; None when it may."""
     if identity.endswith(HEARTBEAT_ONLY) and msg_type is not protocol.Heartbeat:
         return f"a heartbeat socket ({identity}) may only send 'heartbeat', not '{_name(msg_type)}'"
+    if JUDGE_CALL in identity and msg_type is not protocol.JudgeRequest:
+        return f"a reward call's socket ({identity}) may only send 'judge_request', not '{_name(msg_type)}'"
     if kind not in _BY_CLASS.get(msg_type, ()):
         return f"a {kind} may not send '{_name(msg_type)}'"
     return None

@@ -1,9 +1,9 @@
 """Where a role's server socket lives: an ipc:// path no other user can reach when every role is
 on this machine, TCP otherwise (`controller.transport`, config/schema.py).
 
-Two roles bind a server: the controller (`controller`) and the master relay (`relay_master`,
+Roles that bind a server: the controller (`controller`), the master relay (`relay_master`,
 which takes the trainer's publish notices, and `relay_leaves`, which feeds joiners' leaf relays:
-relay/leaf.py). `auto` binds ipc:// when `controller.host` is loopback
+relay/leaf.py), each stream shard (`shard-N`) and each judge (`judge-N`, laminar_hpc/judge/). `auto` binds ipc:// when `controller.host` is loopback
 (a loopback TCP socket is reachable only from this machine, so every role is here anyway): the
 socket file is `endpoints/<name>.sock` in the run directory, which only its owner may enter
 (startup/ownership.py checks it at every start), or, when that path is over the 107 bytes of an
@@ -32,10 +32,19 @@ SERVER_ENDPOINTS = ("controller", "relay_master", "relay_leaves")  # the endpoin
 log = logging.getLogger(__name__)
 
 
+RANKED_SERVERS = ("shard", "judge")  # roles of which each rank binds a server: stream shards, judges
+
+
 def is_shard(name: str) -> bool:
     """A stream shard's endpoint name ('shard-3', controller/shard.py)."""
     kind, _, rank = name.partition("-")
     return kind == "shard" and rank.isdigit()
+
+
+def is_ranked_server(name: str) -> bool:
+    """A stream shard's or a judge's endpoint name ('shard-3', 'judge-0': laminar_hpc/judge/)."""
+    kind, _, rank = name.partition("-")
+    return kind in RANKED_SERVERS and rank.isdigit()
 
 
 def socket_name(name: str) -> str:
@@ -71,8 +80,8 @@ def _fits(path: Path) -> bool:
 def bind(rd: RunDir, cfg: Config, name: str, keys: ServerKeys | None) -> Server:
     """Server `name` (one of SERVER_ENDPOINTS) of this run: ipc:// or TCP, as `uses_ipc` says; on TCP a
     restart binds the port its endpoint file names."""
-    if name not in SERVER_ENDPOINTS and not is_shard(name):
-        raise ValueError(f"{name!r} is not a server of a run ({', '.join(SERVER_ENDPOINTS)})")
+    if name not in SERVER_ENDPOINTS and not is_ranked_server(name):
+        raise ValueError(f"{name!r} is not a server of a run ({', '.join(SERVER_ENDPOINTS)}, shard-N, judge-N)")
     ctl = cfg.controller
     max_frame = int(ctl.max_frame_mb * 2**20)
     if uses_ipc(ctl):

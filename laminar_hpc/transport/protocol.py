@@ -317,6 +317,26 @@ class Fetched(Message, tag="fetched"):
     missing: list[str] = []
 
 
+# -- rollout -> judge (laminar_hpc/judge/); judge -> rollout ------------------------------------
+class JudgeRequest(Message, tag="judge_request"):
+    """One response to score. `request` is the asker's own number, echoed in the verdict (an
+    asker that gave up on a judge and asked another drops the late answer by it)."""
+    request: int
+    problem: str  # the problem as the policy saw it (its prompt text)
+    response: str
+    answer: str = ""  # the row's gold answer, where it has one
+
+
+class JudgeVerdict(Message, tag="judge_verdict"):
+    """A judge's score for one request, or why it has none (`error`: a verdict that did not
+    parse, a prompt too long for the judge's model; `score` is then 0)."""
+    request: int
+    score: float = 0.0
+    error: str | None = None
+    verdict: str = ""  # a generative judge's text, for the trace (cut to 200 characters)
+    judge: str = ""  # which judge answered (judge-N)
+
+
 # -- launcher / campaign driver -> controller; controller -> any role --------------------------
 class RoleDown(Message, tag="role_down"):
     role: str

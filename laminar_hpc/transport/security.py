@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVERS = tuple(ADMITS)  # "controller", "relay", "relay_leaves": whose server keys a client may need
-KEYPAIRS = ("controller", *KINDS)  # the relay's keypair doubles as the hand-off and leaf servers'
+KEYPAIRS = ("controller", *KINDS)  # the relay's doubles as the hand-off and leaf servers', a judge's serves its rollouts
 # the relay's keypair serves joiners' leaf relays; the controller's its stream shards (a rollout's
 # key reaches its shard as it reaches the controller)
 SERVER_KEYPAIR = {"relay_leaves": "relay", "shard": "controller"}  # a server whose keypair is another's (default: its own name)

@@ -39,12 +39,13 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"checkpoint_format", "config", "emulation", "metrics", "model", "policy", "rundir", "startup",
                "tasks", "transport"},
     "relay": {"checkpoint_format", "config", "metrics", "model", "rundir", "startup", "transport"},
+    "judge": {"config", "model", "startup", "transport"},
     "sim": {"checkpoint_format", "config", "controller", "emulation", "metrics", "policy", "rundir", "tasks",
            "transport"},
     "cli": {"analysis", "checkpoint_format", "config", "launch", "metrics", "model", "rundir", "sim", "startup",
            "tasks", "transport", "walformat"},
 }
-ROLES = {"controller", "trainer", "rollout", "relay"}  # (they start through `startup`, never import `launch`)
+ROLES = {"controller", "trainer", "rollout", "relay", "judge"}  # (they start through `startup`, never import `launch`)
 LOWER = {"config", "transport", "metrics", "policy", "model", "tasks"}  # the rule, verbatim
 
 

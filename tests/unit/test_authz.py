@@ -52,6 +52,7 @@ SENDING_CODE = {  # where each kind's messages are sent from
     "relay": ["relay/**/*.py", "startup/role.py"],
     "launcher": ["launch/supervisor.py"],
     "shard": ["controller/shard.py", "startup/role.py"],
+    "judge": ["judge/**/*.py", "startup/role.py"],
 }
 
 
@@ -70,6 +71,7 @@ def test_the_table_allows_what_each_role_really_sends(kind):
 @pytest.mark.parametrize("identity,kind", [
     ("rollout-3", "rollout"), ("rollout-3.hb", "rollout"), ("trainer-0", "trainer"), ("trainer-0.hb", "trainer"),
     ("launcher-0", "launcher"), ("relay-12", "relay"), ("relay-1.hb", "relay"),
+    ("rollout-3.judge12", "rollout"), ("rollout-3.judge", None), ("rollout-3.judgex", None),
     ("controller-0", None), ("rollout", None), ("rollout-", None), ("rollout-x", None), ("rollout-3.hbx", None),
     ("Rollout-3", None), ("rollout-3 ", None), ("launcher-probe", None), ("", None), ("rollout-3\n", None),
 ])
@@ -90,6 +92,11 @@ def test_refusals():
     assert "may not send 'hello'" in refusal("launcher", "launcher-0", protocol.Hello)
     # a heartbeat thread's socket only beats
     assert "may only send 'heartbeat'" in refusal("trainer", "trainer-0.hb", protocol.TrainStep)
+    # a reward call's socket to a judge only asks for verdicts, and only a rollout's may
+    assert refusal("rollout", "rollout-3.judge7", protocol.JudgeRequest) is None
+    assert "may only send 'judge_request'" in refusal("rollout", "rollout-3.judge7", protocol.WantWork)
+    assert "may not send 'judge_request'" in refusal("trainer", "trainer-0", protocol.JudgeRequest)
+    assert refusal("rollout", "rollout-3", protocol.JudgeVerdict) is not None  # only a judge answers
     # nobody sends what only the controller sends
     for kind in KINDS:
         assert refusal(kind, f"{kind}-0", protocol.Assign) is not None

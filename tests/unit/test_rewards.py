@@ -20,7 +20,7 @@ from laminar_hpc.tasks.problem import Problem, Response
 from laminar_hpc.tasks.sources.builtin import BuiltinTasks
 from laminar_hpc.config.reward_specs import BUILTIN_REWARDS
 from laminar_hpc.tasks.rewards.scorer import (REASONS, RewardError, RewardOutcome, Scorer,
-                                       build_reward, coin_flip, exact, final_number, load_reward_fn,
+                                       build_reward, coin_flip, exact, final_number, judge, load_reward_fn,
                                        math_verify)
 
 from helpers import REPO, SHARED_GSM8K
@@ -95,7 +95,8 @@ def test_coin_flip_is_the_synthetic_tasks_crc32_of_the_text():
 
 
 def test_builtin_names_load_their_functions_from_the_config_list():
-    functions = {"exact": exact, "math_verify": math_verify, "final_number": final_number, "coin_flip": coin_flip}
+    functions = {"exact": exact, "math_verify": math_verify, "final_number": final_number, "coin_flip": coin_flip,
+                 "judge": judge}
     assert list(BUILTIN_REWARDS) == list(functions)
     for name, fn in functions.items():
         assert load_reward_fn(name) is fn and build_reward(name) is fn

@@ -37,7 +37,7 @@ def test_ensure_keys_writes_one_private_keypair_per_party_and_keeps_them(tmp_pat
     ensure_keys(tmp_path)
     sdir = tmp_path / "secrets"
     assert mode(sdir) == 0o700
-    assert set(KEYPAIRS) == {"controller", "launcher", "trainer", "rollout", "relay", "shard"}
+    assert set(KEYPAIRS) == {"controller", "judge", "launcher", "trainer", "rollout", "relay", "shard"}
     names = sorted(p.name for p in sdir.iterdir())
     assert names == sorted([f"curve_{n}.key" for n in KEYPAIRS] + [f"curve_{n}.pub" for n in KEYPAIRS])  # no temp files
     publics = set()
@@ -72,7 +72,7 @@ def test_a_run_from_before_per_kind_keys_gets_the_missing_ones(tmp_path):
         os.chmod(sdir / old, 0o600)
     ensure_keys(tmp_path)
     keys = server_keys(tmp_path, "controller", LOOPBACK)
-    assert keys is not None and set(keys.clients.values()) == {"launcher", "trainer", "rollout", "relay", "shard"}
+    assert keys is not None and set(keys.clients.values()) == {"launcher", "trainer", "rollout", "relay", "shard", "judge"}
     assert client_keys(tmp_path, "rollout", LOOPBACK).server_public == keys.public
 
 
@@ -80,7 +80,7 @@ def test_keys_of_each_process_hold_only_its_own_secret(tmp_path):
     ensure_keys(tmp_path)
     ctl = server_keys(tmp_path, "controller")
     assert isinstance(ctl, ServerKeys) and (ctl.public, ctl.secret) == keypair(key_file(tmp_path, "controller"))
-    assert ctl.clients == {keypair(key_file(tmp_path, k))[0]: k for k in ("launcher", "trainer", "rollout", "relay", "shard")}
+    assert ctl.clients == {keypair(key_file(tmp_path, k))[0]: k for k in ("launcher", "trainer", "rollout", "relay", "shard", "judge")}
     handoff = server_keys(tmp_path, "relay")
     assert (handoff.public, handoff.secret) == keypair(key_file(tmp_path, "relay"))
     assert handoff.clients == {keypair(key_file(tmp_path, "trainer"))[0]: "trainer"}  # the trainer only

@@ -80,9 +80,9 @@ def _check(sig: inspect.Signature, spec: SignatureSpec, label: str, declared: st
     def refuse() -> SignatureError:
         called_as = spec.called_as.format(label=label, given=", ".join(spec.given))
         return SignatureError(f"{label}{sig} cannot be called as {called_as}{how}; {spec.fix.format(forms=FORMS)}")
-    if spec.adapter is None:  # called positionally, as (problem, response)
+    if spec.adapter is None:  # called positionally, as (problem, response), and judge= where it takes it
         try:
-            sig.bind(None, None)
+            sig.bind(None, None, **({"judge": None} if "judge" in sig.parameters else {}))
         except TypeError:
             raise refuse() from None
         return

@@ -65,8 +65,9 @@ if TYPE_CHECKING:
 # why a reward scored 0; counted per step. exception: the function raised. timeout: it ran past
 # timeout_s. not_finite: NaN or inf. out_of_range: outside task.reward.range. bad_type: not a
 # number or a dict of numbers. remote: the verifier was unreachable or answered garbage after its
-# retries. pool: the pool itself failed (a worker process died, no worker left).
-REASONS = ("exception", "timeout", "not_finite", "out_of_range", "bad_type", "remote", "pool")
+# retries. pool: the pool itself failed (a worker process died, no worker left). judge: no judge
+# answered (task.reward.judge), or its verdict could not be read.
+REASONS = ("exception", "timeout", "not_finite", "out_of_range", "bad_type", "remote", "pool", "judge")
 
 
 class RewardError(ValueError):
@@ -133,6 +134,21 @@ def coin_flip(problem: Problem, response: Response) -> float:
     """0 or 1, decided by the response's text (CRC-32): the synthetic task's reward, for emulated
     engines, so that GRPO groups have variance."""
     return float(zlib.crc32(response.text.encode()) % 2)
+
+
+def judge(problem: Problem, response: Response, judge: float) -> float:
+    """The score of the campaign's judge (task.reward.judge): the verdict is the reward."""
+    return judge
+
+
+def takes_judge(fn) -> bool:
+    """Whether a reward function wants the judge's verdict: a parameter named `judge`, which the
+    Scorer fills (laminar's own signature; a verl or TRL function comes wrapped and does not)."""
+    import inspect
+    try:
+        return "judge" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # the built-ins' names are config/reward_specs.py's BUILTIN_REWARDS (the only list): each entry names its
@@ -264,6 +280,9 @@ def _one_line(text: str, limit: int = 400) -> str:
 def call_budget_s(cfg: RewardCfg) -> float:
     """How long one scoring call may take before the pool gives up on it: `timeout_s`; for a
     remote verifier, whose `timeout_s` bounds each attempt, all attempts and their backoffs."""
+    judge = getattr(cfg, "judge", None)
+    if judge is not None:  # one try per judge and one more (transport/judge_client.py), then the functions
+        return (judge.replicas + 1) * judge.timeout_s + cfg.timeout_s
     if cfg.url is None:
         return cfg.timeout_s
     attempts = cfg.retries + 1
@@ -300,8 +319,11 @@ class Scorer:
     Every function is loaded at construction, so a bad spec fails at startup (RewardError).
     Thread-safe when the user's functions are."""
 
-    def __init__(self, cfg: RewardCfg, *, base_dir: str | os.PathLike | None = None):
+    def __init__(self, cfg: RewardCfg, *, base_dir: str | os.PathLike | None = None, judge=None):
+        """`judge`: how to ask the campaign's judge (transport/judge_client.py: JudgeClient), for the functions
+        that take a `judge` argument; None where no judge runs (then such a call scores 0 as judge)."""
         self.cfg = cfg
+        self._judge = judge
         self.weights: dict[str, float] = dict(cfg.weights)
         signature = getattr(cfg, "signature", "auto")
         self.budget_s = call_budget_s(cfg)
@@ -326,6 +348,11 @@ class Scorer:
                                   f"task.reward.fn ({', '.join(cfg.fn)}); weigh those, or 'name.key' for a "
                                   "component that returns a dict")
 
+        self._wants_judge = {name for name, fn in self._fns.items() if takes_judge(fn)}
+        if self._wants_judge and getattr(cfg, "judge", None) is None:
+            names = ", ".join(self._names[n] for n in sorted(self._wants_judge))
+            raise RewardError(f"task.reward.fn: {names} takes the judge's verdict (a `judge` argument), but the "
+                              "campaign has no judge; add task.reward.judge (config/judge.py)")
         self.low, self.high = reward_range(cfg, self._fns.values())
 
     def describe(self) -> str:
@@ -340,10 +367,20 @@ class Scorer:
     def score(self, problem: Problem, response: Response) -> RewardOutcome:
         components: dict[str, float] = {}
         total, scored = 0.0, 0
+        verdict = None
+        if self._wants_judge:
+            if self._judge is None:
+                return RewardOutcome.failed("judge", "this scorer has no connection to the judges")
+            try:
+                verdict, why = self._judge(problem, response)
+            except Exception as err:  # JudgeError (no judge answered), or the connection failed
+                return RewardOutcome.failed("judge", _one_line(str(err)))
+            if why is not None:
+                return RewardOutcome.failed("judge", _one_line(why))
         for name, fn in self._fns.items():
             where = self._names[name]
             try:
-                value = fn(problem, response)
+                value = fn(problem, response, judge=verdict) if name in self._wants_judge else fn(problem, response)
             except RemoteError as err:
                 return RewardOutcome.failed("remote", _one_line(str(err)))
             except BadReturn as err:

@@ -156,7 +156,7 @@ class Followers:
                 return
             for sentinel in ready:
                 proc = alive.pop(sentinel)
-                proc.join(0)
+                proc.join(5)  # its sentinel closes as it exits: the status follows at once (not with join(0))
                 self.on_death(proc)
 
     def stop_watching(self) -> None:

