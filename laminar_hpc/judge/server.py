@@ -20,9 +20,11 @@ sockets reconnect by themselves; what it held when it died is asked again by the
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from laminar_hpc.judge.judge_model import JudgeModel
+from laminar_hpc.rundir import atomic_write_json
 from laminar_hpc.startup.role import Heartbeat, RoleContext, start_role
 from laminar_hpc.startup.signals import install_stop_handlers
 from laminar_hpc.transport.channel import Server, publish_endpoint
@@ -31,6 +33,7 @@ from laminar_hpc.transport.protocol import JudgeRequest, JudgeVerdict, Stop
 from laminar_hpc.transport.security import server_keys
 
 IDLE_POLL_S = 0.5  # how long the loop waits for a first request before looking at its stop flag
+STATS_EVERY_S = 2.0  # how often a judge rewrites its counters (RunDir.judge_stats) for `laminar status`
 
 
 class Judge:
@@ -39,7 +42,10 @@ class Judge:
         self.cfg = ctx.cfg.task.reward.judge
         self.scored = 0
         self.batches = 0
+        self.failed = 0  # verdicts that could not be read (scored 0 with the reason)
+        self.busy_s = 0.0  # scoring time, all batches
         self.dropped = 0  # frames that were not a judge request
+        self._stats_due = 0.0
 
     def next_batch(self, first_wait_s: float) -> list[tuple[str, JudgeRequest]]:
         """Up to batch_size requests: the first within `first_wait_s`, the rest within batch_wait_ms of it."""
@@ -64,10 +70,20 @@ class Judge:
         for (ident, req), s in zip(batch, scored):
             self.server.send(ident, JudgeVerdict(request=req.request, score=s.score, error=s.error,
                                                  verdict=s.verdict, judge=self.ctx.name))
+        failed = sum(s.error is not None for s in scored)
         self.scored += len(batch)
         self.batches += 1
-        self.ctx.tracer.emit("judge_batch", size=len(batch), seconds=seconds,
-                             failed=sum(s.error is not None for s in scored))
+        self.failed += failed
+        self.busy_s += seconds
+        self.ctx.tracer.emit("judge_batch", size=len(batch), seconds=seconds, failed=failed)
+
+    def write_stats(self, now: float, force: bool = False) -> None:
+        if now < self._stats_due and not force:
+            return
+        self._stats_due = now + STATS_EVERY_S
+        atomic_write_json(self.ctx.rundir.judge_stats(self.ctx.name), {
+            "t": time.time(), "pid": os.getpid(), "scored": self.scored, "batches": self.batches,
+            "failed": self.failed, "busy_s": round(self.busy_s, 3), "batch_size": self.cfg.batch_size})
 
     def run(self, flags: dict) -> None:
         beat = Heartbeat(self.ctx)
@@ -82,6 +98,7 @@ class Judge:
             batch = self.next_batch(IDLE_POLL_S)
             if batch:
                 self.serve(batch)
+            self.write_stats(time.monotonic())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         judge.run(flags)
     finally:
+        judge.write_stats(time.monotonic(), force=True)
         ctx.log.info("stopping: %d requests scored in %d batches, %d frames dropped", judge.scored, judge.batches,
                      judge.dropped + server.dropped)
         server.close(linger_ms=1000)

@@ -59,6 +59,24 @@ def shards_line(shards: dict[str, dict], relayed: dict[str, int]) -> str:
     return f"{len(shards)}: " + ", ".join(parts) + f"; {relayed.get('frames', 0):,} frames relayed"
 
 
+def judges_line(rd: RunDir, st: Status, replicas: int) -> str:
+    """'judge-0 ready 1,204 scored (3.1 per batch, 12 ms each, 2 unreadable), judge-1 down ...':
+    each judge's liveness from the controller's role table, its counters from its own file."""
+    parts = []
+    for k in range(replicas):
+        name = f"judge-{k}"
+        entry = st.roles.get(name)
+        state = "not joined" if entry is None else "down" if entry.down else "ready" if entry.ready_t else "joined"
+        stats = read_json(rd.judge_stats(name)) or {}
+        batches = stats.get("batches") or 0
+        if batches:
+            state += (f" {stats['scored']:,} scored ({stats['scored'] / batches:.1f} per batch of at most "
+                      f"{stats.get('batch_size')}, {1000 * stats.get('busy_s', 0.0) / batches:.0f} ms each"
+                      + (f", {stats['failed']:,} unreadable" if stats.get("failed") else "") + ")")
+        parts.append(f"{name} {state}")
+    return ", ".join(parts)
+
+
 def newest_status(rd: RunDir) -> Status:
     """The controller's last word: status.json (every second while it runs) or controller_stats.json
     (at its end, after the last status), whichever it wrote last."""
@@ -84,6 +102,15 @@ def dropped_text(st: Status) -> str:
     if parts and st.epochs is not None:
         parts.append(f"epochs {st.epochs:.2f}")
     return ", ".join(parts)
+
+
+def load_judge_cfg(rd: RunDir):
+    """The run's task.reward.judge (None without one, or when its config no longer loads)."""
+    from laminar_hpc.config import ConfigError, load_config
+    try:
+        return load_config(rd.config).task.reward.judge
+    except (ConfigError, OSError):
+        return None
 
 
 def _num(v) -> str:
@@ -116,6 +143,9 @@ def status_report(run_dir: Path) -> str:
                      f"{st.trajectories_per_s:.1f} trajectories/s ({phase})")
         lines.append(f"relays      {versions_text(st.relay_versions)}")  # 'v6 x2': two relays hold version 6
         lines.append(f"rollouts    {versions_text(st.rollout_versions)}")
+        judge = load_judge_cfg(rd)
+        if judge is not None:  # task.reward.judge: each judge's state and what it scored
+            lines.append("judges      " + judges_line(rd, st, judge.replicas))
         if st.shards:  # stream shards (controller.shards): what each holds, as it last reported
             lines.append("shards      " + shards_line(st.shards, st.relayed))
         if st.elastic:

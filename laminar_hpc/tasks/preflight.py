@@ -43,14 +43,17 @@ def _one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def check_start(cfg: Config, tokenizer: Callable[[], Any], say: Callable[[str], None] | None = None) -> list[str]:
+def check_start(cfg: Config, tokenizer: Callable[[], Any], say: Callable[[str], None] | None = None,
+                judge_tokenizer: Callable[[], Any] | None = None) -> list[str]:
     """Run every check on a validated Config; returns notes to show (warnings, what is logged
     and not summed). Raises StartCheckError. `say` gets 'start check i/N: what' as each begins
-    (a Hub tokenizer or a reward's first call may take a while)."""
+    (a Hub tokenizer or a reward's first call may take a while). `judge_tokenizer` builds the
+    judge's (task.reward.judge) when the campaign has one."""
     from laminar_hpc.tasks.sources.build import build_task
     from laminar_hpc.tasks.sources.dataset import DatasetError
     checks = ["the task's data", *(["the tools and environment"] if cfg.env.enabled else []),
               "prompts through the tokenizer", *(["the warm-up's data"] if warmup_runs(cfg) else []),
+              *(["the judge's prompt and labels"] if cfg.task.reward.judge and judge_tokenizer else []),
               "the reward on a sample row"]
     begun = iter(range(1, len(checks) + 1))
 
@@ -83,9 +86,50 @@ def check_start(cfg: Config, tokenizer: Callable[[], Any], say: Callable[[str], 
     if warmup_runs(cfg):
         begin()
         check_warmup(cfg, task, tokenizer)
+    if cfg.task.reward.judge and judge_tokenizer:
+        begin()
+        check_judge(cfg.task.reward.judge, task.problem(0), where(task, 0), judge_tokenizer)
     begin()
     notes += check_reward(cfg.task.reward, task.problem(0), where(task, 0))
     return notes
+
+
+def check_judge(judge, problem: Problem, row: str, tokenizer: Callable[[], Any]) -> None:
+    """What can be known of a judge (task.reward.judge) before it starts: a classifier's
+    checkpoint is a sequence classifier (its config.json), a label judge's labels begin with
+    tokens of their own, and the prompt of a sample row (its gold answer as the response) fits
+    the judge's context. StartCheckError naming the key otherwise."""
+    import json
+    from pathlib import Path
+    key = "task.reward.judge"
+    if judge.kind == "classifier":
+        conf = Path(judge.model.hf_path) / "config.json"
+        try:
+            kinds = json.loads(conf.read_text()).get("architectures") or []
+        except (OSError, ValueError) as err:
+            raise StartCheckError(f"{key}.model.hf_path: {conf} cannot be read ({_one_line(err)}); a classifier "
+                                  "judge is a Hugging Face directory") from None
+        if not any(str(k).endswith("ForSequenceClassification") for k in kinds):
+            raise StartCheckError(f"{key}.model.hf_path: {judge.model.hf_path} holds {kinds or 'no architecture'}, "
+                                  "not a sequence classifier (...ForSequenceClassification); a causal LM judges "
+                                  "with kind: label or generative")
+    tok = tokenizer()
+    if judge.kind == "label":
+        first = {label: (tok.encode(label) or [None])[0] for label in judge.labels}
+        if None in first.values():
+            raise StartCheckError(f"{key}.labels: {[k for k, v in first.items() if v is None]} encode to no token "
+                                  "with the judge's tokenizer; give each label text it keeps")
+        if len(set(first.values())) < len(first):
+            raise StartCheckError(f"{key}.labels: {list(judge.labels)} begin with the same token ({first}); a label "
+                                  "judge tells them apart by their first token: pick labels that begin differently")
+    if judge.kind != "classifier":
+        prompt = judge.template.format(problem=problem.prompt, response=str(problem.answer), answer=str(problem.answer))
+        n = len(tok.encode(prompt))
+        room = 1 if judge.kind == "label" else 2
+        if n + room > judge.model.max_seq_len:
+            raise StartCheckError(f"{key}: the judge's prompt for {row} is {n} tokens, over its model.max_seq_len "
+                                  f"({judge.model.max_seq_len}) less room to answer; raise {key}.model.max_seq_len or "
+                                  "shorten the template")
 
 
 def check_files(cfg: Config) -> None:

@@ -10,10 +10,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from laminar_hpc.metrics.jsonl import read_objects
 from laminar_hpc.metrics.trace import role_events
@@ -22,21 +20,11 @@ from helpers import REPO
 
 pytestmark = pytest.mark.slow
 
-# a label judge on a fresh small model: its P("Y") is a number in (0, 1) that depends on the prompt,
-# so every reward it gives is fractional and traceable to it (what a judge *knows* is the example's claim)
-JUDGE = {"kind": "label", "template": "{problem}={response}?", "labels": {"Y": 1.0, "N": 0.0},
-         "model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64, "max_seq_len": 48},
-         "replicas": 2, "batch_size": 8, "timeout_s": 5.0}
-
-
-def _config(tmp_path: Path, steps: int) -> Path:
-    cfg = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
-    cfg["task"]["reward"] = {"fn": "judge", "judge": JUDGE, "timeout_s": 5.0}
-    cfg["trainer"]["total_steps"] = steps
-    cfg["warmup"] = {"max_steps": 0}
-    path = tmp_path / "judged.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+# configs/tiny-judged.yaml: two label judges on a fresh small model; a judge's P("Y") is a number
+# in (0, 1) that depends on the prompt, so every reward it gives is fractional and traceable to it
+# (what a judge *knows* is the example's claim, not this test's)
+CONFIG = REPO / "configs" / "tiny-judged.yaml"
+STEPS = 60  # the config's trainer.total_steps
 
 
 def _wait_for(pred, what: str, timeout_s: float, proc: subprocess.Popen):
@@ -50,7 +38,7 @@ def _wait_for(pred, what: str, timeout_s: float, proc: subprocess.Popen):
 def test_judges_score_every_trajectory_in_batches_and_a_killed_judge_comes_back(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", str(_config(tmp_path, 60)),
+    proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", str(CONFIG),
                              "--run-dir", str(run)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -66,7 +54,7 @@ def test_judges_score_every_trajectory_in_batches_and_a_killed_judge_comes_back(
             proc.wait(30)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["outcome"] == "completed" and summary["train_steps"] == 60
+    assert summary["outcome"] == "completed" and summary["train_steps"] == STEPS
     assert summary["groups_lost"] == 0 and summary.get("groups_duplicated", 0) == 0
     assert summary["recoveries"].get("judge", 0) == 1, summary["recoveries"]
     assert not summary["killed_at_shutdown"]  # the judges, too, ended on the campaign's stop
@@ -79,3 +67,10 @@ def test_judges_score_every_trajectory_in_batches_and_a_killed_judge_comes_back(
     assert all(batches.values())  # both judges served (round-robin over them)
     assert max(e["size"] for b in batches.values() for e in b) > 1  # requests of both rollouts scored together
     assert (run / "logs" / "judge-0.log").read_text().count("ready in") == 2  # killed once, started again
+    from laminar_hpc.launch.status_report import status_report
+    (line,) = [ln for ln in status_report(run).splitlines() if ln.startswith("judges")]
+    assert "judge-0 " in line and "judge-1 " in line and line.count(" scored (") == 2, line
+    res = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", "trace", "summary", str(run), "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    judges = json.loads(res.stdout)["judges"]
+    assert sorted(judges["by_judge"]) == ["judge-0", "judge-1"] and judges["size_max"] > 1

@@ -208,3 +208,60 @@ def test_the_controller_admits_the_campaigns_judges_and_no_other():
     assert members.admits("judge-0") and members.admits("judge-1.hb")
     assert not members.admits("judge-2")  # a judge key's made-up rank is counted, not heard
     assert not Membership.of(config_from_dict({})).admits("judge-0")
+
+
+# -- the start check ---------------------------------------------------------------------------------
+
+def _check(judge: dict, tmp_path=None):
+    from laminar_hpc.model.factory import build_tokenizer
+    from laminar_hpc.tasks.preflight import check_judge
+    cfg = JudgeCfg(**judge)
+    check_judge(cfg, P, "problem 0 of the task", lambda: build_tokenizer(cfg.model))
+
+
+def test_the_start_check_names_what_a_judge_could_not_do():
+    from laminar_hpc.tasks.preflight import StartCheckError
+    _check({"labels": {"Y": 1.0, "N": 0.0}, "template": "{problem}{response}?"})  # fits, labels apart: no error
+    with pytest.raises(StartCheckError, match=r"task.reward.judge.labels: \['yes', 'yeah'\] begin with the same token"):
+        _check({"labels": {"yes": 1.0, "yeah": 0.5}})
+    with pytest.raises(StartCheckError, match=r"prompt for problem 0 of the task is \d+ tokens, over its "
+                                              r"model.max_seq_len \(16\)"):
+        _check({"labels": {"Y": 1.0, "N": 0.0}, "model": {"max_seq_len": 16}})
+
+
+def test_the_start_check_refuses_a_checkpoint_that_is_not_a_classifier(tmp_path):
+    from laminar_hpc.tasks.preflight import StartCheckError
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    with pytest.raises(StartCheckError, match=r"holds \['LlamaForCausalLM'\], not a sequence classifier"):
+        _check({"kind": "classifier", "model": {"hf_path": str(tmp_path)}})
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForSequenceClassification"]}')
+    _check({"kind": "classifier", "model": {"hf_path": str(tmp_path)}})
+
+
+def test_laminar_status_shows_each_judge_state_and_what_it_scored(tmp_path):
+    import json
+    from laminar_hpc.launch.status_report import judges_line
+    from laminar_hpc.metrics.status import RoleEntry, Status
+    from laminar_hpc.rundir import RunDir
+    rd = RunDir(tmp_path)
+    rd.judge_stats("judge-0").parent.mkdir()
+    rd.judge_stats("judge-0").write_text(json.dumps({"scored": 1204, "batches": 400, "failed": 2, "busy_s": 4.8,
+                                                     "batch_size": 8}))
+    st = Status(roles={"judge-0": RoleEntry(pid=1, joined_t=1.0, last_seen=2.0, ready_t=1.5),
+                       "judge-1": RoleEntry(pid=2, joined_t=1.0, last_seen=2.0, down=True)})
+    assert judges_line(rd, st, 3) == ("judge-0 ready 1,204 scored (3.0 per batch of at most 8, 12 ms each, "
+                                      "2 unreadable), judge-1 down, judge-2 not joined")
+
+
+def test_trace_summary_counts_each_judges_batches():
+    from laminar_hpc.analysis.judge_summary import judge_figures, render_judges
+    events = [{"ev": "judge_batch", "role": "judge-0", "size": 3, "seconds": 0.010, "failed": 0},
+              {"ev": "judge_batch", "role": "judge-0", "size": 1, "seconds": 0.030, "failed": 1},
+              {"ev": "judge_batch", "role": "judge-1", "size": 8, "seconds": 0.020, "failed": 0},
+              {"ev": "traj_finished", "role": "rollout-0"}]
+    d = judge_figures(events)
+    assert (d["requests"], d["batches"], d["size_max"], d["unreadable"]) == (12, 3, 8, 1)
+    assert d["size_mean"] == pytest.approx(4.0) and d["seconds"] == {"p50": 0.020, "p90": 0.030, "max": 0.030}
+    assert d["by_judge"]["judge-1"]["requests"] == 8 and d["by_judge"]["judge-0"]["unreadable"] == 1
+    assert render_judges(d)[1].startswith("judges: 12 requests scored in 3 batches")
+    assert judge_figures(events[3:]) is None and render_judges(None) == []
