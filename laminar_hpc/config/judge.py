@@ -96,3 +96,17 @@ class JudgeCfg(Section):
         if self.init_checkpoint is not None and self.model.hf_path is not None:
             raise ValueError("init_checkpoint and model.hf_path both give the judge's weights: keep one")
         return self
+
+
+def label_tokens(labels: dict[str, float], encode) -> dict[str, int]:
+    """Each label's first token with the judge's tokenizer (`encode`: text -> ids), which is what a
+    label judge reads. ValueError naming task.reward.judge.labels when a label has no token or two
+    labels begin with the same one (the judge could not tell them apart)."""
+    first = {label: (encode(label) or [None])[0] for label in labels}
+    if None in first.values():
+        raise ValueError(f"task.reward.judge.labels: {[k for k, v in first.items() if v is None]} encode to no "
+                         "token with the judge's tokenizer; give each label text it keeps")
+    if len(set(first.values())) < len(first):
+        raise ValueError(f"task.reward.judge.labels: {list(labels)} begin with the same token ({first}); a label "
+                         "judge tells them apart by their first token: pick labels that begin differently")
+    return first  # type: ignore[return-value]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from laminar_hpc.config.judge import label_tokens
 from laminar_hpc.judge.verdicts import SHOWN, label_score, read_verdict, render
 
 if TYPE_CHECKING:
@@ -47,6 +48,31 @@ def right_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
+def judge_prompts(requests: list[tuple[str, str, str]], tok, cfg: JudgeCfg, max_len: int, room: int,
+                  vocab: int | None = None) -> tuple[list[Scored | None], list[list[int]], list[int]]:
+    """Each (problem, response, answer)'s judge prompt as token ids. Returns the answers so far (a
+    0-score Scored saying why for a prompt that cannot be judged, None for one that can), the
+    prompts that can, and their places in `requests`."""
+    out: list[Scored | None] = []
+    prompts: list[list[int]] = []
+    where: list[int] = []
+    for i, (problem, response, answer) in enumerate(requests):
+        ids = tok.encode(render(cfg.template, problem=problem, response=response, answer=answer))
+        if not ids or len(ids) + room > max_len:
+            less = f" less {room} to answer" if room else ""
+            out.append(Scored(0.0, f"the judge's prompt is {len(ids)} tokens, over its model.max_seq_len "
+                                   f"({max_len}){less}; shorten task.reward.judge.template or raise the "
+                                   "judge's max_seq_len"))
+        elif vocab is not None and max(ids) >= vocab:
+            out.append(Scored(0.0, f"token id {max(ids)} is outside the judge's vocabulary of {vocab}: "
+                                   "its tokenizer is not the one task.reward.judge.model names"))
+        else:
+            out.append(None)
+            prompts.append(ids)
+            where.append(i)
+    return out, prompts, where
+
+
 class JudgeModelError(ValueError):
     """A judge that cannot score anything (a label with no token); the message names the key."""
 
@@ -56,15 +82,11 @@ class JudgeModel:
         self.cfg, self.tok, self.model = cfg, tok, model.eval().requires_grad_(False)
         self.max_len = model.args.max_seq_len
         self.label_ids: dict[str, int] = {}
-        for label in cfg.labels:
-            ids = tok.encode(label)
-            if not ids:
-                raise JudgeModelError(f"task.reward.judge.labels: {label!r} encodes to no token with the judge's "
-                                      "tokenizer; give each label text the tokenizer keeps")
-            self.label_ids[label] = ids[0]
-        if cfg.kind == "label" and len(set(self.label_ids.values())) < len(self.label_ids):
-            raise JudgeModelError(f"task.reward.judge.labels: {list(cfg.labels)} begin with the same token "
-                                  f"({self.label_ids}); a label judge tells them apart by their first token")
+        if cfg.kind == "label":
+            try:
+                self.label_ids = label_tokens(cfg.labels, tok.encode)
+            except ValueError as err:
+                raise JudgeModelError(str(err)) from None
 
     @classmethod
     def build(cls, cfg: JudgeCfg) -> "JudgeModel":
@@ -81,24 +103,11 @@ class JudgeModel:
 
     def score(self, requests: list[tuple[str, str, str]]) -> list[Scored]:
         """(problem, response, answer) each -> its Scored, in order."""
-        prompts: list[list[int] | None] = []
-        out: list[Scored | None] = []
-        for problem, response, answer in requests:
-            ids = self.tok.encode(render(self.cfg.template, problem=problem, response=response, answer=answer))
-            room = 1 if self.cfg.kind == "label" else 2  # a generative verdict needs room for a token
-            if not ids or len(ids) + room > self.max_len:
-                prompts.append(None)
-                out.append(Scored(0.0, f"the judge's prompt is {len(ids)} tokens, over its model.max_seq_len "
-                                       f"({self.max_len}) less room to answer; shorten task.reward.judge.template "
-                                       "or raise the judge's max_seq_len"))
-            else:
-                prompts.append(ids)
-                out.append(None)
-        todo = [i for i, p in enumerate(prompts) if p is not None]
-        if todo:
-            scored = self._labels([prompts[i] for i in todo]) if self.cfg.kind == "label" else \
-                self._generate([prompts[i] for i in todo])
-            for i, s in zip(todo, scored):
+        room = 1 if self.cfg.kind == "label" else 2  # a generative verdict needs room for a token
+        out, prompts, where = judge_prompts(requests, self.tok, self.cfg, self.max_len, room)
+        if prompts:
+            scored = self._labels(prompts) if self.cfg.kind == "label" else self._generate(prompts)
+            for i, s in zip(where, scored):
                 out[i] = s
         return out  # type: ignore[return-value]
 
@@ -184,21 +193,7 @@ class ClassifierJudge:
 
     @torch.inference_mode()
     def score(self, requests: list[tuple[str, str, str]]) -> list[Scored]:
-        out: list[Scored | None] = []
-        rows: list[list[int]] = []
-        where: list[int] = []
-        for i, (problem, response, answer) in enumerate(requests):
-            ids = self.tok.encode(render(self.cfg.template, problem=problem, response=response, answer=answer))
-            if not ids or len(ids) > self.max_len:
-                out.append(Scored(0.0, f"the judge's prompt is {len(ids)} tokens, over its {self.max_len} positions; "
-                                       "shorten task.reward.judge.template"))
-            elif max(ids) >= self.vocab:
-                out.append(Scored(0.0, f"token id {max(ids)} is outside the classifier's vocabulary of {self.vocab}: "
-                                       "its tokenizer is not the one task.reward.judge.model names"))
-            else:
-                out.append(None)
-                rows.append(ids)
-                where.append(i)
+        out, rows, where = judge_prompts(requests, self.tok, self.cfg, self.max_len, 0, vocab=self.vocab)
         if rows:
             ids, mask = right_padded(rows, self.pad)
             logits = self.model(input_ids=ids.to(self.cfg.device), attention_mask=mask.to(self.cfg.device)).logits.float()

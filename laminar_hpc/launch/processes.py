@@ -23,13 +23,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from laminar_hpc.launch.warm_start import WarmChild, WarmStarter, WarmStartError, can_warm_start
 from laminar_hpc.rundir import RunDir, RunDirError
 
 
 @dataclass
 class Proc:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | WarmChild  # a fresh process, or one the warm starter forked
     log_path: Path
     returncode: int | None = None
 
@@ -141,19 +142,52 @@ def single_copy_works() -> bool:
 
 
 class ProcessGroup:
-    def __init__(self, run_dir: Path):
+    """The roles of one campaign on this machine. With `warm_start`, a `python -m laminar_hpc...`
+    role is forked by a warm starter (launch/warm_start.py), made at the first such start with
+    that role's environment; any other command, and any role whose environment differs from the
+    starter's, is a fresh process. Should the starter fail, every role after it is a fresh process."""
+
+    def __init__(self, run_dir: Path, *, warm_start: bool = False):
         self.rundir = RunDir.of(run_dir)
         self.procs: dict[str, Proc] = {}
+        self.warm_start = warm_start
+        self.starter: WarmStarter | None = None
+        self.starter_env: dict | None = None
+        self.warm_start_failure: str | None = None  # why roles stopped being forked, once said
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Proc:
         log_path = self.rundir.log(name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True, cwd=os.getcwd())
+        popen = self._warm(argv, env, log_path)
+        if popen is None:
+            with open(log_path, "ab") as log:
+                popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True, cwd=os.getcwd())
         proc = Proc(name, popen, log_path)
         self.procs[name] = proc
         return proc
+
+    def _warm(self, argv: list[str], env: dict | None, log_path: Path) -> WarmChild | None:
+        if not self.warm_start or self.warm_start_failure or not can_warm_start(argv):
+            return None
+        env = dict(os.environ if env is None else env)
+        try:
+            if self.starter is None:
+                self.starter, self.starter_env = WarmStarter(env, self.rundir.path), env
+            if env != self.starter_env:
+                return None
+            return self.starter.start(argv, env, log_path, os.getcwd())
+        except (WarmStartError, OSError) as err:
+            self.warm_start_failure = str(err)
+            with open(log_path, "a") as log:
+                log.write(f"laminar: {err}; this role and the ones after it start as fresh processes\n")
+            return None  # the starter, where it still runs, reaps what it forked until stop_all ends it
+
+    def close_starter(self) -> None:
+        """End the warm starter (after the roles it forked ended: it reaps them)."""
+        if self.starter is not None:
+            self.starter.close()
+            self.starter = None
 
     def reap(self) -> list[tuple[str, int]]:
         """Roles that exited since the last call, with their exit codes."""
@@ -206,6 +240,7 @@ class ProcessGroup:
             self._signal_group(p, signal.SIGKILL)
             p.popen.wait()
         self.reap()
+        self.close_starter()
         return killed
 
     def tail(self, name: str, lines: int = 15) -> str:

@@ -54,7 +54,7 @@ class Supervisor:
                  progress: Progress):
         self.cfg, self.run_dir, self.command, self.progress = cfg, Path(run_dir), command, progress
         self.rundir = RunDir(self.run_dir)
-        self.procs = ProcessGroup(run_dir)
+        self.procs = ProcessGroup(run_dir, warm_start=cfg.supervisor.warm_start)
         self.specs: dict[str, RoleSpec] = {}
         self.restarts: dict[str, int] = {}  # failures in a row (reset once a role ran healthy_after_s)
         self.started_at: dict[str, float] = {}

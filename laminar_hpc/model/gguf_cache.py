@@ -24,9 +24,12 @@ each file) matches: every role checks its owner, mode and manifest, the launcher
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from laminar_hpc.checkpoint_format import sha256
@@ -122,3 +125,26 @@ def cached_conversion(gguf: Path) -> Path | None:
         return None
     check_entry(out, gguf, contents=False)
     return out
+
+
+@contextmanager
+def entry_lock(out: Path, wait_s: float):
+    """The entry's lock file beside it (in the private cache), held for the block: without it a
+    second launcher took the first one's entry, renamed into place but not yet given its manifest,
+    for one cut short, and removed it under the first."""
+    lock = out.parent / f"{out.name}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CacheError(f"{out}: another process has been converting this model for over {wait_s:.0f}s "
+                                     f"(it holds {lock}); wait for it, or stop it") from None
+                time.sleep(0.2)  # flock has no timeout of its own: poll it
+        yield
+    finally:
+        os.close(fd)  # releases the lock

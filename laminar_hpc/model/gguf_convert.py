@@ -9,20 +9,30 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from laminar_hpc.model.gguf_cache import cache_dir_for, check_entry, complete, private_cache_dir, write_manifest
-from laminar_hpc.model.hf import (HFCheckpointError, HFTokenizer, export_hf, hf_model_args, is_gguf, load_hf_weights,
+from laminar_hpc.model.gguf_cache import (cache_dir_for, check_entry, complete, entry_lock, private_cache_dir,
+                                          write_manifest)
+from laminar_hpc.model.hf import (HFTokenizer, export_hf, hf_model_args, is_gguf, load_hf_weights,
                                   resolve_hf_path)
 
 
-def convert_once(spec, say: Callable[[str], None] | None = None) -> Path | None:
+CONVERT_WAIT_S = 900.0  # the longest a launcher waits for another one converting the same GGUF
+
+
+def convert_once(spec, say: Callable[[str], None] | None = None, *, wait_s: float = CONVERT_WAIT_S) -> Path | None:
     """The cached Hugging Face directory of the GGUF `spec` names, converted now if absent (`say`
     gets one line first: it takes seconds); None when `spec` is not a GGUF. HFCheckpointError as
-    reading the GGUF would raise it."""
+    reading the GGUF would raise it. Launchers of this user on one machine share the cache: one
+    converts an entry while the others wait for it (up to `wait_s`) and then read it."""
     gguf = resolve_hf_path(spec, converted=False)
     if not is_gguf(gguf):
         return None
     private_cache_dir()  # refused where another user could plant entries (model/gguf_cache.py)
     out = cache_dir_for(gguf)
+    with entry_lock(out, wait_s):
+        return _convert_locked(gguf, out, say)
+
+
+def _convert_locked(gguf: Path, out: Path, say: Callable[[str], None] | None) -> Path:
     if complete(out):
         check_entry(out, gguf, contents=True)  # ours, and what its manifest says, byte for byte
         return out
@@ -37,12 +47,8 @@ def convert_once(spec, say: Callable[[str], None] | None = None) -> Path | None:
     with torch.device("cpu"):
         model = Transformer(hf_model_args(gguf))
     load_hf_weights(model, gguf)
-    try:
-        export_hf(model, out, source=gguf, tokenizer=HFTokenizer.from_path(gguf), dtype="float32")
-        write_manifest(out, gguf)
-    except (HFCheckpointError, OSError):
-        if not complete(out):  # (another launcher converting the same file renamed its copy first)
-            raise
+    export_hf(model, out, source=gguf, tokenizer=HFTokenizer.from_path(gguf), dtype="float32")
+    write_manifest(out, gguf)
     return out
 
 

@@ -148,13 +148,18 @@ def holder(run_dir: Path) -> Holder | None:
         os.close(fd)
 
 
-def _command_of(pid: int) -> str:
+def command_words(pid: int) -> list[str]:
+    """A process's command line, word by word ([] if it is gone). A role that the warm starter
+    forked (launch/warm_start.py) shows its command as one title, words split by spaces."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        words = [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
     except OSError:
-        return ""
-    words = [a.decode(errors="replace") for a in argv if a]
-    mod = next((w for w in words if w.startswith("laminar_hpc.")), None)
+        return []
+    return words[0].split() if len(words) == 1 else words
+
+
+def _command_of(pid: int) -> str:
+    mod = next((w for w in command_words(pid) if w.startswith("laminar_hpc.")), None)
     return f", {mod}" if mod else ""
 
 

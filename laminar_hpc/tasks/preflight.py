@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from laminar_hpc.config.judge import label_tokens
 from laminar_hpc.tasks.problem import Problem, Response
 
 if TYPE_CHECKING:
@@ -115,13 +116,10 @@ def check_judge(judge, problem: Problem, row: str, tokenizer: Callable[[], Any])
                                   "with kind: label or generative")
     tok = tokenizer()
     if judge.kind == "label":
-        first = {label: (tok.encode(label) or [None])[0] for label in judge.labels}
-        if None in first.values():
-            raise StartCheckError(f"{key}.labels: {[k for k, v in first.items() if v is None]} encode to no token "
-                                  "with the judge's tokenizer; give each label text it keeps")
-        if len(set(first.values())) < len(first):
-            raise StartCheckError(f"{key}.labels: {list(judge.labels)} begin with the same token ({first}); a label "
-                                  "judge tells them apart by their first token: pick labels that begin differently")
+        try:
+            label_tokens(judge.labels, tok.encode)
+        except ValueError as err:
+            raise StartCheckError(str(err)) from None
     if judge.kind != "classifier":
         prompt = judge.template.format(problem=problem.prompt, response=str(problem.answer), answer=str(problem.answer))
         n = len(tok.encode(prompt))

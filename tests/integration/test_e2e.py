@@ -18,6 +18,7 @@ import pytest
 from laminar_hpc.metrics.jsonl import read_steps
 from laminar_hpc.metrics.status import read_status
 from laminar_hpc.metrics.trace import role_events
+from laminar_hpc.startup.runlock import command_words
 
 from helpers import REPO, laminar
 from processes import processes_mentioning
@@ -242,8 +243,7 @@ def test_killed_rollout_is_restarted_and_its_work_requeued(tmp_path):
     try:
         _wait_for_step(run_dir, proc, 3)
         victim = [pid for pid in processes_mentioning(str(run_dir))
-                  if "laminar_hpc.rollout" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-                  and b"--rank\x000" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+                  if "laminar_hpc.rollout" in (words := command_words(pid)) and "--rank 0" in " ".join(words)]
         assert len(victim) == 1
         os.kill(victim[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=120)

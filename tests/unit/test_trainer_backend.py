@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import inspect
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,53 @@ def test_trainer_entry_runs_rank_0_as_the_trainer_and_other_ranks_as_followers(t
 
 
 # one rank on the CPU (tests/megatron_shim.py), in a subprocess: the shim's patches stay there
+
+
+def _exit_with(code: int) -> None:
+    os._exit(code)
+
+
+def test_the_follower_watch_reports_a_death_once_and_leaves_no_descriptor_behind():
+    """trainer/megatron/runner.Followers: the watch names a follower that died; stopping it
+    closes its pipe (a trainer that restarts its ranks would otherwise gather descriptors)."""
+    import multiprocessing
+    from laminar_hpc.trainer.megatron.runner import Followers
+    before = set(os.listdir("/proc/self/fd"))
+    proc = multiprocessing.get_context("fork").Process(target=_exit_with, args=(3,))
+    proc.start()
+    died = []
+    seen = threading.Event()
+    watch = Followers([proc], on_death=lambda p: (died.append(p.exitcode), seen.set()))
+    assert seen.wait(30), "the watch never saw the follower exit"
+    watch.stop_watching()
+    watch.stop_watching()  # again: nothing left to close
+    assert died == [3]
+    proc.close()  # the process's own descriptor (its sentinel)
+    assert set(os.listdir("/proc/self/fd")) - before == set()
+
+
+def test_a_start_of_the_ranks_that_outlives_startup_s_ends_rank_0_naming_its_stage():
+    """trainer/megatron/runner.StartWatch: a rendezvous or group creation that never completes
+    (a rank stuck in its start) waited half an hour (the process group's timeout); now rank 0
+    names where it waited at timeouts.startup_s and exits, for the supervisor to restart it."""
+    import subprocess
+    import sys
+    code = ("import logging, sys, time\n"
+            "logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+            "from laminar_hpc.trainer.megatron.runner import StartWatch\n"
+            "w = StartWatch(1.0, None)\n"
+            "w.reached('the control group')\n"
+            "time.sleep(60)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    from laminar_hpc.trainer.megatron.runner import START_STUCK_EXIT
+    assert res.returncode == START_STUCK_EXIT, res.stderr
+    assert "the rendezvous of the ranks done in" in res.stderr
+    assert "did not finish within timeouts.startup_s=1s: rank 0 still waits for the control group" in res.stderr
+
+
+def test_a_start_that_finishes_in_time_is_left_alone():
+    from laminar_hpc.trainer.megatron.runner import StartWatch
+    w = StartWatch(0.2, None)
+    w.done()
+    w._thread.join(5)
+    assert not w._thread.is_alive()  # the watch ended without acting (it would have exited this process)

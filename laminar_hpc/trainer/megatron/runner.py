@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger("laminar.trainer")
+
 if TYPE_CHECKING:
     from laminar_hpc.config import Config
     from laminar_hpc.model.tokenizer import Tokenizer
@@ -121,10 +123,16 @@ def _follower_main(run_dir: str, rank: int, world: int, init_method: str) -> Non
     """A spawned rank > 0 on this node: same config as rank 0, no controller connection."""
     from laminar_hpc.config import load_config
     from laminar_hpc.model.factory import build_tokenizer
+    from laminar_hpc.startup.role import setup_logging
+    setup_logging(f"trainer-rank{rank}")  # into rank 0's log (a spawned rank shares its stderr)
     cfg = load_config(Path(run_dir) / "config.yaml")
     torch.set_num_threads(cfg.trainer.torch_threads)
+    t0 = time.monotonic()
     init_distributed(cfg, rank, world, init_method)
-    follow(Ranks(cfg, build_tokenizer(cfg.model)))
+    log.info("trainer rank %d: joined the rendezvous in %.1fs", rank, time.monotonic() - t0)
+    ranks = Ranks(cfg, build_tokenizer(cfg.model))
+    log.info("trainer rank %d: started in %.1fs", rank, time.monotonic() - t0)
+    follow(ranks)
     dist.destroy_process_group()
 
 
@@ -160,10 +168,17 @@ class Followers:
                 self.on_death(proc)
 
     def stop_watching(self) -> None:
-        """Rank 0 is about to stop them (or has failed): their deaths are expected from here on."""
+        """Rank 0 is about to stop them (or has failed): their deaths are expected from here on.
+        Closes the watch's pipe once the watch has ended (called again: nothing more to do)."""
+        if self._stop_write < 0:
+            return
         if self._thread.is_alive():
             os.write(self._stop_write, b"x")
             self._thread.join(5)
+        if not self._thread.is_alive():
+            os.close(self._stop_read)
+            os.close(self._stop_write)
+            self._stop_read = self._stop_write = -1
 
     def join(self, timeout_s: float) -> None:
         """Wait for each (by process, within one deadline), then kill stragglers."""
@@ -176,7 +191,7 @@ class Followers:
 
 
 def _end_rank0(proc) -> None:
-    logging.getLogger("laminar.trainer").error(
+    log.error(
         "trainer rank %s (pid %s) ended with exit status %s while rank 0 still needed it: rank 0 stops "
         "(exit %d) so that the trainer is restarted; the rank's own error is above in this log",
         proc.name.removeprefix("trainer-rank"), proc.pid, proc.exitcode, FOLLOWER_DIED_EXIT)
@@ -208,12 +223,59 @@ def start_ranks(cfg: Config, run_dir: Path, tok: Tokenizer) -> tuple[Ranks, Foll
             p.start()
             procs.append(p)
         followers = Followers(procs)
+    watch = StartWatch(cfg.timeouts.startup_s, followers)
     try:
         init_distributed(cfg, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", world)), init)
-        return Ranks(cfg, tok), followers
+        watch.reached("the control group, the model and Megatron's groups")
+        ranks = Ranks(cfg, tok)
+        watch.done()
+        return ranks, followers
     except BaseException:
+        watch.done()
         stop_ranks(None, followers, 0.0, clean=False)  # rank 0 failed: its followers go with it
         raise
+
+
+START_STUCK_EXIT = 71  # rank 0's exit status when the ranks' start outlived timeouts.startup_s
+
+
+class StartWatch:
+    """Rank 0's deadline for the ranks' start (rendezvous, groups, engine), which has none of its own
+    short of the process group's timeout (startup_s + busy_s: half an hour by default). At
+    `startup_s` it names the stage it was in and the followers still alive, and ends rank 0 so
+    that the supervisor restarts the trainer. Each stage is logged with its time."""
+
+    def __init__(self, startup_s: float, followers: Followers | None):
+        self.t0 = time.monotonic()
+        self.stage = "the rendezvous of the ranks"
+        self.followers = followers
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(startup_s,), name="trainer-start-watch", daemon=True)
+        self._thread.start()
+
+    def reached(self, stage: str) -> None:
+        log.info("trainer ranks: %s done in %.1fs; now %s", self.stage, time.monotonic() - self.t0, stage)
+        self.stage = stage
+
+    def done(self) -> None:
+        if not self._done.is_set():
+            log.info("trainer ranks: started in %.1fs", time.monotonic() - self.t0)
+        self._done.set()
+
+    def _watch(self, startup_s: float) -> None:
+        if self._done.wait(startup_s):
+            return
+        alive = [p.name for p in (self.followers.procs if self.followers else []) if p.is_alive()]
+        log.error("trainer ranks: their start did not finish within timeouts.startup_s=%.0fs: rank 0 still waits "
+                  "for %s (followers alive: %s); exiting with %d so that the trainer is restarted", startup_s,
+                  self.stage, ", ".join(alive) or "none spawned here", START_STUCK_EXIT)
+        for handler in logging.getLogger().handlers + logging.getLogger("laminar").handlers:
+            handler.flush()
+        if self.followers is not None:
+            self.followers.stop_watching()
+            for p in self.followers.procs:
+                p.kill()
+        os._exit(START_STUCK_EXIT)
 
 
 def stop_ranks(ranks: Ranks | None, followers: Followers | None, timeout_s: float, clean: bool = True) -> None:
