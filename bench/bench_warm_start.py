@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--json", type=Path)
     ap.add_argument("overrides", nargs="*")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-warm-start-") as tmp:
         for pair in range(a.pairs):

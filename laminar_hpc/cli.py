@@ -204,6 +204,12 @@ def _submit(args: argparse.Namespace) -> int:
     if cluster is None:
         raise ConfigError("say where to run: --cluster slurm|local|debug, or `cluster:` in the config "
                           "(it is never guessed)")
+    if args.dry_run:  # what would be asked of Slurm, without asking: the render-sbatch script
+        if cluster != "slurm":
+            raise ConfigError(f"--dry-run shows a Slurm job; this campaign runs on '{cluster}'")
+        from laminar_hpc.launch.submit import render_sbatch
+        sys.stdout.write(render_sbatch(cfg, args.config, args.overrides, run_dir=args.run_dir))
+        return 0
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
     job_id = submit(cfg, run_dir, cluster)
     print(f"submitted job {job_id} ({cluster})\nrun directory: {run_dir}\nwatch: laminar status {run_dir}")
@@ -379,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     sm = with_config("submit", "submit a campaign (submitit) and return at once")
     sm.add_argument("--cluster", choices=["slurm", "local", "debug"], help="where to run (never guessed)")
     sm.add_argument("--run-dir", help="run directory (default runs/<name>-<time>)")
+    sm.add_argument("--dry-run", action="store_true",
+                    help="print the job's components, layout and steps (as render-sbatch) and submit nothing")
     sm.set_defaults(func=_submit)
 
     rs = with_config("render-sbatch", "print a plain sbatch script for the campaign")

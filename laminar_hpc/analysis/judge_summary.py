@@ -5,7 +5,8 @@ judge writes (laminar_hpc/judge/server.py).
     lines = render_judges(d)          # [] for None
 
 Figures: requests scored, batches, batch size (mean, max), seconds per batch (nearest-rank p50,
-p90, max), verdicts that could not be read; overall and by judge. A judge killed mid-batch loses
+p90, max), verdicts that could not be read; overall and by judge; and how long the rollouts'
+finished trajectories waited for their rewards (the `traj_scored` events of laminar_hpc/rollout/). A judge killed mid-batch loses
 its unflushed events: its figures are a lower bound.
 """
 from __future__ import annotations
@@ -24,12 +25,16 @@ def _figures(batches: list[dict]) -> dict:
 
 def judge_figures(events: list[dict]) -> dict | None:
     """{"requests", "batches", "size_mean", "size_max", "unreadable", "seconds": {p50, p90, max},
-    "by_judge": {name: the same}}; None when no judge wrote a batch."""
+    "by_judge": {name: the same}, "score_wait_s": {p50, p90, max, total}: how long the rollouts'
+    finished trajectories waited for their rewards (`traj_scored`)}; None when no judge wrote a batch."""
     batches = [e for e in events if e["ev"] == "judge_batch"]
     if not batches:
         return None
     names = sorted({e["role"] for e in batches})
-    return {**_figures(batches), "by_judge": {n: _figures([e for e in batches if e["role"] == n]) for n in names}}
+    waits = [float(e.get("wait_s", 0.0)) for e in events if e["ev"] == "traj_scored"]
+    return {**_figures(batches), "by_judge": {n: _figures([e for e in batches if e["role"] == n]) for n in names},
+            "score_wait_s": {"p50": nearest_rank(waits, 50), "p90": nearest_rank(waits, 90),
+                             "max": max(waits, default=None), "total": sum(waits)}}
 
 
 def render_judges(d: dict | None) -> list[str]:
@@ -42,4 +47,8 @@ def render_judges(d: dict | None) -> list[str]:
             for name, x in [*d["by_judge"].items(), ("all", d)]]
     out += table(["judge", "requests", "batches", "size_mean", "size_max", "p50_s", "p90_s", "max_s", "unreadable"],
                  rows)
+    w = d.get("score_wait_s")
+    if w and w["p50"] is not None:
+        out.append(f"finished trajectories waited for their rewards: p50 {fmt(w['p50'])} s, p90 {fmt(w['p90'])} s, "
+                   f"max {fmt(w['max'])} s ({fmt(w['total'])} s in all, across the rollouts)")
     return out

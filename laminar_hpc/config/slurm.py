@@ -28,10 +28,14 @@ class SlurmLayoutCfg(Section):
     rollouts, plus the master relay on the trainer's node when the trainer has its own."""
     trainer_nodes: Annotated[int, Field(ge=0, le=1)] = 1  # 0: trainer + controller share the first rollout node
     rollout_nodes: PosInt = 1  # nodes that run rollouts (one relay each)
+    # nodes of their own for the judges (task.reward.judge), after the rollout nodes; no relay runs
+    # there (a judge's weights are frozen). 0: the judges run on node 0, beside the trainer
+    judge_nodes: NonNegInt = 0
     controller: StepResources = Field(default_factory=StepResources)
     trainer: StepResources = Field(default_factory=lambda: StepResources(cpus=2))
     relay: StepResources = Field(default_factory=StepResources)
     rollout: StepResources = Field(default_factory=StepResources)
+    judge: StepResources = Field(default_factory=StepResources)  # per judge replica
 
     def campaign_gpus(self, rollouts: int) -> int:
         """The GPUs the campaign's trainer and `rollouts` rollout steps ask Slurm for (0: none)."""

@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{ctx.name}: the run's config has no task.reward.judge")
     t0 = time.monotonic()
     model = JudgeModel.build(cfg)
-    server = bind(ctx.rundir, ctx.cfg, ctx.name, server_keys(ctx.rundir, "judge", ctx.cfg.controller))
+    # on a node of its own under Slurm (slurm.layout.judge_nodes) it binds that node's address
+    server = bind(ctx.rundir, ctx.cfg, ctx.name, server_keys(ctx.rundir, "judge", ctx.cfg.controller), own_node=True)
     judge = Judge(ctx, model, server)
     publish_endpoint(ctx.rundir, ctx.name, server.address)
     ctx.connect()  # joined once it serves: the controller counts it ready from its hello

@@ -54,6 +54,7 @@ class SlurmPlan:
     # component, joined MPMD-style (`srun A prog : B prog`)
     steps: dict[str, list[list[str]]] = field(default_factory=dict)
     rollout_node: dict[int, int] = field(default_factory=dict)  # rollout rank -> node index
+    judge_node: dict[int, int] = field(default_factory=dict)  # judge rank -> node index
 
     @property
     def hetjob(self) -> bool:
@@ -90,9 +91,10 @@ def trainer_tasks(cfg: Config) -> tuple[int, list[str]]:
 
 def slurm_plan(cfg: Config) -> SlurmPlan:
     lay, s = cfg.slurm.layout, cfg.slurm
-    if cfg.task.reward.judge is not None:
-        raise LayoutError("task.reward.judge: judges run with `laminar run` on one machine so far; their Slurm "
-                          "layout (judge steps on nodes of their own) is not built yet")
+    n_judges = cfg.task.reward.judge.replicas if cfg.task.reward.judge else 0
+    if lay.judge_nodes > n_judges:
+        raise LayoutError(f"slurm.layout.judge_nodes={lay.judge_nodes} exceeds the judges (task.reward.judge.replicas="
+                          f"{n_judges}{'' if n_judges else ', no task.reward.judge'}): every judge node needs a judge")
     n_trainer, trainer_res = trainer_tasks(cfg)
     if cfg.rollout.count < lay.rollout_nodes:
         raise LayoutError(f"slurm.layout.rollout_nodes={lay.rollout_nodes} exceeds rollout.count={cfg.rollout.count}: "
@@ -101,8 +103,12 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
         raise LayoutError("slurm.hetjob needs slurm.layout.trainer_nodes=1 (the trainer group is component 0)")
     per_node = math.ceil(cfg.rollout.count / lay.rollout_nodes)
     t0 = lay.trainer_nodes  # first rollout node's index
-    nodes = lay.trainer_nodes + lay.rollout_nodes
-    relay_count = nodes  # one relay per node: the master on node 0 (the trainer's), then rollout nodes
+    j0 = t0 + lay.rollout_nodes  # first judge node's index (the judge nodes come last)
+    relay_count = j0  # one relay per node: the master on node 0 (the trainer's), then rollout nodes; none on judge nodes
+    nodes = j0 + lay.judge_nodes
+    judge_node = {k: j0 + k % lay.judge_nodes if lay.judge_nodes else 0 for k in range(n_judges)}
+    per_judge_node = math.ceil(n_judges / lay.judge_nodes) if lay.judge_nodes else 0
+    judges_on_0 = 0 if lay.judge_nodes else n_judges  # judges beside the trainer (node 0)
     common = ["--kill-on-bad-exit=0"]
     # the relay tier is ONE MPI world: a rank that dies (a crash, SIGKILL, its node lost) must end
     # the whole step, or the other ranks go on with a broken chain and nothing restarts the tier
@@ -115,14 +121,24 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
     rollout_node = {i: t0 + i % lay.rollout_nodes for i in range(cfg.rollout.count)}
 
     # tasks each node must hold: 1 for the campaign driver itself (node 0), then the roles
-    trainer_cpus = 1 + (1 + cfg.stream_shards) * lay.controller.cpus + lay.trainer.cpus + lay.relay.cpus
+    trainer_cpus = 1 + (1 + cfg.stream_shards) * lay.controller.cpus + lay.trainer.cpus + lay.relay.cpus + \
+        judges_on_0 * lay.judge.cpus
+    trainer_gpus = lay.trainer.gpus + judges_on_0 * lay.judge.gpus
     rollout_cpus = per_node * lay.rollout.cpus + lay.relay.cpus
     gpus_rollout = per_node * lay.rollout.gpus
+    judge_cpus, judge_gpus = per_judge_node * lay.judge.cpus, per_judge_node * lay.judge.gpus
+    judge_steps = {}  # judge rank -> its srun options, but for the node
     if s.hetjob:
         comps = [{"nodes": lay.trainer_nodes, "ntasks_per_node": trainer_cpus, "cpus_per_task": 1,
-                  "gpus_per_node": lay.trainer.gpus or None},
+                  "gpus_per_node": trainer_gpus or None},
                  {"nodes": lay.rollout_nodes, "ntasks_per_node": rollout_cpus, "cpus_per_task": 1,
                   "gpus_per_node": gpus_rollout or None}]
+        if lay.judge_nodes:  # the judges' nodes: a third component
+            comps.append({"nodes": lay.judge_nodes, "ntasks_per_node": judge_cpus, "cpus_per_task": 1,
+                          "gpus_per_node": judge_gpus or None})
+        for k, node in judge_node.items():
+            where = ["--het-group=2", f"--relative={node - j0}"] if lay.judge_nodes else ["--het-group=0"]
+            judge_steps[k] = [*where[:1], "-N1", "-n1", *where[1:]]
         steps["controller-0"] = [["--het-group=0", "-N1", "-n1", *step_resources(lay.controller), *common]]
         for k in range(cfg.stream_shards):  # the stream shards beside the controller, on its node
             steps[f"shard-{k}"] = [["--het-group=0", "-N1", "-n1", *step_resources(lay.controller), *common]]
@@ -135,17 +151,20 @@ def slurm_plan(cfg: Config) -> SlurmPlan:
             steps[f"rollout-{i}"] = [["--het-group=1", "-N1", "-n1", f"--relative={node - t0}",
                                       *step_resources(lay.rollout), *common]]
     else:
-        busiest = max(trainer_cpus + (rollout_cpus - lay.relay.cpus if t0 == 0 else 0), rollout_cpus)
-        gpus = max(lay.trainer.gpus + (gpus_rollout if t0 == 0 else 0), gpus_rollout, s.gpus_per_node)
+        busiest = max(trainer_cpus + (rollout_cpus - lay.relay.cpus if t0 == 0 else 0), rollout_cpus, judge_cpus)
+        gpus = max(trainer_gpus + (gpus_rollout if t0 == 0 else 0), gpus_rollout, judge_gpus, s.gpus_per_node)
         comps = [{"nodes": nodes, "ntasks_per_node": busiest, "cpus_per_task": 1, "gpus_per_node": gpus or None}]
+        judge_steps = {k: ["-N1", "-n1", f"--relative={node}"] for k, node in judge_node.items()}
         steps["controller-0"] = [["-N1", "-n1", "--relative=0", *step_resources(lay.controller), *common]]
         for k in range(cfg.stream_shards):  # the stream shards beside the controller, on its node
             steps[f"shard-{k}"] = [["-N1", "-n1", "--relative=0", *step_resources(lay.controller), *common]]
         steps["trainer-0"] = [["-N1", f"-n{n_trainer}", "--relative=0", *trainer_res, *trainer_exit]]
-        steps["relay"] = [["--mpi=pmix", f"-N{nodes}", f"-n{nodes}", "--ntasks-per-node=1", "--relative=0",
+        steps["relay"] = [["--mpi=pmix", f"-N{relay_count}", f"-n{relay_count}", "--ntasks-per-node=1", "--relative=0",
                            *step_resources(lay.relay), *relay_exit]]
         for i, node in rollout_node.items():
             steps[f"rollout-{i}"] = [["-N1", "-n1", f"--relative={node}", *step_resources(lay.rollout), *common]]
+    for k, where in judge_steps.items():
+        steps[f"judge-{k}"] = [[*where, *step_resources(lay.judge), *common]]
     if s.gpus_per_node and s.hetjob:
         comps[0]["gpus_per_node"] = comps[0]["gpus_per_node"] or s.gpus_per_node
-    return SlurmPlan(nodes, relay_count, comps, steps, rollout_node)
+    return SlurmPlan(nodes, relay_count, comps, steps, rollout_node, judge_node)

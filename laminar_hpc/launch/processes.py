@@ -173,7 +173,7 @@ class ProcessGroup:
         env = dict(os.environ if env is None else env)
         try:
             if self.starter is None:
-                self.starter, self.starter_env = WarmStarter(env, self.rundir.path), env
+                self.starter, self.starter_env = WarmStarter(env, self.rundir.path, log_path=self.rundir.log("warm-starter")), env
             if env != self.starter_env:
                 return None
             return self.starter.start(argv, env, log_path, os.getcwd())

@@ -87,8 +87,9 @@ def check_layout(cfg: Config) -> SlurmPlan:
     name, have = partition_nodes(cfg.slurm.partition)
     if plan.nodes > have:
         lay = cfg.slurm.layout
+        judges = f" + judge_nodes={lay.judge_nodes}" if lay.judge_nodes else ""
         raise SubmitError(f"slurm.layout asks for {plan.nodes} nodes (trainer_nodes={lay.trainer_nodes} + "
-                          f"rollout_nodes={lay.rollout_nodes}) but partition '{name}' has {have}")
+                          f"rollout_nodes={lay.rollout_nodes}{judges}) but partition '{name}' has {have}")
     return plan
 
 
@@ -239,11 +240,19 @@ def _component_lines(comp: dict) -> list[str]:
 
 def describe_layout(cfg: Config, plan: SlurmPlan) -> str:
     lay = cfg.slurm.layout
-    t = "node 0: controller, trainer, master relay" + ("" if lay.trainer_nodes else ", rollouts")
+    beside = [k for k, n in plan.judge_node.items() if n == 0]
+    t = "node 0: controller, trainer, master relay" + ("" if lay.trainer_nodes else ", rollouts") + \
+        (f", judges {','.join(map(str, beside))}" if beside else "")
     by_node: dict[int, list[int]] = {}
     for r, n in plan.rollout_node.items():
         by_node.setdefault(n, []).append(r)
-    rest = "; ".join(f"node {n}: relay {n}, rollouts {','.join(map(str, rs))}" for n, rs in sorted(by_node.items())
-                     if n or lay.trainer_nodes)
-    kind = "heterogeneous job (trainer group + rollout group)" if plan.hetjob else "one job"
-    return f"{plan.nodes} node(s), {kind}; {t}" + (f"; {rest}" if rest else "")
+    rest = [f"node {n}: relay {n}, rollouts {','.join(map(str, rs))}" for n, rs in sorted(by_node.items())
+            if n or lay.trainer_nodes]
+    judges: dict[int, list[int]] = {}
+    for k, n in plan.judge_node.items():
+        if n:
+            judges.setdefault(n, []).append(k)
+    rest += [f"node {n}: judges {','.join(map(str, ks))}" for n, ks in sorted(judges.items())]
+    groups = ["trainer group", "rollout group"] + (["judge group"] if lay.judge_nodes else [])
+    kind = f"heterogeneous job ({' + '.join(groups)})" if plan.hetjob else "one job"
+    return f"{plan.nodes} node(s), {kind}; {t}" + (f"; {'; '.join(rest)}" if rest else "")

@@ -96,14 +96,16 @@ class WarmStarter:
     """One warm starter process and the pipe to it. `start` forks a role, `close` ends the starter
     (the roles it forked go on; stop them first)."""
 
-    def __init__(self, env: dict, run_dir: Path, *, preload: tuple[str, ...] | None = None, ready_s: float = READY_S):
+    def __init__(self, env: dict, run_dir: Path, *, preload: tuple[str, ...] | None = None, ready_s: float = READY_S,
+                 log_path: Path | None = None):
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
         fd = theirs.detach()
         # the run directory on its command line: `ps` (and a test's search by run directory) finds it
-        self.proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.launch.warm_start", "--fd", str(fd),
-                                      "--run-dir", str(run_dir)],
-                                     env=env, pass_fds=(fd,), stdin=subprocess.DEVNULL, start_new_session=True)
+        with open(log_path or os.devnull, "ab") as log:  # its own words (an import that failed) go there
+            self.proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.launch.warm_start", "--fd", str(fd),
+                                          "--run-dir", str(run_dir)], env=env, pass_fds=(fd,), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         os.close(fd)
         self.exits: dict[int, int] = {}
         self.conn.send(("preload", list(PRELOAD if preload is None else preload)))
@@ -198,17 +200,17 @@ def serve(conn: Connection):
         readable, _, _ = select.select([conn.fileno(), wake_r], [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            children -= 1
-            conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
-        if conn.fileno() not in readable:
-            continue
         try:
+            while children:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                children -= 1
+                conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+            if conn.fileno() not in readable:
+                continue
             msg = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             return None  # the launcher is gone; the roles go on (they watch the run's lock)
         if msg[0] == "stop":
             return None
@@ -234,7 +236,10 @@ def serve(conn: Connection):
         select.select([in_session_r], [], [], SESSION_S)  # EOF once the child made its session
         os.close(in_session_r)
         children += 1
-        conn.send(("started", pid))
+        try:
+            conn.send(("started", pid))
+        except OSError:
+            return None
 
 
 def become(msg) -> tuple[str, list[str]]:

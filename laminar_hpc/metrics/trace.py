@@ -76,6 +76,8 @@ EVENTS = (
     "kl_anchor", "record_rewound", "resume_changes", "eval_dropped",
     # rewards from a model: a batch a judge scored (task.reward.judge, laminar_hpc/judge/)
     "judge_batch",
+    # a finished trajectory's reward came back to its rollout, and how long it waited (rollout/scoring.py)
+    "traj_scored",
 )
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 def _plain(value):

@@ -27,6 +27,7 @@ from laminar_hpc.tasks.rewards.scorer import Scorer
 from laminar_hpc.tasks.sources.build import validation_problems
 from laminar_hpc.tasks.problem import Problem, Response
 from laminar_hpc.tasks.tools.episode import last_turn, transcript
+from laminar_hpc.transport.judge_client import judge_client_for
 from laminar_hpc.transport.protocol import Trajectory
 
 if TYPE_CHECKING:
@@ -38,12 +39,7 @@ LOG_EVERY_S = 60.0  # a failing reward is logged at most this often per reason (
 def scorer_factory(cfg: Config, run_dir, identity: str):
     """How the reward pool builds its Scorer: with a connection to the campaign's judges
     (transport/judge_client.py) when it has them (task.reward.judge), relative to this directory."""
-    judge = cfg.task.reward.judge
-    if judge is None:
-        return partial(Scorer, base_dir=os.getcwd())
-    from laminar_hpc.transport.judge_client import JudgeClient
-    client = JudgeClient(run_dir, identity, judge, cfg.controller, startup_s=cfg.timeouts.startup_s)
-    return partial(Scorer, base_dir=os.getcwd(), judge=client)
+    return partial(Scorer, base_dir=os.getcwd(), judge=judge_client_for(cfg, run_dir, identity))
 
 
 class Scoring:
@@ -83,10 +79,13 @@ class Scoring:
     def ready(self) -> list[Trajectory]:
         """Trajectories whose reward came back since the last call, reward set."""
         out = []
+        now = time.time()
         for key, outcome in self.pool.collect():
             traj = self.waiting.pop(key, None)
             if traj is None:
                 continue
+            # how long the finished trajectory waited for its reward (a judge's queue and batch included)
+            self.tracer.emit("traj_scored", traj=traj.traj_id, wait_s=round(max(0.0, now - traj.t_end), 4))
             traj.reward = float(outcome.reward)
             if outcome.components:
                 traj.reward_parts = {k: float(v) for k, v in outcome.components.items()}

@@ -27,9 +27,11 @@ implemented once per `trainer.backend` and chosen once at the start; this loop o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
+from functools import partial
 
 import torch
 
@@ -44,6 +46,7 @@ from laminar_hpc.model.factory import build_tokenizer
 from laminar_hpc.policy.lineage import Segment
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.policy.scheduling import too_stale, training_order
+from laminar_hpc.tasks.rewards.scorer import Scorer
 from laminar_hpc.tasks.sources.build import build_task
 from laminar_hpc.trainer.backend_interface import TrainBackend
 from laminar_hpc.trainer.backend_builders import build_backend
@@ -54,6 +57,7 @@ from laminar_hpc.trainer.fetch import ShardFetch
 from laminar_hpc.trainer.staleness import TRACED, group_lags, lag_metrics, start_lineage
 from laminar_hpc.trainer.warmup import run_warmup
 from laminar_hpc.transport.channel import WaitTimeout
+from laminar_hpc.transport.judge_client import judge_client_for
 from laminar_hpc.transport.protocol import (
     CheckpointSaved, Drops, Group, Groups, HelloAck, LogEvent, Message, Stop, TrainerDone, TrainerSync, TrainStep,
     WantGroups, WeightsSynced,
@@ -157,9 +161,11 @@ class Trainer:
         cfg = self.ctx.cfg
         self._phase("warmup")
         task = build_task(cfg.task, cfg.seed)
+        # its evaluations score as the rollouts do: with the campaign's judges where it has some
+        scorer = partial(Scorer, base_dir=os.getcwd(), judge=judge_client_for(cfg, self.ctx.rundir.path, self.ctx.name))
         return run_warmup(model, task, self.tok, cfg.warmup, cfg.seed, cfg.rollout.max_new_tokens,
                           report=self._warmup_report, should_stop=lambda: bool(self.flags.get("stop")),
-                          reward=cfg.task.reward, env=cfg.env, progress=self._warmup_progress)
+                          reward=cfg.task.reward, env=cfg.env, progress=self._warmup_progress, scorer_factory=scorer)
 
     def _warmup_progress(self, step: int) -> None:
         """A warm-up step ended: the controller hears it (at most every heartbeat interval), and the

@@ -80,9 +80,11 @@ def greedy_decode(model: Transformer, prompts: list[list[int]], eos_id: int, max
 
 
 def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, reward, env=None,
-                  failures: Counter | None = None, tool_calls: list[int] | None = None) -> float:
+                  failures: Counter | None = None, tool_calls: list[int] | None = None,
+                  scorer_factory=None) -> float:
     """Mean reward of greedy answers to `n` held-out problems, scored by `reward` (task.reward) in
-    a reward pool, as the rollouts score (`env`: a tool task's episodes, trainer/warmup_episodes.py).
+    a reward pool, as the rollouts score (`env`: a tool task's episodes, trainer/warmup_episodes.py;
+    `scorer_factory`: the pool's, which asks the campaign's judges where it has some).
     `failures` counts the calls that failed (scored 0), by reason; `tool_calls` gets each
     episode's tool calls."""
     # a float32 CPU copy, as a rollout holds the published weights (whatever the trainer's device and dtype)
@@ -103,7 +105,7 @@ def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, re
         return 0.0
     answers = greedy_decode(policy, [x for _, x in rows], tok.eos_id, max_new_tokens)
     outcomes = score_all(reward, [(p, Response(tok.decode([t for t in a if t != tok.eos_id]), tuple(a)))
-                                  for (p, _), a in zip(rows, answers)])
+                                  for (p, _), a in zip(rows, answers)], scorer_factory)
     if failures is not None:
         failures.update(o.error for o in outcomes if o.error is not None)
     return sum(o.reward for o in outcomes) / len(rows)
@@ -116,9 +118,10 @@ def fits(prompt: list[int], max_seq_len: int) -> bool:
 
 def run_warmup(model: Transformer, task, tok, cfg: WarmupCfg, seed: int, max_new_tokens: int,
                report: Callable[[dict], None], should_stop: Callable[[], bool] = lambda: False, *, reward,
-               env=None, progress: Callable[[int], None] = lambda step: None) -> dict:
+               env=None, progress: Callable[[int], None] = lambda step: None, scorer_factory=None) -> dict:
     """Returns {'steps', 'greedy_reward', 'seconds'}; `report` gets one dict per evaluation,
-    `progress` each step number as it ends. Ends early (incomplete) when `should_stop()` turns true."""
+    `progress` each step number as it ends. Ends early (incomplete) when `should_stop()` turns true.
+    `scorer_factory`: how its evaluations' reward pool scores (greedy_reward)."""
     w = cfg
     opt = torch.optim.AdamW(model.parameters(), lr=w.lr, weight_decay=0.0)
     rng = random.Random(seed)
@@ -170,7 +173,8 @@ def run_warmup(model: Transformer, task, tok, cfg: WarmupCfg, seed: int, max_new
         progress(step)
         if step % w.eval_every == 0 or step == w.max_steps:
             failed, made = Counter(), []
-            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward, env, failed, made)
+            score = greedy_reward(model, task, tok, w.eval_size, max_new_tokens, reward, env, failed, made,
+                                  scorer_factory=scorer_factory)
             calls = {"greedy_tool_calls": sum(made) / len(made)} if made else {}
             # rewards that failed show in the live display (metrics/progress.py) and the trainer's log
             report({"step": step, "loss": loss.item(), "greedy_reward": score, "seconds": time.monotonic() - t0,

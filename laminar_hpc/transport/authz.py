@@ -31,7 +31,7 @@ type of transport/protocol.py has an entry).
 | leaf_subscribe (to the master relay's leaf server) | relay                        |
 | relayed (a stream shard's rollouts' frames)    | shard                            |
 | fetch (to a stream shard)                      | trainer, shard                   |
-| judge_request (to a judge, laminar_hpc/judge/) | rollout (a reward call's socket, `rollout-N.judgeK`) |
+| judge_request (to a judge, laminar_hpc/judge/) | rollout, trainer (a reward call's socket, `rollout-N.judgeK`; the trainer's: its warm-up's evaluation) |
 | assign, migrate, update_weights, resume,       | nobody (the controller sends     |
 | weights_synced, groups, hello_ack, stop,       | them; no server accepts them)    |
 | joined, leaf_header, leaf_chunk, leaf_trailer, | (the master relay sends the leaf_*, |
@@ -58,7 +58,7 @@ ADMITS: dict[str, tuple[str, ...]] = {
     "relay_leaves": ("relay",),  # the master relay's server for joiners' leaf relays (relay/leaf_server.py)
     # a stream shard (controller/shard.py): its rollouts, the trainer and other shards fetching
     "shard": ("rollout", "trainer", "shard"),
-    "judge": ("rollout",),  # a judge (laminar_hpc/judge/): the rollouts' reward calls
+    "judge": ("rollout", "trainer"),  # a judge (laminar_hpc/judge/): reward calls of the rollouts and of the warm-up's evaluation
 }
 
 _ALL = frozenset(KINDS)
@@ -78,7 +78,7 @@ SENDERS: dict[str, frozenset[str]] = {
     "stop_all": frozenset({"launcher"}),
     "relayed": frozenset({"shard"}),
     "fetch": frozenset({"trainer", "shard"}),
-    "judge_request": frozenset({"rollout"}),
+    "judge_request": frozenset({"rollout", "trainer"}),
     **{t: frozenset() for t in ("assign", "migrate", "update_weights", "resume", "weights_synced", "groups", "drops",
                                "hello_ack", "stop", "joined", "leaf_header", "leaf_chunk", "leaf_trailer",
                                "fetched", "judge_verdict")},

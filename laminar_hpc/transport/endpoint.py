@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 
 from laminar_hpc.config.schema import Config, ControllerCfg
@@ -77,9 +78,19 @@ def _fits(path: Path) -> bool:
     return len(os.fsencode(path)) <= AF_UNIX_PATH_MAX
 
 
-def bind(rd: RunDir, cfg: Config, name: str, keys: ServerKeys | None) -> Server:
+def own_address_towards(host: str) -> str:
+    """This node's address on the route to `host` (the controller's): where a server on a node
+    other than the controller's binds, so that the controller's side of the cluster reaches it.
+    A UDP socket's connect sends nothing; it only picks the route and its source address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(host), 9))
+        return probe.getsockname()[0]
+
+
+def bind(rd: RunDir, cfg: Config, name: str, keys: ServerKeys | None, *, own_node: bool = False) -> Server:
     """Server `name` (one of SERVER_ENDPOINTS) of this run: ipc:// or TCP, as `uses_ipc` says; on TCP a
-    restart binds the port its endpoint file names."""
+    restart binds the port its endpoint file names. TCP binds the controller's host, or with
+    `own_node` (a judge, which may run on a node of its own) this node's address towards it."""
     if name not in SERVER_ENDPOINTS and not is_ranked_server(name):
         raise ValueError(f"{name!r} is not a server of a run ({', '.join(SERVER_ENDPOINTS)}, shard-N, judge-N)")
     ctl = cfg.controller
@@ -87,15 +98,16 @@ def bind(rd: RunDir, cfg: Config, name: str, keys: ServerKeys | None) -> Server:
     if uses_ipc(ctl):
         rd = RunDir(rd.path, shm_dir=cfg.relay.shm_dir, run_id=rd.run_id)  # (its shared memory: the fallback)
         return Server(ctl.host, max_frame, keys=keys, ipc=ipc_path(rd, name))
+    host = own_address_towards(ctl.host) if own_node and not is_loopback(ctl.host) else ctl.host
     old = read_json(rd.endpoint(name)) or {}
     address = str(old.get("address", ""))
     port = int(address.rsplit(":", 1)[1]) if address.startswith("tcp://") else None  # a restart keeps its address
-    if port is None:
-        return Server(ctl.host, max_frame, keys=keys)
+    if port is None or not address.startswith(f"tcp://{host}:"):  # (a judge restarted on another node: any port)
+        return Server(host, max_frame, keys=keys)
     try:
-        return Server(ctl.host, max_frame, port=port, keys=keys)
+        return Server(host, max_frame, port=port, keys=keys)
     except AddressInUse:  # another process (another user's, on a shared node) took it meanwhile
-        server = Server(ctl.host, max_frame, keys=keys)
+        server = Server(host, max_frame, keys=keys)
         log.warning("%s: its port %d is taken by another process: bound %s instead; the roles read it from %s "
                     "when they reconnect", name, port, server.address, rd.endpoint(name))
         return server

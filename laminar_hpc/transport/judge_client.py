@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING
 from laminar_hpc.rundir import RunDir
 from laminar_hpc.transport.channel import Client, WaitTimeout, wait_endpoint
 from laminar_hpc.transport.protocol import JudgeRequest, JudgeVerdict
+from laminar_hpc.transport.authz import kind_of
 from laminar_hpc.transport.security import client_keys
 
 if TYPE_CHECKING:
     from laminar_hpc.config.judge import JudgeCfg
-    from laminar_hpc.config.schema import ControllerCfg
+    from laminar_hpc.config.schema import Config, ControllerCfg
 
 
 class JudgeError(RuntimeError):
@@ -44,6 +45,15 @@ def problem_text(problem) -> str:
         return problem.prompt
     users = [m.get("content", "") for m in problem.messages if m.get("role") == "user"]
     return str(users[-1]) if users else ""
+
+
+def judge_client_for(cfg: Config, run_dir: str | Path, identity: str) -> "JudgeClient | None":
+    """How role `identity` asks the campaign's judges, None without judges: what a
+    Scorer takes as `judge` (the rollouts' reward calls, the trainer's warm-up evaluation)."""
+    judge = cfg.task.reward.judge
+    if judge is None:
+        return None
+    return JudgeClient(run_dir, identity, judge, cfg.controller, startup_s=cfg.timeouts.startup_s)
 
 
 class JudgeClient:
@@ -112,6 +122,8 @@ class JudgeClient:
             with self._lock:
                 k = next(self._sockets)
             ident = f"{self.identity}.judge{os.getpid():07d}{k:04d}"
-            clients[name] = Client(address, ident, keys=client_keys(rd, "rollout", self.controller_cfg, server="judge"),
+            # the asking role's own key (a rollout's, or the trainer's for its warm-up's evaluation)
+            kind = kind_of(self.identity) or "rollout"
+            clients[name] = Client(address, ident, keys=client_keys(rd, kind, self.controller_cfg, server="judge"),
                                    endpoint=rd.endpoint(name))
         return clients[name]

@@ -38,8 +38,10 @@ def _wait_for(pred, what: str, timeout_s: float, proc: subprocess.Popen):
 def test_judges_score_every_trajectory_in_batches_and_a_killed_judge_comes_back(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # a short warm-up too: its evaluations are scored by the judges as the rollouts' calls are
+    warmup = ["warmup.max_steps=20", "warmup.eval_every=10", "warmup.eval_size=8", "warmup.target_greedy_reward=1.0"]
     proc = subprocess.Popen([sys.executable, "-m", "laminar_hpc.cli", "run", str(CONFIG),
-                             "--run-dir", str(run)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             "--run-dir", str(run), *warmup], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         metrics = run / "metrics.jsonl"
@@ -63,6 +65,10 @@ def test_judges_score_every_trajectory_in_batches_and_a_killed_judge_comes_back(
     # nor a failed call's 0 (the killed judge's requests were asked again of the other)
     assert all(r["reward_failed"] == 0 for r in rows) and summary["reward_failures"]["total"] == 0
     assert all(0.0 < r["critic/score/min"] <= r["critic/score/max"] < 1.0 for r in rows)
+    # the warm-up's evaluations asked the judges too (the trainer's own reward calls): P(Y), no failure
+    evals = [e for e in role_events(run, "trainer-0") if e["ev"] == "warmup_eval"]
+    assert [e["step"] for e in evals] == [10, 20], evals
+    assert all(e["reward_failed"] == 0 and 0.0 < e["greedy_reward"] < 1.0 for e in evals), evals
     batches = {j: [e for e in role_events(run, j) if e["ev"] == "judge_batch"] for j in ("judge-0", "judge-1")}
     assert all(batches.values())  # both judges served (round-robin over them)
     assert max(e["size"] for b in batches.values() for e in b) > 1  # requests of both rollouts scored together

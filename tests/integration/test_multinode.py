@@ -174,3 +174,26 @@ def test_a_killed_relay_rank_on_another_node_restarts_the_whole_tier(tmp_path):
     assert s["recoveries"] == {"relay": 1}, s["recoveries"]
     relay_steps = [st for _, name, st in sacct(job) if name == "relay"]
     assert len(relay_steps) == 2, relay_steps  # the first ended whole, a new step took over
+
+
+def test_a_judge_on_a_node_of_its_own_serves_the_rollouts_of_another_over_curve(tmp_path):
+    """Issue 48: a judge role as a Slurm step on its own node (slurm.layout.judge_nodes), binding
+    that node's bridge address (CURVE on, as for every TCP server of the run); the rollouts on
+    another node send it every reward call."""
+    run_dir = tmp_path / "judged"
+    job = submit(run_dir, "configs/tiny-judged.yaml", "slurm.layout.judge_nodes=1", "task.reward.judge.replicas=1",
+                 "trainer.total_steps=40")
+    assert wait_done(job, run_dir, timeout_s=400) == "COMPLETED"
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["outcome"] == "completed" and s["train_steps"] == 40
+    assert s["groups_lost"] == 0 and s["groups_duplicated"] == 0
+    nodes = step_nodes(job)
+    assert len({nodes["controller-0"], nodes["rollout-0"], nodes["judge-0"]}) == 3, nodes
+    address = json.loads((run_dir / "endpoints" / "judge-0.json").read_text())["address"]
+    assert address.startswith(f"tcp://{multihost.ADDRS[nodes['judge-0']]}:"), address  # its own node's address
+    from laminar_hpc.metrics.trace import read_run
+    scored = sum(e["size"] - e["failed"] for e in read_run(run_dir).of("judge_batch"))
+    assert scored >= 40 * 4 * 4, scored  # every trajectory of the 40 steps (4 groups of 4) went to the judge
+    hosts = subprocess.run(["scontrol", "show", "hostnames", nodes["relay"]], capture_output=True, text=True,
+                           timeout=30).stdout.split()
+    assert nodes["judge-0"] not in hosts  # no relay on the judge's node: a judge takes no weights

@@ -92,10 +92,12 @@ def test_refusals():
     assert "may not send 'hello'" in refusal("launcher", "launcher-0", protocol.Hello)
     # a heartbeat thread's socket only beats
     assert "may only send 'heartbeat'" in refusal("trainer", "trainer-0.hb", protocol.TrainStep)
-    # a reward call's socket to a judge only asks for verdicts, and only a rollout's may
+    # a reward call's socket to a judge only asks for verdicts: a rollout's, or the trainer's (its
+    # warm-up's evaluation); no other role's
     assert refusal("rollout", "rollout-3.judge7", protocol.JudgeRequest) is None
+    assert refusal("trainer", "trainer-0.judge1", protocol.JudgeRequest) is None
     assert "may only send 'judge_request'" in refusal("rollout", "rollout-3.judge7", protocol.WantWork)
-    assert "may not send 'judge_request'" in refusal("trainer", "trainer-0", protocol.JudgeRequest)
+    assert "may not send 'judge_request'" in refusal("relay", "relay-0", protocol.JudgeRequest)
     assert refusal("rollout", "rollout-3", protocol.JudgeVerdict) is not None  # only a judge answers
     # nobody sends what only the controller sends
     for kind in KINDS:

@@ -90,3 +90,15 @@ def test_the_master_relay_binds_ipc_on_one_machine_and_tcp_across_nodes(tmp_path
         again.close()
     with pytest.raises(ValueError, match="not a server"):
         bind(rd, cfg, "trainer", None)
+
+
+def test_a_server_on_a_node_of_its_own_binds_the_address_that_routes_to_the_controller():
+    """A judge on its own Slurm node binds that node's address towards the controller's host
+    (the route's source address), not the controller's host, which is not an address of its node."""
+    from laminar_hpc.transport.endpoint import own_address_towards
+    assert own_address_towards("127.0.0.1") == "127.0.0.1"
+    assert own_address_towards("localhost") == "127.0.0.1"
+    import socket
+    others = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+    for addr in others:  # an address of this machine routes to itself
+        assert own_address_towards(addr) == addr

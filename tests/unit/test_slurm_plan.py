@@ -16,8 +16,10 @@ from helpers import REPO
 
 def cfg_with(**slurm):
     layout = slurm.pop("layout", {})
+    judges = slurm.pop("judges", 0)
+    task = {"task": {"reward": {"fn": "judge", "judge": {"replicas": judges}}}} if judges else {}
     return config_from_dict({"rollout": {"count": slurm.pop("rollouts", 4)},
-                             "slurm": {**slurm, "layout": layout}})
+                             "slurm": {**slurm, "layout": layout}, **task})
 
 
 def test_two_node_layout_places_roles_and_one_relay_per_node():
@@ -136,3 +138,57 @@ def test_megatron_trainer_step_has_one_task_per_rank():
         update={"trainer": cfg.slurm.layout.trainer.model_copy(update={"gpus": 4})})})})
     with pytest.raises(LayoutError, match="slurm.layout.trainer.gpus=4 must be 0 or a multiple"):
         slurm_plan(bad)
+
+
+def test_judges_get_nodes_of_their_own_after_the_rollout_nodes_and_no_relay():
+    from laminar_hpc.launch.submit import describe_layout
+    cfg = cfg_with(judges=3, layout={"trainer_nodes": 1, "rollout_nodes": 2, "judge_nodes": 2,
+                                     "judge": {"cpus": 4, "gpus": 1}})
+    plan = slurm_plan(cfg)
+    assert plan.nodes == 5 and plan.relay_count == 3  # relays on the trainer's and the rollouts' nodes only
+    assert plan.judge_node == {0: 3, 1: 4, 2: 3}
+    assert plan.steps["judge-1"] == [["-N1", "-n1", "--relative=4", "--exact", "--cpus-per-task=4",
+                                      "--gpus-per-task=1", "--kill-on-bad-exit=0"]]
+    relay = plan.steps["relay"][0]
+    assert "-N3" in relay and "-n3" in relay and "--relative=0" in relay  # nodes 0-2
+    # a judge node holds ceil(3/2)=2 judges of 4 CPUs and a GPU each
+    assert plan.components[0]["ntasks_per_node"] >= 8 and plan.components[0]["gpus_per_node"] >= 2
+    assert describe_layout(cfg, plan).endswith("node 3: judges 0,2; node 4: judges 1")
+
+
+def test_judges_without_nodes_of_their_own_run_beside_the_trainer():
+    plan = slurm_plan(cfg_with(judges=2, layout={"trainer_nodes": 1, "rollout_nodes": 1, "judge": {"cpus": 3}}))
+    assert plan.nodes == 2 and plan.judge_node == {0: 0, 1: 0}
+    assert all("--relative=0" in plan.steps[f"judge-{k}"][0] for k in range(2))
+    # node 0: the driver, the controller, the trainer (2), the master relay and two judges of 3 CPUs
+    assert plan.components[0]["ntasks_per_node"] == 1 + 1 + 2 + 1 + 2 * 3
+
+
+def test_a_hetjob_gives_the_judge_nodes_a_component_of_their_own():
+    from laminar_hpc.launch.submit import describe_layout
+    cfg = cfg_with(judges=2, hetjob=True, layout={"trainer_nodes": 1, "rollout_nodes": 1, "judge_nodes": 1})
+    plan = slurm_plan(cfg)
+    assert len(plan.components) == 3 and plan.components[2]["nodes"] == 1
+    assert plan.steps["judge-0"][0][:4] == ["--het-group=2", "-N1", "-n1", "--relative=0"]
+    assert "judge group" in describe_layout(cfg, plan)
+    beside = slurm_plan(cfg_with(judges=1, hetjob=True, layout={"trainer_nodes": 1, "rollout_nodes": 1}))
+    assert len(beside.components) == 2 and beside.steps["judge-0"][0][:3] == ["--het-group=0", "-N1", "-n1"]
+
+
+@pytest.mark.parametrize("judges, nodes", [(0, 1), (2, 3)])
+def test_more_judge_nodes_than_judges_is_named(judges, nodes):
+    with pytest.raises(LayoutError, match=f"slurm.layout.judge_nodes={nodes} exceeds the judges"):
+        slurm_plan(cfg_with(judges=judges, layout={"judge_nodes": nodes}))
+
+
+
+def test_submit_dry_run_shows_the_judge_component_and_submits_nothing(capsys, tmp_path):
+    from laminar_hpc.cli import main
+    config = str(REPO / "configs" / "tiny-judged.yaml")
+    rc = main(["submit", config, "--cluster", "slurm", "--dry-run", "--run-dir", str(tmp_path / "run"),
+               "slurm.hetjob=true", "slurm.layout.judge_nodes=1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and not (tmp_path / "run").exists()  # nothing made, nothing submitted
+    assert "heterogeneous job (trainer group + rollout group + judge group)" in out
+    assert out.count("#SBATCH hetjob") == 2  # three components
+    assert "srun --job-name=judge-1 --het-group=2 -N1 -n1 --relative=0" in out

@@ -410,15 +410,17 @@ class _ProcessImpl:
         self.pool, self.dying = [], []
 
 
-def score_all(reward_cfg: RewardCfg, items: list[tuple[Problem, Response]]) -> list:
+def score_all(reward_cfg: RewardCfg, items: list[tuple[Problem, Response]],
+              scorer_factory: Callable[[Any], Scorer] | None = None) -> list:
     """Score many responses in a reward pool (each call under its timeout)
     and wait for all of them: the warm-up's evaluation and `laminar eval`. Returns their
-    RewardOutcomes in order. (The rollouts score one response at a time: rollout/scoring.py.)"""
+    RewardOutcomes in order. (The rollouts score one response at a time: rollout/scoring.py.)
+    `scorer_factory`: as RewardPool's (the trainer's asks the campaign's judges)."""
     # every call ends within its budget once a worker takes it; calls wait for workers in turn
     budget = call_budget_s(reward_cfg) * (len(items) // reward_cfg.workers + 2) + START_TIMEOUT_S
     deadline = time.monotonic() + budget
     got: dict[str, object] = {}
-    with RewardPool(reward_cfg) as pool:
+    with RewardPool(reward_cfg, scorer_factory) as pool:
         for i, (problem, response) in enumerate(items):
             pool.submit(str(i), problem, response)
         while len(got) < len(items):
