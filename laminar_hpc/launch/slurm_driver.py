@@ -156,12 +156,10 @@ class Driver:
         d = shlex.quote(str(rd.shm_run_dir))
         prog = ["bash", "-c", f"if [ -d {d} ] && [ ! -L {d} ] && [ -O {d} ]; then rm -rf -- {d}; fi"]
         each = ["--ntasks-per-node=1", "--exact", "--cpus-per-task=1", "--kill-on-bad-exit=0"]
-        if self.plan.hetjob:  # one task on every node of every component
-            lay = self.cfg.slurm.layout
-            argv = ["srun", "--job-name=cleanup", "--het-group=0", f"-N{lay.trainer_nodes}", *each, *prog,
-                    ":", "--het-group=1", f"-N{lay.rollout_nodes}", *each, *prog]
-            if lay.judge_nodes:
-                argv += [":", "--het-group=2", f"-N{lay.judge_nodes}", *each, *prog]
+        if self.plan.hetjob:  # one task on every node of every component (the judges' too)
+            argv = ["srun", "--job-name=cleanup"]
+            for group, comp in enumerate(self.plan.components):
+                argv += [*([":"] if group else []), f"--het-group={group}", f"-N{comp['nodes']}", *each, *prog]
         else:
             argv = ["srun", "--job-name=cleanup", f"-N{self.plan.nodes}", *each, *prog]
         try:

@@ -54,8 +54,8 @@ def srun(tmp_path, monkeypatch):
 def driver(hetjob: bool) -> Driver:
     """A Driver with just what `_cleanup_nodes` reads (no allocation needed to build its command)."""
     d = Driver.__new__(Driver)
-    d.plan = SimpleNamespace(hetjob=hetjob, nodes=2)
-    d.cfg = SimpleNamespace(slurm=SimpleNamespace(layout=SimpleNamespace(trainer_nodes=1, rollout_nodes=1)))
+    d.plan = SimpleNamespace(hetjob=hetjob, nodes=3 if hetjob else 2,
+                             components=[{"nodes": 1}, {"nodes": 1}, {"nodes": 1}] if hetjob else [{"nodes": 2}])
     return d
 
 
@@ -81,7 +81,7 @@ def test_slurm_node_cleanup_removes_the_whole_directory_quoted(tmp_path, srun, h
     driver(hetjob)._cleanup_nodes(rd)
     assert not (tmp_path / "pwned").exists()  # the path was data, never shell
     assert len(srun.read_text().splitlines()) == 1  # one srun, one program per component:
-    assert srun.read_text().count("rm -rf --") == (2 if hetjob else 1)
+    assert srun.read_text().count("rm -rf --") == (3 if hetjob else 1)  # a judges' component too
     assert not os.path.lexists(rd.shm_path("handoff")) and not os.path.lexists(rd.shm_path("relay", 0))
     assert not os.path.lexists(rd.shm_path("relay", 1).parent)  # the whole directory, temporaries too
     assert keep.shm_path("relay", 0).is_file()
