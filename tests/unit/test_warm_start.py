@@ -46,7 +46,13 @@ def role_module(tmp_path):
 @pytest.fixture
 def starter(role_module, tmp_path):
     s = WarmStarter(role_module, tmp_path, preload=("json",), ready_s=60)
+    s.forked = []  # every role a test forked: stopped at teardown, also when the test failed
     yield s
+    for pid in s.forked:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     s.close()
 
 
@@ -54,6 +60,7 @@ def start(starter, tmp_path, *args, env=None, name="role"):
     log = tmp_path / f"{name}.log"
     child = starter.start([sys.executable, "-m", "warm_role", *args], env or {"WARM_TEST": "the role's"},
                           log, str(tmp_path))
+    starter.forked.append(child.pid)
     return child, log
 
 
