@@ -49,8 +49,23 @@ def laminar(*args: str, timeout: float = 120, cwd=REPO, env: dict | None = None)
     except subprocess.TimeoutExpired:
         proc.terminate()
         out, err = proc.communicate(timeout=60)
-        pytest.fail(f"`laminar {' '.join(args)}` still ran after {timeout:.0f} s:\n{err[-2000:]}")
+        pytest.fail(f"`laminar {' '.join(args)}` still ran after {timeout:.0f} s:\n{out[-1500:]}\n{err[-2000:]}"
+                    f"{run_dir_logs(args)}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_dir_logs(args, lines: int = 15) -> str:
+    """The last `lines` of each role's log in the run directory that `args` name (--run-dir), for a
+    failure's message: a campaign that hung in CI says where each role was."""
+    args = list(args)
+    if "--run-dir" not in args or args.index("--run-dir") + 1 >= len(args):
+        return ""
+    logs = Path(args[args.index("--run-dir") + 1]) / "logs"
+    parts = []
+    for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n" + "\n".join(parts)
 
 
 def controller_process(run: Path, log: Path) -> subprocess.Popen:

@@ -42,9 +42,18 @@ class Proc:
 COPY_TUNABLE = "glibc.cpu.x86_non_temporal_threshold=0x400000"
 
 
+# A distributed launcher's world in the launcher's own environment (a shell inside torchrun, or
+# variables a site's module sets) is not the roles': a Megatron trainer that saw WORLD_SIZE would
+# wait for ranks that nobody starts. Its ranks come from trainer.megatron (spawned on this node) or
+# from Slurm (trainer/megatron/runner.adopt_slurm_ranks).
+LAUNCHER_WORLD = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                  "LAMINAR_RDZV")
+
+
 def role_env(base: dict | None = None) -> dict:
-    """The environment of every role process (local and Slurm steps)."""
-    env = dict(os.environ if base is None else base)
+    """The environment of every role process (local and Slurm steps): the launcher's, less any
+    distributed launcher's world (LAUNCHER_WORLD)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in LAUNCHER_WORLD}
     env["PYTHONUNBUFFERED"] = "1"
     tun = env.get("GLIBC_TUNABLES", "")
     if "x86_non_temporal_threshold" not in tun:  # a user's own setting wins

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import laminar, run_dir_logs
+
 pytest.importorskip("megatron.core")
 
 HERE = Path(__file__).resolve().parents[1]  # tests/, where megatron_shim.py lives (its parent: the repository)
@@ -208,15 +210,17 @@ def test_campaign_with_megatron_trainer_and_resume(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITE.format(tests=str(HERE)))
-    env = {**os.environ, "LAMINAR_TEST_MEGATRON_SHIM": "1", "PYTHONPATH": f"{site}:{HERE.parent}"}
+    env = {**os.environ, "LAMINAR_TEST_MEGATRON_SHIM": "1", "PYTHONPATH": f"{site}:{HERE.parent}",
+           # a shell inside another launcher's world: not the trainer's (launch/processes.LAUNCHER_WORLD);
+           # a trainer that took it waited for a rank 1 that nobody starts
+           "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
     run_dir = tmp_path / "run"
     over = ["trainer.backend=megatron", "trainer.megatron.dist_backend=gloo", "trainer.megatron.data_parallel=2",
             "trainer.megatron.micro_batch_size=2"]
     for extra in ([], ["--resume", "trainer.total_steps=15"]):
-        res = subprocess.run([sys.executable, "-m", "laminar_hpc.cli", "run", str(HERE.parent / "configs/tiny.yaml"),
-                              "--run-dir", str(run_dir), *extra, *over], env=env, capture_output=True, text=True,
-                             timeout=240)
-        assert res.returncode == 0, res.stderr[-3000:]
+        res = laminar("run", str(HERE.parent / "configs/tiny.yaml"), "--run-dir", str(run_dir), *extra, *over,
+                      env=env, timeout=240)
+        assert res.returncode == 0, res.stderr[-3000:] + run_dir_logs(["--run-dir", str(run_dir)])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "event" not in r] == list(range(1, 16))
     assert "resumed from" in (run_dir / "logs" / "trainer-0.log").read_text()

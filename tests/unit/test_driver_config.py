@@ -151,6 +151,20 @@ def test_a_relay_tier_across_hosts_talks_on_the_job_network(monkeypatch):
     assert step_env(True, "10.77.0.0/24")["OMPI_MCA_btl_tcp_if_include"] == "ib0"
 
 
+def test_no_role_inherits_a_distributed_launchers_world(monkeypatch):
+    """A shell inside torchrun (or a site module) sets RANK / WORLD_SIZE / MASTER_*: neither a local
+    role nor a Slurm step gets them, or a Megatron trainer waits for ranks nobody starts; the rest
+    of the launcher's environment passes."""
+    from laminar_hpc.launch.processes import LAUNCHER_WORLD, role_env
+    from laminar_hpc.launch.slurm_driver import step_env
+    for k in LAUNCHER_WORLD:
+        monkeypatch.setenv(k, "2")
+    monkeypatch.setenv("LAMINAR_SITE_SETTING", "kept")
+    for env in (role_env(), step_env(False)):
+        assert not set(LAUNCHER_WORLD) & env.keys()
+        assert env["LAMINAR_SITE_SETTING"] == "kept"
+
+
 def test_open_mpi_runs_as_root_only_when_told():
     """issue 35 finding 4: mpi_env sets Open MPI's root variables only with as_root (relay.mpi_as_root)."""
     from laminar_hpc.launch.processes import ROOT_VARIABLES, mpi_env, mpi_root_refusal

@@ -9,6 +9,7 @@ import inspect
 import os
 import threading
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -153,11 +154,15 @@ def test_trainer_entry_runs_rank_0_as_the_trainer_and_other_ranks_as_followers(t
     followed = []
     monkeypatch.setattr(runner, "main", followed.append)
     argv = ["--run-dir", str(tmp_path)]
-    assert runner.run_if_follower(argv) is follows
-    assert followed == ([argv] if follows else [])
-    assert os.environ.get("RANK") == procid
-    if tasks:
-        assert os.environ["LAMINAR_RDZV"] == f"file://{tmp_path}/megatron/rendezvous-7.1"
+    # run_if_follower sets the rank's variables in os.environ itself: restored after the test (they
+    # leaked once, and a later campaign test in the same worker waited for a world of two)
+    with mock.patch.dict(os.environ):
+        assert runner.run_if_follower(argv) is follows
+        assert followed == ([argv] if follows else [])
+        assert os.environ.get("RANK") == procid
+        if tasks:
+            assert os.environ["LAMINAR_RDZV"] == f"file://{tmp_path}/megatron/rendezvous-7.1"
+    assert "WORLD_SIZE" not in os.environ
 
 
 # one rank on the CPU (tests/megatron_shim.py), in a subprocess: the shim's patches stay there

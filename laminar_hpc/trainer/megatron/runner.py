@@ -265,10 +265,14 @@ class StartWatch:
     def _watch(self, startup_s: float) -> None:
         if self._done.wait(startup_s):
             return
-        alive = [p.name for p in (self.followers.procs if self.followers else []) if p.is_alive()]
+        if self.followers is not None:
+            alive = ", ".join(p.name for p in self.followers.procs if p.is_alive()) or "none"
+        else:  # a launcher's world: its other tasks should have joined
+            alive = "none spawned here; the ranks are a launcher's: " + ", ".join(
+                f"{k}={os.environ.get(k)}" for k in ("RANK", "WORLD_SIZE", "LAMINAR_RDZV", "MASTER_ADDR") if k in os.environ)
         log.error("trainer ranks: their start did not finish within timeouts.startup_s=%.0fs: rank 0 still waits "
                   "for %s (followers alive: %s); exiting with %d so that the trainer is restarted", startup_s,
-                  self.stage, ", ".join(alive) or "none spawned here", START_STUCK_EXIT)
+                  self.stage, alive, START_STUCK_EXIT)
         for handler in logging.getLogger().handlers + logging.getLogger("laminar").handlers:
             handler.flush()
         if self.followers is not None:
