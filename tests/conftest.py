@@ -103,6 +103,29 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
+# pytest's own (one a phase); torch's inductor cache directory, set once a process on first use
+SET_BY_LIBRARIES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """A test leaves os.environ as it found it (monkeypatch restores what it set; code under test
+    that sets variables itself needs `mock.patch.dict(os.environ)`): a worker runs many tests, and a
+    leaked WORLD_SIZE once made a later campaign's trainer wait for ranks nobody starts."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    for k in SET_BY_LIBRARIES:
+        after.pop(k, None)
+        before.pop(k, None)
+    if after != before:
+        for k in after.keys() - before.keys():
+            del os.environ[k]
+        os.environ.update(before)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        pytest.fail(f"the test left os.environ changed: {', '.join(changed)} (restored now; restore them in the test)")
+
+
 @pytest.fixture
 def earlier_run(tmp_path):
     """A run directory from an earlier run (helpers.earlier_run): config, a complete checkpoint, a log, metrics."""

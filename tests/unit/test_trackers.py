@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
+from unittest import mock
 
 import pytest
 
@@ -291,7 +293,15 @@ def test_tensorboard_event_files_hold_every_row_and_a_resume_continues_them(tmp_
     assert ea.Tensors("run/name")[0].tensor_proto.string_val[0] == b"tb-run"
 
 
-def test_an_offline_wandb_run_holds_the_same_rows_and_a_resume_keeps_its_id(tmp_path):
+@pytest.fixture
+def environ_restored():
+    """For a tracker that sets process-wide variables (wandb its service's address, the MLflow sink
+    MLFLOW_ALLOW_FILE_STORE): undone after the test."""
+    with mock.patch.dict(os.environ):
+        yield
+
+
+def test_an_offline_wandb_run_holds_the_same_rows_and_a_resume_keeps_its_id(tmp_path, environ_restored):
     pytest.importorskip("wandb")
     from wandb_offline import read_offline_run
     rd = RunDir(tmp_path / "wb-run")
@@ -314,7 +324,7 @@ def test_an_offline_wandb_run_holds_the_same_rows_and_a_resume_keeps_its_id(tmp_
     assert [h["_step"] for r in (first, second) for h in r["history"]] == [0, 1, 2, 3]
 
 
-def test_an_mlflow_file_store_holds_the_rows_params_and_summary(tmp_path):
+def test_an_mlflow_file_store_holds_the_rows_params_and_summary(tmp_path, environ_restored):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
     rd = RunDir(tmp_path / "ml-run")

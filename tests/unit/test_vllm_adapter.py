@@ -359,7 +359,8 @@ def test_build_engine_starts_vllm_with_dummy_weights_and_the_trainers_layout(tmp
                                         "vllm": {"tensor_parallel_size": 2, "max_model_len": 64}}})
     monkeypatch.setattr(vllm_engine, "load_vllm_api", standin_api)
     monkeypatch.setattr(engines, "model_args", lambda model_cfg, vocab: ARGS)  # the checkpoint's shape
-    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "")  # recorded: the engine's setting is undone
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION")
     engine, layout = node.build_engine(cfg, rank=1, tok=CharTokenizer())
     assert isinstance(engine, VllmEngine) and engine.max_batch == 8 and engine.eos_id == CharTokenizer().eos_id
     assert layout == WeightLayout.from_model(Transformer(ARGS), "bfloat16")

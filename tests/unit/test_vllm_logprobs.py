@@ -57,7 +57,8 @@ def vllm_logprobs(logits: np.ndarray, params: dict, logprobs_mode: str) -> np.nd
 def vllm_started(cfg_rollout: dict, tmp_path, monkeypatch):
     """A VllmEngine built by from_config (as the rollout role builds it), weights loaded: (cfg, engine, llm)."""
     (tmp_path / "config.json").write_text("{}")
-    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "")  # recorded: the engine's setting is undone
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION")
     cfg = config_from_dict({"model": {"hf_path": str(tmp_path)}, "rollout": {"backend": "vllm", **cfg_rollout}})
     engine = VllmEngine.from_config(cfg, seed=0, eos_id=EOS, api=standin_api(), stager=RecordingStager())
     engine.llm.llm_engine.model_config.get_vocab_size = lambda: ARGS.vocab_size
