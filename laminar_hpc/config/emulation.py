@@ -191,6 +191,11 @@ class EmulationCfg(Section):
     decode_per_kv_token_ns: Annotated[float, Field(ge=0.0)] = 50.0
     train_per_token_us: Annotated[float, Field(ge=0.0)] = 12.9  # emulated train step: cost per trained token (us)
     max_macro_steps: PosInt = 128  # decode steps one engine call may advance (never past a finish)
+    # a judge's cost (task.reward.judge; sim/judges.py): this model's prefill and decode scaled by the
+    # judge's size against the policy's (0.25: a quarter of it)
+    judge_cost_ratio: Annotated[float, Field(gt=0.0)] = 0.25
+    # a judge's verdict, in decode steps after its prefill (0: a label judge reads it from the logits)
+    judge_verdict_tokens: NonNegInt = 4
     # a macro step ends at the first decode-step boundary after a control message (or, in laminar mode,
     # a newer weight version) arrives, as a real engine's loop, which runs once per decode step, would
     # take it; false: the whole macro step runs first (up to max_macro_steps x ~17 ms of delay)

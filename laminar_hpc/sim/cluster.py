@@ -28,6 +28,7 @@ from laminar_hpc.metrics.goodput import attribute, lag_stats
 from laminar_hpc.sim.control_plane import ControlPlane
 from laminar_hpc.sim.controller import SimController
 from laminar_hpc.sim.events import EventQueue
+from laminar_hpc.sim.judges import SimJudges
 from laminar_hpc.sim.observe import Observer, sim_ideal
 from laminar_hpc.sim.params import ClusterSpec, SimParams
 from laminar_hpc.sim.pool import Pool, Traj
@@ -61,6 +62,8 @@ class Simulation:
         self.rollouts: list[SimRollout] = []
         self.cp = ControlPlane(self)  # the controller's thread and the stream shards
         self.ctl = SimController(self)
+        # the reward model's replicas, where the task has one: a response is scored before it counts
+        self.judges = SimJudges(self) if cfg.task.reward.judge is not None else None
         self.rollouts = [SimRollout(self, r, relay_of(r, cfg, self.spec)) for r in range(cfg.rollout.count)]
         self.by_relay: dict[int, list[SimRollout]] = {}
         for r in self.rollouts:
@@ -101,7 +104,8 @@ class Simulation:
                 "decode_steps": sum(r.decode_steps for r in self.rollouts),
                 "tool_wait_s": sum(r.tool_wait_s for r in self.rollouts),
                 "tool_calls": sum(r.tool_calls for r in self.rollouts),
-                "control_plane": self.cp.counters(self.q.now)}
+                "control_plane": self.cp.counters(self.q.now),
+                **({"judges": self.judges.counters()} if self.judges is not None else {})}
 
     # -- failures -------------------------------------------------------------------------
     def _arm_failures(self) -> None:
@@ -208,6 +212,8 @@ def accounting(sim: Simulation) -> dict:
         for _, rank, epoch, _fn, args in box:
             if sim.rollouts[rank].epoch == epoch:
                 held.update(id(t) for t in _trajs(args))
+    if sim.judges is not None:  # handed to the judges by a rollout that is still the one that did
+        held.update(id(t) for t in sim.judges.held(lambda r, epoch: r.alive and r.epoch == epoch))
     lost = [t for t in sim.pool.partials.values() if not t.done and not t.queued and id(t) not in held]
     return {"trajectories_lost": len(lost), "groups_lost": len({t.gid for t in lost}),
             "trajectories_duplicated": sim.duplicates}
@@ -231,7 +237,7 @@ def measure(sim: Simulation, skip: int) -> dict:
                  "tool_wait_s": 0.0, "tool_calls": 0}
     calls = b["tool_calls"] - base["tool_calls"]
     st, placed = sim.ctl.rollout_manager.repack_stats, sim.ctl.rollout_manager.placed
-    return {
+    out = {
         "trajectories_per_s": trajs / span,
         "tokens_per_s": sum(r["tokens"] for r in win) / span,
         "generation_tokens_per_s": (b["gen_tokens"] - base["gen_tokens"]) / span,
@@ -258,6 +264,10 @@ def measure(sim: Simulation, skip: int) -> dict:
         **sim.cp.window(a["control_plane"] if a else None, b["control_plane"], span),
         **_goodput(sim, trajs / span, t_a, b["wall"], skip),
     }
+    if sim.judges is not None:  # sized against the rollouts' ideal rate: what they would give unhindered
+        out.update(sim.judges.window(a["judges"] if a else None, b["judges"], span,
+                                     out["ideal"]["trajectories_per_s"], n))
+    return out
 
 
 def _goodput(sim: Simulation, throughput: float, t_a: float, t_b: float, skip: int) -> dict:

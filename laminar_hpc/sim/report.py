@@ -63,8 +63,8 @@ def modes_table(results: dict) -> str:
         cells = [_cell(fmt, r.get(k)) for _, fmt, k in COLS[1:-1]] + [_cell(COLS[-1][1], _goodput(r))]
         lines.append(" | ".join([mode] + cells))
     ideal = next((r["ideal"] for r in results.values() if r.get("ideal")), None)
-    extra = [x for x in (tools_line(results), control_plane_line(results), ideal_line(ideal), goodput_table(results))
-             if x]
+    extra = [x for x in (tools_line(results), judges_line(results), control_plane_line(results), ideal_line(ideal),
+                         goodput_table(results)) if x]
     return "\n".join(lines + extra)
 
 
@@ -81,6 +81,19 @@ def control_plane_line(results: dict) -> str:
     return head + "; ".join(f"{m} {r['controller_util']:.0%}"
                             + (f" / {r['shard_util_max']:.0%}" if r.get("shard_util_max") is not None else "")
                             for m, r in rows.items())
+
+
+def judges_line(results: dict) -> str:
+    """The judges (sim/judges.py): per mode, their busy fraction, batch and score wait, and the
+    sizing figure: the rollout replicas one judge keeps up with at that mode's rate ("" without)."""
+    rows = {m: r for m, r in results.items() if r.get("judge_replicas")}
+    if not rows:
+        return ""
+    n = next(iter(rows.values()))["judge_replicas"]
+    cells = [f"{m} {r['judge_util']:.0%} busy, batch {_cell('{:.1f}', r.get('judge_batch_mean'))}, score wait "
+             f"{_cell('{:.2f}', r.get('score_wait_s_mean'))} s mean / {r['score_wait_s_max']:.2f} max, one judge per "
+             f"{_cell('{:.0f}', r.get('rollouts_per_judge_max'))} rollout replicas at most" for m, r in rows.items()]
+    return f"judges ({n} replica{'s' if n > 1 else ''}, emulated s): " + "; ".join(cells)
 
 
 def tools_line(results: dict) -> str:

@@ -72,6 +72,7 @@ class SimRollout:
     def __init__(self, sim, rank: int, relay: int):
         self.sim, self.q, self.p, self.ctl = sim, sim.q, sim.params, sim.ctl
         self.cp = sim.cp  # what it sends costs the control plane (sim/control_plane.py)
+        self.judges = sim.judges  # sim/judges.py, or None: a response's reward is code
         self.rank, self.relay = rank, relay
         cfg = sim.cfg
         plan = mode_plan(cfg)  # (the runtime rollout's too)
@@ -403,7 +404,10 @@ class SimRollout:
         if t.plan is not None and t.plan.is_call(t.turn):
             self._tool_start(t, now)
             return
-        self.cp.send(self.rank, self.epoch, self.ctl.finished, (t,))
+        if self.judges is not None:  # scored off the decode loop: it counts once the judges are done
+            self.judges.score(self, t)
+        else:
+            self.cp.send(self.rank, self.epoch, self.ctl.finished, (t,))
         self.credit += 1
 
     def _tool_start(self, t: Traj, now: float) -> None:
