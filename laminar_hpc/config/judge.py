@@ -22,6 +22,12 @@ Kinds:
   checkpoint (`model.hf_path`, a directory) read with transformers: its scalar head is the score
   (one label), or the probability of its second label (two: a yes/no classifier). A scalar
   head is not bounded: set `task.reward.range` to what the model gives.
+- `emulated`: no model, for benchmarks on emulated engines (rollout.backend: emulated, as
+  `configs/bench/*.yaml`): a batch takes what a judge of `emulation.judge_cost_ratio` times the
+  policy's cost would (the emulation cost model's prefill of its prompts, then
+  `emulation.judge_verdict_tokens` decode steps, at `emulation.time_scale`), and each response
+  scores as the synthetic task's rule (0 or 1 from its text's CRC-32). `laminar simulate` models
+  the same cost (sim/judges.py).
 
 The judge's weights are frozen: from `model.hf_path`, or `init_checkpoint` (a checkpoint laminar
 wrote, e.g. a verifier trained on labelled answers); a model with neither is a fresh one from
@@ -62,8 +68,9 @@ class JudgeCfg(Section):
     """A model that scores responses, as `judge-N` roles of the campaign (laminar_hpc/judge/)."""
     multiline: ClassVar[frozenset[str]] = frozenset({"template"})
     # generative: writes a verdict that `parse` reads; label: P(label token) from the logits;
-    # classifier: a ...ForSequenceClassification checkpoint's head (model.hf_path)
-    kind: Literal["generative", "label", "classifier"] = "label"
+    # classifier: a ...ForSequenceClassification checkpoint's head (model.hf_path);
+    # emulated: no model, the emulation section's cost (benchmarks on emulated engines)
+    kind: Literal["generative", "label", "classifier", "emulated"] = "label"
     model: ModelCfg = Field(default_factory=ModelCfg)  # the judge's own model (shape or checkpoint, tokenizer)
     init_checkpoint: str | None = None  # weights from a checkpoint laminar wrote (a trained verifier)
     seed: NonNegInt = 0  # a fresh model's weights (no hf_path, no init_checkpoint): tests only

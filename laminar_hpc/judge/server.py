@@ -112,14 +112,20 @@ def main(argv: list[str] | None = None) -> None:
     if cfg is None:
         raise SystemExit(f"{ctx.name}: the run's config has no task.reward.judge")
     t0 = time.monotonic()
-    model = JudgeModel.build(cfg)
+    if cfg.kind == "emulated":  # no model: the emulation section's cost (benchmarks on emulated engines)
+        from laminar_hpc.judge.emulated_judge import EmulatedJudge
+        model = EmulatedJudge(cfg, ctx.cfg)
+    else:
+        model = JudgeModel.build(cfg)
     # on a node of its own under Slurm (slurm.layout.judge_nodes) it binds that node's address
     server = bind(ctx.rundir, ctx.cfg, ctx.name, server_keys(ctx.rundir, "judge", ctx.cfg.controller), own_node=True)
     judge = Judge(ctx, model, server)
     publish_endpoint(ctx.rundir, ctx.name, server.address)
     ctx.connect()  # joined once it serves: the controller counts it ready from its hello
-    ctx.log.info("%s judge (%s) ready in %.1fs, serving on %s", cfg.kind, cfg.model.hf_path or cfg.init_checkpoint
-                 or "a fresh model", time.monotonic() - t0, server.address)
+    weights = ("no model: the emulation section's cost" if cfg.kind == "emulated"
+               else cfg.model.hf_path or cfg.init_checkpoint or "a fresh model")
+    ctx.log.info("%s judge (%s) ready in %.1fs, serving on %s", cfg.kind, weights, time.monotonic() - t0,
+                 server.address)
     try:
         judge.run(flags)
     finally:

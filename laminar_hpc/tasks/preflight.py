@@ -103,6 +103,8 @@ def check_judge(judge, problem: Problem, row: str, tokenizer: Callable[[], Any])
     import json
     from pathlib import Path
     key = "task.reward.judge"
+    if judge.kind == "emulated":
+        return  # no model, no prompt limit: the emulation section's cost
     if judge.kind == "classifier":
         conf = Path(judge.model.hf_path) / "config.json"
         try:

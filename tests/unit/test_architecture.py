@@ -39,7 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"checkpoint_format", "config", "emulation", "metrics", "model", "policy", "rundir", "startup",
                "tasks", "transport"},
     "relay": {"checkpoint_format", "config", "metrics", "model", "rundir", "startup", "transport"},
-    "judge": {"config", "model", "rundir", "startup", "transport"},
+    "judge": {"config", "emulation", "model", "rundir", "startup", "transport"},
     "sim": {"checkpoint_format", "config", "controller", "emulation", "metrics", "policy", "rundir", "tasks",
            "transport"},
     "cli": {"analysis", "checkpoint_format", "config", "launch", "metrics", "model", "rundir", "sim", "startup",

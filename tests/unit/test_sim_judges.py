@@ -4,6 +4,7 @@ or counted twice when rollouts die with responses in scoring, and `laminar simul
 from __future__ import annotations
 
 import os
+import zlib
 
 import pytest
 
@@ -87,3 +88,29 @@ def test_the_report_sizes_the_judges():
     assert line.startswith("judges (1 replica, emulated s): laminar ")
     assert f"one judge per {res['rollouts_per_judge_max']:.0f} rollout replicas at most" in line
     assert judges_line({"laminar": run()}) == ""
+
+
+class RecordingClock:
+    def __init__(self):
+        self.spent = []
+
+    def spend(self, emulated_s: float, chain: bool = False, wake=None) -> float:
+        self.spent.append(emulated_s)
+        return emulated_s
+
+
+def test_the_emulated_judge_role_costs_what_the_simulator_charges():
+    """judge/emulated_judge.py (kind: emulated, the judge role of emulated benchmarks) spends, per
+    batch, the simulator's cost for the same tokens, and scores each response 0 or 1 by its text."""
+    from laminar_hpc.judge.emulated_judge import EmulatedJudge
+    cfg = load_config(LONGTAIL, [*SMALL, *JUDGED, "task.reward.judge.kind=emulated",
+                                 "task.reward.judge.template={problem}{response}"])
+    clock = RecordingClock()
+    judge = EmulatedJudge(cfg.task.reward.judge, cfg, clock=clock)
+    problem = "q" * 511  # the synthetic task's prompt: 511 characters + BOS = 512 tokens
+    responses = ["a" * 99, "b" * 299]  # 100 and 300 tokens with the prompt's BOS
+    scored = judge.score([(problem, r, "") for r in responses])
+    sim = SimJudges(Simulation(cfg, SimParams.from_config(cfg, ClusterSpec())))
+    assert sim.prompt == 512 and clock.spent == [pytest.approx(sim.score_s([99, 299]))]
+    assert [s.score for s in scored] == [float(zlib.crc32(r.encode()) % 2) for r in responses]
+    assert judge.score([(problem, responses[0], "")])[0] == scored[0]  # the same text, the same score
