@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import laminar, run_dir_logs
-
 pytest.importorskip("megatron.core")
 
 HERE = Path(__file__).resolve().parents[1]  # tests/, where megatron_shim.py lives (its parent: the repository)
@@ -207,6 +205,8 @@ def test_campaign_with_megatron_trainer_and_resume(tmp_path):
     """The real trainer loop on the Megatron backend (DP2 on gloo, ranks spawned by the trainer),
     then a resume from its dist_checkpointing checkpoint."""
     import json
+
+    from helpers import laminar, run_dir_logs  # (here: the module also runs as a worker, without tests/ on its path)
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITE.format(tests=str(HERE)))

@@ -18,6 +18,8 @@ import pytest
 
 from helpers import REPO, laminar
 
+from laminar_hpc.metrics.jsonl import read_objects
+
 TOOL = REPO / "tools" / "slurm-dev-cluster"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -87,8 +89,7 @@ def wait_step(run_dir: Path, step: int, job_id: str, timeout_s: float = 240) -> 
     # and the first steps took over 120 s once)
     deadline = time.monotonic() + timeout_s
     while True:
-        path = run_dir / "metrics.jsonl"
-        rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        rows = read_objects(run_dir / "metrics.jsonl")  # (a running campaign's last line may be half-written)
         if any(r.get("step", 0) >= step for r in rows if "event" not in r):
             return
         assert time.monotonic() < deadline, f"job {job_id} did not reach step {step} ({job_state(job_id)})"
@@ -96,7 +97,7 @@ def wait_step(run_dir: Path, step: int, job_id: str, timeout_s: float = 240) -> 
 
 
 def train_rows(run_dir: Path) -> list[dict]:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
+    return [r for r in read_objects(run_dir / "metrics.jsonl") if "event" not in r]  # (the same, while it runs)
 
 
 def cancel_each_in_turn(run_dir: Path, job: str, roles: list[str]) -> dict[str, str]:
