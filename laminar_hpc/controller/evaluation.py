@@ -36,7 +36,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from laminar_hpc.metrics.eval_scores import eval_scores
+from laminar_hpc.metrics.eval_scores import component_means, eval_scores
 from laminar_hpc.metrics.names import eval_names
 from laminar_hpc.tasks.problem import Problem
 from laminar_hpc.transport.protocol import Trajectory, WorkItem
@@ -47,13 +47,15 @@ if TYPE_CHECKING:
 
 def round_row(rnd: "Round", pass_k: int, threshold: float) -> dict:
     """The metrics row of a complete round: mean reward, pass@1 and pass@k over its problems
-    (a failed trajectory, no reward, scores 0 and counts as an error)."""
+    (a failed trajectory, no reward, scores 0 and counts as an error), and each reward
+    component's mean."""
     rewards: dict[int, list[float]] = {}
     for t in rnd.results.values():
         rewards.setdefault(t.problem, []).append(t.reward if t.reward is not None else 0.0)
     errors = sum(1 for t in rnd.results.values() if t.reward is None or t.reward_error is not None)
     return {"eval_round": rnd.number, "eval_step": rnd.step, "eval_version": min(rnd.versions, default=rnd.version),
-            **eval_scores(rewards, pass_k=pass_k, threshold=threshold), "eval_errors": errors,
+            **eval_scores(rewards, pass_k=pass_k, threshold=threshold),
+            **component_means([t.reward_parts for t in rnd.results.values()]), "eval_errors": errors,
             "eval_s": time.monotonic() - rnd.t0, "wall": time.time()}
 
 

@@ -75,7 +75,7 @@ def generate(engine, prompts: list[list[int]], max_new: int, greedy: bool) -> li
 def evaluate(cfg: Config, model, tok, *, samples: int, pass_k: int, label: str) -> dict:
     import torch
 
-    from laminar_hpc.metrics.eval_scores import eval_scores
+    from laminar_hpc.metrics.eval_scores import component_means, eval_scores
     from laminar_hpc.model.factory import model_args
     from laminar_hpc.rollout.torch_engine import TorchEngine
     from laminar_hpc.tasks.sources.build import build_task, validation_problems
@@ -116,6 +116,7 @@ def evaluate(cfg: Config, model, tok, *, samples: int, pass_k: int, label: str) 
         if o.error is not None:
             failed[o.error] = failed.get(o.error, 0) + 1
     row = eval_scores(rewards, pass_k=pass_k, threshold=cfg.eval.success_threshold)
+    row.update(component_means([o.components for o in outcomes]))
     return {"target": label, **row, "eval_errors": sum(failed.values()), "reward_failed": failed,
             "greedy": samples == 1, "eval_s": time.monotonic() - t0}
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import trajectory
 from laminar_hpc.config import config_from_dict
 from laminar_hpc.controller.evaluation import Evaluation
-from laminar_hpc.metrics.eval_scores import eval_scores, pass_at_k
+from laminar_hpc.metrics.eval_scores import component_means, eval_scores, pass_at_k
 from laminar_hpc.metrics.summary import eval_summary
 from laminar_hpc.tasks.problem import Problem
 
@@ -91,6 +91,23 @@ def test_a_complete_round_writes_one_row_with_version_and_scores():
     assert row["eval_step"] == 5 and row["eval_version"] == 6
     assert row["eval_reward"] == pytest.approx(0.25) and row["eval_pass@2"] == pytest.approx(0.5)
     assert "eval" in events and e.current is None and e.per_rollout[0] == 0
+
+
+def test_a_round_reports_each_reward_component_beside_the_reward():
+    """A judged reward with a rule logged at weight 0: the round's row has both components' means,
+    so a held-out rule metric is read beside the judged reward (metrics/eval_scores.component_means)."""
+    e, rows, _ = _evaluation(n_problems=2, at_start=False, capacity_fraction=1.0)
+    e.tick(steps_trained=5, newest_version=5)
+    work = [w for _, ws in e.assign({0: 8}, {0: 6}) for w in ws]
+    parts = {0: {"judge": 0.9, "rule": 1.0}, 1: {"judge": 0.7, "rule": 0.0}}
+    for w in work:
+        e.finished(trajectory(traj_id=w.traj_id, group_id=-1, problem=w.problem, version=6,
+                              reward=parts[w.problem]["judge"], reward_parts=parts[w.problem], eval_round=w.eval_round,
+                              rollout=0), 0)
+    (row,) = rows
+    assert row["eval_reward"] == pytest.approx(0.8)
+    assert row["eval_reward.judge"] == pytest.approx(0.8) and row["eval_reward.rule"] == pytest.approx(0.5)
+    assert component_means([None, {}]) == {}  # a reward without components adds nothing
 
 
 def test_items_of_a_lost_rollout_are_requeued_and_old_results_ignored():
