@@ -64,7 +64,7 @@ def main() -> None:
     for seed in [int(s) for s in a.seeds.split(",")]:
         run_dir = a.out / f"seed{seed}"
         cmd = [py, "-m", "laminar_hpc.cli", "run", str(EXAMPLE / "config.yaml"), "--run-dir", str(run_dir),
-               "--overwrite", f"seed={seed}", f"task.reward.judge.init_checkpoint={judge}", *a.overrides]
+               "--overwrite", f"seed={seed}", f"task.reward.judge.init_checkpoint={judge.resolve()}", *a.overrides]
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         f = figures(run_dir)

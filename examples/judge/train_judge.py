@@ -1,7 +1,9 @@
 """Train the example's judge: a small label model (task.reward.judge, kind: label) that answers Y or
 N to "is this response the reversal of the prompt's digits?", taught by rule on responses made
-here: the right answer, and near misses of the kinds a policy makes (a digit changed, two swapped,
-one dropped or added, the digits unreversed, a right answer cut short). Half right, half wrong.
+here: the right answer, near misses of the kinds a policy makes (a digit changed, two swapped,
+one dropped or added, the digits unreversed, a right answer cut short, the digits shuffled) and
+far misses of the right length (one digit repeated, any digits: what a policy trained on a judge
+that saw only near misses learned to write, "9999" for "rev:4821="). Half right, half wrong.
 
 The judge never sees the rule at RL time: the campaign trains on its P(Y) alone, and the rule
 (`exact`) is only logged beside it. Its accuracy on held-out pairs is printed (and written with
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -29,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 def near_miss(answer: str, digits: str, rng: random.Random) -> str:
     """A wrong response close to `answer` (never equal to it)."""
     for _ in range(20):
-        kind = rng.randrange(6)
+        kind = rng.randrange(9)
         a = list(answer)
         i = rng.randrange(len(a))
         if kind == 0:
@@ -43,8 +46,14 @@ def near_miss(answer: str, digits: str, rng: random.Random) -> str:
             a.insert(i, rng.choice("0123456789"))
         elif kind == 4:
             a = list(digits)
-        elif len(a) > 1:
+        elif kind == 5 and len(a) > 1:
             a = a[:rng.randrange(1, len(a))]
+        elif kind == 6:  # far misses a policy falls into once it games a judge that saw only near ones
+            a = [rng.choice("0123456789")] * len(a)  # one digit repeated ("9999"), the right length
+        elif kind == 7:
+            a = [rng.choice("0123456789") for _ in a]  # any digits of the right length
+        elif len(a) > 1:
+            rng.shuffle(a)  # the right digits in another order
         if "".join(a) != answer:
             return "".join(a)
     return answer + "0"
@@ -94,6 +103,8 @@ def main() -> None:
     yes, no = (tok.encode(label)[0] for label in judge.labels)  # {"Y": 1.0, "N": 0.0}: in that order
     model = build_model(judge.model, tok)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
+    # a short warm-up, then cosine to 0: a constant 1e-3 made the loss climb back after ~1,500 steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 * (1 + math.cos(math.pi * s / a.steps)))
     rng = random.Random(a.seed)
     held_out = [example(random.Random(f"held-out:{k}"), task.min_len, task.max_len) for k in range(2000)]
     t0 = time.monotonic()
@@ -104,6 +115,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
         if step % 250 == 0:
             acc = accuracy(model.eval(), held_out, tok, judge.template, yes, no)
             model.train()
