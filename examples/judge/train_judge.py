@@ -1,5 +1,6 @@
 """Train the example's judge: a small label model (task.reward.judge, kind: label) that answers Y or
-N to "is this response the reversal of the prompt's digits?", taught by rule on responses made
+N to "is this response the reference answer?" (the config's template shows it the row's answer and
+the response: "1284|1248?"), taught by rule on responses made
 here: the right answer, near misses of the kinds a policy makes (a digit changed, two swapped,
 one dropped or added, the digits unreversed, a right answer cut short, the digits shuffled) and
 far misses of the right length (one digit repeated, any digits: what a policy trained on a judge
@@ -9,7 +10,7 @@ The judge never sees the rule at RL time: the campaign trains on its P(Y) alone,
 (`exact`) is only logged beside it. Its accuracy on held-out pairs is printed (and written with
 the weights), so what the policy learns from is a stated, imperfect model.
 
-    .venv/bin/python examples/judge/train_judge.py --out runs/judge-example/judge.pt   # ~1 min on 2 cores
+    .venv/bin/python examples/judge/train_judge.py --out runs/judge-example/judge.pt   # ~4.5 min on 2 cores (0.964 held out)
 """
 from __future__ import annotations
 
