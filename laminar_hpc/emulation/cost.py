@@ -61,6 +61,13 @@ class CostModel:
             k -= 1
         return k
 
+    def judge_batch_s(self, tokens: int, batch: int, ratio: float, verdict_tokens: int) -> float:
+        """A judge of `ratio` times this model's cost scoring `batch` prompts of `tokens` in all: their
+        prefill, then `verdict_tokens` decode steps (0: a label judge). The simulator's judges and
+        the emulated judge role both charge this (sim/judges.py, judge/emulated_judge.py)."""
+        decode = self.decode_steps_s(batch, tokens, verdict_tokens) if verdict_tokens else 0.0
+        return ratio * (self.prefill_s(tokens) + decode)
+
     def train_s(self, tokens: int) -> float:
         return self.e.train_per_token_us * 1e-6 * tokens
 

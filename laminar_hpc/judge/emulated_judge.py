@@ -36,9 +36,7 @@ class EmulatedJudge:
 
     def batch_s(self, prompt_tokens: list[int]) -> float:
         """Emulated seconds to score a batch of judge prompts of these lengths (sim/judges.score_s)."""
-        tokens = sum(prompt_tokens)
-        decode = self.cost.decode_steps_s(len(prompt_tokens), tokens, self.verdict_tokens) if self.verdict_tokens else 0.0
-        return self.ratio * (self.cost.prefill_s(tokens) + decode)
+        return self.cost.judge_batch_s(sum(prompt_tokens), len(prompt_tokens), self.ratio, self.verdict_tokens)
 
     def score(self, requests: list[tuple[str, str, str]]) -> list[Scored]:
         lengths = [1 + len(self.tok.encode(render(self.cfg.template, problem=p, response=r, answer=a)))

@@ -54,8 +54,7 @@ class SimJudges:
     def score_s(self, responses: list[int]) -> float:
         """Emulated seconds to score a batch of responses of these lengths."""
         tokens = sum(responses) + self.prompt * len(responses)
-        decode = self.cost.decode_steps_s(len(responses), tokens, self.verdict_tokens) if self.verdict_tokens else 0.0
-        return self.ratio * (self.cost.prefill_s(tokens) + decode)
+        return self.cost.judge_batch_s(tokens, len(responses), self.ratio, self.verdict_tokens)
 
     def capacity_per_s(self, response_tokens: float) -> float:
         """Trajectories per second the replicas score at full batches of `response_tokens` each."""
