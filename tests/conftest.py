@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -189,18 +190,35 @@ def pytest_runtest_protocol(item, nextitem):
     """Under xdist, each integration test holds the machine shared, an `exclusive` one alone, and a
     Slurm test the cluster (sharing.py); the wait comes before pytest-timeout's clock starts, so a
     test's 5 minutes are its own. A unit test holds nothing (sharing.holds_nothing)."""
+    asked = time.time()
     if not sharing.under_xdist() or sharing.holds_nothing(item):
         yield
+        _timeline(item, asked, asked)
         return
     locks = item.config.stash.get(_LOCKS, None)
     if locks is None:  # one per worker: its directory made once, not before every test
         locks = item.config.stash[_LOCKS] = sharing.Locks(_run_root(item.config) / "locks")
     locks.acquire(exclusive=sharing.needs_the_machine(item), cluster=sharing.needs_the_cluster(item),
                   what=item.nodeid)
+    started = time.time()
     try:
         yield
     finally:
         locks.release()
+        _timeline(item, asked, started)
+
+
+def _timeline(item, asked: float, started: float) -> None:
+    """LAMINAR_TEST_TIMELINE=FILE: one JSON line per test (worker, when it asked for its locks, got
+    them and ended), appended by every worker, for tools/test_timeline.py to read where the
+    suite's wall time goes."""
+    path = os.environ.get("LAMINAR_TEST_TIMELINE")
+    if path:
+        line = {"worker": os.environ.get(sharing.WORKER_VARIABLE, "main"), "test": item.nodeid,
+                "asked": asked, "started": started, "ended": time.time(),
+                "exclusive": sharing.needs_the_machine(item), "slurm": sharing.needs_the_cluster(item)}
+        with open(path, "a") as f:  # one short write per line: O_APPEND keeps the workers' lines whole
+            f.write(json.dumps(line) + "\n")
 
 
 def _run_root(config) -> Path:
