@@ -11,6 +11,7 @@ find tests that depend on what ran before them (the seed is printed in the heade
 random order, to narrow one down: tests/orders/)."""
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -190,10 +191,10 @@ def pytest_runtest_protocol(item, nextitem):
     """Under xdist, each integration test holds the machine shared, an `exclusive` one alone, and a
     Slurm test the cluster (sharing.py); the wait comes before pytest-timeout's clock starts, so a
     test's 5 minutes are its own. A unit test holds nothing (sharing.holds_nothing)."""
-    asked = time.time()
+    asked, cpu = time.time(), _cpu_s()
     if not sharing.under_xdist() or sharing.holds_nothing(item):
         yield
-        _timeline(item, asked, asked)
+        _timeline(item, asked, asked, cpu)
         return
     locks = item.config.stash.get(_LOCKS, None)
     if locks is None:  # one per worker: its directory made once, not before every test
@@ -205,17 +206,25 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         locks.release()
-        _timeline(item, asked, started)
+        _timeline(item, asked, started, cpu)
 
 
-def _timeline(item, asked: float, started: float) -> None:
+def _cpu_s() -> float:
+    """CPU seconds of this worker and of the processes it started and reaped (a campaign's roles,
+    reaped by its CLI, count once the CLI is reaped; a Slurm job's processes, started by slurmd,
+    do not count)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _timeline(item, asked: float, started: float, cpu: float) -> None:
     """LAMINAR_TEST_TIMELINE=FILE: one JSON line per test (worker, when it asked for its locks, got
-    them and ended), appended by every worker, for tools/test_timeline.py to read where the
+    them and ended, the CPU seconds it took), appended by every worker, for tools/test_timeline.py to read where the
     suite's wall time goes."""
     path = os.environ.get("LAMINAR_TEST_TIMELINE")
     if path:
         line = {"worker": os.environ.get(sharing.WORKER_VARIABLE, "main"), "test": item.nodeid,
-                "asked": asked, "started": started, "ended": time.time(),
+                "asked": asked, "started": started, "ended": time.time(), "cpu_s": round(_cpu_s() - cpu, 2),
                 "exclusive": sharing.needs_the_machine(item), "slurm": sharing.needs_the_cluster(item)}
         with open(path, "a") as f:  # one short write per line: O_APPEND keeps the workers' lines whole
             f.write(json.dumps(line) + "\n")
