@@ -252,5 +252,14 @@ def pytest_collection_modifyitems(session, config, items):
             raise pytest.UsageError(f"LAMINAR_TEST_ORDER={order}: {len(missing)} listed test(s) not collected, "
                                     f"the first {missing[0]!r}; collect the tier they are in")
         items[:] = [by_id[w] for w in wanted]
-    elif sharing.under_xdist():  # (each worker collects; all sort alike, as xdist requires)
-        items[:] = sharing.campaigns_first(items)
+    elif sharing.under_xdist():  # for the scheduler in the controller, which collects nothing
+        sharing.record_kinds(_run_root(config), items)
+
+
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook; without xdist nothing calls it)
+def pytest_xdist_make_scheduler(config, log):
+    """This suite's order of handing out tests to the workers (sharing.ExclusiveBesideUnits), for
+    `--dist loadscope` (pyproject's addopts); a seeded or listed order keeps loadscope's own."""
+    if config.getvalue("dist") != "loadscope" or os.environ.get("LAMINAR_TEST_ORDER"):
+        return None
+    return sharing.make_scheduler(config, log, Path(config._tmp_path_factory.getbasetemp()))

@@ -5,13 +5,15 @@ rules that keep them apart. Each worker is its own process.
   module- or class-scoped fixture (a campaign several tests read) runs once. (`--dist loadgroup`
   would group finer, but pytest-xdist 3.8.0 marks a group by rewriting `item._nodeid`, which
   pytest 9.2 no longer reads: every test then went to any worker and such fixtures ran twice.)
-- **The order modules are handed out in**: loadscope's own, the modules with the most tests first
-  (the unit modules, CPU-dense, beside the first campaigns), and among modules of as many tests
-  those with a `slow` test first (campaigns_first). Measured in fresh clones (pytest of both tiers):
-  this order 25:47; campaigns first, the Slurm modules in turns with the others
-  (`--no-loadscope-reorder`), 28% of the tests done after 27 minutes, two campaigns at once
-  slowing each other and waiting together; the campaigns spread evenly through the rest, still
-  running campaigns after 28 minutes (96% of the tests; test_recovery's came last).
+- **The order scopes are handed out in** (`ExclusiveBesideUnits`, this suite's xdist scheduler):
+  a module's `exclusive` tests are a scope of their own, handed out first, while the other worker
+  takes unit modules (which hold nothing, so they run beside them); then the longest scopes first
+  (LPT), by the wall time `tests/durations.json` recorded (`tools/test_timeline.py --durations`;
+  a scope it does not know counts as UNKNOWN_SCOPE_S, so a new campaign is not left for the end).
+  Replayed on the timeline of a fresh clone (2 cores): the order before (modules with the most
+  tests first, campaigns among them first) 30.9 min of pytest, as measured; the longest first 29.3;
+  this one 27.2, against 25.3 for the same tests with no exclusive one: an exclusive test leaves the
+  other worker only unit tests to run, and there are 2.2 minutes of them to its 5.7.
 - **One test at a time on the Slurm test cluster** (marker `slurm`): its tests compare the whole
   queue, and the multi-host cluster's nodes are its nodes; they hold the lock `slurm-cluster`.
 - **The machine to itself** (marker `exclusive`): a test that scans what every process on the
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import time
 from pathlib import Path
@@ -67,12 +70,76 @@ def needs_the_cluster(item) -> bool:
     return item.get_closest_marker("slurm") is not None
 
 
-def campaigns_first(items: list) -> list:
-    """The modules that hold a `slow` test (campaigns, Slurm jobs) first, in their order, then the
-    rest: loadscope then sorts the modules by their number of tests (a stable sort), so among
-    modules of as many tests the campaigns are handed out first."""
-    slow = {str(item.path) for item in items if item.get_closest_marker("slow") is not None}
-    return sorted(items, key=lambda item: str(item.path) not in slow)  # stable: order within kept
+EXCLUSIVE_SCOPE = " (exclusive)"  # appended to a module's scope for its exclusive tests
+DURATIONS = Path(__file__).with_name("durations.json")  # scope -> seconds, from a recorded timeline
+UNKNOWN_SCOPE_S = 120.0  # a scope not in DURATIONS (a new module): handed out as early as a long one
+KINDS_FILE = "test-kinds.json"  # in the test run's directory: the node ids of the exclusive tests
+
+
+def scope_of(nodeid: str, exclusive: bool) -> str:
+    """The unit of work xdist hands out: a module (or class, as loadscope has it), and apart from it
+    the module's exclusive tests, which wait for the machine anyway and are best run early, beside
+    the unit tests. (A module fixture runs in both scopes: test_slurm's cluster, which is idempotent.)"""
+    base = nodeid.rsplit("::", 1)[0]
+    return base + EXCLUSIVE_SCOPE if exclusive else base
+
+
+def scope_class(scope: str) -> int:
+    """0: exclusive tests, 1: a unit module, 2: the rest (integration), the order they go out in."""
+    if scope.endswith(EXCLUSIVE_SCOPE):
+        return 0
+    return 1 if UNIT_TIER in Path(scope.split("::")[0]).parts else 2
+
+
+def next_scope(queue, durations: dict[str, float], others_hold_exclusive: bool, holds_exclusive: bool) -> str:
+    """The scope to hand a worker from `queue`, the longest first within a class. While another
+    worker holds exclusive tests: a unit module, which runs beside them. While this worker does
+    (xdist hands a worker its next scope before its last two tests are done): more exclusive tests,
+    else an integration module, leaving the unit modules for the other worker."""
+    ranked = sorted(queue, key=lambda s: (scope_class(s), -durations.get(s, UNKNOWN_SCOPE_S)))
+    if others_hold_exclusive:
+        preference = (1, 2, 0)
+    elif holds_exclusive:
+        preference = (0, 2, 1)
+    else:
+        preference = (0, 1, 2)
+    return min(ranked, key=lambda s: preference.index(scope_class(s)))  # (min keeps the first of equals)
+
+
+def record_kinds(root: Path, items: list) -> None:
+    """What the scheduler (in the controller, which collects nothing) needs to know of the tests:
+    which are exclusive. Each worker writes the same file, each through a name of its own."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{KINDS_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps({"exclusive": sorted(i.nodeid for i in items if needs_the_machine(i))}))
+    os.replace(tmp, root / KINDS_FILE)
+
+
+def make_scheduler(config, log, root: Path):
+    """`--dist loadscope` with this suite's scopes and order (the module docstring)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    durations = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+    class ExclusiveBesideUnits(LoadScopeScheduling):
+        _exclusive: set[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._exclusive is None:  # the workers wrote it while collecting, before any scope is asked
+                kinds = root / KINDS_FILE
+                self._exclusive = set(json.loads(kinds.read_text())["exclusive"]) if kinds.exists() else set()
+            return scope_of(nodeid, nodeid in self._exclusive)
+
+        def _assign_work_unit(self, node) -> None:
+            def holds_exclusive(worker) -> bool:
+                return any(scope_class(scope) == 0 and not all(done.values())
+                           for scope, done in self.assigned_work.get(worker, {}).items())
+            others = any(holds_exclusive(other) for other in self.assigned_work if other is not node)
+            scope = next_scope(list(self.workqueue), durations, others, holds_exclusive(node))
+            self.workqueue.move_to_end(scope, last=False)  # loadscope hands out the queue's first
+            super()._assign_work_unit(node)
+
+    return ExclusiveBesideUnits(config, log)
 
 
 class Locks:

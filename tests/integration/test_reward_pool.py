@@ -240,7 +240,9 @@ def test_collect_looks_for_timed_out_calls_once_per_scan_period_not_at_every_cal
     for i in range(8):
         pool.submit(f"stuck-{i}", problem(tmp_path, i), Response("stuck"))
     wait_until(lambda: len(list(tmp_path.glob("pid-*"))) == 8, "8 calls running")
-    now = [1000.0]
+    # the clock stopped where it is now (the calls started a moment ago, well within their 60 s): a
+    # fixed value such as 1000.0 lies past their budget on a machine up for less than ~15 minutes
+    now = [time.monotonic()]
     monkeypatch.setattr(reward_pool.time, "monotonic", lambda: now[0])
 
     class Scans(dict):

@@ -4,6 +4,7 @@ two workers do (flock locks belong to an open file)."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import threading
 import time
@@ -103,9 +104,10 @@ def test_one_slurm_test_at_a_time_beside_ordinary_ones(tmp_path, quick):
 
 
 class _Item:
-    def __init__(self, markers=(), path="t.py"):
+    def __init__(self, markers=(), path="t.py", nodeid="t.py::test"):
         self._markers = set(markers)
         self.path = path
+        self.nodeid = nodeid
 
     def get_closest_marker(self, name):
         return object() if name in self._markers else None
@@ -121,11 +123,52 @@ def test_which_tests_need_the_machine_or_the_cluster():
     assert not sharing.needs_the_machine(_Item()) and not sharing.needs_the_cluster(_Item())
 
 
-def test_modules_with_a_campaign_are_handed_out_first_in_their_order():
-    items = [_Item(path="a.py"), _Item(["slow"], path="b.py"), _Item(path="b.py"), _Item(path="c.py"),
-             _Item(path="d.py"), _Item(["slow"], path="d.py")]
-    assert [(i.path, tuple(i._markers)) for i in sharing.campaigns_first(items)] == [
-        ("b.py", ("slow",)), ("b.py", ()), ("d.py", ()), ("d.py", ("slow",)), ("a.py", ()), ("c.py", ())]
+def test_a_modules_exclusive_tests_are_a_scope_of_their_own():
+    assert sharing.scope_of("tests/integration/test_slurm.py::test_time_limit", True) == \
+        "tests/integration/test_slurm.py (exclusive)"
+    assert sharing.scope_of("tests/integration/test_slurm.py::test_preemption", False) == "tests/integration/test_slurm.py"
+    assert sharing.scope_of("tests/unit/test_a.py::TestB::test_c[1]", False) == "tests/unit/test_a.py::TestB"
+    assert [sharing.scope_class(s) for s in ("tests/integration/t.py (exclusive)", "tests/unit/t.py::C",
+                                            "tests/integration/t.py")] == [0, 1, 2]
+
+
+def test_exclusive_scopes_go_first_and_unit_modules_beside_them_then_the_longest():
+    queue = ["tests/unit/u1.py", "tests/integration/short.py", "tests/integration/long.py",
+             "tests/integration/new.py", "tests/unit/u2.py", "tests/integration/x.py (exclusive)",
+             "tests/integration/y.py (exclusive)"]
+    took = {"tests/unit/u1.py": 1.0, "tests/unit/u2.py": 9.0, "tests/integration/short.py": 5.0,
+            "tests/integration/long.py": 300.0, "tests/integration/x.py (exclusive)": 10.0,
+            "tests/integration/y.py (exclusive)": 50.0}
+    def pick(queue, others=False, mine=False):
+        return sharing.next_scope(queue, took, others_hold_exclusive=others, holds_exclusive=mine)
+
+    assert pick(queue) == "tests/integration/y.py (exclusive)"
+    # while another worker holds exclusive tests: the longest unit module, which runs beside them
+    assert pick(queue, others=True) == "tests/unit/u2.py"
+    # while this one does: more exclusive tests, else an integration module, the units left for the other
+    assert pick(queue, mine=True) == "tests/integration/y.py (exclusive)"
+    no_exclusive = [s for s in queue if sharing.scope_class(s) != 0]
+    assert pick(no_exclusive, mine=True) == "tests/integration/long.py"
+    rest = [s for s in queue if sharing.scope_class(s) == 2]
+    # no unit module left beside another's exclusive tests: the longest other scope (it waits for the machine)
+    assert pick(rest + ["tests/integration/x.py (exclusive)"], others=True) == "tests/integration/long.py"
+    # a module the durations do not know counts as long: not left for the end
+    assert pick(["tests/integration/short.py", "tests/integration/new.py"]) == "tests/integration/new.py"
+    assert pick(["tests/unit/u1.py", "tests/unit/u2.py"], mine=True) == "tests/unit/u2.py"
+
+
+def test_the_scheduler_reads_which_tests_are_exclusive_from_the_workers_collection(tmp_path):
+    sharing.record_kinds(tmp_path, [_Item(["exclusive"], path="t.py", nodeid="t.py::a"),
+                                    _Item(path="t.py", nodeid="t.py::b")])
+    sharing.record_kinds(tmp_path, [_Item(["exclusive"], path="t.py", nodeid="t.py::a")])  # a second worker, alike
+    assert json.loads((tmp_path / sharing.KINDS_FILE).read_text()) == {"exclusive": ["t.py::a"]}
+    assert [p.name for p in tmp_path.iterdir()] == [sharing.KINDS_FILE]  # no worker's temporary left
+
+
+def test_every_scope_of_the_suite_has_a_recorded_duration_or_counts_as_long():
+    took = json.loads(sharing.DURATIONS.read_text())
+    assert took and all(isinstance(v, float) and v >= 0 for v in took.values())
+    assert sharing.UNKNOWN_SCOPE_S >= sorted(took.values())[len(took) * 9 // 10]  # a new module is not left for the end
 
 
 def test_what_is_made_once_is_made_by_one_holder_while_the_others_wait(tmp_path, quick):
