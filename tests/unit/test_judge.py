@@ -155,6 +155,43 @@ def test_an_unreadable_verdict_or_no_judge_scores_0_as_judge():
     assert Scorer(JUDGED, base_dir=REPO_ROOT).score(P, Response("19")).error == "judge"  # not connected
 
 
+def verl_with_judge(data_source, solution_str, ground_truth, extra_info=None, judge=None):
+    # verl's compute_score with the verdict as one more keyword: a rule on the text plus the judge
+    return {"score": 0.5 * (solution_str.strip() == ground_truth) + 0.5 * judge, "judged": judge}
+
+
+def trl_with_judge(prompts, completions, judge, **kwargs):
+    # TRL's batched form: the verdicts come as a list, one per completion, as the completions do
+    return [j if c.strip() else 0.0 for c, j in zip(completions, judge)]
+
+
+def verl_plain(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str.strip() == ground_truth)
+
+
+@pytest.mark.parametrize("fn,reward", [("verl_with_judge", 0.5 * 1 + 0.5 * 0.25), ("trl_with_judge", 0.25)])
+def test_verl_and_trl_functions_that_name_judge_get_the_verdict_in_their_own_form(fn, reward):
+    asked = []
+
+    def judge(problem, response):
+        asked.append(response.text)
+        return 0.25, None
+    cfg = RewardCfg(fn=f"tests/unit/test_judge.py:{fn}", judge=JudgeCfg())
+    out = Scorer(cfg, base_dir=REPO_ROOT, judge=judge).score(P, Response("19"))
+    assert out.error is None and out.reward == pytest.approx(reward) and asked == ["19"]
+    # without a judge in the campaign, a function that names one is refused when it is loaded
+    with pytest.raises(RewardError, match="takes the judge's verdict"):
+        Scorer(RewardCfg(fn=f"tests/unit/test_judge.py:{fn}"), base_dir=REPO_ROOT)
+
+
+def test_a_verl_function_without_judge_is_called_as_before_in_a_judged_campaign():
+    def judge(problem, response):
+        raise AssertionError("nothing asks the judge when no function takes its verdict")
+    cfg = RewardCfg(fn="tests/unit/test_judge.py:verl_plain", judge=JudgeCfg())
+    out = Scorer(cfg, base_dir=REPO_ROOT, judge=judge).score(P, Response("19"))
+    assert out.error is None and out.reward == 1.0
+
+
 def test_a_function_that_takes_the_judge_needs_one():
     with pytest.raises(RewardError, match="takes the judge's verdict .* add task.reward.judge"):
         Scorer(RewardCfg(fn="tests/unit/test_judge.py:has_digits"), base_dir=REPO_ROOT)

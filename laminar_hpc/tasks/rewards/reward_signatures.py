@@ -90,7 +90,8 @@ def _check(sig: inspect.Signature, spec: SignatureSpec, label: str, declared: st
     required = [p.name for p in sig.parameters.values()
                 if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-    unknown = [n for n in required if n not in spec.given] if spec.only_given else []
+    # (`judge`: the campaign's verdict, given to a function that names it: tasks/rewards/scorer.py)
+    unknown = [n for n in required if n not in spec.given and n != "judge"] if spec.only_given else []
     if positional_only or unknown or not (takes_any or spec.needs in sig.parameters):
         raise refuse()
 
@@ -118,6 +119,9 @@ class _Adapter:
         self.required = {n for n, p in params.items() if p.default is p.empty
                          and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         self.__name__ = getattr(fn, "__name__", label)
+        # a parameter named `judge` (not **kwargs): it is given the judge's verdict (task.reward.judge),
+        # verl's as a float, TRL's as a list of one as its other arguments
+        self.takes_judge = "judge" in params
 
     def _call(self, kwargs: dict[str, Any], what: str) -> Any:
         if not self.takes_any:
@@ -131,12 +135,14 @@ class _Adapter:
 class VerlReward(_Adapter):
     """verl's compute_score, called as verl's reward managers call it (keywords)."""
 
-    def __call__(self, problem, response) -> Any:
+    def __call__(self, problem, response, judge: float | None = None) -> Any:
         fields = problem.fields
         gold = problem.gold if problem.gold is not None else problem.answer
-        return self._call({"data_source": fields.get("data_source"), "solution_str": response.text,
-                           "ground_truth": gold, "extra_info": fields.get("extra_info")},
-                          "verl's arguments (data_source, solution_str, ground_truth, extra_info)")
+        kwargs = {"data_source": fields.get("data_source"), "solution_str": response.text,
+                  "ground_truth": gold, "extra_info": fields.get("extra_info")}
+        if self.takes_judge:
+            kwargs["judge"] = judge
+        return self._call(kwargs, "verl's arguments (data_source, solution_str, ground_truth, extra_info)")
 
 
 def trl_prompt(problem) -> Any:
@@ -150,7 +156,7 @@ class TrlReward(_Adapter):
     """A TRL reward function, called with batches of one completion; returns that one's value
     (NOT_APPLICABLE for None)."""
 
-    def __call__(self, problem, response) -> Any:
+    def __call__(self, problem, response, judge: float | None = None) -> Any:
         completion: Any = response.text
         if problem.messages is not None:  # conversational: completions are message lists
             completion = [{"role": "assistant", "content": response.text}]
@@ -159,6 +165,8 @@ class TrlReward(_Adapter):
         kwargs = {**columns, "prompts": [trl_prompt(problem)], "completions": [completion], "completion_ids": ids}
         if "completions_ids" in self.accepted:  # the name in TRL's older docs
             kwargs["completions_ids"] = ids
+        if self.takes_judge:
+            kwargs["judge"] = [judge]
         out = self._call(kwargs, f"the row (its columns: {', '.join(sorted(problem.fields)) or 'none'})")
         if isinstance(out, (str, bytes)) or not hasattr(out, "__len__") or len(out) != 1:
             shown = " ".join(repr(out).split())[:60]

@@ -143,8 +143,11 @@ def judge(problem: Problem, response: Response, judge: float) -> float:
 
 def takes_judge(fn) -> bool:
     """Whether a reward function wants the judge's verdict: a parameter named `judge`, which the
-    Scorer fills (laminar's own signature; a verl or TRL function comes wrapped and does not)."""
+    Scorer fills (a verl or TRL function comes wrapped: its adapter says whether it names one)."""
     import inspect
+    wrapped = getattr(fn, "takes_judge", None)  # reward_signatures._Adapter
+    if isinstance(wrapped, bool):
+        return wrapped
     try:
         return "judge" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
