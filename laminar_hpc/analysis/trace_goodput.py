@@ -20,7 +20,9 @@ metrics.goodput.CAUSES does not list), weights (loading,
 paused for a partial-rollout update, or running nothing while a version it is to load is out:
 laminar, any newer one; the barrier modes, the one it pulls next once nothing is in flight
 anywhere), drain (laminar: running while a newer version is out), dispatch (work admitted but not
-started anywhere), admission or long tail (nothing admitted waits while the trainer waits for
+started anywhere), scoring (a run with judges only, task.reward.judge: the trainer waits for data
+while finished trajectories wait for their rewards; `by_cause["scoring"]`, and
+`trainer_score_wait_s`, the seconds of the trainer's waits with a reward outstanding), admission or long tail (nothing admitted waits while the trainer waits for
 data; long tail in the barrier modes), trainer_bound (nothing waits while the trainer trains or
 publishes). The controller's queue is the trajectories of admitted groups not yet started.
 """
@@ -165,6 +167,32 @@ def _queue(run: RunTrace) -> tuple[list[float], list[float]]:
     return times, np.cumsum([deltas[t] for t in times]).tolist()
 
 
+def _awaiting_scores(run: RunTrace) -> tuple[list[float], list[float]]:
+    """Finished trajectories waiting for their rewards (each `traj_scored`: from its end of
+    generation, wait_s before, to its reward), as a step function."""
+    deltas: Counter = Counter()
+    for e in run.of("traj_scored"):
+        deltas[e["t"] - float(e.get("wait_s") or 0.0)] += 1
+        deltas[e["t"]] -= 1
+    times = sorted(deltas)
+    return times, np.cumsum([deltas[t] for t in times]).tolist()
+
+
+def _judged(run: RunTrace) -> bool:
+    return bool(run.of("judge_batch"))
+
+
+def trainer_score_wait_s(run: RunTrace, rows: list[dict], window: tuple[float, float]) -> float:
+    """Seconds within `window` the trainer waited for data while a finished trajectory waited for its reward."""
+    times, counts = _awaiting_scores(run)
+    pending = [(t, times[i + 1] if i + 1 < len(times) else t) for i, t in enumerate(times) if counts[i] > 0]
+    total = 0.0
+    for x, y in _trainer_waits(run, rows):
+        x, y = max(x, window[0]), min(y, window[1])
+        total += sum(max(0.0, min(y, d) - max(x, c)) for c, d in pending)
+    return total
+
+
 def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode: str,
                window: tuple[float, float]) -> tuple[dict, float]:
     """Lost replica-capacity seconds per cause over `window` (see the module doc), and the capacity
@@ -173,6 +201,8 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
     lost = dict.fromkeys(CAUSES, 0.0)
     if tl.has_tools:
         lost["tools"] = 0.0
+    if _judged(run):
+        lost["scoring"] = 0.0
     capacity = 0.0
     way = MODES[mode].take_weights(_WaysRead())
     barrier, laminar = way == "at_barrier", way == "per_replica"
@@ -183,6 +213,7 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
     for t, v in pubs:
         pub_first.setdefault(v, t)
     q_t, q_v = _queue(run)
+    s_t, s_v = _awaiting_scores(run) if "scoring" in lost else ([], [])
     waits = _trainer_waits(run, rows)
     synced = sorted(e["t"] for e in run.of("weights_synced"))
     interrupted: dict[str, list[float]] = {}
@@ -200,7 +231,7 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
             deltas[t] += q_v[i] - (q_v[i - 1] if i else 0)
         any_t = sorted(deltas)
         any_v = np.cumsum([deltas[t] for t in any_t]).tolist()
-    cuts_global = [*newest[0].tolist(), *q_t, *[x for w in waits for x in w], *synced]
+    cuts_global = [*newest[0].tolist(), *q_t, *s_t, *[x for w in waits for x in w], *synced]
     top = int(np.ceil(ideal["batch"]))
     table = np.array([lost_capacity(n, ideal) for n in range(top + 1)])
     for role in tl.rollouts:
@@ -251,6 +282,7 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
                  ("weights", weights),
                  ("drain", (~idle & (held < new)) if laminar else np.zeros(len(mid), dtype=bool)),
                  ("dispatch", _step(q_t, q_v, mid, 0.0) > 0),
+                 *([("scoring", _inside(waits, mid) & (_step(s_t, s_v, mid, 0.0) > 0))] if "scoring" in lost else []),
                  (collect_cause, _inside(waits, mid)),
                  ("trainer_bound", np.ones(len(mid), dtype=bool))]
         for i, (_, hit) in enumerate(order):
@@ -318,21 +350,25 @@ def run_goodput(run: RunTrace, rows: list[dict], *, max_batch: int, mode: str, t
         return out
     lost, capacity = trace_lost(run, tl, rows, ideal, mode, window)
     out["goodput"] = attribute(throughput, ideal, lost, capacity)
-    if "tools" in lost:
-        _attribute_tools(out["goodput"], ideal, lost["tools"], capacity)
+    for cause in ("tools", "scoring"):
+        if cause in lost:
+            _attribute_outside(out["goodput"], ideal, cause, lost[cause], capacity)
+    if "scoring" in lost:
+        out["trainer_score_wait_s"] = trainer_score_wait_s(run, rows, window)
     out["lost_s"] = lost
     return out
 
 
-def _attribute_tools(g: dict, ideal: dict, tools_s: float, capacity: float) -> None:
-    """Move the time lost to tool waits out of the residual into `by_cause["tools"]`, by
-    attribute's rule for a cause other than trainer_bound (share of the capacity over u*)."""
+def _attribute_outside(g: dict, ideal: dict, cause: str, lost_s: float, capacity: float) -> None:
+    """Move the time lost to a cause metrics.goodput.CAUSES does not list (tools, scoring) out of
+    the residual into `by_cause[cause]`, by attribute's rule for a cause other than trainer_bound
+    (share of the capacity over u*)."""
     if g.get("by_cause") is None:
         return
     # u* (the share of generation capacity the ideal needs), as attribute() computes it
     best = float(ideal["trajectories_per_s"])
     gen = float(ideal.get("generation_trajectories_per_s") or best)
     need = min(1.0, best / gen) if gen > 0 and math.isfinite(gen) else 1.0
-    share = tools_s / capacity / need
-    g["by_cause"]["tools"] = share
+    share = lost_s / capacity / need
+    g["by_cause"][cause] = share
     g["residual"] -= share

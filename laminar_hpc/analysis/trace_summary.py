@@ -318,6 +318,7 @@ WHAT = {"admission": "nothing admitted waits; the trainer waits for data (stalen
         "trainer_bound": "nothing admitted waits; the trainer trains or publishes",
         "failures": "replica down", "dispatch": "work admitted but not started yet",
         "tools": "running nothing while an episode waits for a tool",
+        "scoring": "the trainer waits for data while finished trajectories wait for the judges",
         "residual": "lost minus the causes: re-prefill, prefill batching, lengths, window edges"}
 
 
@@ -341,9 +342,12 @@ def format_goodput(g: dict | None) -> list[str]:
     if gp.get("by_cause") is None:
         return out
     rows = [[LABELS[c], fmt(gp["by_cause"][c], "%"), WHAT[c]] for c in CAUSES]
-    if "tools" in gp["by_cause"]:  # a run with tool events (not a cause of metrics.goodput.CAUSES)
-        rows.append(["tools", fmt(gp["by_cause"]["tools"], "%"), WHAT["tools"]])
+    for extra in ("tools", "scoring"):  # a run with tool events, with judges (not causes of metrics.goodput.CAUSES)
+        if extra in gp["by_cause"]:
+            rows.append([extra, fmt(gp["by_cause"][extra], "%"), WHAT[extra]])
     rows.append([LABELS["residual"], fmt(gp["residual"], "%"), WHAT["residual"]])
     out.append(f"  lost {fmt(gp['lost'], '%')} of the ideal, by cause (share of the ideal):")
     out += table(["cause", "lost", "what it measures"], rows, "lrl")
+    if "trainer_score_wait_s" in g:
+        out.append(f"  the trainer waited {fmt(g['trainer_score_wait_s'])} s for data while rewards were outstanding")
     return out
