@@ -219,7 +219,7 @@ def _cpu_s() -> float:
 
 def _timeline(item, asked: float, started: float, cpu: float) -> None:
     """LAMINAR_TEST_TIMELINE=FILE: one JSON line per test (worker, when it asked for its locks, got
-    them and ended, the CPU seconds it took), appended by every worker, for tools/test_timeline.py to read where the
+    them and ended, the CPU seconds it took), appended by every worker, for tests/timeline.py to read where the
     suite's wall time goes."""
     path = os.environ.get("LAMINAR_TEST_TIMELINE")
     if path:

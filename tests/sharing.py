@@ -8,7 +8,7 @@ rules that keep them apart. Each worker is its own process.
 - **The order scopes are handed out in** (`ExclusiveBesideUnits`, this suite's xdist scheduler):
   a module's `exclusive` tests are a scope of their own, handed out first, while the other worker
   takes unit modules (which hold nothing, so they run beside them); then the longest scopes first
-  (LPT), by the wall time `tests/durations.json` recorded (`tools/test_timeline.py --durations`;
+  (LPT), by the wall time `tests/durations.json` recorded (`tests/timeline.py --durations`;
   a scope it does not know counts as UNKNOWN_SCOPE_S, so a new campaign is not left for the end).
   Replayed on the timeline of a fresh clone (2 cores): the order before (modules with the most
   tests first, campaigns among them first) 30.9 min of pytest, as measured; the longest first 29.3;

@@ -192,6 +192,61 @@ class StandinLLM:
         return [c[0] for c in self.calls]
 
 
+class PoolingParams:
+    """Records its kwargs (`use_activation`: None or True applies the classifier's softmax, as vLLM)."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.use_activation = kwargs.get("use_activation")
+
+
+class TorchBackedLLM:
+    """`vllm.LLM`'s offline `generate` and `classify`, computed by a torch model (a test's judge
+    model: model/llama.py's, or a transformers ...ForSequenceClassification): greedy decoding by a
+    full forward pass per token, `logprob_token_ids` as log-softmax of the raw logits, `classify`'s
+    `probs` the head's logits, softmaxed unless use_activation=False. Lets a test compare an
+    adapter's reading of vLLM's outputs with the torch path on the same weights."""
+
+    def __init__(self, causal=None, classifier=None, *, vocab: int, max_model_len: int, **kwargs):
+        self.causal, self.classifier, self.kwargs = causal, classifier, kwargs
+        self.calls: list[tuple] = []
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=max_model_len,
+                                                                       get_vocab_size=lambda: vocab))
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        import torch
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        self.calls.append(("generate", [p["prompt_token_ids"] for p in prompts], sampling_params))
+        outs = []
+        with torch.inference_mode():
+            for i, (prompt, sp) in enumerate(zip(prompts, params)):
+                ids, toks, lps = list(prompt["prompt_token_ids"]), [], []
+                for _ in range(sp.max_tokens):
+                    logits = self.causal(torch.tensor([ids]))[0, -1].float()
+                    tok = int(logits.argmax())  # temperature 0
+                    logp = torch.log_softmax(logits, dim=-1)
+                    wanted = getattr(sp, "logprob_token_ids", None) or []
+                    lps.append({t: Logprob(float(logp[t])) for t in [*wanted, tok]})
+                    toks.append(tok)
+                    ids.append(tok)
+                    if tok in (getattr(sp, "stop_token_ids", None) or []):
+                        break
+                outs.append(RequestOutput(str(i), [CompletionOutput(toks, lps)], True))
+        return outs
+
+    def classify(self, prompts, pooling_params=None, use_tqdm=True):
+        import torch
+        self.calls.append(("classify", [p["prompt_token_ids"] for p in prompts], pooling_params))
+        outs = []
+        with torch.inference_mode():
+            for prompt in prompts:
+                logits = self.classifier(input_ids=torch.tensor([prompt["prompt_token_ids"]])).logits[0].float()
+                if pooling_params is None or pooling_params.use_activation is not False:
+                    logits = torch.softmax(logits, dim=-1)
+                outs.append(SimpleNamespace(outputs=SimpleNamespace(probs=logits.tolist())))
+        return outs
+
+
 class RecordingStager:
     """Stands in for the CUDA-IPC stager: records the tensors it was given (to check that they
     alias the relay's buffer) and returns picklable fake handles, one per GPU."""

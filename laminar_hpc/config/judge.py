@@ -29,6 +29,10 @@ Kinds:
   scores as the synthetic task's rule (0 or 1 from its text's CRC-32). `laminar simulate` models
   the same cost (sim/judges.py).
 
+Engines (`engine`): `torch` (the model on the CPU or one GPU, `device`) or `vllm` (GPU nodes,
+extra `vllm`: `model.hf_path` a Hugging Face directory vLLM loads, `vllm` its settings), with the
+same kinds and the same scores (judge/vllm_judge.py).
+
 The judge's weights are frozen: from `model.hf_path`, or `init_checkpoint` (a checkpoint laminar
 wrote, e.g. a verifier trained on labelled answers); a model with neither is a fresh one from
 `model.seed`, useful to tests only. It never receives the policy's versions.
@@ -64,6 +68,15 @@ def template_problem(template: str) -> str | None:
     return None
 
 
+class JudgeVllmCfg(Section):
+    """A judge's vLLM engine (`task.reward.judge.engine: vllm`, extra `vllm`, GPU nodes only)."""
+    tensor_parallel_size: PosInt = 1  # GPUs per judge replica
+    # fraction of GPU memory vLLM may take (weights + KV cache)
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"  # vLLM's compute dtype
+    enforce_eager: bool = False  # no CUDA graphs: faster start, slower scoring
+
+
 class JudgeCfg(Section):
     """A model that scores responses, as `judge-N` roles of the campaign (laminar_hpc/judge/)."""
     multiline: ClassVar[frozenset[str]] = frozenset({"template"})
@@ -88,7 +101,10 @@ class JudgeCfg(Section):
     # one request's wait for a verdict before it is sent to another judge (a dead or stuck one)
     timeout_s: PosFloat = 30.0
     torch_threads: PosInt = 1  # intra-op threads of each judge's model
-    device: str = "cpu"  # cpu, cuda, cuda:N
+    device: str = "cpu"  # engine: torch: cpu, cuda, cuda:N
+    # what runs the model: torch (CPU or one GPU), or vllm (GPU nodes; model.hf_path a Hugging Face directory)
+    engine: Literal["torch", "vllm"] = "torch"
+    vllm: JudgeVllmCfg = Field(default_factory=JudgeVllmCfg)  # engine: vllm's settings
 
     @model_validator(mode="after")
     def _checks(self) -> "JudgeCfg":
@@ -100,6 +116,10 @@ class JudgeCfg(Section):
         if self.kind == "classifier" and (self.model.hf_path is None or self.init_checkpoint is not None):
             raise ValueError("kind: classifier reads a Hugging Face ...ForSequenceClassification directory: set "
                              "model.hf_path to it (and no init_checkpoint)")
+        if self.engine == "vllm" and (self.kind == "emulated" or self.model.hf_path is None
+                                      or self.init_checkpoint is not None):
+            raise ValueError("engine: vllm loads a Hugging Face directory: set model.hf_path to it (no "
+                             "init_checkpoint; write one with laminar export-hf), and a kind other than emulated")
         if self.init_checkpoint is not None and self.model.hf_path is not None:
             raise ValueError("init_checkpoint and model.hf_path both give the judge's weights: keep one")
         return self

@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.kind == "emulated":  # no model: the emulation section's cost (benchmarks on emulated engines)
         from laminar_hpc.judge.emulated_judge import EmulatedJudge
         model = EmulatedJudge(cfg, ctx.cfg)
+    elif cfg.engine == "vllm":
+        from laminar_hpc.judge.vllm_judge import VllmJudge
+        model = VllmJudge.build(cfg)
     else:
         model = JudgeModel.build(cfg)
     # on a node of its own under Slurm (slurm.layout.judge_nodes) it binds that node's address

@@ -1,8 +1,8 @@
 """Where the test suite's wall time goes, from the timeline its workers record.
 
     LAMINAR_TEST_TIMELINE=/tmp/timeline.jsonl .venv/bin/python -m pytest -q -n 2 tests/unit tests/integration
-    python tools/test_timeline.py /tmp/timeline.jsonl [--top 30]
-    python tools/test_timeline.py /tmp/timeline.jsonl --durations tests/durations.json
+    python tests/timeline.py /tmp/timeline.jsonl [--top 30]
+    python tests/timeline.py /tmp/timeline.jsonl --durations tests/durations.json
 
 
 Prints the suite's span, each worker's time running tests, waiting for a lock (the machine, the
@@ -62,7 +62,7 @@ def summary(rows: list[dict], top: int) -> str:
 
 def durations(rows: list[dict]) -> dict[str, float]:
     """Seconds per scope of the scheduler (tests/sharing.scope_of), to 0.1 s, sorted by name."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from sharing import scope_of
     out: dict[str, float] = defaultdict(float)
     for r in rows:
