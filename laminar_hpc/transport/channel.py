@@ -144,6 +144,10 @@ class Server:
                  ipc: str | os.PathLike | None = None):
         self.sock = _socket(zmq.ROUTER, max_frame_bytes, SERVER_HWM, SERVER_HWM)
         self.sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+        # a connection under a name the ROUTER still holds takes the name over: a role restarted
+        # (here or on another node) while its old connection is not yet seen closed (a dead node's
+        # TCP says nothing) is heard at once; without it libzmq leaves the new pipe unnamed for good
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._zap_domain, self._zap_check = None, None
         self.keyed = keys is not None
         self.monitor: ConnectionMonitor | None = None

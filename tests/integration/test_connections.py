@@ -61,21 +61,37 @@ def test_a_frame_over_the_limit_is_counted_and_logged_not_a_restart(tmp_path, cl
     # a role that dies and is restarted is not a cut: its new process says hello first
     peer.close()
     until("the close", lambda: server.connections["closed"] == 2, server=server)
-    # A ROUTER takes a reused name only once it has let go of the old pipe; a connection that came
-    # before that stays unnamed for good (libzmq's router: an unnamed pipe is looked at again only
-    # when it becomes readable, and its first frame is never read). A restarted role connects
-    # seconds later; this one at once, so it connects anew (a new process) until it is heard.
-    fresh = {"client": None, "t": 0.0}
+    # its restart connects under the same name at once (the server takes the name over, whether or
+    # not it has let go of the old pipe yet: test_a_restarted_role_is_heard_...)
+    fresh = closing(Client(server.address, "rollout-0", LIMIT, keys=keys))
 
     def hello():
-        if fresh["client"] is None or time.monotonic() - fresh["t"] > 2.0:
-            if fresh["client"] is not None:
-                fresh["client"].close()
-            fresh["client"], fresh["t"] = closing(Client(server.address, "rollout-0", LIMIT, keys=keys)), time.monotonic()
-        fresh["client"].send(Hello(role="rollout", rank=0, pid=42))
+        fresh.send(Hello(role="rollout", rank=0, pid=42))
         return server.recv(timeout_s=0.1)
     assert until("the hello", hello)[0] == "rollout-0"
     assert server.connections["cut"] == 1
+
+
+def test_a_restarted_role_is_heard_while_its_old_connection_still_holds_the_name(tmp_path, closing):
+    # the old process's connection is not seen closed yet (a killed node's TCP sends nothing): its
+    # restart connects under the same name and is heard, and replies go to it, not to the old one
+    ensure_keys(tmp_path)
+    server = closing(Server("127.0.0.1", LIMIT, keys=server_keys(tmp_path, "controller")))
+    keys = client_keys(tmp_path, "rollout")
+    old = closing(Client(server.address, "rollout-0", LIMIT, keys=keys))
+    old.send(Heartbeat(t=1.0, pid=41))
+    assert until("the old process's heartbeat", lambda: server.recv(timeout_s=0.1)) == \
+        ("rollout-0", Heartbeat(t=1.0, pid=41))
+    new = closing(Client(server.address, "rollout-0", LIMIT, keys=keys))
+
+    def hello():
+        new.send(Hello(role="rollout", rank=0, pid=42))
+        return server.recv(timeout_s=0.2)
+    assert until("the restarted process's hello", hello, timeout_s=10.0) == \
+        ("rollout-0", Hello(role="rollout", rank=0, pid=42))
+    server.send("rollout-0", StopAll(reason="to the new process"))
+    assert new.recv(timeout_s=10.0) == StopAll(reason="to the new process")
+    assert old.recv(timeout_s=0.2) is None
 
 
 def test_an_idle_connection_is_closed_once_its_handshake_times_out(tmp_path, closing, monkeypatch):
