@@ -77,16 +77,34 @@ class JudgeModelError(ValueError):
     """A judge that cannot score anything (a label with no token); the message names the key."""
 
 
+def label_ids(cfg: JudgeCfg, tok) -> dict[str, int]:
+    """A label judge's labels' first tokens with its tokenizer ({} for another kind);
+    JudgeModelError naming the key when they cannot be told apart."""
+    if cfg.kind != "label":
+        return {}
+    try:
+        return label_tokens(cfg.labels, tok.encode)
+    except ValueError as err:
+        raise JudgeModelError(str(err)) from None
+
+
+def check_classifier(path, kinds: list[str], num_labels: int) -> None:
+    """JudgeModelError unless the checkpoint at `path` (its architectures and labels) is a reward
+    model: a sequence classifier with one label (its scalar is the score) or two."""
+    if not any(a.endswith("ForSequenceClassification") for a in kinds):
+        raise JudgeModelError(f"task.reward.judge.model.hf_path: {path} holds {kinds or 'no architecture'}, not a "
+                              "sequence classifier (...ForSequenceClassification); a causal LM judges with "
+                              "kind: label or generative")
+    if num_labels not in (1, 2):
+        raise JudgeModelError(f"task.reward.judge.model.hf_path: {path} has {num_labels} labels; a reward model "
+                              "has one (its scalar is the score) or two (the second's probability is)")
+
+
 class JudgeModel:
     def __init__(self, cfg: JudgeCfg, tok, model: torch.nn.Module):
         self.cfg, self.tok, self.model = cfg, tok, model.eval().requires_grad_(False)
         self.max_len = model.args.max_seq_len
-        self.label_ids: dict[str, int] = {}
-        if cfg.kind == "label":
-            try:
-                self.label_ids = label_tokens(cfg.labels, tok.encode)
-            except ValueError as err:
-                raise JudgeModelError(str(err)) from None
+        self.label_ids = label_ids(cfg, tok)
 
     @classmethod
     def build(cls, cfg: JudgeCfg) -> "JudgeModel":
@@ -173,14 +191,7 @@ class ClassifierJudge:
         from transformers import AutoConfig, AutoModelForSequenceClassification
         path = cfg.model.hf_path
         conf = AutoConfig.from_pretrained(path)
-        kinds = list(conf.architectures or [])
-        if not any(a.endswith("ForSequenceClassification") for a in kinds):
-            raise JudgeModelError(f"task.reward.judge.model.hf_path: {path} holds {kinds or 'no architecture'}, not a "
-                                  "sequence classifier (...ForSequenceClassification); a causal LM judges with "
-                                  "kind: label or generative")
-        if conf.num_labels not in (1, 2):
-            raise JudgeModelError(f"task.reward.judge.model.hf_path: {path} has {conf.num_labels} labels; a reward model "
-                                  "has one (its scalar is the score) or two (the second's probability is)")
+        check_classifier(path, list(conf.architectures or []), conf.num_labels)
         self.cfg, self.tok = cfg, tok
         dtype = getattr(torch, cfg.model.dtype)
         self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype).to(cfg.device).eval()

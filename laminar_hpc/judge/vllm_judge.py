@@ -25,8 +25,7 @@ import math
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from laminar_hpc.config.judge import label_tokens
-from laminar_hpc.judge.judge_model import JudgeModelError, Scored, judge_prompts
+from laminar_hpc.judge.judge_model import JudgeModelError, Scored, check_classifier, judge_prompts, label_ids
 from laminar_hpc.judge.verdicts import SHOWN, label_score, read_verdict
 
 if TYPE_CHECKING:
@@ -57,17 +56,11 @@ def llm_kwargs(cfg: JudgeCfg, model_dir: str) -> dict:
 
 
 def classifier_labels(hf) -> int:
-    """A classifier checkpoint's number of labels (its config.json), refused unless a reward
-    model's: one (the scalar) or two (the second's probability), as the torch judge refuses."""
+    """A classifier checkpoint's number of labels, from its config.json, refused (check_classifier)
+    unless it is a reward model's, before vLLM starts."""
     conf = json.loads((hf / "config.json").read_text())
-    kinds = list(conf.get("architectures") or [])
-    if not any(a.endswith("ForSequenceClassification") for a in kinds):
-        raise JudgeModelError(f"task.reward.judge.model.hf_path: {hf} holds {kinds or 'no architecture'}, not a "
-                              "sequence classifier (...ForSequenceClassification)")
     n = len(conf.get("id2label") or {}) or int(conf.get("num_labels", 2))
-    if n not in (1, 2):
-        raise JudgeModelError(f"task.reward.judge.model.hf_path: {hf} has {n} labels; a reward model has one "
-                              "(its scalar is the score) or two (the second's probability is)")
+    check_classifier(hf, list(conf.get("architectures") or []), n)
     return n
 
 
@@ -77,12 +70,7 @@ class VllmJudge:
         self.max_len = cfg.model.max_seq_len
         conf = llm.llm_engine.model_config
         self.vocab = int(conf.get_vocab_size()) or None  # token ids at or above it never reach vLLM
-        self.label_ids: dict[str, int] = {}
-        if cfg.kind == "label":
-            try:
-                self.label_ids = label_tokens(cfg.labels, tok.encode)
-            except ValueError as err:
-                raise JudgeModelError(str(err)) from None
+        self.label_ids = label_ids(cfg, tok)
 
     @classmethod
     def build(cls, cfg: JudgeCfg, api=None) -> "VllmJudge":
