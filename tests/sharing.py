@@ -116,7 +116,9 @@ def record_kinds(root: Path, items: list) -> None:
 
 
 def make_scheduler(config, log, root: Path):
-    """`--dist loadscope` with this suite's scopes and order (the module docstring)."""
+    """`--dist loadscope` with this suite's scopes and order (the module docstring). It overrides
+    two methods of pytest-xdist's LoadScopeScheduling (`_split_scope`, `_assign_work_unit`) and
+    reads its `workqueue` and `assigned_work`: pytest-xdist is pinned (constraints.txt) for that."""
     from xdist.scheduler import LoadScopeScheduling
 
     durations = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
