@@ -63,7 +63,8 @@ def finished_by(run_dir: Path, rank: int, since: float, until: float) -> int:
 @pytest.mark.exclusive  # the joiners' rate against the campaign's own: both need the CPU they would have alone
 def test_rollouts_of_another_size_attach_get_work_and_leave_losing_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    campaign = start(["run", CONFIG, "--run-dir", str(run_dir), "trainer.total_steps=55",
+    # 45 steps: the joiners come at ~3 and leave after 30 more (~35 on 2 cores); the rest is waiting
+    campaign = start(["run", CONFIG, "--run-dir", str(run_dir), "trainer.total_steps=45",
                       "rollout.refresh_in_flight=never"], tmp_path / "campaign.out")
     attach = None
     try:

@@ -64,7 +64,9 @@ def rate(run_dir: Path, t_from: float, n: int = WINDOW, before: bool = False) ->
 @pytest.mark.exclusive  # the rate with the joiners against the rate without: each needs the CPU it would have alone
 def test_an_attach_job_on_a_third_node_raises_the_rate_and_leaves_when_preempted(tmp_path):
     run_dir = tmp_path / "el"
-    job = submit(run_dir, CONFIG, "trainer.total_steps=130", "slurm.layout.trainer_nodes=0",
+    # 120 steps: the joiners came at ~24 and left at ~83 and the last rate needs ~96 (a fresh clone
+    # on 2 cores, 0.85 s a step alone); the rest is waiting, on the machine held exclusively
+    job = submit(run_dir, CONFIG, "trainer.total_steps=120", "slurm.layout.trainer_nodes=0",
                  "slurm.layout.rollout_nodes=2", "slurm.layout.trainer.cpus=1")
     urgent = attach = None
     try:
