@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
 
 import numpy as np
@@ -185,11 +185,20 @@ def _judged(run: RunTrace) -> bool:
 def trainer_score_wait_s(run: RunTrace, rows: list[dict], window: tuple[float, float]) -> float:
     """Seconds within `window` the trainer waited for data while a finished trajectory waited for its reward."""
     times, counts = _awaiting_scores(run)
-    pending = [(t, times[i + 1] if i + 1 < len(times) else t) for i, t in enumerate(times) if counts[i] > 0]
+    # the pieces with a reward outstanding (sorted, disjoint) and the seconds of them up to each
+    # piece's end: a wait's overlap is two lookups, not a pass over every piece per wait
+    pieces = [(t, times[i + 1]) for i, t in enumerate(times[:-1]) if counts[i] > 0]
+    starts = [a for a, _ in pieces]
+    before = np.concatenate([[0.0], np.cumsum([b - a for a, b in pieces])])
+
+    def covered(x: float) -> float:  # outstanding seconds in (-inf, x]
+        k = bisect_right(starts, x) - 1
+        return 0.0 if k < 0 else float(before[k]) + min(x, pieces[k][1]) - pieces[k][0]
     total = 0.0
     for x, y in _trainer_waits(run, rows):
         x, y = max(x, window[0]), min(y, window[1])
-        total += sum(max(0.0, min(y, d) - max(x, c)) for c, d in pending)
+        if y > x:
+            total += covered(y) - covered(x)
     return total
 
 
