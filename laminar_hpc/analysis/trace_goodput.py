@@ -225,9 +225,9 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
     s_t, s_v = _awaiting_scores(run) if "scoring" in lost else ([], [])
     waits = _trainer_waits(run, rows)
     synced = sorted(e["t"] for e in run.of("weights_synced"))
-    interrupted: dict[str, list[float]] = {}
+    interrupted: dict[str, list[tuple[float, bool]]] = {}
     for e in run.of("interrupted"):
-        interrupted.setdefault(e["role"], []).append(e["t"])
+        interrupted.setdefault(e["role"], []).append((e["t"], bool(e.get("still_paused"))))
     conc = {r: concurrency(tl.spans.get(r, [])) for r in tl.rollouts}
     if barrier:  # trajectories in flight anywhere (running on any replica, or queued)
         deltas: Counter = Counter()
@@ -255,9 +255,13 @@ def trace_lost(run: RunTrace, tl: Timeline, rows: list[dict], ideal: dict, mode:
                       if p["role"] == role and p["version"] is not None)
         loading = [(t - d, t) for t, _, d in mine]
         pauses = []
-        for t in interrupted.get(role, ()):  # paused until every replica holds the version (else its pull)
+        for t, still in interrupted.get(role, ()):  # paused until every replica holds the version (else its pull)
             i, j = bisect_left(synced, t), bisect_left([x for x, _, _ in mine], t)
-            pauses.append((t, synced[i] if i < len(synced) else (mine[j][0] if j < len(mine) else b)))
+            end = synced[i] if i < len(synced) else (mine[j][0] if j < len(mine) else b)
+            if still and pauses:  # not resumed since the last update: one pause
+                pauses[-1] = (pauses[-1][0], end)
+            else:
+                pauses.append((t, end))
         down = [(o.down, o.up if o.up is not None else b) for o in tl.outages if o.subject == role]
         steps = conc[role]
         tool_waits = tl.tool_waits.get(role, [])

@@ -118,6 +118,7 @@ class GlobalUpdate:
         self.pause_at_relay = self.path.via_relay and cfg.partial_rollout.pause_at == "relay"
         self.target_version = -1  # the version the controller told every replica to load
         self.resume_version = -1  # every replica holds this version: go on
+        self.joined_version = -1  # the newest global update this replica has paused for
         self.paused = False
         self.interrupted: list[SeqRequest] = []  # recompute: the sequences taken out of the engine
         self.pause_t0 = self.pause_wait0 = 0.0
@@ -147,9 +148,14 @@ class GlobalUpdate:
                 # keep: the sequences stay in the engine, frozen, their KV kept for after the load
                 self.interrupted = [] if self.keep_kv else engine.abort(engine.active_ids())
                 host.flush_streams()
-                host.ctx.tracer.emit("interrupted", trajectories=engine.num_active() + len(self.interrupted),
-                                     version=engine.version, kv="keep" if self.keep_kv else "recompute")
                 self.pause_t0, self.pause_wait0 = time.monotonic(), host.util.weight_wait_s
+            if self.target_version > self.joined_version:
+                # one event per global update joined; a replica told of the next version before it saw
+                # the resume of the last (a busy node reads both at once) stays paused: still_paused
+                host.ctx.tracer.emit("interrupted", trajectories=engine.num_active() + len(self.interrupted),
+                                     version=engine.version, kv="keep" if self.keep_kv else "recompute",
+                                     still_paused=self.paused)
+                self.joined_version = self.target_version
             previous = engine.version
             if not self.path.via_relay:
                 self.load_sent_version(self.target_version)

@@ -18,6 +18,7 @@ from helpers import REPO, FakeChannel, close_rollout, group, role_context, work_
 from laminar_hpc.config import ConfigError, config_from_dict, load_config
 from laminar_hpc.config.schema import Config, PartialRolloutCfg
 from laminar_hpc.emulation.cost import CostModel
+from laminar_hpc.metrics.trace import read_trace
 from laminar_hpc.rollout.main import Rollout
 from laminar_hpc.rundir import atomic_write_bytes
 from laminar_hpc.sim import ClusterSpec, SimParams, Simulation, simulate
@@ -26,7 +27,7 @@ from laminar_hpc.sim.scaling import AREAL_UPDATE_PATH, MODES, mode_config
 from laminar_hpc.trainer.main import Trainer
 from laminar_hpc.transport.channel import Server, publish_endpoint
 from laminar_hpc.transport.protocol import (
-    Assign, Groups, Published, TrainStep, UpdateWeights, WeightsLoaded, WeightsSynced,
+    Assign, Groups, Published, Resume, TrainStep, UpdateWeights, WeightsLoaded, WeightsSynced,
 )
 from laminar_hpc.transport.security import ensure_keys, server_keys
 from laminar_hpc.transport.weight_store import WeightStore, digest_to_int
@@ -344,6 +345,37 @@ def test_rollout_takes_a_newer_sent_version_and_refuses_a_wrong_size(rollout):
     with pytest.raises(RuntimeError, match=r"v00000005\.bin: .* bytes, the weight layout has"):
         paused(r, 0)
     assert math.isfinite(r.util.weight_wait_s)
+
+
+def test_a_replica_told_the_next_version_before_it_saw_the_last_resume_stays_paused_and_says_so(rollout):
+    """A busy node may read `resume` of one update and `update_weights` of the next in one pass:
+    the replica does not go on for an instant (re-prefill, then abort again); it stays paused, and
+    its trace still has one `interrupted` per global update (still_paused on the second)."""
+    r = rollout("emulation.lengths.median=200", "emulation.lengths.p99_over_median=1.01")
+    store = _relay_publish(r, 0)
+    r.wait_first_version({}, r.beat)
+    r.ctx.ctrl.inbox.append(Assign(work=[work_item(0)]))
+    r._drain_control()
+    r.admit(draining=False)
+    r.handle(r.engine.step())
+    running = r.engine.num_active()
+    assert running > 0
+    r.ctx.ctrl.inbox.append(UpdateWeights(version=1))
+    r._drain_control()
+    _relay_publish(r, 1, store)
+    assert paused(r, 1) and r.engine.version == 1 and len(r.updates.interrupted) == running
+    r.ctx.ctrl.inbox.extend([Resume(version=1), UpdateWeights(version=2)])  # read in one pass
+    r._drain_control()
+    _relay_publish(r, 2, store)
+    assert paused(r, 2) and r.engine.version == 2
+    assert r.engine.num_active() == 0 and len(r.updates.interrupted) == running  # never went on meanwhile
+    r.ctx.ctrl.inbox.append(Resume(version=2))
+    r._drain_control()
+    assert not paused(r, 2) and r.engine.num_active() == running
+    r.ctx.tracer.close()
+    said = [(e["version"], e["trajectories"], e["still_paused"]) for p in (r.ctx.run_dir / "trace").glob("rollout-*.h5")
+            for e in read_trace(p) if e["ev"] == "interrupted"]
+    assert said == [(0, running, False), (1, running, True)]
 
 
 def test_clear_weights_removes_every_version_and_half_written_file_only(tmp_path):
