@@ -7,6 +7,8 @@ resume's pre-flight read the ledger and meta through this module without paying 
       model.pt optim.pt rng.pt   state (trainer/checkpoint.py writes them)
       meta.json                  step, version, model shape
       ledger.json                the trainer's exactly-once ledger (absent in older checkpoints)
+      adapter/                   model.lora: the adapter in PEFT's format (adapter_config.json,
+                                 adapter_model.safetensors); model.pt then holds the adapter alone
       manifest.json              sha256 of every file above
       COMPLETE                   written last: a folder without it is ignored
     checkpoints/anchor/          the campaign's initial policy, the KL reference: written once
@@ -34,6 +36,7 @@ LEDGER_FILE = "ledger.json"  # optional: checkpoints written before the ledger e
 MANIFEST_FILE = "manifest.json"
 COMPLETE_FILE = "COMPLETE"
 DIST_DIR = "dist"  # trainer.backend megatron: its dist_checkpointing shards (listed in the manifest)
+ADAPTER_DIR = "adapter"  # model.lora: the adapter as PEFT saves it (listed in the manifest)
 EMPTY_LEDGER = {"consumed": [], "dropped": {}}
 ANCHOR_DIR = "anchor"  # checkpoints/anchor/: the initial policy (never listed as a checkpoint: not step_*)
 ANCHOR_FILES = (MODEL_FILE, META_FILE)

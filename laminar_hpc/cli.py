@@ -351,6 +351,8 @@ def _export_hf(args: argparse.Namespace) -> int:
         return 2
     note = "" if done.hf_tokenizer else " (no tokenizer files: the run uses the built-in char tokenizer)"
     print(f"wrote {done.out}: {done.label}, {done.parameters:,} parameters{note}")
+    if done.adapter is not None:
+        print(f"wrote {done.adapter}: the adapter in PEFT's format (PeftModel.from_pretrained, vLLM's LoRARequest)")
     return 0
 
 

@@ -76,6 +76,8 @@ class RolloutBackendSpec:
     builder = ""
     emulated = False
     settings: type[Section] | None = None  # its own section, `rollout.<name>` (None: none)
+    # why it cannot generate under low-rank adapter versions (`model.lora`), or None: it can
+    no_adapters: str | None = None
 
     def max_seq_len(self, cfg: "Config") -> int | None:
         """Prompt + response tokens one sequence may hold (None: no limit)."""
@@ -108,6 +110,8 @@ class VllmRollout(RolloutBackendSpec):
     meaning = "vLLM (GPU nodes)"
     settings = VllmCfg
     builder = "laminar_hpc.rollout.engines:vllm_engine"
+    no_adapters = ("the vllm engine does not load adapter versions yet (its LoRA requests are not built); use "
+                   "rollout.backend: torch, or remove model.lora")
 
     def max_seq_len(self, cfg: "Config") -> int | None:
         limit = cfg.rollout.vllm.max_model_len
@@ -119,6 +123,7 @@ class EmulatedRollout(RolloutBackendSpec):
     meaning = "timed by the emulation section"
     builder = "laminar_hpc.rollout.engines:emulated_engine"
     emulated = True
+    no_adapters = "the emulated engines have no adapter cost model yet; remove model.lora"
 
     def max_seq_len(self, cfg: "Config") -> int | None:
         return None  # an emulated response may be far longer than the small model's max_seq_len
@@ -141,6 +146,8 @@ class TrainerBackendSpec:
     settings: type[Section] | None = None  # its own section, `trainer.<name>` (None: none)
     # trainer settings this backend cannot train with when above 0 -> why (one line each)
     refuses: dict[str, str] = {}
+    # why it cannot train low-rank adapters (`model.lora`), or None: it can
+    no_adapters: str | None = None
 
     def ranks(self, cfg: "Config") -> int:
         """Processes of the trainer (one job-step task each)."""
@@ -158,6 +165,7 @@ class EmulatedTrainer(TrainerBackendSpec):
     meaning = "timed by the emulation section"
     builder = "laminar_hpc.trainer.backend_builders:emulated_trainer"
     has_model = False  # it checkpoints emulation.weight_mb bytes: the model section is not its shape
+    no_adapters = "the emulated trainer has no adapter cost model yet; remove model.lora"
 
 
 class MegatronTrainer(TrainerBackendSpec):
@@ -165,6 +173,10 @@ class MegatronTrainer(TrainerBackendSpec):
     meaning = "Megatron-core"
     settings = MegatronCfg
     builder = "laminar_hpc.trainer.backend_builders:megatron_trainer"
+    # megatron-core 0.16 has no LoRA layers of its own (its PEFT lives in Megatron-Bridge / NeMo, not
+    # dependencies here)
+    no_adapters = ("megatron-core ships no low-rank adapter layers (they live in Megatron-Bridge, not installed "
+                   "here): use trainer.backend: torch with model.lora, or remove model.lora")
     refuses = {
         # the reference would be a second sharded model on every rank (its own TP/PP layout, loaded
         # from the anchor's HF-named weights): not built yet

@@ -122,6 +122,8 @@ class JudgeCfg(Section):
                              "init_checkpoint; write one with laminar export-hf), and a kind other than emulated")
         if self.init_checkpoint is not None and self.model.hf_path is not None:
             raise ValueError("init_checkpoint and model.hf_path both give the judge's weights: keep one")
+        if self.model.lora is not None:
+            raise ValueError("model.lora: a judge's weights are frozen and it trains no adapter; remove it")
         return self
 
 

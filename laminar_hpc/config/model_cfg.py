@@ -4,9 +4,46 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, field_validator, model_validator
 
 from laminar_hpc.config.section import PosFloat, PosInt, Section
+
+# the linear layers of the Llama layout (model/llama.py), by their Hugging Face names: what an
+# adapter may target. lm_head is not offered: it is tied to the embeddings in most small models
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraCfg(Section):
+    """Low-rank adapters (LoRA: W + alpha/rank * B A, B starting at zero) on a frozen base: the
+    trainer trains A and B only (PEFT's layers, optimizer state for them alone), a version is
+    their tensors (megabytes where the weights are gigabytes), checkpoints hold them in PEFT's
+    format, and every role builds the same base from `model.*` and checks it by its bytes."""
+    rank: int = 16  # rows of A, columns of B: published results train reasoning RL well at 16-64
+    alpha: PosFloat = 32.0  # the adapter's output is scaled by alpha / rank (PEFT's lora_alpha)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)  # on the adapter's input, in training only
+    # the linear layers that get an adapter (their names in every decoder layer)
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS))
+
+    @field_validator("rank")
+    @classmethod
+    def _rank(cls, rank: int) -> int:
+        if rank < 1:
+            raise ValueError(f"an adapter needs rank >= 1 (rank {rank} trains nothing); remove model.lora to train "
+                             "every weight")
+        return rank
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, names: list[str]) -> list[str]:
+        if not names:
+            raise ValueError(f"name at least one linear layer: {', '.join(LORA_TARGETS)}")
+        unknown = [n for n in names if n not in LORA_TARGETS]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a linear layer of this model; choose from "
+                             f"{', '.join(LORA_TARGETS)}")
+        if len(set(names)) != len(names):
+            raise ValueError("a layer is named twice")
+        return names
 
 
 class ModelCfg(Section):
@@ -36,6 +73,8 @@ class ModelCfg(Section):
     norm_eps: PosFloat = 1e-5  # RMSNorm epsilon (fresh models only)
     tie_embeddings: bool = True  # share the input embedding and the output head (fresh models only)
     attention_bias: bool = False  # biases in the attention projections (fresh models only)
+    # train low-rank adapters on the frozen weights above instead of every weight (unset: full fine-tuning)
+    lora: LoraCfg | None = None
 
     @model_validator(mode="after")
     def _shapes(self) -> "ModelCfg":

@@ -353,6 +353,16 @@ class Config(Section):
             if getattr(self.trainer, key) > 0:
                 raise ValueError(f"trainer.{key}={getattr(self.trainer, key)} with trainer.backend="
                                  f"{self.trainer.backend!r}: {why}")
+        if self.model.lora is not None:
+            for key, spec in (("trainer.backend", TRAINER_BACKENDS[self.trainer.backend]),
+                              ("rollout.backend", ROLLOUT_BACKENDS[self.rollout.backend])):
+                if spec.no_adapters:
+                    raise ValueError(f"model.lora with {key}={spec.name!r}: {spec.no_adapters}")
+            if self.trainer.init_checkpoint is not None:
+                # every role builds the base from model.*: a checkpoint's weights would be the trainer's alone
+                raise ValueError("model.lora with trainer.init_checkpoint: the rollouts build the frozen base from "
+                                 "model.* and would not hold the checkpoint's weights; export it (laminar export-hf) "
+                                 "and set model.hf_path to it instead")
         return self
 
     @model_validator(mode="after")

@@ -89,7 +89,7 @@ class WeightLayout:
                 step = max(1, PACK_PIECE // d.itemsize)
                 pieces += [(d[i:i + step], s[i:i + step]) for i in range(0, d.size, step)]
             else:
-                _copy(view, src)
+                copy_tensor(view, src)
         if len(pieces) > 1:
             for _ in _pack_pool().map(lambda piece: np.copyto(*piece), pieces):
                 pass
@@ -103,7 +103,7 @@ class WeightLayout:
         params = dict(model.named_parameters())
         if not checksum:
             for name, view in self.views(buf).items():
-                _copy(params[name].data, view)
+                copy_tensor(params[name].data, view)
             return None
         hasher = Checksummer()
         done = 0
@@ -117,7 +117,7 @@ class WeightLayout:
                 for i in range(0, flat_src.numel(), step):
                     j = min(flat_src.numel(), i + step)
                     hasher.update(buf[s.offset + i * view.element_size():s.offset + j * view.element_size()])
-                    _copy(flat_dst[i:j], flat_src[i:j])
+                    copy_tensor(flat_dst[i:j], flat_src[i:j])
             else:
                 hasher.update(buf[s.offset:s.offset + s.nbytes])
                 dst.copy_(view)
@@ -170,7 +170,7 @@ def _numpy_copyable(dst: torch.Tensor, src: torch.Tensor) -> bool:
         and dst.is_contiguous() and src.is_contiguous()
 
 
-def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+def copy_tensor(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst <- src. Same-dtype CPU tensors go through numpy (glibc memcpy: streaming stores for
     large copies, where torch's copy loop is ~2x slower on big weight buffers)."""
     if _numpy_copyable(dst, src):

@@ -51,8 +51,11 @@ class NodeWeights:
         """Load the newest version into `engine` (in_flight: under its running sequences, KV kept)."""
         newest = self.store.latest()
         if newest is not None and newest.digest != digest_to_int(layout.digest):
+            base = getattr(layout, "base", None)  # an adapter layout (model.lora) fits one base only
             raise RuntimeError(f"{self.path}: version {newest.version} has a different weight layout "
-                               "(trainer and rollout model configs disagree)")
+                               + ("(trainer and rollout model configs disagree)" if base is None else
+                                  f"(an adapter of another base than this rollout's ({base}), or another "
+                                  "model.lora: trainer and rollout model configs disagree)"))
         # the copy is accepted only if the relay did not overwrite the slot meanwhile (else read()
         # copies the newer version, telling the engine which), so engine.version is set after it
         info = self.store.read(lambda view, version: engine.load_weights(version, view, layout, checksum=verify,

@@ -2,7 +2,10 @@
 
 It holds ONE weight version at a time and generates with continuous batching: new sequences
 join between decode steps, finished ones leave, and weights can only be swapped when no
-sequence is in flight, so every trajectory is produced by exactly one version.
+sequence is in flight (or, asked, under them: refresh in flight), so every trajectory is produced
+by exactly one version. With adapters (`model.lora`) it holds the frozen base and several adapter
+versions (model.adapters.AdapterBank): a new version goes into a free slot while sequences of an
+older one go on under theirs, each batch row under its own version.
 
 Each sampled token is drawn from its trajectory's own stream (model.sampling.stream_uniforms:
 the campaign's `seed`, the trajectory id, the token's index), so what a trajectory draws does not
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from laminar_hpc.model.adapters import AdapterBank
 from laminar_hpc.model.llama import KVCache, ModelArgs, Transformer
 from laminar_hpc.model.sampling import check_sampling, sample_tokens, stream_uniforms
 from laminar_hpc.model.weights import WeightLayout
@@ -35,20 +39,29 @@ __all__ = ["RolloutEngine", "SeqRequest", "StepOutput", "TorchEngine", "VersionI
 class _Active:
     req: SeqRequest
     length: int  # tokens written to the KV cache
+    slot: int = 0  # with adapters: the bank slot of the version it decodes under
 
 
 class TorchEngine:
     """Continuous-batching generation with a slot-based KV cache, on CPU or GPU."""
 
     def __init__(self, args: ModelArgs, eos_id: int, *, max_batch: int, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, device: str = "cpu"):
+                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, device: str = "cpu",
+                 model: Transformer | None = None, adapters: AdapterBank | None = None):
+        """`model`: the model to generate with (default: a fresh one of shape `args`, whose weights
+        each version replaces). `adapters`: `model`'s adapter bank (model.adapters), when a
+        version is an adapter on `model`'s frozen weights; each sequence decodes under the
+        version it was admitted (or last moved) under."""
         self.args, self.eos_id = args, eos_id
         # rollout.temperature / top_p / top_k: each token's log-prob is recorded under the
         # distribution it was drawn from (model.sampling), the one the trainer scores with
         check_sampling(temperature, top_k, top_p)
         self.max_batch, self.temperature, self.top_p, self.top_k = max_batch, temperature, top_p, top_k
         self.device = torch.device(device)
-        self.model = Transformer(args).to(self.device).eval().requires_grad_(False)
+        self.model = (model if model is not None else Transformer(args)).to(self.device).eval().requires_grad_(False)
+        self.adapters = adapters
+        self.slot_version = [-1] * (adapters.slots if adapters is not None else 1)  # slot -> version it holds
+        self.slot = 0  # the newest version's slot: new sequences decode under it
         self.cache = KVCache(args, max_batch, device=self.device)
         self.seed = seed  # the campaign's: every trajectory's stream is keyed by it
         self.active: list[_Active] = []  # index == cache slot
@@ -70,11 +83,25 @@ class TorchEngine:
     # -- weights --------------------------------------------------------------------------
     def load_weights(self, version: int, buf: memoryview, layout: WeightLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:
-        if self.active and not in_flight:
-            raise VersionInFlightError(
-                f"cannot load version {version}: {len(self.active)} trajectories of version "
-                f"{self.version} are still generating")
-        digest = layout.unpack(buf, self.model, checksum=checksum)
+        if self.adapters is None:
+            if self.active and not in_flight:
+                raise VersionInFlightError(
+                    f"cannot load version {version}: {len(self.active)} trajectories of version "
+                    f"{self.version} are still generating")
+            digest = layout.unpack(buf, self.model, checksum=checksum)
+        else:  # into a slot no running sequence decodes under (in flight: they all move to it)
+            used = set() if in_flight else {a.slot for a in self.active}
+            free = [s for s in range(len(self.slot_version)) if s not in used]
+            if not free:
+                raise VersionInFlightError(
+                    f"cannot load version {version}: the {len(self.slot_version)} adapter slots hold versions "
+                    f"{sorted(set(self.slot_version))} of trajectories still generating")
+            slot = min(free, key=lambda s: self.slot_version[s])  # the oldest version goes
+            digest = layout.unpack(buf, self.adapters.slot(slot), checksum=checksum)
+            self.slot_version[slot], self.slot = version, slot
+            if in_flight:
+                for a in self.active:
+                    a.slot = slot
         self.version = version
         return digest
 
@@ -103,11 +130,11 @@ class TorchEngine:
         # right padding: real tokens never attend to pads, and a pad's cache entry at position
         # >= len(p) is overwritten before any real token can attend to it
         positions = torch.arange(width).expand(len(requests), width)
-        logits = self._forward(tokens, positions, slot0=first, key_len=width)
+        logits = self._forward(tokens, positions, slot0=first, key_len=width, rows=[self.slot] * len(requests))
         last = torch.tensor([len(p) - 1 for p in prefixes])
         step_logits = logits[torch.arange(len(requests)), last]
         for r, p in zip(requests, prefixes):
-            self.active.append(_Active(r, len(p)))
+            self.active.append(_Active(r, len(p), self.slot))
         return self._sample_and_retire(step_logits, list(range(first, first + len(requests))))
 
     @torch.inference_mode()
@@ -117,7 +144,7 @@ class TorchEngine:
             return []
         toks = torch.tensor([[a.req.tokens[-1]] for a in self.active])
         pos = torch.tensor([[a.length] for a in self.active])
-        logits = self._forward(toks, pos, slot0=0, key_len=int(pos.max()) + 1)
+        logits = self._forward(toks, pos, slot0=0, key_len=int(pos.max()) + 1, rows=[a.slot for a in self.active])
         for a in self.active:
             a.length += 1
         return self._sample_and_retire(logits[:, -1], list(range(len(self.active))))
@@ -131,8 +158,10 @@ class TorchEngine:
         return out
 
     # -- internals ------------------------------------------------------------------------
-    def _forward(self, tokens, positions, *, slot0: int, key_len: int) -> torch.Tensor:
+    def _forward(self, tokens, positions, *, slot0: int, key_len: int, rows: list[int]) -> torch.Tensor:
         tokens, positions = tokens.to(self.device), positions.to(self.device)
+        if self.adapters is not None:  # each batch row's adapter version
+            self.adapters.rows = torch.tensor(rows, device=self.device)
         if slot0 == 0:
             return self.model(tokens, cache=self.cache, positions=positions, key_len=key_len)
         # prefill writes into slots slot0.. : give the model a cache view starting there

@@ -268,21 +268,25 @@ class AsyncCheckpointer:
         self._done: list[dict] = []
 
     def save(self, step: int, version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             meta: dict, ledger: dict | None = None) -> float:
-        """Start writing a checkpoint; returns the seconds the caller was blocked."""
+             meta: dict, ledger: dict | None = None,
+             extra: Callable[[Path, dict], dict[str, str]] | None = None) -> float:
+        """Start writing a checkpoint; returns the seconds the caller was blocked. `extra(tmp,
+        model_state)` writes more files from the snapshot's model state (an adapter in PEFT's
+        format) and returns {relative path: sha256} for the manifest."""
         t0 = time.monotonic()
         self._join(self.timeout_s)
         snap = _module_snapshot(step, version, model, optimizer, meta, ledger)
         self._step = step
-        self._thread = threading.Thread(target=self._run, args=(snap,), name=f"checkpoint-{step}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(snap, extra), name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
         return time.monotonic() - t0
 
-    def _run(self, snap: Snapshot) -> None:
+    def _run(self, snap: Snapshot, extra=None) -> None:
         # never raises: the training thread learns of a failure through poll()
         t0 = time.monotonic()
         try:
-            path = write_snapshot(self.root, snap, self.keep)
+            path = write_snapshot(self.root, snap, self.keep,
+                                  None if extra is None else (lambda tmp: extra(tmp, snap.model)))
             res = {"step": snap.step, "version": snap.version, "path": str(path), "write_s": time.monotonic() - t0}
         except BaseException as err:
             res = {"step": snap.step, "version": snap.version, "error": failure_line(self.root, snap.step, err)}

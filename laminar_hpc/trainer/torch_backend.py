@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from laminar_hpc.config.correction_specs import CORRECTION_SPECS, correction_settings
+from laminar_hpc.checkpoint_format import ADAPTER_DIR, CheckpointError
+from laminar_hpc.model.adapters import AdapterLayout, AdapterState, build_base, peft_policy, write_peft_adapter
 from laminar_hpc.model.factory import build_model
 from laminar_hpc.model.llama import Transformer, token_logprobs
 from laminar_hpc.model.sampling import processed_entropy, processed_logprobs, truncates
@@ -43,11 +45,40 @@ _log = logging.getLogger(__name__)
 
 class TorchBackend(ModuleBackend):
     def __init__(self, cfg: Config, tok: Tokenizer, ckpt_root: Path):
-        super().__init__(build_model(cfg.model, tok, cfg.trainer.device), cfg, ckpt_root)
+        lora = cfg.model.lora
+        if lora is None:
+            model = build_model(cfg.model, tok, cfg.trainer.device)
+            super().__init__(model, cfg, ckpt_root)
+            self.layout = WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)
+        else:  # adapters on a frozen base: a version is the adapters, a checkpoint too (plus PEFT's files)
+            base = build_base(cfg, tok, cfg.trainer.device)
+            layout = AdapterLayout.of(base, lora, cfg.trainer.publish_dtype)
+            policy = peft_policy(base, lora)
+            super().__init__(policy, cfg, ckpt_root, state=AdapterState(policy))
+            self.layout = layout
+            self.checkpoint_files = lambda tmp, state: {
+                f"{ADAPTER_DIR}/{name}": digest for name, digest in
+                write_peft_adapter(tmp / ADAPTER_DIR, state, lora, cfg.model.hf_path).items()}
         self.cfg, self.pad_id = cfg, tok.pad_id
-        self.layout = WeightLayout.from_model(self.model, cfg.trainer.publish_dtype)
         self.ref_model: Transformer | None = None
         self.anchor: dict | None = None  # the KL reference's meta (step, sha256), once loaded
+
+    def resume(self) -> dict | None:
+        meta = super().resume()
+        if meta is not None and self.cfg.model.lora is not None:
+            # the adapter loaded (its names and shapes matched); it also has to be the one of this base
+            had = (meta.get("adapter") or {}).get("base")
+            if had != self.layout.base:
+                raise CheckpointError(f"{meta['path']}: its adapter was trained on base {had}, this run builds base "
+                                      f"{self.layout.base} from model.* (another hf_path, shape or seed); resume with "
+                                      "the config it ran with, or start a new run directory")
+        return meta
+
+    def save(self, step: int, version: int, *, meta: dict, ledger: dict) -> float:
+        if self.cfg.model.lora is not None:
+            meta = {**meta, "adapter": {"base": self.layout.base, "rank": self.layout.rank,
+                                        "alpha": self.layout.alpha}}
+        return super().save(step, version, meta=meta, ledger=ledger)
 
     def warm_up(self, train: Callable[[torch.nn.Module], dict], log: logging.Logger) -> dict | None:
         return train(self.model)
@@ -57,7 +88,8 @@ class TorchBackend(ModuleBackend):
             # the KL reference is the campaign's initial policy, read from the run's anchor at every
             # start: a resumed or restarted trainer keeps the same reference, never its own weights
             ref = copy.deepcopy(self.model).requires_grad_(False)
-            self.anchor = load_anchor(self.ckpt.root, ref)
+            # (with adapters the anchor holds the initial adapter: loaded into the copy's)
+            self.anchor = load_anchor(self.ckpt.root, ref if self.cfg.model.lora is None else AdapterState(ref, self.state.names))
             self.ref_model = ref
         return train_on_batch(self._step, groups, step=step, version=version, cfg=self.cfg, pad_id=self.pad_id)
 
@@ -136,3 +168,4 @@ class TorchBackend(ModuleBackend):
             ent = ent_tok.detach()[mask > 0] if ent_tok is not None else processed_entropy(
                 logits.detach()[mask > 0], temperature=temperature, top_k=mb.top_k, top_p=mb.top_p)
         return out, float(ent.sum())
+

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from laminar_hpc.model.adapters import plain_state_dict
 from laminar_hpc.model.llama import KVCache, Transformer, token_logprobs
 from laminar_hpc.model.sampling import sample_tokens
 from laminar_hpc.tasks.prompts import encode_prompt
@@ -89,7 +90,7 @@ def greedy_reward(model: Transformer, task, tok, n: int, max_new_tokens: int, re
     episode's tool calls."""
     # a float32 CPU copy, as a rollout holds the published weights (whatever the trainer's device and dtype)
     policy = Transformer(model.args).requires_grad_(False)
-    policy.load_state_dict(model.state_dict())
+    policy.load_state_dict(plain_state_dict(model))  # (a policy of adapters: merged into its base)
     if env is not None and env.enabled:
         def decode(prompts: list[list[int]], rooms: list[int]) -> list[list[int]]:
             outs = greedy_decode(policy, prompts, tok.eos_id, max(rooms))
@@ -123,7 +124,7 @@ def run_warmup(model: Transformer, task, tok, cfg: WarmupCfg, seed: int, max_new
     `progress` each step number as it ends. Ends early (incomplete) when `should_stop()` turns true.
     `scorer_factory`: how its evaluations' reward pool scores (greedy_reward)."""
     w = cfg
-    opt = torch.optim.AdamW(model.parameters(), lr=w.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=w.lr, weight_decay=0.0)
     rng = random.Random(seed)
     t0 = time.monotonic()
     score, step = 0.0, 0

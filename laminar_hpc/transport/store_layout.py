@@ -14,5 +14,9 @@ if TYPE_CHECKING:
 
 
 def rollout_dtype(cfg: Config) -> str:
-    """The dtype of the layout rollouts load (`rollout.weight_dtype`, else the published one)."""
+    """The dtype of the layout rollouts load (`rollout.weight_dtype`, else the published one).
+    An adapter version (`model.lora`) travels as published: it is megabytes, a reshard would
+    save nothing worth a conversion."""
+    if cfg.model.lora is not None:
+        return cfg.trainer.publish_dtype
     return cfg.rollout.weight_dtype or cfg.trainer.publish_dtype

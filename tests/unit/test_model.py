@@ -541,7 +541,7 @@ def test_the_model_shape_is_one_type_built_only_from_the_config():
     """ModelArgs declares the shape and has no defaults; the config's `model:` section holds the
     same fields (by name) with the only defaults; model_args copies one into the other."""
     shape = {f.name for f in dataclasses.fields(ModelArgs)}
-    not_shape = {"tokenizer", "hf_path", "hf_tokenizer", "dtype"}  # where the shape comes from, and the dtype
+    not_shape = {"tokenizer", "hf_path", "hf_tokenizer", "dtype", "lora"}  # where the shape comes from, the dtype, adapters
     assert shape - {"vocab_size"} == set(ModelCfg.model_fields) - not_shape
     assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
                for f in dataclasses.fields(ModelArgs))
