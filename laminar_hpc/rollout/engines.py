@@ -30,8 +30,9 @@ def torch_engine(cfg: Config, seed: int, tok):
     from laminar_hpc.model.weights import WeightLayout
     from laminar_hpc.rollout.torch_engine import TorchEngine
     torch.set_num_threads(cfg.rollout.torch_threads)
+    # the campaign's seed: sampling streams are per trajectory, not per replica
     sampling = dict(max_batch=cfg.rollout.max_batch, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                    top_k=cfg.rollout.top_k, seed=cfg.seed, device=cfg.rollout.device)  # per trajectory, not per replica
+                    top_k=cfg.rollout.top_k, seed=cfg.seed, device=cfg.rollout.device)
     args = model_args(cfg.model, tok.vocab_size)
     if cfg.model.lora is not None:  # the frozen base built here, as the trainer built it; versions are adapters
         from laminar_hpc.model.adapters import ADAPTER_SLOTS, AdapterBank, AdapterLayout, build_base

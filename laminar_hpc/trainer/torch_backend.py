@@ -89,7 +89,8 @@ class TorchBackend(ModuleBackend):
             # start: a resumed or restarted trainer keeps the same reference, never its own weights
             ref = copy.deepcopy(self.model).requires_grad_(False)
             # (with adapters the anchor holds the initial adapter: loaded into the copy's)
-            self.anchor = load_anchor(self.ckpt.root, ref if self.cfg.model.lora is None else AdapterState(ref, self.state.names))
+            into = ref if self.cfg.model.lora is None else AdapterState(ref, self.state.names)
+            self.anchor = load_anchor(self.ckpt.root, into)
             self.ref_model = ref
         return train_on_batch(self._step, groups, step=step, version=version, cfg=self.cfg, pad_id=self.pad_id)
 
