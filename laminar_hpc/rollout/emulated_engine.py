@@ -88,6 +88,9 @@ class EmulatedEngine:
     def active_ids(self) -> list[str]:
         return [s.req.traj_id for s in self.active]
 
+    def spare_version_slots(self) -> int:
+        return 0  # one version at a time
+
     # -- weights --------------------------------------------------------------------------
     def load_weights(self, version: int, buf: memoryview, layout: PublishedLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:

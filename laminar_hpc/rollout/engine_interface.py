@@ -100,6 +100,10 @@ class RolloutEngine(Protocol):
 
     def active_ids(self) -> list[str]: ...
 
+    def spare_version_slots(self) -> int:
+        """Versions it could load beside those its running sequences decode under (an engine of
+        adapter versions on one base); 0 for an engine of one version at a time."""
+
     def abort(self, traj_ids: list[str]) -> list[SeqRequest]: ...
 
     def load_weights(self, version: int, buf: memoryview, layout: PublishedLayout, checksum: bool = False,

@@ -81,7 +81,7 @@ class Rollout:
         # admitted: each trajectory as it will be sent, less the tokens the engine holds meanwhile
         self.running: dict[str, Trajectory] = {}
         # what goes to the partial-response pool, and what results carry (each token once)
-        self.stream = StreamOut(send=ctx.ctrl.send, episodes=self.episodes, version=lambda: self.engine.version)
+        self.stream = StreamOut(send=ctx.ctrl.send, episodes=self.episodes, version=self.generating_version)
         self.trainer_quiet: tuple[float, float] | None = None  # (the trainer's quiet seconds, when told)
         self.first_token: set[str] = set()  # trajectories whose first new token was traced
         self.last_sample = 0.0  # when a decode step was last sampled for the trace (calibration)
@@ -205,6 +205,14 @@ class Rollout:
         if self.ctx.ctrl.waiting(min(left_s, 0.05)):
             return True
         return self.updates.watches_relay() and self.weights.newest() > self.newest_seen
+
+    def generating_version(self, traj_id: str) -> int:
+        """The version generating `traj_id`'s tokens now: its last span's (an engine of several
+        adapter versions runs each trajectory under its own, not only the newest)."""
+        traj = self.running.get(traj_id)
+        if traj is None:
+            return self.engine.version
+        return traj.version_spans[-1][1] if traj.version_spans else traj.version
 
     # -- what the weight updates see (rollout/updates.py: UpdateHost) -------------------------
     def held(self) -> int:

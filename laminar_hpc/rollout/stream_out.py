@@ -1,7 +1,8 @@
 """What a rollout streams to the controller's partial-response pool, and what its results then
 carry: a component of `Rollout` (rollout/main.py), given the `send` of its control channel, its
-episodes (their loss masks and tool counts travel with the chunks) and `version()`, the weight
-version its engine holds.
+episodes (their loss masks and tool counts travel with the chunks) and `version(traj_id)`, the
+weight version generating that trajectory's tokens (the engine's, or with several adapter versions
+in one engine, the trajectory's own).
 
 Each token crosses the wire once (protocol 7). New tokens wait in `buf` until `flush` sends them
 as one frame (protocol.stream_frame: columns), each chunk at `offset`, the tokens of its
@@ -10,7 +11,7 @@ tokens after what the streams delivered, without the prompt (`result`: protocol.
 controller that restarted may lack chunks sent before it went down: what the rollout held then
 finishes whole (`controller_restarted`).
 
-    out = StreamOut(send=ctrl.send, episodes=episodes, version=lambda: engine.version)
+    out = StreamOut(send=ctrl.send, episodes=episodes, version=lambda traj_id: engine.version)
     out.started("3.1", resumed=0); out.add("3.1", [5, 9], [-0.1, -0.2]); out.flush()
     out.finished("3.1"); ctrl.send(Finished(trajectory=out.result(traj)))
 (The controller's intake of these streams is controller/stream_intake.py.)
@@ -26,7 +27,7 @@ from laminar_hpc.transport.protocol import (Message, StreamItem, Trajectory, fin
 class StreamOut:
     """A rollout's side of the partial-response pool: tokens buffered, streamed, and its results' tails."""
 
-    def __init__(self, send: Callable[[Message], None], episodes, version: Callable[[], int]):
+    def __init__(self, send: Callable[[Message], None], episodes, version: Callable[[str], int]):
         self.send, self.episodes, self.version = send, episodes, version
         self.buf: dict[str, tuple[list[int], list[float]]] = {}  # tokens not streamed yet
         self.streamed: dict[str, int] = {}  # tokens of each trajectory the partial-response pool holds
@@ -69,11 +70,11 @@ class StreamOut:
     def flush(self) -> None:
         """Send every buffered token: one frame, each chunk at the offset the pool holds."""
         items = []
-        version, episodes = self.version(), self.episodes
+        episodes = self.episodes
         for t, (toks, lps) in self.buf.items():
             if toks:
                 offset = self.streamed.get(t, 0)
-                item = StreamItem(traj_id=t, tokens=toks, logprobs=lps, version=version, offset=offset)
+                item = StreamItem(traj_id=t, tokens=toks, logprobs=lps, version=self.version(t), offset=offset)
                 if episodes.enabled:
                     ep = episodes.fields(t, offset + len(toks))
                     item.mask = episodes.chunk_mask(t, offset, len(toks))

@@ -80,6 +80,12 @@ class TorchEngine:
     def active_ids(self) -> list[str]:
         return [a.req.traj_id for a in self.active]
 
+    def spare_version_slots(self) -> int:
+        """Adapter slots no running sequence decodes under (0 without adapters: one version)."""
+        if self.adapters is None:
+            return 0
+        return len(self.slot_version) - len({a.slot for a in self.active})
+
     # -- weights --------------------------------------------------------------------------
     def load_weights(self, version: int, buf: memoryview, layout: WeightLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:

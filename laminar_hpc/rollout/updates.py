@@ -3,7 +3,8 @@
 
 - `ReplicaRefresh` (laminar): the replica decides alone, from what it holds and its relay's
   newest version (`policy.refresh.refresh_action`). Pure laminar (`rollout.refresh_in_flight:
-  never`) drains, then pulls. Refresh in flight (`always`, or `underfull` below
+  never`) drains, then pulls (an engine of several adapter versions loads beside instead: no
+  drain). Refresh in flight (`always`, or `underfull` below
   `rollout.refresh_below` x max_batch) loads the newest version at once and keeps the sequences
   in flight: their KV re-prefilled under the new weights (`rollout.refresh_kv: recompute`: they
   leave the engine and come back) or kept (`keep`: the engine loads under them). Either way each
@@ -80,10 +81,13 @@ class ReplicaRefresh:
     def tick(self, newest: int) -> bool:
         """Weights before admitting work; returns whether new work must wait (draining)."""
         engine = self.host.engine
+        held = self.host.held()
         action = refresh.refresh_action(setting=self.setting, current=engine.version, newest=newest,
-                                        held=self.host.held(), running=engine.num_active(),
-                                        max_batch=engine.max_batch, below=self.below)
-        if action == refresh.PULL:
+                                        held=held, running=engine.num_active(),
+                                        max_batch=engine.max_batch, below=self.below,
+                                        spare_slots=engine.spare_version_slots(),
+                                        outside=held - engine.num_active())
+        if action in (refresh.PULL, refresh.BESIDE):  # (beside: into a slot none of its sequences uses)
             self.host.pull()
         elif action == refresh.SWITCH:
             self.switch()

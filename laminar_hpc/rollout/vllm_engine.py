@@ -187,6 +187,9 @@ class VllmEngine:
     def active_ids(self) -> list[str]:
         return [s.req.traj_id for s in self.active.values()]
 
+    def spare_version_slots(self) -> int:
+        return 0  # one version at a time
+
     # -- weights --------------------------------------------------------------------------
     def load_weights(self, version: int, buf: memoryview, layout: WeightLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:

@@ -68,3 +68,36 @@ def test_a_campaign_of_adapters_publishes_them_alone_resumes_and_exports(tmp_pat
         want, got, before = merged(x).logits, tuned(x).logits, plain(x).logits
     assert torch.allclose(got, want, atol=1e-4)
     assert not torch.allclose(before, want, atol=1e-4)  # eight steps moved the adapter off zero
+
+
+def versions_at_once(run_dir) -> tuple[int, int]:
+    """Over the rollouts: the most versions one replica generated at once, and how many versions
+    a replica loaded while trajectories of an older one were still generating there."""
+    most = beside = 0
+    for path in sorted((run_dir / "trace").glob("rollout-*.h5")):
+        live: dict[str, int] = {}
+        for e in read_trace(path):
+            if e["ev"] == "traj_started":
+                live[e["traj"]] = e["version"]
+            elif e["ev"] == "traj_finished":
+                live.pop(e["traj"], None)
+            elif e["ev"] == "weights_pulled" and live:
+                beside += 1
+            most = max(most, len(set(live.values())))
+    return most, beside
+
+
+def test_pure_laminar_with_adapters_loads_each_version_beside_the_running_ones_without_a_drain(tmp_path):
+    """Pure laminar (one version per trajectory) drains a replica before each version with full
+    weights; with adapters its engine holds two versions and takes the new one beside the old."""
+    pure = ("rollout.refresh_in_flight=never", "controller.hold_for_newest_s=0")
+    seen = {}
+    for name, extra in (("full", ()), ("adapters", LORA)):
+        run = tmp_path / name
+        res = laminar("run", TINY, "--run-dir", str(run), *pure, *extra, timeout=240)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert not events(run, "rollout-*.h5", "refreshed_in_flight")  # no trajectory changed version
+        seen[name] = versions_at_once(run)
+    assert seen["full"] == (1, 0)  # drained before every load
+    most, beside = seen["adapters"]
+    assert most == 2 and beside >= 3, seen

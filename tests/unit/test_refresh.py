@@ -10,13 +10,24 @@ from hypothesis import strategies as st
 from laminar_hpc.controller.validate import spans_refusal
 from laminar_hpc.policy.modes import MODES
 from laminar_hpc.policy.recovery import place_detached
-from laminar_hpc.policy.refresh import DRAIN, GO, PULL, SWITCH, refresh_action
+from laminar_hpc.policy.refresh import BESIDE, DRAIN, GO, PULL, SWITCH, refresh_action
 from laminar_hpc.transport.protocol import Trajectory, record_version, span_versions
 
 
-def act(setting="never", current=3, newest=4, held=5, running=5, max_batch=32, below=0.5):
+def act(setting="never", current=3, newest=4, held=5, running=5, max_batch=32, below=0.5, spare_slots=0, outside=0):
     return refresh_action(setting=setting, current=current, newest=newest, held=held, running=running,
-                          max_batch=max_batch, below=below)
+                          max_batch=max_batch, below=below, spare_slots=spare_slots, outside=outside)
+
+
+def test_an_engine_of_several_adapter_versions_loads_beside_instead_of_draining():
+    """Where pure laminar (and underfull above its bound) would drain, an engine with a spare
+    adapter slot loads the newest beside: no drain, each trajectory still of one version."""
+    assert act("never", spare_slots=1) == BESIDE
+    assert act("underfull", held=30, running=30, spare_slots=1) == BESIDE
+    assert act("never", spare_slots=0) == DRAIN  # every slot decodes a running version
+    assert act("never", held=5, running=3, spare_slots=1, outside=2) == DRAIN  # at tools: back to this version
+    assert act("always", spare_slots=1) == SWITCH  # refresh in flight moves them all anyway
+    assert act("never", held=0, running=0, spare_slots=1) == PULL and act("never", newest=3, spare_slots=1) == GO
 
 
 @pytest.mark.parametrize("setting", ["never", "underfull", "always"])
