@@ -93,10 +93,17 @@ def greedy_accuracy(cfg, problems: list, *, run_dir: Path | None = None, state_p
     model = build_model(cfg.model, tok).float().requires_grad_(False)
     step = 0
     if run_dir is not None:
-        meta = load_latest(RunDir(run_dir).checkpoints_dir, model, None)
+        policy, state = model, model
+        if cfg.model.lora is not None:  # the adapter on the base the run built (its warm-up), then merged
+            from laminar_hpc.model.adapters import AdapterState, build_base, peft_policy
+            policy = peft_policy(build_base(cfg, tok), cfg.model.lora)
+            state = AdapterState(policy)
+        meta = load_latest(RunDir(run_dir).checkpoints_dir, state, None)
         if meta is None:
             raise RuntimeError(f"{run_dir}: no complete checkpoint to evaluate")
         step = meta["step"]
+        if policy is not model:
+            model = policy.merge_and_unload().float().requires_grad_(False)
     else:
         model.load_state_dict(torch.load(state_path, map_location="cpu"))
     rows = [(p, x) for p, x in ((p, encode_prompt(tok, p)) for p in problems) if fits(x, cfg.model.max_seq_len)]
@@ -110,8 +117,9 @@ def greedy_accuracy(cfg, problems: list, *, run_dir: Path | None = None, state_p
 def warmup_files(config: str, overrides: list[str], seed: int, out: Path):
     """The seed's config and its warm-up's files, named by what the warm-up depends on."""
     cfg = load_config(config, overrides + [f"seed={seed}"])
-    key = json.dumps({k: cfg.model_dump(mode="json")[k] for k in ("seed", "model", "task", "warmup")}
-                     | {"max_new_tokens": cfg.rollout.max_new_tokens}, sort_keys=True)
+    depends = {k: cfg.model_dump(mode="json")[k] for k in ("seed", "model", "task", "warmup")}
+    depends["model"].pop("lora", None)  # the warm-up trains every weight: an adapter run's base is the same
+    key = json.dumps(depends | {"max_new_tokens": cfg.rollout.max_new_tokens}, sort_keys=True)
     name = f"warmup-seed{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     return cfg, out / f"{name}.pt", out / f"{name}.json"
 

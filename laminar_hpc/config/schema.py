@@ -358,11 +358,6 @@ class Config(Section):
                               ("rollout.backend", ROLLOUT_BACKENDS[self.rollout.backend])):
                 if spec.no_adapters:
                     raise ValueError(f"model.lora with {key}={spec.name!r}: {spec.no_adapters}")
-            if self.trainer.init_checkpoint is not None:
-                # every role builds the base from model.*: a checkpoint's weights would be the trainer's alone
-                raise ValueError("model.lora with trainer.init_checkpoint: the rollouts build the frozen base from "
-                                 "model.* and would not hold the checkpoint's weights; export it (laminar export-hf) "
-                                 "and set model.hf_path to it instead")
         return self
 
     @model_validator(mode="after")

@@ -84,7 +84,9 @@ class TrainerCommon(Section):
     publish_every: PosInt = 1  # train steps between published weight versions
     # dtype of published weights: bfloat16 halves the bytes every relay moves
     publish_dtype: Literal["float32", "bfloat16"] = "float32"
-    init_checkpoint: str | None = None  # start from this checkpoint's weights (a step_* directory); no warm-up then
+    # start from these weights (a model.pt state dict: a checkpoint's or a warm-up's); no warm-up then. With
+    # model.lora: the frozen base, loaded by every role
+    init_checkpoint: str | None = None
     torch_threads: PosInt = 1  # CPU threads of the torch trainer
 
     def lr_at(self, step: int) -> float:

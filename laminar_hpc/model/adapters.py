@@ -54,11 +54,24 @@ PEFT_PREFIX = "base_model.model."  # what PEFT puts before the base's module nam
 
 def build_base(cfg: Config, tok: Tokenizer, device: str = "cpu") -> Transformer:
     """The frozen base of an adapter run, the same in every role: `model.hf_path`'s weights, or a
-    fresh model drawn from the campaign's seed (as the trainer draws its initial weights)."""
+    fresh model drawn from the campaign's seed (as the trainer draws its initial weights); then
+    `trainer.init_checkpoint`'s weights where set (a full model's state dict, e.g. a warm-up's)."""
     from laminar_hpc.model.factory import build_model
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        return build_model(cfg.model, tok, device)
+        base = build_model(cfg.model, tok, device)
+    path = cfg.trainer.init_checkpoint
+    if path:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if any(".lora_" in k for k in state):
+            raise ValueError(f"trainer.init_checkpoint {path}: an adapter's state, not a full model's; a base is "
+                             "full weights (export an adapter run with laminar export-hf and set model.hf_path)")
+        try:
+            base.load_state_dict(state)
+        except RuntimeError as err:
+            raise ValueError(f"trainer.init_checkpoint {path}: not a model of this model.* shape "
+                             f"({' '.join(str(err).split())[:160]})") from None
+    return base
 
 
 def base_identity(model: nn.Module) -> str:

@@ -63,6 +63,11 @@ class TorchBackend(ModuleBackend):
         self.ref_model: Transformer | None = None
         self.anchor: dict | None = None  # the KL reference's meta (step, sha256), once loaded
 
+    def load_initial(self, path: str) -> None:
+        if self.cfg.model.lora is None:
+            super().load_initial(path)
+        # (with adapters, trainer.init_checkpoint is the frozen base: build_base loaded it, as every role does)
+
     def resume(self) -> dict | None:
         meta = super().resume()
         if meta is not None and self.cfg.model.lora is not None:

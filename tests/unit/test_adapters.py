@@ -54,7 +54,6 @@ def packed(layout, policy) -> memoryview:
     ("model.lora.target_modules=[]", "key 'model.lora.target_modules': name at least one linear layer"),
     ("trainer.backend=megatron", "model.lora with trainer.backend='megatron': megatron-core ships no low-rank"),
     ("rollout.backend=vllm", "model.lora with rollout.backend='vllm': the vllm engine does not load adapter"),
-    ("trainer.init_checkpoint=/tmp", "model.lora with trainer.init_checkpoint: the rollouts build the frozen base"),
 ])
 def test_bad_adapter_settings_are_one_line_naming_the_field(override, says):
     with pytest.raises(ConfigError) as err:
@@ -77,6 +76,18 @@ def test_every_role_builds_the_same_base_and_an_adapter_fits_only_its_own():
     lora = cfg.model.lora
     assert AdapterLayout.of(a, lora, "float32").digest == AdapterLayout.of(b, lora, "float32").digest
     assert AdapterLayout.of(other, lora, "float32").digest != AdapterLayout.of(a, lora, "float32").digest
+
+
+def test_an_initial_checkpoint_is_the_base_of_every_role_and_an_adapters_state_is_refused(tmp_path):
+    cfg = config()
+    tok = build_tokenizer(cfg.model)
+    warmed = build_base(config("seed=11"), tok)  # stands for a warm-up's weights
+    torch.save(warmed.state_dict(), tmp_path / "warm.pt")
+    base = build_base(config(f"trainer.init_checkpoint={tmp_path / 'warm.pt'}"), tok)
+    assert base_identity(base) == base_identity(warmed) != base_identity(build_base(cfg, tok))
+    torch.save(AdapterState(trained_policy(cfg, tok, 1)).state_dict(), tmp_path / "adapter.pt")
+    with pytest.raises(ValueError, match=r"adapter.pt: an adapter's state, not a full model's"):
+        build_base(config(f"trainer.init_checkpoint={tmp_path / 'adapter.pt'}"), tok)
 
 
 def test_a_version_is_the_adapter_alone_and_the_engine_decodes_as_the_peft_policy():
