@@ -123,7 +123,6 @@ class EmulatedRollout(RolloutBackendSpec):
     meaning = "timed by the emulation section"
     builder = "laminar_hpc.rollout.engines:emulated_engine"
     emulated = True
-    no_adapters = "the emulated engines have no adapter cost model yet; remove model.lora"
 
     def max_seq_len(self, cfg: "Config") -> int | None:
         return None  # an emulated response may be far longer than the small model's max_seq_len
@@ -165,7 +164,6 @@ class EmulatedTrainer(TrainerBackendSpec):
     meaning = "timed by the emulation section"
     builder = "laminar_hpc.trainer.backend_builders:emulated_trainer"
     has_model = False  # it checkpoints emulation.weight_mb bytes: the model section is not its shape
-    no_adapters = "the emulated trainer has no adapter cost model yet; remove model.lora"
 
 
 class MegatronTrainer(TrainerBackendSpec):

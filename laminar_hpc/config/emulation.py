@@ -183,6 +183,12 @@ class EmulationCfg(Section):
     weight_mb: SizeMb = 16.0  # real bytes published, broadcast and pulled per version
     nominal_weight_gb: Annotated[float, Field(ge=0.0)] = 15.2  # the model they stand for (7B bf16)
     pull_gbps: Annotated[float, Field(ge=0.0)] = 25.0  # relay shared memory -> GPU; 0: no load time
+    # with model.lora, the nominal size of an adapter version: 7B (Llama-2-7B's shape), rank 16 on its 7
+    # linear layers, bf16 = 40.0 M parameters, 0.08 GB; its real bytes are weight_mb in that proportion
+    adapter_weight_gb: Annotated[float, Field(gt=0.0)] = 0.08
+    # with model.lora, added to every decode step (one adapter version in the batch or several): Punica's
+    # batched kernel for different adapters reports ~2 ms per token (Chen et al. 2023, arXiv 2310.18547)
+    adapter_decode_ms: Annotated[float, Field(ge=0.0)] = 2.0
     prefill_base_ms: Annotated[float, Field(ge=0.0)] = 5.0  # emulated prefill: fixed cost per call (ms)
     prefill_per_token_us: Annotated[float, Field(ge=0.0)] = 20.0  # emulated prefill: cost per prompt token (us)
     decode_base_ms: Annotated[float, Field(ge=0.0)] = 10.0  # emulated decode step: fixed cost (ms)

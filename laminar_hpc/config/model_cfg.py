@@ -23,6 +23,9 @@ class LoraCfg(Section):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)  # on the adapter's input, in training only
     # the linear layers that get an adapter (their names in every decoder layer)
     target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS))
+    # adapter versions a rollout engine holds at once (each sequence decodes under its own); unset:
+    # controller.max_ahead_steps + 1, the versions admission lets be in flight together
+    versions_per_replica: int | None = Field(None, ge=2)
 
     @field_validator("rank")
     @classmethod
@@ -87,3 +90,11 @@ class ModelCfg(Section):
         if self.tokenizer == "hf" and not (self.hf_path or self.hf_tokenizer):
             raise ValueError("tokenizer: hf needs model.hf_path (or model.hf_tokenizer) to read the tokenizer from")
         return self
+
+
+def adapter_slots(cfg: "Config") -> int:  # noqa: F821 - the schema's Config, not imported: it imports this module
+    """Adapter versions a rollout engine of `cfg` holds at once (0: no adapters, one full version)."""
+    lora = cfg.model.lora
+    if lora is None:
+        return 0
+    return lora.versions_per_replica or max(2, cfg.controller.max_ahead_steps + 1)

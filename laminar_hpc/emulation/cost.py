@@ -9,6 +9,9 @@ The model (all coefficients are `emulation.*` config keys):
     train(tokens)            = train_per_token_us * tokens
     weight_load              = nominal_weight_gb / pull_gbps      (on top of copying the real bytes)
 
+With adapters (`model.lora`, `CostModel(emu, adapters=True)`) a version is `adapter_weight_gb`
+and every decode step costs `adapter_decode_ms` more, whichever adapter versions its batch mixes.
+
 Decode is memory-bound: a step costs about the same for 1 or 32 sequences (the base term),
 which is why a replica left with a few long-tail trajectories wastes most of its capacity.
 Response lengths are log-normal with a given median and p99/median ratio, capped, and a
@@ -33,8 +36,10 @@ Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
 
 class CostModel:
-    def __init__(self, emu):
-        self.e = emu
+    def __init__(self, emu, adapters: bool = False):
+        self.e, self.adapters = emu, adapters
+        # the fixed cost of a decode step (ms): the base model's, plus the adapters' batched product
+        self.decode_base_ms = emu.decode_base_ms + (emu.adapter_decode_ms if adapters else 0.0)
 
     def prefill_s(self, tokens: int) -> float:
         return (self.e.prefill_base_ms * 1e-3 + self.e.prefill_per_token_us * 1e-6 * tokens) if tokens else 0.0
@@ -42,7 +47,7 @@ class CostModel:
     def decode_steps_s(self, batch: int, kv: int, steps: int) -> float:
         """`steps` decode steps of `batch` sequences starting at `kv` KV tokens (each step adds `batch`)."""
         e = self.e
-        per_step = e.decode_base_ms * 1e-3 + e.decode_per_seq_us * 1e-6 * batch
+        per_step = self.decode_base_ms * 1e-3 + e.decode_per_seq_us * 1e-6 * batch
         kv_sum = steps * kv + batch * steps * (steps - 1) / 2  # KV tokens summed over the steps
         return steps * per_step + e.decode_per_kv_token_ns * 1e-9 * kv_sum
 
@@ -52,7 +57,7 @@ class CostModel:
         ends. The inverse of `decode_steps_s` (a quadratic in the steps: the KV grows each step)."""
         e = self.e
         a = e.decode_per_kv_token_ns * 1e-9 * batch / 2
-        b = e.decode_base_ms * 1e-3 + e.decode_per_seq_us * 1e-6 * batch + e.decode_per_kv_token_ns * 1e-9 * kv - a
+        b = self.decode_base_ms * 1e-3 + e.decode_per_seq_us * 1e-6 * batch + e.decode_per_kv_token_ns * 1e-9 * kv - a
         k = seconds / b if a == 0 else (-b + math.sqrt(b * b + 4 * a * max(0.0, seconds))) / (2 * a)
         k = max(1, min(most, math.ceil(k - 1e-9)))
         while k < most and self.decode_steps_s(batch, kv, k) < seconds:  # rounding
@@ -72,7 +77,8 @@ class CostModel:
         return self.e.train_per_token_us * 1e-6 * tokens
 
     def weight_load_s(self) -> float:
-        return self.e.nominal_weight_gb / self.e.pull_gbps if self.e.pull_gbps else 0.0
+        gb = self.e.adapter_weight_gb if self.adapters else self.e.nominal_weight_gb
+        return gb / self.e.pull_gbps if self.e.pull_gbps else 0.0
 
 
 class Clock:

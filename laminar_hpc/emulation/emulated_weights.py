@@ -12,12 +12,26 @@ is anything with a uint8 numpy `array` of that size.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from laminar_hpc.transport.weight_store import Checksummer
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
+
 CHUNK_BYTES = 8 << 20
+
+
+def emulated_version_bytes(cfg: Config) -> int:
+    """The real bytes of one emulated version: `emulation.weight_mb`, or with adapters
+    (`model.lora`) that in the proportion of an adapter to the model (`adapter_weight_gb` over
+    `nominal_weight_gb`), at least 64: the trainer publishes and the rollouts pull this."""
+    e, full = cfg.emulation, int(cfg.emulation.weight_mb * 2**20)
+    if cfg.model.lora is None:
+        return full
+    return max(64, int(full * e.adapter_weight_gb / e.nominal_weight_gb)) if e.nominal_weight_gb else 64
 
 
 class EmulatedWeights:

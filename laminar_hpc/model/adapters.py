@@ -45,9 +45,6 @@ if TYPE_CHECKING:
     from laminar_hpc.model.llama import Transformer
     from laminar_hpc.model.tokenizer import Tokenizer
 
-# adapter versions a torch rollout engine holds at once: the newest and the one its running
-# sequences still decode under (more, from the staleness bound, once a replica keeps several)
-ADAPTER_SLOTS = 2
 ADAPTER = "default"  # the name PEFT gives the one adapter it trains (in its parameters' names)
 PEFT_PREFIX = "base_model.model."  # what PEFT puts before the base's module names
 

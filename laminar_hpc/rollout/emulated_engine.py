@@ -46,11 +46,14 @@ class _Seq:
     req: SeqRequest
     target: int  # length it will reach in this run: its response's end (EOS) or a tool turn's end (TOOL)
     tool: bool = False  # the target ends a turn that calls a tool
+    slot: int = 0  # with adapters: the slot of the version it decodes under
 
 
 class EmulatedEngine:
     def __init__(self, emu, *, seed: int, eos_id: int, vocab_size: int, max_batch: int, nbytes: int,
-                 length_seed: int | None = None, workload: Workload | None = None):
+                 length_seed: int | None = None, workload: Workload | None = None, adapter_slots: int = 0):
+        """`adapter_slots`: with adapters (`model.lora`), the adapter versions it holds at once, each
+        sequence under its own (the torch engine's bank, rollout/torch_engine.py); 0: one version."""
         self.emu, self.seed, self.eos_id, self.vocab_size = emu, seed, eos_id, vocab_size
         # lengths are drawn from the RUN's seed, so a migrated trajectory keeps its length on any replica
         self.length_seed = seed if length_seed is None else length_seed
@@ -59,7 +62,10 @@ class EmulatedEngine:
         if self.workload.episodes and eos_id == TOOL_ID:
             raise ValueError(f"eos_id {eos_id} is the emulated TOOL id: emulated episodes need another tokenizer")
         self.max_batch = max_batch
-        self.cost = CostModel(emu)
+        self.cost = CostModel(emu, adapters=adapter_slots > 0)
+        self.slot_version = [-1] * max(1, adapter_slots)  # slot -> the version it holds
+        self.adapters = adapter_slots > 0
+        self.slot = 0  # the newest version's: new sequences decode under it
         self.clock = Clock(emu.time_scale)
         self.rng = np.random.default_rng(seed)
         self.active: list[_Seq] = []
@@ -89,16 +95,30 @@ class EmulatedEngine:
         return [s.req.traj_id for s in self.active]
 
     def spare_version_slots(self) -> int:
-        return 0  # one version at a time
+        if not self.adapters:
+            return 0  # one version at a time
+        return len(self.slot_version) - len({s.slot for s in self.active})
 
     # -- weights --------------------------------------------------------------------------
     def load_weights(self, version: int, buf: memoryview, layout: PublishedLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:
-        if self.active and not in_flight:
+        slot = 0
+        if self.adapters:  # into a slot no running sequence decodes under (in flight: they all move to it)
+            used = set() if in_flight else {s.slot for s in self.active}
+            free = [i for i in range(len(self.slot_version)) if i not in used]
+            if not free:
+                raise VersionInFlightError(f"cannot load version {version}: the {len(self.slot_version)} adapter "
+                                           f"slots hold versions of trajectories still generating")
+            slot = min(free, key=lambda i: self.slot_version[i])
+        elif self.active and not in_flight:
             raise VersionInFlightError(f"cannot load version {version}: {len(self.active)} trajectories of "
                                        f"version {self.version} are still generating")
         digest = layout.unpack(buf, self, checksum=checksum)  # the real bytes
-        self.clock.spend(self.cost.weight_load_s())  # and the time the nominal model would take
+        self.clock.spend(self.cost.weight_load_s())  # and the time the nominal model (or adapter) would take
+        self.slot_version[slot], self.slot = version, slot
+        if in_flight:
+            for s in self.active:
+                s.slot = slot
         self.version = version
         return digest
 
@@ -150,10 +170,11 @@ class EmulatedEngine:
     def _seq(self, r: SeqRequest) -> _Seq:
         wl, n = self.workload, len(r.tokens)
         if not wl.episodes:
-            return _Seq(r, max(wl.length(seed=self.length_seed, traj_id=r.traj_id, cap=r.max_new_tokens), n + 1))
+            return _Seq(r, max(wl.length(seed=self.length_seed, traj_id=r.traj_id, cap=r.max_new_tokens), n + 1),
+                        slot=self.slot)
         plan = wl.plan(seed=self.length_seed, traj_id=r.traj_id, cap=r.max_new_tokens)
         turn, end = plan.next_end(n)
-        return _Seq(r, end, plan.is_call(turn))
+        return _Seq(r, end, plan.is_call(turn), slot=self.slot)
 
     def _emit(self, seqs: list[_Seq], steps: int) -> list[StepOutput]:
         # ids past the specials (pad, bos, eos, unk): a response ends only where its drawn length says

@@ -35,10 +35,11 @@ def torch_engine(cfg: Config, seed: int, tok):
                     top_k=cfg.rollout.top_k, seed=cfg.seed, device=cfg.rollout.device)
     args = model_args(cfg.model, tok.vocab_size)
     if cfg.model.lora is not None:  # the frozen base built here, as the trainer built it; versions are adapters
-        from laminar_hpc.model.adapters import ADAPTER_SLOTS, AdapterBank, AdapterLayout, build_base
+        from laminar_hpc.config.model_cfg import adapter_slots
+        from laminar_hpc.model.adapters import AdapterBank, AdapterLayout, build_base
         base = build_base(cfg, tok)
         layout = AdapterLayout.of(base, cfg.model.lora, rollout_dtype(cfg))  # (its identity: before the bank)
-        bank = AdapterBank.attach(base, cfg.model.lora, slots=ADAPTER_SLOTS)
+        bank = AdapterBank.attach(base, cfg.model.lora, slots=adapter_slots(cfg))
         return TorchEngine(args, tok.eos_id, model=base, adapters=bank, **sampling), layout
     engine = TorchEngine(args, tok.eos_id, **sampling)
     return engine, WeightLayout.from_model(engine.model, rollout_dtype(cfg))
@@ -54,11 +55,12 @@ def vllm_engine(cfg: Config, seed: int, tok):
 
 def emulated_engine(cfg: Config, seed: int, tok):
     """The real loop with the cost model's compute; its weights are a byte count."""
-    from laminar_hpc.emulation.emulated_weights import EmulatedWeights
+    from laminar_hpc.config.model_cfg import adapter_slots
+    from laminar_hpc.emulation.emulated_weights import EmulatedWeights, emulated_version_bytes
     from laminar_hpc.emulation.workload import build_workload
     from laminar_hpc.rollout.emulated_engine import EmulatedEngine, read_trace_events
-    layout = EmulatedWeights(int(cfg.emulation.weight_mb * 2**20))
+    layout = EmulatedWeights(emulated_version_bytes(cfg))
     workload = build_workload(cfg.emulation.lengths, read_events=read_trace_events)  # once: the engine and its episodes
     return EmulatedEngine(cfg.emulation, seed=seed, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
                           max_batch=cfg.rollout.max_batch, nbytes=layout.nbytes, length_seed=cfg.seed,
-                          workload=workload), layout
+                          workload=workload, adapter_slots=adapter_slots(cfg)), layout

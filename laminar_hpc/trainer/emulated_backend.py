@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from laminar_hpc.emulation.cost import Clock, CostModel
-from laminar_hpc.emulation.emulated_weights import EmulatedWeights
+from laminar_hpc.emulation.emulated_weights import EmulatedWeights, emulated_version_bytes
 from laminar_hpc.trainer.batch import model_tokens
 from laminar_hpc.trainer.module_backend import ModuleBackend
 
@@ -65,7 +65,7 @@ def emulated_train_step(policy: EmulatedPolicy, groups: list[Group], *, version:
 
 class EmulatedBackend(ModuleBackend):
     def __init__(self, cfg: Config, ckpt_root: Path):
-        super().__init__(EmulatedPolicy(int(cfg.emulation.weight_mb * 2**20)), cfg, ckpt_root)
+        super().__init__(EmulatedPolicy(emulated_version_bytes(cfg)), cfg, ckpt_root)  # (adapters: their bytes)
         self.layout = EmulatedWeights(self.model.weights.numel())
         self.cost, self.clock = CostModel(cfg.emulation), Clock(cfg.emulation.time_scale)
 

@@ -240,3 +240,39 @@ def test_a_rollout_with_another_base_refuses_the_version_naming_it(tmp_path):
     del buf
     store.close()
     weights.store.close()
+
+
+def test_the_emulated_engine_holds_adapter_versions_and_pays_their_stated_costs():
+    """An emulated run with adapters moves the adapter's share of the bytes, loads a version in the
+    adapter's time, holds `versions_per_replica` versions, each sequence under its own, and every
+    decode step costs `adapter_decode_ms` more (Punica's figure, config/emulation.py)."""
+    from laminar_hpc.config.model_cfg import adapter_slots
+    from laminar_hpc.emulation.cost import CostModel
+    from laminar_hpc.emulation.emulated_weights import EmulatedWeights, emulated_version_bytes
+    from laminar_hpc.rollout.emulated_engine import EmulatedEngine
+    plain = load_config(REPO / "configs" / "tiny-emulated.yaml", ["emulation.time_scale=0"])
+    cfg = load_config(REPO / "configs" / "tiny-emulated.yaml", ["emulation.time_scale=0", *LORA,
+                                                                 "model.lora.versions_per_replica=3"])
+    e = cfg.emulation
+    assert emulated_version_bytes(cfg) == int(e.weight_mb * 2**20 * e.adapter_weight_gb / e.nominal_weight_gb)
+    assert emulated_version_bytes(plain) == int(e.weight_mb * 2**20) and adapter_slots(plain) == 0
+    assert adapter_slots(cfg) == 3 and adapter_slots(load_config(TINY, list(LORA))) == max(
+        2, load_config(TINY).controller.max_ahead_steps + 1)
+    full, lora = CostModel(e), CostModel(e, adapters=True)
+    assert lora.weight_load_s() == pytest.approx(e.adapter_weight_gb / e.pull_gbps)
+    assert lora.decode_steps_s(8, 1000, 10) - full.decode_steps_s(8, 1000, 10) == pytest.approx(10 * e.adapter_decode_ms / 1e3)
+    for steps in (1, 7, 40):  # the interrupted macro step's inverse agrees with the adapters' step cost
+        assert lora.steps_within(8, 1000, lora.decode_steps_s(8, 1000, steps), 128) == steps
+
+    layout = EmulatedWeights(emulated_version_bytes(cfg))
+    engine = EmulatedEngine(e, seed=0, eos_id=2, vocab_size=50, max_batch=4, nbytes=layout.nbytes,
+                            adapter_slots=adapter_slots(cfg))
+    buf = memoryview(bytearray(layout.nbytes))
+    for v in (0, 1, 2):  # each beside the sequences of the ones before
+        assert engine.spare_version_slots() == 3 - v
+        engine.load_weights(v, buf, layout)
+        engine.add([SeqRequest(f"t{v}", [5, 6, 7], max_new_tokens=10**6)])
+    assert sorted(engine.slot_version) == [0, 1, 2] and engine.spare_version_slots() == 0
+    assert len({s.slot for s in engine.active}) == 3
+    with pytest.raises(VersionInFlightError, match="the 3 adapter slots hold versions"):
+        engine.load_weights(3, buf, layout)
