@@ -96,10 +96,29 @@ class StandinEngine:
         self.model_config = SimpleNamespace(max_model_len=max_model_len)
         self.reqs: dict[str, _Req] = {}
         self.params: dict[str, SamplingParams] = {}  # request id -> the SamplingParams it was added with
+        self.loras: dict[int, str] = {}  # LoRA id -> the adapter directory it was loaded from
 
-    def add_request(self, request_id: str, prompt: dict, params: SamplingParams) -> None:
+    def add_lora(self, lora_request) -> bool:
+        """As vLLM: id > 0; the directory must hold PEFT's two files."""
+        from pathlib import Path
+        assert lora_request.lora_int_id > 0, "lora_id must be greater than 0."
+        path = Path(lora_request.lora_path)
+        ok = (path / "adapter_config.json").is_file() and (path / "adapter_model.safetensors").is_file()
+        self.calls.append(("add_lora", lora_request.lora_int_id, lora_request.lora_name, ok))
+        if ok:
+            self.loras[lora_request.lora_int_id] = str(path)
+        return ok
+
+    def remove_lora(self, lora_id: int) -> bool:
+        self.calls.append(("remove_lora", lora_id))
+        return self.loras.pop(lora_id, None) is not None
+
+    def add_request(self, request_id: str, prompt: dict, params: SamplingParams, lora_request=None) -> None:
         ids = list(prompt["prompt_token_ids"])
-        self.calls.append(("add_request", request_id, ids, params.max_tokens))
+        if lora_request is not None and lora_request.lora_int_id not in self.loras:
+            raise ValueError(f"LoRA {lora_request.lora_int_id} is not loaded")  # (vLLM would load it from its path)
+        self.calls.append(("add_request", request_id, ids, params.max_tokens)
+                          + ((lora_request.lora_int_id,) if lora_request is not None else ()))
         if request_id in self.reqs:
             raise ValueError(f"request id {request_id} is already running")
         self.reqs[request_id] = _Req(request_id, request_id.split("#")[0], ids, len(ids), params)
@@ -263,4 +282,13 @@ class RecordingStager:
 def standin_api() -> SimpleNamespace:
     """What `vllm_engine.load_vllm_api()` returns, made of stand-ins."""
     return SimpleNamespace(LLM=StandinLLM, SamplingParams=SamplingParams, TokensPrompt=TokensPrompt,
-                           RequestOutputKind=RequestOutputKind, WeightTransferConfig=WeightTransferConfig)
+                           RequestOutputKind=RequestOutputKind, WeightTransferConfig=WeightTransferConfig,
+                           LoRARequest=LoRARequest)
+
+
+@dataclass(frozen=True)
+class LoRARequest:
+    """vllm.lora.request.LoRARequest's three fields the engine sets."""
+    lora_name: str
+    lora_int_id: int
+    lora_path: str

@@ -110,8 +110,6 @@ class VllmRollout(RolloutBackendSpec):
     meaning = "vLLM (GPU nodes)"
     settings = VllmCfg
     builder = "laminar_hpc.rollout.engines:vllm_engine"
-    no_adapters = ("the vllm engine does not load adapter versions yet (its LoRA requests are not built); use "
-                   "rollout.backend: torch, or remove model.lora")
 
     def max_seq_len(self, cfg: "Config") -> int | None:
         limit = cfg.rollout.vllm.max_model_len

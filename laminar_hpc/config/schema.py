@@ -358,6 +358,10 @@ class Config(Section):
                               ("rollout.backend", ROLLOUT_BACKENDS[self.rollout.backend])):
                 if spec.no_adapters:
                     raise ValueError(f"model.lora with {key}={spec.name!r}: {spec.no_adapters}")
+            if self.rollout.backend == "vllm" and self.trainer.init_checkpoint is not None:
+                raise ValueError("model.lora with rollout.backend='vllm' and trainer.init_checkpoint: vLLM loads the "
+                                 "frozen base from model.hf_path alone; export the checkpoint (laminar export-hf) and "
+                                 "set model.hf_path to it")
         return self
 
     @model_validator(mode="after")

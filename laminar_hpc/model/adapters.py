@@ -82,6 +82,33 @@ def base_identity(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def hf_base_identity(cfg: Config, args) -> str:
+    """`base_identity` of the base `build_base` would build from `model.hf_path` (a directory of
+    safetensors), read tensor by tensor without building it: a vLLM rollout loads the base itself
+    and checks adapter versions against this. Each tensor is cast as `build_base` casts it
+    (float32, then `model.dtype`)."""
+    from safetensors import safe_open
+
+    from laminar_hpc.model.hf import resolve_hf_path
+    from laminar_hpc.model.llama import Transformer
+    where: dict[str, Path] = {}
+    for f in sorted(resolve_hf_path(cfg.model.hf_path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            where.update(dict.fromkeys(st.keys(), f))
+    with torch.device("meta"):
+        shapes = Transformer(args)
+    dtype = getattr(torch, cfg.model.dtype)
+    h = xxhash.xxh3_128()
+    for name, p in shapes.named_parameters():
+        if name not in where:
+            raise ValueError(f"model.hf_path {cfg.model.hf_path}: no tensor {name} in its safetensors files")
+        with safe_open(str(where[name]), framework="pt") as st:
+            t = st.get_tensor(name).to(torch.float32).to(dtype).float()
+        h.update(f"{name}{tuple(p.shape)}".encode())
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def target_paths(model: Transformer, lora: LoraCfg) -> list[str]:
     """The module path of every linear layer that gets an adapter, in the model's order."""
     wanted = set(lora.target_modules)

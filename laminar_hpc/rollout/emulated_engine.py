@@ -38,7 +38,7 @@ from laminar_hpc.emulation.emulated_episodes import FIRST_ORDINARY_ID, TOOL_ID
 from laminar_hpc.emulation.workload import Workload, workload_for
 from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.rollout.engine_interface import (SeqRequest, StepOutput, VersionInFlightError, check_add,
-                                                  request_problem)
+                                                  request_problem, slot_for_version)
 
 
 @dataclass
@@ -103,13 +103,8 @@ class EmulatedEngine:
     def load_weights(self, version: int, buf: memoryview, layout: PublishedLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:
         slot = 0
-        if self.adapters:  # into a slot no running sequence decodes under (in flight: they all move to it)
-            used = set() if in_flight else {s.slot for s in self.active}
-            free = [i for i in range(len(self.slot_version)) if i not in used]
-            if not free:
-                raise VersionInFlightError(f"cannot load version {version}: the {len(self.slot_version)} adapter "
-                                           f"slots hold versions of trajectories still generating")
-            slot = min(free, key=lambda i: self.slot_version[i])
+        if self.adapters:
+            slot = slot_for_version(version, self.slot_version, {s.slot for s in self.active}, in_flight)
         elif self.active and not in_flight:
             raise VersionInFlightError(f"cannot load version {version}: {len(self.active)} trajectories of "
                                        f"version {self.version} are still generating")

@@ -113,6 +113,17 @@ class RolloutEngine(Protocol):
         and continue under the new weights with their KV cache as it is."""
 
 
+def slot_for_version(version: int, slot_versions: list[int], running_slots: set[int], in_flight: bool) -> int:
+    """The adapter slot of an engine holding several adapter versions (`model.lora`) that
+    `version` is loaded into: one no running sequence decodes under (in flight, any: they all
+    move to it), the oldest version's first. VersionInFlightError when every slot is in use."""
+    free = [s for s in range(len(slot_versions)) if in_flight or s not in running_slots]
+    if not free:
+        raise VersionInFlightError(f"cannot load version {version}: the {len(slot_versions)} adapter slots hold "
+                                   f"versions {sorted(set(slot_versions))} of trajectories still generating")
+    return min(free, key=lambda s: slot_versions[s])
+
+
 def run_alone(engine: RolloutEngine, reqs: list[SeqRequest], stopped=lambda req: False):
     """After an engine call raised for `reqs` (none of them in the engine any more): admit each
     alone for a prefill and one step, which repeats the failed computation, so the request at

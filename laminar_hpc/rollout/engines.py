@@ -49,7 +49,17 @@ def vllm_engine(cfg: Config, seed: int, tok):
     """vLLM's engine; its layout of HF names comes from the model's shape (it starts with dummy weights)."""
     from laminar_hpc.model.weights import layout_for
     from laminar_hpc.rollout.vllm_engine import VllmEngine
-    layout = layout_for(model_args(cfg.model, tok.vocab_size), rollout_dtype(cfg))
+    args = model_args(cfg.model, tok.vocab_size)
+    if cfg.model.lora is not None:  # adapter versions on the base vLLM reads from model.hf_path
+        import torch
+
+        from laminar_hpc.model.adapters import AdapterLayout, hf_base_identity
+        from laminar_hpc.model.llama import Transformer
+        with torch.device("meta"):
+            shapes = Transformer(args)
+        layout = AdapterLayout.of(shapes, cfg.model.lora, rollout_dtype(cfg), identity=hf_base_identity(cfg, args))
+        return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
+    layout = layout_for(args, rollout_dtype(cfg))
     return VllmEngine.from_config(cfg, seed=seed, eos_id=tok.eos_id), layout
 
 

@@ -29,7 +29,7 @@ from laminar_hpc.model.llama import KVCache, ModelArgs, Transformer
 from laminar_hpc.model.sampling import check_sampling, sample_tokens, stream_uniforms
 from laminar_hpc.model.weights import WeightLayout
 from laminar_hpc.rollout.engine_interface import (
-    RolloutEngine, SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem,
+    RolloutEngine, SeqRequest, StepOutput, VersionInFlightError, check_add, request_problem, slot_for_version,
 )
 
 __all__ = ["RolloutEngine", "SeqRequest", "StepOutput", "TorchEngine", "VersionInFlightError"]
@@ -95,14 +95,8 @@ class TorchEngine:
                     f"cannot load version {version}: {len(self.active)} trajectories of version "
                     f"{self.version} are still generating")
             digest = layout.unpack(buf, self.model, checksum=checksum)
-        else:  # into a slot no running sequence decodes under (in flight: they all move to it)
-            used = set() if in_flight else {a.slot for a in self.active}
-            free = [s for s in range(len(self.slot_version)) if s not in used]
-            if not free:
-                raise VersionInFlightError(
-                    f"cannot load version {version}: the {len(self.slot_version)} adapter slots hold versions "
-                    f"{sorted(set(self.slot_version))} of trajectories still generating")
-            slot = min(free, key=lambda s: self.slot_version[s])  # the oldest version goes
+        else:
+            slot = slot_for_version(version, self.slot_version, {a.slot for a in self.active}, in_flight)
             digest = layout.unpack(buf, self.adapters.slot(slot), checksum=checksum)
             self.slot_version[slot], self.slot = version, slot
             if in_flight:

@@ -33,15 +33,18 @@ vLLM API facts used, with sources, are listed in docs/gpu.md.
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
+import tempfile
+from pathlib import Path
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from laminar_hpc.model.draws import stream_bits
 from laminar_hpc.rollout.engine_interface import (SeqRequest, StepOutput, VersionInFlightError, check_add,
-                                                  request_problem)
+                                                  request_problem, slot_for_version)
 
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config
@@ -60,12 +63,14 @@ def load_vllm_api() -> SimpleNamespace:
         from vllm import LLM, SamplingParams
         from vllm.config import WeightTransferConfig
         from vllm.inputs import TokensPrompt
+        from vllm.lora.request import LoRARequest
         from vllm.sampling_params import RequestOutputKind
     except ImportError as err:
         raise ImportError(f"rollout.backend=vllm needs vLLM >= {MIN_VLLM} on this node "
                           f"(pip install '.[vllm]' in the GPU environment, see environment.yml): {err}") from None
     return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, TokensPrompt=TokensPrompt,
-                           RequestOutputKind=RequestOutputKind, WeightTransferConfig=WeightTransferConfig)
+                           RequestOutputKind=RequestOutputKind, WeightTransferConfig=WeightTransferConfig,
+                           LoRARequest=LoRARequest)
 
 
 def meta_layout(args, dtype: str):
@@ -105,14 +110,21 @@ class _Seq:
     req: SeqRequest
     rid: str  # vLLM request id (unique per admission: a trajectory may come back after a migration)
     start: int  # tokens it had when admitted (a finish without new ones generated nothing)
+    slot: int = 0  # with adapters: the slot of the version it decodes under
 
 
 class VllmEngine:
     """Continuous batching on vLLM; one weight version at a time."""
 
     def __init__(self, llm, api, vcfg, *, eos_id: int, max_batch: int, temperature: float, top_p: float,
-                 top_k: int = 0, stager=None, vocab_size: int | None = None, stream_seed: int = 0):
+                 top_k: int = 0, stager=None, vocab_size: int | None = None, stream_seed: int = 0,
+                 adapters=None):
+        """`adapters`: a rollout/vllm_adapters.VllmAdapterSlots when a version is an adapter on the
+        base vLLM loaded (`model.lora`): each request runs under its own version's LoRARequest."""
         self.llm, self.api, self.vcfg = llm, api, vcfg
+        self.adapters = adapters
+        self.slot_version = [-1] * (len(adapters.requests) if adapters is not None else 1)
+        self.slot = 0  # the newest version's slot: new requests run under it
         # every request samples from its own seeded generator (SamplingParams.seed), a function of the
         # campaign's seed, the trajectory and where it resumes (model.sampling.stream_bits): a
         # restarted replica never repeats the campaign's first draws
@@ -126,7 +138,7 @@ class VllmEngine:
         self.asleep = False
         self.prefix_cache_kept = 0  # in-flight loads after which vLLM kept prefix blocks of an older version
         self._ids = itertools.count()
-        if vcfg.weight_update == "transfer_engine":
+        if vcfg.weight_update == "transfer_engine" and adapters is None:
             for name in ("init_weight_transfer_engine", "start_weight_update", "update_weights",
                          "finish_weight_update"):
                 if not hasattr(llm, name):
@@ -148,20 +160,31 @@ class VllmEngine:
         api = api or load_vllm_api()
         v = cfg.rollout.vllm
         kwargs = {}
-        if v.weight_update == "transfer_engine":
+        adapters = None
+        if cfg.model.lora is not None:  # the real base, loaded once; versions are adapters (rollout/vllm_adapters.py)
+            from laminar_hpc.rollout.vllm_adapters import VllmAdapterSlots, vllm_lora_kwargs
+            kwargs.update(vllm_lora_kwargs(cfg), load_format="auto")
+            # node-local, made here with mode 0700 under a fresh name (another user cannot plant it), removed at exit
+            root = Path(tempfile.mkdtemp(prefix="laminar-adapters-", dir=cfg.relay.shm_dir or "/dev/shm"))
+            adapters = VllmAdapterSlots(None, api.LoRARequest, root, cfg.model.lora, kwargs["max_loras"],
+                                        base_model=str(hf))
+            atexit.register(adapters.close)
+        elif v.weight_update == "transfer_engine":
             # the handles travel through vLLM's RPC as a base64 pickle (ipc_handles_pickled),
             # which its workers only unpickle with this set; it must be set before they start
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
             kwargs["weight_transfer_config"] = api.WeightTransferConfig(backend="ipc")
+        kwargs.setdefault("load_format", "dummy")  # full versions replace every weight: no need to read them
         llm = api.LLM(model=str(hf), skip_tokenizer_init=True, tensor_parallel_size=v.tensor_parallel_size,
                       dtype=v.dtype, gpu_memory_utilization=v.gpu_memory_utilization,
                       enforce_eager=v.enforce_eager, enable_sleep_mode=v.enable_sleep_mode,
                       max_model_len=v.max_model_len or cfg.model.max_seq_len, max_num_seqs=cfg.rollout.max_batch,
-                      seed=seed, load_format="dummy",
-                      logprobs_mode=LOGPROBS_MODE, **kwargs)
+                      seed=seed, logprobs_mode=LOGPROBS_MODE, **kwargs)
+        if adapters is not None:
+            adapters.llm = llm
         return cls(llm, api, v, eos_id=eos_id, max_batch=cfg.rollout.max_batch,
                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                   stager=stager, stream_seed=cfg.seed)
+                   stager=stager, stream_seed=cfg.seed, adapters=adapters)
 
     @property
     def max_model_len(self) -> int:
@@ -188,11 +211,15 @@ class VllmEngine:
         return [s.req.traj_id for s in self.active.values()]
 
     def spare_version_slots(self) -> int:
-        return 0  # one version at a time
+        if self.adapters is None:
+            return 0  # one version at a time
+        return len(self.slot_version) - len({s.slot for s in self.active.values()})
 
     # -- weights --------------------------------------------------------------------------
     def load_weights(self, version: int, buf: memoryview, layout: WeightLayout, checksum: bool = False,
                      in_flight: bool = False) -> int | None:
+        if self.adapters is not None:
+            return self._load_adapter(version, buf, layout, checksum, in_flight)
         if self.active and not in_flight:
             raise VersionInFlightError(f"cannot load version {version}: {len(self.active)} trajectories of "
                                        f"version {self.version} are still generating")
@@ -220,6 +247,22 @@ class VllmEngine:
             self.prefix_cache_kept += 1
         self.asleep = False
         self.version = version
+        return digest
+
+    def _load_adapter(self, version: int, buf: memoryview, layout, checksum: bool, in_flight: bool) -> int | None:
+        """An adapter version into a slot no running request uses. In flight, the running requests
+        move to it: vLLM keeps a request's LoRARequest to its end, so they are taken out and added
+        again under the new one (re-prefilled: their KV cannot be kept across adapters here)."""
+        moved = self.abort(self.active_ids()) if in_flight else []
+        slot = slot_for_version(version, self.slot_version, {s.slot for s in self.active.values()}, in_flight)
+        digest = None
+        if checksum:
+            from laminar_hpc.transport.weight_store import checksum as xxh3
+            digest = xxh3(buf)
+        self.adapters.load(slot, version, layout.views(buf))
+        self.slot_version[slot], self.slot = version, slot
+        self.version = version
+        self.add(moved)
         return digest
 
     def _transfer(self, views: dict, version: int) -> None:
@@ -289,8 +332,12 @@ class VllmEngine:
             params = self.api.SamplingParams(**self.sampling_kwargs(left, greedy=r.greedy),
                                              seed=self.request_seed(r))
             rid = f"{r.traj_id}#{next(self._ids)}"
-            self.llm.llm_engine.add_request(rid, self.api.TokensPrompt(prompt_token_ids=prefix), params)
-            self.active[rid] = _Seq(r, rid, len(r.tokens))
+            prompt = self.api.TokensPrompt(prompt_token_ids=prefix)
+            if self.adapters is None:
+                self.llm.llm_engine.add_request(rid, prompt, params)
+            else:  # under the newest version's adapter
+                self.llm.llm_engine.add_request(rid, prompt, params, lora_request=self.adapters.requests[self.slot])
+            self.active[rid] = _Seq(r, rid, len(r.tokens), self.slot)
         return []
 
     def request_seed(self, r: SeqRequest) -> int:
