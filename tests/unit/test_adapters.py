@@ -53,7 +53,6 @@ def packed(layout, policy) -> memoryview:
     ("model.lora.target_modules=[qproj]", "'qproj' is not a linear layer of this model; choose from q_proj"),
     ("model.lora.target_modules=[]", "key 'model.lora.target_modules': name at least one linear layer"),
     ("trainer.backend=megatron", "model.lora with trainer.backend='megatron': megatron-core ships no low-rank"),
-    ("rollout.backend=vllm", "model.lora with rollout.backend='vllm': the vllm engine does not load adapter"),
 ])
 def test_bad_adapter_settings_are_one_line_naming_the_field(override, says):
     with pytest.raises(ConfigError) as err:
