@@ -69,10 +69,13 @@ class ReplicaRefresh:
     """laminar: pure laminar (drain, then pull) or refresh in flight (policy/refresh.py)."""
     paused = False
 
-    def __init__(self, host: UpdateHost, rollout_cfg: RolloutCfg):
+    def __init__(self, host: UpdateHost, rollout_cfg: RolloutCfg, beside: bool = True):
         self.host = host
         self.setting, self.below = rollout_cfg.refresh_in_flight, rollout_cfg.refresh_below
         self.keep_kv = rollout_cfg.refresh_kv == "keep"
+        # load a version beside the running ones (an engine of several adapter versions): not with tool
+        # episodes, whose turns come back to the engine after a call and are admitted under its newest version
+        self.beside = beside
 
     def watches_relay(self) -> bool:
         """A laminar replica acts on its relay's next version as soon as it is there."""
@@ -85,7 +88,7 @@ class ReplicaRefresh:
         action = refresh.refresh_action(setting=self.setting, current=engine.version, newest=newest,
                                         held=held, running=engine.num_active(),
                                         max_batch=engine.max_batch, below=self.below,
-                                        spare_slots=engine.spare_version_slots(),
+                                        spare_slots=engine.spare_version_slots() if self.beside else 0,
                                         outside=held - engine.num_active())
         if action in (refresh.PULL, refresh.BESIDE):  # (beside: into a slot none of its sequences uses)
             self.host.pull()
@@ -243,7 +246,7 @@ class UpdateComponents:
         self.cfg, self.host = cfg, host
 
     def per_replica(self) -> Updates:
-        return ReplicaRefresh(self.host, self.cfg.rollout)
+        return ReplicaRefresh(self.host, self.cfg.rollout, beside=not self.cfg.env.enabled)
 
     def global_update(self) -> Updates:
         return GlobalUpdate(self.host, self.cfg)

@@ -275,3 +275,12 @@ def test_the_emulated_engine_holds_adapter_versions_and_pays_their_stated_costs(
     assert len({s.slot for s in engine.active}) == 3
     with pytest.raises(VersionInFlightError, match="the 3 adapter slots hold versions"):
         engine.load_weights(3, buf, layout)
+
+
+def test_with_adapter_versions_pure_laminar_does_not_repack():
+    """Repack empties draining replicas; with several adapter versions per replica none drains, and
+    a move of a trajectory pinned to an older version would only bounce off the newer replicas."""
+    from laminar_hpc.policy.modes import mode_plan
+    pure = ("rollout.refresh_in_flight=never", "repack.enabled=true")
+    assert mode_plan(load_config(TINY, list(pure))).repacks
+    assert not mode_plan(config(*pure)).repacks
