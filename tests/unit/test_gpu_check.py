@@ -38,7 +38,7 @@ def fake_wheels(folder: Path, pins: dict[str, str], py: str = "cp312") -> Path:
 def test_every_check_is_listed_once_with_a_script_that_compiles():
     checks = rc.read_checks()
     names = [c["name"] for c in checks]
-    assert names == ["env", "engine", "megatron", "weights", "grpo"]  # the issue's four, after the environment
+    assert names == ["env", "engine", "megatron", "weights", "adapters", "grpo"]  # the issue's four, the adapters (issue 49), after the environment
     res = gpu_check("--list")
     assert res.returncode == 0, res.stderr
     assert [line.split()[0] for line in res.stdout.splitlines()] == names
@@ -50,7 +50,7 @@ def test_every_check_is_listed_once_with_a_script_that_compiles():
 def test_an_unknown_check_is_refused_naming_the_checks():
     res = gpu_check("--only", "engine,nope", "--dry-run")
     assert res.returncode == 2
-    assert "unknown check nope; the checks are env, engine, megatron, weights, grpo" in res.stderr
+    assert "unknown check nope; the checks are env, engine, megatron, weights, adapters, grpo" in res.stderr
 
 
 def test_the_wheels_are_the_versions_ci_pins():

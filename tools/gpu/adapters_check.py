@@ -80,8 +80,11 @@ def run(reqs: list[SeqRequest], slots: list[int]) -> tuple[dict[str, list[int]],
 try:
     policies = {1: trained(1), 2: trained(2)}
     publish(policies[1], 1)
+    if weights.newest() != 1:  # attaches to the store, as a rollout does before its pull
+        problems.append(f"the store shows version {weights.newest()}, not 1")
     weights.pull(engine, layout, verify=True)
     publish(policies[2], 2)
+    weights.newest()
     sync()
     t0 = time.perf_counter()
     weights.pull(engine, layout, verify=True)  # once: a pull again would take version 1's slot
