@@ -89,7 +89,7 @@ def versions_at_once(run_dir) -> tuple[int, int]:
 
 def test_pure_laminar_with_adapters_loads_each_version_beside_the_running_ones_without_a_drain(tmp_path):
     """Pure laminar (one version per trajectory) drains a replica before each version with full
-    weights; with adapters its engine holds two versions and takes the new one beside the old."""
+    weights; with adapters its engine holds several (up to versions_per_replica) and loads the new one beside.
     pure = ("rollout.refresh_in_flight=never", "controller.hold_for_newest_s=0")
     seen = {}
     for name, extra in (("full", ()), ("adapters", LORA)):
@@ -99,5 +99,7 @@ def test_pure_laminar_with_adapters_loads_each_version_beside_the_running_ones_w
         assert not events(run, "rollout-*.h5", "refreshed_in_flight")  # no trajectory changed version
         seen[name] = versions_at_once(run)
     assert seen["full"] == (1, 0)  # drained before every load
+    from laminar_hpc.config import load_config
+    from laminar_hpc.config.model_cfg import adapter_slots
     most, beside = seen["adapters"]
-    assert most == 2 and beside >= 3, seen
+    assert 2 <= most <= adapter_slots(load_config(TINY, [*pure, *LORA])) and beside >= 3, seen
