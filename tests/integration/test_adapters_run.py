@@ -89,7 +89,7 @@ def versions_at_once(run_dir) -> tuple[int, int]:
 
 def test_pure_laminar_with_adapters_loads_each_version_beside_the_running_ones_without_a_drain(tmp_path):
     """Pure laminar (one version per trajectory) drains a replica before each version with full
-    weights; with adapters its engine holds several (up to versions_per_replica) and loads the new one beside.
+    weights; with adapters its engine holds several (up to versions_per_replica) and loads beside."""
     pure = ("rollout.refresh_in_flight=never", "controller.hold_for_newest_s=0")
     seen = {}
     for name, extra in (("full", ()), ("adapters", LORA)):
