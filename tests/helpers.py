@@ -527,3 +527,19 @@ class FakeServer:
 
     def close(self, linger_ms: int = 0) -> None:
         pass
+
+
+def one_group_started(ev) -> list[dict]:
+    """The opening of a hand-built trace (goodput tests): controller and rollout-0 start, version 0
+    is published at 1 and pulled at 1.5, and rollout-0 starts both members of group 1 at 2.
+    `ev(t, role, event, **fields)` makes one event at the test's clock."""
+    return [
+        ev(0, "controller-0", "role_start", pid=1),
+        ev(0, "rollout-0", "role_start", pid=2),
+        ev(1, "trainer-0", "publish", version=0, stall_s=0.0, nbytes=100),
+        ev(1.5, "rollout-0", "weights_pulled", version=0, previous=-1, pull_s=0.5),
+        ev(2, "rollout-0", "util", busy_s=0.0, weight_wait_s=0.0, running=0, kv=0),
+        ev(2, "controller-0", "group_admitted", group=1, n=2),
+        *[ev(2, "rollout-0", "traj_started", traj=f"1.{i}", version=0, prompt_tokens=3, resumed_tokens=0)
+          for i in range(2)],
+    ]

@@ -4,6 +4,7 @@ for scores is counted in seconds; a run without judges reads as before. From a h
 from __future__ import annotations
 
 import pytest
+from helpers import one_group_started
 
 from laminar_hpc.analysis.timeline import Timeline
 from laminar_hpc.analysis.trace_goodput import run_goodput, trace_lost
@@ -23,14 +24,7 @@ def ev(t: float, role: str, event: str, **fields) -> dict:
 # score them from 6 to 10 (each waited 4 s for its reward); the trainer waits for data from 6 and
 # trains step 1 at 12 (it waited 6 s: 4 of them with rewards outstanding, 2 without).
 EVENTS = [
-    ev(0, "controller-0", "role_start", pid=1),
-    ev(0, "rollout-0", "role_start", pid=2),
-    ev(1, "trainer-0", "publish", version=0, stall_s=0.0, nbytes=100),
-    ev(1.5, "rollout-0", "weights_pulled", version=0, previous=-1, pull_s=0.5),
-    ev(2, "rollout-0", "util", busy_s=0.0, weight_wait_s=0.0, running=0, kv=0),
-    ev(2, "controller-0", "group_admitted", group=1, n=2),
-    ev(2, "rollout-0", "traj_started", traj="1.0", version=0, prompt_tokens=3, resumed_tokens=0),
-    ev(2, "rollout-0", "traj_started", traj="1.1", version=0, prompt_tokens=3, resumed_tokens=0),
+    *one_group_started(ev),
     *[ev(6, "rollout-0", "traj_finished", traj=f"1.{i}", version=0, t_start=T + 2, t_end=T + 6, tokens=10,
          reward=1.0) for i in range(2)],
     ev(10, "judge-0", "judge_batch", size=2, seconds=4.0, unreadable=0),

@@ -7,6 +7,7 @@ the last resume (`still_paused`) was paused all along, not running in between. F
 from __future__ import annotations
 
 import pytest
+from helpers import one_group_started
 
 from laminar_hpc.analysis.timeline import Timeline
 from laminar_hpc.analysis.trace_goodput import trace_lost
@@ -26,14 +27,7 @@ def trace(still_paused: bool) -> list[dict]:
     """rollout-0 runs a group of 2 from 2 to 12; versions 1 and 2 are published at 4 and 7, each
     synced a second later (loaded half a second before)."""
     return [
-        ev(0, "controller-0", "role_start", pid=1),
-        ev(0, "rollout-0", "role_start", pid=2),
-        ev(1, "trainer-0", "publish", version=0, stall_s=0.0, nbytes=100),
-        ev(1.5, "rollout-0", "weights_pulled", version=0, previous=-1, pull_s=0.5),
-        ev(2, "rollout-0", "util", busy_s=0.0, weight_wait_s=0.0, running=0, kv=0),
-        ev(2, "controller-0", "group_admitted", group=1, n=2),
-        *[ev(2, "rollout-0", "traj_started", traj=f"1.{i}", version=0, prompt_tokens=3, resumed_tokens=0)
-          for i in range(2)],
+        *one_group_started(ev),
         ev(4, "trainer-0", "publish", version=1, stall_s=0.0, nbytes=100),
         ev(4, "rollout-0", "interrupted", trajectories=2, version=0, kv="recompute", still_paused=False),
         ev(4.5, "rollout-0", "weights_pulled", version=1, previous=0, pull_s=0.5),

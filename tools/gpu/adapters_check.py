@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import DEVICE, finish, smollm2, start, sync  # noqa: E402
+from common import DEVICE, RelayStore, argmax_matches, finish, smollm2, start, sync  # noqa: E402
 
 work = start()
 import torch  # noqa: E402
@@ -26,9 +25,7 @@ from laminar_hpc.config import config_from_dict  # noqa: E402
 from laminar_hpc.model.adapters import build_base, peft_policy  # noqa: E402
 from laminar_hpc.model.factory import build_tokenizer  # noqa: E402
 from laminar_hpc.rollout.engine_interface import SeqRequest  # noqa: E402
-from laminar_hpc.rollout.node import NodeWeights, build_engine  # noqa: E402
-from laminar_hpc.transport.shm_dir import remove_private_dir  # noqa: E402
-from laminar_hpc.transport.weight_store import WeightStore, checksum, digest_to_int  # noqa: E402
+from laminar_hpc.rollout.node import build_engine  # noqa: E402
 
 spec, tokenizer, what = smollm2(work)
 cfg = config_from_dict({"model": {"hf_path": spec, "tokenizer": tokenizer, "max_seq_len": 256,
@@ -37,9 +34,8 @@ cfg = config_from_dict({"model": {"hf_path": spec, "tokenizer": tokenizer, "max_
 tok = build_tokenizer(cfg.model)
 engine, layout = build_engine(cfg, 0, tok)
 full_bytes = sum(p.numel() * 4 for p in build_base(cfg, tok).parameters())
-shm = tempfile.mkdtemp(prefix="laminar-gpucheck-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-store = WeightStore.create(os.path.join(shm, "relay0"), slots=2, capacity=layout.nbytes)
-weights = NodeWeights(store.path)
+relay = RelayStore(layout.nbytes)
+weights = relay.weights
 problems: list[str] = []
 
 
@@ -54,9 +50,7 @@ def trained(seed: int):
 
 
 def publish(policy, version: int) -> None:
-    slot, buf = store.begin(version)
-    layout.pack(policy, buf)
-    store.commit(slot, version, layout.nbytes, checksum(buf[:layout.nbytes]), digest_to_int(layout.digest))
+    relay.publish(layout, policy, version)  # as the master relay holds it
 
 
 def run(reqs: list[SeqRequest], slots: list[int]) -> tuple[dict[str, list[int]], float]:
@@ -98,17 +92,9 @@ try:
     version_of = [1 + i % 2 for i in range(len(prompts))]
     greedy, _ = run([SeqRequest(f"g{i}", p, 24, greedy=True) for i, p in enumerate(prompts)],
                     [slot_of.get(v, 0) for v in version_of])
-    matched = total = 0
-    with torch.inference_mode():
-        for i, (p, v) in enumerate(zip(prompts, version_of)):
-            g = greedy.get(f"g{i}", [])
-            if not g:
-                continue
-            logits = policies[v](torch.tensor([p + g[:-1]], device=DEVICE))[0, len(p) - 1:]
-            best = logits.max(-1).values
-            chosen = logits[torch.arange(len(g)), torch.tensor(g, device=DEVICE)]
-            matched += int((chosen >= best - 1e-3).sum())
-            total += len(g)
+    runs = [(policies[v], p, greedy.get(f"g{i}", [])) for i, (p, v) in enumerate(zip(prompts, version_of))]
+    matched = sum(argmax_matches(policy, p, g) for policy, p, g in runs)
+    total = sum(len(g) for _, _, g in runs)
     if total == 0 or matched != total:
         problems.append(f"greedy tokens: {matched}/{total} are their own version's argmax")
     batch = [prompts[i % len(prompts)] for i in range(16)]
@@ -121,9 +107,5 @@ try:
             "tokens_per_s_one_version": round(sum(map(len, one.values())) / dt_one, 0),
             "tokens_per_s_two_versions": round(sum(map(len, two.values())) / dt_two, 0)}
 finally:
-    if weights.store is not None:
-        weights.store.close()
-    store.close()
-    store.unlink()
-    remove_private_dir(shm)
+    relay.close()
 finish(not problems, figs, "; ".join(problems))

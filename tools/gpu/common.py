@@ -70,6 +70,52 @@ def median_s(fn, repeats: int = 5, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def argmax_matches(model, prompt: list[int], generated: list[int]) -> int:
+    """How many `generated` tokens (after `prompt`) are the argmax, within 1e-3, of `model`'s full
+    forward pass on the check's device, without a KV cache (what greedy decoding must give)."""
+    import torch
+    if not generated:
+        return 0
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + generated[:-1]], device=DEVICE))[0, len(prompt) - 1:]
+        best = logits.max(-1).values
+        chosen = logits[torch.arange(len(generated)), torch.tensor(generated, device=DEVICE)]
+        return int((chosen >= best - 1e-3).sum())
+
+
+class RelayStore:
+    """A relay's weight store in a private /dev/shm folder, as the master relay fills it, and the
+    rollout's view of it (rollout/node.py NodeWeights); `close` removes both.
+
+        relay = RelayStore(layout.nbytes)
+        relay.publish(layout, model, version=0)      # packed and committed with its checksum
+        relay.weights.newest(); relay.weights.pull(engine, layout, verify=True)
+    """
+
+    def __init__(self, nbytes: int):
+        import tempfile
+
+        from laminar_hpc.rollout.node import NodeWeights
+        from laminar_hpc.transport.weight_store import WeightStore
+        self.shm = tempfile.mkdtemp(prefix="laminar-gpucheck-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.store = WeightStore.create(os.path.join(self.shm, "relay0"), slots=2, capacity=nbytes)
+        self.weights = NodeWeights(self.store.path)
+
+    def publish(self, layout, model, version: int) -> None:
+        from laminar_hpc.transport.weight_store import checksum, digest_to_int
+        slot, buf = self.store.begin(version)
+        layout.pack(model, buf)
+        self.store.commit(slot, version, layout.nbytes, checksum(buf[:layout.nbytes]), digest_to_int(layout.digest))
+
+    def close(self) -> None:
+        from laminar_hpc.transport.shm_dir import remove_private_dir
+        if self.weights.store is not None:
+            self.weights.store.close()
+        self.store.close()
+        self.store.unlink()
+        remove_private_dir(self.shm)
+
+
 def smollm2(work: Path) -> tuple[str, str, str]:
     """(model.hf_path, model.tokenizer, what it is) of the SmolLM2 checkpoint to use."""
     given = os.environ.get("LAMINAR_GPU_MODEL")

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import DEVICE, finish, median_s, smollm2, start, sync  # noqa: E402
+from common import DEVICE, RelayStore, argmax_matches, finish, median_s, smollm2, start, sync  # noqa: E402
 
 work = start()
 import torch  # noqa: E402
@@ -26,9 +25,7 @@ import torch  # noqa: E402
 from laminar_hpc.config import config_from_dict  # noqa: E402
 from laminar_hpc.model.factory import build_model, build_tokenizer  # noqa: E402
 from laminar_hpc.rollout.engine_interface import SeqRequest  # noqa: E402
-from laminar_hpc.rollout.node import NodeWeights, build_engine  # noqa: E402
-from laminar_hpc.transport.shm_dir import remove_private_dir  # noqa: E402
-from laminar_hpc.transport.weight_store import WeightStore, checksum, digest_to_int  # noqa: E402
+from laminar_hpc.rollout.node import build_engine  # noqa: E402
 
 spec, tokenizer, what = smollm2(work)
 cfg = config_from_dict({"model": {"hf_path": spec, "tokenizer": tokenizer, "max_seq_len": 256},
@@ -37,16 +34,13 @@ tok = build_tokenizer(cfg.model)
 src = build_model(cfg.model, tok, "cpu")  # version 0: the checkpoint, as the trainer publishes it
 engine, layout = build_engine(cfg, 0, tok)
 n = layout.nbytes
-shm = tempfile.mkdtemp(prefix="laminar-gpucheck-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-store = WeightStore.create(os.path.join(shm, "relay0"), slots=2, capacity=n)
-weights = NodeWeights(store.path)
+relay = RelayStore(n)
+weights = relay.weights
 problems: list[str] = []
 
 
 def publish(model, version: int) -> None:
-    slot, buf = store.begin(version)
-    layout.pack(model, buf)
-    store.commit(slot, version, n, checksum(buf[:n]), digest_to_int(layout.digest))  # as the master relay
+    relay.publish(layout, model, version)  # as the master relay holds it
 
 
 def same_weights(model) -> bool:
@@ -86,16 +80,8 @@ try:
     prompts = [tok.encode(t)[: cfg.model.max_seq_len - 40] for t in texts]
     gen, _, _ = generate(prompts, 24, greedy=True)
     ref = src.to(DEVICE).eval()
-    matched = total = 0
-    with torch.inference_mode():
-        for p, g in zip(prompts, gen):
-            if not g:
-                continue
-            logits = ref(torch.tensor([p + g[:-1]], device=DEVICE))[0, len(p) - 1:]
-            best = logits.max(-1).values
-            chosen = logits[torch.arange(len(g)), torch.tensor(g, device=DEVICE)]
-            matched += int((chosen >= best - 1e-3).sum())
-            total += len(g)
+    matched = sum(argmax_matches(ref, p, g) for p, g in zip(prompts, gen))
+    total = sum(len(g) for g in gen)
     if total == 0 or matched != total:
         problems.append(f"greedy tokens: {matched}/{total} are the reference's argmax")
     sampled, steps, dt = generate([prompts[i % len(prompts)] for i in range(16)], 64, greedy=False)
@@ -114,9 +100,5 @@ try:
             "pull_GBps_noverify": round(n / pull_fast_s / 1e9, 2), "greedy_match": f"{matched}/{total}",
             "tokens_per_s_b16": round(tokens / dt, 0), "decode_steps": steps}
 finally:
-    if weights.store is not None:
-        weights.store.close()
-    store.close()
-    store.unlink()
-    remove_private_dir(shm)
+    relay.close()
 finish(not problems, figs, "; ".join(problems))
