@@ -78,6 +78,9 @@ EVENTS = (
     "judge_batch",
     # a finished trajectory's reward came back to its rollout, and how long it waited (rollout/scoring.py)
     "traj_scored",
+    # delivered groups the trainer could not fetch from a restarted stream shard, generated again
+    # (emitted since stream shards came; missing here, it failed the handling of the trainer's request)
+    "groups_lost",
 )
 EVENT_ID = {name: i for i, name in enumerate(EVENTS)}
 def _plain(value):

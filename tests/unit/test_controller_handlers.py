@@ -22,6 +22,8 @@ from laminar_hpc.transport.protocol import (PROTOCOL_VERSION, Assign, Checkpoint
                                             VersionReady, WantGroups, WantWork, WeightsLoaded, WeightsSynced,
                                             WorkItem)
 
+from laminar_hpc.controller.ledger import GENERATING  # noqa: E402
+
 CONFIG = Path(REPO) / "configs" / "tiny-emulated.yaml"  # 4 rollouts x 8 slots, 4 groups of 4 per step
 
 
@@ -238,6 +240,26 @@ def test_groups_the_trainer_drops_as_stale_are_replaced_before_it_trains_again(m
     ctl.schedule()
     assert ctl.data_plane.ledger.dropped_for("staleness") == len(admitted)
     assert ctl.data_plane.groups_started == 2 * len(admitted)  # a new window, with no step trained
+
+
+def test_groups_the_trainer_could_not_fetch_are_generated_again_and_its_request_stands(make):
+    """A stream shard restarted while the trainer fetched: the trainer names the groups lost in its
+    next request. The controller's handling of it emitted a trace event missing from the catalogue,
+    so the whole request was dropped (the lost groups never came back, the credit never counted) and
+    the trainer waited until timeouts.trajectories_s (chaos, the suite's run of 2026-12-07)."""
+    ctl = make("laminar")
+    _rollouts_ready(ctl)
+    ctl.schedule()
+    work = [w for _, m in ctl.server.take() for w in m.work]
+    for w in work:
+        ctl.handle(f"rollout-{ctl.data_plane.partials[w.traj_id].rollout}", Finished(trajectory=_result(w, [4])))
+    ctl.handle("trainer-0", WantGroups(n=2))
+    ctl.schedule()
+    delivered = [g.group_id for _, m in ctl.server.take() if isinstance(m, Groups) for g in m.groups]
+    assert len(delivered) == 2
+    ctl.handle("trainer-0", WantGroups(n=3, lost=[delivered[0]]))
+    assert ctl.state.trainer_credit == 3  # the request stands
+    assert ctl.data_plane.ledger.groups[delivered[0]].state == GENERATING  # generated again
 
 
 def test_train_step_and_checkpoint_move_groups_through_the_ledger(make):

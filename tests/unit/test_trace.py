@@ -41,6 +41,20 @@ def test_an_event_outside_the_catalogue_is_refused(tmp_path):
     tr.close()
 
 
+def test_every_event_the_package_emits_is_in_the_catalogue():
+    """An event missing from the catalogue fails the emit, and with it the handling of the message
+    that emitted it: the controller's 'groups_lost' dropped the trainer's request after a stream
+    shard restarted, and the run waited until a timeout. Every literal name passed to `emit`."""
+    import re
+    from pathlib import Path
+
+    import laminar_hpc
+    emitted = {(m.group(1), p.name) for p in Path(laminar_hpc.__file__).parent.rglob("*.py")
+               for m in re.finditer(r'\.emit\(\s*"([a-z_]+)"', p.read_text())}
+    assert len(emitted) > 50  # (the pattern finds the package's emits)
+    assert [(name, f) for name, f in sorted(emitted) if name not in EVENTS] == []
+
+
 def test_a_damaged_file_is_reported_and_the_others_analysed(tmp_path):
     good = Tracer(tmp_path, "controller-0")
     good.emit("group_admitted", group=0, n=8)
