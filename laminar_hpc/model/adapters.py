@@ -276,9 +276,21 @@ class AdapterBank:
 
     def __init__(self, layers: dict[str, "BankedLinear"], slots: int):
         self.layers, self.slots = layers, slots
-        self.rows: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
+        self.one_slot: int | None = None  # every row's slot when they share one (read by every layer)
         for layer in layers.values():
             layer.bank = self
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: torch.Tensor | None) -> None:
+        # whether the batch holds one version is decided here, once per forward, not in each layer
+        self._rows = rows
+        self.one_slot = int(rows[0]) if rows is not None and rows.numel() and bool((rows == rows[0]).all()) \
+            else None
 
     @classmethod
     def attach(cls, base: Transformer, lora: LoraCfg, slots: int) -> "AdapterBank":
@@ -316,8 +328,8 @@ class BankedLinear(nn.Module):
         rows = self.bank.rows if self.bank is not None else None
         if rows is None:
             return y
-        if rows.numel() and bool((rows == rows[0]).all()):  # one version for the whole batch
-            s = int(rows[0])
+        s = self.bank.one_slot
+        if s is not None:  # one version for the whole batch
             return y + self.scale * ((x @ self.lora_A[s].T) @ self.lora_B[s].T)
         a, b = self.lora_A[rows], self.lora_B[rows]  # [batch, rank, in], [batch, out, rank]
         return y + self.scale * torch.bmm(torch.bmm(x, a.transpose(1, 2)), b.transpose(1, 2))
