@@ -284,3 +284,28 @@ def test_with_adapter_versions_pure_laminar_does_not_repack():
     pure = ("rollout.refresh_in_flight=never", "repack.enabled=true")
     assert mode_plan(load_config(TINY, list(pure))).repacks
     assert not mode_plan(config(*pure)).repacks
+
+
+def test_a_campaign_with_tool_episodes_drains_instead_of_loading_beside():
+    """A turn back from its tool is admitted under the engine's newest version: with tool episodes
+    a replica must not hold trajectories of an older version beside it."""
+    from types import SimpleNamespace
+
+    from laminar_hpc.rollout.updates import ReplicaRefresh, build_updates
+    pulls = []
+    engine = SimpleNamespace(version=1, num_active=lambda: 3, max_batch=8, spare_version_slots=lambda: 2)
+    host = SimpleNamespace(engine=engine, held=lambda: 3, pull=lambda: pulls.append(1))
+    never = config("rollout.refresh_in_flight=never").rollout
+    assert ReplicaRefresh(host, never).tick(newest=2) is False and pulls == [1]  # beside
+    assert ReplicaRefresh(host, never, beside=False).tick(newest=2) is True and pulls == [1]  # drains
+    tools = load_config(REPO / "configs" / "quickstart-tools.yaml", [*LORA, "rollout.refresh_in_flight=never"])
+    assert tools.env.enabled and build_updates(tools, host).beside is False
+
+
+def test_the_ideal_of_an_adapter_run_counts_the_adapters_decode_cost():
+    from laminar_hpc.emulation.ideal import ideal_for_config
+    plain = load_config(REPO / "configs" / "tiny-emulated.yaml")
+    lora = load_config(REPO / "configs" / "tiny-emulated.yaml", list(LORA))
+    e = plain.emulation
+    assert ideal_for_config(plain).step_base_s == pytest.approx(e.decode_base_ms / 1e3)
+    assert ideal_for_config(lora).step_base_s == pytest.approx((e.decode_base_ms + e.adapter_decode_ms) / 1e3)
