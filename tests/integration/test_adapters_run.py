@@ -81,6 +81,9 @@ def versions_at_once(run_dir) -> tuple[int, int]:
                 live[e["traj"]] = e["version"]
             elif e["ev"] == "traj_finished":
                 live.pop(e["traj"], None)
+            elif e["ev"] == "migrated_out":  # repack moved them on (full weights, pure laminar): not here now
+                for t in e["traj_ids"]:
+                    live.pop(t, None)
             elif e["ev"] == "weights_pulled" and live:
                 beside += 1
             most = max(most, len(set(live.values())))
