@@ -8,6 +8,7 @@ reward, for the base model (no --run-dir) or a run's newest checkpoint.
 
     HF_HUB_OFFLINE=1 python bench/eval_arith.py configs/smollm2-arith.yaml                       # base model
     HF_HUB_OFFLINE=1 python bench/eval_arith.py configs/smollm2-arith.yaml --run-dir runs/smollm2-arith
+    HF_HUB_OFFLINE=1 python bench/eval_arith.py configs/smollm2-arith.yaml --run-dir runs/lora model.lora.rank=16 model.lora.alpha=32
 """
 from __future__ import annotations
 
@@ -47,6 +48,19 @@ def unseen_problems(cfg, n: int, max_value: int) -> list:
     return out
 
 
+def checkpoint_weights(cfg, tok, run_dir: str, newest: Path) -> dict[str, torch.Tensor]:
+    """The full weights of a run's newest checkpoint: its model file, or for an adapter run
+    (`model.lora`) the adapter loaded on the base the run built and merged into it."""
+    if cfg.model.lora is None:
+        return torch.load(newest / MODEL_FILE, map_location="cpu", weights_only=True)
+    from laminar_hpc.model.adapters import AdapterState, build_base, peft_policy, plain_state_dict
+    from laminar_hpc.trainer.checkpoint import load_latest
+    policy = peft_policy(build_base(cfg, tok), cfg.model.lora)
+    if load_latest(RunDir(run_dir).checkpoints_dir, AdapterState(policy), None) is None:
+        raise SystemExit(f"{run_dir}: no complete adapter checkpoint")
+    return plain_state_dict(policy)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
@@ -55,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=2, help="samples per problem at temperature 1")
     ap.add_argument("--max-value", type=int, help="largest operand (default: twice the config's)")
     ap.add_argument("--json", help="write the figures here")
-    args = ap.parse_args(argv)
-    cfg = load_config(args.config, [])
+    ap.add_argument("overrides", nargs="*", help="the run's dotted overrides (model.lora.* for an adapter run)")
+    args = ap.parse_intermixed_args(argv)
+    cfg = load_config(args.config, args.overrides)
     if cfg.task.type != "arith" or not cfg.model.hf_path:
         ap.error(f"{args.config}: needs task.type arith and model.hf_path")
     if args.max_value is not None and args.max_value <= cfg.task.max_value:
@@ -72,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpts = RunDir(args.run_dir).checkpoints()
         if not ckpts:
             ap.error(f"{args.run_dir}: no checkpoint")
-        state = torch.load(ckpts[-1] / MODEL_FILE, map_location="cpu", weights_only=True)
+        state = checkpoint_weights(cfg, tok, args.run_dir, ckpts[-1])
     figures = {"config": args.config, "run_dir": args.run_dir, "problems": len(problems),
                "checkpoint": str(ckpts[-1]) if args.run_dir else "base model"}
     for temp, reps in ((0.0, 1), (cfg.rollout.temperature, args.samples)):

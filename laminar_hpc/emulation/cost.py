@@ -9,8 +9,9 @@ The model (all coefficients are `emulation.*` config keys):
     train(tokens)            = train_per_token_us * tokens
     weight_load              = nominal_weight_gb / pull_gbps      (on top of copying the real bytes)
 
-With adapters (`model.lora`, `CostModel(emu, adapters=True)`) a version is `adapter_weight_gb`
-and every decode step costs `adapter_decode_ms` more, whichever adapter versions its batch mixes.
+With adapters (`model.lora`, `CostModel.of(cfg)`) a version is `adapter_weight_gb` (its load,
+a global update's transfer, the simulator's relay chain) and every decode step costs
+`adapter_decode_ms` more, whichever adapter versions its batch mixes.
 
 Decode is memory-bound: a step costs about the same for 1 or 32 sequences (the base term),
 which is why a replica left with a few long-tail trajectories wastes most of its capacity.
@@ -27,10 +28,14 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from laminar_hpc.emulation.workload import workload_for
+
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
 
 Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
@@ -40,6 +45,11 @@ class CostModel:
         self.e, self.adapters = emu, adapters
         # the fixed cost of a decode step (ms): the base model's, plus the adapters' batched product
         self.decode_base_ms = emu.decode_base_ms + (emu.adapter_decode_ms if adapters else 0.0)
+
+    @classmethod
+    def of(cls, cfg: Config) -> "CostModel":
+        """The cost model of a campaign's engines: with adapters where `model.lora` is set."""
+        return cls(cfg.emulation, adapters=cfg.model.lora is not None)
 
     def prefill_s(self, tokens: int) -> float:
         return (self.e.prefill_base_ms * 1e-3 + self.e.prefill_per_token_us * 1e-6 * tokens) if tokens else 0.0
@@ -76,9 +86,13 @@ class CostModel:
     def train_s(self, tokens: int) -> float:
         return self.e.train_per_token_us * 1e-6 * tokens
 
+    @property
+    def version_gb(self) -> float:
+        """The nominal size of a version: the model's, or with adapters an adapter's."""
+        return self.e.adapter_weight_gb if self.adapters else self.e.nominal_weight_gb
+
     def weight_load_s(self) -> float:
-        gb = self.e.adapter_weight_gb if self.adapters else self.e.nominal_weight_gb
-        return gb / self.e.pull_gbps if self.e.pull_gbps else 0.0
+        return self.version_gb / self.e.pull_gbps if self.e.pull_gbps else 0.0
 
 
 class Clock:

@@ -24,12 +24,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.emulation.workload import EpisodePlan, Workload, has_tools, workload_for
 from laminar_hpc.tasks.problem import Problem
 from laminar_hpc.tasks.tools.episode import EnvContext, Environment, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from laminar_hpc.config.emulation import EmulationCfg
+    from laminar_hpc.config.schema import Config
 
 TOOL_ID = 3  # ends a model turn that calls a tool (the char tokenizer's unk: never sampled)
 FIRST_ORDINARY_ID = 4  # the emulated engine samples ids in [4, vocab)
@@ -40,6 +42,16 @@ TOOL_NAME = "emulated"
 def episodes_enabled(emulation_cfg: EmulationCfg) -> bool:
     """Whether an emulation section's workload has tool-use episodes (reads no file)."""
     return has_tools(emulation_cfg.lengths)
+
+
+def runs_episodes(cfg: Config) -> bool:
+    """Whether a campaign's rollouts run tool-use episodes: an environment's (`env`), or on
+    emulated engines their workload's (`emulation.lengths` with tools). A turn back from its tool
+    is admitted under its replica's newest version, so such a replica never loads an adapter
+    version beside older ones (rollout/updates.py ReplicaRefresh, the simulator's rollout)."""
+    if rollout_backend(cfg).emulated:
+        return episodes_enabled(cfg.emulation)
+    return cfg.env.enabled
 
 
 def episode_plan(emulation_cfg: EmulationCfg, *, seed: int, traj_id: str, cap: int,

@@ -260,7 +260,7 @@ def ideal_for_config(cfg: Config, *, cost: CostModel | None = None, prompt_token
     if not lengths and has_tools(cfg.emulation.lengths):
         episodes = episode_moments(workload or workload_for(cfg.emulation.lengths), seed=cfg.seed,
                                    cap=int(cfg.rollout.max_new_tokens))
-    cost = cost or CostModel(cfg.emulation, adapters=cfg.model.lora is not None)  # (adapters: their decode cost)
+    cost = cost or CostModel.of(cfg)  # (adapters: their decode cost)
     return ideal(cost, moments, prompt_tokens=int(prompt_tokens),
                  replicas=cfg.rollout.count, max_batch=cfg.rollout.max_batch,
                  kv_capacity=cfg.repack.kv_capacity_tokens, episodes=episodes)

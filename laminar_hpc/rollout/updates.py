@@ -29,6 +29,8 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from laminar_hpc.config.update_paths import update_path
+from laminar_hpc.emulation.cost import CostModel
+from laminar_hpc.emulation.emulated_episodes import runs_episodes
 from laminar_hpc.model.layout import PublishedLayout
 from laminar_hpc.policy import refresh
 from laminar_hpc.policy.modes import MODES
@@ -204,7 +206,7 @@ class GlobalUpdate:
         engine = host.engine
         clock = getattr(engine, "clock", None)
         if clock is not None:  # an emulated engine spends its share of the modelled transfer
-            clock.spend(self.path.receive_s(pr, cfg.emulation.nominal_weight_gb * 1e9, cfg.rollout.count))
+            clock.spend(self.path.receive_s(pr, CostModel.of(cfg).version_gb * 1e9, cfg.rollout.count))
         old = engine.version
         engine.load_weights(v, memoryview(buf), host.layout, checksum=False, in_flight=self.keep_kv)
         engine.version = v
@@ -246,7 +248,7 @@ class UpdateComponents:
         self.cfg, self.host = cfg, host
 
     def per_replica(self) -> Updates:
-        return ReplicaRefresh(self.host, self.cfg.rollout, beside=not self.cfg.env.enabled)
+        return ReplicaRefresh(self.host, self.cfg.rollout, beside=not runs_episodes(self.cfg))
 
     def global_update(self) -> Updates:
         return GlobalUpdate(self.host, self.cfg)

@@ -257,6 +257,9 @@ def measure(sim: Simulation, skip: int) -> dict:
         "trajectories_migrated": st["trajectories_migrated"], "repack_moves": st["moves"],
         "groups_dropped_staleness": sim.trainer.dropped,
         "global_update_s_mean": sum(sim.syncs) / len(sim.syncs) if sim.syncs else None,
+        # versions loaded over the whole run, and those loaded beside running sequences of older adapter
+        # versions (`model.lora`: no drain, each trajectory keeps its version)
+        "weight_loads": sim.pulls, "loads_beside": sum(r.loads_beside for r in sim.rollouts),
         "failures": dict(sim.failures),
         "recovered": dict(placed),
         **accounting(sim),

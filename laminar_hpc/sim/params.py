@@ -24,6 +24,7 @@ from laminar_hpc.config.task import fixed_prompt_tokens
 from laminar_hpc.config.update_paths import update_path
 from laminar_hpc.controller.rollout_manager import move_expiry_s
 from laminar_hpc.emulation.cost import CostModel
+from laminar_hpc.emulation.emulated_weights import emulated_version_bytes
 from laminar_hpc.emulation.ideal import workload_moments
 from laminar_hpc.emulation.workload import EpisodePlan, Workload, build_workload, workload_for
 from laminar_hpc.policy.modes import MODES
@@ -191,9 +192,11 @@ def read_events(run_dir) -> list:
     return read_run(run_dir).events
 
 
-def areal_update(cfg: Config, spec: ClusterSpec, relay_pull_s: float, real_copy_s: float) -> dict | None:
+def areal_update(cfg: Config, spec: ClusterSpec, relay_pull_s: float, real_copy_s: float,
+                 version_gb: float) -> dict | None:
     """partial-rollout's global update over AReaL's path (config `partial_rollout`), None on the relay
-    path. The trainer sends `nominal_weight_gb` itself and is blocked for it; the relays carry nothing.
+    path. The trainer sends the version (`version_gb`: the model's, or an adapter's) itself and is
+    blocked for it; the relays carry nothing.
 
     broadcast (a collective: rollouts join it as they pause): the trainer is blocked `broadcast_s` over
     its link; every rollout GPU receives for the same time from when it joins, then the engine loads.
@@ -204,7 +207,7 @@ def areal_update(cfg: Config, spec: ClusterSpec, relay_pull_s: float, real_copy_
     pr, path = cfg.partial_rollout, update_path(cfg)
     if not MODES[cfg.mode].trainer_waits_for_rollouts or path.via_relay:
         return None
-    nbytes, replicas = cfg.emulation.nominal_weight_gb * 1e9, cfg.rollout.count
+    nbytes, replicas = version_gb * 1e9, cfg.rollout.count
     ready = real_copy_s + path.write_s(pr, nbytes)  # written (or, broadcasting, nothing to write first)
     send = ready + path.send_s(pr, nbytes, replicas, spec.rollout_tp)
     share = path.receive_s(pr, nbytes, replicas, spec.rollout_tp)
@@ -269,7 +272,8 @@ class SimParams:
         e = cfg.emulation
         scale = rollout_backend(cfg).time_scale(cfg)
         wall = 1.0 / scale  # one wall second of real overhead, in emulated seconds
-        cost = CostModel(e)
+        cost = CostModel.of(cfg)  # with adapters (model.lora): an adapter's bytes and its decode cost
+        version = "adapter_weight_gb" if cost.adapters else "nominal_weight_gb"
         fixed = fixed_prompt_tokens(cfg.task)
         prompt = spec.prompt_tokens if fixed is None else fixed
         wl = build_workload(e.lengths, read_events=read_events)  # once: the simulation's draws, plans and ideal
@@ -282,19 +286,20 @@ class SimParams:
                                           f"{spec.slow_decode:g}x slower and load {spec.slow_load:g}x slower "
                                           "(#@sim slow_fraction, slow_decode, slow_load)")
         if spec.bcast_gbps:  # a cluster: the model's bytes, at its links' speeds
-            moved, wall_b = e.nominal_weight_gb * 1e9, 1.0
+            moved, wall_b = cost.version_gb * 1e9, 1.0
             bw = spec.bcast_gbps * 1e9
             pull = cost.weight_load_s()
-            src["weights"] = (f"nominal_weight_gb: publish copy at {spec.host_copy_gbps} GB/s; relays copy "
+            src["weights"] = (f"{version}: publish copy at {spec.host_copy_gbps} GB/s; relays copy "
                               f"({spec.host_copy_gbps} GB/s) and checksum ({spec.checksum_gbps} GB/s) per thread on "
                               f"{spec.relay_threads} threads, pipelined with the chain at {spec.bcast_gbps} GB/s; "
                               f"pull at emulation.pull_gbps")
         else:  # an emulated run on one machine: emulation.weight_mb real bytes move, in wall time
-            moved, wall_b = e.weight_mb * 2**20, wall
+            moved, wall_b = emulated_version_bytes(cfg), wall  # (an adapter's share of them, with model.lora)
             bw = spec.host_copy_gbps * 1e9 / wall
             pull = cost.weight_load_s() + moved / (spec.host_copy_gbps * 1e9) * wall
-            src["weights"] = (f"emulation.weight_mb real bytes at {spec.host_copy_gbps} GB/s memcpy and "
-                              f"{spec.checksum_gbps} GB/s checksum (wall), plus emulation's nominal load time")
+            src["weights"] = (f"{'an adapter version' if cost.adapters else 'emulation.weight_mb'}: {moved:,} real "
+                              f"bytes at {spec.host_copy_gbps} GB/s memcpy and {spec.checksum_gbps} GB/s checksum "
+                              f"(wall), plus the nominal load time of {version}")
         copy_s = moved / (spec.host_copy_gbps * 1e9) * wall_b
         # relay/pipeline.py: each master thread hashes a piece then copies it; followers hash pieces as they
         # arrive, on as many threads; the chain moves a piece as soon as it is done. The version streams at
@@ -306,7 +311,8 @@ class SimParams:
         master_s = moved / (spec.relay_threads * per_thread)
         bw = min(bw, spec.relay_threads * per_thread, spec.relay_threads * spec.checksum_gbps * 1e9 / wall_b)
         fill_s = piece / per_thread + piece / (spec.checksum_gbps * 1e9) * wall_b
-        update = areal_update(cfg, spec, pull, 0.0 if spec.bcast_gbps else moved / (spec.host_copy_gbps * 1e9) * wall)
+        update = areal_update(cfg, spec, pull, 0.0 if spec.bcast_gbps else moved / (spec.host_copy_gbps * 1e9) * wall,
+                              cost.version_gb)
         if update is not None:
             pull = update["pull_s"]
             src["update path"] = update["source"]

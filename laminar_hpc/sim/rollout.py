@@ -2,7 +2,8 @@
 
 One loop iteration, as in the runtime: handle the control messages that have arrived; decide
 about weights (laminar: `policy.refresh.refresh_action`: drain then pull, or load in flight and
-keep the sequences, re-prefilling their KV or keeping it; barrier modes: load when told, between
+keep the sequences, re-prefilling their KV or keeping it, or with adapter versions (`model.lora`)
+load the newest beside the versions its sequences run under, each keeping its own; barrier modes: load when told, between
 batches; partial-rollout: the global update, interrupt (once its relay holds the version, with
 `partial_rollout.pause_at: relay`) + load + wait for `resume` + re-prefill,
 or with `partial_rollout.kv: keep` no re-prefill); admit queued work into the free slots (prefill cost; migrated work
@@ -30,7 +31,9 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING
 
+from laminar_hpc.config.model_cfg import adapter_slots
 from laminar_hpc.config.update_paths import update_path
+from laminar_hpc.emulation.emulated_episodes import runs_episodes
 from laminar_hpc.policy import refresh
 from laminar_hpc.policy.modes import mode_plan
 from laminar_hpc.sim.pool import Traj
@@ -80,6 +83,10 @@ class SimRollout:
         self.max_batch = cfg.rollout.max_batch
         ro = cfg.rollout
         self.refresh, self.refresh_below = ro.refresh_in_flight, ro.refresh_below
+        # adapter versions its engine holds at once (`model.lora`; 1: full weights). As the runtime's
+        # ReplicaRefresh, it loads beside running versions only without tool episodes
+        self.version_slots = 1 if cfg.model.lora is None or runs_episodes(cfg) else adapter_slots(cfg)
+        self.loads_beside = 0  # versions loaded beside sequences of older ones (policy/refresh.py BESIDE)
         self.keep_kv = ro.refresh_kv == "keep"  # laminar's switch in flight keeps the old KV
         self.pr_keep_kv = cfg.partial_rollout.kv == "keep"  # partial-rollout's update keeps it
         self.on_reprefill = None  # the observer's hook: re-prefill time a weight update costs (emulated s)
@@ -228,8 +235,10 @@ class SimRollout:
         held = len(self.act) + self._pinned() + len(self.tools) + len(self.back)  # episodes at tools count
         action = refresh.refresh_action(setting=self.refresh, current=self.version, newest=newest, held=held,
                                         running=len(self.act), max_batch=self.max_batch,
-                                        below=self.refresh_below)
-        if action == refresh.PULL:
+                                        below=self.refresh_below, spare_slots=self._spare_slots(newest),
+                                        outside=held - len(self.act))
+        if action in (refresh.PULL, refresh.BESIDE):  # beside: the running sequences keep their versions
+            self.loads_beside += action == refresh.BESIDE
             self._pull(newest, CONTINUE)
             return None
         if action == refresh.SWITCH:
@@ -237,6 +246,13 @@ class SimRollout:
             self._pull(newest, SWITCH)
             return None
         return action == refresh.DRAIN
+
+    def _spare_slots(self, newest: int) -> int:
+        """Versions its engine could load beside those its running sequences decode under (the
+        emulated engine's `spare_version_slots`); 0 with one version at a time."""
+        if self.version_slots == 1 or newest <= self.version:
+            return 0
+        return self.version_slots - len({t.version for t in self.act.values()})
 
     def _global_update_step(self, newest: int, now: float) -> bool | None:
         return None if self._global_update(newest, now) else False

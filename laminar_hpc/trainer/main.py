@@ -37,6 +37,7 @@ import torch
 
 from laminar_hpc.config.resume_changes import resume_changes, training_settings
 from laminar_hpc.config.update_paths import update_path
+from laminar_hpc.emulation.cost import CostModel
 from laminar_hpc.startup.signals import install_stop_handlers
 from laminar_hpc.startup.role import INTERRUPTED, Heartbeat, RoleContext, start_role
 from laminar_hpc.metrics.jsonl import JsonlAppender
@@ -318,11 +319,11 @@ class Trainer:
         rollout and is blocked meanwhile; returns that time. The bytes go to
         `run_dir/weights/v<N>.bin` (atomic), which the rollouts load instead of their relay store.
         filesystem: that write is the parallel filesystem's (an emulated trainer also spends the
-        modelled write of nominal_weight_gb first). broadcast: a stand-in (no NCCL here): the file
+        modelled write of the nominal version first). broadcast: a stand-in (no NCCL here): the file
         carries the bytes and an emulated trainer is blocked for the modelled broadcast, which every
         rollout also spends as it receives (`PartialRolloutCfg`). Older versions' files go."""
         cfg, rd = self.ctx.cfg, self.ctx.rundir
-        pr, nominal = cfg.partial_rollout, cfg.emulation.nominal_weight_gb * 1e9
+        pr, nominal = cfg.partial_rollout, CostModel.of(cfg).version_gb * 1e9  # (an adapter's, with model.lora)
         clock = getattr(self.backend, "clock", None)  # an emulated backend spends the cost model's time
         path = update_path(cfg)
         t0 = time.monotonic()

@@ -239,7 +239,8 @@ def test_presets_load_and_note_every_number(path):
     assert spec.bcast_gbps and spec.rollout_tp >= 1 and base_gpus(cfg, spec) == 64
     text = open(path).read()
     for key in ("decode_base_ms", "decode_per_seq_us", "decode_per_kv_token_ns", "prefill_per_token_us",
-                "train_per_token_us", "nominal_weight_gb", "pull_gbps", "kv_capacity_tokens"):
+                "train_per_token_us", "nominal_weight_gb", "pull_gbps", "kv_capacity_tokens", "adapter_weight_gb",
+                "adapter_decode_ms"):
         line = next(ln for ln in text.splitlines() if ln.strip().startswith(key + ":"))
         assert "#" in line, f"{key}: its source is not noted"
     big, bspec = scale_cluster(cfg, spec, 1024)
