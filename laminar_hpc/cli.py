@@ -13,6 +13,7 @@
     laminar trace export RUN_DIR --format perfetto [-o trace.json]   # open in ui.perfetto.dev
     laminar trace compare RUN_A RUN_B                          # the summary figures side by side
     laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT] # every mode and scaling curves, simulated
+    laminar plan CONFIG --gpus N [-o PLAN.yaml]                # the split and knobs of N GPUs, ranked
     laminar export-hf RUN_DIR [--step N | --live] [-o OUT_DIR] [--dtype D]   # a weight version as an HF dir
     laminar eval RUN_DIR_OR_HF_DIR [--config CONFIG] [--step N] [--samples N] [--json OUT]   # the validation split
 (`laminar simulate`'s arguments are sim/cli.py's.)
@@ -470,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(func=_export_hf)
     sub.add_parser("eval", help="generate and score the task's validation split with a run's checkpoint or a "
                    "Hugging Face directory (laminar eval TARGET [--config CONFIG]; see laminar eval -h)")
+    sub.add_parser("plan", help="size a campaign: the split of N GPUs and the knobs that matter, ranked by the "
+                   "simulator (laminar plan CONFIG --gpus N [-o PLAN.yaml]; see laminar plan -h)")
     sub.add_parser("simulate", help="discrete-event simulation of a whole cluster, every mode, scaling curves "
                    "(laminar simulate CONFIG [--calibrate RUN_DIR] [--json OUT]; see laminar simulate -h)")
     return ap
@@ -484,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:  # its own parser (laminar_hpc/sim/cli.py): no torch, no run directory
         from laminar_hpc.sim.cli import main as simulate
         return simulate(argv[1:])
+    if argv[:1] == ["plan"]:  # its own parser (laminar_hpc/sim/plan_cli.py): the simulator's search
+        from laminar_hpc.sim.plan_cli import main as plan
+        return plan(argv[1:])
     if argv[:1] == ["eval"]:  # its own parser too (laminar_hpc/rollout/evaluate.py), in its own process
         return _eval(argv[1:])
     parser = build_parser()

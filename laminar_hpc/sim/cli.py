@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _parse_list(text: str, what: str) -> list[int]:
+def parse_list(text: str, what: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -74,7 +74,7 @@ def _parse_list(text: str, what: str) -> list[int]:
     return vals
 
 
-def _apply_sim_overrides(spec, items: list[str]):
+def apply_sim_overrides(spec, items: list[str]):
     import yaml
 
     from laminar_hpc.sim.presets import spec_from_dict
@@ -103,7 +103,7 @@ def run(args) -> int:
 
     t0 = time.perf_counter()
     cfg = load_config(args.config, args.overrides + ([f"seed={args.seed}"] if args.seed is not None else []))
-    spec = _apply_sim_overrides(read_spec(args.config), args.sim)
+    spec = apply_sim_overrides(read_spec(args.config), args.sim)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else list(DEFAULT_VARIANTS)
     unknown = [m for m in modes if m not in VARIANTS]
     if unknown:
@@ -118,7 +118,7 @@ def run(args) -> int:
     fewest = min(steps, args.barrier_steps) if BARRIER & set(modes) else steps
     if args.skip < 0 or args.skip >= fewest:
         raise UsageError(f"--skip {args.skip}: must be >= 0 and below the {fewest} steps simulated per mode")
-    gpus = _parse_list(args.scaling, "scaling") if args.scaling else []
+    gpus = parse_list(args.scaling, "scaling") if args.scaling else []
     if gpus and args.skip >= args.scaling_steps:
         raise UsageError(f"--skip {args.skip}: must be below --scaling-steps {args.scaling_steps}")
     compare_doc = None

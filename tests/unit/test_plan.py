@@ -1,0 +1,107 @@
+"""`laminar plan` (laminar_hpc/sim/planner.py, sim/plan_cli.py): the split and knobs of N GPUs ranked
+by the simulator, the plan it writes (runnable, its prediction stated and reproduced by `laminar
+simulate`), pruning by the cost model's bound, and one line for each kind of bad input."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from laminar_hpc.config import load_config, save_config
+from laminar_hpc.sim import ClusterSpec
+from laminar_hpc.sim.cli import main as simulate_main
+from laminar_hpc.sim.planner import PlanError, Point, Search, point_config
+from laminar_hpc.sim.plan_cli import main as plan_main
+from laminar_hpc.sim.presets import read_spec
+
+from helpers import REPO
+
+LONGTAIL = os.path.join(REPO, "configs", "bench", "longtail-math.yaml")
+# the reference workload at a quarter of its size (tests/unit/test_simulator.py's SMALL): 8 replicas and
+# 8 trainer GPUs, here on nodes of 2 GPUs: 8 nodes, 16 GPUs
+SMALL = ["rollout.count=8", "trainer.groups_per_step=16", "emulation.train_per_token_us=51.6"]
+NODES_OF_2 = ["--sim", "gpus_per_node=2"]
+
+
+def small_search(**kw) -> Search:
+    cfg = load_config(LONGTAIL, SMALL)
+    spec = ClusterSpec(gpus_per_node=2)
+    return Search(cfg, spec, 16, mode="laminar", steps=4, final_steps=6, **kw)
+
+
+def test_a_point_moves_the_trainers_cost_with_its_gpus_and_keeps_the_global_batch():
+    cfg = load_config(LONGTAIL, SMALL)
+    spec = ClusterSpec(gpus_per_node=2)
+    p = Point(trainer_gpus=4, rollout_tp=1, replicas=12, max_batch=16, max_ahead=2, repack=False)
+    pcfg, pspec = point_config(cfg, spec, p, 16, "laminar")
+    assert pcfg.rollout.count == 12 and pcfg.rollout.max_batch == 16 and pcfg.trainer.groups_per_step == 16
+    assert pcfg.controller.max_ahead_steps == 2 and pcfg.repack.enabled is False
+    assert pcfg.emulation.train_per_token_us == pytest.approx(51.6 * 8 / 4)  # half the trainer GPUs: twice the cost
+    assert pspec.trainer_gpus == 4 and pspec.rollout_tp == 1
+    tp2 = point_config(cfg, spec, Point(4, 2, 6, 32, 2, False), 16, "laminar")[0]
+    assert tp2.emulation.decode_base_ms == pytest.approx(cfg.emulation.decode_base_ms / 2)  # perfect scaling, stated
+    assert tp2.repack.kv_capacity_tokens == 2 * cfg.repack.kv_capacity_tokens
+
+
+def test_the_pick_is_at_least_the_configs_split_and_pruned_points_could_not_have_won():
+    s = small_search()
+    result = s.run()
+    best = result.ranked[0]
+    hand = s.done[(result.hand, 6)]
+    assert best.figures["steps"] == 6 and best.rate >= hand.rate
+    assert [e.rate for e in result.ranked if e.stage == "final"] == sorted(
+        (e.rate for e in result.ranked if e.stage == "final"), reverse=True)
+    assert best.figures["staleness_mean"] <= hand.figures["staleness_mean"] + 0.05  # no staleness bought
+    simulated = {e.point for e in result.simulated}
+    for point, why in result.pruned:
+        assert point not in simulated, why
+        if why.startswith("its ideal"):  # pruned by the bound: its ideal is below a rate simulated before it
+            assert s.ideal(point)["trajectories_per_s"] < max(e.rate for e in result.simulated)
+
+
+def test_plan_writes_a_runnable_config_whose_prediction_simulate_reproduces(tmp_path, capsys):
+    out, js = tmp_path / "plan.yaml", tmp_path / "plan.json"
+    assert plan_main([LONGTAIL, *SMALL, "--gpus", "16", *NODES_OF_2, "--steps", "4", "--final-steps", "6",
+                      "-o", str(out), "--json", str(js)]) == 0
+    text = out.read_text()
+    m = re.search(r"^# predicted: ([0-9.]+) trajectories/s", text, re.M)
+    assert m, text[:400]
+    predicted = float(m.group(1))
+    cfg = load_config(out)  # a runtime config
+    spec = read_spec(out)
+    assert spec.gpus_per_node == 2 and cfg.rollout.count * spec.rollout_tp + spec.trainer_gpus <= 16
+    table = capsys.readouterr().out
+    assert "the config's own split at 16 GPUs" in table and "simulated" in table
+    res = tmp_path / "sim.json"
+    variant = re.search(r"--modes (\S+)", text).group(1)
+    assert simulate_main([str(out), "--modes", variant, "--steps", "6", "--json", str(res)]) == 0
+    import json
+    got = json.loads(res.read_text())["modes"][variant]["trajectories_per_s"]
+    assert got == pytest.approx(predicted, rel=0.10)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--gpus", "15"], "not a whole number of 2-GPU nodes"),
+    (["--gpus", "2"], "needs at least two"),
+    (["--gpus", "16", "--max-staleness", "0.05"], "no split reaches it"),
+    (["--gpus", "16", "--tp", "3"], "--tp 3: does not divide"),
+])
+def test_bad_input_is_one_line_naming_what_to_change(argv, says, capsys):
+    assert plan_main([LONGTAIL, *SMALL, *NODES_OF_2, "--steps", "3", "--final-steps", "3", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the search's progress lines)
+    assert says in err and err.startswith("laminar plan: error:")
+
+
+def test_a_calibration_run_of_another_model_is_refused_in_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(load_config(LONGTAIL, [*SMALL, "emulation.nominal_weight_gb=140"]), run / "config.yaml")
+    assert plan_main([LONGTAIL, *SMALL, "--gpus", "16", *NODES_OF_2, "--calibrate", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "trained another model" in err and "140 GB" in err and len(err.splitlines()) == 1  # before any search
+
+
+def test_a_tensor_parallelism_that_does_not_fit_the_node_is_refused():
+    with pytest.raises(PlanError, match="does not divide"):
+        small_search(tps=[3])
