@@ -188,9 +188,7 @@ def run(args, argv: list[str]) -> int:
     rows = [row(e, hand) for e in result.ranked]
     best = rows[0]
     _, _, params = search.configure(result.ranked[0].point)
-    sources = {("calibrated " + k if cal is not None and k in cal.sources else k): v
-               for k, v in {**params.sources, **(cal.sources if cal is not None else {})}.items()
-               if not k.startswith("calibrated ")}
+    sources = params.sources  # the config's or the preset's, and what the calibration run measured ("calibrated ...")
     print(f"{cfg.name}: {args.gpus} GPUs in {args.gpus // spec.gpus_per_node} nodes of {spec.gpus_per_node}, mode {mode}, "
           f"{search.groups} x {cfg.trainer.group_size} trajectories per step (emulated seconds)")
     print(table(rows))

@@ -105,3 +105,16 @@ def test_a_calibration_run_of_another_model_is_refused_in_one_line(tmp_path, cap
 def test_a_tensor_parallelism_that_does_not_fit_the_node_is_refused():
     with pytest.raises(PlanError, match="does not divide"):
         small_search(tps=[3])
+
+
+def test_the_bench_runs_each_split_as_the_plan_simulates_it():
+    """bench/bench_plan.py runs a split with dotted overrides; they give the config point_config builds."""
+    from bench.bench_plan import split_overrides
+    cfg = load_config(LONGTAIL, SMALL)
+    spec = ClusterSpec(gpus_per_node=2)
+    p = Point(trainer_gpus=6, rollout_tp=1, replicas=10, max_batch=16, max_ahead=2, repack=True)
+    want, _ = point_config(cfg, spec, p, 16, "laminar")
+    from laminar_hpc.sim.scaling import mode_config
+    got = mode_config(load_config(LONGTAIL, [*SMALL, *split_overrides(cfg, spec, p, 16)]), "laminar")
+    for key in ("rollout", "controller", "trainer", "emulation"):
+        assert getattr(got, key) == getattr(want, key), key
