@@ -82,6 +82,21 @@ def check_calibration_model(cfg: Config, run_dirs: list[str]) -> None:
                              f"{cfg.emulation.nominal_weight_gb:g} GB): calibrate from a short run of this model")
 
 
+def per_config_trainer(cfg: Config, cal, spec: ClusterSpec) -> Config:
+    """A calibration run's training cost is its trainer's: where its config gave the trainer GPUs
+    (`slurm.layout.trainer.gpus`) and they differ from the plan's config's (`#@sim trainer_gpus`),
+    the fitted cost per token is moved to the config's GPUs (data parallelism assumed linear)."""
+    from laminar_hpc.config import load_config
+    if "train_per_token_us" not in cal.fitted:
+        return cfg
+    run_gpus = load_config(Path(cal.run_dirs[0]) / "config.yaml").slurm.layout.trainer.gpus
+    if not run_gpus or run_gpus == spec.trainer_gpus:
+        return cfg
+    cal.sources["train"] += f"; the run's {run_gpus} trainer GPUs moved to the config's {spec.trainer_gpus}"
+    us = cfg.emulation.train_per_token_us * run_gpus / spec.trainer_gpus
+    return cfg.model_copy(update={"emulation": cfg.emulation.model_copy(update={"train_per_token_us": us})})
+
+
 def row(ev, hand: dict | None = None) -> dict:
     """A table row's figures from an evaluated point; `hand`: the config's own split's rate by the
     steps simulated (a point is compared with it over the same steps)."""
@@ -169,6 +184,7 @@ def run(args, argv: list[str]) -> int:
         check_calibration_model(cfg, [str(d) for d in cal_mod.run_dirs(args.calibrate)])
         cal = cal_mod.calibrate(args.calibrate)
         cfg = cal_mod.calibrated_config(cfg, cal)
+        cfg = per_config_trainer(cfg, cal, spec)
 
     def tune(p):
         return cal_mod.apply_calibration(p, cal) if cal is not None else p

@@ -118,3 +118,20 @@ def test_the_bench_runs_each_split_as_the_plan_simulates_it():
     got = mode_config(load_config(LONGTAIL, [*SMALL, *split_overrides(cfg, spec, p, 16)]), "laminar")
     for key in ("rollout", "controller", "trainer", "emulation"):
         assert getattr(got, key) == getattr(want, key), key
+
+
+def test_a_calibration_runs_training_cost_moves_to_the_configs_trainer_gpus(tmp_path):
+    from laminar_hpc.sim.calibrate import Calibration
+    from laminar_hpc.sim.plan_cli import per_config_trainer
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(load_config(LONGTAIL, [*SMALL, "slurm.layout.trainer.gpus=2"]), run / "config.yaml")
+    cfg = load_config(LONGTAIL, [*SMALL, "emulation.train_per_token_us=40"])  # as calibrated on the run's 2 GPUs
+    cal = Calibration([str(run)], {"train_per_token_us": 40.0}, {"train": "metrics.jsonl"})
+    moved = per_config_trainer(cfg, cal, ClusterSpec(trainer_gpus=8))
+    assert moved.emulation.train_per_token_us == pytest.approx(10.0)  # 4x the GPUs: a quarter of the cost
+    assert "2 trainer GPUs" in cal.sources["train"]
+    same = load_config(LONGTAIL, SMALL)
+    save_config(same, run / "config.yaml")  # the run names no trainer GPUs: the config's are taken
+    assert per_config_trainer(cfg, Calibration([str(run)], {"train_per_token_us": 40.0}, {"train": "x"}),
+                              ClusterSpec(trainer_gpus=8)) is cfg
