@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         points.append(pick)
     rows = []
     for p in points:
-        predicted = search.evaluate(p, "truth", args.steps)
+        predicted = search.evaluate(p, "truth", args.steps, prune=False)
         run_dir = bench_modes.run_mode(args.config, MODE, [*args.overrides, *split_overrides(cfg, spec, p, search.groups)],
                                        out / p.label().replace(" ", "-"), args.steps, args.timeout_min * 60)
         m = bench_modes.measure(run_dir, 1, scale, load_config(run_dir / "config.yaml"), MODE)

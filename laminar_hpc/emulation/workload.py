@@ -251,6 +251,11 @@ def complete_group_lengths(finished: dict[str, int], admitted: list[tuple[float,
     traces), every finished trajectory."""
     if not admitted:
         return list(finished.values())
+    return [n for group in complete_groups(finished, admitted) for n in group]
+
+
+def complete_groups(finished: dict[str, int], admitted: list[tuple[float, int, int]]) -> list[list[int]]:
+    """The groups of `complete_group_lengths`, each its trajectories' lengths (admission order)."""
     by_group: dict[int, list[int]] = {}
     for tid, n in finished.items():
         g, _, _ = tid.partition(".")
@@ -261,7 +266,7 @@ def complete_group_lengths(finished: dict[str, int], admitted: list[tuple[float,
         got = by_group.get(g, [])
         if len(got) < n:
             break
-        out.extend(got)
+        out.append(got)
     return out
 
 

@@ -262,7 +262,7 @@ def whatifs(args, search, result, log) -> dict:
             raise UsageError(f"--more-rollout-gpus {n}: not a multiple of the pick's tensor parallelism "
                              f"{best.point.rollout_tp}")
         point = dc.replace(best.point, replicas=best.point.replicas + n // best.point.rollout_tp)
-        ev = search.evaluate(point, "what-if", steps)  # (the same global batch: the campaign does not grow)
+        ev = search.evaluate(point, "what-if", steps, prune=False)  # (the same global batch: the campaign does not grow)
         gain = ev.rate - best.rate
         out["more_rollout_gpus"] = {"gpus": n, "point": dc.asdict(point), "trajectories_per_s": ev.rate,
                                     "gain": gain, "gain_per_gpu": gain / n}
@@ -272,7 +272,7 @@ def whatifs(args, search, result, log) -> dict:
         x, found = args.target_throughput, None
         tries = []
         for a in range(1, 9):
-            ev = search.evaluate(dc.replace(best.point, max_ahead=a), "what-if", steps)
+            ev = search.evaluate(dc.replace(best.point, max_ahead=a), "what-if", steps, prune=False)
             tries.append({"max_ahead": a, "trajectories_per_s": ev.rate, "staleness_mean": ev.figures["staleness_mean"],
                           "staleness_p95": (ev.figures.get("version_lag") or {}).get("p95")})
             if ev.rate >= x:

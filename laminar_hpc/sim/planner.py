@@ -202,12 +202,12 @@ class Search:
                                 lengths=params.empirical_lengths, workload=params.workload).as_dict()
 
     def evaluate(self, point: Point, stage: str, steps: int | None = None, prune: bool = True) -> Evaluated | None:
-        """Simulate `point` (None: pruned, the reason kept; `prune` False: only a batch that does
-        not fit is)."""
+        """Simulate `point` (None: pruned, the reason kept). `prune` False simulates it whatever
+        the bound says (a batch that does not fit is still refused)."""
         steps = steps or self.steps
         if (point, steps) in self.done:
             return self.done[(point, steps)]
-        if point in self.pruned:
+        if prune and point in self.pruned:
             return None
         cfg, spec, params = self.configure(point)
         ideal = self.bound(cfg, params)
@@ -264,11 +264,14 @@ class Search:
         points = [self.with_trainer(base, t * g) for t in grid]
         ideals = {p: self.ideal(p)["trajectories_per_s"] for p in points}
         top = max(ideals.values())
+        sensible = []
         for p in points:
             if ideals[p] < SENSIBLE * top and p != base:
                 self.pruned[p] = (f"not a sensible split: its ideal {ideals[p]:.1f} traj/s is under {SENSIBLE:.0%} "
                                   f"of the best split's ({top:.1f})")
-        evs = [self.evaluate(p, "split", prune=False) for p in points]
+            else:
+                sensible.append(p)
+        evs = [self.evaluate(p, "split", prune=False) for p in sensible]
         best = self.best(evs) or self.best(self.simulated)
         if best is None:
             return base

@@ -328,6 +328,33 @@ def test_length_calibration_is_not_biased_by_trajectories_still_running():
     assert sorted(complete_group_lengths(finished, [])) == sorted(finished.values())  # older traces
 
 
+def test_a_run_that_completed_few_groups_keeps_the_configs_lengths(tmp_path):
+    """The first groups of a short run to complete are its short ones: fewer than MIN_FIT_GROUPS
+    complete groups are no length fit (the config's lengths stay, and the sources say why)."""
+    from laminar_hpc.metrics.trace import Tracer
+    from laminar_hpc.sim.calibrate import MIN_FIT_GROUPS
+    cfg = load_config(TINY)
+    save_config(cfg, tmp_path / "config.yaml")
+
+    def run(groups_done: int):
+        ctl, ro = Tracer(tmp_path, "controller-0"), Tracer(tmp_path, "rollout-0")
+        ro.emit("weights_pulled", version=1, previous=0, pull_s=0.1)  # (something else to calibrate)
+        for g in range(groups_done + 1):
+            ctl.emit("group_admitted", group=g, n=8)
+            for i in range(8 if g < groups_done else 7):  # the last group never completes
+                ro.emit("traj_finished", traj=f"{g}.{i}", version=0, tokens=100 + g * 8 + i, reward=1.0)
+        ctl.close()
+        ro.close()
+        return calibrate(tmp_path)
+
+    few = run(MIN_FIT_GROUPS - 1)
+    assert "lengths" not in few.fitted and f"completed {MIN_FIT_GROUPS - 1} group(s)" in few.sources["lengths"]
+    for f in (tmp_path / "trace").iterdir():
+        f.unlink()
+    enough = run(MIN_FIT_GROUPS)
+    assert "lengths" in enough.fitted and enough.sources["lengths"].startswith("log-normal fitted to")
+
+
 @pytest.mark.parametrize("bound", [1, 2])
 @pytest.mark.parametrize("mode", ["laminar", "partial-rollout"])
 def test_admission_keeps_generation_within_the_trainers_staleness_bound(mode, bound):
