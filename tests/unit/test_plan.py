@@ -135,3 +135,22 @@ def test_a_calibration_runs_training_cost_moves_to_the_configs_trainer_gpus(tmp_
     save_config(same, run / "config.yaml")  # the run names no trainer GPUs: the config's are taken
     assert per_config_trainer(cfg, Calibration([str(run)], {"train_per_token_us": 40.0}, {"train": "x"}),
                               ClusterSpec(trainer_gpus=8)) is cfg
+
+
+def test_the_what_ifs_answer_with_the_same_global_batch(tmp_path, capsys):
+    js = tmp_path / "p.json"
+    assert plan_main([LONGTAIL, *SMALL, "--gpus", "16", *NODES_OF_2, "--steps", "4", "--final-steps", "6",
+                      "--more-rollout-gpus", "4", "--target-throughput", "1", "--curve", "8,16",
+                      "--plot", str(tmp_path / "c.png"), "--json", str(js)]) == 0
+    import json
+    w = json.loads(js.read_text())["whatif"]
+    more = w["more_rollout_gpus"]
+    assert more["gpus"] == 4 and more["point"]["replicas"] == json.loads(js.read_text())["ranked"][0]["point"]["replicas"] + 4
+    assert more["trajectories_per_s"] > 0 and more["gain_per_gpu"] == pytest.approx(more["gain"] / 4)
+    found = w["target_throughput"]["found"]
+    assert found is not None and found["max_ahead"] == 1  # 1 trajectory/s: the smallest bound reaches it
+    curve = w["curve"]["points"]
+    assert [p["gpus"] for p in curve] == [8, 16] and all(p["trajectories_per_s"] > 0 for p in curve)
+    assert "marginal_per_gpu" in curve[1]
+    out = capsys.readouterr().out
+    assert "what if 4 more rollout GPUs" in out and "what staleness 1 traj/s needs" in out
