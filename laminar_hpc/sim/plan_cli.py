@@ -112,17 +112,22 @@ def row(ev, hand: dict | None = None) -> dict:
             "staleness_mean": f["staleness_mean"], "staleness_p95": (f.get("version_lag") or {}).get("p95"),
             "rollout_util": f["rollout_utilization"],
             "trainer_util": min(1.0, f["trajectories_per_s"] / train_rate) if train_rate else None,
-            "controller_util": f.get("controller_util"), "binds": ideal.get("bound"),
+            "controller_util": f.get("controller_util"), "judge_util": f.get("judge_util"), "binds": ideal.get("bound"),
             "vs_config": f["trajectories_per_s"] / hand_rate - 1 if hand_rate else None}
 
 
 def table(rows: list[dict]) -> str:
+    judged = any(r["point"]["judges"] for r in rows)  # a judge's columns only where the task has one
+    sharded = any(r["point"]["shards"] is not None for r in rows)
     head = ("# | trainer GPUs | rollouts x tp | batch | a | repack | traj/s | vs config | goodput | largest loss | "
-            "stale mean / p95 | util rollout / trainer / ctl | binds | steps")
+            "stale mean / p95 | util rollout / trainer / ctl | binds | steps"
+            + (" | judges (util)" if judged else "") + (" | shards" if sharded else ""))
     out = [head]
+    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
     for i, r in enumerate(rows, 1):
         p = r["point"]
-        pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+        extra = ([f"{p['judges']} ({pct(r['judge_util'])})"] if judged else []) + (
+            [p["shards"] if p["shards"] is not None else "auto"] if sharded else [])
         out.append(" | ".join(str(x) for x in (
             i, p["trainer_gpus"], f"{p['replicas']} x {p['rollout_tp']}", p["max_batch"], p["max_ahead"],
             "on" if p["repack"] else "off", f"{r['trajectories_per_s']:.2f}",
@@ -130,7 +135,7 @@ def table(rows: list[dict]) -> str:
             f"{r['largest_loss']} {pct(r['largest_loss_frac'])}" if r["largest_loss"] else "-",
             f"{r['staleness_mean']:.2f} / {r['staleness_p95'] if r['staleness_p95'] is not None else '-'}",
             f"{pct(r['rollout_util'])} / {pct(r['trainer_util'])} / {pct(r['controller_util'])}",
-            r["binds"] or "-", r["steps"])))
+            r["binds"] or "-", r["steps"], *extra)))
     return "\n".join(out)
 
 
@@ -154,7 +159,9 @@ def write_plan(path: str, cfg: Config, spec: ClusterSpec, best: dict, argv: list
              f"({best['steps']} steps simulated: laminar simulate {Path(path).name} --modes {variant_of(cfg)} "
              f"--steps {best['steps']})",
              f"# split: {p['trainer_gpus']} trainer GPUs, {p['replicas']} rollout replicas x {p['rollout_tp']} GPU(s), "
-             f"batch {p['max_batch']}, admission bound {p['max_ahead']}, repack {'on' if p['repack'] else 'off'}",
+             f"batch {p['max_batch']}, admission bound {p['max_ahead']}, repack {'on' if p['repack'] else 'off'}"
+             + (f", {p['judges']} judge replicas x {p['rollout_tp']} GPU(s)" if p["judges"] else "")
+             + (f", {p['shards']} stream shards" if p["shards"] is not None else ""),
              *(f"# figures: {k}: {v}" for k, v in sources.items()),
              *sim_lines(spec)]
     body = yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=False), sort_keys=False)

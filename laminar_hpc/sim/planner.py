@@ -2,9 +2,10 @@
 
 A point is a way to run the same campaign (the same global batch, group size, lengths and cost
 per GPU) on `gpus` GPUs: trainer GPUs (whole nodes), rollout tensor parallelism and replicas (the
-rest of the nodes), each replica's decode batch, the admission bound (`controller.max_ahead_steps`)
-and repack. Relays are one per rollout node plus the master (the runtime's layout), stream shards
-`controller.shards: auto`; neither is searched. A judge's replicas stay the config's.
+rest of the nodes), each replica's decode batch, the admission bound (`controller.max_ahead_steps`),
+repack, the judge's replicas (`task.reward.judge`, each on the rollouts' tensor parallelism: its
+GPUs come from the rollouts') and the stream shards. Relays are not a knob: one per rollout node
+plus the master is the runtime's layout on Slurm.
 
 The search, coarse to fine (every simulation is `sim.cluster.simulate`, the runtime's policies):
 0. with `--max-staleness`, the largest admission bound within it at the config's split;
@@ -13,7 +14,8 @@ The search, coarse to fine (every simulation is `sim.cluster.simulate`, the runt
    sensible split), then halving the grid's step around the best until it is one node or a round
    gains less than 0.5%;
 2. the knobs, one at a time from the best split: batch x0.5 and x2, admission bounds 1..4, repack
-   flipped (where the mode repacks), and each tensor parallelism of `tps`;
+   flipped (where the mode repacks), each tensor parallelism of `tps`, judges -1, +1, x2, /2 (with
+   a judge), and twice the stream shards where the control plane is at least half busy;
 3. the best few, simulated again over more steps: the ranking.
 Before each simulation a point's ideal (the cost model's generation- and training-bound rates,
 `emulation/ideal.py`) is its upper bound: a point whose ideal is below the best simulated rate is
@@ -48,7 +50,8 @@ TP_SCALED = ("decode_base_ms", "decode_per_seq_us", "decode_per_kv_token_ns", "p
 COARSE_SPLITS = 6  # trainer-node counts on the first grid
 FINALISTS = 3  # points simulated again over the final steps
 SENSIBLE = 0.5  # a split whose ideal is under this fraction of the best split's is not simulated
-REFINE_GAIN = 0.005  # the split's refinement stops after a round that gains less than this
+REFINE_GAIN = 0.005
+CONTROL_BUSY = 0.5  # more stream shards are tried only where the control plane is this busy  # the split's refinement stops after a round that gains less than this
 # without --max-staleness a point may be this much staler (mean, versions) than the config's own split
 STALENESS_SLACK = 0.05
 
@@ -65,10 +68,13 @@ class Point:
     max_batch: int
     max_ahead: int
     repack: bool
+    judges: int = 0  # judge replicas (task.reward.judge), each on the rollouts' tensor parallelism
+    shards: int | None = None  # stream shards (controller.shards; None: auto)
 
     def label(self) -> str:
         return (f"T{self.trainer_gpus} R{self.replicas}x{self.rollout_tp} B{self.max_batch} a{self.max_ahead}"
-                + (" repack" if self.repack else ""))
+                + (" repack" if self.repack else "") + (f" J{self.judges}" if self.judges else "")
+                + (f" S{self.shards}" if self.shards is not None else ""))
 
 
 @dataclass
@@ -119,6 +125,10 @@ def point_config(cfg: Config, spec: ClusterSpec, point: Point, groups_per_step: 
     data["controller"]["max_ahead_steps"] = point.max_ahead
     data["repack"]["enabled"] = point.repack
     data["trainer"]["groups_per_step"] = groups_per_step
+    if point.judges:
+        data["task"]["reward"]["judge"]["replicas"] = point.judges
+    if point.shards is not None:
+        data["controller"]["shards"] = point.shards
     emu = data["emulation"]
     emu["train_per_token_us"] = cfg.emulation.train_per_token_us * spec.trainer_gpus / point.trainer_gpus
     if point.rollout_tp != tp0:  # perfect tensor-parallel scaling (module docstring)
@@ -158,9 +168,14 @@ def hand_split(cfg: Config, spec: ClusterSpec, gpus: int, mode: str) -> tuple[Po
     scaled, sspec = scale_cluster(mode_config(cfg, mode), spec, gpus)
     g = spec.gpus_per_node
     trainer = max(g, round(sspec.trainer_gpus / g) * g)
-    replicas = (gpus - trainer) // spec.rollout_tp
+    judge = cfg.task.reward.judge
+    judges = judge.replicas if judge is not None else 0  # (they keep their count: the rollouts give the GPUs)
+    replicas = (gpus - trainer) // spec.rollout_tp - judges
+    if replicas < 1:
+        raise PlanError(f"--gpus {gpus}: {trainer} trainer GPUs and {judges} judge replicas leave no rollout GPU; "
+                        "ask for more GPUs")
     point = Point(trainer, spec.rollout_tp, replicas, cfg.rollout.max_batch, cfg.controller.max_ahead_steps,
-                  scaled.repack.enabled)
+                  scaled.repack.enabled, judges)
     return point, scaled.trainer.groups_per_step
 
 
@@ -209,6 +224,9 @@ class Search:
             return self.done[(point, steps)]
         if prune and point in self.pruned:
             return None
+        if point.replicas < 1:
+            self.pruned[point] = "no rollout GPU left (the trainer and the judges take them all)"
+            return None
         cfg, spec, params = self.configure(point)
         ideal = self.bound(cfg, params)
         if ideal.get("kv_bound") and cfg.repack.kv_capacity_tokens and point.max_batch > self.cfg.rollout.max_batch:
@@ -251,8 +269,13 @@ class Search:
         return max(ok, key=lambda e: e.rate) if ok else None
 
     # -- the stages --------------------------------------------------------------------------
+    def rollouts_left(self, trainer: int, tp: int, judges: int) -> int:
+        """Rollout replicas on the GPUs the trainer and the judges leave."""
+        return (self.gpus - trainer) // tp - judges
+
     def with_trainer(self, base: Point, trainer: int) -> Point:
-        return dataclasses.replace(base, trainer_gpus=trainer, replicas=(self.gpus - trainer) // base.rollout_tp)
+        return dataclasses.replace(base, trainer_gpus=trainer,
+                                   replicas=self.rollouts_left(trainer, base.rollout_tp, base.judges))
 
     def splits(self, base: Point) -> Point:
         """Stage 1: the trainer's nodes, coarse grid, then halving around the best."""
@@ -291,18 +314,41 @@ class Search:
         """Stage 2: each knob alone from the best point so far, keeping what improves."""
         on = mode_config(self.cfg, self.mode)
         repacks = mode_plan(on.model_copy(update={"repack": on.repack.model_copy(update={"enabled": True})})).repacks
+        def judges(p: Point) -> list[Point]:  # GPUs moved between the rollouts and the judges
+            counts = sorted({p.judges - 1, p.judges + 1, p.judges * 2, p.judges // 2} - {p.judges})
+            return [dataclasses.replace(p, judges=j, replicas=self.rollouts_left(p.trainer_gpus, p.rollout_tp, j))
+                    for j in counts if j >= 1 and self.rollouts_left(p.trainer_gpus, p.rollout_tp, j) >= 1]
+
         variants = (
             lambda p: [dataclasses.replace(p, max_batch=b) for b in (p.max_batch // 2, p.max_batch * 2) if b >= 1],
             lambda p: [dataclasses.replace(p, max_ahead=a) for a in range(1, 5) if a != p.max_ahead],
             lambda p: [dataclasses.replace(p, repack=not p.repack)] if repacks else [],
-            lambda p: [dataclasses.replace(p, rollout_tp=tp, replicas=(self.gpus - p.trainer_gpus) // tp)
+            lambda p: [dataclasses.replace(p, rollout_tp=tp, replicas=self.rollouts_left(p.trainer_gpus, tp, p.judges))
                        for tp in self.tps if tp != p.rollout_tp],
+            lambda p: judges(p) if p.judges else [],
+            self.more_shards,
         )
         cur = self.done.get((base, self.steps))
         for make in variants:
             pivot = cur.point if cur is not None else base
             cur = self.best([cur, *(self.evaluate(p, "knob") for p in make(pivot))]) or cur
         return cur.point if cur is not None else base
+
+    def more_shards(self, p: Point) -> list[Point]:
+        """Twice the stream shards, only where the control plane of `p` is busy enough to bind
+        (its controller thread or busiest shard over CONTROL_BUSY): else pruned, said why."""
+        ev = self.done.get((p, self.steps))
+        if ev is None:
+            return []
+        f = ev.figures
+        busy = max(f.get("controller_util") or 0.0, f.get("shard_util_max") or 0.0)
+        shards = self.configure(p)[0].stream_shards
+        more = dataclasses.replace(p, shards=max(1, 2 * shards))
+        if busy < CONTROL_BUSY:
+            self.pruned[more] = (f"stream shards: the control plane is {busy:.0%} busy at the best point "
+                                 f"({shards} shards); more cannot gain")
+            return []
+        return [more]
 
     def admission(self, base: Point) -> Point:
         """Stage 0, with --max-staleness: the largest admission bound whose mean staleness stays

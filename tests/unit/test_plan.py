@@ -154,3 +154,24 @@ def test_the_what_ifs_answer_with_the_same_global_batch(tmp_path, capsys):
     assert "marginal_per_gpu" in curve[1]
     out = capsys.readouterr().out
     assert "what if 4 more rollout GPUs" in out and "what staleness 1 traj/s needs" in out
+
+
+def test_with_a_judge_that_binds_the_plan_moves_gpus_from_the_rollouts_to_the_judges(capsys):
+    """A judge 8x the policy's cost, one replica: the campaign runs at the judge's capacity; the
+    plan tries more judge replicas (each on the rollouts' GPUs) and picks more than one."""
+    judged = [*SMALL, "task.reward.fn=judge", "task.reward.judge.batch_size=32", "emulation.judge_cost_ratio=8"]
+    cfg = load_config(LONGTAIL, judged)
+    s = Search(cfg, ClusterSpec(gpus_per_node=2), 16, mode="laminar", steps=4, final_steps=6)
+    assert s.hand.judges == 1 and s.hand.replicas == 7  # 16 GPUs: 8 train, 1 judges, 7 generate
+    result = s.run()
+    best = result.ranked[0]
+    assert best.point.judges > 1 and best.point.replicas + best.point.judges == 16 // 1 - best.point.trainer_gpus
+    assert best.rate > s.done[(s.hand, 6)].rate * 1.2
+    assert any(e.point.judges != s.hand.judges for e in result.simulated if e.stage == "knob")
+
+
+def test_more_stream_shards_are_tried_only_where_the_control_plane_binds():
+    s = small_search()
+    result = s.run()
+    reasons = [why for p, why in result.pruned if p.shards is not None]
+    assert reasons and "more cannot gain" in reasons[0]  # a small campaign's control plane is idle
