@@ -87,25 +87,19 @@ def greedy_accuracy(cfg, problems: list, *, run_dir: Path | None = None, state_p
     from laminar_hpc.tasks.prompts import encode_prompt
     from laminar_hpc.tasks.rewards.reward_pool import score_all
     from laminar_hpc.tasks.problem import Response
-    from laminar_hpc.trainer.checkpoint import load_latest
+    from laminar_hpc.trainer.checkpoint import load_policy
     from laminar_hpc.trainer.warmup import fits, greedy_decode
     tok = build_tokenizer(cfg.model)
-    model = build_model(cfg.model, tok).float().requires_grad_(False)
     step = 0
-    if run_dir is not None:
-        policy, state = model, model
-        if cfg.model.lora is not None:  # the adapter on the base the run built (its warm-up), then merged
-            from laminar_hpc.model.adapters import AdapterState, build_base, peft_policy
-            policy = peft_policy(build_base(cfg, tok), cfg.model.lora)
-            state = AdapterState(policy)
-        meta = load_latest(RunDir(run_dir).checkpoints_dir, state, None)
+    if run_dir is not None:  # (an adapter run: its adapter on the base the run built, merged)
+        model, meta = load_policy(cfg, tok, RunDir(run_dir).checkpoints_dir)
         if meta is None:
             raise RuntimeError(f"{run_dir}: no complete checkpoint to evaluate")
         step = meta["step"]
-        if policy is not model:
-            model = policy.merge_and_unload().float().requires_grad_(False)
     else:
+        model = build_model(cfg.model, tok)
         model.load_state_dict(torch.load(state_path, map_location="cpu"))
+    model = model.float().requires_grad_(False)
     rows = [(p, x) for p, x in ((p, encode_prompt(tok, p)) for p in problems) if fits(x, cfg.model.max_seq_len)]
     answers = greedy_decode(model.eval(), [x for _, x in rows], tok.eos_id, cfg.rollout.max_new_tokens)
     right = sum(o.reward for o in score_all(cfg.task.reward, [

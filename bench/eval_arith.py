@@ -50,15 +50,14 @@ def unseen_problems(cfg, n: int, max_value: int) -> list:
 
 def checkpoint_weights(cfg, tok, run_dir: str, newest: Path) -> dict[str, torch.Tensor]:
     """The full weights of a run's newest checkpoint: its model file, or for an adapter run
-    (`model.lora`) the adapter loaded on the base the run built and merged into it."""
+    (`model.lora`) the adapter merged into the base the run built (trainer/checkpoint.py)."""
     if cfg.model.lora is None:
         return torch.load(newest / MODEL_FILE, map_location="cpu", weights_only=True)
-    from laminar_hpc.model.adapters import AdapterState, build_base, peft_policy, plain_state_dict
-    from laminar_hpc.trainer.checkpoint import load_latest
-    policy = peft_policy(build_base(cfg, tok), cfg.model.lora)
-    if load_latest(RunDir(run_dir).checkpoints_dir, AdapterState(policy), None) is None:
+    from laminar_hpc.trainer.checkpoint import load_policy
+    policy, meta = load_policy(cfg, tok, RunDir(run_dir).checkpoints_dir)
+    if meta is None:
         raise SystemExit(f"{run_dir}: no complete adapter checkpoint")
-    return plain_state_dict(policy)
+    return policy.state_dict()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from laminar_hpc.config import load_config
 from laminar_hpc.config.task import fixed_prompt_tokens
 from laminar_hpc.config.backend_specs import rollout_backend
 from laminar_hpc.emulation.cost import Z99
-from laminar_hpc.emulation.workload import complete_group_lengths, complete_groups, has_tools
+from laminar_hpc.emulation.workload import complete_groups, has_tools
 from laminar_hpc.metrics.summary import read_metrics
 from laminar_hpc.metrics.trace import read_run
 from laminar_hpc.sim.params import SimParams

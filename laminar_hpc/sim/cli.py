@@ -29,13 +29,13 @@ class UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse would print the usage too)
         raise UsageError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="laminar simulate", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="laminar simulate", description=__doc__.splitlines()[0])
     ap.add_argument("config", help="runtime config or cluster preset (configs/presets/*.yaml)")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. rollout.count=64")
     ap.add_argument("--calibrate", metavar="RUN_DIR",

@@ -28,20 +28,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from laminar_hpc.sim.cli import UsageError, apply_sim_overrides, parse_list
+from laminar_hpc.sim.cli import OneLineParser, UsageError, apply_sim_overrides, parse_list
 
 if TYPE_CHECKING:
     from laminar_hpc.config.schema import Config
     from laminar_hpc.sim.params import ClusterSpec
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="laminar plan", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="laminar plan", description=__doc__.splitlines()[0])
     ap.add_argument("config", help="runtime config or cluster preset (configs/presets/*.yaml)")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. trainer.groups_per_step=256")
     ap.add_argument("--gpus", type=int, required=True, help="GPUs in all (trainer + rollouts), whole nodes")
@@ -311,11 +306,8 @@ def curve(args, search, log) -> dict:
         except PlanError as err:
             raise UsageError(f"--curve {g}: {err}") from None
         s.groups = search.groups
-        base = s.evaluate(s.hand, "config")
-        s.best_rate = base.rate if base is not None else 0.0
-        bestp = s.splits(s.hand)
-        ev = s.done.get((bestp, s.steps))
-        points.append({"gpus": g, "trajectories_per_s": ev.rate, "point": dataclasses.asdict(bestp)})
+        ev = s.best_split()
+        points.append({"gpus": g, "trajectories_per_s": ev.rate, "point": dataclasses.asdict(ev.point)})
     first = points[0]["trajectories_per_s"] / points[0]["gpus"]
     knee = None
     for a, b in zip(points, points[1:]):

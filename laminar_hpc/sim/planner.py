@@ -342,7 +342,7 @@ class Search:
             return []
         f = ev.figures
         busy = max(f.get("controller_util") or 0.0, f.get("shard_util_max") or 0.0)
-        shards = self.configure(p)[0].stream_shards
+        shards = f["control_plane"]["shards"]
         more = dataclasses.replace(p, shards=max(1, 2 * shards))
         if busy < CONTROL_BUSY:
             self.pruned[more] = (f"stream shards: the control plane is {busy:.0%} busy at the best point "
@@ -359,6 +359,13 @@ class Search:
             if ev is not None and self.feasible(ev) is None:
                 return p
         return dataclasses.replace(base, max_ahead=1)
+
+    def best_split(self) -> Evaluated:
+        """Stage 1 alone from the config's split (no knobs, no finalists): `laminar plan --curve`."""
+        hand = self.evaluate(self.hand, "config")
+        if hand is not None and self.feasible(hand) is None:
+            self.best_rate = hand.rate
+        return self.done[(self.splits(self.hand), self.steps)]
 
     def run(self) -> PlanResult:
         t0 = time.perf_counter()

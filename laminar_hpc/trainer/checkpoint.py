@@ -40,7 +40,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -48,8 +48,11 @@ from laminar_hpc.checkpoint_format import (COMPLETE_FILE, LEDGER_FILE, MANIFEST_
                                            RNG_FILE, CheckpointError, anchor_path, checkpoint_name, list_checkpoints,
                                            log, newest_verified, read_ledger, sha256, verified_anchor, verify)
 
+if TYPE_CHECKING:
+    from laminar_hpc.config.schema import Config
+
 __all__ = ["AsyncCheckpointer", "CheckpointError", "DIST_OPTIMIZER", "Snapshot", "failure_line", "keep_anchor",
-           "list_checkpoints", "load_anchor", "load_latest", "read_ledger", "remove_unfinished", "save_checkpoint",
+           "list_checkpoints", "load_anchor", "load_latest", "load_policy", "read_ledger", "remove_unfinished", "save_checkpoint",
            "snapshot", "verify", "write_snapshot"]
 
 # the key of optim.pt when the optimizer state is elsewhere (the Megatron backend's dist/ shards):
@@ -357,6 +360,20 @@ def load_latest(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
 
 
 # -- the KL anchor: the campaign's initial policy, kept for the whole campaign -------------------
+
+
+def load_policy(cfg: Config, tok, root: Path) -> tuple[torch.nn.Module, dict | None]:
+    """The policy of the newest checkpoint under `root` that verifies, as full weights (an adapter
+    run's adapter loaded on the base the run built, then merged into it), and its meta (None: no
+    checkpoint; the model is then as built)."""
+    if cfg.model.lora is None:
+        from laminar_hpc.model.factory import build_model
+        model = build_model(cfg.model, tok)
+        return model, load_latest(root, model, None)
+    from laminar_hpc.model.adapters import AdapterState, build_base, peft_policy
+    policy = peft_policy(build_base(cfg, tok), cfg.model.lora)
+    meta = load_latest(root, AdapterState(policy), None)
+    return policy.merge_and_unload(), meta
 
 def keep_anchor(root: Path) -> dict | None:
     """Make checkpoints/anchor from step_000000 (the policy RL starts from: after the warm-up, or

@@ -309,3 +309,25 @@ def test_the_ideal_of_an_adapter_run_counts_the_adapters_decode_cost():
     e = plain.emulation
     assert ideal_for_config(plain).step_base_s == pytest.approx(e.decode_base_ms / 1e3)
     assert ideal_for_config(lora).step_base_s == pytest.approx((e.decode_base_ms + e.adapter_decode_ms) / 1e3)
+
+
+def test_load_policy_merges_an_adapter_checkpoint_into_the_base_the_run_built(tmp_path):
+    """trainer/checkpoint.load_policy (the bench's held-out evaluations): an adapter run's newest
+    checkpoint, loaded on its base and merged, gives the trained policy's logits."""
+    from laminar_hpc.model.adapters import AdapterState, build_base, peft_policy
+    from laminar_hpc.trainer.checkpoint import load_policy, save_checkpoint
+    cfg = config()
+    tok = build_tokenizer(cfg.model)
+    policy = peft_policy(build_base(cfg, tok), cfg.model.lora)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)  # a trained adapter (B starts at zero)
+    save_checkpoint(tmp_path, step=3, version=3, model=AdapterState(policy),
+                    optimizer=torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad]), meta={}, keep=1)
+    merged, meta = load_policy(cfg, tok, tmp_path)
+    assert meta["step"] == 3 and not hasattr(merged, "peft_config")
+    x = torch.randint(4, tok.vocab_size, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(merged(x), policy(x), atol=1e-5)
+    assert load_policy(cfg, tok, tmp_path / "none")[1] is None

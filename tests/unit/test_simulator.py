@@ -16,7 +16,8 @@ from laminar_hpc.policy import consolidate, recovery, repack, scheduling
 from laminar_hpc.policy import refresh as refresh_policy
 from laminar_hpc.sim import ClusterSpec, SimParams, run_modes, simulate
 from laminar_hpc.sim.cluster import Simulation
-from laminar_hpc.sim.calibrate import (apply_calibration, calibrate, calibrated_config, complete_group_lengths,
+from laminar_hpc.emulation.workload import complete_group_lengths
+from laminar_hpc.sim.calibrate import (apply_calibration, calibrate, calibrated_config,
                                         fit_decode, fit_lengths)
 from laminar_hpc.sim.cli import main as sim_main
 from laminar_hpc.sim.presets import base_gpus, load_preset, read_spec, scale_cluster
