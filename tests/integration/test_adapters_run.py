@@ -105,4 +105,9 @@ def test_pure_laminar_with_adapters_loads_each_version_beside_the_running_ones_w
     from laminar_hpc.config import load_config
     from laminar_hpc.config.model_cfg import adapter_slots
     most, beside = seen["adapters"]
-    assert 2 <= most <= adapter_slots(load_config(TINY, [*pure, *LORA])) and beside >= 3, seen
+    # loads beside running trajectories are the guarantee (no drain); whether a new version's
+    # trajectories start before the old ones end is timing (tiny's last a few tokens: on a busy
+    # machine the next work can arrive after them; fresh-clone CI once saw 9 loads beside and no
+    # overlap). Two versions decoding in one batch: tests/unit/test_adapters.py; 4 at once on the
+    # long-tail workload: docs/adapters.md
+    assert 1 <= most <= adapter_slots(load_config(TINY, [*pure, *LORA])) and beside >= 3, seen
